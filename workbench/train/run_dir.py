@@ -1,0 +1,247 @@
+"""The on-disk record of one training run: config.json, status.json, metrics.jsonl, checkpoints/.
+
+The trainer writes it (rank 0 writes config/status, every rank may append metrics); the lab
+extension and notebooks read it. JSON files are replaced atomically so a reader never sees a
+half-written config or status; metrics.jsonl is append-only and readers skip a torn last line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+RUN_STATES = frozenset({"starting", "running", "stopping", "completed", "failed", "stopped"})
+CONFIG_FILE = "config.json"
+STATUS_FILE = "status.json"
+METRICS_FILE = "metrics.jsonl"
+
+
+def default_runs_dir() -> Path:
+    """$WORKBENCH_RUNS_DIR if set, else ~/moe-workbench/runs (where `workbench demo` writes)."""
+    env = os.environ.get("WORKBENCH_RUNS_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / "moe-workbench" / "runs"
+
+
+def new_run_id() -> str:
+    """A sortable, collision-resistant id like 20261129-235959-ab12."""
+    return f"{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def _atomic_write_json(path: Path, obj: Any) -> None:
+    # Serialize first: a non-JSON-able value must fail before we touch the disk.
+    text = json.dumps(obj, indent=2, sort_keys=False, default=_json_default)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _json_default(value: Any) -> Any:
+    # Paths and small numpy/torch scalars show up in configs and metrics; keep them readable.
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _read_json(path: Path) -> dict:
+    with open(path, encoding="utf-8") as f:
+        obj = json.load(f)
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path} holds a {type(obj).__name__}, expected a JSON object")
+    return obj
+
+
+def _check_writable(directory: Path) -> None:
+    """Fail early, naming the path, if we cannot create files in `directory`."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise PermissionError(
+            f"run directory {directory} is not writable ({err.strerror or err}); "
+            "choose another runs_dir or set $WORKBENCH_RUNS_DIR"
+        ) from err
+
+
+class RunDir:
+    """One run's directory: <runs_dir>/<run_id>."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.run_id = self.path.name
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        """Where DCP / HF checkpoints of this run go."""
+        return self.path / "checkpoints"
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / CONFIG_FILE
+
+    @property
+    def status_path(self) -> Path:
+        return self.path / STATUS_FILE
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / METRICS_FILE
+
+    @classmethod
+    def create(cls, runs_dir: str | os.PathLike, run_id: str | None, config: dict) -> "RunDir":
+        """Make a new run directory, write config.json and status.json {"state": "starting"}."""
+        if not isinstance(config, dict):
+            raise TypeError(f"config must be a dict (RunConfig as dict), got {type(config).__name__}")
+        run_id = run_id or new_run_id()
+        if not run_id or "/" in run_id or os.sep in run_id or run_id in {".", ".."}:
+            raise ValueError(f"run_id {run_id!r} must be a plain directory name")
+        runs_dir = Path(runs_dir).expanduser()
+        _check_writable(runs_dir)
+        path = runs_dir / run_id
+        try:
+            path.mkdir()
+        except FileExistsError:
+            raise FileExistsError(
+                f"run directory {path} already exists; pick another run_id or leave it None"
+            ) from None
+        run = cls(path)
+        _atomic_write_json(run.config_path, config)
+        run.write_status("starting")
+        return run
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "RunDir":
+        """Open an existing run directory (it must hold config.json or status.json)."""
+        path = Path(path).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(f"no run directory at {path}")
+        if not (path / CONFIG_FILE).exists() and not (path / STATUS_FILE).exists():
+            raise FileNotFoundError(f"{path} is not a run directory (no {CONFIG_FILE} / {STATUS_FILE})")
+        return cls(path)
+
+    def write_status(self, state: str, **fields: Any) -> None:
+        """Atomically replace status.json with {"state": state, **fields, "updated_at": now}."""
+        if state not in RUN_STATES:
+            raise ValueError(f"state {state!r} is not one of {sorted(RUN_STATES)}")
+        status = {"state": state, "run_id": self.run_id, **fields}
+        status.setdefault("updated_at", time.time())
+        _atomic_write_json(self.status_path, status)
+
+    def append_metrics(self, records: list[dict]) -> None:
+        """Append one JSON object per line to metrics.jsonl and flush it."""
+        if not records:
+            return
+        # Build all lines first so a bad record does not leave a partial batch behind.
+        lines = "".join(json.dumps(r, default=_json_default) + "\n" for r in records)
+        with open(self.metrics_path, "a", encoding="utf-8") as f:
+            f.write(lines)
+            f.flush()
+
+    def read_config(self) -> dict:
+        """The RunConfig dict this run was started with."""
+        return _read_json(self.config_path)
+
+    def read_status(self) -> dict:
+        """The latest status; {"state": "unknown"} if the run never wrote one."""
+        if not self.status_path.exists():
+            return {"state": "unknown", "run_id": self.run_id}
+        return _read_json(self.status_path)
+
+    def read_metrics(self) -> list[dict]:
+        """All metrics records; a half-written or garbled line is skipped, not fatal."""
+        if not self.metrics_path.exists():
+            return []
+        records = []
+        with open(self.metrics_path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a writer crashed mid-line or is writing right now
+                if isinstance(obj, dict):
+                    records.append(obj)
+        return records
+
+
+def _describe(section: Any) -> Any:
+    return section if isinstance(section, (dict, str)) or section is None else str(section)
+
+
+def summarize_run(path: Path) -> dict:
+    """A JSON-able summary of one run directory (raises if it cannot be read)."""
+    run = RunDir.open(path)
+    config = run.read_config() if run.config_path.exists() else {}
+    status = run.read_status()
+    rank0 = [r for r in run.read_metrics() if r.get("rank", 0) == 0]
+    last = rank0[-1] if rank0 else {}
+    model = config.get("model") or {}
+    updated = status.get("updated_at")
+    if updated is None:
+        updated = max(p.stat().st_mtime for p in path.iterdir()) if any(path.iterdir()) else None
+    return {
+        "id": run.run_id,
+        "readable": True,
+        "path": str(path),
+        "model": (model.get("preset") or model.get("path")) if isinstance(model, dict) else str(model),
+        "model_config": _describe(model),
+        "mesh": _describe(config.get("mesh")),
+        "backends": _describe(config.get("resolved_backend") or config.get("backend")),
+        "world_size": config.get("world_size"),
+        "state": status.get("state", "unknown"),
+        "status": status,
+        "step": last.get("step", status.get("step")),
+        "total_steps": status.get("total_steps"),
+        "loss": last.get("loss"),
+        "tokens_per_s_per_gpu": last.get("tokens_per_s_per_gpu"),
+        "updated_at": updated,
+    }
+
+
+def list_runs(runs_dir: str | os.PathLike) -> list[dict]:
+    """One summary per run subdirectory, newest id first; unreadable runs are flagged, not raised."""
+    runs_dir = Path(runs_dir).expanduser()
+    if not runs_dir.is_dir():
+        return []
+    summaries = []
+    for path in sorted((p for p in runs_dir.iterdir() if p.is_dir()), reverse=True):
+        if path.name.startswith("."):
+            continue
+        try:
+            summaries.append(summarize_run(path))
+        except (OSError, ValueError, TypeError, AttributeError) as err:
+            summaries.append({
+                "id": path.name,
+                "readable": False,
+                "path": str(path),
+                "error": f"{type(err).__name__}: {err}",
+            })
+    return summaries
