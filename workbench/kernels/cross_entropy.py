@@ -1,0 +1,142 @@
+"""Linear (lm_head) + cross-entropy with Transformers' ForCausalLMLoss semantics, fused by chunks.
+
+`fused_linear_cross_entropy` never holds the full [N, V] logits: it walks over chunks of tokens,
+builds each chunk's logits in float32, accumulates the loss and, when gradients are needed, the
+gradients wrt hidden and weight right there (a loss is a scalar, so backward only rescales them).
+Peak extra memory is O(chunk * V) plus one gradient buffer per input.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Budget for one chunk's float32 logits; sets the default chunk size from the vocab size.
+LOGITS_CHUNK_BYTES = 256 * 2**20
+
+
+def shift_labels(labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Next-token targets as ForCausalLMLoss builds them: shift left by one, pad with ignore_index."""
+    padded = F.pad(labels, (0, 1), value=ignore_index)
+    return padded[..., 1:].contiguous()
+
+
+def _flatten_checked(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                     ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate shapes/dtypes/label range; return hidden [N, D] and labels [N]."""
+    for name, t in (("hidden", hidden), ("weight", weight), ("labels", labels)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"linear cross-entropy: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be the lm_head weight [vocab, hidden], got shape {tuple(weight.shape)}")
+    V, D = weight.shape
+    if hidden.dim() < 1 or hidden.shape[-1] != D:
+        raise ValueError(f"hidden's last dim must equal weight.shape[1]={D}; got hidden {tuple(hidden.shape)}")
+    if hidden.shape[:-1] != labels.shape:
+        raise ValueError(f"labels must have hidden's leading shape {tuple(hidden.shape[:-1])}; got "
+                         f"{tuple(labels.shape)} (shift labels with shift_labels() first, not by slicing)")
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.is_complex():
+        raise TypeError(f"labels must be an integer tensor of token ids, got {labels.dtype}")
+    if hidden.dtype != weight.dtype:
+        raise TypeError(f"hidden and weight must share a dtype (as lm_head needs); got {hidden.dtype} "
+                        f"and {weight.dtype}")
+    labels_N = labels.reshape(-1)
+    bad = ((labels_N < 0) & (labels_N != ignore_index)) | (labels_N >= V)
+    if bool(bad.any()):
+        first = int(labels_N[bad][0])
+        raise ValueError(f"label {first} is outside [0, {V}) and is not ignore_index={ignore_index}; "
+                         "check the tokenizer's vocab size against the model's")
+    return hidden.reshape(-1, D), labels_N
+
+
+def _denominator(labels_N: torch.Tensor, ignore_index: int,
+                 num_items_in_batch: torch.Tensor | int | None) -> torch.Tensor:
+    """What the summed loss is divided by: num_items_in_batch, else the count of real targets."""
+    if num_items_in_batch is None:
+        return (labels_N != ignore_index).sum().to(torch.float32)
+    if isinstance(num_items_in_batch, bool) or not isinstance(num_items_in_batch, (int, torch.Tensor)):
+        raise TypeError(f"num_items_in_batch must be an int, a tensor or None; got {num_items_in_batch!r}")
+    return torch.as_tensor(num_items_in_batch, device=labels_N.device).to(torch.float32)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                         ignore_index: int = -100,
+                         num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+    """Unfused reference: full logits = hidden @ weight.T, then HF's fixed_cross_entropy."""
+    hidden_ND, labels_N = _flatten_checked(hidden, weight, labels, ignore_index)
+    logits_NV = F.linear(hidden_ND, weight).float()
+    if num_items_in_batch is None:
+        return F.cross_entropy(logits_NV, labels_N, ignore_index=ignore_index, reduction="mean")
+    loss = F.cross_entropy(logits_NV, labels_N, ignore_index=ignore_index, reduction="sum")
+    return loss / _denominator(labels_N, ignore_index, num_items_in_batch)
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden_ND: torch.Tensor, weight_VD: torch.Tensor, labels_N: torch.Tensor,
+                denom: torch.Tensor, ignore_index: int, chunk_size: int) -> torch.Tensor:
+        N = hidden_ND.shape[0]
+        need_dh, need_dw = hidden_ND.requires_grad, weight_VD.requires_grad
+        loss_sum = torch.zeros((), dtype=torch.float32, device=hidden_ND.device)
+        grad_hidden_ND = torch.empty(hidden_ND.shape, dtype=hidden_ND.dtype, device=hidden_ND.device) if need_dh else None
+        # float32 accumulation across chunks keeps bf16 weight gradients as exact as one big matmul
+        grad_weight_VD = torch.zeros(weight_VD.shape, dtype=torch.float32, device=weight_VD.device) if need_dw else None
+        for start in range(0, N, chunk_size):
+            end = min(start + chunk_size, N)
+            h_CD, y_C = hidden_ND[start:end], labels_N[start:end]
+            logits_CV = F.linear(h_CD, weight_VD).float()
+            valid_C = y_C != ignore_index
+            target_C = torch.where(valid_C, y_C, 0)
+            lse_C = torch.logsumexp(logits_CV, dim=-1)
+            target_logit_C = logits_CV.gather(1, target_C[:, None]).squeeze(1)
+            loss_sum += torch.where(valid_C, lse_C - target_logit_C, 0.0).sum()
+            if not (need_dh or need_dw):
+                continue
+            # d(loss)/d(logits) = (softmax - onehot) * valid / denom, built in the logits buffer
+            grad_CV = logits_CV.sub_(lse_C[:, None]).exp_()
+            grad_CV[torch.arange(end - start, device=grad_CV.device), target_C] -= 1.0
+            grad_CV.mul_((valid_C.to(torch.float32) / denom)[:, None])
+            grad_CV = grad_CV.to(hidden_ND.dtype)
+            if need_dh:
+                torch.mm(grad_CV, weight_VD, out=grad_hidden_ND[start:end])
+            if need_dw:
+                if grad_CV.dtype == torch.float32:
+                    grad_weight_VD.addmm_(grad_CV.t(), h_CD)
+                else:
+                    grad_weight_VD += grad_CV.t() @ h_CD
+        if need_dw:
+            grad_weight_VD = grad_weight_VD.to(weight_VD.dtype)
+        ctx.save_for_backward(grad_hidden_ND, grad_weight_VD)
+        return loss_sum / denom
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        grad_hidden_ND, grad_weight_VD = ctx.saved_tensors
+        scale = grad_loss.to(torch.float32)
+        dh = None if grad_hidden_ND is None else (grad_hidden_ND * scale).to(grad_hidden_ND.dtype)
+        dw = None if grad_weight_VD is None else (grad_weight_VD * scale).to(grad_weight_VD.dtype)
+        return dh, dw, None, None, None, None
+
+
+def default_chunk_size(vocab_size: int) -> int:
+    """Tokens per chunk so one chunk's float32 logits stay within LOGITS_CHUNK_BYTES."""
+    return max(1, LOGITS_CHUNK_BYTES // (4 * vocab_size))
+
+
+def fused_linear_cross_entropy(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, labels_N: torch.Tensor,
+                               ignore_index: int = -100,
+                               num_items_in_batch: torch.Tensor | int | None = None,
+                               chunk_size: int | None = None) -> torch.Tensor:
+    """ForCausalLMLoss(lm_head(hidden), ...) over already-shifted labels, without [N, V] logits.
+
+    hidden [..., D] and labels [...] (use `shift_labels` on the model's input labels first);
+    weight is the lm_head weight [V, D]. Gradients are computed during the forward when any
+    input requires grad, so a forward under grad mode costs about as much as forward+backward.
+    """
+    hidden_flat, labels_flat = _flatten_checked(hidden_ND, weight_VD, labels_N, ignore_index)
+    if chunk_size is None:
+        chunk_size = default_chunk_size(weight_VD.shape[0])
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"chunk_size must be a positive int (tokens per chunk), got {chunk_size!r}")
+    denom = _denominator(labels_flat, ignore_index, num_items_in_batch)
+    return _ChunkedLinearCrossEntropy.apply(hidden_flat, weight_VD, labels_flat, denom, ignore_index, chunk_size)

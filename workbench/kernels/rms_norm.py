@@ -1,0 +1,85 @@
+"""RMSNorm equal to Transformers' Qwen3MoeRMSNorm, with torch, Triton and TransformerEngine paths."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from workbench.backends import BackendError
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Reference RMSNorm: the exact op sequence of Qwen3MoeRMSNorm (runs anywhere)."""
+    input_dtype = x.dtype
+    x32 = x.to(torch.float32)
+    variance = x32.pow(2).mean(-1, keepdim=True)
+    x32 = x32 * torch.rsqrt(variance + eps)
+    # HF rounds to the input dtype before the weight multiply; keep that so bf16 matches bit-for-bit.
+    return weight * x32.to(input_dtype)
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Fused Triton forward+backward RMSNorm (CUDA; CPU only under TRITON_INTERPRET=1)."""
+    from workbench.kernels import triton_rms_norm
+
+    return triton_rms_norm.rms_norm(x, weight, eps)
+
+
+def rms_norm_te(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """TransformerEngine RMSNorm run with `weight` swapped in (CUDA + transformer_engine)."""
+    try:
+        import transformer_engine.pytorch as te
+    except ImportError as err:
+        from workbench.backends import INSTALL_HINT
+
+        raise BackendError(f"rms_norm='te' needs transformer_engine: {INSTALL_HINT['te']}") from err
+    if x.device.type != "cuda":
+        raise BackendError(f"rms_norm='te' needs a CUDA tensor, got {x.device}; use backend='torch'")
+    # TE exposes RMSNorm as a module; functional_call lets it use the caller's weight.
+    norm = te.RMSNorm(weight.shape[-1], eps=eps, params_dtype=weight.dtype, device=weight.device)
+    return torch.func.functional_call(norm, {"weight": weight}, (x,))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+             backend: str = "torch") -> torch.Tensor:
+    """RMSNorm over the last dim of `x` with the chosen backend ("torch", "triton", "te")."""
+    from workbench.kernels import RMS_NORM_BACKENDS
+
+    _check_rms_norm_args(x, weight)
+    try:
+        impl = RMS_NORM_BACKENDS[backend]
+    except KeyError:
+        raise BackendError(f"unknown rms_norm backend {backend!r}; choose one of {list(RMS_NORM_BACKENDS)}") from None
+    return impl(x, weight, eps)
+
+
+def _check_rms_norm_args(x: torch.Tensor, weight: torch.Tensor) -> None:
+    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        raise TypeError(f"rms_norm takes tensors; got x={type(x).__name__}, weight={type(weight).__name__}")
+    if weight.dim() != 1 or x.dim() == 0 or x.shape[-1] != weight.shape[0]:
+        raise ValueError(f"rms_norm: weight must be 1-D of size x.shape[-1]; got x {tuple(x.shape)}, "
+                         f"weight {tuple(weight.shape)}")
+
+
+class RMSNorm(nn.Module):
+    """Drop-in for Qwen3MoeRMSNorm (same `weight` parameter name) with a selectable backend."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, backend: str = "torch",
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        from workbench.kernels import RMS_NORM_BACKENDS
+
+        if backend not in RMS_NORM_BACKENDS:
+            raise BackendError(f"unknown rms_norm backend {backend!r}; choose one of {list(RMS_NORM_BACKENDS)}")
+        if not isinstance(hidden_size, int) or hidden_size <= 0:
+            raise ValueError(f"RMSNorm hidden_size must be a positive int, got {hidden_size!r}")
+        self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+        self.variance_epsilon = eps  # HF's attribute name, so code reading it keeps working
+        self.backend = backend
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Normalize the last dim, then scale by `weight`."""
+        return rms_norm(hidden_states, self.weight, self.variance_epsilon, self.backend)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, backend={self.backend!r}"
