@@ -1,0 +1,364 @@
+"""RunConfig: everything one fine-tuning run needs, as frozen, validated dataclasses.
+
+The same object travels from the notebook widgets to every rank (as a dict) and to disk (YAML
+or config.json), so every section refuses unknown keys and checks its values at construction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench.backends import BackendConfig
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+TINY_SFT_PATH = DATA_DIR / "tiny_sft.jsonl"
+TOKENIZER_DIR = DATA_DIR / "tokenizer"
+# The shipped tokenizer's vocabulary size (tests/test_data.py checks it matches the files).
+TINY_VOCAB_SIZE = 512
+
+DTYPES = ("auto", "float32", "bfloat16")
+DATA_KINDS = ("synthetic", "jsonl")
+
+
+class ConfigError(ValueError):
+    """A RunConfig (or one of its sections) that cannot describe a valid run."""
+
+
+def _check_keys(cls: type, data: Any, where: str) -> None:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__} {data!r}")
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in data if k not in allowed]
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} in {where}; allowed keys: {allowed}")
+
+
+def _check_int(value: Any, name: str, minimum: int, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_float(value: Any, name: str, lo: float, hi: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < lo or (hi is not None and value > hi):
+        bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ConfigError(f"{name} must be a number {bound}, got {value!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Model presets
+
+
+def _tiny_preset() -> dict[str, Any]:
+    # Widths are multiples of 8 so the bf16 grouped_mm path accepts them on GPU too.
+    return dict(vocab_size=TINY_VOCAB_SIZE, hidden_size=64, intermediate_size=128,
+                moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+                norm_topk_prob=True, max_position_embeddings=2048, rope_theta=10000.0,
+                tie_word_embeddings=False, router_aux_loss_coef=0.01, bos_token_id=None,
+                eos_token_id=2, pad_token_id=0)
+
+
+def _qwen3_30b_a3b_preset() -> dict[str, Any]:
+    # Qwen/Qwen3-30B-A3B's architecture (random init): the benchmark model of facts.md.
+    return dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
+                num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                norm_topk_prob=True, max_position_embeddings=40960, rope_theta=1_000_000.0,
+                rms_norm_eps=1e-6, tie_word_embeddings=False, router_aux_loss_coef=0.001,
+                bos_token_id=151643, eos_token_id=151645)
+
+
+PRESETS: dict[str, Any] = {"tiny": _tiny_preset, "qwen3-30b-a3b": _qwen3_30b_a3b_preset}
+
+
+def preset_config(name: str, layers: int | None = None):
+    """A `transformers.Qwen3MoeConfig` for a preset name, optionally with `layers` decoder layers."""
+    from transformers import Qwen3MoeConfig
+
+    if name not in PRESETS:
+        raise ConfigError(f"unknown model preset {name!r}; presets: {sorted(PRESETS)}")
+    kwargs = PRESETS[name]()
+    if layers is not None:
+        _check_int(layers, "layers", 1)
+        kwargs["num_hidden_layers"] = layers
+    return Qwen3MoeConfig(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model: a preset name (random init) or a local HF checkpoint directory."""
+
+    preset: str | None = "tiny"
+    path: str | None = None
+    layers: int | None = None
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+
+    def __post_init__(self) -> None:
+        if (self.preset is None) == (self.path is None):
+            raise ConfigError(f"model needs exactly one of preset= or path=, got preset={self.preset!r}, "
+                              f"path={self.path!r}")
+        if self.preset is not None and self.preset not in PRESETS:
+            raise ConfigError(f"unknown model preset {self.preset!r}; presets: {sorted(PRESETS)}")
+        if self.path is not None and not isinstance(self.path, str):
+            raise ConfigError(f"model.path must be a string, got {self.path!r}")
+        _check_int(self.layers, "model.layers", 1, allow_none=True)
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"model.dtype {self.dtype!r} is not one of {list(DTYPES)}")
+
+    def hf_config(self):
+        """The transformers config of this model (reads config.json for a local path)."""
+        if self.preset is not None:
+            return preset_config(self.preset, self.layers)
+        from transformers import AutoConfig
+
+        if not (Path(self.path) / "config.json").is_file():
+            raise ConfigError(f"model.path {self.path!r} is not a local checkpoint directory (no config.json)")
+        cfg = AutoConfig.from_pretrained(self.path)
+        if self.layers is not None:
+            cfg.num_hidden_layers = self.layers
+        return cfg
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where tokens come from: seeded synthetic tokens, or a local JSONL SFT file."""
+
+    kind: str = "jsonl"
+    path: str | None = None  # jsonl file; None = the shipped tiny dataset
+    tokenizer: str | None = None  # tokenizer directory; None = the shipped tokenizer
+    seq_len: int = 128
+    pack: bool = True
+    max_length: int | None = None  # longest allowed example in tokens; None = seq_len
+
+    def __post_init__(self) -> None:
+        if self.kind not in DATA_KINDS:
+            raise ConfigError(f"data.kind {self.kind!r} is not one of {list(DATA_KINDS)}")
+        _check_int(self.seq_len, "data.seq_len", 2)
+        _check_int(self.max_length, "data.max_length", 2, allow_none=True)
+        if self.max_length is not None and self.max_length > self.seq_len:
+            raise ConfigError(f"data.max_length ({self.max_length}) cannot exceed data.seq_len ({self.seq_len})")
+        if not isinstance(self.pack, bool):
+            raise ConfigError(f"data.pack must be true or false, got {self.pack!r}")
+        if self.kind == "synthetic" and self.path is not None:
+            raise ConfigError("data.path is only used with kind='jsonl'; drop it for synthetic data")
+
+    @property
+    def resolved_path(self) -> Path:
+        return Path(self.path).expanduser() if self.path else TINY_SFT_PATH
+
+    @property
+    def resolved_tokenizer(self) -> Path:
+        return Path(self.tokenizer).expanduser() if self.tokenizer else TOKENIZER_DIR
+
+    @property
+    def example_max_length(self) -> int:
+        return self.max_length or self.seq_len
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimization and bookkeeping: steps, batch sizes, AdamW, schedule, checkpoints."""
+
+    steps: int = 20
+    global_batch_size: int = 8  # sequences per optimizer step, over all data-parallel ranks
+    local_batch_size: int = 4  # sequences per forward on one rank
+    grad_accum: int | None = None  # None = global / (local * dp); if set it must agree
+    lr: float = 3e-3
+    warmup_steps: int = 2
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    clip_grad_norm: float | None = 1.0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    seed: int = 0
+    activation_checkpointing: bool = False
+    checkpoint_every: int | None = None  # steps; None = only at the end
+    save_final_checkpoint: bool = True
+    export_hf: bool = False  # write a vanilla HF checkpoint (save_pretrained) at the end
+    log_every: int = 1  # print to stdout every N steps (metrics are recorded every step)
+    resume_from: str | None = None  # a checkpoint directory, or a run directory (latest checkpoint)
+
+    def __post_init__(self) -> None:
+        _check_int(self.steps, "train.steps", 1)
+        _check_int(self.global_batch_size, "train.global_batch_size", 1)
+        _check_int(self.local_batch_size, "train.local_batch_size", 1)
+        _check_int(self.grad_accum, "train.grad_accum", 1, allow_none=True)
+        if self.global_batch_size % self.local_batch_size:
+            raise ConfigError(f"train.global_batch_size ({self.global_batch_size}) must be a multiple of "
+                              f"train.local_batch_size ({self.local_batch_size})")
+        _check_float(self.lr, "train.lr", 0.0)
+        _check_int(self.warmup_steps, "train.warmup_steps", 0)
+        _check_float(self.min_lr_ratio, "train.min_lr_ratio", 0.0, 1.0)
+        if self.clip_grad_norm is not None:
+            _check_float(self.clip_grad_norm, "train.clip_grad_norm", 0.0)
+        _check_float(self.weight_decay, "train.weight_decay", 0.0)
+        if (not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2
+                or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas)):
+            raise ConfigError(f"train.betas must be two numbers in [0, 1), got {self.betas!r}")
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        _check_int(self.seed, "train.seed", 0)
+        _check_int(self.checkpoint_every, "train.checkpoint_every", 1, allow_none=True)
+        _check_int(self.log_every, "train.log_every", 1)
+        for name in ("activation_checkpointing", "save_final_checkpoint", "export_hf"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"train.{name} must be true or false, got {getattr(self, name)!r}")
+
+    def accumulation_steps(self, dp: int) -> int:
+        """Micro-batches per rank per optimizer step for a data-parallel size `dp`."""
+        per_rank, rem = divmod(self.global_batch_size, dp)
+        if rem or per_rank % self.local_batch_size:
+            raise ConfigError(
+                f"train.global_batch_size ({self.global_batch_size}) must be a multiple of "
+                f"local_batch_size ({self.local_batch_size}) x data-parallel size ({dp})")
+        accum = per_rank // self.local_batch_size
+        if self.grad_accum is not None and self.grad_accum != accum:
+            raise ConfigError(f"train.grad_accum={self.grad_accum} disagrees with global_batch_size / "
+                              f"(local_batch_size x dp) = {accum}; drop grad_accum or fix the batch sizes")
+        return accum
+
+
+def _mesh_from_dict(data: Any):
+    if data is None:
+        return None
+    from workbench.parallel.mesh import MeshConfig
+
+    if isinstance(data, MeshConfig):
+        return data
+    _check_keys(MeshConfig, data, "mesh")
+    return MeshConfig(**data)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One fine-tuning run: model, mesh, backends, data, training and where to write it."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    mesh: Any = None  # workbench.parallel.mesh.MeshConfig; None = dp = world, ep = world (if it divides E)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    output_dir: str | None = None  # runs directory; None = workbench.train.run_dir.default_runs_dir()
+    run_id: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, cls in (("model", ModelConfig), ("backend", BackendConfig), ("data", DataConfig),
+                          ("train", TrainConfig)):
+            if not isinstance(getattr(self, name), cls):
+                raise ConfigError(f"RunConfig.{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
+        if self.mesh is not None and not hasattr(self.mesh, "validate"):
+            raise ConfigError(f"RunConfig.mesh must be a MeshConfig or None, got {self.mesh!r}")
+        if self.output_dir is not None and not isinstance(self.output_dir, (str, os.PathLike)):
+            raise ConfigError(f"output_dir must be a path string, got {self.output_dir!r}")
+        if self.output_dir is not None:
+            object.__setattr__(self, "output_dir", str(self.output_dir))
+        if self.run_id is not None and (not isinstance(self.run_id, str) or not self.run_id
+                                        or "/" in self.run_id or self.run_id in (".", "..")):
+            raise ConfigError(f"run_id must be a plain directory name, got {self.run_id!r}")
+
+    # -- conversions --------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON/YAML-able mapping (inverse of from_dict)."""
+        mesh = None
+        if self.mesh is not None:
+            mesh = self.mesh.to_dict() if hasattr(self.mesh, "to_dict") else dataclasses.asdict(self.mesh)
+        train = dataclasses.asdict(self.train)
+        train["betas"] = list(train["betas"])
+        return {"model": dataclasses.asdict(self.model), "mesh": mesh, "backend": self.backend.to_dict(),
+                "data": dataclasses.asdict(self.data), "train": train,
+                "output_dir": self.output_dir, "run_id": self.run_id}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+        """Build from a mapping; unknown keys at any level are an error naming the key."""
+        _check_keys(cls, data, "RunConfig")
+        kwargs: dict[str, Any] = {}
+        for name, section in (("model", ModelConfig), ("data", DataConfig), ("train", TrainConfig)):
+            if data.get(name) is not None:
+                _check_keys(section, data[name], name)
+                kwargs[name] = section(**data[name])
+        if data.get("backend") is not None:
+            _check_keys(BackendConfig, data["backend"], "backend")
+            kwargs["backend"] = BackendConfig(**data["backend"])
+        kwargs["mesh"] = _mesh_from_dict(data.get("mesh"))
+        for key in ("output_dir", "run_id"):
+            if key in data:
+                kwargs[key] = data[key]
+        return cls(**kwargs)
+
+    def to_yaml(self, path: str | os.PathLike | None = None) -> str:
+        """YAML text of this config; also written to `path` if given."""
+        import yaml
+
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        if path is not None:
+            Path(path).write_text(text, encoding="utf-8")
+        return text
+
+    @classmethod
+    def from_yaml(cls, path_or_text: str | os.PathLike) -> "RunConfig":
+        """Load from a YAML file path (or YAML text containing a newline)."""
+        import yaml
+
+        text = str(path_or_text)
+        source = "YAML text"
+        if "\n" not in text:
+            p = Path(text).expanduser()
+            if not p.is_file():
+                raise ConfigError(f"config file {p} does not exist")
+            text, source = p.read_text(encoding="utf-8"), str(p)
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{source} is not valid YAML: {err}") from err
+        try:
+            return cls.from_dict(data)
+        except ConfigError as err:
+            raise ConfigError(f"{source}: {err}") from err
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        """A copy with top-level fields replaced."""
+        return dataclasses.replace(self, **changes)
+
+    def with_overrides(self, overrides: dict[str, Any]) -> "RunConfig":
+        """A copy with dotted-key overrides applied, e.g. {"train.steps": 5, "data.seq_len": 64}."""
+        data = self.to_dict()
+        for dotted, value in overrides.items():
+            parts = dotted.split(".")
+            target = data
+            for part in parts[:-1]:
+                if not isinstance(target.get(part), dict):
+                    target[part] = {} if target.get(part) is None else target[part]
+                target = target[part]
+            target[parts[-1]] = value
+        return RunConfig.from_dict(data)
+
+    @classmethod
+    def demo(cls, **overrides: Any) -> "RunConfig":
+        """The embedded default: tiny Qwen3-MoE, the shipped SFT data, EP = world size.
+
+        Keyword overrides are dotted keys with "." written as "__" (train__steps=5) or whole
+        sections (train=TrainConfig(...)).
+        """
+        base = cls(
+            model=ModelConfig(preset="tiny", dtype="auto"),
+            mesh=None,
+            backend=BackendConfig(),
+            data=DataConfig(kind="jsonl", seq_len=128, pack=True),
+            train=TrainConfig(steps=20, global_batch_size=8, local_batch_size=4, lr=3e-3,
+                              warmup_steps=2, checkpoint_every=None, export_hf=False),
+        )
+        sections = {k: v for k, v in overrides.items() if "__" not in k}
+        dotted = {k.replace("__", "."): v for k, v in overrides.items() if "__" in k}
+        if sections:
+            base = dataclasses.replace(base, **sections)
+        return base.with_overrides(dotted) if dotted else base

@@ -1,0 +1,277 @@
+"""Training data: seeded synthetic tokens, or JSONL SFT rows rendered with the chat template.
+
+Both sources become fixed-length sequences `[seq_len]` of (input_ids, labels, position_ids).
+`TokenStream` serves them in a deterministic, seeded order; its only state is how many
+sequences have been consumed, so a resumed run continues exactly where the checkpoint left off.
+Every rank builds the same stream and takes its own contiguous slice of each global batch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+IGNORE_INDEX = -100
+
+
+class DataError(ValueError):
+    """A dataset problem, naming the file and line to fix."""
+
+
+@dataclass
+class Batch:
+    """Token tensors `[B, S]`; labels are -100 where no loss is taken (prompts, padding)."""
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    position_ids: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def slice(self, start: int, stop: int) -> "Batch":
+        return Batch(self.input_ids[start:stop], self.labels[start:stop], self.position_ids[start:stop])
+
+    def to(self, device: torch.device | str) -> "Batch":
+        return Batch(self.input_ids.to(device), self.labels.to(device), self.position_ids.to(device))
+
+    def num_loss_tokens(self) -> int:
+        """Tokens that enter the loss: labels are shifted left by one inside the model."""
+        return int((self.labels[:, 1:] != IGNORE_INDEX).sum())
+
+
+# ---------------------------------------------------------------------------------------------
+# JSONL SFT rows
+
+
+def load_tokenizer(path: str | Path):
+    """A local tokenizer directory (no hub access)."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise DataError(f"tokenizer directory {path} does not exist; set data.tokenizer to a local "
+                        "tokenizer directory (or leave it unset for the shipped one)")
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    if not getattr(tok, "chat_template", None):
+        raise DataError(f"tokenizer {path} has no chat template; SFT rows are rendered through it")
+    return tok
+
+
+def _row_line_numbers(path: Path) -> list[int]:
+    """1-based line numbers of the non-blank lines (datasets skips blank ones)."""
+    with open(path, encoding="utf-8") as f:
+        return [i for i, line in enumerate(f, 1) if line.strip()]
+
+
+def _first_bad_json_line(path: Path) -> str:
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                return f"{path}:{i}: not valid JSON ({err.msg})"
+            if not isinstance(obj, dict):
+                return f"{path}:{i}: each line must be a JSON object, got {type(obj).__name__}"
+    return f"{path}: could not be read as JSON lines"
+
+
+def read_jsonl_rows(path: str | Path) -> list[tuple[int, dict]]:
+    """(line number, row) pairs read through `datasets.load_dataset("json")` from a local file."""
+    import datasets
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise DataError(f"dataset file {path} does not exist")
+    lines = _row_line_numbers(path)
+    if not lines:
+        raise DataError(f"dataset file {path} is empty")
+    bars_were_on = not datasets.utils.are_progress_bars_disabled()
+    datasets.utils.disable_progress_bars()  # keep per-rank progress bars out of notebook cells
+    try:
+        ds = datasets.load_dataset("json", data_files=str(path), split="train")
+    except Exception as err:  # datasets/pyarrow raise many types; find and name the line ourselves
+        raise DataError(_first_bad_json_line(path)) from err
+    finally:
+        if bars_were_on:
+            datasets.utils.enable_progress_bars()
+    if len(ds) != len(lines):
+        raise DataError(f"{path}: datasets read {len(ds)} rows from {len(lines)} non-blank lines; "
+                        "write one JSON object per line")
+    return list(zip(lines, ds))
+
+
+def row_messages(row: dict, where: str) -> list[dict]:
+    """Chat messages of a row: {"prompt", "response"} or {"messages": [{"role", "content"}]}."""
+    fmt = ("rows need 'prompt' and 'response' strings, or 'messages': a list of "
+           "{'role', 'content'} with at least one assistant turn")
+    messages = row.get("messages")
+    if messages is not None:
+        if not isinstance(messages, list) or not messages:
+            raise DataError(f"{where}: 'messages' must be a non-empty list; {fmt}")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise DataError(f"{where}: messages[{i}] needs string 'role' and 'content'; {fmt}")
+        if not any(m["role"] == "assistant" for m in messages):
+            raise DataError(f"{where}: no assistant message to learn from; {fmt}")
+        return [{"role": m["role"], "content": m["content"]} for m in messages]
+    missing = [k for k in ("prompt", "response") if not isinstance(row.get(k), str)]
+    if missing:
+        raise DataError(f"{where}: row is missing {missing} (or they are not strings); {fmt}")
+    return [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["response"]}]
+
+
+def tokenize_messages(tokenizer, messages: list[dict], where: str) -> tuple[list[int], list[int]]:
+    """Token ids and labels: loss only on assistant turns (their text and end-of-turn token).
+
+    The conversation is rendered incrementally with the chat template; each new piece of text is
+    tokenized on its own, so the prompt/response boundary is exact in token space.
+    """
+    def render(msgs: list[dict], gen: bool) -> str:
+        if not msgs and not gen:
+            return ""
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+
+    ids: list[int] = []
+    labels: list[int] = []
+    done = ""
+    for k, message in enumerate(messages):
+        pieces: list[tuple[str, bool]] = []
+        if message["role"] == "assistant":
+            prompt = render(messages[:k], True)
+            pieces.append((prompt, False))
+        full = render(messages[: k + 1], False)
+        pieces.append((full, message["role"] == "assistant"))
+        for text, trained in pieces:
+            if not text.startswith(done):
+                raise DataError(f"{where}: the tokenizer's chat template is not prefix-stable, so "
+                                "the prompt cannot be masked exactly")
+            new = text[len(done):]
+            done = text
+            piece_ids = tokenizer(new, add_special_tokens=False)["input_ids"] if new else []
+            ids.extend(piece_ids)
+            labels.extend(piece_ids if trained else [IGNORE_INDEX] * len(piece_ids))
+    return ids, labels
+
+
+def load_sft_examples(path: str | Path, tokenizer, max_length: int) -> list[tuple[list[int], list[int]]]:
+    """Tokenized (ids, labels) per row; malformed or too-long rows raise naming file and line."""
+    path = Path(path).expanduser()
+    examples = []
+    for line, row in read_jsonl_rows(path):
+        where = f"{path}:{line}"
+        ids, labels = tokenize_messages(tokenizer, row_messages(dict(row), where), where)
+        if len(ids) > max_length:
+            raise DataError(f"{where}: row is {len(ids)} tokens, over data.max_length={max_length}; "
+                            "shorten or drop the row, or raise data.max_length / data.seq_len")
+        examples.append((ids, labels))
+    return examples
+
+
+def pack_examples(examples: list[tuple[list[int], list[int]]], seq_len: int, pad_id: int,
+                  pack: bool = True) -> Batch:
+    """Fixed-length sequences: greedy packing in file order (or one example per sequence).
+
+    position_ids restart at 0 for every example, which makes Transformers' mask block-diagonal
+    (no attention across packed examples); padding gets label -100.
+    """
+    seqs: list[tuple[list[int], list[int], list[int]]] = []
+    cur: tuple[list[int], list[int], list[int]] = ([], [], [])
+    for ids, labels in examples:
+        if cur[0] and (not pack or len(cur[0]) + len(ids) > seq_len):
+            seqs.append(cur)
+            cur = ([], [], [])
+        cur[0].extend(ids)
+        cur[1].extend(labels)
+        cur[2].extend(range(len(ids)))
+    if cur[0]:
+        seqs.append(cur)
+    n = len(seqs)
+    input_ids = torch.full((n, seq_len), pad_id, dtype=torch.long)
+    labels_t = torch.full((n, seq_len), IGNORE_INDEX, dtype=torch.long)
+    position_ids = torch.zeros((n, seq_len), dtype=torch.long)
+    for i, (ids, labels, pos) in enumerate(seqs):
+        k = len(ids)
+        input_ids[i, :k] = torch.tensor(ids)
+        labels_t[i, :k] = torch.tensor(labels)
+        position_ids[i, :k] = torch.tensor(pos)
+        position_ids[i, k:] = torch.arange(seq_len - k)  # padding is its own "document"
+    return Batch(input_ids, labels_t, position_ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# The stream
+
+
+class TokenStream:
+    """Deterministic, resumable source of global batches (same on every rank)."""
+
+    def __init__(self, sequences: Batch | None, *, seed: int, seq_len: int, vocab_size: int | None = None) -> None:
+        self.sequences = sequences
+        self.seed = seed
+        self.seq_len = seq_len
+        self.vocab_size = vocab_size
+        self.consumed = 0  # sequences handed out so far, over all ranks
+        self._perm_epoch = -1
+        self._perm: torch.Tensor | None = None
+        if sequences is None and vocab_size is None:
+            raise ValueError("synthetic data needs vocab_size")
+
+    @property
+    def num_sequences(self) -> int | None:
+        return None if self.sequences is None else len(self.sequences)
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        if epoch != self._perm_epoch:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perm = torch.randperm(len(self.sequences), generator=g)
+            self._perm_epoch = epoch
+        return self._perm
+
+    def _synthetic(self, index: int) -> Batch:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        ids = torch.randint(0, self.vocab_size, (1, self.seq_len), generator=g)
+        return Batch(ids, ids.clone(), torch.arange(self.seq_len).unsqueeze(0))
+
+    def _sequence(self, index: int) -> Batch:
+        if self.sequences is None:
+            return self._synthetic(index)
+        n = len(self.sequences)
+        j = int(self._permutation(index // n)[index % n])
+        return self.sequences.slice(j, j + 1)
+
+    def next_batch(self, global_batch_size: int, start: int = 0, stop: int | None = None) -> Batch:
+        """Sequences [start, stop) of the next global batch; advances past the whole batch."""
+        stop = global_batch_size if stop is None else stop
+        first = self.consumed
+        parts = [self._sequence(first + i) for i in range(start, stop)]
+        self.consumed += global_batch_size
+        return Batch(*(torch.cat([getattr(p, f) for p in parts]) for f in ("input_ids", "labels", "position_ids")))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"consumed": self.consumed, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("seed") != self.seed:
+            raise ValueError(f"checkpoint data stream used seed {state.get('seed')}, this run uses {self.seed}")
+        self.consumed = int(state["consumed"])
+
+
+def build_stream(data_cfg, seed: int, vocab_size: int) -> TokenStream:
+    """The TokenStream for a DataConfig: tokenizes and packs JSONL data up front."""
+    if data_cfg.kind == "synthetic":
+        return TokenStream(None, seed=seed, seq_len=data_cfg.seq_len, vocab_size=vocab_size)
+    tokenizer = load_tokenizer(data_cfg.resolved_tokenizer)
+    if len(tokenizer) > vocab_size:
+        raise DataError(f"tokenizer {data_cfg.resolved_tokenizer} has {len(tokenizer)} tokens but the model's "
+                        f"vocab_size is {vocab_size}; use a matching tokenizer/model")
+    examples = load_sft_examples(data_cfg.resolved_path, tokenizer, data_cfg.example_max_length)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    sequences = pack_examples(examples, data_cfg.seq_len, pad_id, data_cfg.pack)
+    return TokenStream(sequences, seed=seed, seq_len=data_cfg.seq_len)
