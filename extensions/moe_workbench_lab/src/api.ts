@@ -1,0 +1,104 @@
+// Typed access to the server extension's JSON routes under /moe-workbench/api/.
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+export interface IGpu {
+  index: number;
+  name: string;
+  memory_used_bytes: number;
+  memory_total_bytes: number;
+  utilization_pct: number | null;
+  temperature_c: number | null;
+}
+
+export interface IGpuAnswer {
+  available: boolean;
+  reason: string | null;
+  gpus: IGpu[];
+}
+
+export interface IRank {
+  rank: number;
+  pid: number | null;
+  state: string | null;
+}
+
+export interface ICluster {
+  id: string;
+  readable: boolean;
+  error?: string;
+  cluster_id?: string;
+  profile?: string;
+  n_engines?: number;
+  ranks?: IRank[];
+}
+
+export interface IClusterAnswer {
+  available: boolean;
+  reason: string | null;
+  clusters: ICluster[];
+}
+
+export interface IRunSummary {
+  id: string;
+  readable: boolean;
+  error?: string;
+  model?: string | null;
+  mesh?: Record<string, number> | null;
+  backends?: Record<string, unknown> | null;
+  state?: string;
+  step?: number | null;
+  total_steps?: number | null;
+  loss?: number | null;
+  tokens_per_s_per_gpu?: number | null;
+  updated_at?: number | null;
+  spark?: { tokens_per_s_per_gpu: number[]; loss: number[] };
+}
+
+export interface IRunsAnswer {
+  runs_dir: string;
+  exists: boolean;
+  runs: IRunSummary[];
+}
+
+export type MetricRecord = Record<string, number | null | undefined>;
+
+export interface IMetricsAnswer {
+  id: string;
+  path: string;
+  records: MetricRecord[];
+}
+
+export interface INotebookList {
+  source_dir: string | null;
+  reason: string | null;
+  notebooks: { name: string; title: string }[];
+}
+
+/** Call a route; `query` values that are empty strings are left out. */
+export async function requestAPI<T>(
+  endpoint: string,
+  init: RequestInit = {},
+  query: Record<string, string> = {}
+): Promise<T> {
+  const settings = ServerConnection.makeSettings();
+  const params = Object.entries(query)
+    .filter(([, v]) => v !== '')
+    .map(([k, v]) => `${encodeURIComponent(k)}=${encodeURIComponent(v)}`)
+    .join('&');
+  const url =
+    URLExt.join(settings.baseUrl, 'moe-workbench', 'api', endpoint) +
+    (params ? `?${params}` : '');
+  const response = await ServerConnection.makeRequest(url, init, settings);
+  const text = await response.text();
+  if (!response.ok) {
+    let message = text;
+    try {
+      message = JSON.parse(text).message || text;
+    } catch {
+      // not JSON: keep the raw text
+    }
+    throw new ServerConnection.ResponseError(response, message);
+  }
+  return JSON.parse(text) as T;
+}

@@ -1,0 +1,126 @@
+// Tiny dependency-free SVG charts: sidebar sparklines and the run view's line plots.
+const SVG_NS = 'http://www.w3.org/2000/svg';
+
+function el<K extends keyof SVGElementTagNameMap>(
+  tag: K,
+  attrs: Record<string, string | number> = {}
+): SVGElementTagNameMap[K] {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    node.setAttribute(k, String(v));
+  }
+  return node;
+}
+
+function extent(values: number[]): [number, number] {
+  let lo = Math.min(...values);
+  let hi = Math.max(...values);
+  if (!isFinite(lo) || !isFinite(hi)) {
+    return [0, 1];
+  }
+  if (hi === lo) {
+    // A flat line still needs a visible range.
+    const pad = Math.abs(hi) * 0.05 || 1;
+    lo -= pad;
+    hi += pad;
+  }
+  return [lo, hi];
+}
+
+/** A small line without axes; empty series give an empty box. */
+export function sparkline(values: number[], width = 90, height = 22, cls = ''): SVGSVGElement {
+  const svg = el('svg', {
+    width,
+    height,
+    viewBox: `0 0 ${width} ${height}`,
+    class: `mwb-sparkline ${cls}`.trim()
+  });
+  if (values.length < 2) {
+    return svg;
+  }
+  const [lo, hi] = extent(values);
+  const points = values.map((v, i) => {
+    const x = (i / (values.length - 1)) * (width - 2) + 1;
+    const y = height - 1 - ((v - lo) / (hi - lo)) * (height - 2);
+    return `${x.toFixed(1)},${y.toFixed(1)}`;
+  });
+  svg.appendChild(el('polyline', { points: points.join(' '), fill: 'none' }));
+  return svg;
+}
+
+export interface ISeries {
+  label: string;
+  xs: number[];
+  ys: number[];
+}
+
+function fmt(v: number): string {
+  const a = Math.abs(v);
+  if (a !== 0 && (a >= 1e5 || a < 1e-2)) {
+    return v.toExponential(1);
+  }
+  return a >= 100 ? v.toFixed(0) : a >= 10 ? v.toFixed(1) : v.toFixed(2);
+}
+
+/** A line chart with axes, ticks and a legend; one colour class per series. */
+export function lineChart(
+  title: string,
+  series: ISeries[],
+  xLabel = 'step',
+  width = 420,
+  height = 220
+): SVGSVGElement {
+  const m = { left: 52, right: 10, top: 22, bottom: 30 };
+  const svg = el('svg', {
+    width,
+    height,
+    viewBox: `0 0 ${width} ${height}`,
+    class: 'mwb-chart'
+  });
+  const heading = el('text', { x: m.left, y: 14, class: 'mwb-chart-title' });
+  heading.textContent = title;
+  svg.appendChild(heading);
+  const xs = series.flatMap(s => s.xs);
+  const ys = series.flatMap(s => s.ys);
+  if (xs.length === 0) {
+    const empty = el('text', { x: width / 2, y: height / 2, class: 'mwb-chart-empty' });
+    empty.textContent = 'no data yet';
+    svg.appendChild(empty);
+    return svg;
+  }
+  const [x0, x1] = extent(xs);
+  const [y0, y1] = extent(ys);
+  const px = (x: number) => m.left + ((x - x0) / (x1 - x0)) * (width - m.left - m.right);
+  const py = (y: number) => height - m.bottom - ((y - y0) / (y1 - y0)) * (height - m.top - m.bottom);
+  const axes = el('g', { class: 'mwb-axes' });
+  axes.appendChild(el('line', { x1: m.left, y1: height - m.bottom, x2: width - m.right, y2: height - m.bottom }));
+  axes.appendChild(el('line', { x1: m.left, y1: m.top, x2: m.left, y2: height - m.bottom }));
+  for (let i = 0; i <= 4; i++) {
+    const yv = y0 + ((y1 - y0) * i) / 4;
+    const t = el('text', { x: m.left - 4, y: py(yv) + 3, class: 'mwb-tick mwb-tick-y' });
+    t.textContent = fmt(yv);
+    axes.appendChild(t);
+    const xv = x0 + ((x1 - x0) * i) / 4;
+    const tx = el('text', { x: px(xv), y: height - m.bottom + 12, class: 'mwb-tick mwb-tick-x' });
+    tx.textContent = fmt(xv);
+    axes.appendChild(tx);
+  }
+  const xl = el('text', { x: (width + m.left) / 2, y: height - 4, class: 'mwb-axis-label' });
+  xl.textContent = xLabel;
+  axes.appendChild(xl);
+  svg.appendChild(axes);
+  series.forEach((s, k) => {
+    const pts = s.xs.map((x, i) => `${px(x).toFixed(1)},${py(s.ys[i]).toFixed(1)}`).join(' ');
+    const line = el('polyline', { points: pts, fill: 'none', class: `mwb-series mwb-series-${k % 6}` });
+    svg.appendChild(line);
+    if (s.xs.length === 1) {
+      svg.appendChild(el('circle', { cx: px(s.xs[0]), cy: py(s.ys[0]), r: 3, class: `mwb-series mwb-series-${k % 6}` }));
+    }
+    if (series.length > 1) {
+      const legend = el('text', { x: width - m.right - 4, y: m.top + 12 * (k + 1), class: `mwb-legend mwb-series-${k % 6}` });
+      legend.textContent = s.label;
+      svg.appendChild(legend);
+    }
+  });
+  return svg;
+}
