@@ -1,0 +1,351 @@
+"""Kernels vs Transformers: RMSNorm, SwiGLU, (fused) linear cross-entropy; Triton vs torch."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers.activations import ACT2FN
+from transformers.loss.loss_utils import ForCausalLMLoss
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm
+
+from workbench.backends import BackendError
+from workbench.kernels import (
+    RMSNorm,
+    fused_linear_cross_entropy,
+    get_linear_cross_entropy,
+    get_rms_norm,
+    get_swiglu,
+    linear_cross_entropy,
+    rms_norm,
+    shift_labels,
+    swiglu,
+    swiglu_packed,
+)
+
+HAS_CUDA = torch.cuda.is_available()
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+needs_cuda_triton = pytest.mark.skipif(not (HAS_CUDA and HAS_TRITON),
+                                       reason="Triton kernels need a CUDA GPU and triton installed")
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative L2 error of a against reference b."""
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+# ---------------------------------------------------------------- RMSNorm
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 0.0)])
+@pytest.mark.parametrize("shape", [(2, 7, 64), (5, 37)])
+def test_rms_norm_torch_matches_hf(dtype, tol, shape):
+    torch.manual_seed(0)
+    hidden = shape[-1]
+    hf = Qwen3MoeRMSNorm(hidden, eps=1e-6).to(dtype)
+    ours = RMSNorm(hidden, eps=1e-6, dtype=dtype)
+    with torch.no_grad():
+        hf.weight.copy_(1 + 0.3 * torch.randn(hidden))
+    ours.load_state_dict(hf.state_dict())  # same parameter name, same layout
+    x = (3 * torch.randn(shape)).to(dtype)
+    dy = torch.randn(shape).to(dtype)
+    outs = []
+    for module in (hf, ours):
+        xi = x.clone().requires_grad_()
+        y = module(xi)
+        y.backward(dy)
+        outs.append((y.detach(), xi.grad, module.weight.grad))
+    for ours_t, hf_t in zip(outs[1], outs[0]):
+        assert ours_t.dtype == hf_t.dtype
+        assert rel_err(ours_t, hf_t) <= tol  # bf16: the same op sequence gives identical bits
+
+
+def test_rms_norm_mixed_dtype_promotes_like_hf():
+    torch.manual_seed(1)
+    hf = Qwen3MoeRMSNorm(48)  # float32 weight
+    x = torch.randn(4, 48).bfloat16()
+    y = rms_norm(x, hf.weight, 1e-6)
+    assert y.dtype == torch.float32
+    assert torch.equal(y, hf(x))
+
+
+def test_rms_norm_bad_input():
+    with pytest.raises(ValueError, match="weight must be 1-D of size x.shape"):
+        rms_norm(torch.randn(3, 8), torch.ones(7))
+    with pytest.raises(BackendError, match="unknown rms_norm backend 'cuda'"):
+        rms_norm(torch.randn(3, 8), torch.ones(8), backend="cuda")
+    with pytest.raises(BackendError, match="unknown rms_norm backend"):
+        RMSNorm(8, backend="apex")
+
+
+# ---------------------------------------------------------------- SwiGLU
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_matches_hf_activation(dtype):
+    torch.manual_seed(2)
+    gate, up = (torch.randn(6, 45).to(dtype) for _ in range(2))
+    dy = torch.randn(6, 45).to(dtype)
+    results = []
+    for fn in (lambda g, u: ACT2FN["silu"](g) * u, swiglu):
+        g, u = gate.clone().requires_grad_(), up.clone().requires_grad_()
+        y = fn(g, u)
+        y.backward(dy)
+        results.append((y.detach(), g.grad, u.grad))
+    for ours_t, ref_t in zip(results[1], results[0]):
+        assert torch.equal(ours_t, ref_t)
+
+
+def test_swiglu_packed_matches_qwen3_moe_layout():
+    torch.manual_seed(3)
+    inter = 24
+    # Qwen3-MoE experts: gate, up = linear(x, gate_up_proj[e]).chunk(2, dim=-1)
+    gate_up_proj = torch.randn(2 * inter, 16)
+    x = torch.randn(10, 16)
+    gate_up = (x @ gate_up_proj.t()).requires_grad_()
+    gate, up = F.linear(x, gate_up_proj).chunk(2, dim=-1)
+    expected = ACT2FN["silu"](gate) * up
+    y = swiglu_packed(gate_up)
+    assert torch.allclose(y, expected, rtol=1e-6, atol=1e-6)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    g, u = gate_up.detach()[:, :inter].requires_grad_(), gate_up.detach()[:, inter:].requires_grad_()
+    (F.silu(g) * u).backward(dy)
+    assert torch.allclose(gate_up.grad, torch.cat([g.grad, u.grad], dim=-1), rtol=1e-6, atol=1e-6)
+
+
+def test_swiglu_bad_input():
+    with pytest.raises(ValueError, match="same shape"):
+        swiglu(torch.randn(3, 4), torch.randn(3, 5))
+    with pytest.raises(ValueError, match="last dim must be even"):
+        swiglu_packed(torch.randn(3, 5))
+    with pytest.raises(BackendError, match="unknown swiglu backend"):
+        swiglu(torch.randn(3, 4), torch.randn(3, 4), backend="liger")
+
+
+# ---------------------------------------------------------------- cross-entropy
+
+def _ce_inputs(dtype, batch=2, seq=9, hidden=24, vocab=53, n_ignored=4, seed=4):
+    gen = torch.Generator().manual_seed(seed)
+    hidden_BSD = torch.randn(batch, seq, hidden, generator=gen).to(dtype)
+    weight_VD = (0.2 * torch.randn(vocab, hidden, generator=gen)).to(dtype)
+    labels_BS = torch.randint(0, vocab, (batch, seq), generator=gen)
+    flat = labels_BS.view(-1)
+    flat[torch.randperm(flat.numel(), generator=gen)[:n_ignored]] = -100
+    return hidden_BSD, weight_VD, labels_BS
+
+
+def _hf_loss_and_grads(hidden, weight, labels, num_items_in_batch=None):
+    """Qwen3MoeForCausalLM's path: logits = lm_head(hidden), then ForCausalLMLoss."""
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    logits = F.linear(h, w)
+    loss = ForCausalLMLoss(logits, labels, vocab_size=w.shape[0], num_items_in_batch=num_items_in_batch)
+    loss.backward()
+    return loss.detach(), h.grad, w.grad
+
+
+def _ours_loss_and_grads(fn, hidden, weight, labels, **kwargs):
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    loss = fn(h, w, shift_labels(labels), **kwargs)
+    loss.backward()
+    return loss.detach(), h.grad, w.grad
+
+
+@pytest.mark.parametrize("num_items", [None, 11, "tensor"])
+@pytest.mark.parametrize("chunk_size", [1, 5, 64])
+def test_fused_ce_matches_hf_for_causal_lm_loss_fp32(num_items, chunk_size):
+    hidden, weight, labels = _ce_inputs(torch.float32)
+    if num_items == "tensor":
+        num_items = torch.tensor(13)
+    ref = _hf_loss_and_grads(hidden, weight, labels, num_items)
+    for fn, kwargs in ((fused_linear_cross_entropy, {"chunk_size": chunk_size}), (linear_cross_entropy, {})):
+        ours = _ours_loss_and_grads(fn, hidden, weight, labels, num_items_in_batch=num_items, **kwargs)
+        for name, a, b in zip(("loss", "d_hidden", "d_weight"), ours, ref):
+            assert a.shape == b.shape and a.dtype == b.dtype, name
+            assert rel_err(a, b) < 1e-5, (fn.__name__, name, rel_err(a, b))
+
+
+def test_fused_ce_bf16_within_tolerance_of_fp32_hf():
+    hidden, weight, labels = _ce_inputs(torch.bfloat16, seq=33, vocab=97, hidden=40)
+    ref = _hf_loss_and_grads(hidden.float(), weight.float(), labels)
+    ours = _ours_loss_and_grads(fused_linear_cross_entropy, hidden, weight, labels, chunk_size=16)
+    assert ours[0].dtype == torch.float32 and ours[1].dtype == torch.bfloat16
+    for name, a, b in zip(("loss", "d_hidden", "d_weight"), ours, ref):
+        assert rel_err(a, b) < 2e-2, (name, rel_err(a, b))
+
+
+def test_fused_ce_never_saves_full_logits():
+    batch, seq, hidden_size, vocab = 2, 16, 12, 101
+    n_tokens = batch * seq
+    hidden, weight, labels = _ce_inputs(torch.float32, batch, seq, hidden_size, vocab)
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    saved_numels: list[int] = []
+
+    def pack(t):
+        saved_numels.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = fused_linear_cross_entropy(h, w, shift_labels(labels), chunk_size=8)
+    assert saved_numels, "the fused path saved nothing: the hook did not see the graph"
+    assert max(saved_numels) < n_tokens * vocab
+    loss.backward()
+    # the same hook does see [N, V] in the unfused path, so the check above can fail
+    saved_numels.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        linear_cross_entropy(h, w, shift_labels(labels))
+    assert n_tokens * vocab in saved_numels
+
+
+def test_fused_ce_no_grad_and_frozen_weight():
+    hidden, weight, labels = _ce_inputs(torch.float32)
+    targets = shift_labels(labels)
+    expected = linear_cross_entropy(hidden, weight, targets)
+    with torch.no_grad():
+        assert rel_err(fused_linear_cross_entropy(hidden, weight, targets, chunk_size=4), expected) < 1e-6
+    h = hidden.clone().requires_grad_()
+    fused_linear_cross_entropy(h, weight, targets, chunk_size=4).backward()
+    h_ref = hidden.clone().requires_grad_()
+    linear_cross_entropy(h_ref, weight, targets).backward()
+    assert rel_err(h.grad, h_ref.grad) < 1e-5
+
+
+def test_fused_ce_upstream_gradient_is_applied():
+    hidden, weight, labels = _ce_inputs(torch.float32)
+    results = []
+    for fn in (fused_linear_cross_entropy, linear_cross_entropy):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        (2.5 * fn(h, w, shift_labels(labels))).backward()
+        results.append((h.grad, w.grad))
+    assert rel_err(results[0][0], results[1][0]) < 1e-5
+    assert rel_err(results[0][1], results[1][1]) < 1e-5
+
+
+def test_shift_labels_matches_hf():
+    labels = torch.tensor([[5, 6, 7, -100], [1, 2, 3, 4]])
+    assert shift_labels(labels).tolist() == [[6, 7, -100, -100], [2, 3, 4, -100]]
+
+
+def test_cross_entropy_bad_input():
+    hidden, weight, labels = _ce_inputs(torch.float32)
+    targets = shift_labels(labels)
+    with pytest.raises(ValueError, match="last dim must equal weight.shape"):
+        fused_linear_cross_entropy(hidden[..., :-1], weight, targets)
+    with pytest.raises(ValueError, match="shift_labels"):
+        fused_linear_cross_entropy(hidden, weight, targets[:, 1:])
+    with pytest.raises(TypeError, match="integer tensor"):
+        fused_linear_cross_entropy(hidden, weight, targets.float())
+    bad = targets.clone()
+    bad[0, 0] = weight.shape[0]
+    with pytest.raises(ValueError, match=f"label {weight.shape[0]} is outside"):
+        fused_linear_cross_entropy(hidden, weight, bad)
+    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+        fused_linear_cross_entropy(hidden, weight, targets, chunk_size=0)
+    with pytest.raises(TypeError, match="share a dtype"):
+        fused_linear_cross_entropy(hidden.bfloat16(), weight, targets)
+
+
+# ---------------------------------------------------------------- registry
+
+def test_registry_errors_name_what_to_do():
+    assert get_rms_norm("torch", "cpu")(torch.ones(2, 4), torch.ones(4), 1e-6).shape == (2, 4)
+    with pytest.raises(BackendError, match="need a CUDA device"):
+        get_rms_norm("triton", "cpu")
+    with pytest.raises(BackendError, match="need a CUDA device"):
+        get_swiglu("triton", "cpu")
+    if importlib.util.find_spec("transformer_engine") is None:
+        with pytest.raises(BackendError, match=r"pip install 'moe-workbench\[te\]'"):
+            get_rms_norm("te", "cpu")
+    with pytest.raises(BackendError, match="unknown rms_norm backend 'auto'"):
+        get_rms_norm("auto", "cpu")
+    assert get_linear_cross_entropy(True) is fused_linear_cross_entropy
+    assert get_linear_cross_entropy(False) is linear_cross_entropy
+    with pytest.raises(BackendError, match="True or False"):
+        get_linear_cross_entropy("yes")
+
+
+def test_triton_backend_on_cpu_tensor_says_use_torch():
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        pytest.skip("TRITON_INTERPRET is set: Triton runs on CPU tensors by design")
+    with pytest.raises(BackendError, match="need a CUDA device"):
+        rms_norm(torch.randn(2, 4), torch.ones(4), backend="triton")
+    with pytest.raises(BackendError, match="need a CUDA device"):
+        swiglu_packed(torch.randn(2, 4), backend="triton")
+
+
+# ---------------------------------------------------------------- Triton
+
+_TRITON_PARITY_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    from workbench.kernels import rms_norm, swiglu, swiglu_packed
+    device, bf16_tol = sys.argv[1], float(sys.argv[2])
+    torch.manual_seed(0)
+
+    def rel(a, b):
+        return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+    def run(fn, inputs, dy):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        y = fn(*leaves)
+        y.backward(dy)
+        return [y.detach()] + [t.grad for t in leaves]
+
+    def check(name, fn_of_backend, inputs, dy, tol):
+        ref, got = run(fn_of_backend("torch"), inputs, dy), run(fn_of_backend("triton"), inputs, dy)
+        for i, (a, b) in enumerate(zip(got, ref)):
+            assert a.dtype == b.dtype and a.shape == b.shape, (name, i, a.dtype, b.dtype)
+            err = rel(a, b)
+            assert err < tol, (name, i, err)
+        print("ok", name, inputs[0].dtype, tuple(inputs[0].shape))
+
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, bf16_tol)):
+        for shape in ((3, 7, 64), (5, 37), (1000, 130)):
+            x = 2 * torch.randn(shape, device=device).to(dtype)
+            w = (1 + 0.3 * torch.randn(shape[-1], device=device)).to(dtype)
+            dy = torch.randn(shape, device=device).to(dtype)
+            check("rms_norm", lambda b: lambda x, w: rms_norm(x, w, 1e-6, backend=b), [x, w], dy, tol)
+            g, u = (torch.randn(shape, device=device).to(dtype) for _ in range(2))
+            check("swiglu", lambda b: lambda g, u: swiglu(g, u, backend=b), [g, u], dy, tol)
+            gu = torch.randn(*shape[:-1], 2 * shape[-1], device=device).to(dtype)
+            check("swiglu_packed", lambda b: lambda gu: swiglu_packed(gu, backend=b), [gu], dy, tol)
+        # fp32 weight with bf16 activations: output promotes to fp32 as in HF
+        x = torch.randn(9, 48, device=device).to(dtype)
+        w = 1 + 0.3 * torch.randn(48, device=device)
+        check("rms_norm_mixed", lambda b: lambda x, w: rms_norm(x, w, 1e-6, backend=b), [x, w],
+              torch.randn(9, 48, device=device), tol)
+    print("TRITON PARITY OK")
+""")
+
+
+def _run_triton_parity(device: str, bf16_tol: float, env: dict[str, str]) -> None:
+    proc = subprocess.run([sys.executable, "-c", _TRITON_PARITY_SCRIPT, device, str(bf16_tol)],
+                          env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "TRITON PARITY OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+@needs_cuda_triton
+def test_triton_kernels_match_torch_on_cuda():
+    # compiled kernels round like torch (RTNE), so bf16 agrees to about one ulp
+    _run_triton_parity("cuda", 1e-2, {})
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the "
+                                           "kernels in Triton's CPU interpreter)")
+def test_triton_kernels_match_torch_in_interpreter():
+    # TRITON_INTERPRET=1 runs the same kernels on CPU tensors; its bf16 casts truncate instead of
+    # rounding to nearest, hence the looser bf16 bound here than on CUDA
+    _run_triton_parity("cpu", 2e-2, {"TRITON_INTERPRET": "1"})
+
+
+@needs_cuda_triton
+def test_fused_ce_on_cuda_matches_hf():
+    hidden, weight, labels = _ce_inputs(torch.bfloat16, batch=4, seq=257, hidden=256, vocab=5003)
+    ref = _hf_loss_and_grads(hidden.float().cuda(), weight.float().cuda(), labels.cuda())
+    ours = _ours_loss_and_grads(fused_linear_cross_entropy, hidden.cuda(), weight.cuda(), labels.cuda(),
+                                chunk_size=128)
+    for name, a, b in zip(("loss", "d_hidden", "d_weight"), ours, ref):
+        assert rel_err(a, b) < 2e-2, (name, rel_err(a, b))

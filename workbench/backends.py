@@ -1,0 +1,166 @@
+"""BackendConfig and "auto" resolution: the one place that knows which package provides what."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# Choices per field. "auto" is resolved by `BackendConfig.resolve`.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "experts": ("loop", "grouped_mm", "te", "auto"),
+    "dispatcher": ("local", "alltoall", "symm_mem", "deepep", "auto"),
+    "gate": ("native", "balanced"),
+    "attention": ("sdpa", "te", "auto"),
+    "rms_norm": ("torch", "triton", "te", "auto"),
+    "linear": ("torch", "te", "auto"),
+}
+
+# What to install for each optional backend: the message names the extra and the package.
+INSTALL_HINT: dict[str, str] = {
+    "te": "pip install 'moe-workbench[te]'  (transformer-engine[pytorch]; needs a CUDA GPU)",
+    "deepep": "pip install 'moe-workbench[deepep]'  (deep-ep; needs CUDA GPUs and NVSHMEM)",
+    "triton": "pip install triton  (ships with CUDA builds of torch; needs a CUDA GPU)",
+    "liger": "pip install 'moe-workbench[gpu]'  (liger-kernel; needs a CUDA GPU)",
+}
+
+# Preference order used by "auto": first available wins.
+AUTO_ORDER: dict[str, tuple[str, ...]] = {
+    "experts": ("grouped_mm", "loop"),
+    "dispatcher": ("alltoall", "local"),
+    "attention": ("sdpa",),
+    "rms_norm": ("triton", "torch"),
+    "linear": ("torch",),
+}
+
+
+class BackendError(ValueError):
+    """A backend name that is unknown, uninstalled or unsupported on the device."""
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions of the optional accelerator packages (None where absent)."""
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for key, dist in (("torch", "torch"), ("transformers", "transformers"), ("triton", "triton"),
+                      ("transformer_engine", "transformer-engine"), ("deep_ep", "deep-ep"),
+                      ("liger_kernel", "liger-kernel")):
+        try:
+            out[key] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[key] = None
+    if out["transformer_engine"] is None and _has_module("transformer_engine"):
+        out["transformer_engine"] = "installed"
+    if out["deep_ep"] is None and _has_module("deep_ep"):
+        out["deep_ep"] = "installed"
+    return out
+
+
+def availability(field: str, choice: str, device: torch.device | str = "cpu",
+                 world_size: int = 1) -> tuple[bool, str]:
+    """Whether `choice` for `field` can run on `device`; the reason (with install hint) if not."""
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    if choice in ("loop", "local", "torch", "sdpa", "native", "balanced"):
+        return True, ""
+    if choice == "auto":
+        return True, ""
+    if choice == "grouped_mm":
+        ok = hasattr(torch, "_grouped_mm") or hasattr(torch.nn.functional, "grouped_mm")
+        return ok, "" if ok else "this torch has no grouped_mm; upgrade to torch>=2.9"
+    if choice == "te":
+        if not _has_module("transformer_engine"):
+            return False, f"transformer_engine is not installed: {INSTALL_HINT['te']}"
+        if not cuda:
+            return False, f"TransformerEngine needs a CUDA device, got {dev.type}"
+        return True, ""
+    if choice == "triton":
+        if not cuda:
+            return False, f"the Triton kernels need a CUDA device, got {dev.type}; use 'torch'"
+        if not _has_module("triton"):
+            return False, f"triton is not installed: {INSTALL_HINT['triton']}"
+        return True, ""
+    if choice == "alltoall":
+        return True, ""
+    if choice == "symm_mem":
+        if not cuda:
+            return False, f"symm_mem dispatch needs CUDA devices with NVSHMEM, got {dev.type}; use 'alltoall'"
+        try:
+            import torch.distributed._symmetric_memory as symm  # noqa: F401
+        except ImportError:
+            return False, "this torch has no torch.distributed._symmetric_memory; use 'alltoall'"
+        return True, ""
+    if choice == "deepep":
+        if not _has_module("deep_ep"):
+            return False, f"deep_ep is not installed: {INSTALL_HINT['deepep']}"
+        if not cuda:
+            return False, f"DeepEP needs CUDA devices, got {dev.type}"
+        return True, ""
+    return False, f"unknown backend {choice!r} for {field!r}"
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """Which implementation runs each part of the model; validated at construction."""
+
+    experts: str = "auto"
+    dispatcher: str = "auto"
+    gate: str = "native"
+    attention: str = "auto"
+    rms_norm: str = "auto"
+    linear: str = "auto"
+    fused_ce: bool = False
+
+    def __post_init__(self) -> None:
+        for field, choices in CHOICES.items():
+            value = getattr(self, field)
+            if not isinstance(value, str):
+                raise BackendError(
+                    f"BackendConfig.{field} must be a string, one of {list(choices)}; got {type(value).__name__} {value!r}")
+            if value not in choices:
+                raise BackendError(f"unknown {field} backend {value!r}; choose one of {list(choices)}")
+        if not isinstance(self.fused_ce, bool):
+            raise BackendError(f"BackendConfig.fused_ce must be True or False; got {self.fused_ce!r}")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "BackendConfig":
+        """Build from a plain mapping, refusing unknown keys."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise BackendError(f"unknown BackendConfig keys {sorted(unknown)}; known keys: {sorted(known)}")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain mapping of every field."""
+        return dataclasses.asdict(self)
+
+    def resolve(self, device: torch.device | str = "cpu", world_size: int = 1) -> "BackendConfig":
+        """The concrete backends for `device`: "auto" replaced, explicit choices checked."""
+        resolved: dict[str, Any] = {"gate": self.gate, "fused_ce": self.fused_ce}
+        for field in CHOICES:
+            if field == "gate":
+                continue
+            value = getattr(self, field)
+            if value == "auto":
+                order = AUTO_ORDER[field]
+                if field == "dispatcher":
+                    order = ("alltoall",) if world_size > 1 else ("local",)
+                value = next(c for c in order if availability(field, c, device, world_size)[0])
+            else:
+                ok, why = availability(field, value, device, world_size)
+                if not ok:
+                    raise BackendError(f"{field}={value!r} cannot run here: {why}")
+            resolved[field] = value
+        return BackendConfig(**resolved)

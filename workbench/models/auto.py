@@ -1,0 +1,97 @@
+"""`workbench.AutoModelForCausalLM`: Transformers' model with the engine's MoE blocks."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+import transformers
+
+from workbench.backends import BackendConfig
+from workbench.models import adapter_for
+from workbench.moe.dispatch import LocalDispatcher
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not fit the model: missing or mis-shaped tensors."""
+
+
+def default_device() -> torch.device:
+    """The device this process would compute on: its local CUDA device, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def _check_backend(backend) -> BackendConfig:
+    if backend is None:
+        return BackendConfig()
+    if not isinstance(backend, BackendConfig):
+        raise TypeError(f"backend must be a workbench.BackendConfig, got {type(backend).__name__}; "
+                        "e.g. backend=BackendConfig(experts='grouped_mm')")
+    return backend
+
+
+def _install(model, adapter, backend: BackendConfig, device, mesh):
+    resolved = backend.resolve(device, world_size=1 if mesh is None else mesh.world_size)
+    if mesh is not None:
+        raise NotImplementedError("mesh= needs workbench.parallel (see from_config/from_pretrained)")
+    adapter.install_engine(model, resolved, LocalDispatcher)
+    return model
+
+
+class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
+    """Drop-in for `transformers.AutoModelForCausalLM` whose MoE blocks are the engine's."""
+
+    @classmethod
+    def from_config(cls, config, backend: BackendConfig | None = None, mesh=None, device=None, **hf_kwargs):
+        """Build a randomly initialized model from a Transformers config."""
+        backend = _check_backend(backend)
+        adapter = adapter_for(config)
+        if adapter is None:
+            log.warning("no MoE Workbench adapter for model_type=%r; loading vanilla Transformers",
+                        getattr(config, "model_type", None))
+            return transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
+        adapter.validate_config(config)
+        device = torch.device(device) if device is not None else default_device()
+        backend.resolve(device)  # fail on an unavailable backend before building anything
+        if mesh is not None:
+            from workbench.parallel.build import build_parallel_model
+
+            return build_parallel_model(adapter, config, backend, mesh, checkpoint=None, **hf_kwargs)
+        model = adapter.CAUSAL_LM_CLASS._from_config(config, **hf_kwargs)
+        return _install(model, adapter, backend, device, None)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, backend: BackendConfig | None = None,
+                        mesh=None, device=None, **hf_kwargs):
+        """Load a Transformers checkpoint (local directory) into the engine."""
+        backend = _check_backend(backend)
+        path = Path(pretrained_model_name_or_path)
+        config = transformers.AutoConfig.from_pretrained(path)
+        adapter = adapter_for(config)
+        if adapter is None:
+            log.warning("no MoE Workbench adapter for model_type=%r; loading vanilla Transformers",
+                        getattr(config, "model_type", None))
+            return transformers.AutoModelForCausalLM.from_pretrained(path, *model_args, **hf_kwargs)
+        adapter.validate_config(config)
+        device = torch.device(device) if device is not None else default_device()
+        backend.resolve(device)
+        if mesh is not None:
+            from workbench.parallel.build import build_parallel_model
+
+            return build_parallel_model(adapter, config, backend, mesh, checkpoint=path, **hf_kwargs)
+        model, info = adapter.CAUSAL_LM_CLASS.from_pretrained(path, *model_args, output_loading_info=True,
+                                                             **hf_kwargs)
+        missing = list(info.get("missing_keys", []))
+        mismatched = list(info.get("mismatched_keys", []))
+        if missing or mismatched:
+            raise CheckpointError(
+                f"checkpoint {path} does not fit {config.model_type}: missing tensors "
+                f"{sorted(missing)[:8]}{'...' if len(missing) > 8 else ''}, mismatched {mismatched[:8]}; "
+                "re-export it with save_pretrained or pass the matching config")
+        return _install(model, adapter, backend, device, None)

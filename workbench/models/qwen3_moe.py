@@ -1,0 +1,167 @@
+"""Qwen3-MoE adapter: which HF modules are the MoE blocks, and the expert weight layouts."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+from transformers.modeling_outputs import MoeCausalLMOutputWithPast
+from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
+
+from workbench.backends import BackendConfig
+from workbench.moe.experts import GroupedExperts
+from workbench.moe.layer import MoEBlock
+from workbench.moe.router import load_balancing_loss, route, router_logits
+
+MODEL_TYPE = "qwen3_moe"
+
+
+class Qwen3MoeRouter(hf.Qwen3MoeTopKRouter):
+    """Qwen3-MoE's router with a selectable gate.
+
+    It subclasses Transformers' router so the model's own output recording still captures
+    `router_logits` (HF hooks it by class), which keeps the aux loss computed by Transformers.
+    """
+
+    def __init__(self, config, weight: nn.Parameter, gate: str):
+        nn.Module.__init__(self)
+        self.top_k = config.num_experts_per_tok
+        self.num_experts = config.num_experts
+        self.norm_topk_prob = config.norm_topk_prob
+        self.hidden_dim = config.hidden_size
+        self.weight = weight
+        self.gate_kind = gate
+
+    def forward(self, hidden_states: torch.Tensor):
+        x_TD = hidden_states.reshape(-1, self.hidden_dim)
+        logits_TE = router_logits(x_TD, self.weight)
+        weights_TK, ids_TK = route(logits_TE, self.top_k, self.norm_topk_prob, self.gate_kind)
+        return logits_TE, weights_TK, ids_TK
+
+    def extra_repr(self) -> str:
+        return f"experts={self.num_experts}, top_k={self.top_k}, gate={self.gate_kind}"
+
+
+class Qwen3MoeForCausalLM(hf.Qwen3MoeForCausalLM):
+    """Transformers' Qwen3-MoE causal LM whose forward can use the fused linear cross-entropy.
+
+    The class keeps Transformers' name so `save_pretrained` writes `architectures:
+    ["Qwen3MoeForCausalLM"]` and vanilla Transformers, vLLM and SGLang load the checkpoint.
+    """
+
+    workbench_backend: BackendConfig | None = None
+
+    def forward(self, input_ids=None, labels=None, output_router_logits=None, **kwargs):
+        backend = self.workbench_backend
+        if labels is None or backend is None or not backend.fused_ce:
+            return super().forward(input_ids=input_ids, labels=labels,
+                                   output_router_logits=output_router_logits, **kwargs)
+        from workbench.kernels.cross_entropy import fused_linear_cross_entropy, shift_labels
+
+        if output_router_logits is None:
+            output_router_logits = self.config.output_router_logits
+        num_items = kwargs.pop("num_items_in_batch", None)
+        kwargs.pop("logits_to_keep", None)
+        outputs = self.model(input_ids=input_ids, output_router_logits=output_router_logits, **kwargs)
+        hidden_ND = outputs.last_hidden_state.reshape(-1, self.config.hidden_size)
+        loss = fused_linear_cross_entropy(hidden_ND, self.lm_head.weight, shift_labels(labels).reshape(-1),
+                                          num_items_in_batch=num_items)
+        aux_loss = None
+        if output_router_logits:
+            aux_loss = load_balancing_loss(outputs.router_logits, self.num_experts, self.num_experts_per_tok,
+                                           kwargs.get("attention_mask"))
+            loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
+        return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux_loss, logits=None,
+                                         hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+                                         router_logits=outputs.router_logits)
+
+
+CAUSAL_LM_CLASS = Qwen3MoeForCausalLM
+
+
+def num_experts(config) -> int:
+    """Routed experts per MoE layer."""
+    return config.num_experts
+
+
+def validate_config(config) -> None:
+    """Refuse configs the engine (or Transformers) cannot run, before any weights are built."""
+    if config.num_experts <= 0:
+        raise ValueError(f"Qwen3-MoE config has num_experts={config.num_experts}; an MoE model needs >= 1 expert")
+    if not 1 <= config.num_experts_per_tok <= config.num_experts:
+        raise ValueError(f"num_experts_per_tok={config.num_experts_per_tok} must be between 1 and "
+                         f"num_experts={config.num_experts}: lower num_experts_per_tok or add experts")
+
+
+def install_engine(model: Qwen3MoeForCausalLM, backend: BackendConfig, make_dispatcher,
+                   expert_range: tuple[int, int] | None = None) -> list[MoEBlock]:
+    """Replace every sparse MoE block by the engine's, reusing (or slicing) its parameters.
+
+    `expert_range` = [first, last) keeps only those experts (expert parallelism).
+    """
+    config = model.config
+    first, last = expert_range or (0, config.num_experts)
+    blocks = []
+    for layer in model.model.layers:
+        old = layer.mlp
+        if not isinstance(old, hf.Qwen3MoeSparseMoeBlock):
+            continue
+        gate_up, down = old.experts.gate_up_proj, old.experts.down_proj
+        if (first, last) != (0, config.num_experts):
+            gate_up = nn.Parameter(gate_up.data[first:last].clone(), requires_grad=gate_up.requires_grad)
+            down = nn.Parameter(down.data[first:last].clone(), requires_grad=down.requires_grad)
+        experts = GroupedExperts(gate_up, down, old.experts.act_fn, backend.experts, first, config.num_experts)
+        router = Qwen3MoeRouter(config, old.gate.weight, backend.gate)
+        layer.mlp = MoEBlock(router, experts, make_dispatcher(config.num_experts), config.num_experts)
+        blocks.append(layer.mlp)
+    model.workbench_backend = backend
+    return blocks
+
+
+# Checkpoint layout on disk (what Transformers' save_pretrained writes for Qwen3-MoE):
+#   model.layers.{l}.mlp.experts.{e}.{gate,up,down}_proj.weight  ([I, H], [I, H], [H, I])
+# and in memory: model.layers.{l}.mlp.experts.gate_up_proj [E, 2I, H], .down_proj [E, H, I].
+EXPERT_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+FUSED_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+
+
+def fused_to_disk(name: str, tensor: torch.Tensor, first_expert: int = 0) -> dict[str, torch.Tensor]:
+    """In-memory tensor -> the per-expert tensors Transformers writes (experts numbered globally)."""
+    match = FUSED_KEY.match(name)
+    if match is None:
+        return {name: tensor}
+    prefix, kind = match.groups()
+    out = {}
+    for local, expert_w in enumerate(tensor):
+        e = first_expert + local
+        if kind == "down_proj":
+            out[f"{prefix}.{e}.down_proj.weight"] = expert_w
+        else:
+            gate, up = expert_w.chunk(2, dim=0)
+            out[f"{prefix}.{e}.gate_proj.weight"] = gate
+            out[f"{prefix}.{e}.up_proj.weight"] = up
+    return out
+
+
+def disk_keys_for(name: str, expert_range: tuple[int, int]) -> list[str]:
+    """The on-disk keys one in-memory tensor is assembled from (only the given experts)."""
+    match = FUSED_KEY.match(name)
+    if match is None:
+        return [name]
+    prefix, kind = match.groups()
+    if kind == "down_proj":
+        return [f"{prefix}.{e}.down_proj.weight" for e in range(*expert_range)]
+    return [f"{prefix}.{e}.{p}_proj.weight" for e in range(*expert_range) for p in ("gate", "up")]
+
+
+def assemble_from_disk(name: str, tensors: dict[str, torch.Tensor], expert_range: tuple[int, int]) -> torch.Tensor:
+    """Stack per-expert disk tensors into the in-memory fused layout for `expert_range`."""
+    match = FUSED_KEY.match(name)
+    if match is None:
+        return tensors[name]
+    prefix, kind = match.groups()
+    if kind == "down_proj":
+        return torch.stack([tensors[f"{prefix}.{e}.down_proj.weight"] for e in range(*expert_range)])
+    return torch.stack([torch.cat([tensors[f"{prefix}.{e}.gate_proj.weight"],
+                                   tensors[f"{prefix}.{e}.up_proj.weight"]]) for e in range(*expert_range)])

@@ -1,0 +1,1 @@
+"""Router, experts, dispatchers and the MoE block."""

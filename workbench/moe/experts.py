@@ -1,0 +1,107 @@
+"""Expert weights [num_local_experts, ...] and their compute backends (a small registry)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# (x_by_expert_ND, tokens_per_expert_E, gate_up_E2IH, down_EHI, act) -> y_by_expert_ND
+ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Callable], torch.Tensor]
+
+
+def _swiglu_packed(gate_up_N2I: torch.Tensor, act: Callable) -> torch.Tensor:
+    gate, up = gate_up_N2I.chunk(2, dim=-1)
+    return act(gate) * up
+
+
+def experts_loop(x_ND, tokens_per_expert, gate_up, down, act) -> torch.Tensor:
+    """One matmul pair per expert: correct for any shape, dtype and device (needs a host sync)."""
+    counts = tokens_per_expert.tolist()
+    outputs, start = [], 0
+    for e, count in enumerate(counts):
+        if count == 0:
+            continue
+        x_e = x_ND[start:start + count]
+        h_e = _swiglu_packed(F.linear(x_e, gate_up[e]), act)
+        outputs.append(F.linear(h_e, down[e]))
+        start += count
+    if not outputs:
+        # Keep the weights in the graph so every rank's backward touches the same parameters.
+        return x_ND.new_zeros(x_ND.shape) + 0.0 * (gate_up.sum() + down.sum())
+    return torch.cat(outputs, dim=0)
+
+
+def _grouped_mm() -> Callable:
+    return getattr(F, "grouped_mm", None) or torch._grouped_mm
+
+
+def grouped_mm_supported(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
+    """Whether torch's grouped GEMM accepts these operands (dtype, device, 16-byte strides)."""
+    if not (hasattr(F, "grouped_mm") or hasattr(torch, "_grouped_mm")):
+        return False
+    allowed = (torch.bfloat16,) if x.device.type == "cuda" else (torch.float32, torch.bfloat16)
+    if x.dtype not in allowed or gate_up.dtype != x.dtype or down.dtype != x.dtype:
+        return False
+    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 8:
+        return False
+    hidden, inter = down.shape[1], down.shape[2]
+    return all((width * x.element_size()) % 16 == 0 for width in (hidden, inter))
+
+
+def experts_grouped_mm(x_ND, tokens_per_expert, gate_up, down, act) -> torch.Tensor:
+    """torch grouped GEMM (no host sync); falls back to the loop where the shapes are refused."""
+    if not grouped_mm_supported(x_ND, gate_up, down):
+        return experts_loop(x_ND, tokens_per_expert, gate_up, down, act)
+    gmm = _grouped_mm()
+    offsets = torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)
+    h_N2I = gmm(x_ND, gate_up.transpose(-2, -1), offs=offsets)
+    h_NI = _swiglu_packed(h_N2I, act)
+    return gmm(h_NI, down.transpose(-2, -1), offs=offsets)
+
+
+def experts_te(x_ND, tokens_per_expert, gate_up, down, act) -> torch.Tensor:
+    """TransformerEngine GroupedLinear compute (optional extra)."""
+    from workbench.kernels.te_experts import te_grouped_experts  # import-guarded by BackendConfig
+
+    return te_grouped_experts(x_ND, tokens_per_expert, gate_up, down, act)
+
+
+EXPERTS_BACKENDS: dict[str, ExpertsFn] = {
+    "loop": experts_loop,
+    "grouped_mm": experts_grouped_mm,
+    "te": experts_te,
+}
+
+
+class GroupedExperts(nn.Module):
+    """The experts this rank owns, stored fused as Transformers holds them in memory.
+
+    `gate_up_proj` is [num_local_experts, 2*intermediate, hidden] (gate rows, then up rows) and
+    `down_proj` is [num_local_experts, hidden, intermediate], so parameter names and layouts
+    equal Transformers' Qwen3-MoE experts and state dicts map one to one.
+    """
+
+    def __init__(self, gate_up_proj: nn.Parameter, down_proj: nn.Parameter, act: Callable,
+                 backend: str = "grouped_mm", first_expert: int = 0, num_experts: int | None = None):
+        super().__init__()
+        if backend not in EXPERTS_BACKENDS:
+            raise ValueError(f"unknown experts backend {backend!r}; choose one of {list(EXPERTS_BACKENDS)}")
+        self.gate_up_proj = gate_up_proj
+        self.down_proj = down_proj
+        self.act_fn = act
+        self.backend = backend
+        self.first_expert = first_expert
+        self.num_local_experts = gate_up_proj.shape[0]
+        self.num_experts = num_experts if num_experts is not None else self.num_local_experts
+
+    def forward(self, x_by_expert_ND: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+        """Expert outputs for expert-major tokens, `tokens_per_expert` rows each."""
+        return EXPERTS_BACKENDS[self.backend](x_by_expert_ND, tokens_per_expert, self.gate_up_proj,
+                                              self.down_proj, self.act_fn)
+
+    def extra_repr(self) -> str:
+        last = self.first_expert + self.num_local_experts
+        return f"experts [{self.first_expert}, {last}) of {self.num_experts}, backend={self.backend}"

@@ -1,0 +1,219 @@
+"""Checkpoints: torch.distributed.checkpoint (DCP) save/resume, atomic, with a shape check.
+
+Layout of one checkpoint, `<run>/checkpoints/step-00000003/`:
+    .metadata, __*_*.distcp    model + optimizer state (DCP; each rank writes its own shards)
+    trainer_state.pt           step, scheduler, data position (identical on every rank)
+    rng/rank-00000.pt          each rank's RNG states
+    meta.json                  step, world size, the model's shape fields (read before building)
+Every rank writes into `.tmp-step-00000003`; after a barrier rank 0 writes meta.json last and
+renames the directory into place. A directory named `step-*` is therefore always complete; a
+run killed mid-save leaves only a `.tmp-*` directory, which loaders ignore.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+META_FILE = "meta.json"
+STEP_PREFIX = "step-"
+FAULT_ENV = "WORKBENCH_FAULT_INJECT"  # "checkpoint_mid_save": raise after the shards are written
+SHAPE_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "intermediate_size", "moe_intermediate_size",
+                "num_experts", "num_experts_per_tok", "tie_word_embeddings")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed into this run."""
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def model_shape(hf_config: Any) -> dict[str, Any]:
+    """The config fields that decide tensor shapes."""
+    return {k: getattr(hf_config, k, None) for k in SHAPE_FIELDS}
+
+
+def step_dir_name(step: int) -> str:
+    return f"{STEP_PREFIX}{step:08d}"
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _model_optim_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def save_checkpoint(checkpoints_dir: str | Path, step: int, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer, scheduler: Any, data_state: dict,
+                    hf_config: Any) -> Path:
+    """Collective: write checkpoint `step` atomically; returns its final directory."""
+    import torch.distributed.checkpoint as dcp
+
+    root = Path(checkpoints_dir)
+    final = root / step_dir_name(step)
+    tmp = root / f".tmp-{step_dir_name(step)}"
+    if _rank() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a run killed while saving
+        tmp.mkdir()
+        (tmp / "rng").mkdir()
+    _barrier()
+    dcp.save(_model_optim_state(model, optimizer), checkpoint_id=str(tmp))
+    torch.save(_rng_state(), tmp / "rng" / f"rank-{_rank():05d}.pt")
+    if os.environ.get(FAULT_ENV) == "checkpoint_mid_save":
+        raise RuntimeError(f"{FAULT_ENV}=checkpoint_mid_save: failing on purpose while saving {final}")
+    _barrier()
+    if _rank() == 0:
+        torch.save({"step": step, "scheduler": scheduler.state_dict(), "data": dict(data_state)},
+                   tmp / "trainer_state.pt")
+        meta = {"step": step, "world_size": _world(), "model": model_shape(hf_config)}
+        with open(tmp / META_FILE, "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        if final.exists():  # re-saving the same step: move the old one aside, then swap
+            old = root / f".old-{step_dir_name(step)}"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    _barrier()
+    return final
+
+
+def list_checkpoints(checkpoints_dir: str | Path) -> list[Path]:
+    """Complete checkpoints under a checkpoints directory, oldest first."""
+    root = Path(checkpoints_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX) and (p / META_FILE).is_file()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory from a step dir, a checkpoints dir or a run dir (latest wins)."""
+    path = Path(path).expanduser()
+    if (path / META_FILE).is_file():
+        return path
+    for root in (path, path / "checkpoints"):
+        found = list_checkpoints(root)
+        if found:
+            return found[-1]
+    raise CheckpointError(f"no complete checkpoint at {path} (looked for {META_FILE} in it, in step-* "
+                          "subdirectories and under checkpoints/); pass a run or checkpoint directory")
+
+
+def read_meta(ckpt: Path) -> dict[str, Any]:
+    with open(ckpt / META_FILE, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def check_compatible(ckpt: Path, hf_config: Any) -> dict[str, Any]:
+    """Raise CheckpointError if `ckpt` was written for a model of another shape."""
+    meta = read_meta(ckpt)
+    saved, ours = meta.get("model", {}), model_shape(hf_config)
+    diffs = [f"{k}: checkpoint {saved.get(k)!r} vs this run {ours[k]!r}" for k in SHAPE_FIELDS
+             if k in saved and saved.get(k) != ours[k]]
+    if diffs:
+        raise CheckpointError(f"cannot resume from {ckpt}: it holds a model of another shape ("
+                              + "; ".join(diffs) + "); use a checkpoint of this model or change the model config")
+    return meta
+
+
+def _check_tensor_shapes(ckpt: Path, state: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    saved = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
+    problems = []
+    for key, value in state["model"].items():
+        full_key = f"model.{key}"
+        if not isinstance(value, torch.Tensor):
+            continue
+        md = saved.get(full_key)
+        if md is None:
+            problems.append(f"{key} missing")
+        elif isinstance(md, TensorStorageMetadata) and tuple(md.size) != tuple(value.shape):
+            problems.append(f"{key} {tuple(md.size)} vs {tuple(value.shape)}")
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; ... ({len(problems)} in all)" if len(problems) > 5 else "")
+        raise CheckpointError(f"cannot resume from {ckpt}: its tensors do not fit this model ({shown})")
+
+
+def load_checkpoint(ckpt: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler: Any) -> dict[str, Any]:
+    """Collective: restore model, optimizer, scheduler and RNG; returns {"step", "data"}."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    ckpt = Path(ckpt)
+    state = _model_optim_state(model, optimizer)
+    _check_tensor_shapes(ckpt, state)
+    dcp.load(state, checkpoint_id=str(ckpt))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    trainer_state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    scheduler.load_state_dict(trainer_state["scheduler"])
+    rng_file = ckpt / "rng" / f"rank-{_rank():05d}.pt"
+    if rng_file.is_file() and read_meta(ckpt).get("world_size") == _world():
+        _set_rng_state(torch.load(rng_file, weights_only=False))
+    return {"step": trainer_state["step"], "data": trainer_state["data"]}
+
+
+def export_hf(model: torch.nn.Module, out_dir: str | Path) -> Path:
+    """Collective: write a vanilla Transformers checkpoint atomically (gathers EP/FSDP shards)."""
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".tmp-{out_dir.name}")
+    if _rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _barrier()
+    try:
+        from workbench.models.auto import save_pretrained as wb_save
+    except ImportError:
+        wb_save = None
+    if wb_save is not None:
+        wb_save(model, str(tmp))
+    elif _rank() == 0:
+        model.save_pretrained(str(tmp))
+    _barrier()
+    if _rank() == 0:
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    _barrier()
+    return out_dir

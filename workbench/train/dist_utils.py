@@ -1,0 +1,92 @@
+"""Small torch.distributed helpers that also work with no process group (world of 1)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if initialized() else 1
+
+
+def barrier() -> None:
+    if initialized():
+        dist.barrier()
+
+
+def pick_device() -> torch.device:
+    """This rank's device: cuda:LOCAL_RANK when CUDA is present, else cpu."""
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", rank() % max(1, torch.cuda.device_count())))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def collective_device() -> torch.device:
+    """Where tensors for collectives must live for the active backend (nccl: cuda)."""
+    if initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_sum(values: list[float]) -> list[float]:
+    """Element-wise sum over all ranks (float64)."""
+    if not initialized():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=collective_device())
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """`obj` from rank `src` on every rank."""
+    if not initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def broadcast_flag(flag: bool, src: int = 0) -> bool:
+    """A boolean decided on `src`, the same on every rank."""
+    if not initialized():
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=collective_device())
+    dist.broadcast(t, src=src)
+    return bool(t.item())
+
+
+def init_from_env() -> bool:
+    """Initialize the default process group from torchrun's env when WORLD_SIZE > 1.
+
+    nccl when CUDA is present, else gloo. Returns True if this call created the group.
+    """
+    if initialized() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=backend)
+    return True
+
+
+def shutdown(created: bool) -> None:
+    """Tear down a group this process created (barrier first: gloo may abort otherwise)."""
+    if created and initialized():
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
