@@ -70,6 +70,16 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def _quiet_dcp():
+    """DCP warns when used without a process group; a one-process run is intended here."""
+    import warnings
+
+    ctx = warnings.catch_warnings()
+    ctx.__enter__()
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    return ctx
+
+
 def _model_optim_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -92,7 +102,11 @@ def save_checkpoint(checkpoints_dir: str | Path, step: int, model: torch.nn.Modu
         tmp.mkdir()
         (tmp / "rng").mkdir()
     _barrier()
-    dcp.save(_model_optim_state(model, optimizer), checkpoint_id=str(tmp))
+    quiet = _quiet_dcp()
+    try:
+        dcp.save(_model_optim_state(model, optimizer), checkpoint_id=str(tmp))
+    finally:
+        quiet.__exit__(None, None, None)
     torch.save(_rng_state(), tmp / "rng" / f"rank-{_rank():05d}.pt")
     if os.environ.get(FAULT_ENV) == "checkpoint_mid_save":
         raise RuntimeError(f"{FAULT_ENV}=checkpoint_mid_save: failing on purpose while saving {final}")
@@ -185,7 +199,11 @@ def load_checkpoint(ckpt: str | Path, model: torch.nn.Module, optimizer: torch.o
     ckpt = Path(ckpt)
     state = _model_optim_state(model, optimizer)
     _check_tensor_shapes(ckpt, state)
-    dcp.load(state, checkpoint_id=str(ckpt))
+    quiet = _quiet_dcp()
+    try:
+        dcp.load(state, checkpoint_id=str(ckpt))
+    finally:
+        quiet.__exit__(None, None, None)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     trainer_state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
     scheduler.load_state_dict(trainer_state["scheduler"])

@@ -1,0 +1,288 @@
+"""`workbench.finetune(run_config, callbacks)`: the training loop every rank runs.
+
+Works inside an initialized process group (torchrun, the workbench cluster engines) or in a
+single process with no group (world of 1).
+
+Data parallelism and the loss. Each optimizer step takes one global batch of
+`global_batch_size` sequences; rank r takes its contiguous slice r of dp equal slices and splits
+it into `grad_accum` micro-batches of `local_batch_size`. The cross-entropy of every micro-batch
+is a *sum* over its tokens divided by the GLOBAL number of loss tokens in the whole global batch
+(all micro-batches, all ranks), so the per-rank contributions add up to exactly the mean over
+the global batch. FSDP2 (like DDP) *averages* gradients over the dp ranks, so each rank's
+cross-entropy is multiplied by dp before backward to turn that average back into the sum. The
+router aux loss is a per-micro-batch mean already; it is divided by grad_accum, and the dp
+average then makes it the mean over all micro-batches of all ranks. (So with
+router_aux_loss_coef > 0 a DP run matches one process on the global batch only when that
+process also uses the same micro-batches; the cross-entropy part matches regardless.)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.config import RunConfig
+from workbench.train import dist_utils as du
+from workbench.train.checkpoint import (check_compatible, export_hf, load_checkpoint, resolve_checkpoint,
+                                        save_checkpoint)
+from workbench.train.data import Batch, build_stream
+from workbench.train.metrics import expert_load_from_router_logits, reset_peak_memory, step_record
+from workbench.train.model_setup import build_model, model_dtype, resolve_mesh
+from workbench.train.optim import build_optimizer, build_scheduler, clip_grad_norm
+from workbench.train.run_dir import RunDir, default_runs_dir, new_run_id
+
+
+class _Callbacks:
+    """Calls optional hooks on user callback objects."""
+
+    def __init__(self, callbacks: list | None) -> None:
+        self.items = list(callbacks or [])
+
+    def call(self, name: str, arg: Any) -> None:
+        for cb in self.items:
+            fn = getattr(cb, name, None)
+            if fn is not None:
+                fn(arg)
+
+    def should_stop(self) -> bool:
+        return any(bool(cb.should_stop()) for cb in self.items if hasattr(cb, "should_stop"))
+
+
+def _open_run_dir(rc: RunConfig, extra: dict[str, Any]) -> RunDir:
+    """Rank 0 creates the run directory; every rank gets it (or rank 0's error)."""
+    result: Any = None
+    if du.rank() == 0:
+        try:
+            runs_dir = Path(rc.output_dir).expanduser() if rc.output_dir else default_runs_dir()
+            config = {**rc.to_dict(), **extra}
+            config["run_id"] = rc.run_id or new_run_id()
+            result = str(RunDir.create(runs_dir, config["run_id"], config).path)
+        except Exception as err:  # noqa: BLE001 - re-raised on every rank below
+            result = err
+    result = du.broadcast_object(result)
+    if isinstance(result, BaseException):
+        raise result
+    return RunDir(Path(result))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _micro_batches(batch: Batch, size: int) -> list[Batch]:
+    return [batch.slice(i, i + size) for i in range(0, len(batch), size)]
+
+
+class Trainer:
+    """One run on this rank: model, optimizer, schedule, data stream, run directory."""
+
+    def __init__(self, rc: RunConfig, callbacks: list | None = None) -> None:
+        self.rc = rc
+        self.callbacks = _Callbacks(callbacks)
+        self.rank, self.world = du.rank(), du.world_size()
+        self.device = du.pick_device()
+        self.hf_config = rc.model.hf_config()
+        self.mesh = resolve_mesh(rc.mesh, self.world, self.hf_config)
+        self.dp = self.mesh.dp if self.mesh is not None else self.world
+        self.accum = rc.train.accumulation_steps(self.dp)
+        self.per_rank = rc.train.global_batch_size // self.dp
+        self.resume_ckpt = None
+        if rc.train.resume_from:
+            # Before any heavy work: a checkpoint of another model shape is refused here.
+            self.resume_ckpt = resolve_checkpoint(rc.train.resume_from)
+            check_compatible(self.resume_ckpt, self.hf_config)
+        torch.manual_seed(rc.train.seed)
+        self.stream = build_stream(rc.data, rc.train.seed, self.hf_config.vocab_size)
+        self.run = _open_run_dir(rc, {"world_size": self.world, "dp": self.dp, "grad_accum": self.accum,
+                                      "device": self.device.type})
+
+    def setup(self) -> None:
+        rc = self.rc
+        torch.manual_seed(rc.train.seed)
+        self.model = build_model(rc, self.hf_config, self.mesh, self.device, model_dtype(rc.model, self.device))
+        self.model.train()
+        if rc.train.activation_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.optimizer = build_optimizer(self.model, rc.train, self.device)
+        self.scheduler = build_scheduler(self.optimizer, rc.train)
+        self.start_step = 0
+        if self.resume_ckpt is not None:
+            state = load_checkpoint(self.resume_ckpt, self.model, self.optimizer, self.scheduler)
+            self.stream.load_state_dict(state["data"])
+            self.start_step = int(state["step"])
+        self.manual_dp = self.mesh is None and self.world > 1 and not _is_parallel(self.model)
+        self._expert_load = _expert_load_reader(self.model)
+        self.coef = float(getattr(self.hf_config, "router_aux_loss_coef", 0.0) or 0.0)
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        rc, device = self.rc, self.device
+        reset_peak_memory(device)
+        t_start = time.perf_counter()
+        start = self.rank * self.per_rank
+        batch = self.stream.next_batch(rc.train.global_batch_size, start, start + self.per_rank)
+        micro = _micro_batches(batch, rc.train.local_batch_size)
+        (global_tokens,) = du.all_reduce_sum([float(batch.num_loss_tokens())])
+        num_items = torch.tensor(max(1.0, global_tokens), device=device)
+        ce_sum, aux_sum, fwd_s, bwd_s = 0.0, 0.0, 0.0, 0.0
+        loads = []
+        for i, mb in enumerate(micro):
+            mb = mb.to(device)
+            last = i == len(micro) - 1
+            if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2: reduce once per step
+                self.model.set_requires_gradient_sync(last)
+            t0 = time.perf_counter()
+            out = self.model(input_ids=mb.input_ids, labels=mb.labels, position_ids=mb.position_ids,
+                             output_router_logits=True, num_items_in_batch=num_items, use_cache=False)
+            aux = out.aux_loss if getattr(out, "aux_loss", None) is not None else None
+            ce = out.loss - self.coef * aux if aux is not None else out.loss
+            objective = ce * self.dp
+            if aux is not None:
+                objective = objective + self.coef * aux / self.accum
+            _sync(device)
+            t1 = time.perf_counter()
+            objective.backward()
+            _sync(device)
+            t2 = time.perf_counter()
+            fwd_s += t1 - t0
+            bwd_s += t2 - t1
+            ce_sum += float(ce.detach())
+            aux_sum += float(aux.detach()) / self.accum if aux is not None else 0.0
+            if self._expert_load is None and getattr(out, "router_logits", None):
+                loads.append(expert_load_from_router_logits(out.router_logits, self.hf_config.num_experts_per_tok,
+                                                            self.hf_config.num_experts))
+        t3 = time.perf_counter()
+        if self.manual_dp:
+            _average_grads(self.model)
+        grad_norm = clip_grad_norm(self.model.parameters(), rc.train.clip_grad_norm)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        _sync(device)
+        t4 = time.perf_counter()
+        ce_global, aux_global = du.all_reduce_sum([ce_sum, aux_sum])
+        loss = ce_global + self.coef * aux_global / self.world
+        if self._expert_load is not None:
+            load = self._expert_load(self.model)
+        else:
+            load = torch.stack(loads).sum(0) if loads else None
+        timings = {"step_time_s": t4 - t_start, "forward_s": fwd_s, "backward_s": bwd_s, "optimizer_s": t4 - t3}
+        return step_record(step=step, rank=self.rank, loss=loss, grad_norm=grad_norm, lr=lr,
+                           tokens=batch.input_ids.numel(), seq_len=rc.data.seq_len, hf_config=self.hf_config,
+                           timings=timings, device=device, expert_load=load, time=time.time())
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def save(self, step: int) -> Path:
+        return save_checkpoint(self.run.checkpoints_dir, step, self.model, self.optimizer, self.scheduler,
+                               self.stream.state_dict(), self.hf_config)
+
+    def fit(self) -> dict[str, Any]:
+        rc, total = self.rc, self.rc.train.steps
+        status_base = {"total_steps": total, "world_size": self.world}
+        if self.rank == 0:
+            self.run.write_status("running", step=self.start_step, **status_base)
+        self.callbacks.call("on_start", {
+            "run_id": self.run.run_id, "run_dir": str(self.run.path), "rank": self.rank, "world_size": self.world,
+            "dp": self.dp, "grad_accum": self.accum, "start_step": self.start_step, "total_steps": total,
+            "device": str(self.device), "config": rc.to_dict(),
+            "num_params": sum(p.numel() for p in self.model.parameters()),
+        })
+        losses: list[float] = []
+        state, step, last_ckpt = "completed", self.start_step, None
+        for step in range(self.start_step + 1, total + 1):
+            stop = du.broadcast_flag(self.callbacks.should_stop() if self.rank == 0 else False)
+            if stop:
+                state, step = "stopped", step - 1
+                break
+            record = self.train_step(step)
+            losses.append(record["loss"])
+            self.run.append_metrics([record])  # one O_APPEND write per rank per step
+            self.callbacks.call("on_step", record)
+            if self.rank == 0:
+                if step % rc.train.log_every == 0 or step == total:
+                    print(f"step {step:>4}/{total}  loss {record['loss']:.4f}  "
+                          f"tokens/s/gpu {record['tokens_per_s_per_gpu']:,.0f}  "
+                          f"tflops/gpu {record['tflops_per_gpu']:.3f}  grad_norm {record['grad_norm']:.3f}",
+                          flush=True)
+                self.run.write_status("running", step=step, loss=record["loss"], **status_base)
+            if not math.isfinite(record["loss"]):
+                raise FloatingPointError(f"loss is {record['loss']} at step {step}; lower train.lr")
+            if rc.train.checkpoint_every and step % rc.train.checkpoint_every == 0 and step < total:
+                last_ckpt = self.save(step)
+        if state == "stopped" or rc.train.save_final_checkpoint:
+            if step > self.start_step or last_ckpt is None:
+                last_ckpt = self.save(step)
+        hf_dir = None
+        if state == "completed" and rc.train.export_hf:
+            hf_dir = export_hf(self.model, self.run.path / "hf")
+        result = {"state": state, "run_id": self.run.run_id, "run_dir": str(self.run.path), "step": step,
+                  "total_steps": total, "losses": losses, "final_loss": losses[-1] if losses else None,
+                  "checkpoint": str(last_ckpt) if last_ckpt else None, "hf_dir": str(hf_dir) if hf_dir else None}
+        if self.rank == 0:
+            self.run.write_status(state, step=step, final_loss=result["final_loss"],
+                                  checkpoint=result["checkpoint"], **status_base)
+        self.callbacks.call("on_end", result)
+        return result
+
+
+def _is_parallel(model: torch.nn.Module) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return False
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _average_grads(model: torch.nn.Module) -> None:
+    """Plain data parallelism for a replicated model (no FSDP): average grads over the world."""
+    import torch.distributed as dist
+
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+
+
+def _expert_load_reader(model: torch.nn.Module):
+    try:
+        from workbench.moe.layer import moe_blocks, pop_expert_load
+    except ImportError:
+        return None
+    if not moe_blocks(model):
+        return None
+    pop_expert_load(model)  # start from zero
+    return pop_expert_load
+
+
+def finetune(run_config: RunConfig, callbacks: list | None = None) -> dict[str, Any]:
+    """Run one fine-tuning job on this rank; returns {"state", "run_id", "run_dir", "losses", ...}.
+
+    Callbacks are objects with any of: on_start(info), on_step(record) (every step, every rank,
+    that rank's record), on_end(result), should_stop() (polled on rank 0 at each step boundary;
+    all ranks stop together, after a checkpoint, with status "stopped"). On an exception the
+    status becomes "failed" with the traceback and the exception is re-raised.
+    """
+    if not isinstance(run_config, RunConfig):
+        raise TypeError(f"finetune needs a workbench.RunConfig, got {type(run_config).__name__}")
+    trainer = Trainer(run_config, callbacks)  # validation, data and run dir: errors before heavy work
+    try:
+        trainer.setup()
+        return trainer.fit()
+    except BaseException as err:
+        tb = traceback.format_exc()
+        try:
+            trainer.run.write_status("failed", error=f"{type(err).__name__}: {err}", traceback=tb,
+                                     rank=trainer.rank)
+        finally:
+            trainer.callbacks.call("on_end", {"state": "failed", "run_id": trainer.run.run_id,
+                                              "run_dir": str(trainer.run.path), "rank": trainer.rank,
+                                              "error": f"{type(err).__name__}: {err}", "traceback": tb})
+        raise
