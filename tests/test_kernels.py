@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -323,7 +324,8 @@ _TRITON_PARITY_SCRIPT = textwrap.dedent("""
 
 def _run_triton_parity(device: str, bf16_tol: float, shapes: tuple, env: dict[str, str]) -> None:
     proc = subprocess.run([sys.executable, "-c", _TRITON_PARITY_SCRIPT, device, str(bf16_tol), repr(shapes)],
-                          env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+                          env={**os.environ, **env}, cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "TRITON PARITY OK" in proc.stdout, proc.stdout + proc.stderr
 
 
