@@ -87,7 +87,7 @@ def availability(field: str, choice: str, device: torch.device | str = "cpu",
         return True, ""
     if choice == "triton":
         if not cuda:
-            return False, f"the Triton kernels need a CUDA device, got {dev.type}; use 'torch'"
+            return False, f"{field}='triton' needs a CUDA device, got {dev.type}; use 'torch'"
         if not _has_module("triton"):
             return False, f"triton is not installed: {INSTALL_HINT['triton']}"
         return True, ""

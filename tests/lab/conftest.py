@@ -1,52 +1,18 @@
 """Fixtures for the lab extension's server tests.
 
-`make_run_dir` is the one place that produces "a real run directory". Until the trainer's
-`workbench demo` lands it writes one through RunDir's writer API (the same calls the trainer
-makes); swap its body for `workbench demo --steps 2 --runs-dir <tmp>` then.
+The run directory comes from make_run.make_run_dir: the one place to swap for a real
+`workbench demo --steps 2` run once the trainer lands.
 """
 
 from __future__ import annotations
 
-import math
-import random
-import time
+import sys
 from pathlib import Path
 
 import pytest
 
-from workbench.train.run_dir import RunDir
-
-
-def make_run_dir(tmp_path: Path, steps: int = 6, world_size: int = 2) -> tuple[Path, str]:
-    """Write one completed run under tmp_path/runs; return (runs_dir, run_id)."""
-    runs_dir = tmp_path / "runs"
-    config = {
-        "model": {"preset": "tiny", "layers": None, "path": None},
-        "mesh": {"dp": world_size, "ep": world_size},
-        "backend": {"experts": "auto", "dispatcher": "auto", "gate": "native"},
-        "resolved_backend": {"experts": "grouped_mm", "dispatcher": "alltoall", "gate": "native",
-                             "attention": "sdpa", "rms_norm": "torch", "linear": "torch",
-                             "fused_ce": False},
-        "world_size": world_size,
-        "train": {"steps": steps},
-    }
-    run = RunDir.create(runs_dir, None, config)
-    run.write_status("running", step=0, total_steps=steps)
-    rng = random.Random()
-    for step in range(1, steps + 1):
-        loss = 10.0 * math.exp(-0.2 * step) + rng.uniform(0, 0.1)
-        run.append_metrics([
-            {"step": step, "rank": rank, "loss": loss, "grad_norm": rng.uniform(0.5, 2),
-             "lr": 1e-4, "tokens_per_s_per_gpu": rng.uniform(900, 1100) + 50 * step,
-             "tflops_per_gpu": rng.uniform(1, 2), "mem_peak_gib": 0.1, "mem_now_gib": 0.05,
-             "expert_load": [[rng.randint(0, 9) for _ in range(4)]], "expert_load_cv": 0.3,
-             "step_time_s": 0.1, "forward_s": 0.03, "backward_s": 0.05, "optimizer_s": 0.02,
-             "time": time.time()}
-            for rank in range(world_size)
-        ])
-        run.write_status("running", step=step, total_steps=steps)
-    run.write_status("completed", step=steps, total_steps=steps)
-    return runs_dir, run.run_id
+sys.path.insert(0, str(Path(__file__).parent))
+from make_run import make_run_dir  # noqa: E402
 
 
 @pytest.fixture

@@ -152,6 +152,17 @@ class Cluster:
         self.view = self.client[[self._engine_of_rank[r] for r in range(self.world_size)]]
         self.view.block = False
 
+    def ensure_process_group(self) -> None:
+        """Re-join the process group on every rank if a failed run left it destroyed."""
+        self._require_running()
+        ready = self.view.apply_async(engine_code.process_group_ready).get(timeout=self.timeout)
+        if not all(ready):
+            if self.launcher == "local" and self.master_addr == "127.0.0.1":
+                self.master_port = engine_code.free_port()
+            else:
+                self.master_port = None
+            self._init_process_group()
+
     def _init_process_group(self) -> None:
         hosts = {f["hostname"] for f in self._rank_facts.values()}
         if self.launcher != "local" or self.master_port is None:
@@ -285,6 +296,14 @@ class Cluster:
                     if getattr(launcher, "pid", None):
                         out["engines"][len(out["engines"])] = launcher.pid
         return out
+
+    def local_engine_pids(self) -> dict[int, int]:
+        """rank -> engine pid for the ranks on this host (whose death we can see directly)."""
+        import socket
+
+        here = socket.gethostname()
+        facts = getattr(self, "_rank_facts", {})
+        return {r: f["pid"] for r, f in facts.items() if f.get("hostname") == here and f.get("pid")}
 
     def _engine_output(self) -> str:
         if self._ipp is None:

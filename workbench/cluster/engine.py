@@ -86,6 +86,14 @@ def init_process_group(rank: int, world_size: int, local_rank: int, master_addr:
 
 
 @_standalone
+def process_group_ready() -> bool:
+    """Whether this engine is in an initialized process group."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+@_standalone
 def shutdown_process_group() -> bool:
     """Barrier then destroy: gloo can abort at process exit if the group is left alive."""
     import torch.distributed as dist
@@ -240,7 +248,15 @@ def run_finetune(config: dict, target: str = "workbench.train:finetune",
         status = fn(run_config, callbacks=[stream, StopFileCallback(run_dir / STOP_FILE)])
     except BaseException as err:
         stream.on_end({})
-        raise RankFailure(rank, traceback.format_exc()) from err
+        remote_traceback = traceback.format_exc()
+        # Leave the group so peers blocked in a collective with us fail now, not at the timeout;
+        # the cluster re-initializes it before the next run.
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+        raise RankFailure(rank, remote_traceback) from err
     stream.on_end(status if isinstance(status, dict) else {})
     return {"rank": rank, "status": status, "records": stream.records, "seq": stream.seq}
 

@@ -1,2 +1,373 @@
-class Run: ...
-class RankError(Exception): ...
+"""`Run`: the notebook's handle on one training run across the ranks of a `Cluster`.
+
+The engines run `workbench.train.finetune` through `apply_async` (one task per rank) and publish
+their step records over ipyparallel's data channel; a watcher thread here merges them by
+(rank, step), notices failed ranks and dead engines, and feeds subscribers (live plots, the
+progress bar). The run directory on disk stays the record of truth after the kernel is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from workbench.cluster import engine as engine_code
+from workbench.train.run_dir import RunDir, default_runs_dir, new_run_id
+
+TERMINAL_STATES = frozenset({"completed", "failed", "stopped"})
+# After one rank fails, give the others this long to fail too (their tracebacks, the trainer's
+# status.json) before the run counts as done.
+FAILURE_GRACE_S = 3.0
+
+
+class RankError(RuntimeError):
+    """A rank failed: `rank`, its remote `traceback`, and `errors` for every failed rank."""
+
+    def __init__(self, rank: int, traceback: str, errors: dict[int, str] | None = None) -> None:
+        self.rank = rank
+        self.traceback = traceback
+        self.errors = dict(errors or {rank: traceback})
+        others = sorted(set(self.errors) - {rank})
+        also = f" (ranks {others} failed too; see .errors)" if others else ""
+        super().__init__(f"rank {rank} failed{also}:\n{traceback}")
+
+
+def _describe_remote_error(err: BaseException) -> str:
+    """The remote traceback text of an ipyparallel error (or a local description)."""
+    tb = getattr(err, "traceback", None)
+    if isinstance(tb, str) and tb:
+        return tb
+    ename, evalue = getattr(err, "ename", None), getattr(err, "evalue", None)
+    if ename:
+        return f"{ename}: {evalue}"
+    return f"{type(err).__name__}: {err}"
+
+
+class Run:
+    """A training run: `status`, `done`, `progress`, `stop()`, `wait()`, `metrics`, live stream."""
+
+    def __init__(self, path: str | os.PathLike, *, cluster: Any = None, results: list | None = None,
+                 poll_interval: float = 0.1) -> None:
+        self.path = Path(path)
+        self.run_id = self.path.name
+        self._run_dir = RunDir(self.path)
+        self._cluster = cluster
+        self._results = results or []  # one AsyncResult per rank, index == rank
+        self._records: dict[tuple[int, int], dict] = {}
+        self._last_seq: dict[int, int] = {}
+        self._errors: dict[int, str] = {}
+        self._subscribers: list[Callable[[list[dict]], None]] = []
+        self._lock = threading.RLock()
+        self._done = threading.Event()
+        self._state = "starting"
+        self._first_failure_at: float | None = None
+        self._engine_pids: dict[int, int] = {}
+        self._progress = None
+        self.poll_interval = poll_interval
+        self._watcher: threading.Thread | None = None
+
+    # -- construction ----------------------------------------------------------------------
+    @classmethod
+    def launch(cls, cluster: Any, run_config: Any, *, target: str = "workbench.train:finetune",
+               history: int = 64) -> "Run":
+        """Send the run to every rank (non-blocking) and start watching it."""
+        from workbench.config import RunConfig
+
+        if not isinstance(run_config, RunConfig):
+            raise TypeError(f"cluster.finetune needs a workbench.RunConfig, got {type(run_config).__name__}")
+        if cluster.busy:
+            raise RuntimeError("the cluster is still busy with another run; wait() for it or "
+                               "cluster.restart()")
+        # Settle where the run lives now, so the notebook knows the directory before rank 0 makes it.
+        output_dir = str(Path(run_config.output_dir or default_runs_dir()).expanduser().resolve())
+        run_config = run_config.replace(output_dir=output_dir,
+                                        run_id=run_config.run_id or new_run_id())
+        path = Path(output_dir) / run_config.run_id
+        if path.exists():
+            raise FileExistsError(f"run directory {path} already exists; pick another run_id")
+        cluster.ensure_process_group()
+        config = run_config.to_dict()
+        results = [cluster.client[cluster.engine_id(rank)].apply_async(
+            engine_code.run_finetune, config, target, history) for rank in range(cluster.world_size)]
+        run = cls(path, cluster=cluster, results=results)
+        run._engine_pids = cluster.local_engine_pids()
+        run._watcher = threading.Thread(target=run._watch, name=f"run-watcher-{run.run_id}",
+                                        daemon=True)
+        run._watcher.start()
+        return run
+
+    @classmethod
+    def from_dir(cls, path: str | os.PathLike) -> "Run":
+        """Reopen a run directory read-only (e.g. after a kernel restart)."""
+        run = cls(RunDir.open(path).path)
+        run._state = run._run_dir.read_status().get("state", "unknown")
+        for record in run._run_dir.read_metrics():
+            if "rank" in record and "step" in record:
+                run._records[(int(record["rank"]), int(record["step"]))] = record
+        if run._state in TERMINAL_STATES:
+            run._done.set()
+        return run
+
+    def __repr__(self) -> str:
+        return f"Run({self.run_id!r}, state={self.state!r}, steps={self.last_step})"
+
+    # -- watching ----------------------------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            try:
+                self._poll()
+            except Exception as err:  # never let the watcher die silently
+                self._errors.setdefault(-1, f"run watcher error: {type(err).__name__}: {err}")
+            time.sleep(self.poll_interval)
+
+    def _poll(self) -> None:
+        new: list[dict] = []
+        for rank, ar in enumerate(self._results):
+            new += self._take_stream(rank, ar.data or {})
+            if ar.ready() and rank not in self._errors and not hasattr(ar, "_wb_collected"):
+                ar._wb_collected = True
+                try:
+                    result = ar.get(timeout=0)
+                except Exception as err:
+                    self._fail(rank, _describe_remote_error(err))
+                else:
+                    new += self._merge(result.get("records", []) if isinstance(result, dict) else [])
+        for rank, pid in self._engine_pids.items():
+            if pid and rank not in self._errors and not _alive(pid) and not self._results[rank].ready():
+                self._fail(rank, f"the engine process of rank {rank} (pid {pid}) died")
+        if new:
+            self._notify(new)
+        self._update_state()
+
+    def _take_stream(self, rank: int, data: dict) -> list[dict]:
+        seq = data.get("seq")
+        if seq is None or seq <= self._last_seq.get(rank, 0):
+            return []
+        records = data.get("records", [])
+        gap = seq - self._last_seq.get(rank, 0) > len(records)
+        self._last_seq[rank] = seq
+        new = self._merge(records)
+        if gap:  # more steps than the published ring holds passed between two polls
+            new += self._merge([r for r in self._run_dir.read_metrics() if r.get("rank") == rank])
+        return new
+
+    def _merge(self, records: list[dict]) -> list[dict]:
+        new = []
+        with self._lock:
+            for record in records:
+                key = (int(record.get("rank", 0)), int(record.get("step", 0)))
+                if key not in self._records:
+                    self._records[key] = record
+                    new.append(record)
+        return sorted(new, key=lambda r: (r.get("step", 0), r.get("rank", 0)))
+
+    def _fail(self, rank: int, traceback: str) -> None:
+        with self._lock:
+            self._errors[rank] = traceback
+            if self._first_failure_at is None:
+                self._first_failure_at = time.monotonic()
+                self._state = "failed"
+
+    def _update_state(self) -> None:
+        all_ready = all(ar.ready() for ar in self._results)
+        disk = self._read_disk_status()
+        if self._first_failure_at is not None:
+            if all_ready or time.monotonic() - self._first_failure_at > FAILURE_GRACE_S:
+                self._mark_failed_on_disk(disk)
+                self._finish()
+            return
+        if all_ready:
+            state = disk.get("state")
+            self._state = state if state in TERMINAL_STATES else "completed"
+            self._finish()
+        elif disk.get("state") in ("starting", "running", "stopping"):
+            self._state = disk["state"]
+
+    def _read_disk_status(self) -> dict:
+        try:
+            return self._run_dir.read_status() if self.path.is_dir() else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _mark_failed_on_disk(self, disk: dict) -> None:
+        # A killed rank 0 cannot write its own failure; keep the on-disk record truthful.
+        if self.path.is_dir() and disk.get("state") not in TERMINAL_STATES:
+            rank = min(r for r in self._errors if r >= 0) if any(r >= 0 for r in self._errors) else -1
+            try:
+                self._run_dir.write_status("failed", rank=rank, error=self._errors.get(rank, "")[-2000:],
+                                           detected_by="notebook")
+            except OSError:
+                pass
+
+    def _finish(self) -> None:
+        self._done.set()
+        self._notify([])
+
+    def _notify(self, records: list[dict]) -> None:
+        for fn in list(self._subscribers):
+            try:
+                fn(records)
+            except Exception:
+                pass  # a broken plot must not stop the run's bookkeeping
+
+    # -- public API --------------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        """One of starting, running, stopping, completed, stopped, failed."""
+        return self._state
+
+    @property
+    def status(self) -> dict:
+        """status.json merged with what the notebook sees: state, step, failed ranks, engines."""
+        disk = self._read_disk_status()
+        status = {**disk, "state": self._state, "run_id": self.run_id, "path": str(self.path),
+                  "step": self.last_step, "done": self.done}
+        if self._errors:
+            status["failed_ranks"] = sorted(r for r in self._errors if r >= 0)
+        if self._engine_pids:
+            status["engines_alive"] = {r: _alive(p) for r, p in self._engine_pids.items()}
+        return status
+
+    @property
+    def done(self) -> bool:
+        """Whether the run has finished (completed, stopped or failed)."""
+        if not self._results and not self._done.is_set():  # from_dir: follow the disk
+            state = self._read_disk_status().get("state")
+            if state in TERMINAL_STATES:
+                self._state = state
+                self._done.set()
+        return self._done.is_set()
+
+    @property
+    def config(self) -> dict:
+        """The RunConfig dict as the trainer recorded it."""
+        return self._run_dir.read_config()
+
+    @property
+    def total_steps(self) -> int | None:
+        try:
+            return int(self.config["train"]["steps"])
+        except (OSError, KeyError, TypeError, ValueError):
+            return None
+
+    @property
+    def last_step(self) -> int | None:
+        with self._lock:
+            return max((s for _, s in self._records), default=None)
+
+    @property
+    def records(self) -> list[dict]:
+        """Every step record received so far from every rank, ordered by (step, rank)."""
+        with self._lock:
+            return [self._records[k] for k in sorted(self._records, key=lambda k: (k[1], k[0]))]
+
+    @property
+    def metrics(self):
+        """A pandas DataFrame of every step from every rank (the trainer's field names)."""
+        import pandas as pd
+
+        if self._done.is_set() and self.path.is_dir():
+            self._merge(self._run_dir.read_metrics())  # anything the stream never delivered
+        return pd.DataFrame(self.records)
+
+    @property
+    def error(self) -> RankError | None:
+        """The failure as a RankError (lowest failed rank first), or None."""
+        ranks = sorted(r for r in self._errors if r >= 0)
+        if not ranks:
+            return None
+        return RankError(ranks[0], self._errors[ranks[0]], {r: self._errors[r] for r in ranks})
+
+    def wait(self, timeout: float | None = None) -> dict:
+        """Block until the run ends; return its status or raise the failing rank's RankError."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.done:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"run {self.run_id} still {self.state} after {timeout} s")
+            self._done.wait(0.2 if remaining is None else min(0.2, remaining))
+        if self._state == "failed":
+            raise self.error or RuntimeError(f"run {self.run_id} failed: {self._read_disk_status()}")
+        return self.status
+
+    def stop(self, wait: bool = True, timeout: float | None = 120.0) -> dict:
+        """Ask rank 0 to stop at the next step boundary (it then checkpoints); optionally wait."""
+        if not self._results:
+            raise RuntimeError("this Run was reopened from disk and is read-only")
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        # The trainer makes the run directory; the flag file goes inside it once it exists.
+        while not self.path.is_dir() and not self.done:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run directory {self.path} did not appear within {timeout} s")
+            time.sleep(0.05)
+        if not self.done:
+            (self.path / engine_code.STOP_FILE).write_text(f"{time.time()}\n")
+            if self._state == "running":
+                self._state = "stopping"
+        if wait:
+            remaining = max(0.0, deadline - time.monotonic()) if timeout is not None else None
+            try:
+                return self.wait(remaining)
+            except RankError:
+                raise
+        return self.status
+
+    def on_metrics(self, fn: Callable[[list[dict]], None]) -> Callable[[], None]:
+        """Call fn(new_records) from the watcher thread as records arrive; returns unsubscribe."""
+        with self._lock:
+            self._subscribers.append(fn)
+            backlog = self.records
+        if backlog:
+            fn(backlog)
+
+        def unsubscribe() -> None:
+            if fn in self._subscribers:
+                self._subscribers.remove(fn)
+
+        return unsubscribe
+
+    def stream(self, timeout: float | None = None) -> Iterator[dict]:
+        """Yield every record (past ones first) as it arrives, until the run is done."""
+        inbox: queue.Queue = queue.Queue()
+        unsubscribe = self.on_metrics(lambda records: inbox.put(records))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    batch = inbox.get(timeout=0.1)
+                except queue.Empty:
+                    if self.done and inbox.empty():
+                        return
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise TimeoutError(f"no end of run {self.run_id} within {timeout} s") from None
+                    continue
+                yield from batch
+        finally:
+            unsubscribe()
+
+    def __iter__(self) -> Iterator[dict]:
+        return self.stream()
+
+    @property
+    def progress(self):
+        """An ipywidgets progress bar with step, seconds per step and ETA (created on first use)."""
+        if self._progress is None:
+            from workbench.cluster.progress import RunProgress
+
+            self._progress = RunProgress(self)
+        return self._progress.widget
+
+
+def _alive(pid: int | None) -> bool:
+    import psutil
+
+    if not pid:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

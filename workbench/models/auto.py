@@ -85,13 +85,23 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
             from workbench.parallel.build import build_parallel_model
 
             return build_parallel_model(adapter, config, backend, mesh, checkpoint=path, **hf_kwargs)
-        model, info = adapter.CAUSAL_LM_CLASS.from_pretrained(path, *model_args, output_loading_info=True,
-                                                             **hf_kwargs)
-        missing = list(info.get("missing_keys", []))
-        mismatched = list(info.get("mismatched_keys", []))
-        if missing or mismatched:
+        try:
+            model, info = adapter.CAUSAL_LM_CLASS.from_pretrained(path, *model_args, output_loading_info=True,
+                                                                 **hf_kwargs)
+        except RuntimeError as err:
+            if "mismatched" not in str(err):
+                raise
             raise CheckpointError(
-                f"checkpoint {path} does not fit {config.model_type}: missing tensors "
-                f"{sorted(missing)[:8]}{'...' if len(missing) > 8 else ''}, mismatched {mismatched[:8]}; "
-                "re-export it with save_pretrained or pass the matching config")
+                f"checkpoint {path} does not fit its config ({config.model_type}): some tensors have the "
+                "wrong shape (e.g. missing experts); see the loading report above. Point to a complete "
+                "checkpoint written by save_pretrained, or fix config.json") from err
+        missing = sorted(info.get("missing_keys", []))
+        mismatched = [str(m[0]) if isinstance(m, tuple) else str(m) for m in info.get("mismatched_keys", [])]
+        if missing or mismatched:
+            # Transformers would silently random-init these; a fine-tune from them would be garbage.
+            raise CheckpointError(
+                f"checkpoint {path} does not fit its config ({config.model_type}): "
+                f"missing tensors {missing[:8]}{'...' if len(missing) > 8 else ''}; "
+                f"tensors of the wrong shape (e.g. missing experts) {mismatched[:8]}. "
+                "Point to a complete checkpoint written by save_pretrained, or fix config.json")
         return _install(model, adapter, backend, device, None)

@@ -12,10 +12,12 @@ run killed mid-save leaves only a `.tmp-*` directory, which loaders ignore.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -70,14 +72,12 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+@contextlib.contextmanager
 def _quiet_dcp():
     """DCP warns when used without a process group; a one-process run is intended here."""
-    import warnings
-
-    ctx = warnings.catch_warnings()
-    ctx.__enter__()
-    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-    return ctx
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _model_optim_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -102,11 +102,8 @@ def save_checkpoint(checkpoints_dir: str | Path, step: int, model: torch.nn.Modu
         tmp.mkdir()
         (tmp / "rng").mkdir()
     _barrier()
-    quiet = _quiet_dcp()
-    try:
+    with _quiet_dcp():
         dcp.save(_model_optim_state(model, optimizer), checkpoint_id=str(tmp))
-    finally:
-        quiet.__exit__(None, None, None)
     torch.save(_rng_state(), tmp / "rng" / f"rank-{_rank():05d}.pt")
     if os.environ.get(FAULT_ENV) == "checkpoint_mid_save":
         raise RuntimeError(f"{FAULT_ENV}=checkpoint_mid_save: failing on purpose while saving {final}")
@@ -199,11 +196,8 @@ def load_checkpoint(ckpt: str | Path, model: torch.nn.Module, optimizer: torch.o
     ckpt = Path(ckpt)
     state = _model_optim_state(model, optimizer)
     _check_tensor_shapes(ckpt, state)
-    quiet = _quiet_dcp()
-    try:
+    with _quiet_dcp():
         dcp.load(state, checkpoint_id=str(ckpt))
-    finally:
-        quiet.__exit__(None, None, None)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     trainer_state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
     scheduler.load_state_dict(trainer_state["scheduler"])

@@ -1,0 +1,58 @@
+"""Checkpoints move both ways between the engine and vanilla Transformers, unchanged."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+from tiny_models import tiny_qwen3_moe
+
+import workbench
+
+
+def logits_of(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def test_engine_save_loads_in_vanilla_transformers(tmp_path):
+    cfg = tiny_qwen3_moe()
+    torch.manual_seed(1)
+    engine = workbench.AutoModelForCausalLM.from_config(cfg, device="cpu")
+    engine.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["architectures"] == ["Qwen3MoeForCausalLM"]
+    keys = set(load_file(tmp_path / "model.safetensors"))
+    # Transformers' own on-disk layout: one tensor per expert and projection.
+    assert "model.layers.0.mlp.experts.7.gate_proj.weight" in keys
+    assert not any("gate_up_proj" in k for k in keys)
+    vanilla = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert type(vanilla) is transformers.Qwen3MoeForCausalLM
+    ids = torch.randint(0, cfg.vocab_size, (2, 13))
+    torch.testing.assert_close(logits_of(vanilla, ids), logits_of(engine, ids), rtol=0, atol=0)
+
+
+def test_hf_save_loads_into_engine(tmp_path):
+    cfg = tiny_qwen3_moe(num_experts=6)
+    torch.manual_seed(2)
+    vanilla = transformers.AutoModelForCausalLM.from_config(cfg)
+    vanilla.save_pretrained(tmp_path)
+    engine = workbench.AutoModelForCausalLM.from_pretrained(tmp_path, device="cpu")
+    assert any(isinstance(m, workbench.moe.layer.MoEBlock) for m in engine.modules())
+    ids = torch.randint(0, cfg.vocab_size, (2, 13))
+    torch.testing.assert_close(logits_of(engine, ids), logits_of(vanilla, ids), rtol=0, atol=0)
+
+
+def test_checkpoint_missing_expert_tensors_is_an_error(tmp_path):
+    cfg = tiny_qwen3_moe()
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    dropped = [k for k in tensors if ".mlp.experts.3." in k]
+    assert dropped
+    save_file({k: v for k, v in tensors.items() if k not in dropped}, tmp_path / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(workbench.CheckpointError, match="does not fit its config"):
+        workbench.AutoModelForCausalLM.from_pretrained(tmp_path, device="cpu")

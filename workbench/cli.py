@@ -1,0 +1,197 @@
+"""The `workbench` command: `workbench finetune CONFIG.yaml`, `workbench demo`.
+
+Subcommands live in a small registry (`SUBCOMMANDS`): each is a name, a help line, a function
+adding its arguments and a function running it; add one by adding an entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _parse_value(text: str):
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    out: dict = {}
+    for item in getattr(args, "set", None) or []:
+        if "=" not in item:
+            raise SystemExit(f"--set expects key=value (e.g. train.lr=1e-3), got {item!r}")
+        key, value = item.split("=", 1)
+        out[key.strip()] = _parse_value(value)
+    for flag, key in (("steps", "train.steps"), ("output_dir", "output_dir"), ("run_id", "run_id"),
+                      ("resume_from", "train.resume_from")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--steps", type=int, help="optimizer steps (overrides train.steps)")
+    p.add_argument("--output-dir", help="runs directory (default: $WORKBENCH_RUNS_DIR or ~/moe-workbench/runs)")
+    p.add_argument("--run-id", help="name of the run directory (default: a timestamp)")
+
+
+# -- finetune --------------------------------------------------------------------------------
+
+
+def _finetune_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="RunConfig YAML file")
+    _add_common(p)
+    p.add_argument("--resume-from", help="checkpoint or run directory to resume from")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override any config field by dotted key, e.g. --set data.seq_len=4096 (repeatable)")
+
+
+def _run_finetune(args: argparse.Namespace) -> int:
+    from workbench.config import ConfigError, RunConfig
+    from workbench.train import dist_utils as du
+
+    try:
+        rc = RunConfig.from_yaml(args.config)
+        overrides = _overrides(args)
+        if overrides:
+            rc = rc.with_overrides(overrides)
+    except (ConfigError, ValueError, TypeError) as err:
+        print(f"workbench finetune: {err}", file=sys.stderr)
+        return 2
+    created = du.init_from_env()
+    multi = du.world_size() > 1
+    code = 0
+    try:
+        from workbench.train import finetune
+
+        result = finetune(rc)
+        if du.rank() == 0:
+            print(f"run {result['state']}: {result['run_dir']}", flush=True)
+    except Exception as err:  # noqa: BLE001 - report cleanly, exit non-zero
+        traceback.print_exc()
+        print(f"workbench finetune (rank {du.rank()}): {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        code = 1
+    if multi:
+        # gloo may abort at interpreter exit after sub-groups were used (facts.md): leave cleanly.
+        if code == 0:
+            du.shutdown(created)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+# -- demo ------------------------------------------------------------------------------------
+
+
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    _add_common(p)
+    p.add_argument("--ranks", type=int, default=None,
+                   help="processes to run (default: all local GPUs, else 2 CPU ranks over gloo)")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _demo_worker(rank: int, world: int, port: int, config_dict: dict) -> None:
+    """One demo rank (spawned): init the group, train, leave without gloo's exit crash."""
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    code = 0
+    try:
+        from workbench.config import RunConfig
+        from workbench.train import finetune
+
+        if world > 1:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            if backend == "nccl":
+                torch.cuda.set_device(rank)
+            dist.init_process_group(backend, rank=rank, world_size=world)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        finetune(RunConfig.from_dict(config_dict))
+        if world > 1:
+            dist.barrier()
+            dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - print this rank's traceback, exit non-zero
+        print(f"[rank {rank}] demo failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    import torch
+    import torch.multiprocessing as mp
+
+    from workbench.config import RunConfig
+    from workbench.train.run_dir import default_runs_dir, new_run_id
+
+    world = args.ranks or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
+    if world < 1:
+        print("workbench demo: --ranks must be >= 1", file=sys.stderr)
+        return 2
+    rc = RunConfig.demo()
+    rc = rc.with_overrides({**_overrides(args), "run_id": args.run_id or new_run_id()})
+    runs_dir = rc.output_dir or str(default_runs_dir())
+    where = "GPU" if torch.cuda.is_available() else "CPU (gloo)"
+    print(f"workbench demo: tiny Qwen3-MoE, {rc.train.steps} steps on {world} {where} rank(s); "
+          f"run directory {os.path.join(runs_dir, rc.run_id)}", flush=True)
+    ctx = mp.spawn(_demo_worker, args=(world, _free_port(), rc.to_dict()), nprocs=world, join=False)
+    try:
+        while not ctx.join():
+            pass
+    except Exception as err:  # noqa: BLE001 - a rank failed; its traceback is already printed
+        print(f"workbench demo failed: {err}", file=sys.stderr)
+        return 1
+    print(f"workbench demo: done; run directory {os.path.join(runs_dir, rc.run_id)}", flush=True)
+    return 0
+
+
+SUBCOMMANDS: tuple[Subcommand, ...] = (
+    Subcommand("finetune", "fine-tune from a RunConfig YAML (standalone or under torchrun)",
+               _finetune_args, _run_finetune),
+    Subcommand("demo", "fine-tune the embedded tiny MoE on 2 CPU ranks or all local GPUs",
+               _demo_args, _run_demo),
+)
+
+
+def build_parser(subcommands: tuple[Subcommand, ...] = SUBCOMMANDS) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="workbench", description="MoE Workbench: fine-tune MoE LLMs")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for cmd in subcommands:
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        cmd.add_arguments(p)
+        p.set_defaults(_run=cmd.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `workbench` console script."""
+    args = build_parser().parse_args(argv)
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
