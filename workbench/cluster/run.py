@@ -58,6 +58,7 @@ class Run:
         self._cluster = cluster
         self._results = results or []  # one AsyncResult per rank, index == rank
         self._records: dict[tuple[int, int], dict] = {}
+        self._sources: dict[str, int] = {}  # how many records came by stream / result / disk
         self._last_seq: dict[int, int] = {}
         self._errors: dict[int, str] = {}
         self._subscribers: list[Callable[[list[dict]], None]] = []
@@ -135,7 +136,8 @@ class Run:
                 except Exception as err:
                     self._fail(rank, _describe_remote_error(err))
                 else:
-                    new += self._merge(result.get("records", []) if isinstance(result, dict) else [])
+                    new += self._merge(result.get("records", []) if isinstance(result, dict) else [],
+                                       "result")
         for rank, pid in self._engine_pids.items():
             if pid and rank not in self._errors and not _alive(pid) and not self._results[rank].ready():
                 self._fail(rank, f"the engine process of rank {rank} (pid {pid}) died")
@@ -150,12 +152,13 @@ class Run:
         records = data.get("records", [])
         gap = seq - self._last_seq.get(rank, 0) > len(records)
         self._last_seq[rank] = seq
-        new = self._merge(records)
+        new = self._merge(records, "stream")
         if gap:  # more steps than the published ring holds passed between two polls
-            new += self._merge([r for r in self._run_dir.read_metrics() if r.get("rank") == rank])
+            new += self._merge([r for r in self._run_dir.read_metrics() if r.get("rank") == rank],
+                               "disk")
         return new
 
-    def _merge(self, records: list[dict]) -> list[dict]:
+    def _merge(self, records: list[dict], source: str) -> list[dict]:
         new = []
         with self._lock:
             for record in records:
@@ -163,6 +166,7 @@ class Run:
                 if key not in self._records:
                     self._records[key] = record
                     new.append(record)
+            self._sources[source] = self._sources.get(source, 0) + len(new)
         return sorted(new, key=lambda r: (r.get("step", 0), r.get("rank", 0)))
 
     def _fail(self, rank: int, traceback: str) -> None:
@@ -271,8 +275,14 @@ class Run:
         import pandas as pd
 
         if self._done.is_set() and self.path.is_dir():
-            self._merge(self._run_dir.read_metrics())  # anything the stream never delivered
+            self._merge(self._run_dir.read_metrics(), "disk")  # anything the stream never delivered
         return pd.DataFrame(self.records)
+
+    @property
+    def delivery(self) -> dict[str, int]:
+        """How many records arrived live ("stream"), with the final result, or from disk."""
+        with self._lock:
+            return dict(self._sources)
 
     @property
     def error(self) -> RankError | None:
