@@ -254,9 +254,9 @@ def test_cross_entropy_bad_input():
 
 def test_registry_errors_name_what_to_do():
     assert get_rms_norm("torch", "cpu")(torch.ones(2, 4), torch.ones(4), 1e-6).shape == (2, 4)
-    with pytest.raises(BackendError, match="need a CUDA device"):
+    with pytest.raises(BackendError, match="CUDA device"):
         get_rms_norm("triton", "cpu")
-    with pytest.raises(BackendError, match="need a CUDA device"):
+    with pytest.raises(BackendError, match="CUDA device"):
         get_swiglu("triton", "cpu")
     if importlib.util.find_spec("transformer_engine") is None:
         with pytest.raises(BackendError, match=r"pip install 'moe-workbench\[te\]'"):
@@ -272,9 +272,9 @@ def test_registry_errors_name_what_to_do():
 def test_triton_backend_on_cpu_tensor_says_use_torch():
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         pytest.skip("TRITON_INTERPRET is set: Triton runs on CPU tensors by design")
-    with pytest.raises(BackendError, match="need a CUDA device"):
+    with pytest.raises(BackendError, match="CUDA device"):
         rms_norm(torch.randn(2, 4), torch.ones(4), backend="triton")
-    with pytest.raises(BackendError, match="need a CUDA device"):
+    with pytest.raises(BackendError, match="CUDA device"):
         swiglu_packed(torch.randn(2, 4), backend="triton")
 
 

@@ -36,19 +36,28 @@ def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW_PARTIAL, stride_dy, stride_x, st
     mask = cols < N
     w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    # int64 row indices so row * stride cannot overflow on large activations
-    row_start = pid.to(tl.int64) * rows_per_program
+    row_start = pid * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, M)
-    for row in range(row_start, row_end):
-        dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + row)
+    # advance pointers row by row from an int64 base offset, so large activations cannot overflow
+    base = row_start.to(tl.int64)
+    DY += base * stride_dy
+    X += base * stride_x
+    DX += base * stride_dx
+    RSTD += base
+    for _ in range(row_start, row_end):
+        dy = tl.load(DY + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(X + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD)
         x_hat = x * rstd
         dw_acc += dy * x_hat.to(X.dtype.element_ty).to(tl.float32)
         # autograd rounds d(x_hat) to the input dtype (the cast in the forward); do the same
         g = (dy * w).to(X.dtype.element_ty).to(tl.float32)
         dx = rstd * (g - x_hat * (tl.sum(g * x_hat, axis=0) / N))
-        tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+        tl.store(DX + cols, dx.to(DX.dtype.element_ty), mask=mask)
+        DY += stride_dy
+        X += stride_x
+        DX += stride_dx
+        RSTD += 1
     tl.store(DW_PARTIAL + pid * N + cols, dw_acc, mask=mask)
 
 
