@@ -102,6 +102,7 @@ class ModelConfig:
     path: str | None = None
     layers: int | None = None
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    router_aux_loss_coef: float | None = None  # None = the preset's / checkpoint's value
 
     def __post_init__(self) -> None:
         if (self.preset is None) == (self.path is None):
@@ -114,18 +115,23 @@ class ModelConfig:
         _check_int(self.layers, "model.layers", 1, allow_none=True)
         if self.dtype not in DTYPES:
             raise ConfigError(f"model.dtype {self.dtype!r} is not one of {list(DTYPES)}")
+        if self.router_aux_loss_coef is not None:
+            _check_float(self.router_aux_loss_coef, "model.router_aux_loss_coef", 0.0)
 
     def hf_config(self):
         """The transformers config of this model (reads config.json for a local path)."""
         if self.preset is not None:
-            return preset_config(self.preset, self.layers)
-        from transformers import AutoConfig
+            cfg = preset_config(self.preset, self.layers)
+        else:
+            from transformers import AutoConfig
 
-        if not (Path(self.path) / "config.json").is_file():
-            raise ConfigError(f"model.path {self.path!r} is not a local checkpoint directory (no config.json)")
-        cfg = AutoConfig.from_pretrained(self.path)
-        if self.layers is not None:
-            cfg.num_hidden_layers = self.layers
+            if not (Path(self.path) / "config.json").is_file():
+                raise ConfigError(f"model.path {self.path!r} is not a local checkpoint directory (no config.json)")
+            cfg = AutoConfig.from_pretrained(self.path)
+            if self.layers is not None:
+                cfg.num_hidden_layers = self.layers
+        if self.router_aux_loss_coef is not None:
+            cfg.router_aux_loss_coef = float(self.router_aux_loss_coef)
         return cfg
 
 

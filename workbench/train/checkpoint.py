@@ -26,7 +26,9 @@ import torch.distributed as dist
 
 META_FILE = "meta.json"
 STEP_PREFIX = "step-"
-FAULT_ENV = "WORKBENCH_FAULT_INJECT"  # "checkpoint_mid_save": raise after the shards are written
+# Fault injection for tests: "checkpoint_mid_save" (or "checkpoint_mid_save:STEP") raises after
+# the shards of that save are written and before the rename, as a run killed mid-save would stop.
+FAULT_ENV = "WORKBENCH_FAULT_INJECT"
 SHAPE_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "intermediate_size", "moe_intermediate_size",
                 "num_experts", "num_experts_per_tok", "tie_word_embeddings")
@@ -105,7 +107,7 @@ def save_checkpoint(checkpoints_dir: str | Path, step: int, model: torch.nn.Modu
     with _quiet_dcp():
         dcp.save(_model_optim_state(model, optimizer), checkpoint_id=str(tmp))
     torch.save(_rng_state(), tmp / "rng" / f"rank-{_rank():05d}.pt")
-    if os.environ.get(FAULT_ENV) == "checkpoint_mid_save":
+    if os.environ.get(FAULT_ENV) in ("checkpoint_mid_save", f"checkpoint_mid_save:{step}"):
         raise RuntimeError(f"{FAULT_ENV}=checkpoint_mid_save: failing on purpose while saving {final}")
     _barrier()
     if _rank() == 0:
