@@ -11,13 +11,10 @@ import transformers
 
 from workbench.backends import BackendConfig
 from workbench.models import adapter_for
+from workbench.models.hf_io import CheckpointError
 from workbench.moe.dispatch import LocalDispatcher
 
 log = logging.getLogger(__name__)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not fit the model: missing or mis-shaped tensors."""
 
 
 def default_device() -> torch.device:
@@ -105,3 +102,23 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
                 f"tensors of the wrong shape (e.g. missing experts) {mismatched[:8]}. "
                 "Point to a complete checkpoint written by save_pretrained, or fix config.json")
         return _install(model, adapter, backend, device, None)
+
+
+def save_pretrained(model, out_dir, max_shard_size: str = "5GB") -> None:
+    """Write the Transformers layout from any mesh; collective: every rank must call it."""
+    import torch.distributed as dist
+
+    from workbench.models.hf_io import gathered_disk_state, write_hf_checkpoint
+
+    adapter = adapter_for(model.config)
+    mesh = getattr(model, "workbench_mesh", None)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    expert_range = getattr(model, "workbench_expert_range", (0, adapter.num_experts(model.config)))
+    owns_experts = mesh is None or rank // mesh.ep == 0  # expert-data-parallel index 0
+    state = gathered_disk_state(model, adapter, expert_range, owns_experts)
+    if rank == 0:
+        config = model.config
+        config.architectures = [adapter.CAUSAL_LM_CLASS.__name__]
+        write_hf_checkpoint(state, config, out_dir, max_shard_size)
+    if dist.is_initialized():
+        dist.barrier()

@@ -52,9 +52,15 @@ class Qwen3MoeForCausalLM(hf.Qwen3MoeForCausalLM):
 
     workbench_backend: BackendConfig | None = None
 
-    def forward(self, input_ids=None, labels=None, output_router_logits=None, **kwargs):
+    def forward(self, input_ids=None, labels=None, output_router_logits=None, aux_loss_group=None, **kwargs):
+        """Transformers' forward; with labels, the loss goes through the engine's kernels.
+
+        `fused_ce` computes the loss from hidden states without materializing logits (logits come
+        back None). `aux_loss_group` (a data-parallel process group) makes the aux loss this
+        rank's share of the global batch's aux loss, so shares and gradients add up exactly.
+        """
         backend = self.workbench_backend
-        if labels is None or backend is None or not backend.fused_ce:
+        if labels is None or backend is None:
             return super().forward(input_ids=input_ids, labels=labels,
                                    output_router_logits=output_router_logits, **kwargs)
         from workbench.kernels.cross_entropy import fused_linear_cross_entropy, shift_labels
@@ -62,19 +68,34 @@ class Qwen3MoeForCausalLM(hf.Qwen3MoeForCausalLM):
         if output_router_logits is None:
             output_router_logits = self.config.output_router_logits
         num_items = kwargs.pop("num_items_in_batch", None)
-        kwargs.pop("logits_to_keep", None)
+        logits_to_keep = kwargs.pop("logits_to_keep", 0)
+        if logits_to_keep:
+            raise ValueError("logits_to_keep cannot be combined with labels")
         outputs = self.model(input_ids=input_ids, output_router_logits=output_router_logits, **kwargs)
-        hidden_ND = outputs.last_hidden_state.reshape(-1, self.config.hidden_size)
-        loss = fused_linear_cross_entropy(hidden_ND, self.lm_head.weight, shift_labels(labels).reshape(-1),
-                                          num_items_in_batch=num_items)
+        hidden = outputs.last_hidden_state
+        logits = None
+        if backend.fused_ce:
+            loss = fused_linear_cross_entropy(hidden, self.lm_head.weight, shift_labels(labels),
+                                              num_items_in_batch=num_items)
+        else:
+            logits = self.lm_head(hidden)
+            loss = self.loss_function(logits, labels, self.vocab_size, num_items_in_batch=num_items)
         aux_loss = None
         if output_router_logits:
             aux_loss = load_balancing_loss(outputs.router_logits, self.num_experts, self.num_experts_per_tok,
-                                           kwargs.get("attention_mask"))
+                                           kwargs.get("attention_mask"), group=aux_loss_group)
             loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
-        return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux_loss, logits=None,
+        return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux_loss, logits=logits,
                                          hidden_states=outputs.hidden_states, attentions=outputs.attentions,
                                          router_logits=outputs.router_logits)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Transformers' save; a model sharded over a mesh gathers its experts first (collective)."""
+        if getattr(self, "workbench_mesh", None) is None:
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        from workbench.models.auto import save_pretrained
+
+        return save_pretrained(self, save_directory, kwargs.get("max_shard_size", "5GB"))
 
 
 CAUSAL_LM_CLASS = Qwen3MoeForCausalLM

@@ -66,12 +66,16 @@ def route(logits_TE: torch.Tensor, top_k: int, norm_topk_prob: bool, gate: str =
 
 
 def load_balancing_loss(router_logits: Sequence[torch.Tensor], num_experts: int, top_k: int,
-                        attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                        attention_mask: torch.Tensor | None = None, group=None) -> torch.Tensor:
     """Switch-Transformer auxiliary loss as Transformers computes it for Qwen-MoE families.
 
     Fraction of top-k assignments per expert times mean router probability per expert, summed
     over experts, pooled over all layers (counts and probabilities are summed across layers
     first, then normalized by the total number of rows), times num_experts.
+
+    With a data-parallel `group`, counts and rows are summed over the group and this rank
+    returns its share (its own probability sums against the global fractions): the shares
+    add up to the aux loss of the global batch, and so do their gradients.
     """
     device = router_logits[0].device
     assigned_E = torch.zeros(num_experts, dtype=torch.float32, device=device)
@@ -91,4 +95,10 @@ def load_balancing_loss(router_logits: Sequence[torch.Tensor], num_experts: int,
         else:
             prob_sum_E = prob_sum_E + (probs_TE * mask_T[:, None]).sum(dim=0)
             rows = rows + mask_T.sum()
+    if group is not None:
+        import torch.distributed as dist
+
+        totals = torch.cat([assigned_E, rows.reshape(1)])
+        dist.all_reduce(totals, group=group)
+        assigned_E, rows = totals[:-1], totals[-1]
     return (assigned_E / rows * (prob_sum_E / rows)).sum() * num_experts

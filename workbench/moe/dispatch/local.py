@@ -1,32 +1,10 @@
-"""Token dispatch: route tokens to their experts in expert-major order, and combine back.
-
-Every dispatcher implements one protocol:
-    dispatch(x_TD, topk_ids_TK, topk_weights_TK) -> (x_by_expert_ND, tokens_per_expert, handle)
-    combine(y_by_expert_ND, handle) -> y_TD
-where `tokens_per_expert` counts rows for this rank's local experts, and `combine` applies the
-routing weights and sums each token's k expert outputs.
-"""
+"""Single-rank dispatch, and the permutation helpers every dispatcher shares."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
-
-
-class Dispatcher(Protocol):
-    """Moves tokens to the experts that own them and back."""
-
-    num_experts: int
-
-    def dispatch(self, x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor):
-        """Expert-major tokens, tokens per local expert, and a handle for `combine`."""
-        ...
-
-    def combine(self, y_by_expert_ND: torch.Tensor, handle) -> torch.Tensor:
-        """Weighted sum of each token's expert outputs, in the original token order."""
-        ...
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Device mesh, FSDP2 sharding, expert-parallel model building, activation checkpointing."""

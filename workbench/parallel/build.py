@@ -1,0 +1,102 @@
+"""Build the expert-parallel, FSDP2-sharded model directly: meta build, then only this rank's tensors."""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from workbench.backends import BackendConfig
+from workbench.models.auto import default_device
+from workbench.models.hf_io import assemble_tensor, read_tensors
+from workbench.moe.dispatch import make_dispatcher
+from workbench.moe.experts import GroupedExperts
+from workbench.moe.layer import MoEBlock
+from workbench.parallel.fsdp import apply_fsdp
+from workbench.parallel.mesh import MeshConfig
+
+
+def _init_random(model: nn.Module, config, seed: int, expert_range: tuple[int, int], device) -> None:
+    """Transformers' init scheme; dense weights equal on every rank, each expert seeded by its id.
+
+    Seeding per (layer, expert) makes an expert's initial weights independent of the mesh.
+    """
+    std = config.initializer_range
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, GroupedExperts):
+                for param in (module.gate_up_proj, module.down_proj):
+                    for local, e in enumerate(range(*expert_range)):
+                        key = zlib.crc32(f"{seed}/{name}/{e}".encode())
+                        g = torch.Generator(device=device).manual_seed(key)
+                        param[local].normal_(0.0, std, generator=g)
+                continue
+            is_norm = type(module).__name__.endswith("RMSNorm")
+            for pname, param in module.named_parameters(recurse=False):
+                if is_norm:
+                    param.fill_(1.0)
+                elif pname == "bias":
+                    param.zero_()
+                else:
+                    param.normal_(0.0, std, generator=gen)
+
+
+def _load_local(model: nn.Module, adapter, path, expert_range: tuple[int, int]) -> None:
+    state = model.state_dict()
+    wanted = {name: adapter.disk_keys_for(name, expert_range) for name in state}
+    tensors = read_tensors(path, sorted({k for keys in wanted.values() for k in keys}))
+    with torch.no_grad():
+        for name, target in state.items():
+            value = assemble_tensor(adapter, name, tensors, expert_range)
+            if value.shape != target.shape:
+                from workbench.models.hf_io import CheckpointError
+
+                raise CheckpointError(f"checkpoint {path}: {name} has shape {tuple(value.shape)}, the model "
+                                      f"needs {tuple(target.shape)}; the checkpoint is of another model shape")
+            target.copy_(value)
+
+
+def build_parallel_model(adapter, config, backend: BackendConfig, mesh: MeshConfig, checkpoint=None,
+                         dtype: torch.dtype | None = None, seed: int = 0, **hf_kwargs):
+    """The engine model sharded over `mesh`: experts split by ep, everything FSDP2-sharded."""
+    if not dist.is_initialized():
+        raise RuntimeError("mesh= needs an initialized process group (torchrun, workbench.Cluster, "
+                           "or torch.distributed.init_process_group)")
+    if not isinstance(mesh, MeshConfig):
+        raise TypeError(f"mesh must be a workbench.MeshConfig, got {type(mesh).__name__}")
+    dtype = dtype or hf_kwargs.pop("torch_dtype", None)
+    num_experts = adapter.num_experts(config)
+    mesh.validate(dist.get_world_size(), num_experts)
+    device = default_device()
+    resolved = backend.resolve(device, world_size=mesh.ep)
+    device_mesh = mesh.build(device.type)
+    ep_group = device_mesh.get_group("ep")
+    rank = dist.get_rank()
+    expert_range = mesh.expert_range(rank, num_experts)
+
+    with torch.device("meta"):
+        model = adapter.CAUSAL_LM_CLASS._from_config(config, **hf_kwargs)
+    adapter.install_engine(model, resolved, lambda n: make_dispatcher(resolved.dispatcher, n, ep_group),
+                           expert_range)
+    model.to_empty(device=device)
+    if dtype is not None:
+        model.to(dtype)
+    model.tie_weights()
+    # Buffers are not parameters: rebuild the rotary tables, zero the expert-load counters.
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=model.config, device=device)
+    for block in model.modules():
+        if isinstance(block, MoEBlock):
+            block.tokens_per_expert.zero_()
+    if checkpoint is None:
+        _init_random(model, config, seed, expert_range, device)
+    else:
+        _load_local(model, adapter, checkpoint, expert_range)
+    if dist.get_world_size() > 1:
+        apply_fsdp(model, device_mesh)
+    model.workbench_mesh = mesh
+    model.workbench_device_mesh = device_mesh
+    model.workbench_expert_range = expert_range
+    return model
