@@ -8,10 +8,10 @@ Data parallelism and the loss. Each optimizer step takes one global batch of
 it into `grad_accum` micro-batches of `local_batch_size`. The cross-entropy of every micro-batch
 is a *sum* over its tokens divided by the GLOBAL number of loss tokens in the whole global batch
 (all micro-batches, all ranks), so the per-rank contributions add up to exactly the mean over
-the global batch. FSDP2 (like DDP) *averages* gradients over the dp ranks, so each rank's
-cross-entropy is multiplied by dp before backward to turn that average back into the sum. The
-router aux loss is a per-micro-batch mean already; it is divided by grad_accum, and the dp
-average then makes it the mean over all micro-batches of all ranks. (So with
+the global batch. Gradients are therefore SUMMED over ranks, never averaged: the engine's FSDP2
+uses a gradient divide factor of 1 (workbench.parallel.fsdp), and the replicated fallback
+all-reduces with SUM. The router aux loss is a per-micro-batch mean; it is divided by
+grad_accum x dp, so the sum over ranks is the mean over all micro-batches of all ranks. (So with
 router_aux_loss_coef > 0 a DP run matches one process on the global batch only when that
 process also uses the same micro-batches; the cross-entropy part matches regardless.)
 """
@@ -143,9 +143,9 @@ class Trainer:
                              output_router_logits=True, num_items_in_batch=num_items, use_cache=False)
             aux = out.aux_loss if getattr(out, "aux_loss", None) is not None else None
             ce = out.loss - self.coef * aux if aux is not None else out.loss
-            objective = ce * self.dp
+            objective = ce
             if aux is not None:
-                objective = objective + self.coef * aux / self.accum
+                objective = objective + self.coef * aux / (self.accum * self.world)
             _sync(device)
             t1 = time.perf_counter()
             objective.backward()
@@ -160,7 +160,7 @@ class Trainer:
                                                             self.hf_config.num_experts))
         t3 = time.perf_counter()
         if self.manual_dp:
-            _average_grads(self.model)
+            _sum_grads(self.model)
         grad_norm = clip_grad_norm(self.model.parameters(), rc.train.clip_grad_norm)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
@@ -242,13 +242,13 @@ def _is_parallel(model: torch.nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
-def _average_grads(model: torch.nn.Module) -> None:
-    """Plain data parallelism for a replicated model (no FSDP): average grads over the world."""
+def _sum_grads(model: torch.nn.Module) -> None:
+    """Plain data parallelism for a replicated model (no FSDP): sum grads over the world."""
     import torch.distributed as dist
 
     for p in model.parameters():
         if p.grad is not None:
-            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
 
 
 def _expert_load_reader(model: torch.nn.Module):

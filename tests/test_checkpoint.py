@@ -1,0 +1,108 @@
+"""DCP checkpoints: exact resume, atomic saves under an injected failure, refusing another shape."""
+
+import os
+import socket
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from workbench.config import RunConfig
+from workbench.train import finetune
+from workbench.train.checkpoint import FAULT_ENV, CheckpointError, list_checkpoints, resolve_checkpoint
+
+
+def _rc(tmp_path, **overrides):
+    base = dict(output_dir=str(tmp_path / "runs"), data__seq_len=64, train__steps=5, train__global_batch_size=4,
+                train__local_batch_size=2, train__warmup_steps=1)
+    base.update(overrides)
+    return RunConfig.demo(**base)
+
+
+def test_resume_at_step_3_reproduces_steps_4_and_5_exactly(tmp_path):
+    full = finetune(_rc(tmp_path, run_id="full", train__checkpoint_every=3))
+    ckpts = list_checkpoints(tmp_path / "runs" / "full" / "checkpoints")
+    assert [c.name for c in ckpts] == ["step-00000003", "step-00000005"]
+    resumed = finetune(_rc(tmp_path, run_id="resumed", train__resume_from=str(ckpts[0])))
+    assert resumed["losses"] == full["losses"][3:]  # bit-for-bit: model, Adam moments, lr, data position
+    assert resumed["step"] == 5
+
+
+def test_resume_from_a_run_directory_uses_its_latest_checkpoint(tmp_path):
+    finetune(_rc(tmp_path, run_id="a", train__steps=2))
+    assert resolve_checkpoint(tmp_path / "runs" / "a").name == "step-00000002"
+    out = finetune(_rc(tmp_path, run_id="b", train__steps=3, train__resume_from=str(tmp_path / "runs" / "a")))
+    assert len(out["losses"]) == 1 and out["step"] == 3
+
+
+def test_failure_mid_save_leaves_previous_checkpoint_loadable(tmp_path, monkeypatch):
+    monkeypatch.setenv(FAULT_ENV, "checkpoint_mid_save:4")
+    with pytest.raises(RuntimeError, match="failing on purpose"):
+        finetune(_rc(tmp_path, run_id="crash", train__steps=6, train__checkpoint_every=2))
+    root = tmp_path / "runs" / "crash" / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == [".tmp-step-00000004", "step-00000002"]
+    assert resolve_checkpoint(tmp_path / "runs" / "crash").name == "step-00000002"
+    monkeypatch.delenv(FAULT_ENV)
+    # The interrupted save is ignored; resuming from the run continues from step 2 and can save 4.
+    reference = finetune(_rc(tmp_path, run_id="ref", train__steps=6, train__checkpoint_every=2))
+    out = finetune(_rc(tmp_path, run_id="again", train__steps=6, train__checkpoint_every=2,
+                       train__resume_from=str(tmp_path / "runs" / "crash")))
+    assert out["losses"] == reference["losses"][2:]
+    assert [p.name for p in list_checkpoints(tmp_path / "runs" / "again" / "checkpoints")] == [
+        "step-00000004", "step-00000006"]
+
+
+def test_resume_from_another_model_shape_is_refused_before_training(tmp_path):
+    finetune(_rc(tmp_path, run_id="two", train__steps=1))
+    runs_before = sorted(os.listdir(tmp_path / "runs"))
+    ckpt_files = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs" / "two").rglob("*") if p.is_file()}
+    with pytest.raises(CheckpointError) as info:
+        finetune(_rc(tmp_path, run_id="three", model__layers=3, train__resume_from=str(tmp_path / "runs" / "two")))
+    assert "num_hidden_layers: checkpoint 2 vs this run 3" in str(info.value)
+    assert sorted(os.listdir(tmp_path / "runs")) == runs_before  # no run directory was created
+    assert {p: p.stat().st_mtime_ns for p in ckpt_files} == ckpt_files  # nothing touched
+
+
+def test_resume_from_a_path_without_checkpoint(tmp_path):
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        finetune(_rc(tmp_path, train__resume_from=str(tmp_path)))
+
+
+# -- two gloo ranks -----------------------------------------------------------------------------
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_rank_worker(rank, port, configs, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank))
+    code = 0
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        results = [finetune(RunConfig.from_dict(c))["losses"] for c in configs]
+        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+        code = 1
+    os._exit(code)
+
+
+def test_two_rank_resume_reproduces_steps_4_and_5(tmp_path):
+    full = _rc(tmp_path, run_id="full2", train__checkpoint_every=3)
+    resumed = _rc(tmp_path, run_id="resumed2",
+                  train__resume_from=str(tmp_path / "runs" / "full2" / "checkpoints" / "step-00000003"))
+    mp.spawn(_two_rank_worker, args=(_free_port(), [full.to_dict(), resumed.to_dict()], str(tmp_path)), nprocs=2)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    assert r0 == r1  # every rank reports the global loss
+    (full_losses, resumed_losses) = r0
+    assert len(full_losses) == 5 and resumed_losses == full_losses[3:]
