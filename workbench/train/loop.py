@@ -10,10 +10,12 @@ is a *sum* over its tokens divided by the GLOBAL number of loss tokens in the wh
 (all micro-batches, all ranks), so the per-rank contributions add up to exactly the mean over
 the global batch. Gradients are therefore SUMMED over ranks, never averaged: the engine's FSDP2
 uses a gradient divide factor of 1 (workbench.parallel.fsdp), and the replicated fallback
-all-reduces with SUM. The router aux loss is a per-micro-batch mean; it is divided by
-grad_accum x dp, so the sum over ranks is the mean over all micro-batches of all ranks. (So with
-router_aux_loss_coef > 0 a DP run matches one process on the global batch only when that
-process also uses the same micro-batches; the cross-entropy part matches regardless.)
+all-reduces with SUM. The router aux loss: the engine's model takes `aux_loss_group` and then
+returns this rank's share of the aux loss of the micro-batch across all ranks (shares add up to
+the global micro-batch's aux loss), so it is divided by grad_accum only. A model without that
+argument (vanilla Transformers) gives a per-rank mean, divided by grad_accum x world. The aux
+loss is a statistic of each micro-batch, so runs with different local batch sizes differ in it;
+the cross-entropy part is the same for any split.
 """
 
 from __future__ import annotations
@@ -119,6 +121,13 @@ class Trainer:
         self.manual_dp = self.mesh is None and self.world > 1 and not _is_parallel(self.model)
         self._expert_load = _expert_load_reader(self.model)
         self.coef = float(getattr(self.hf_config, "router_aux_loss_coef", 0.0) or 0.0)
+        self.forward_kwargs: dict[str, Any] = {}
+        self.aux_scale = 1.0 / (self.accum * self.world)
+        if self.world > 1 and _accepts(self.model, "aux_loss_group"):
+            import torch.distributed as dist
+
+            self.forward_kwargs["aux_loss_group"] = dist.group.WORLD  # dp spans the whole world
+            self.aux_scale = 1.0 / self.accum
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -140,12 +149,13 @@ class Trainer:
                 self.model.set_requires_gradient_sync(last)
             t0 = time.perf_counter()
             out = self.model(input_ids=mb.input_ids, labels=mb.labels, position_ids=mb.position_ids,
-                             output_router_logits=True, num_items_in_batch=num_items, use_cache=False)
+                             output_router_logits=True, num_items_in_batch=num_items, use_cache=False,
+                             **self.forward_kwargs)
             aux = out.aux_loss if getattr(out, "aux_loss", None) is not None else None
             ce = out.loss - self.coef * aux if aux is not None else out.loss
             objective = ce
             if aux is not None:
-                objective = objective + self.coef * aux / (self.accum * self.world)
+                objective = objective + self.coef * aux * self.aux_scale
             _sync(device)
             t1 = time.perf_counter()
             objective.backward()
@@ -154,7 +164,7 @@ class Trainer:
             fwd_s += t1 - t0
             bwd_s += t2 - t1
             ce_sum += float(ce.detach())
-            aux_sum += float(aux.detach()) / self.accum if aux is not None else 0.0
+            aux_sum += float(aux.detach()) * self.aux_scale if aux is not None else 0.0
             if self._expert_load is None and getattr(out, "router_logits", None):
                 loads.append(expert_load_from_router_logits(out.router_logits, self.hf_config.num_experts_per_tok,
                                                             self.hf_config.num_experts))
@@ -169,7 +179,7 @@ class Trainer:
         _sync(device)
         t4 = time.perf_counter()
         ce_global, aux_global = du.all_reduce_sum([ce_sum, aux_sum])
-        loss = ce_global + self.coef * aux_global / self.world
+        loss = ce_global + self.coef * aux_global
         if self._expert_load is not None:
             load = self._expert_load(self.model)
         else:
@@ -232,6 +242,15 @@ class Trainer:
                                   checkpoint=result["checkpoint"], **status_base)
         self.callbacks.call("on_end", result)
         return result
+
+
+def _accepts(model: torch.nn.Module, name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _is_parallel(model: torch.nn.Module) -> bool:
