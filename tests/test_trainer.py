@@ -136,3 +136,66 @@ def test_existing_run_id_is_not_overwritten(tmp_path):
     with pytest.raises(FileExistsError, match="already exists"):
         finetune(_rc(tmp_path, run_id="same", train__steps=1))
     assert (tmp_path / "runs" / "same" / "metrics.jsonl").read_text() == before
+
+
+# -- gradient norm across the mesh: FSDP2 DTensor shards + rank-local expert shards ------------
+
+
+def _grad_norm_worker(rank, port, out_dir):
+    import socket  # noqa: F401
+    import traceback
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from workbench.train.optim import GRAD_NORM_GROUP_ATTR, clip_grad_norm, total_grad_norm
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    code = 0
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        mesh = init_device_mesh("cpu", (2,))
+        torch.manual_seed(0)
+        dense = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+        fully_shard(dense, mesh=mesh)
+        torch.manual_seed(100 + rank)  # this rank's own "experts": different values per rank
+        expert = torch.nn.Parameter(torch.randn(3, 5))
+        setattr(expert, GRAD_NORM_GROUP_ATTR, dist.group.WORLD)
+        replicated = torch.nn.Parameter(torch.ones(2))  # unmarked plain tensor: same on all ranks
+        x = torch.randn(6, 8, generator=torch.Generator().manual_seed(rank))
+        loss = dense(x).pow(2).sum() + (expert * expert).sum() * 3 + replicated.sum() * 2
+        loss.backward()
+        params = list(dense.parameters()) + [expert, replicated]
+        norm = float(total_grad_norm(params))
+        # Reference: every shard gathered by hand.
+        dense_sq = sum(float(p.grad.full_tensor().pow(2).sum()) for p in dense.parameters())
+        expert_sq = [None, None]
+        dist.all_gather_object(expert_sq, float(expert.grad.pow(2).sum()))
+        ref = (dense_sq + sum(expert_sq) + float(replicated.grad.pow(2).sum())) ** 0.5
+        before = clip_grad_norm(params, max_norm=1.0)
+        after = float(total_grad_norm(params))
+        torch.save({"norm": norm, "ref": ref, "before": before, "after": after}, os.path.join(out_dir, f"r{rank}.pt"))
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+        code = 1
+    os._exit(code)
+
+
+def test_grad_norm_and_clipping_span_fsdp_shards_and_expert_shards(tmp_path):
+    import socket
+
+    import torch
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_grad_norm_worker, args=(port, str(tmp_path)), nprocs=2)
+    r0, r1 = (torch.load(tmp_path / f"r{r}.pt") for r in range(2))
+    assert r0["norm"] == pytest.approx(r0["ref"], rel=1e-6) and r0["norm"] == pytest.approx(r1["norm"], rel=1e-7)
+    assert r0["before"] > 1.0 and r0["after"] == pytest.approx(1.0, rel=1e-4)
+    assert r1["after"] == pytest.approx(1.0, rel=1e-4)
