@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import pytest
 import tornado.httpclient
@@ -148,6 +149,11 @@ async def test_clusters_lists_a_real_ipyparallel_cluster(jp_fetch, jp_home_dir):
             es.to_dict()["engines"]["0"]["pid"] for es in cluster.engines.values())
         assert sorted(r["pid"] for r in model["ranks"]) == engine_pids
         assert model["controller"]["pid"] == cluster.controller.process.pid
+        # Polling (the sidebar does every few seconds) must not start new waiter threads.
+        threads = threading.active_count()
+        for _ in range(5):
+            assert (await _get_json(jp_fetch, "clusters"))["clusters"][0]["id"] == model["id"]
+        assert threading.active_count() == threads
     finally:
         await cluster.stop_cluster()
     after = await _get_json(jp_fetch, "clusters")

@@ -15,5 +15,5 @@ def _jupyter_server_extension_points() -> list[dict]:
 
 def _load_jupyter_server_extension(server_app) -> None:
     """Add the /moe-workbench/api/ routes to the running server."""
-    setup_handlers(server_app.web_app)
+    setup_handlers(server_app.web_app, parent=server_app)
     server_app.log.info("moe_workbench_lab: routes registered under /moe-workbench/api/")

@@ -2,24 +2,50 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
-def cluster_snapshot(profile_dirs: list[str] | None = None) -> dict:
-    """{"available": bool, "reason": ..., "clusters": [...]}: running clusters and their ranks."""
-    try:
-        from ipyparallel import ClusterManager
-        from ipyparallel.util import abbreviate_profile_dir
-    except ImportError as err:
-        return {"available": False, "reason": f"ipyparallel is not installed ({err})", "clusters": []}
-    # A fresh manager per request: it re-reads the cluster files ipyparallel keeps in every
-    # IPython profile's security/ folder, so clusters started from any notebook show up.
-    manager = ClusterManager()
+class ClusterWatcher:
+    """One ipyparallel ClusterManager per server, re-reading cluster files on every snapshot.
+
+    ipyparallel attaches a waiter thread to each running process it loads, so the manager must
+    live as long as the server (as ipyparallel's own server extension keeps it): a manager per
+    request would start new threads on every poll. Call `snapshot` on the server's event-loop
+    thread: the waiters report a process exit through the loop current at load time.
+    """
+
+    def __init__(self, parent: Any = None) -> None:
+        self._manager = None
+        self._import_error: str | None = None
+        try:
+            from ipyparallel import ClusterManager
+        except ImportError as err:
+            self._import_error = f"ipyparallel is not installed ({err})"
+        else:
+            self._manager = ClusterManager(parent=parent)
+
+    def snapshot(self, profile_dirs: list[str] | None = None) -> dict:
+        """{"available", "reason", "clusters"}: running clusters and their ranks."""
+        if self._manager is None:
+            return {"available": False, "reason": self._import_error, "clusters": []}
+        return cluster_snapshot(self._manager, profile_dirs)
+
+
+def cluster_snapshot(manager: Any, profile_dirs: list[str] | None = None) -> dict:
+    """Models of the running clusters `manager` finds in the IPython profile dirs."""
+    from ipyparallel.util import abbreviate_profile_dir
+
+    # load_clusters re-reads the cluster files ipyparallel keeps in every IPython profile's
+    # security/ folder (clusters started from any notebook), dropping ones that stopped.
     clusters = manager.load_clusters(profile_dirs=profile_dirs)
     models = []
-    for key, cluster in clusters.items():
+    for key, cluster in list(clusters.items()):
         try:
-            if not cluster._is_running():
+            # ipyparallel deletes a cluster's file when it stops; the waiter threads may only
+            # notice the exit a poll later, so a missing file is the prompt signal.
+            if not cluster._is_running() or not os.path.exists(cluster.cluster_file):
+                manager.clusters.pop(key, None)
                 continue
             models.append(_cluster_model(key, cluster.to_dict(), abbreviate_profile_dir))
         except Exception as err:  # one broken cluster file must not hide the others

@@ -11,11 +11,12 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import ensure_async, url_path_join
 from tornado import web
 
-from .clusters import cluster_snapshot
+from .clusters import ClusterWatcher
 from .gpus import gpu_snapshot
 from .notebooks import list_notebooks, read_notebook
 
 AUTH_RESOURCE = "moe_workbench"
+CLUSTER_WATCHER_KEY = "moe_workbench_cluster_watcher"
 SPARK_POINTS = 64
 # Metrics a plot needs; expert_load matrices are only sent when asked for (they are large).
 DEFAULT_METRIC_FIELDS = (
@@ -65,7 +66,9 @@ class ClustersHandler(WorkbenchHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.write_json(await asyncio.to_thread(cluster_snapshot))
+        watcher: ClusterWatcher = self.settings[CLUSTER_WATCHER_KEY]
+        # On the loop thread on purpose (see ClusterWatcher); it only reads small JSON files.
+        self.write_json(watcher.snapshot())
 
 
 def _downsample(values: list, points: int = SPARK_POINTS) -> list:
@@ -153,8 +156,9 @@ class NotebookCopyHandler(WorkbenchHandler):
         self.write_json({"path": name, "copied": True})
 
 
-def setup_handlers(web_app) -> None:
+def setup_handlers(web_app, parent=None) -> None:
     """Register the routes under <base_url>moe-workbench/api/."""
+    web_app.settings[CLUSTER_WATCHER_KEY] = ClusterWatcher(parent=parent)
     base = url_path_join(web_app.settings["base_url"], "moe-workbench", "api")
     web_app.add_handlers(".*$", [
         (url_path_join(base, "gpus"), GpusHandler),

@@ -106,7 +106,7 @@ export class RunView extends Widget {
       lineChart('TFLOP/s per GPU', byRank(records, 'tflops_per_gpu')),
       lineChart('peak memory (GiB)', byRank(records, 'mem_peak_gib')),
       lineChart('expert load CV', byRank(records, 'expert_load_cv')),
-      lineChart('step time split, rank 0 (s)', keysOfRank0(records, ['forward_s', 'backward_s', 'optimizer_s', 'step_time_s']))
+      lineChart('step time (s), rank 0', keysOfRank0(records, ['forward_s', 'backward_s', 'optimizer_s', 'step_time_s']))
     ];
     this.plots.replaceChildren(...charts);
   }

@@ -54,7 +54,10 @@ export interface ISeries {
   ys: number[];
 }
 
-function fmt(v: number): string {
+function fmt(v: number, integer = false): string {
+  if (integer) {
+    return Math.round(v).toString();
+  }
   const a = Math.abs(v);
   if (a !== 0 && (a >= 1e5 || a < 1e-2)) {
     return v.toExponential(1);
@@ -100,9 +103,13 @@ export function lineChart(
     const t = el('text', { x: m.left - 4, y: py(yv) + 3, class: 'mwb-tick mwb-tick-y' });
     t.textContent = fmt(yv);
     axes.appendChild(t);
-    const xv = x0 + ((x1 - x0) * i) / 4;
+  }
+  // Steps are integers: tick whole steps at an even stride rather than 2.25, 3.5, ...
+  const integerX = xs.every(x => Number.isInteger(x));
+  const stride = integerX ? Math.max(1, Math.ceil((x1 - x0) / 4)) : (x1 - x0) / 4;
+  for (let xv = integerX ? Math.ceil(x0) : x0; xv <= x1 + 1e-9; xv += stride) {
     const tx = el('text', { x: px(xv), y: height - m.bottom + 12, class: 'mwb-tick mwb-tick-x' });
-    tx.textContent = fmt(xv);
+    tx.textContent = fmt(xv, integerX);
     axes.appendChild(tx);
   }
   const xl = el('text', { x: (width + m.left) / 2, y: height - 4, class: 'mwb-axis-label' });
@@ -117,7 +124,8 @@ export function lineChart(
       svg.appendChild(el('circle', { cx: px(s.xs[0]), cy: py(s.ys[0]), r: 3, class: `mwb-series mwb-series-${k % 6}` }));
     }
     if (series.length > 1) {
-      const legend = el('text', { x: width - m.right - 4, y: m.top + 12 * (k + 1), class: `mwb-legend mwb-series-${k % 6}` });
+      // Legend entries sit in the title row, right to left, clear of the lines.
+      const legend = el('text', { x: width - m.right - 62 * (series.length - 1 - k), y: 14, class: `mwb-legend mwb-series-${k % 6}` });
       legend.textContent = s.label;
       svg.appendChild(legend);
     }

@@ -41,3 +41,17 @@ test('sidebar lists the run and opens its plots', async ({ page }) => {
   await expect(view.locator('svg.mwb-chart').nth(1).locator('polyline.mwb-series')).toHaveCount(2);
   await page.screenshot({ path: path.join(ARTIFACTS, 'lab-run-view.png') });
 });
+
+test('launcher card opens a workbench notebook copied into the root folder', async ({ page }) => {
+  const section = page.locator('.jp-Launcher-section').filter({ hasText: 'MoE Workbench' });
+  await expect(section).toBeVisible();
+  const cards = section.locator('.jp-LauncherCard');
+  expect(await cards.count()).toBeGreaterThan(0);
+  const label = (await cards.first().locator('.jp-LauncherCard-label').innerText()).trim();
+  await cards.first().click();
+  // The notebook opens as a document in the main area (its file was copied in by the server).
+  const tab = page.locator('.lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current');
+  await expect(tab).toContainText('.ipynb');
+  expect(label.length).toBeGreaterThan(0);
+  await expect(page.locator('.jp-NotebookPanel:visible')).toHaveCount(1);
+});
