@@ -198,7 +198,8 @@ class Cluster:
 
     def _force_stop(self) -> None:
         pids = self.pids()
-        all_pids = [p for p in pids["controller"] + list(pids["engines"].values()) if p]
+        all_pids = [p for p in pids["controller"] + list(pids["engines"].values()) + pids["helpers"]
+                    if p]
         if self.client is not None:
             try:
                 self.client.close()
@@ -209,14 +210,22 @@ class Cluster:
                 self._ipp.stop_cluster_sync()
             except Exception:
                 pass
-        # Anything still alive (a rank stuck in a collective ignores SIGTERM) is killed.
         procs = []
         for pid in all_pids:
             try:
                 procs.append(psutil.Process(pid))
             except psutil.NoSuchProcess:
                 pass
-        _, alive = psutil.wait_procs(procs, timeout=5)
+        # Engine nannies only notice their engine is gone after seconds of polling, and take
+        # more to handle SIGTERM; their engine is gone, so nothing is lost by killing them.
+        for proc in procs:
+            if proc.pid in pids["helpers"]:
+                try:
+                    proc.kill()
+                except psutil.NoSuchProcess:
+                    pass
+        # Anything still alive (a rank stuck in a collective ignores SIGTERM) is killed.
+        _, alive = psutil.wait_procs([p for p in procs if p.pid not in pids["helpers"]], timeout=5)
         for proc in alive:
             try:
                 proc.kill()
@@ -274,8 +283,8 @@ class Cluster:
         return self._engine_of_rank[rank]
 
     def pids(self) -> dict[str, Any]:
-        """Local process ids: the controller (and its scheduler children) and each rank's engine."""
-        out: dict[str, Any] = {"controller": [], "engines": {}}
+        """Local process ids: controller (+ children), each rank's engine, helpers (engine nannies)."""
+        out: dict[str, Any] = {"controller": [], "engines": {}, "helpers": []}
         if self._ipp is None:
             return out
         controller = getattr(self._ipp, "controller", None)
@@ -295,6 +304,11 @@ class Cluster:
                 for launcher in getattr(engine_set, "launchers", {}).values():
                     if getattr(launcher, "pid", None):
                         out["engines"][len(out["engines"])] = launcher.pid
+        for pid in out["engines"].values():  # each engine's nanny process, and anything it spawned
+            try:
+                out["helpers"] += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+            except psutil.NoSuchProcess:
+                pass
         return out
 
     def local_engine_pids(self) -> dict[int, int]:
