@@ -156,3 +156,10 @@ def test_list_runs_flags_corrupt_and_half_written(tmp_path):
 
 def test_list_runs_missing_dir_is_empty(tmp_path):
     assert list_runs(tmp_path / "nope") == []
+
+
+def test_list_runs_mesh_falls_back_to_recorded_sizes(tmp_path):
+    config = {**_config(), "mesh": None, "dp": 2, "grad_accum": 1}
+    RunDir.create(tmp_path, "r1", config)
+    [summary] = list_runs(tmp_path)
+    assert summary["mesh"] == {"dp": 2}

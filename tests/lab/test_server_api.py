@@ -12,6 +12,7 @@ import tornado.httpclient
 from workbench.train.run_dir import RunDir
 
 pytest.importorskip("moe_workbench_lab", reason="install it: pip install -e extensions/moe_workbench_lab")
+pytest.importorskip("pytest_jupyter", reason="install it: pip install 'pytest-jupyter[server]'")
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 ROUTES = [

@@ -196,6 +196,14 @@ def _describe(section: Any) -> Any:
     return section if isinstance(section, (dict, str)) or section is None else str(section)
 
 
+def _mesh_of(config: dict) -> Any:
+    """The mesh section; without one (plain data parallel) the top-level sizes the trainer records."""
+    if config.get("mesh"):
+        return config["mesh"]
+    sizes = {k: config[k] for k in ("dp", "ep", "tp", "pp") if isinstance(config.get(k), int)}
+    return sizes or None
+
+
 def summarize_run(path: Path) -> dict:
     """A JSON-able summary of one run directory (raises if it cannot be read)."""
     run = RunDir.open(path)
@@ -213,7 +221,7 @@ def summarize_run(path: Path) -> dict:
         "path": str(path),
         "model": (model.get("preset") or model.get("path")) if isinstance(model, dict) else str(model),
         "model_config": _describe(model),
-        "mesh": _describe(config.get("mesh")),
+        "mesh": _describe(_mesh_of(config)),
         "backends": _describe(config.get("resolved_backend") or config.get("backend")),
         "world_size": config.get("world_size"),
         "state": status.get("state", "unknown"),
