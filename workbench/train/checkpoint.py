@@ -24,6 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from workbench.train.expert_state import globalize
+
 META_FILE = "meta.json"
 STEP_PREFIX = "step-"
 # Fault injection for tests: "checkpoint_mid_save" (or "checkpoint_mid_save:STEP") raises after
@@ -105,7 +107,7 @@ def save_checkpoint(checkpoints_dir: str | Path, step: int, model: torch.nn.Modu
         (tmp / "rng").mkdir()
     _barrier()
     with _quiet_dcp():
-        dcp.save(_model_optim_state(model, optimizer), checkpoint_id=str(tmp))
+        dcp.save(globalize(model, _model_optim_state(model, optimizer)), checkpoint_id=str(tmp))
     torch.save(_rng_state(), tmp / "rng" / f"rank-{_rank():05d}.pt")
     if os.environ.get(FAULT_ENV) in ("checkpoint_mid_save", f"checkpoint_mid_save:{step}"):
         raise RuntimeError(f"{FAULT_ENV}=checkpoint_mid_save: failing on purpose while saving {final}")
@@ -197,9 +199,10 @@ def load_checkpoint(ckpt: str | Path, model: torch.nn.Module, optimizer: torch.o
 
     ckpt = Path(ckpt)
     state = _model_optim_state(model, optimizer)
-    _check_tensor_shapes(ckpt, state)
+    view = globalize(model, state)  # shares storage with `state`: loading into it fills `state`
+    _check_tensor_shapes(ckpt, view)
     with _quiet_dcp():
-        dcp.load(state, checkpoint_id=str(ckpt))
+        dcp.load(view, checkpoint_id=str(ckpt))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     trainer_state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
     scheduler.load_state_dict(trainer_state["scheduler"])

@@ -1,0 +1,64 @@
+"""The `workbench` command end to end, as a user runs it (subprocesses)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workbench.config import RunConfig
+from workbench.train.run_dir import list_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _workbench(args, runs_dir, timeout=150):
+    env = {**os.environ, "WORKBENCH_RUNS_DIR": str(runs_dir), "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "workbench.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_demo_on_two_cpu_ranks_writes_a_run_in_under_two_minutes(tmp_path):
+    start = time.monotonic()
+    proc = _workbench(["demo", "--steps", "8", "--ranks", "2"], tmp_path)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert elapsed < 120, elapsed
+    step_lines = [l for l in proc.stdout.splitlines() if l.startswith("step ")]
+    assert len(step_lines) == 8 and "tokens/s/gpu" in step_lines[0]
+    runs = list_runs(tmp_path)
+    assert len(runs) == 1 and runs[0]["state"] == "completed" and runs[0]["world_size"] == 2
+    metrics = [json.loads(l) for l in Path(runs[0]["path"], "metrics.jsonl").read_text().splitlines()]
+    assert sorted((m["rank"], m["step"]) for m in metrics) == [(r, s) for r in (0, 1) for s in range(1, 9)]
+    losses = [m["loss"] for m in metrics if m["rank"] == 0]
+    assert losses[-1] < losses[0]
+
+
+def test_finetune_from_yaml_with_overrides(tmp_path):
+    cfg = tmp_path / "cfg.yaml"
+    RunConfig.demo(data__seq_len=64, train__global_batch_size=4, train__local_batch_size=2).to_yaml(cfg)
+    proc = _workbench(["finetune", str(cfg), "--steps", "2", "--run-id", "yamlrun", "--set", "train.lr=0.001"],
+                      tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = tmp_path / "yamlrun"
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["train"]["steps"] == 2 and saved["train"]["lr"] == 0.001
+    assert json.loads((run / "status.json").read_text())["state"] == "completed"
+    assert "run completed" in proc.stdout
+
+
+def test_finetune_refuses_unknown_yaml_keys(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("train:\n  steps: 2\n  stepz: 3\n")
+    proc = _workbench(["finetune", str(cfg)], tmp_path)
+    assert proc.returncode == 2
+    assert "stepz" in proc.stderr and "allowed keys" in proc.stderr
+    assert not any(tmp_path.iterdir()) or list(tmp_path.iterdir()) == [cfg]
+
+
+def test_unknown_subcommand_lists_choices(tmp_path):
+    proc = _workbench(["train"], tmp_path)
+    assert proc.returncode == 2 and "finetune" in proc.stderr and "demo" in proc.stderr
