@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import threading
 import time
 from pathlib import Path
@@ -36,12 +37,18 @@ class RankError(RuntimeError):
         super().__init__(f"rank {rank} failed{also}:\n{traceback}")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _describe_remote_error(err: BaseException) -> str:
     """The remote traceback text of an ipyparallel error (or a local description)."""
+    ename, evalue = getattr(err, "ename", None), getattr(err, "evalue", None)
+    if ename == "RankFailure" and isinstance(evalue, str):
+        # Our engine wrapper carries the plain traceback; drop its "rank N failed:" header.
+        return evalue.split("\n", 1)[1] if evalue.startswith("rank ") else evalue
     tb = getattr(err, "traceback", None)
     if isinstance(tb, str) and tb:
-        return tb
-    ename, evalue = getattr(err, "ename", None), getattr(err, "evalue", None)
+        return _ANSI.sub("", tb)
     if ename:
         return f"{ename}: {evalue}"
     return f"{type(err).__name__}: {err}"
@@ -61,6 +68,7 @@ class Run:
         self._sources: dict[str, int] = {}  # how many records came by stream / result / disk
         self._last_seq: dict[int, int] = {}
         self._errors: dict[int, str] = {}
+        self._dead_ranks: set[int] = set()  # ranks whose engine died: the likely root cause
         self._subscribers: list[Callable[[list[dict]], None]] = []
         self._lock = threading.RLock()
         self._done = threading.Event()
@@ -134,13 +142,16 @@ class Run:
                 try:
                     result = ar.get(timeout=0)
                 except Exception as err:
-                    self._fail(rank, _describe_remote_error(err))
+                    if "EngineError" in (type(err).__name__, getattr(err, "ename", None)):
+                        self._fail(rank, f"the engine process of rank {rank} died: {err}", died=True)
+                    else:
+                        self._fail(rank, _describe_remote_error(err))
                 else:
                     new += self._merge(result.get("records", []) if isinstance(result, dict) else [],
                                        "result")
         for rank, pid in self._engine_pids.items():
             if pid and rank not in self._errors and not _alive(pid) and not self._results[rank].ready():
-                self._fail(rank, f"the engine process of rank {rank} (pid {pid}) died")
+                self._fail(rank, f"the engine process of rank {rank} (pid {pid}) died", died=True)
         if new:
             self._notify(new)
         self._update_state()
@@ -169,9 +180,11 @@ class Run:
             self._sources[source] = self._sources.get(source, 0) + len(new)
         return sorted(new, key=lambda r: (r.get("step", 0), r.get("rank", 0)))
 
-    def _fail(self, rank: int, traceback: str) -> None:
+    def _fail(self, rank: int, traceback: str, died: bool = False) -> None:
         with self._lock:
             self._errors[rank] = traceback
+            if died:
+                self._dead_ranks.add(rank)
             if self._first_failure_at is None:
                 self._first_failure_at = time.monotonic()
                 self._state = "failed"
@@ -200,9 +213,10 @@ class Run:
     def _mark_failed_on_disk(self, disk: dict) -> None:
         # A killed rank 0 cannot write its own failure; keep the on-disk record truthful.
         if self.path.is_dir() and disk.get("state") not in TERMINAL_STATES:
-            rank = min(r for r in self._errors if r >= 0) if any(r >= 0 for r in self._errors) else -1
+            error = self.error
+            rank = error.rank if error else -1
             try:
-                self._run_dir.write_status("failed", rank=rank, error=self._errors.get(rank, "")[-2000:],
+                self._run_dir.write_status("failed", rank=rank, error=error.traceback[-2000:] if error else "",
                                            detected_by="notebook")
             except OSError:
                 pass
@@ -290,7 +304,9 @@ class Run:
         ranks = sorted(r for r in self._errors if r >= 0)
         if not ranks:
             return None
-        return RankError(ranks[0], self._errors[ranks[0]], {r: self._errors[r] for r in ranks})
+        # A dead engine explains its peers' broken collectives, so it is named first.
+        primary = min(self._dead_ranks) if self._dead_ranks else ranks[0]
+        return RankError(primary, self._errors[primary], {r: self._errors[r] for r in ranks})
 
     def wait(self, timeout: float | None = None) -> dict:
         """Block until the run ends; return its status or raise the failing rank's RankError."""
