@@ -1,9 +1,12 @@
 """Per-step metrics: model FLOPs, memory, expert load. Pure functions, easy to test.
 
 The per-step record every rank emits (to callbacks and to metrics.jsonl) has these fields:
-step, rank, loss, grad_norm, lr, tokens, tokens_per_s_per_gpu, tflops_per_gpu, mem_peak_gib,
-mem_now_gib, mem_kind, expert_load ([layers][experts] token counts routed from this rank's
-tokens), expert_load_cv, step_time_s, forward_s, backward_s, optimizer_s, time.
+step, rank, loss (the global batch's loss, equal on every rank), grad_norm (global), lr, tokens
+(input tokens this rank processed in the step, padding included), tokens_per_s_per_gpu,
+tflops_per_gpu, mem_peak_gib / mem_now_gib (mem_kind "cuda_allocated": torch allocator bytes,
+peak reset every step; "cpu_rss": process resident set, peak over the process lifetime),
+expert_load ([layers][experts] token counts routed from this rank's tokens), expert_load_cv,
+step_time_s, forward_s, backward_s, optimizer_s (clip + step), time.
 """
 
 from __future__ import annotations
