@@ -53,6 +53,7 @@ def test_run_streams_every_step_from_both_ranks(cluster, tmp_path):
     streamed = []
     reader = threading.Thread(target=lambda: streamed.extend((r["rank"], r["step"]) for r in run))
     reader.start()
+    bar, label = run.progress.children  # ipywidgets, created lazily on the notebook side only
     status = run.wait(timeout=300)
     reader.join(timeout=30)
 
@@ -61,6 +62,8 @@ def test_run_streams_every_step_from_both_ranks(cluster, tmp_path):
     assert sorted(live) == sorted(expected)  # each (rank, step) exactly once
     assert sorted(streamed) == sorted(expected)
     assert run.delivery.get("stream", 0) > 0, f"nothing arrived live: {run.delivery}"
+    assert bar.value == steps and bar.max == steps and bar.bar_style == "success"
+    assert label.value.startswith(f"completed at step {steps}/{steps}")
     df = run.metrics
     assert STEP_FIELDS <= set(df.columns)
     assert set(zip(df["rank"], df["step"])) == expected and len(df) == len(expected)
@@ -141,3 +144,12 @@ def test_killed_engine_fails_the_run_within_10s_and_restart_recovers(cluster, tm
     again = cluster.finetune(_demo(tmp_path, train__steps=2))
     assert again.wait(timeout=300)["state"] == "completed"
     assert set(zip(again.metrics["rank"], again.metrics["step"])) == {(0, 1), (0, 2), (1, 1), (1, 2)}
+
+
+def test_progress_eta_formatting():
+    from workbench.cluster.progress import estimate_eta, format_eta
+
+    assert format_eta(None) == "?" and format_eta(65) == "1:05" and format_eta(3723) == "1:02:03"
+    # The median ignores the slow first step: 8 steps left at 0.5 s each.
+    assert estimate_eta([9.0, 0.5, 0.5, 0.6, 0.4], steps_done=2, total_steps=10) == 4.0
+    assert estimate_eta([], 2, 10) is None and estimate_eta([1.0], 2, None) is None

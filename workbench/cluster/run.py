@@ -72,10 +72,12 @@ class Run:
         self._subscribers: list[Callable[[list[dict]], None]] = []
         self._lock = threading.RLock()
         self._done = threading.Event()
+        self._settled = threading.Event()  # done, and subscribers told so
         self._state = "starting"
         self._first_failure_at: float | None = None
         self._engine_pids: dict[int, int] = {}
         self._progress = None
+        self._sent_config: dict | None = None
         self.poll_interval = poll_interval
         self._watcher: threading.Thread | None = None
 
@@ -103,6 +105,7 @@ class Run:
         results = [cluster.client[cluster.engine_id(rank)].apply_async(
             engine_code.run_finetune, config, target, history) for rank in range(cluster.world_size)]
         run = cls(path, cluster=cluster, results=results)
+        run._sent_config = config
         run._engine_pids = cluster.local_engine_pids()
         run._watcher = threading.Thread(target=run._watch, name=f"run-watcher-{run.run_id}",
                                         daemon=True)
@@ -223,7 +226,8 @@ class Run:
 
     def _finish(self) -> None:
         self._done.set()
-        self._notify([])
+        self._notify([])  # subscribers (progress bar, plots) see the final state
+        self._settled.set()
 
     def _notify(self, records: list[dict]) -> None:
         for fn in list(self._subscribers):
@@ -262,8 +266,8 @@ class Run:
 
     @property
     def config(self) -> dict:
-        """The RunConfig dict as the trainer recorded it."""
-        return self._run_dir.read_config()
+        """The RunConfig dict (as sent to the ranks, else as the trainer recorded it)."""
+        return self._sent_config if self._sent_config is not None else self._run_dir.read_config()
 
     @property
     def total_steps(self) -> int | None:
@@ -316,6 +320,8 @@ class Run:
             if remaining is not None and remaining <= 0:
                 raise TimeoutError(f"run {self.run_id} still {self.state} after {timeout} s")
             self._done.wait(0.2 if remaining is None else min(0.2, remaining))
+        if self._results:
+            self._settled.wait(5)
         if self._state == "failed":
             raise self.error or RuntimeError(f"run {self.run_id} failed: {self._read_disk_status()}")
         return self.status
