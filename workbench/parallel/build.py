@@ -86,7 +86,7 @@ def build_parallel_model(adapter, config, backend: BackendConfig, mesh: MeshConf
         model.to(dtype)
     model.tie_weights()
     # Buffers are not parameters: rebuild the rotary tables, zero the expert-load counters.
-    model.model.rotary_emb = type(model.model.rotary_emb)(config=model.config, device=device)
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=model.config).to(device)
     for block in model.modules():
         if isinstance(block, MoEBlock):
             block.tokens_per_expert.zero_()

@@ -30,4 +30,7 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | No
     sharded.append(fully_shard(model, mesh=mesh["dp"], reshard_after_forward=False, **kwargs))
     for module in sharded:
         module.set_gradient_divide_factor(1.0)
+        if mesh.device_type == "cpu":
+            # gloo has no PREMUL_SUM; plain SUM with a (no-op) post-scale gives the same sum.
+            module.set_force_sum_reduction_for_comms(True)
     return model
