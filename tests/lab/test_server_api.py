@@ -165,7 +165,7 @@ async def test_clusters_lists_a_real_ipyparallel_cluster(jp_fetch, jp_home_dir):
 def notebooks_dir(tmp_path, monkeypatch):
     source = tmp_path / "nb-source"
     source.mkdir()
-    nb = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": ["# Quickstart: tiny MoE\n"]}],
+    nb = {"cells": [{"cell_type": "markdown", "id": "intro", "metadata": {}, "source": ["# Quickstart: tiny MoE\n"]}],
           "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
     (source / "01_quickstart.ipynb").write_text(json.dumps(nb))
     monkeypatch.setenv("WORKBENCH_NOTEBOOKS_DIR", str(source))

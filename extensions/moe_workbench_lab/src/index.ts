@@ -35,7 +35,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
   autoStart: true,
   requires: [IDocumentManager],
   optional: [ILabShell, ILayoutRestorer, ISettingRegistry, ICommandPalette, ILauncher],
-  activate: async (
+  activate: (
     app: JupyterFrontEnd,
     docManager: IDocumentManager,
     labShell: ILabShell | null,
@@ -82,30 +82,27 @@ const plugin: JupyterFrontEndPlugin<void> = {
     palette?.addItem({ command: 'moe-workbench:show-sidebar', category: CATEGORY });
     palette?.addItem({ command: 'moe-workbench:refresh', category: CATEGORY });
 
+    // Nothing below is awaited: the lab's start waits for every plugin's activate, and these
+    // need server round trips.
+    sidebar.startPolling(refreshSeconds);
     if (settingRegistry) {
-      try {
-        const settings = await settingRegistry.load(PLUGIN_ID);
-        const apply = () => {
-          runsDir = ((settings.get('runsDir').composite as string) ?? '').trim();
-          refreshSeconds = (settings.get('refreshSeconds').composite as number) ?? 3;
-          sidebar.startPolling(refreshSeconds);
-          void sidebar.refresh();
-        };
-        settings.changed.connect(apply);
-        apply();
-      } catch (err) {
-        console.warn('moe-workbench-lab: settings not loaded, using defaults', err);
-        sidebar.startPolling(refreshSeconds);
-      }
-    } else {
-      sidebar.startPolling(refreshSeconds);
+      settingRegistry
+        .load(PLUGIN_ID)
+        .then(settings => {
+          const apply = () => {
+            runsDir = ((settings.get('runsDir').composite as string) ?? '').trim();
+            refreshSeconds = (settings.get('refreshSeconds').composite as number) ?? 3;
+            sidebar.startPolling(refreshSeconds);
+            void sidebar.refresh();
+          };
+          settings.changed.connect(apply);
+          apply();
+        })
+        .catch(err => console.warn('moe-workbench-lab: settings not loaded, using defaults', err));
     }
-
-    try {
-      await addNotebookCommands(app, docManager, workbenchIcon, palette, launcher);
-    } catch (err) {
-      console.warn('moe-workbench-lab: workbench notebooks unavailable', err);
-    }
+    addNotebookCommands(app, docManager, workbenchIcon, palette, launcher).catch(err =>
+      console.warn('moe-workbench-lab: workbench notebooks unavailable', err)
+    );
   }
 };
 

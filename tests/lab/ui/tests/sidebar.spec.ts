@@ -5,6 +5,17 @@ import * as path from 'path';
 const RUN_ID = process.env.MWB_UI_RUN_ID || '';
 const ARTIFACTS = process.env.MWB_UI_ARTIFACTS || path.resolve(__dirname, '../../../../artifacts');
 
+// Galata's default start-up wait gives the lab 15 s; a busy 2-core CI machine can need more.
+test.use({
+  waitForApplication: async ({ baseURL }, use) => {
+    await use(async (page, helpers) => {
+      await page.locator('#jupyterlab-splash').waitFor({ state: 'detached', timeout: 60000 });
+      await helpers.waitForCondition(() => helpers.activity.isTabActive('Launcher'), 60000);
+      await helpers.activity.activateTab('Launcher');
+    });
+  }
+});
+
 test('sidebar lists the run and opens its plots', async ({ page }) => {
   expect(RUN_ID, 'extensions/ci.sh sets MWB_UI_RUN_ID to the run it wrote').not.toBe('');
 
