@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from workbench.moe.experts import GroupedExperts
 
@@ -34,14 +35,20 @@ class MoEBlock(nn.Module):
     def forward(self, hidden_BSD: torch.Tensor) -> torch.Tensor:
         batch, seq, dim = hidden_BSD.shape
         x_TD = hidden_BSD.reshape(-1, dim)
-        _, topk_weights_TK, topk_ids_TK = self.gate(x_TD)
-        if not _in_backward():
-            with torch.no_grad():
-                ids = topk_ids_TK.reshape(-1)
-                self.tokens_per_expert.scatter_add_(0, ids, torch.ones_like(ids))
-        x_by_expert, tokens_per_expert, handle = self.dispatcher.dispatch(x_TD, topk_ids_TK, topk_weights_TK)
-        y_by_expert = self.experts(x_by_expert, tokens_per_expert)
-        return self.dispatcher.combine(y_by_expert, handle).reshape(batch, seq, dim)
+        # Phase labels for torch.profiler (the ProfilePanel's per-phase breakdown).
+        with record_function("workbench.router"):
+            _, topk_weights_TK, topk_ids_TK = self.gate(x_TD)
+            if not _in_backward():
+                with torch.no_grad():
+                    ids = topk_ids_TK.reshape(-1)
+                    self.tokens_per_expert.scatter_add_(0, ids, torch.ones_like(ids))
+        with record_function("workbench.dispatch"):
+            x_by_expert, tokens_per_expert, handle = self.dispatcher.dispatch(x_TD, topk_ids_TK, topk_weights_TK)
+        with record_function("workbench.experts"):
+            y_by_expert = self.experts(x_by_expert, tokens_per_expert)
+        with record_function("workbench.combine"):
+            y_TD = self.dispatcher.combine(y_by_expert, handle)
+        return y_TD.reshape(batch, seq, dim)
 
 
 def moe_blocks(model: nn.Module) -> list[MoEBlock]:
