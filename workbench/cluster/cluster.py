@@ -54,6 +54,19 @@ def _engine_pythonpath() -> str:
     return root if not existing else root + os.pathsep + existing
 
 
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> None:
+    """Wait until each process has exited (a zombie awaiting its reaper counts as exited)."""
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        while time.monotonic() < deadline:
+            try:
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.02)
+
+
 class Cluster:
     """An ipyparallel cluster with one engine per rank and torch.distributed initialized on it.
 
@@ -72,6 +85,7 @@ class Cluster:
         self.launcher = launcher
         self.timeout = timeout
         self._ipp_kwargs = ipyparallel_kwargs
+        self._owned = True
         self._ipp = None
         self.client = None
         self.view = None
@@ -232,6 +246,7 @@ class Cluster:
             except psutil.NoSuchProcess:
                 pass
         psutil.wait_procs(alive, timeout=5)
+        _wait_gone([p for p in procs if p.pid in pids["helpers"]], timeout=5)
         self._ipp = self.client = self.view = None
         self._engine_of_rank = {}
 
@@ -251,7 +266,7 @@ class Cluster:
     def __del__(self) -> None:
         # ipyparallel also stops clusters at interpreter exit; this covers a dropped reference.
         try:
-            if self._ipp is not None:
+            if self._ipp is not None and getattr(self, "_owned", True):
                 self._force_stop()
         except Exception:
             pass
@@ -377,6 +392,7 @@ class Cluster:
                 raise ClusterError(f"no cluster file for cluster_id={cluster_id!r} "
                                    f"(profile={profile or 'default'})") from None
         self = cls.__new__(cls)
+        self._owned = False  # dropping the handle leaves the cluster running; stop() still stops it
         self._ipp = ipp
         self._ipp_kwargs = {}
         self.launcher = "local"
