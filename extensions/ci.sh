@@ -40,7 +40,7 @@ step "server tests (pytest-jupyter)"
 step "UI test data: a run directory, a corrupt one, notebooks"
 WORK="$(mktemp -d /tmp/mwb-ui.XXXXXX)"
 export WORKBENCH_RUNS_DIR="$WORK/runs"
-# Swap for a real `workbench demo --steps 2` run once the trainer's CLI exists.
+# A real `workbench demo` run (2 CPU ranks) for the sidebar to list.
 MWB_UI_RUN_ID="$("$PYTHON" tests/lab/make_run.py "$WORKBENCH_RUNS_DIR" | tail -n 1)"
 export MWB_UI_RUN_ID
 mkdir -p "$WORKBENCH_RUNS_DIR/00000000-000000-bad0"

@@ -1,7 +1,6 @@
 """Fixtures for the lab extension's server tests.
 
-The run directory comes from make_run.make_run_dir: the one place to swap for a real
-`workbench demo --steps 2` run once the trainer lands.
+The run directory comes from make_run.make_run_dir: a copy of one real `workbench demo` run.
 """
 
 from __future__ import annotations

@@ -1,57 +1,48 @@
-"""A run directory for the lab tests: `make_run_dir(tmp_path)`, or `python make_run.py <runs_dir>`.
+"""A real run directory for the lab tests, written by a real `workbench demo` (2 CPU ranks).
 
-Until the trainer's `workbench demo` lands this writes the run through RunDir's writer API (the same
-calls the trainer makes); swap the body for a real `workbench demo --steps 2` run then.
+`make_run_dir(tmp_path)` copies one session-wide demo run into tmp_path/runs; `python make_run.py
+<runs_dir>` runs the demo into <runs_dir> and prints the run id (extensions/ci.sh uses it).
 """
 
 from __future__ import annotations
 
-import math
-import random
+import os
+import shutil
+import subprocess
 import sys
-import time
+import tempfile
+from functools import lru_cache
 from pathlib import Path
 
-from workbench.train.run_dir import RunDir
+RUN_ID = "demo-run"
 
 
-def make_run_dir(tmp_path: Path, steps: int = 6, world_size: int = 2) -> tuple[Path, str]:
-    """Write one completed run under tmp_path/runs; return (runs_dir, run_id)."""
-    return write_run(Path(tmp_path) / "runs", steps, world_size)
+def run_demo(runs_dir: Path, steps: int = 3, run_id: str = RUN_ID) -> str:
+    """`workbench demo` into runs_dir; returns the run id."""
+    cmd = [sys.executable, "-m", "workbench.cli", "demo", "--steps", str(steps), "--ranks", "2",
+           "--output-dir", str(runs_dir), "--run-id", run_id]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ})
+    if done.returncode != 0:
+        raise RuntimeError(f"workbench demo failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return run_id
 
 
-def write_run(runs_dir: Path, steps: int = 6, world_size: int = 2) -> tuple[Path, str]:
-    """Write one completed run into runs_dir; return (runs_dir, run_id)."""
-    config = {
-        "model": {"preset": "tiny", "layers": None, "path": None},
-        "mesh": {"dp": world_size, "ep": world_size},
-        "backend": {"experts": "auto", "dispatcher": "auto", "gate": "native"},
-        "resolved_backend": {"experts": "grouped_mm", "dispatcher": "alltoall", "gate": "native",
-                             "attention": "sdpa", "rms_norm": "torch", "linear": "torch",
-                             "fused_ce": False},
-        "world_size": world_size,
-        "train": {"steps": steps},
-    }
-    run = RunDir.create(runs_dir, None, config)
-    run.write_status("running", step=0, total_steps=steps)
-    rng = random.Random()
-    for step in range(1, steps + 1):
-        loss = 10.0 * math.exp(-0.2 * step) + rng.uniform(0, 0.1)
-        run.append_metrics([
-            {"step": step, "rank": rank, "loss": loss, "grad_norm": rng.uniform(0.5, 2),
-             "lr": 1e-4, "tokens_per_s_per_gpu": rng.uniform(900, 1100) + 50 * step,
-             "tflops_per_gpu": rng.uniform(1, 2), "mem_peak_gib": 0.1, "mem_now_gib": 0.05,
-             "expert_load": [[rng.randint(0, 9) for _ in range(4)]], "expert_load_cv": 0.3,
-             "step_time_s": 0.1, "forward_s": 0.03, "backward_s": 0.05, "optimizer_s": 0.02,
-             "time": time.time()}
-            for rank in range(world_size)
-        ])
-        run.write_status("running", step=step, total_steps=steps)
-    run.write_status("completed", step=steps, total_steps=steps)
-    return runs_dir, run.run_id
+@lru_cache(maxsize=1)
+def _session_run() -> Path:
+    runs_dir = Path(tempfile.mkdtemp(prefix="mwb-demo-runs-"))
+    run_demo(runs_dir)
+    return runs_dir / RUN_ID
+
+
+def make_run_dir(tmp_path: Path) -> tuple[Path, str]:
+    """A copy of the session's real demo run under tmp_path/runs; returns (runs_dir, run_id)."""
+    runs_dir = Path(tmp_path) / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(_session_run(), runs_dir / RUN_ID)
+    return runs_dir, RUN_ID
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python make_run.py <runs_dir>")
-    print(write_run(Path(sys.argv[1]))[1])
+    print(run_demo(Path(sys.argv[1])))

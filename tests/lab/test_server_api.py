@@ -77,7 +77,7 @@ async def test_runs_reflect_run_directory(jp_fetch, workbench_run, monkeypatch):
         assert summary["id"] == run_id and summary["readable"] is True
         assert summary["state"] == run.read_status()["state"]
         assert summary["model"] == run.read_config()["model"]["preset"]
-        assert summary["mesh"] == run.read_config()["mesh"]
+        assert summary["mesh"] == run.read_config()["resolved_mesh"] == {"dp": 2, "ep": 2, "cp": 1, "tp": 1}
         assert summary["backends"] == run.read_config()["resolved_backend"]
         assert summary["step"] == rank0[-1]["step"]
         assert summary["tokens_per_s_per_gpu"] == pytest.approx(rank0[-1]["tokens_per_s_per_gpu"])

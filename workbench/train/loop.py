@@ -101,8 +101,11 @@ class Trainer:
             check_compatible(self.resume_ckpt, self.hf_config)
         torch.manual_seed(rc.train.seed)
         self.stream = build_stream(rc.data, rc.train.seed, self.hf_config.vocab_size)
+        mesh_sizes = self.mesh.to_dict() if self.mesh is not None else {"dp": 1, "ep": 1}
+        resolved = rc.backend.resolve(self.device, world_size=mesh_sizes["ep"])
         self.run = _open_run_dir(rc, {"world_size": self.world, "dp": self.dp, "grad_accum": self.accum,
-                                      "device": self.device.type})
+                                      "device": self.device.type, "resolved_mesh": mesh_sizes,
+                                      "resolved_backend": resolved.to_dict()})
 
     def setup(self) -> None:
         rc = self.rc

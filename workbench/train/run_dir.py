@@ -197,7 +197,9 @@ def _describe(section: Any) -> Any:
 
 
 def _mesh_of(config: dict) -> Any:
-    """The mesh section; without one (plain data parallel) the top-level sizes the trainer records."""
+    """The mesh the run used: the trainer's resolved mesh, else the configured section or sizes."""
+    if config.get("resolved_mesh"):
+        return config["resolved_mesh"]
     if config.get("mesh"):
         return config["mesh"]
     sizes = {k: config[k] for k in ("dp", "ep", "tp", "pp") if isinstance(config.get(k), int)}
