@@ -18,9 +18,13 @@ log = logging.getLogger(__name__)
 
 
 def default_device() -> torch.device:
-    """The device this process would compute on: its local CUDA device, else the CPU."""
+    """The device this process would compute on: its local CUDA device, else the CPU.
+
+    LOCAL_RANK is taken modulo the visible devices: a launcher that narrows CUDA_VISIBLE_DEVICES
+    to one GPU per rank (the workbench cluster does) leaves each rank one device, index 0.
+    """
     if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
     return torch.device("cpu")
 
 

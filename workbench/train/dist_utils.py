@@ -27,12 +27,13 @@ def barrier() -> None:
 
 
 def pick_device() -> torch.device:
-    """This rank's device: cuda:LOCAL_RANK when CUDA is present, else cpu."""
-    if torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", rank() % max(1, torch.cuda.device_count())))
-        torch.cuda.set_device(local)
-        return torch.device("cuda", local)
-    return torch.device("cpu")
+    """This rank's device (see `workbench.models.auto.default_device`), made current."""
+    from workbench.models.auto import default_device
+
+    device = default_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 def collective_device() -> torch.device:
@@ -78,7 +79,7 @@ def init_from_env() -> bool:
         return False
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        pick_device()
     dist.init_process_group(backend=backend)
     return True
 
