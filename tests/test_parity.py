@@ -130,3 +130,19 @@ def test_fused_ce_matches_unfused_loss_and_gradients(experts):
     for name, g in ref_grads.items():
         assert rel_err(b_grads[name], g) < 1e-5, name
         assert rel_err(a_grads[name], g) < 1e-5, name
+
+
+def test_rms_norm_backend_is_really_installed():
+    """A non-torch rms_norm backend replaces every Transformers RMSNorm (same weights)."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm
+
+    from workbench.kernels.rms_norm import RMSNorm
+    from workbench.models.qwen3_moe import swap_rms_norms
+
+    cfg = tiny_qwen3_moe()
+    hf_model, engine = build_pair(cfg, "loop", 31)
+    count = sum(isinstance(m, Qwen3MoeRMSNorm) for m in engine.modules())
+    assert swap_rms_norms(engine, "triton") == count > 0
+    assert not any(isinstance(m, Qwen3MoeRMSNorm) for m in engine.modules())
+    assert all(m.backend == "triton" for m in engine.modules() if isinstance(m, RMSNorm))
+    assert set(dict(engine.named_parameters())) == set(dict(hf_model.named_parameters()))

@@ -136,8 +136,26 @@ def install_engine(model: Qwen3MoeForCausalLM, backend: BackendConfig, make_disp
         router = Qwen3MoeRouter(config, old.gate.weight, backend.gate)
         layer.mlp = MoEBlock(router, experts, make_dispatcher(config.num_experts), config.num_experts)
         blocks.append(layer.mlp)
+    swap_rms_norms(model, backend.rms_norm)
     model.workbench_backend = backend
     return blocks
+
+
+def swap_rms_norms(model: nn.Module, rms_norm_backend: str) -> int:
+    """Replace Transformers' RMSNorms by the kernel backend's, keeping the same `weight` parameter."""
+    if rms_norm_backend == "torch":
+        return 0  # Transformers' own module is the torch reference
+    from workbench.kernels.rms_norm import RMSNorm
+
+    swapped = 0
+    for parent in list(model.modules()):
+        for child_name, child in list(parent.named_children()):
+            if isinstance(child, hf.Qwen3MoeRMSNorm):
+                norm = RMSNorm(child.weight.shape[0], child.variance_epsilon, rms_norm_backend, device="meta")
+                norm.weight = child.weight
+                setattr(parent, child_name, norm)
+                swapped += 1
+    return swapped
 
 
 # Checkpoint layout on disk (what Transformers' save_pretrained writes for Qwen3-MoE):
