@@ -1,0 +1,272 @@
+"""Setup panels: ModelPanel, MeshPanel, BackendPanel, RunPanel (ipywidgets 8).
+
+Each panel shows what `workbench.ui.logic` / `workbench.ui.memory` compute and hands back a piece of
+the RunConfig; none of them builds a model.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Callable
+
+import ipywidgets as W
+
+from workbench.backends import CHOICES, BackendConfig
+from workbench.config import DTYPES, PRESETS, ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig
+from workbench.parallel.mesh import MeshConfig
+from workbench.ui.logic import (CUSTOM_CHECKPOINT, backend_choices, mesh_options, model_summary,
+                                resolve_auto)
+from workbench.ui.memory import estimate_memory, resolve_dtype
+
+
+def _error_html(text: str) -> str:
+    return f"<span style='color:#b00020'>{html.escape(text)}</span>" if text else ""
+
+
+class ModelPanel:
+    """A preset (tiny, qwen3-30b-a3b, ...) with a layer count, or a local checkpoint directory."""
+
+    def __init__(self, preset: str = "tiny", layers: int | None = None, path: str | None = None,
+                 dtype: str = "auto") -> None:
+        self.preset = W.Dropdown(options=[*PRESETS, CUSTOM_CHECKPOINT], description="model")
+        self.layers = W.BoundedIntText(min=1, max=1024, description="layers")
+        self.path = W.Text(placeholder="/path/to/checkpoint (config.json + safetensors)", description="path")
+        self.dtype = W.Dropdown(options=list(DTYPES), value=dtype, description="dtype")
+        self.summary = W.HTML()
+        self.error = W.HTML()
+        self._listeners: list[Callable[[], None]] = []
+        self._cache: tuple[ModelConfig, Any] | None = None
+        self.preset.value = CUSTOM_CHECKPOINT if path else preset
+        self.path.value = path or ""
+        self.layers.value = layers or self._preset_layers(self.preset.value)
+        self.preset.observe(self._on_preset, "value")
+        for w in (self.layers, self.path, self.dtype):
+            w.observe(lambda _: self._changed(), "value")
+        self.widget = W.VBox([W.HTML("<b>Model</b>"), W.HBox([self.preset, self.layers]), self.path,
+                              self.dtype, self.summary, self.error])
+        self._sync_path_visibility()
+        self._changed()
+
+    @staticmethod
+    def _preset_layers(name: str) -> int:
+        return int(PRESETS[name]()["num_hidden_layers"]) if name in PRESETS else 1
+
+    def _on_preset(self, change: dict) -> None:
+        if change["new"] in PRESETS:
+            self.layers.value = self._preset_layers(change["new"])
+        self._sync_path_visibility()
+        self._changed()
+
+    def _sync_path_visibility(self) -> None:
+        self.path.layout.display = "" if self.preset.value == CUSTOM_CHECKPOINT else "none"
+
+    def on_change(self, fn: Callable[[], None]) -> None:
+        """Call fn() whenever the model changes."""
+        self._listeners.append(fn)
+
+    def _changed(self) -> None:
+        cfg = self.hf_config()
+        if cfg is not None:
+            s = model_summary(cfg)
+            self.summary.value = (f"{s['model_type']}: {s['layers']} layers, hidden {s['hidden']}, "
+                                  f"{s['experts']} experts (top-{s['top_k']}), "
+                                  f"{s['params_b']:.3g} B params, {s['active_params_b']:.3g} B active")
+        else:
+            self.summary.value = ""
+        for fn in list(self._listeners):
+            fn()
+
+    def model_config(self) -> ModelConfig:
+        """The ModelConfig the widgets describe (raises ConfigError if they describe none)."""
+        if self.preset.value == CUSTOM_CHECKPOINT:
+            path = self.path.value.strip()
+            if not path:
+                raise ConfigError("enter the directory of a local checkpoint (it holds config.json)")
+            return ModelConfig(preset=None, path=path, layers=None, dtype=self.dtype.value)
+        return ModelConfig(preset=self.preset.value, layers=self.layers.value, dtype=self.dtype.value)
+
+    def hf_config(self) -> Any | None:
+        """The transformers config of the chosen model, or None (the reason is shown)."""
+        try:
+            model = self.model_config()
+            if self._cache is None or self._cache[0] != model:
+                self._cache = (model, model.hf_config())
+            self.error.value = ""
+            return self._cache[1]
+        except (ConfigError, OSError, ValueError) as err:
+            self.error.value = _error_html(str(err))
+            return None
+
+
+class MeshPanel:
+    """Only the dp x ep meshes that fit the cluster and the model; experts and memory per rank."""
+
+    def __init__(self, world_size: int, device_type: str = "cpu", device_memory_gib: float | None = None) -> None:
+        self.world_size = world_size
+        self.device_type = device_type
+        self.device_memory_gib = device_memory_gib
+        self.mesh = W.Dropdown(description="mesh", layout=W.Layout(width="max-content"))
+        self.details = W.HTML()
+        self._cfg: Any = None
+        self._training = dict(seq_len=128, local_batch=4, dtype="auto", activation_checkpointing=False,
+                              fused_ce=False)
+        self._listeners: list[Callable[[], None]] = []
+        self.mesh.observe(lambda _: self._changed(), "value")
+        self.widget = W.VBox([W.HTML(f"<b>Mesh</b> ({world_size} ranks, {device_type})"), self.mesh, self.details])
+
+    def on_change(self, fn: Callable[[], None]) -> None:
+        self._listeners.append(fn)
+
+    def set_model(self, hf_config: Any) -> None:
+        """Offer the meshes valid for this model's expert count."""
+        self._cfg = hf_config
+        if hf_config is None:
+            self.mesh.options, self.details.value = [], ""
+            return
+        experts = int(getattr(hf_config, "num_experts", 0) or getattr(hf_config, "num_local_experts", 0))
+        previous = self.mesh.value.mesh if self.mesh.value is not None else None
+        options = mesh_options(self.world_size, experts)
+        self.mesh.options = [(o.label, o) for o in options]
+        # Keep the user's choice if it still fits, else the widest expert split.
+        keep = [o for o in options if o.mesh == previous]
+        self.mesh.value = keep[0] if keep else options[-1]
+        self._changed()
+
+    def set_training(self, **training: Any) -> None:
+        """seq_len, local_batch, dtype, activation_checkpointing, fused_ce for the memory estimate."""
+        self._training.update(training)
+        self._changed()
+
+    def mesh_config(self) -> MeshConfig | None:
+        return self.mesh.value.mesh if self.mesh.value is not None else None
+
+    def memory_estimate(self):
+        """The MemoryEstimate of one rank for the chosen mesh, or None."""
+        mesh = self.mesh_config()
+        if mesh is None or self._cfg is None:
+            return None
+        t = self._training
+        return estimate_memory(self._cfg, mesh.dp, mesh.ep, seq_len=t["seq_len"], local_batch=t["local_batch"],
+                               dtype=t["dtype"], device_type=self.device_type,
+                               activation_checkpointing=t["activation_checkpointing"], fused_ce=t["fused_ce"])
+
+    def _changed(self) -> None:
+        option = self.mesh.value
+        est = self.memory_estimate()
+        if option is None or est is None:
+            self.details.value = ""
+        else:
+            ranges = ", ".join(f"ep rank {i}: experts {a}-{b - 1}" for i, (a, b) in enumerate(option.expert_ranges))
+            parts = est.as_gib()
+            dtype = resolve_dtype(self._training["dtype"], self.device_type)
+            fit = ""
+            if self.device_memory_gib:
+                ok = parts["total"] <= self.device_memory_gib
+                fit = (f" of {self.device_memory_gib:.0f} GiB: " + ("fits" if ok else
+                       "<span style='color:#b00020'>does not fit</span>"))
+            self.details.value = (
+                f"{option.experts_per_rank} experts per rank ({ranges})<br>"
+                f"estimated memory per rank ({dtype}): <b>{parts['total']:.2f} GiB</b>{fit}<br>"
+                f"<small>params+grads+AdamW {parts['sharded_state']:.2f}, gathered layers "
+                f"{parts['gathered']:.2f}, activations {parts['activations']:.2f}, logits {parts['logits']:.2f} GiB"
+                " (estimate from parameter counts; see workbench.ui.memory)</small>")
+        for fn in list(self._listeners):
+            fn()
+
+
+class ChoiceRow:
+    """One BackendConfig field as toggle buttons; unavailable choices are disabled with the reason."""
+
+    def __init__(self, field: str, choices: list, value: str) -> None:
+        self.field = field
+        self.buttons: dict[str, W.ToggleButton] = {}
+        for c in choices:
+            self.buttons[c.value] = W.ToggleButton(description=c.value, value=c.value == value,
+                                                   layout=W.Layout(width="auto"))
+            self.buttons[c.value].observe(self._on_toggle(c.value), "value")
+        self.auto = W.HTML()
+        self.reasons = W.HTML()
+        self.widget = W.VBox([W.HBox([W.Label(field, layout=W.Layout(width="90px")), *self.buttons.values(),
+                                      self.auto]), self.reasons])
+        self.set_choices(choices)
+
+    def _on_toggle(self, value: str) -> Callable[[dict], None]:
+        def handler(change: dict) -> None:
+            if change["new"]:
+                for other, button in self.buttons.items():
+                    if other != value and button.value:
+                        button.value = False
+            elif not any(b.value for b in self.buttons.values()):
+                self.buttons[value].value = True  # one choice stays selected
+        return handler
+
+    def set_choices(self, choices: list) -> None:
+        reasons = []
+        for c in choices:
+            button = self.buttons[c.value]
+            button.disabled = not c.available
+            button.tooltip = c.reason or c.value
+            if not c.available:
+                reasons.append(f"{c.value}: {html.escape(c.reason)}")
+                if button.value:  # the chosen one went away: fall back to the first available
+                    button.value = False
+                    first = next(x for x in choices if x.available)
+                    self.buttons[first.value].value = True
+        self.choices = {c.value: c for c in choices}
+        self.reasons.value = ("<small style='color:#666'>unavailable: " + "; ".join(reasons) + "</small>"
+                              if reasons else "")
+
+    @property
+    def value(self) -> str:
+        return next(v for v, b in self.buttons.items() if b.value)
+
+    @value.setter
+    def value(self, new: str) -> None:
+        if new not in self.buttons:
+            raise ValueError(f"{self.field} has no choice {new!r}; choices: {list(self.buttons)}")
+        if not self.choices[new].available:
+            raise ValueError(f"{self.field}={new!r} is unavailable: {self.choices[new].reason}")
+        self.buttons[new].value = True
+
+
+class BackendPanel:
+    """Every BackendConfig field; what the ranks lack is disabled with why; what "auto" becomes."""
+
+    def __init__(self, rank_infos: list[dict] | None = None, device_type: str = "cpu", world_size: int = 1,
+                 backend: BackendConfig | None = None) -> None:
+        self.rank_infos, self.device_type, self.world_size, self.ep = rank_infos, device_type, world_size, 1
+        backend = backend or BackendConfig()
+        choices = backend_choices(rank_infos, device_type, world_size, self.ep)
+        self.rows = {f: ChoiceRow(f, choices[f], getattr(backend, f)) for f in CHOICES}
+        self.fused_ce = W.Checkbox(value=backend.fused_ce, description="fused linear cross-entropy")
+        for row in self.rows.values():
+            for b in row.buttons.values():
+                b.observe(lambda _: self._show_auto(), "value")
+        self.widget = W.VBox([W.HTML("<b>Backends</b>"), *[r.widget for r in self.rows.values()], self.fused_ce])
+        self._show_auto()
+
+    def set_ep(self, ep: int) -> None:
+        """Re-check choices that depend on the mesh (the local dispatcher cannot do ep > 1)."""
+        self.ep = ep
+        choices = backend_choices(self.rank_infos, self.device_type, self.world_size, ep)
+        for field, row in self.rows.items():
+            row.set_choices(choices[field])
+        self._show_auto()
+
+    def choices(self) -> dict[str, dict[str, Any]]:
+        """{field: {choice: Choice}} as currently shown."""
+        return {f: dict(r.choices) for f, r in self.rows.items()}
+
+    def auto_resolution(self) -> dict[str, str | None]:
+        """What each "auto" field resolves to on these ranks."""
+        return {f: resolve_auto(f, self.rank_infos, self.device_type, self.world_size) for f in self.rows
+                if "auto" in CHOICES[f]}
+
+    def _show_auto(self) -> None:
+        resolved = self.auto_resolution()
+        for field, row in self.rows.items():
+            row.auto.value = (f"<small>&rarr; auto = <b>{resolved.get(field)}</b></small>"
+                              if row.value == "auto" else "")
+
+    def backend_config(self) -> BackendConfig:
+        return BackendConfig(**{f: r.value for f, r in self.rows.items()}, fused_ce=self.fused_ce.value)

@@ -1,0 +1,127 @@
+"""RunPanel: training settings, start / stop, the run's progress bar."""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Callable
+
+import ipywidgets as W
+
+from workbench.config import DATA_KINDS, ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig
+
+
+class RunPanel:
+    """Steps, batch, sequence length, data; Start sends the RunConfig to the cluster, Stop ends it.
+
+    `model`, `mesh` and `backend` are the other panels (any may be None: then the demo's choice).
+    """
+
+    def __init__(self, cluster: Any = None, model: Any = None, mesh: Any = None, backend: Any = None,
+                 runs_dir: str | None = None, steps: int = 20) -> None:
+        self.cluster, self.model, self.mesh, self.backend = cluster, model, mesh, backend
+        self.steps = W.BoundedIntText(value=steps, min=1, max=10**7, description="steps")
+        self.seq_len = W.BoundedIntText(value=128, min=2, max=1 << 20, description="seq len")
+        self.global_batch = W.BoundedIntText(value=8, min=1, max=1 << 20, description="global batch")
+        self.local_batch = W.BoundedIntText(value=4, min=1, max=1 << 20, description="local batch")
+        self.lr = W.FloatText(value=3e-3, description="lr")
+        self.data_kind = W.Dropdown(options=list(DATA_KINDS), value="jsonl", description="data")
+        self.data_path = W.Text(placeholder="jsonl file (empty: the shipped tiny SFT set)", description="path")
+        self.activation_checkpointing = W.Checkbox(value=False, description="activation checkpointing")
+        self.save_checkpoint = W.Checkbox(value=True, description="save final checkpoint")
+        self.runs_dir = W.Text(value=runs_dir or "", placeholder="runs directory (empty: default)",
+                               description="runs dir")
+        self.start_button = W.Button(description="Start", button_style="success", icon="play")
+        self.stop_button = W.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
+        self.status = W.HTML()
+        self.progress = W.Box()
+        self.run = None
+        self._listeners: list[Callable[[Any], None]] = []
+        self._changed_listeners: list[Callable[[], None]] = []
+        self.start_button.on_click(lambda _: self.start())
+        self.stop_button.on_click(lambda _: self.stop())
+        for w in (self.seq_len, self.local_batch, self.activation_checkpointing):
+            w.observe(lambda _: self._notify_changed(), "value")
+        self.widget = W.VBox([
+            W.HTML("<b>Run</b>"),
+            W.HBox([self.steps, self.lr]), W.HBox([self.global_batch, self.local_batch]),
+            W.HBox([self.seq_len, self.data_kind]), self.data_path,
+            W.HBox([self.activation_checkpointing, self.save_checkpoint]), self.runs_dir,
+            W.HBox([self.start_button, self.stop_button]), self.progress, self.status])
+
+    def on_run(self, fn: Callable[[Any], None]) -> None:
+        """Call fn(run) for every run this panel starts (e.g. LivePlots.attach)."""
+        self._listeners.append(fn)
+
+    def on_change(self, fn: Callable[[], None]) -> None:
+        """Call fn() when a setting that changes memory use changes."""
+        self._changed_listeners.append(fn)
+
+    def _notify_changed(self) -> None:
+        for fn in list(self._changed_listeners):
+            fn()
+
+    def training(self) -> dict[str, Any]:
+        """What the memory estimate needs from this panel."""
+        return {"seq_len": self.seq_len.value, "local_batch": self.local_batch.value,
+                "activation_checkpointing": self.activation_checkpointing.value}
+
+    def run_config(self) -> RunConfig:
+        """The RunConfig all panels describe (ConfigError / MeshError / BackendError say what is wrong)."""
+        path = self.data_path.value.strip() or None
+        data = DataConfig(kind=self.data_kind.value, seq_len=self.seq_len.value, pack=True,
+                          path=path if self.data_kind.value == "jsonl" else None)
+        train = TrainConfig(steps=self.steps.value, global_batch_size=self.global_batch.value,
+                            local_batch_size=self.local_batch.value, lr=float(self.lr.value),
+                            warmup_steps=min(2, self.steps.value - 1) if self.steps.value > 1 else 0,
+                            activation_checkpointing=self.activation_checkpointing.value,
+                            save_final_checkpoint=self.save_checkpoint.value)
+        kwargs: dict[str, Any] = {"data": data, "train": train,
+                                  "output_dir": self.runs_dir.value.strip() or None}
+        kwargs["model"] = self.model.model_config() if self.model is not None else ModelConfig()
+        if self.mesh is not None:
+            kwargs["mesh"] = self.mesh.mesh_config()
+        if self.backend is not None:
+            kwargs["backend"] = self.backend.backend_config()
+        config = RunConfig(**kwargs)
+        if config.mesh is not None:
+            train.accumulation_steps(config.mesh.dp)  # batch sizes must split over dp: say so now
+        return config
+
+    def start(self, config: RunConfig | None = None):
+        """Start `config` (default: the panels' config) on the cluster; returns the Run or None."""
+        if self.cluster is None:
+            self.status.value = "<span style='color:#b00020'>no cluster: RunPanel(cluster=...)</span>"
+            return None
+        if self.run is not None and not self.run.done:
+            self.status.value = "a run is in progress; stop it first"
+            return None
+        try:
+            config = config or self.run_config()
+            run = self.cluster.finetune(config)
+        except (ConfigError, ValueError, TypeError, RuntimeError, FileExistsError) as err:
+            self.status.value = f"<span style='color:#b00020'>{html.escape(str(err))}</span>"
+            return None
+        self.run = run
+        self.status.value = f"run <code>{html.escape(run.run_id)}</code> in {html.escape(str(run.path))}"
+        self.progress.children = [run.progress]
+        self.stop_button.disabled = False
+        run.on_metrics(lambda _: self._on_progress())
+        for fn in list(self._listeners):
+            fn(run)
+        return run
+
+    def _on_progress(self) -> None:
+        if self.run is not None and self.run.done:
+            self.stop_button.disabled = True
+            error = self.run.error
+            state = self.run.state
+            text = f"run <code>{html.escape(self.run.run_id)}</code> {state}"
+            if error is not None:
+                text += f": rank {error.rank} failed<pre>{html.escape(error.traceback[-1500:])}</pre>"
+            self.status.value = text
+
+    def stop(self) -> None:
+        """Ask the run to stop at the next step boundary (it checkpoints first)."""
+        if self.run is not None and not self.run.done:
+            self.run.stop(wait=False)
+            self.status.value = f"stopping <code>{html.escape(self.run.run_id)}</code> at the next step"
