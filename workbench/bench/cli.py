@@ -1,0 +1,205 @@
+"""`workbench bench`: arguments and launch modes (plain process, torchrun, or --ranks N spawned)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import socket
+import sys
+import traceback
+from pathlib import Path
+
+from workbench.backends import CHOICES
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The bench subcommand's flags."""
+    from workbench.bench.config import DEFAULT_VARIANTS, VARIANTS
+
+    p.add_argument("--preset", default="tiny", help="model preset (tiny, qwen3-30b-a3b)")
+    p.add_argument("--layers", type=int, help="decoder layers (default: the preset's)")
+    p.add_argument("--seq", type=int, default=128, help="sequence length")
+    p.add_argument("--batch", type=int, default=2, help="local batch: sequences per rank per step")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    p.add_argument("--steps", type=int, default=3, help="timed steps")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                   help=f"comma list from {list(VARIANTS)} (default: %(default)s)")
+    p.add_argument("--dp", type=int, help="engine mesh data-parallel size (default: world size)")
+    p.add_argument("--ep", type=int, help="engine mesh expert-parallel size (default: world size if it divides E)")
+    for field, choices in CHOICES.items():
+        if field != "gate":
+            p.add_argument(f"--{field.replace('_', '-')}", choices=choices, default="auto",
+                           help=f"engine {field} backend")
+    p.add_argument("--fused-ce", action="store_true", help="engine: fused linear cross-entropy")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
+    p.add_argument("--out-dir", default="benchmarks/results", help="results directory (default: %(default)s)")
+    p.add_argument("--name", help="results file stem (default: <date>-<device>)")
+    p.add_argument("--no-html", action="store_true", help="skip the HTML plot")
+    p.add_argument("--fail-fast", action="store_true", help="stop at the first failing variant")
+    p.add_argument("--ranks", type=int, help="spawn this many local ranks (GPUs, else gloo CPU ranks)")
+    p.add_argument("--readme-table", action="store_true",
+                   help="print the README performance table from --results-dir (no benchmark runs)")
+    p.add_argument("--write", metavar="README", help="with --readme-table: replace the table between "
+                   "<!-- bench-table --> and <!-- /bench-table --> in this file")
+    p.add_argument("--results-dir", default="benchmarks/results", help="where --readme-table reads")
+    p.add_argument("--include-cpu", action="store_true", help="with --readme-table: keep CPU runs")
+    p.add_argument("--html", metavar="RESULT_JSON", help="(re)write the HTML plot of a results file and exit")
+
+
+def config_from_args(args: argparse.Namespace):
+    """BenchConfig from parsed flags (ConfigError/MeshError/BackendError on bad input)."""
+    from workbench.backends import BackendConfig
+    from workbench.bench.config import BenchConfig
+
+    mesh = None
+    if args.dp is not None or args.ep is not None:
+        from workbench.parallel.mesh import MeshConfig
+
+        world = args.dp or args.ranks or int(os.environ.get("WORLD_SIZE", "1"))
+        mesh = MeshConfig(dp=world, ep=args.ep or 1)
+    backend = BackendConfig(**{f: getattr(args, f) for f in CHOICES if f != "gate"}, fused_ce=args.fused_ce)
+    launcher = "torchrun " if "TORCHELASTIC_RUN_ID" in os.environ else ""
+    command = launcher + "workbench bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
+    return BenchConfig(preset=args.preset, layers=args.layers, seq=args.seq, batch=args.batch, warmup=args.warmup,
+                       steps=args.steps, lr=args.lr, seed=args.seed, variants=args.variants, mesh=mesh,
+                       backend=backend, dtype=args.dtype, out_dir=args.out_dir, name=args.name,
+                       command=command.strip(), html=not args.no_html, fail_fast=args.fail_fast)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, cfg_dict: dict) -> None:
+    """One spawned rank: init the group, bench, leave without gloo's exit crash (facts.md)."""
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    code = 0
+    try:
+        from workbench.bench.config import BenchConfig
+        from workbench.bench.runner import run_bench
+
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        dist.init_process_group(backend, rank=rank, world_size=world)
+        run_bench(BenchConfig.from_dict(cfg_dict))
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - print this rank's traceback, exit non-zero
+        print(f"[rank {rank}] bench failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def launch(cfg, ranks: int) -> int:
+    """Run `cfg` on `ranks` spawned local processes; 0 when every rank succeeded."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from workbench.config import ConfigError
+
+    if torch.cuda.is_available() and ranks > torch.cuda.device_count():
+        raise ConfigError(f"--ranks {ranks} but only {torch.cuda.device_count()} GPU(s) are visible")
+    if cfg.mesh is not None:
+        from workbench.parallel.mesh import MeshError
+
+        try:
+            cfg.mesh.validate(ranks, cfg.hf_config().num_experts)
+        except MeshError as err:
+            raise ConfigError(f"bench mesh does not fit: {err}") from err
+    ctx = mp.spawn(_worker, args=(ranks, _free_port(), cfg.to_dict()), nprocs=ranks, join=False)
+    try:
+        while not ctx.join():
+            pass
+    except Exception as err:  # noqa: BLE001 - a rank failed; its traceback is already printed
+        print(f"workbench bench failed: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry of `workbench bench`."""
+    from workbench.backends import BackendError
+    from workbench.config import ConfigError
+
+    if args.readme_table:
+        from workbench.bench.readme import table, write_readme
+
+        try:
+            text = (write_readme(Path(args.write), Path(args.results_dir), args.include_cpu) if args.write
+                    else table(Path(args.results_dir), args.include_cpu))
+        except (OSError, ValueError) as err:
+            print(f"workbench bench --readme-table: {err}", file=sys.stderr)
+            return 2
+        print(text)
+        return 0
+    if args.html:
+        from workbench.bench.plot import write_html
+
+        path = Path(args.html)
+        written = write_html(json.loads(path.read_text(encoding="utf-8")), path.with_suffix(".html"))
+        if written is None:
+            return 1
+        print(f"wrote {written}")
+        return 0
+    try:
+        cfg = config_from_args(args)
+        if args.ranks is not None and args.ranks < 1:
+            raise ConfigError(f"--ranks must be >= 1, got {args.ranks}")
+    except (ConfigError, BackendError, ValueError) as err:
+        print(f"workbench bench: {err}", file=sys.stderr)
+        return 2
+    if args.ranks and args.ranks > 1 and "WORLD_SIZE" not in os.environ:
+        try:
+            return launch(cfg, args.ranks)
+        except ConfigError as err:
+            print(f"workbench bench: {err}", file=sys.stderr)
+            return 2
+    return _run_here(cfg)
+
+
+def _run_here(cfg) -> int:
+    """This process is one rank (torchrun) or the whole run (one process)."""
+    from workbench.bench.runner import run_bench
+    from workbench.config import ConfigError
+    from workbench.train import dist_utils as du
+
+    created = du.init_from_env()
+    multi = du.world_size() > 1
+    code = 0
+    try:
+        run_bench(cfg)
+    except ConfigError as err:
+        print(f"workbench bench: {err}", file=sys.stderr, flush=True)
+        code = 2
+    except Exception as err:  # noqa: BLE001 - report cleanly, exit non-zero
+        traceback.print_exc()
+        print(f"workbench bench (rank {du.rank()}): {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        code = 1
+    if multi:
+        if code == 0:
+            du.shutdown(created)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # gloo may abort at interpreter exit after sub-groups were used (facts.md)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m workbench.bench ...`: the bench without the workbench CLI around it."""
+    parser = argparse.ArgumentParser(prog="workbench bench", description="Transformers v5 anchor vs the engine")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,124 @@
+"""BenchConfig: what one `workbench bench` launch measures, validated before any heavy work."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.backends import BackendConfig
+from workbench.config import PRESETS, ConfigError
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """One side of the comparison: the Transformers anchor or the engine, with its options."""
+
+    kind: str  # "anchor" | "engine"
+    help: str
+    experts_implementation: str = "grouped_mm"  # anchor only: Transformers' experts path
+    sdpa_backend: str | None = None  # anchor only: force a torch SDPA backend ("cudnn")
+    gate: str = "native"  # engine only
+    needs_cuda: bool = False
+
+
+# The registry of variants; names are what --variants and the JSON rows use.
+VARIANTS: dict[str, VariantSpec] = {
+    "anchor": VariantSpec("anchor", "Transformers v5: grouped_mm experts, sdpa, FSDP2 per decoder layer"),
+    "engine": VariantSpec("engine", "MoE Workbench engine, native router", gate="native"),
+    "engine_balanced": VariantSpec("engine", "MoE Workbench engine, balanced gate", gate="balanced"),
+    "anchor_cudnn": VariantSpec("anchor", "the anchor with torch's cuDNN SDPA backend forced",
+                                sdpa_backend="cudnn", needs_cuda=True),
+    "anchor_eager": VariantSpec("anchor", "the anchor with eager (v4-style loop) experts",
+                                experts_implementation="eager"),
+}
+DEFAULT_VARIANTS = ("anchor", "engine", "engine_balanced", "anchor_cudnn")
+
+
+def _check_int(value: Any, name: str, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"bench {name} must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One benchmark launch: model, shapes, steps, mesh and engine backends, which variants."""
+
+    preset: str = "tiny"
+    layers: int | None = None  # None = the preset's depth
+    seq: int = 128
+    batch: int = 2  # local batch: sequences per rank per step
+    warmup: int = 1  # steps run but not timed
+    steps: int = 3  # timed steps
+    lr: float = 3e-4
+    seed: int = 0
+    variants: tuple[str, ...] = DEFAULT_VARIANTS
+    mesh: Any = None  # workbench.MeshConfig; None = dp = world, ep = world when it divides the experts
+    backend: BackendConfig = field(default_factory=BackendConfig)  # the engine's; gate set per variant
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    out_dir: str | None = "benchmarks/results"  # None: write nothing
+    name: str | None = None  # results file stem; None = <date>-<device>
+    command: str | None = None  # recorded in the JSON; None = this process's argv
+    html: bool = True
+    fail_fast: bool = False  # re-raise a failing variant instead of recording it
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ConfigError(f"unknown model preset {self.preset!r}; presets: {sorted(PRESETS)}")
+        if self.layers is not None:
+            _check_int(self.layers, "layers", 1)
+        _check_int(self.seq, "seq", 2)
+        _check_int(self.batch, "batch", 1)
+        _check_int(self.warmup, "warmup", 0)
+        _check_int(self.steps, "steps", 1)
+        _check_int(self.seed, "seed", 0)
+        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not self.lr > 0:
+            raise ConfigError(f"bench lr must be a positive number, got {self.lr!r}")
+        variants = (self.variants.split(",") if isinstance(self.variants, str) else list(self.variants))
+        variants = [v.strip() for v in variants if v.strip()]
+        unknown = [v for v in variants if v not in VARIANTS]
+        if unknown or not variants:
+            raise ConfigError(f"unknown bench variant(s) {unknown or variants}; choose from {list(VARIANTS)}")
+        if len(set(variants)) != len(variants):
+            raise ConfigError(f"bench variants repeat a name: {variants}")
+        object.__setattr__(self, "variants", tuple(variants))
+        if self.mesh is not None and not hasattr(self.mesh, "validate"):
+            raise ConfigError(f"bench mesh must be a workbench MeshConfig or None, got {self.mesh!r}")
+        if not isinstance(self.backend, BackendConfig):
+            raise ConfigError(f"bench backend must be a workbench.BackendConfig, got {type(self.backend).__name__}")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ConfigError(f"bench dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
+        if self.name is not None and (not isinstance(self.name, str) or not self.name or "/" in self.name):
+            raise ConfigError(f"bench name must be a plain file stem, got {self.name!r}")
+
+    def hf_config(self):
+        """The Transformers config of the benchmarked model."""
+        from workbench.config import preset_config
+
+        return preset_config(self.preset, self.layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able mapping (mesh and backend as plain mappings)."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["variants"] = list(self.variants)
+        data["mesh"] = self.mesh.to_dict() if self.mesh is not None else None
+        data["backend"] = self.backend.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "BenchConfig":
+        """Inverse of to_dict; unknown keys are an error."""
+        allowed = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise ConfigError(f"unknown BenchConfig key(s) {unknown}; allowed: {sorted(allowed)}")
+        kwargs = dict(data)
+        if isinstance(kwargs.get("mesh"), dict):
+            from workbench.parallel.mesh import MeshConfig
+
+            kwargs["mesh"] = MeshConfig(**kwargs["mesh"])
+        if isinstance(kwargs.get("backend"), dict):
+            kwargs["backend"] = BackendConfig.from_dict(kwargs["backend"])
+        if "variants" in kwargs and isinstance(kwargs["variants"], list):
+            kwargs["variants"] = tuple(kwargs["variants"])
+        return cls(**kwargs)

@@ -1,0 +1,43 @@
+"""The engine variant: workbench.AutoModelForCausalLM loaded from the anchor's initial weights."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from workbench.backends import BackendConfig
+from workbench.bench.config import VariantSpec
+from workbench.bench.tokens import label_count
+from workbench.bench.variant import Prepared, adamw, optimizer_name
+
+
+def build_engine(spec: VariantSpec, checkpoint: Path, backend: BackendConfig, mesh, lr: float, rows_per_rank: int,
+                 seq: int, device: torch.device, dtype: torch.dtype) -> Prepared:
+    """The engine sharded over `mesh`, its loss normalized by the global token count."""
+    import workbench
+
+    backend = dataclasses.replace(backend, gate=spec.gate)
+    model = workbench.AutoModelForCausalLM.from_pretrained(checkpoint, backend=backend, mesh=mesh, dtype=dtype)
+    model.train()
+    world = dist.get_world_size()
+    group = model.workbench_device_mesh.get_group("dp") if world > 1 else None
+    # Gradients are summed over ranks (FSDP divide factor 1): each rank's loss is its token sum
+    # over the GLOBAL count, so the per-rank losses add up to the global mean.
+    num_items = torch.tensor(float(label_count(rows_per_rank * world, seq)), device=device)
+
+    def forward(ids: torch.Tensor):
+        out = model(input_ids=ids, labels=ids, num_items_in_batch=num_items, output_router_logits=True,
+                    aux_loss_group=group, use_cache=False)
+        aux = out.aux_loss
+        return out.loss, out.loss - model.router_aux_loss_coef * aux, aux
+
+    resolved = model.workbench_backend.to_dict() if model.workbench_backend is not None else backend.to_dict()
+    setup = {
+        "library": "workbench", "backend": resolved, "mesh": mesh.to_dict(), "gate": spec.gate,
+        "fsdp": "workbench.parallel.apply_fsdp (summed grads)" if world > 1 else "none (one rank)",
+        "optimizer": optimizer_name(device), "activation_checkpointing": False, "dtype": str(dtype),
+    }
+    return Prepared(model, adamw(model, lr, device), forward, "sum", setup)

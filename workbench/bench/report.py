@@ -1,0 +1,167 @@
+"""The results record of a launch: environment, per-variant rows, anchor/engine comparisons, table."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SCHEMA = "workbench.bench/1"
+METRICS = ("tokens_per_s_per_gpu", "tflops_per_gpu", "peak_mem_gib")
+SAME_INIT_RTOL = 1e-6
+
+
+def _version(dist_name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist_name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict[str, str | None]:
+    """torch, transformers, triton, NCCL, CUDA, cuDNN, Python and workbench versions."""
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
+        except (AttributeError, RuntimeError):
+            nccl = None
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {"torch": torch.__version__, "transformers": _version("transformers"), "triton": _version("triton"),
+            "nccl": nccl, "cuda": torch.version.cuda, "cudnn": str(cudnn) if cudnn else None,
+            "python": platform.python_version(), "workbench": _version("moe-workbench")}
+
+
+def git_commit() -> dict[str, Any]:
+    """The checkout's commit (or $WORKBENCH_GIT_COMMIT where the copy has no .git) and dirtiness."""
+    import os
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip() != ""
+    except (OSError, subprocess.SubprocessError):
+        sha, dirty = "", None
+    if not sha:
+        sha, dirty = os.environ.get("WORKBENCH_GIT_COMMIT", "unknown"), None
+    return {"commit": sha, "dirty": dirty}
+
+
+def device_info(device: torch.device, world: int) -> dict[str, Any]:
+    """Which accelerator ran it, and how many ranks."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
+    return {"type": device.type, "name": name, "count": world}
+
+
+def device_slug(info: dict[str, Any]) -> str:
+    """Short file-name form: '2xh200', '2xcpu'."""
+    name = "cpu" if info["type"] == "cpu" else re.sub(r"^nvidia-?", "", re.sub(r"[^a-z0-9]+", "-", info["name"].lower()))
+    return f"{info['count']}x{name.strip('-') or info['type']}"
+
+
+def _side(row: dict[str, Any]) -> dict[str, Any]:
+    return {"variant": row["name"], **{k: row[k] for k in METRICS}, "mem_kind": row["mem_kind"],
+            "median_step_s": row["median_step_s"]}
+
+
+def comparisons(rows: list[dict[str, Any]], world: int, layers: int, seq: int, batch: int) -> list[dict[str, Any]]:
+    """Each engine variant against each anchor variant that ran (the v5 default `anchor` first)."""
+    ok = [r for r in rows if r.get("status") == "ok"]
+    anchors = sorted((r for r in ok if r["kind"] == "anchor"), key=lambda r: r["name"] != "anchor")
+    out = []
+    for engine in (r for r in ok if r["kind"] == "engine"):
+        for anchor in anchors:
+            n = min(len(anchor["ce"]), len(engine["ce"]))
+            diffs = [abs(a - b) for a, b in zip(anchor["ce"][:n], engine["ce"][:n])]
+            fa, fe = anchor.get("init_fingerprint"), engine.get("init_fingerprint")
+            same_init = fa is not None and fe is not None and abs(fa - fe) <= SAME_INIT_RTOL * max(1.0, abs(fa))
+            out.append({
+                "world": world, "layers": layers, "seq": seq, "batch": batch, "gate": engine["gate"],
+                "anchor": _side(anchor), "engine": _side(engine),
+                "ratio": engine["tokens_per_s_per_gpu"] / anchor["tokens_per_s_per_gpu"],
+                "tflops_ratio": engine["tflops_per_gpu"] / anchor["tflops_per_gpu"] if anchor["tflops_per_gpu"] else None,
+                "mem_ratio": engine["peak_mem_gib"] / anchor["peak_mem_gib"] if anchor["peak_mem_gib"] else None,
+                "same_init": same_init,
+                "ce_step0_abs_diff": diffs[0] if diffs else None,
+                "ce_max_abs_diff": max(diffs) if diffs else None,
+            })
+    return out
+
+
+def build_result(cfg, rows, *, hf_config, world: int, device: torch.device, mesh, dtype: torch.dtype,
+                 started: float, flops_per_token: float) -> dict[str, Any]:
+    """The whole JSON record of one launch."""
+    from workbench.bench.floor import step_floor
+
+    layers = hf_config.num_hidden_layers
+    info = device_info(device, world)
+    return {
+        "schema": SCHEMA,
+        "date": _dt.datetime.fromtimestamp(started).astimezone().isoformat(timespec="seconds"),
+        "device": info, "versions": versions(), "git": git_commit(),
+        "command": cfg.command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "config": {**cfg.to_dict(), "layers": layers, "dtype": str(dtype), "engine_mesh": mesh.to_dict()},
+        "model": {"preset": cfg.preset, "layers": layers, "hidden": hf_config.hidden_size,
+                  "experts": hf_config.num_experts, "top_k": hf_config.num_experts_per_tok,
+                  "vocab": hf_config.vocab_size, "flops_per_token": flops_per_token,
+                  "floor": step_floor(hf_config, cfg.seq, cfg.batch, world)},
+        "variants": rows,
+        "comparisons": comparisons(rows, world, layers, cfg.seq, cfg.batch),
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """Plain-text table of every variant, then the engine/anchor ratios."""
+    lines = [f"{'variant':<16} {'status':<8} {'tokens/s/gpu':>13} {'TFLOP/s/gpu':>12} {'peak GiB':>9} "
+             f"{'step ms':>9} {'fwd/bwd/opt ms':>18} {'loss[0]':>9} {'loss[-1]':>9}"]
+    for r in result["variants"]:
+        if r["status"] != "ok":
+            lines.append(f"{r['name']:<16} {r['status']:<8} {r.get('reason', '')}")
+            continue
+        phases = "/".join(f"{r[k] * 1e3:.0f}" for k in ("median_forward_s", "median_backward_s", "median_optimizer_s"))
+        lines.append(f"{r['name']:<16} {'ok':<8} {r['tokens_per_s_per_gpu']:>13,.0f} {r['tflops_per_gpu']:>12.2f} "
+                     f"{r['peak_mem_gib']:>9.2f} {r['median_step_s'] * 1e3:>9.1f} {phases:>18} "
+                     f"{r['loss'][0]:>9.4f} {r['loss'][-1]:>9.4f}")
+    for c in result["comparisons"]:
+        mem = f"{c['mem_ratio']:.2f}" if c["mem_ratio"] is not None else "n/a"
+        lines.append(f"{c['engine']['variant']} / {c['anchor']['variant']}: {c['ratio']:.2f}x tokens/s, "
+                     f"{mem}x peak memory, same init {c['same_init']}, "
+                     f"|ce diff| step0 {c['ce_step0_abs_diff']:.2e} max {c['ce_max_abs_diff']:.2e}")
+    mem_kind = next((r["mem_kind"] for r in result["variants"] if r["status"] == "ok"), None)
+    if mem_kind == "cpu_rss":
+        lines.append("peak memory on CPU is the process's peak RSS over its lifetime (not per variant)")
+    return "\n".join(lines)
+
+
+def _free_stem(out_dir: Path, stem: str) -> str:
+    candidate, n = stem, 2
+    while (out_dir / f"{candidate}.json").exists():
+        candidate, n = f"{stem}-{n}", n + 1
+    return candidate
+
+
+def write_result(result: dict[str, Any], out_dir: Path, name: str | None = None, html: bool = True) -> dict[str, Path]:
+    """Write `<out_dir>/<date>-<device>.json` (never overwriting) and its HTML plot if plotly is here."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = name or f"{result['date'][:10]}-{device_slug(result['device'])}"
+    stem = _free_stem(out_dir, stem)
+    paths = {"json": out_dir / f"{stem}.json"}
+    paths["json"].write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    if html:
+        from workbench.bench.plot import write_html
+
+        written = write_html(result, out_dir / f"{stem}.html")
+        if written is not None:
+            paths["html"] = written
+    return paths
