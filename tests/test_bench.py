@@ -1,0 +1,163 @@
+"""`workbench bench` end to end on real gloo ranks: results schema, same-init loss agreement, README table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from dist_utils import run_ranks
+
+from workbench.bench import BenchConfig
+from workbench.bench.readme import BEGIN, END, replace_section, table, write_readme
+from workbench.config import ConfigError
+from workbench.parallel.mesh import MeshConfig
+
+REPO = Path(__file__).resolve().parents[1]
+SIDE_KEYS = {"tokens_per_s_per_gpu", "tflops_per_gpu", "peak_mem_gib"}
+
+
+@pytest.fixture(scope="module")
+def two_rank_result(tmp_path_factory):
+    """The CLI's own launcher (--ranks 2, spawned gloo ranks), tiny model, 1 warm-up + 3 timed steps."""
+    out = tmp_path_factory.mktemp("results")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "workbench.bench", "--ranks", "2", "--preset", "tiny", "--seq", "32", "--batch", "2",
+           "--warmup", "1", "--steps", "3", "--variants", "anchor,engine,engine_balanced,anchor_cudnn",
+           "--out-dir", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    files = sorted(out.glob("*.json"))
+    assert len(files) == 1, files
+    return files[0], json.loads(files[0].read_text()), proc.stdout
+
+
+def test_two_ranks_schema_and_same_init(two_rank_result):
+    path, result, stdout = two_rank_result
+    assert path.name.endswith("-2xcpu.json") and path.with_suffix(".html").is_file()
+    assert "plotly" in path.with_suffix(".html").read_text()[:20000].lower()
+    assert result["schema"] == "workbench.bench/1"
+    assert result["device"] == {**result["device"], "type": "cpu", "count": 2}
+    assert result["versions"]["torch"] == torch.__version__ and result["versions"]["transformers"]
+    assert {"commit", "dirty"} <= set(result["git"]) and result["command"].startswith("workbench bench")
+    assert result["config"]["engine_mesh"] == {"dp": 2, "ep": 2, "cp": 1, "tp": 1}
+    rows = {r["name"]: r for r in result["variants"]}
+    assert rows["anchor_cudnn"]["status"] == "skipped" and "GPU" in rows["anchor_cudnn"]["reason"]
+    for name in ("anchor", "engine", "engine_balanced"):
+        row = rows[name]
+        assert row["status"] == "ok", row
+        assert len(row["step_time_s"]) == 3 and len(row["loss"]) == 4 and all(t > 0 for t in row["step_time_s"])
+        assert len(row["peak_mem_gib_per_rank"]) == 2 and row["mem_kind"] == "cpu_rss"
+        assert row["tokens_per_s_per_gpu"] == pytest.approx(2 * 32 / row["median_step_s"])
+        assert row["tflops_per_gpu"] > 0
+    assert rows["anchor"]["setup"]["fsdp"].startswith("fully_shard per decoder layer")
+    assert rows["engine"]["setup"]["backend"]["dispatcher"] == "alltoall"
+    comps = result["comparisons"]
+    assert [(c["engine"]["variant"], c["gate"]) for c in comps] == [("engine", "native"), ("engine_balanced", "balanced")]
+    for c in comps:
+        assert {"world", "layers", "seq", "batch", "gate", "anchor", "engine", "ratio"} <= set(c)
+        assert (c["world"], c["layers"], c["seq"], c["batch"]) == (2, 2, 32, 2)
+        assert SIDE_KEYS <= set(c["anchor"]) and SIDE_KEYS <= set(c["engine"])
+        assert c["ratio"] == pytest.approx(c["engine"]["tokens_per_s_per_gpu"] / c["anchor"]["tokens_per_s_per_gpu"])
+        assert c["same_init"] is True
+    # Same weights and tokens in fp32: the native engine's first loss equals the anchor's.
+    native = comps[0]
+    assert native["ce_step0_abs_diff"] < 1e-5
+    assert abs(rows["engine"]["ce"][0] - rows["anchor"]["ce"][0]) < 1e-5
+    # Later steps differ only through the aux loss (global vs per-rank statistics): small.
+    assert native["ce_max_abs_diff"] < 5e-3
+    # The balanced gate routes differently, so its loss is its own (but from the same init).
+    assert rows["engine_balanced"]["init_fingerprint"] == pytest.approx(rows["anchor"]["init_fingerprint"], rel=1e-9)
+    assert "engine / anchor:" in stdout and "tokens/s/gpu" in stdout
+
+
+def test_readme_table_from_results(two_rank_result, tmp_path):
+    path, result, _ = two_rank_result
+    assert "no GPU results yet" in table(path.parent)  # CPU runs are left out by default
+    text = table(path.parent, include_cpu=True)
+    lines = text.splitlines()
+    assert len(lines) == 2 + len(result["comparisons"])
+    ratio = result["comparisons"][0]["ratio"]
+    assert f"**{ratio:.2f}x**" in lines[2] and path.name in lines[2] and "| native |" in lines[2]
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\nintro\n{BEGIN}\nold table\n{END}\n\nafter\n")
+    write_readme(readme, path.parent, include_cpu=True)
+    new = readme.read_text()
+    assert "old table" not in new and text in new and new.startswith("# Title\n\nintro\n") and new.endswith("\nafter\n")
+    assert new.count(BEGIN) == 1 and new.count(END) == 1
+    with pytest.raises(ValueError, match="marker"):
+        replace_section("no markers here", text)
+    with pytest.raises(ValueError, match="closing"):
+        replace_section(f"{BEGIN}\nopen only", text)
+    cli = subprocess.run([sys.executable, "-m", "workbench.bench", "--readme-table", "--include-cpu", "--results-dir",
+                          str(path.parent)], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert cli.returncode == 0 and cli.stdout.strip() == text
+
+
+def _one_rank(rank, world, out_dir):
+    from workbench.bench import run_bench
+
+    cfg = BenchConfig(preset="tiny", seq=16, batch=2, warmup=0, steps=2, variants=("anchor", "engine", "anchor_eager"),
+                      out_dir=out_dir, html=False, fail_fast=True)
+    return run_bench(cfg)
+
+
+def test_one_rank_losses_agree(tmp_path):
+    (result,) = run_ranks(_one_rank, 1, str(tmp_path), timeout=120)
+    rows = {r["name"]: r for r in result["variants"]}
+    assert all(r["status"] == "ok" for r in rows.values())
+    assert rows["anchor"]["setup"]["fsdp"] == "none (one rank)"
+    # One rank: the aux loss is the same statistic on both sides, so whole losses agree at every step.
+    for a, e in zip(rows["anchor"]["loss"], rows["engine"]["loss"]):
+        assert abs(a - e) < 1e-5
+    assert rows["anchor_eager"]["loss"][0] == pytest.approx(rows["anchor"]["loss"][0], abs=1e-5)
+    assert len(list(tmp_path.glob("*.json"))) == 1 and not list(tmp_path.glob("*.html"))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"preset": "nope"}, "unknown model preset"),
+    ({"seq": 0}, "seq must be an integer >= 2"),
+    ({"batch": 0}, "batch must be an integer >= 1"),
+    ({"steps": 0}, "steps must be an integer >= 1"),
+    ({"variants": ("anchor", "engin")}, "unknown bench variant"),
+    ({"lr": -1.0}, "lr must be a positive number"),
+])
+def test_bad_config(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        BenchConfig(**kwargs)
+
+
+def test_mesh_that_does_not_fit_is_refused_before_spawning():
+    from workbench.bench.cli import launch
+
+    with pytest.raises(ConfigError, match="spans 3 ranks but the world has 2"):
+        launch(BenchConfig(mesh=MeshConfig(dp=3, ep=1), out_dir=None), 2)
+
+
+def test_cli_bad_input_exit_code(capsys):
+    from workbench.bench.cli import main
+
+    assert main(["--preset", "qwen4", "--out-dir", ""]) == 2
+    assert "unknown model preset 'qwen4'" in capsys.readouterr().err
+    assert main(["--batch", "-1"]) == 2
+    assert "batch must be" in capsys.readouterr().err
+
+
+def test_param_counts_match_the_model():
+    import transformers
+
+    from workbench.bench.floor import param_counts, step_floor
+    from workbench.config import preset_config
+
+    cfg = preset_config("tiny", layers=3)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    assert param_counts(cfg)["total"] == sum(p.numel() for p in model.parameters())
+    big = preset_config("qwen3-30b-a3b", layers=16)
+    floor = step_floor(big, seq=4096, batch=2, world=2)
+    assert floor["flops_per_token"] == pytest.approx(8.92e9, rel=5e-3)
+    assert floor["floor_step_s_at_matmul_peak"] == pytest.approx(2 * 4096 * floor["flops_per_token"] / 794e12)
