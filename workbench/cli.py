@@ -14,6 +14,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
+from workbench.bench import cli as bench_cli
+
 
 @dataclass(frozen=True)
 class Subcommand:
@@ -174,6 +176,8 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
                _finetune_args, _run_finetune),
     Subcommand("demo", "fine-tune the embedded tiny MoE on 2 CPU ranks or all local GPUs",
                _demo_args, _run_demo),
+    Subcommand("bench", "Transformers v5 anchor vs the engine, timed in one launch (see benchmarks/)",
+               bench_cli.add_arguments, bench_cli.run),
 )
 
 

@@ -37,7 +37,7 @@ DEFAULT_VARIANTS = ("anchor", "engine", "engine_balanced", "anchor_cudnn")
 
 def _check_int(value: Any, name: str, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"bench {name} must be an integer >= {minimum}, got {value!r}")
+        raise ConfigError(f"BenchConfig.{name} must be an integer >= {minimum}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class BenchConfig:
         _check_int(self.steps, "steps", 1)
         _check_int(self.seed, "seed", 0)
         if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not self.lr > 0:
-            raise ConfigError(f"bench lr must be a positive number, got {self.lr!r}")
+            raise ConfigError(f"BenchConfig.lr must be a positive number, got {self.lr!r}")
         variants = (self.variants.split(",") if isinstance(self.variants, str) else list(self.variants))
         variants = [v.strip() for v in variants if v.strip()]
         unknown = [v for v in variants if v not in VARIANTS]
