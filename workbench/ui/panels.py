@@ -19,6 +19,10 @@ from workbench.ui.logic import (CUSTOM_CHECKPOINT, backend_choices, mesh_options
 from workbench.ui.memory import estimate_memory, resolve_dtype
 
 
+def _size(gib: float) -> str:
+    return f"{gib:.2f} GiB" if gib >= 1 else f"{gib * 1024:.1f} MiB"
+
+
 def _error_html(text: str) -> str:
     return f"<span style='color:#b00020'>{html.escape(text)}</span>" if text else ""
 
@@ -166,10 +170,10 @@ class MeshPanel:
                        "<span style='color:#b00020'>does not fit</span>"))
             self.details.value = (
                 f"{option.experts_per_rank} experts per rank ({ranges})<br>"
-                f"estimated memory per rank ({dtype}): <b>{parts['total']:.2f} GiB</b>{fit}<br>"
-                f"<small>params+grads+AdamW {parts['sharded_state']:.2f}, gathered layers "
-                f"{parts['gathered']:.2f}, activations {parts['activations']:.2f}, logits {parts['logits']:.2f} GiB"
-                " (estimate from parameter counts; see workbench.ui.memory)</small>")
+                f"estimated memory per rank ({dtype}): <b>{_size(parts['total'])}</b>{fit}<br>"
+                f"<small>params+grads+AdamW {_size(parts['sharded_state'])}, gathered layers "
+                f"{_size(parts['gathered'])}, activations {_size(parts['activations'])}, logits "
+                f"{_size(parts['logits'])} (estimate from parameter counts; see workbench.ui.memory)</small>")
         for fn in list(self._listeners):
             fn()
 

@@ -1,0 +1,131 @@
+"""Profile training steps on every rank: torch.profiler traces and a per-phase time breakdown.
+
+`profile_finetune(run_config, callbacks)` is `finetune` with a profiler callback: it skips the
+first step (warm-up: allocator, autotuning, first all-to-all), records the rest, and writes into
+<run_dir>/profile/ per rank: trace_rank{r}.json (Chrome trace: Perfetto, chrome://tracing) and
+phases_rank{r}.json (milliseconds per step of each engine phase and of communication).
+
+Phases are the engine's `record_function` labels ("workbench.attention", ...). They nest
+(forward contains router, dispatch, ...), so the breakdown lists inclusive times that do not add
+up to the step. Communication is the self time of collective ops/kernels (names containing nccl,
+gloo, all_to_all, all_gather, reduce_scatter, all_reduce, ...), which also overlaps the phases
+that issue it. On CUDA the times are device (kernel) times, on CPU wall-clock CPU times.
+Launch on a cluster with `cluster.finetune(cfg, target="workbench.train.profile:profile_finetune")`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PHASES = ("attention", "router", "dispatch", "experts", "combine", "optimizer", "forward", "backward")
+LABEL_PREFIX = "workbench."
+COMM_PATTERNS = ("nccl", "gloo", "all_to_all", "alltoall", "all_gather", "allgather", "reduce_scatter",
+                 "all_reduce", "allreduce", "broadcast", "c10d::")
+PROFILE_DIR = "profile"
+
+
+def is_communication(name: str) -> bool:
+    """Whether a profiler event name is a collective (op or kernel)."""
+    lowered = name.lower()
+    return not lowered.startswith(LABEL_PREFIX) and any(p in lowered for p in COMM_PATTERNS)
+
+
+def _us(event: Any, name: str) -> float:
+    value = getattr(event, name, None)
+    if value is None:  # older torch called device time cuda time
+        value = getattr(event, name.replace("device", "cuda"), 0.0)
+    return float(value or 0.0)
+
+
+def phase_breakdown(averages: Any, device_type: str, steps: int) -> dict[str, Any]:
+    """Milliseconds per step of each phase label and of communication, from `prof.key_averages()`."""
+    on_cuda = device_type == "cuda"
+    phases = {p: 0.0 for p in PHASES}
+    found = set()
+    communication, top = 0.0, []
+    for event in averages:
+        name = event.key
+        if name.startswith(LABEL_PREFIX) and name[len(LABEL_PREFIX):] in phases:
+            phase = name[len(LABEL_PREFIX):]
+            inclusive = _us(event, "device_time_total") if on_cuda else 0.0
+            # A CPU range's device time is the kernels it launched; without any, wall-clock CPU time.
+            phases[phase] += inclusive if inclusive > 0 else _us(event, "cpu_time_total")
+            found.add(phase)
+            continue
+        is_kernel = str(getattr(event, "device_type", "")).endswith(("CUDA", "PrivateUse1"))
+        self_us = _us(event, "self_device_time_total") if on_cuda and is_kernel else (
+            0.0 if on_cuda else _us(event, "self_cpu_time_total"))
+        if is_communication(name):
+            communication += self_us
+        top.append((self_us, name, int(getattr(event, "count", 0))))
+    if "optimizer" not in found:  # torch labels its own optimizer steps
+        for event in averages:
+            if event.key.startswith("Optimizer.step#"):
+                phases["optimizer"] += _us(event, "cpu_time_total")
+                found.add("optimizer")
+    per_step = 1e-3 / max(1, steps)
+    top.sort(reverse=True)
+    return {"phases_ms": {p: phases[p] * per_step for p in PHASES if p in found},
+            "missing_phases": [p for p in PHASES if p not in found],
+            "communication_ms": communication * per_step,
+            "top_ops": [{"name": n, "self_ms": t * per_step, "calls": c} for t, n, c in top[:15]]}
+
+
+class ProfilerCallback:
+    """Starts torch.profiler at on_start, steps it with the trainer, writes results per rank."""
+
+    def __init__(self, skip_steps: int = 1, profile_steps: int | None = None) -> None:
+        self.skip_steps, self.profile_steps = skip_steps, profile_steps
+        self.profiler = None
+        self.written: list[Path] = []
+
+    def on_start(self, info: dict) -> None:
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        self.rank, total = int(info["rank"]), int(info["total_steps"]) - int(info.get("start_step", 0))
+        self.device_type = "cuda" if str(info.get("device", "cpu")).startswith("cuda") else "cpu"
+        skip = min(self.skip_steps, max(0, total - 1))
+        self.active = max(1, min(self.profile_steps or total - skip, total - skip))
+        self.out_dir = Path(info["run_dir"]) / PROFILE_DIR
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        activities = [ProfilerActivity.CPU]
+        if self.device_type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        # The skipped steps are the profiler's warm-up: it is running but recording nothing kept.
+        sched = schedule(wait=max(0, skip - 1), warmup=min(1, skip), active=self.active, repeat=1)
+        self.profiler = profile(activities=activities, schedule=sched, on_trace_ready=self._write)
+        self.profiler.start()
+
+    def on_step(self, record: dict) -> None:
+        if self.profiler is not None:
+            self.profiler.step()
+
+    def on_end(self, result: dict) -> None:
+        if self.profiler is not None:
+            profiler, self.profiler = self.profiler, None
+            profiler.stop()
+
+    def _write(self, prof: Any) -> None:
+        trace = self.out_dir / f"trace_rank{self.rank}.json"
+        prof.export_chrome_trace(str(trace))
+        summary = {"rank": self.rank, "device": self.device_type, "steps": self.active,
+                   "unit": "ms per step", "trace": str(trace),
+                   **phase_breakdown(prof.key_averages(), self.device_type, self.active)}
+        phases = self.out_dir / f"phases_rank{self.rank}.json"
+        phases.write_text(json.dumps(summary, indent=2))
+        self.written += [trace, phases]
+
+
+def profile_finetune(run_config: Any, callbacks: list | None = None, skip_steps: int = 1,
+                     profile_steps: int | None = None) -> dict[str, Any]:
+    """`finetune` under torch.profiler on this rank; adds "profile_dir" to the result."""
+    from workbench.train.loop import finetune
+
+    profiler = ProfilerCallback(skip_steps, profile_steps)
+    result = finetune(run_config, callbacks=[*(callbacks or []), profiler])
+    result["profile_dir"] = str(Path(result["run_dir"]) / PROFILE_DIR)
+    return result
