@@ -42,6 +42,7 @@ def _matplotlib_png(series: dict[str, Any], path: Path) -> None:
     ax = fig.add_subplot(grid[1, 0])
     ax.plot(*series["loss"], marker="o", color="#444")
     ax.set_title("loss")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("step")
     ax = fig.add_subplot(grid[1, 1:])
     load = series["expert_load"]
