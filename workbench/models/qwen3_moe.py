@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import torch
@@ -60,9 +61,14 @@ class Qwen3MoeForCausalLM(hf.Qwen3MoeForCausalLM):
         rank's share of the global batch's aux loss, so shares and gradients add up exactly.
         """
         backend = self.workbench_backend
-        if labels is None or backend is None:
-            return super().forward(input_ids=input_ids, labels=labels,
-                                   output_router_logits=output_router_logits, **kwargs)
+        with attention_backend(backend, self.device):
+            if labels is None or backend is None:
+                return super().forward(input_ids=input_ids, labels=labels,
+                                       output_router_logits=output_router_logits, **kwargs)
+            return self._engine_forward(input_ids, labels, output_router_logits, aux_loss_group, **kwargs)
+
+    def _engine_forward(self, input_ids, labels, output_router_logits, aux_loss_group, **kwargs):
+        backend = self.workbench_backend
         from workbench.kernels.cross_entropy import fused_linear_cross_entropy, shift_labels
 
         if output_router_logits is None:
@@ -99,6 +105,22 @@ class Qwen3MoeForCausalLM(hf.Qwen3MoeForCausalLM):
 
 
 CAUSAL_LM_CLASS = Qwen3MoeForCausalLM
+
+
+def attention_backend(backend: BackendConfig | None, device: torch.device):
+    """SDPA kernel preference for the forward (the backward follows the forward's choice).
+
+    On Hopper, cuDNN's fused attention runs this model's causal GQA attention 1.75x faster than
+    the flash kernel SDPA picks by default (facts.md: 2.00 vs 3.55 ms fwd+bwd at B2 S4096), so
+    it goes first; the others stay as fallbacks for shapes cuDNN refuses.
+    """
+    if backend is None or backend.attention != "sdpa" or device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+             SDPBackend.MATH]
+    return sdpa_kernel(order, set_priority=True)
 
 
 def num_experts(config) -> int:
