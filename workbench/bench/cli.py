@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                            help=f"engine {field} backend")
     p.add_argument("--fused-ce", action="store_true", help="engine: fused linear cross-entropy")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
-    p.add_argument("--out-dir", default="benchmarks/results", help="results directory (default: %(default)s)")
+    p.add_argument("--out-dir", default="benchmarks/results",
+                   help="results directory (default: %(default)s; '' writes nothing)")
     p.add_argument("--name", help="results file stem (default: <date>-<device>)")
     p.add_argument("--no-html", action="store_true", help="skip the HTML plot")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failing variant")
@@ -66,7 +67,7 @@ def config_from_args(args: argparse.Namespace):
     command = launcher + "workbench bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
     return BenchConfig(preset=args.preset, layers=args.layers, seq=args.seq, batch=args.batch, warmup=args.warmup,
                        steps=args.steps, lr=args.lr, seed=args.seed, variants=args.variants, mesh=mesh,
-                       backend=backend, dtype=args.dtype, out_dir=args.out_dir, name=args.name,
+                       backend=backend, dtype=args.dtype, out_dir=args.out_dir or None, name=args.name,
                        command=command.strip(), html=not args.no_html, fail_fast=args.fail_fast)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +89,10 @@ class BenchConfig:
             raise ConfigError(f"bench backend must be a workbench.BackendConfig, got {type(self.backend).__name__}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ConfigError(f"bench dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
+        if isinstance(self.out_dir, os.PathLike):
+            object.__setattr__(self, "out_dir", os.fspath(self.out_dir))
+        if self.out_dir is not None and (not isinstance(self.out_dir, str) or not self.out_dir):
+            raise ConfigError(f"BenchConfig.out_dir must be a directory path, or None to write nothing; got {self.out_dir!r}")
         if self.name is not None and (not isinstance(self.name, str) or not self.name or "/" in self.name):
             raise ConfigError(f"bench name must be a plain file stem, got {self.name!r}")
 
