@@ -161,3 +161,25 @@ def test_param_counts_match_the_model():
     floor = step_floor(big, seq=4096, batch=2, world=2)
     assert floor["flops_per_token"] == pytest.approx(8.92e9, rel=5e-3)
     assert floor["floor_step_s_at_matmul_peak"] == pytest.approx(2 * 4096 * floor["flops_per_token"] / 794e12)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: checks the GPU path (bf16, events, cuDNN SDPA)")
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_cuda_tiny_preflight(ranks, tmp_path):
+    """Before the big device run: every variant, cuDNN anchor included, on the tiny model in bf16."""
+    if torch.cuda.device_count() < ranks:
+        pytest.skip(f"needs {ranks} GPUs, {torch.cuda.device_count()} visible")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+           "NVSHMEM_DISABLE_NVLS": "1"}
+    cmd = [sys.executable, "-m", "workbench.bench", "--ranks", str(ranks), "--seq", "256", "--batch", "2",
+           "--warmup", "2", "--steps", "3", "--variants", "anchor,engine,engine_balanced,anchor_cudnn,anchor_eager",
+           "--out-dir", str(tmp_path), "--no-html", "--fail-fast"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (path,) = tmp_path.glob("*.json")
+    result = json.loads(path.read_text())
+    assert result["device"]["type"] == "cuda" and result["device"]["count"] == ranks
+    assert all(r["status"] == "ok" and r["mem_kind"] == "cuda_allocated" for r in result["variants"])
+    native = next(c for c in result["comparisons"] if c["gate"] == "native" and c["anchor"]["variant"] == "anchor")
+    assert native["same_init"] is True
+    assert native["ce_step0_abs_diff"] < 5e-2  # bf16 kernels differ; same weights and tokens
