@@ -23,8 +23,9 @@ import torch
 
 PHASES = ("attention", "router", "dispatch", "experts", "combine", "optimizer", "forward", "backward")
 LABEL_PREFIX = "workbench."
+# c10d covers the functional collectives and their wait_tensor (time spent waiting for the network).
 COMM_PATTERNS = ("nccl", "gloo", "all_to_all", "alltoall", "all_gather", "allgather", "reduce_scatter",
-                 "all_reduce", "allreduce", "broadcast", "c10d::")
+                 "all_reduce", "allreduce", "broadcast", "c10d", "wait_tensor")
 PROFILE_DIR = "profile"
 
 
@@ -61,7 +62,8 @@ def phase_breakdown(averages: Any, device_type: str, steps: int) -> dict[str, An
             0.0 if on_cuda else _us(event, "self_cpu_time_total"))
         if is_communication(name):
             communication += self_us
-        top.append((self_us, name, int(getattr(event, "count", 0))))
+        if not name.startswith("ProfilerStep"):
+            top.append((self_us, name, int(getattr(event, "count", 0))))
     if "optimizer" not in found:  # torch labels its own optimizer steps
         for event in averages:
             if event.key.startswith("Optimizer.step#"):
