@@ -253,3 +253,52 @@ def test_studio_runs_and_profiles_on_a_cluster(cluster, tmp_path):
         assert any(e.get("name") == "workbench.dispatch" for e in trace["traceEvents"])
     assert "download trace_rank1.json.gz" in studio.profiler.links.value
     assert len(studio.profiler.figure.data) == 2
+
+
+def test_run_panel_stop_button_stops_the_run(cluster, tmp_path):
+    import time
+
+    from workbench.ui import RunPanel
+
+    panel = RunPanel(cluster, runs_dir=str(tmp_path), steps=200)
+    live = LivePlots()
+    panel.on_run(live.attach)
+    panel.start_button.click()
+    run = panel.run
+    assert run is not None and not panel.stop_button.disabled
+    deadline = time.monotonic() + 120
+    while (run.last_step or 0) < 1:
+        assert time.monotonic() < deadline and not run.done, run.status
+        time.sleep(0.05)
+    panel.stop_button.click()
+    status = run.wait(timeout=120)
+    assert status["state"] == "stopped" and status["step"] < 200
+    assert "stopped" in panel.status.value and panel.stop_button.disabled
+    assert bar_value(panel) == status["step"]
+    assert max(live.series()["loss"][0]) == status["step"]
+
+
+def bar_value(panel) -> int:
+    bar, _ = panel.progress.children[0].children
+    return bar.value
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: phase times from kernel (device) times")
+def test_profile_on_cuda_uses_kernel_times(tmp_path):
+    from workbench.train.profile import profile_finetune
+    from workbench.ui.profile import load_profile
+
+    result = profile_finetune(RunConfig.demo(output_dir=str(tmp_path), train__steps=3,
+                                             train__save_final_checkpoint=False))
+    (prof,) = load_profile(result["run_dir"])
+    assert prof["device"] == "cuda" and prof["steps"] == 2
+    phases = prof["phases_ms"]
+    assert {"router", "dispatch", "experts", "combine"} <= set(phases) and all(v > 0 for v in phases.values())
+    # Kernel time inside the MoE phases cannot exceed the wall time of a step.
+    from workbench.train.run_dir import RunDir
+
+    steps = [r for r in RunDir.open(result["run_dir"]).read_metrics() if r["step"] > 1]
+    step_ms = 1000 * sum(r["step_time_s"] for r in steps) / len(steps)
+    moe_ms = sum(phases[p] for p in ("router", "dispatch", "experts", "combine"))
+    assert moe_ms < step_ms, (phases, step_ms)
+    assert any("kernel" in op["name"].lower() or "gemm" in op["name"].lower() for op in prof["top_ops"])

@@ -35,46 +35,53 @@ def is_communication(name: str) -> bool:
     return not lowered.startswith(LABEL_PREFIX) and any(p in lowered for p in COMM_PATTERNS)
 
 
-def _us(event: Any, name: str) -> float:
-    value = getattr(event, name, None)
-    if value is None:  # older torch called device time cuda time
-        value = getattr(event, name.replace("device", "cuda"), 0.0)
-    return float(value or 0.0)
+def _is_device_event(event: Any) -> bool:
+    return str(getattr(event, "device_type", "")).rsplit(".", 1)[-1] != "CPU"
 
 
-def phase_breakdown(averages: Any, device_type: str, steps: int) -> dict[str, Any]:
-    """Milliseconds per step of each phase label and of communication, from `prof.key_averages()`."""
+def phase_breakdown(events: Any, device_type: str, steps: int) -> dict[str, Any]:
+    """Milliseconds per step of each phase label and of communication, from `prof.events()`.
+
+    Phases come from the CPU-side ranges only (a GPU copy of a range, where the profiler records
+    one, would count twice): on CUDA their device time is the kernels launched inside them (with
+    none, e.g. backward launched from autograd's device thread, their CPU wall time); on CPU their
+    CPU time. Communication is the self time of collective events: kernels on CUDA, ops on CPU.
+    """
     on_cuda = device_type == "cuda"
     phases = {p: 0.0 for p in PHASES}
-    found = set()
-    communication, top = 0.0, []
-    for event in averages:
-        name = event.key
+    found: set[str] = set()
+    communication = 0.0
+    self_time: dict[str, list] = {}
+    for event in events:
+        name = event.name
+        device_event = _is_device_event(event)
         if name.startswith(LABEL_PREFIX) and name[len(LABEL_PREFIX):] in phases:
-            phase = name[len(LABEL_PREFIX):]
-            inclusive = _us(event, "device_time_total") if on_cuda else 0.0
-            # A CPU range's device time is the kernels it launched; without any, wall-clock CPU time.
-            phases[phase] += inclusive if inclusive > 0 else _us(event, "cpu_time_total")
-            found.add(phase)
+            if not device_event:
+                phase = name[len(LABEL_PREFIX):]
+                inclusive = float(event.device_time_total) if on_cuda else 0.0
+                phases[phase] += inclusive if inclusive > 0 else float(event.cpu_time_total)
+                found.add(phase)
             continue
-        is_kernel = str(getattr(event, "device_type", "")).endswith(("CUDA", "PrivateUse1"))
-        self_us = _us(event, "self_device_time_total") if on_cuda and is_kernel else (
-            0.0 if on_cuda else _us(event, "self_cpu_time_total"))
+        if on_cuda and not device_event:
+            continue  # on GPUs the time that matters is the kernels'
+        own = float(event.device_time_total if device_event else event.self_cpu_time_total)
         if is_communication(name):
-            communication += self_us
+            communication += own
         if not name.startswith("ProfilerStep"):
-            top.append((self_us, name, int(getattr(event, "count", 0))))
+            entry = self_time.setdefault(name, [0.0, 0])
+            entry[0] += own
+            entry[1] += 1
     if "optimizer" not in found:  # torch labels its own optimizer steps
-        for event in averages:
-            if event.key.startswith("Optimizer.step#"):
-                phases["optimizer"] += _us(event, "cpu_time_total")
+        for event in events:
+            if event.name.startswith("Optimizer.step#") and not _is_device_event(event):
+                phases["optimizer"] += float(event.cpu_time_total)
                 found.add("optimizer")
     per_step = 1e-3 / max(1, steps)
-    top.sort(reverse=True)
+    top = sorted(((t, n, c) for n, (t, c) in self_time.items()), reverse=True)[:15]
     return {"phases_ms": {p: phases[p] * per_step for p in PHASES if p in found},
             "missing_phases": [p for p in PHASES if p not in found],
             "communication_ms": communication * per_step,
-            "top_ops": [{"name": n, "self_ms": t * per_step, "calls": c} for t, n, c in top[:15]]}
+            "top_ops": [{"name": n, "self_ms": t * per_step, "calls": c} for t, n, c in top]}
 
 
 class ProfilerCallback:
@@ -116,7 +123,7 @@ class ProfilerCallback:
         prof.export_chrome_trace(str(trace))
         summary = {"rank": self.rank, "device": self.device_type, "steps": self.active,
                    "unit": "ms per step", "trace": str(trace),
-                   **phase_breakdown(prof.key_averages(), self.device_type, self.active)}
+                   **phase_breakdown(prof.events(), self.device_type, self.active)}
         phases = self.out_dir / f"phases_rank{self.rank}.json"
         phases.write_text(json.dumps(summary, indent=2))
         self.written += [trace, phases]

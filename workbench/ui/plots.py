@@ -15,17 +15,6 @@ from workbench.ui.series import LIVE_PANELS, live_series
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 
 
-def _records_of(run: Any) -> list[dict]:
-    """Step records of a Run, a run directory path, or a list of records."""
-    if isinstance(run, (str, Path)):
-        from workbench.train.run_dir import RunDir
-
-        return RunDir.open(run).read_metrics()
-    if hasattr(run, "records"):
-        return list(run.metrics.to_dict("records")) if getattr(run, "done", False) else list(run.records)
-    return list(run)
-
-
 class LivePlots:
     """Tokens/s and TFLOP/s per GPU, memory per rank, loss, and expert load per layer, live.
 
