@@ -171,8 +171,16 @@ def test_live_plots_draw_real_records(tiny_run_dir):
         uniform = sum(counts) / len(counts)
         assert list(heat.z[layer]) == pytest.approx([c / uniform for c in counts])
     assert traces and len(plots.records) == 3
-    png = plots.save_png(tiny_run_dir + "/live.png")
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_live_plots_png(tiny_run_dir, tmp_path):
+    pytest.importorskip("matplotlib", reason="the PNG fallback needs matplotlib (the lab extra)")
+    from workbench.train.run_dir import RunDir
+
+    plots = LivePlots()
+    plots.update(RunDir.open(tiny_run_dir).read_metrics())
+    png = plots.save_png(tmp_path / "sub" / "live.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
 
 def test_live_series_waits_for_every_rank():
