@@ -45,12 +45,12 @@ for phase in $PHASES; do
   case "$phase" in
     2gpu)
       echo "=== 2 x H200, 16 layers ==="
-      timeout 330 "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m workbench.bench "${COMMON[@]}" --layers "${LAYERS_2GPU:-16}" \
+      timeout "${TIMEOUT_2GPU:-330}" "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m workbench.bench "${COMMON[@]}" --layers "${LAYERS_2GPU:-16}" \
         $ENGINE_FLAGS 2>&1 | tee "$LOGS/2xh200-L16.log"
       rc=${PIPESTATUS[0]} ;;
     1gpu)
       echo "=== 1 x H200, 8 layers ==="
-      CUDA_VISIBLE_DEVICES=0 timeout 220 "$PY" -m workbench.bench "${COMMON[@]}" --layers "${LAYERS_1GPU:-8}" \
+      CUDA_VISIBLE_DEVICES=0 timeout "${TIMEOUT_1GPU:-220}" "$PY" -m workbench.bench "${COMMON[@]}" --layers "${LAYERS_1GPU:-8}" \
         $ENGINE_FLAGS 2>&1 | tee "$LOGS/1xh200-L8.log"
       rc=${PIPESTATUS[0]} ;;
     *) echo "unknown phase $phase (use 2gpu, 1gpu)"; rc=2 ;;

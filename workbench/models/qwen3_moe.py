@@ -7,6 +7,7 @@ import re
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast
 from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 
@@ -159,8 +160,24 @@ def install_engine(model: Qwen3MoeForCausalLM, backend: BackendConfig, make_disp
         layer.mlp = MoEBlock(router, experts, make_dispatcher(config.num_experts), config.num_experts)
         blocks.append(layer.mlp)
     swap_rms_norms(model, backend.rms_norm)
+    for layer in model.model.layers:
+        label_module(layer.self_attn, "workbench.attention")
     model.workbench_backend = backend
     return blocks
+
+
+def label_module(module: nn.Module, label: str) -> None:
+    """Wrap every forward of `module` in a profiler range, without renaming its parameters."""
+
+    def enter(mod, args):
+        mod._workbench_range = record_function(label)
+        mod._workbench_range.__enter__()
+
+    def leave(mod, args, output):
+        mod._workbench_range.__exit__(None, None, None)
+
+    module.register_forward_pre_hook(enter)
+    module.register_forward_hook(leave)
 
 
 def swap_rms_norms(model: nn.Module, rms_norm_backend: str) -> int:

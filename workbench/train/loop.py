@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 
 from workbench.config import RunConfig
 from workbench.train import dist_utils as du
@@ -151,17 +152,19 @@ class Trainer:
             if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2: reduce once per step
                 self.model.set_requires_gradient_sync(last)
             t0 = time.perf_counter()
-            out = self.model(input_ids=mb.input_ids, labels=mb.labels, position_ids=mb.position_ids,
-                             output_router_logits=True, num_items_in_batch=num_items, use_cache=False,
-                             **self.forward_kwargs)
-            aux = out.aux_loss if getattr(out, "aux_loss", None) is not None else None
-            ce = out.loss - self.coef * aux if aux is not None else out.loss
-            objective = ce
-            if aux is not None:
-                objective = objective + self.coef * aux * self.aux_scale
+            with record_function("workbench.forward"):
+                out = self.model(input_ids=mb.input_ids, labels=mb.labels, position_ids=mb.position_ids,
+                                 output_router_logits=True, num_items_in_batch=num_items, use_cache=False,
+                                 **self.forward_kwargs)
+                aux = out.aux_loss if getattr(out, "aux_loss", None) is not None else None
+                ce = out.loss - self.coef * aux if aux is not None else out.loss
+                objective = ce
+                if aux is not None:
+                    objective = objective + self.coef * aux * self.aux_scale
             _sync(device)
             t1 = time.perf_counter()
-            objective.backward()
+            with record_function("workbench.backward"):
+                objective.backward()
             _sync(device)
             t2 = time.perf_counter()
             fwd_s += t1 - t0
@@ -174,11 +177,12 @@ class Trainer:
         t3 = time.perf_counter()
         if self.manual_dp:
             _sum_grads(self.model)
-        grad_norm = clip_grad_norm(self.model.parameters(), rc.train.clip_grad_norm)
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with record_function("workbench.optimizer"):
+            grad_norm = clip_grad_norm(self.model.parameters(), rc.train.clip_grad_norm)
+            lr = self.optimizer.param_groups[0]["lr"]
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
         _sync(device)
         t4 = time.perf_counter()
         ce_global, aux_global = du.all_reduce_sum([ce_sum, aux_sum])
