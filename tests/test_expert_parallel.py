@@ -16,7 +16,7 @@ from workbench.parallel.mesh import MeshConfig, MeshError, valid_meshes
 STEPS = 5
 
 
-def global_batch(cfg, step: int, batch: int = 4, seq: int = 12):
+def global_batch(cfg, step: int, batch: int = 8, seq: int = 12):
     g = torch.Generator().manual_seed(1000 + step)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
     labels = ids.clone()
@@ -53,6 +53,7 @@ def _ep_worker(rank, world, ckpt, mesh_kwargs, save_dir):
     experts = model.model.layers[0].mlp.experts
     local_experts = experts.gate_up_proj.to_local().shape[0] * (mesh.edp if mesh.edp > 1 else 1)
     dp_group = model.workbench_device_mesh.get_group("dp")
+    model.save_pretrained(save_dir + "-untrained")
     losses = train_losses(model, cfg, rank, world, group=dp_group)
     model.save_pretrained(save_dir)
     return {"losses": losses, "expert_range": model.workbench_expert_range, "local_experts": local_experts,
@@ -90,11 +91,17 @@ def test_dp2_ep2_equals_one_process(checkpoint, tmp_path):
     sharded = load_file(tmp_path / "ep" / "model.safetensors")
     assert set(single) == set(sharded)
     for k in single:
-        # float32 rounding after 5 AdamW steps (gradients summed in another order): ~3e-7 seen.
-        torch.testing.assert_close(sharded[k], single[k], rtol=1e-5, atol=1e-6, msg=k)
+        # AdamW divides by sqrt(v): float32 rounding of near-zero gradients (summed over ranks in
+        # another order) moves those entries by up to ~lr * 1e-2 after 5 steps (6.5e-5 seen).
+        torch.testing.assert_close(sharded[k], single[k], rtol=1e-5, atol=2e-4, msg=lambda m, k=k: f"{k}: {m}")
+    # Before training, the gathered EP save is the checkpoint it loaded, bit for bit.
+    loaded = load_file(path / "model.safetensors")
+    untrained = load_file(tmp_path / "ep-untrained" / "model.safetensors")
+    assert set(untrained) == set(loaded)
+    assert all(torch.equal(untrained[k], loaded[k]) for k in loaded)
     vanilla = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ep")
     ids = torch.randint(0, cfg.vocab_size, (2, 9))
-    engine = workbench.AutoModelForCausalLM.from_pretrained(tmp_path / "single", device="cpu")
+    engine = workbench.AutoModelForCausalLM.from_pretrained(tmp_path / "ep", device="cpu")
     with torch.no_grad():
         torch.testing.assert_close(vanilla(ids).logits, engine(ids).logits, rtol=1e-5, atol=1e-6)
 

@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 
-from workbench.moe.dispatch.local import Permutation, permute, sort_by_expert, unpermute
+from workbench.moe.dispatch.local import (GatherRows, Permutation, inverse_permutation, permute, sort_by_expert,
+                                          unpermute)
 
 
 def _all_to_all(x: torch.Tensor, output_splits: list[int], input_splits: list[int], group) -> torch.Tensor:
@@ -27,7 +28,8 @@ class AllToAllHandle:
     topk_weights_TK: torch.Tensor
     input_splits: list[int]            # rows this rank sent to each ep rank
     output_splits: list[int]           # rows this rank received from each ep rank
-    received_order: torch.Tensor       # received row -> expert-major row (a permutation)
+    received_order: torch.Tensor       # expert-major row -> received row (a permutation)
+    expert_major_order: torch.Tensor   # its inverse
 
 
 class AllToAllDispatcher:
@@ -56,14 +58,15 @@ class AllToAllDispatcher:
 
         x_received = _all_to_all(x_sorted, output_splits, input_splits, self.group)
         received_order = self._expert_major_order(counts_received_PL)
-        x_by_expert = x_received.index_select(0, received_order)
+        inverse = inverse_permutation(received_order)
+        x_by_expert = GatherRows.apply(x_received, received_order, inverse)
         tokens_per_local_expert = counts_received_PL.sum(0)
-        handle = AllToAllHandle(perm, topk_weights_TK, input_splits, output_splits, received_order)
+        handle = AllToAllHandle(perm, topk_weights_TK, input_splits, output_splits, received_order, inverse)
         return x_by_expert, tokens_per_local_expert, handle
 
     def combine(self, y_by_expert_ND, handle: AllToAllHandle):
         # Undo the local regrouping, send rows home, then weight and sum per token.
-        y_received = _scatter_rows(y_by_expert_ND, handle.received_order)
+        y_received = GatherRows.apply(y_by_expert_ND, handle.expert_major_order, handle.received_order)
         y_sorted = _all_to_all(y_received, handle.input_splits, handle.output_splits, self.group)
         return unpermute(y_sorted, handle.topk_weights_TK, handle.perm)
 
@@ -85,10 +88,3 @@ class AllToAllDispatcher:
         within = torch.arange(total, device=flat.device) - torch.repeat_interleave(
             torch.cumsum(chunk_sizes, 0) - chunk_sizes, chunk_sizes, output_size=total)
         return torch.repeat_interleave(chunk_starts, chunk_sizes, output_size=total) + within
-
-
-def _scatter_rows(y_ND: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """out[order[i]] = y[i], differentiable (the inverse of index_select with `order`)."""
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel(), device=order.device)
-    return y_ND.index_select(0, inverse)
