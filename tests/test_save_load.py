@@ -56,3 +56,14 @@ def test_checkpoint_missing_expert_tensors_is_an_error(tmp_path):
               metadata={"format": "pt"})
     with pytest.raises(workbench.CheckpointError, match="does not fit its config"):
         workbench.AutoModelForCausalLM.from_pretrained(tmp_path, device="cpu")
+
+
+def test_architecture_without_adapter_loads_vanilla_with_a_notice(caplog):
+    cfg = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                     num_experts_per_tok=2)
+    with caplog.at_level("WARNING", logger="workbench.models.auto"):
+        model = workbench.AutoModelForCausalLM.from_config(cfg)
+    assert type(model) is transformers.MixtralForCausalLM
+    assert not any(isinstance(m, workbench.moe.layer.MoEBlock) for m in model.modules())
+    assert "no MoE Workbench adapter for model_type='mixtral'" in caplog.text
