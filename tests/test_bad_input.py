@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 import transformers
 from safetensors.torch import load_file, save_file
 from tiny_models import tiny_qwen3_moe

@@ -7,8 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from workbench.config import RunConfig
 from workbench.train.run_dir import list_runs
 

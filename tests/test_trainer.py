@@ -142,7 +142,6 @@ def test_existing_run_id_is_not_overwritten(tmp_path):
 
 
 def _grad_norm_worker(rank, port, out_dir):
-    import socket  # noqa: F401
     import traceback
 
     import torch

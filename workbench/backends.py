@@ -96,9 +96,7 @@ def availability(field: str, choice: str, device: torch.device | str = "cpu",
     if choice == "symm_mem":
         if not cuda:
             return False, f"symm_mem dispatch needs CUDA devices with NVSHMEM, got {dev.type}; use 'alltoall'"
-        try:
-            import torch.distributed._symmetric_memory as symm  # noqa: F401
-        except ImportError:
+        if not _has_module("torch.distributed._symmetric_memory"):
             return False, "this torch has no torch.distributed._symmetric_memory; use 'alltoall'"
         return True, ""
     if choice == "deepep":

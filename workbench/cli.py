@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import traceback
 from dataclasses import dataclass
@@ -107,46 +106,16 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
                    help="processes to run (default: all local GPUs, else 2 CPU ranks over gloo)")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _demo_rank(config_dict: dict) -> None:
+    """What each spawned demo rank runs."""
+    from workbench.config import RunConfig
+    from workbench.train import finetune
 
-
-def _demo_worker(rank: int, world: int, port: int, config_dict: dict) -> None:
-    """One demo rank (spawned): init the group, train, leave without gloo's exit crash."""
-    import torch
-    import torch.distributed as dist
-
-    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    code = 0
-    try:
-        from workbench.config import RunConfig
-        from workbench.train import finetune
-
-        if world > 1:
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            if backend == "nccl":
-                torch.cuda.set_device(rank)
-            dist.init_process_group(backend, rank=rank, world_size=world)
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-        finetune(RunConfig.from_dict(config_dict))
-        if world > 1:
-            dist.barrier()
-            dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - print this rank's traceback, exit non-zero
-        print(f"[rank {rank}] demo failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    finetune(RunConfig.from_dict(config_dict))
 
 
 def _run_demo(args: argparse.Namespace) -> int:
     import torch
-    import torch.multiprocessing as mp
-
     from workbench.config import RunConfig
     from workbench.train.run_dir import default_runs_dir, new_run_id
 
@@ -160,12 +129,9 @@ def _run_demo(args: argparse.Namespace) -> int:
     where = "GPU" if torch.cuda.is_available() else "CPU (gloo)"
     print(f"workbench demo: tiny Qwen3-MoE, {rc.train.steps} steps on {world} {where} rank(s); "
           f"run directory {os.path.join(runs_dir, rc.run_id)}", flush=True)
-    ctx = mp.spawn(_demo_worker, args=(world, _free_port(), rc.to_dict()), nprocs=world, join=False)
-    try:
-        while not ctx.join():
-            pass
-    except Exception as err:  # noqa: BLE001 - a rank failed; its traceback is already printed
-        print(f"workbench demo failed: {err}", file=sys.stderr)
+    from workbench.parallel.launch import spawn
+
+    if spawn("workbench.cli:_demo_rank", rc.to_dict(), world, "demo"):
         return 1
     print(f"workbench demo: done; run directory {os.path.join(runs_dir, rc.run_id)}", flush=True)
     return 0

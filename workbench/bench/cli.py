@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import shlex
-import socket
 import sys
 import traceback
 from pathlib import Path
@@ -71,44 +70,17 @@ def config_from_args(args: argparse.Namespace):
                        command=command.strip(), html=not args.no_html, fail_fast=args.fail_fast)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _bench_rank(cfg_dict: dict) -> None:
+    """What each spawned bench rank runs."""
+    from workbench.bench.config import BenchConfig
+    from workbench.bench.runner import run_bench
 
-
-def _worker(rank: int, world: int, port: int, cfg_dict: dict) -> None:
-    """One spawned rank: init the group, bench, leave without gloo's exit crash (facts.md)."""
-    import torch
-    import torch.distributed as dist
-
-    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    code = 0
-    try:
-        from workbench.bench.config import BenchConfig
-        from workbench.bench.runner import run_bench
-
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-        dist.init_process_group(backend, rank=rank, world_size=world)
-        run_bench(BenchConfig.from_dict(cfg_dict))
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - print this rank's traceback, exit non-zero
-        print(f"[rank {rank}] bench failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    run_bench(BenchConfig.from_dict(cfg_dict))
 
 
 def launch(cfg, ranks: int) -> int:
     """Run `cfg` on `ranks` spawned local processes; 0 when every rank succeeded."""
     import torch
-    import torch.multiprocessing as mp
 
     from workbench.config import ConfigError
 
@@ -121,14 +93,9 @@ def launch(cfg, ranks: int) -> int:
             cfg.mesh.validate(ranks, cfg.hf_config().num_experts)
         except MeshError as err:
             raise ConfigError(f"bench mesh does not fit: {err}") from err
-    ctx = mp.spawn(_worker, args=(ranks, _free_port(), cfg.to_dict()), nprocs=ranks, join=False)
-    try:
-        while not ctx.join():
-            pass
-    except Exception as err:  # noqa: BLE001 - a rank failed; its traceback is already printed
-        print(f"workbench bench failed: {err}", file=sys.stderr)
-        return 1
-    return 0
+    from workbench.parallel.launch import spawn
+
+    return spawn("workbench.bench.cli:_bench_rank", cfg.to_dict(), ranks, "bench")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import platform
 import socket
-import sys
 import time
 import traceback
 from pathlib import Path

@@ -19,8 +19,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
-
 PHASES = ("attention", "router", "dispatch", "experts", "combine", "optimizer", "forward", "backward")
 LABEL_PREFIX = "workbench."
 # c10d covers the functional collectives and their wait_tensor (time spent waiting for the network).

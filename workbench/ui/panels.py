@@ -12,7 +12,7 @@ from typing import Any, Callable
 import ipywidgets as W
 
 from workbench.backends import CHOICES, BackendConfig
-from workbench.config import DTYPES, PRESETS, ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig
+from workbench.config import DTYPES, PRESETS, ConfigError, ModelConfig
 from workbench.parallel.mesh import MeshConfig
 from workbench.ui.logic import (CUSTOM_CHECKPOINT, backend_choices, mesh_options, model_summary,
                                 resolve_auto)
