@@ -1,0 +1,224 @@
+"""The symm_mem dispatcher: selection and fallback on CPU; parity with alltoall on 2 CUDA GPUs.
+
+Script mode (2 GPUs, self-spawning): python tests/test_symm_mem.py --bench
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import sys
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # script mode: import workbench from this checkout
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from workbench.backends import BackendConfig, BackendError
+from workbench.moe.dispatch import make_dispatcher
+
+# Multicast/NVLS off (shared/gpu notes): NCCL, torch symmetric memory and NVSHMEM each have a switch.
+GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+# ---------------------------------------------------------------- CPU: selection and fallback
+
+def test_explicit_symm_mem_on_cpu_is_refused_naming_alltoall():
+    with pytest.raises(BackendError, match="alltoall"):
+        BackendConfig(dispatcher="symm_mem").resolve("cpu", world_size=2)
+
+
+@pytest.mark.parametrize("world_size,expected", [(1, "local"), (2, "alltoall"), (8, "alltoall")])
+def test_auto_never_picks_symm_mem_on_cpu(world_size, expected):
+    assert BackendConfig(dispatcher="auto").resolve("cpu", world_size=world_size).dispatcher == expected
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error; this machine has CUDA")
+def test_constructing_without_cuda_says_what_to_use():
+    from workbench.moe.dispatch.symm_mem import SymmMemDispatcher
+
+    with pytest.raises(BackendError, match="CUDA.*alltoall"):
+        SymmMemDispatcher(8, None)
+    with pytest.raises(BackendError, match="CUDA.*alltoall"):
+        make_dispatcher("symm_mem", 8, None)
+
+
+# ---------------------------------------------------------------- 2 GPUs: spawn helpers
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gpu_worker(rank: int, world: int, port: int, fn, args, queue) -> None:
+    os.environ.update(GPU_ENV)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    try:
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world)
+        result = fn(rank, world, *args)
+        queue.put((rank, "ok", result))
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        queue.put((rank, "error", traceback.format_exc()))
+    os._exit(0)
+
+
+def run_gpu_ranks(fn, world: int, *args, timeout: float = 300.0) -> list:
+    """fn(rank, world, *args) on `world` NCCL ranks, one GPU each; per-rank results."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_gpu_worker, args=(r, world, port, fn, args, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict[int, object] = {}
+    try:
+        for _ in range(world):
+            rank, state, payload = queue.get(timeout=timeout)
+            if state == "error":
+                raise RuntimeError(f"rank {rank} failed:\n{payload}")
+            results[rank] = payload
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return [results[r] for r in range(world)]
+
+
+def random_routing(num_tokens: int, num_experts: int, top_k: int, generator, device):
+    """Distinct top-k ids per token from a skewed expert popularity (uneven counts), softmax weights."""
+    popularity = torch.rand(num_experts, generator=generator) ** 3 + 1e-3
+    ids = torch.multinomial(popularity.expand(num_tokens, -1), top_k, replacement=False, generator=generator)
+    weights = torch.softmax(torch.randn(num_tokens, top_k, generator=generator), dim=-1)
+    return ids.to(device), weights.to(device)
+
+
+def _round_trip(dispatcher, x_TD, ids_TK, w_TK, grad_out_TD, expert_scale_E_local):
+    """dispatch -> a per-expert elementwise 'expert' -> combine -> backward; everything the test compares."""
+    x = x_TD.clone().requires_grad_(True)
+    w = w_TK.clone().requires_grad_(True)
+    x_by_expert, tokens_per_expert, handle = dispatcher.dispatch(x, ids_TK, w)
+    scale_rows = torch.repeat_interleave(expert_scale_E_local, tokens_per_expert, dim=0,
+                                         output_size=x_by_expert.shape[0])
+    y = torch.tanh(x_by_expert) * scale_rows[:, None].to(x_by_expert.dtype)
+    out = dispatcher.combine(y, handle)
+    out.backward(grad_out_TD)
+    return {"x_by_expert": x_by_expert.detach(), "tokens_per_expert": tokens_per_expert, "out": out.detach(),
+            "grad_x": x.grad, "grad_w": w.grad}
+
+
+def _parity_worker(rank, world, configs):
+    device = torch.device("cuda", rank)
+    group = dist.new_group(list(range(world)))
+    report = []
+    dispatchers = {}
+    for num_experts, num_tokens, top_k, hidden, dtype_name in configs:
+        dtype = getattr(torch, dtype_name)
+        key = num_experts
+        if key not in dispatchers:  # one of each per expert count: later configs reuse the buffers
+            dispatchers[key] = (make_dispatcher("alltoall", num_experts, group),
+                                make_dispatcher("symm_mem", num_experts, group))
+        reference, candidate = dispatchers[key]
+        g = torch.Generator().manual_seed(1234 + 97 * rank + num_tokens)
+        ids, weights = random_routing(num_tokens, num_experts, top_k, g, device)
+        x = torch.randn(num_tokens, hidden, generator=g).to(device, dtype)
+        grad_out = torch.randn(num_tokens, hidden, generator=g).to(device, dtype)
+        scale = (torch.rand(num_experts // world, generator=g) + 0.5).to(device)
+        a = _round_trip(reference, x, ids, weights.to(dtype), grad_out, scale)
+        b = _round_trip(candidate, x, ids, weights.to(dtype), grad_out, scale)
+        row = {"config": (num_experts, num_tokens, top_k, hidden, dtype_name),
+               "rows": int(a["x_by_expert"].shape[0]), "tokens_per_expert": a["tokens_per_expert"].tolist()}
+        for name in a:
+            row[name] = (tuple(a[name].shape) == tuple(b[name].shape),
+                         float((a[name].double() - b[name].double()).abs().max()) if a[name].numel() else 0.0)
+        report.append(row)
+    for reference, candidate in dispatchers.values():
+        candidate.release()
+    return report
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="symm_mem parity needs 2 CUDA GPUs with NVSHMEM")
+def test_symm_mem_equals_alltoall_forward_and_backward_on_2_gpus():
+    configs = [
+        (8, 96, 2, 64, "float32"),      # 4 experts per rank
+        (8, 96, 2, 64, "bfloat16"),
+        (8, 40, 2, 64, "float32"),      # fewer tokens than the first call: buffers reused
+        (128, 256, 8, 256, "bfloat16"),  # Qwen3-30B-A3B routing shape: 64 experts per rank
+        (128, 256, 8, 256, "float32"),
+        (128, 256, 8, 256, "bfloat16"),  # again: the swapped buffers of the second round
+    ]
+    reports = run_gpu_ranks(_parity_worker, 2, configs)
+    for rank, report in enumerate(reports):
+        for row in report:
+            tol = 1e-6 if row["config"][-1] == "float32" else 0.0
+            assert row["rows"] > 0
+            assert max(row["tokens_per_expert"]) != min(row["tokens_per_expert"]), "routing should be uneven"
+            for name in ("x_by_expert", "tokens_per_expert", "out", "grad_x", "grad_w"):
+                same_shape, diff = row[name]
+                assert same_shape, f"rank {rank} {row['config']} {name}: shapes differ"
+                assert diff <= tol, f"rank {rank} {row['config']} {name}: max |symm_mem - alltoall| = {diff}"
+
+
+# ---------------------------------------------------------------- script mode: timing table
+
+def _bench_worker(rank, world, num_tokens, top_k, hidden, num_experts, iters):
+    device = torch.device("cuda", rank)
+    group = dist.new_group(list(range(world)))
+    g = torch.Generator().manual_seed(7 + rank)
+    ids, weights = random_routing(num_tokens, num_experts, top_k, g, device)
+    x = torch.randn(num_tokens, hidden, generator=g).to(device, torch.bfloat16)
+    grad_out = torch.randn(num_tokens, hidden, generator=g).to(device, torch.bfloat16)
+    weights = weights.to(torch.bfloat16)
+    rows = {}
+    for name in ("alltoall", "symm_mem"):
+        dispatcher = make_dispatcher(name, num_experts, group)
+        times = {"fwd": [], "fwd+bwd": []}
+        for it in range(iters + 3):
+            xr = x.clone().requires_grad_(True)
+            wr = weights.clone().requires_grad_(True)
+            start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            dist.barrier(group)
+            start.record()
+            x_by_expert, _, handle = dispatcher.dispatch(xr, ids, wr)
+            out = dispatcher.combine(x_by_expert * 2, handle)
+            mid.record()
+            out.backward(grad_out)
+            end.record()
+            torch.cuda.synchronize()
+            if it >= 3:
+                times["fwd"].append(start.elapsed_time(mid))
+                times["fwd+bwd"].append(start.elapsed_time(end))
+        rows[name] = {k: statistics.median(v) for k, v in times.items()}
+        if hasattr(dispatcher, "release"):
+            dispatcher.release()
+    return rows
+
+
+def bench(num_tokens=8192, top_k=8, hidden=2048, num_experts=128, iters=20) -> None:
+    """Median ms over `iters` of dispatch+combine forward, and forward+backward, per dispatcher."""
+    if torch.cuda.device_count() < 2:
+        sys.exit("--bench needs 2 CUDA GPUs")
+    results = run_gpu_ranks(_bench_worker, 2, num_tokens, top_k, hidden, num_experts, iters)
+    print(f"torch {torch.__version__}; {num_tokens} tokens x top-{top_k} x {hidden} bf16 per rank, "
+          f"{num_experts} experts over 2 ranks; median of {iters} (CUDA events), ms")
+    print(f"{'dispatcher':<10} {'rank':>4} {'fwd':>9} {'fwd+bwd':>9}")
+    for rank, rows in enumerate(results):
+        for name, t in rows.items():
+            print(f"{name:<10} {rank:>4} {t['fwd']:>9.3f} {t['fwd+bwd']:>9.3f}")
+
+
+if __name__ == "__main__":
+    if "--bench" in sys.argv:
+        bench()
+    else:
+        sys.exit(pytest.main([__file__, "-v"]))
