@@ -24,6 +24,8 @@ from workbench.moe.dispatch import make_dispatcher
 
 # Multicast/NVLS off (shared/gpu notes): NCCL, torch symmetric memory and NVSHMEM each have a switch.
 GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+# NVSHMEM's default symmetric heap is 1 GiB; the bench's two row buffers take ~1.07 GiB per rank.
+NVSHMEM_HEAP_BYTES = str(4 << 30)
 
 
 # ---------------------------------------------------------------- CPU: selection and fallback
@@ -58,6 +60,7 @@ def _free_port() -> int:
 
 def _gpu_worker(rank: int, world: int, port: int, fn, args, queue) -> None:
     os.environ.update(GPU_ENV)
+    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", NVSHMEM_HEAP_BYTES)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     try:

@@ -156,6 +156,9 @@ class SymmMemDispatcher:
         _enable_group(self.group_name, self.device)
         self.ep_size = dist.get_world_size(self.group)
         self.ep_rank = dist.get_rank(self.group)
+        if self.ep_size < 2:
+            raise BackendError("dispatcher='symm_mem' exchanges tokens between ep ranks and needs ep >= 2; "
+                               "use dispatcher='local' for ep=1")
         if num_experts % self.ep_size:
             raise ValueError(f"{num_experts} experts cannot be split evenly over ep={self.ep_size} ranks")
         self.num_experts = num_experts
@@ -200,7 +203,7 @@ class SymmMemDispatcher:
             [traffic_PP.sum(1).max(), traffic_PP.sum(0).max(), traffic_PP[:, self.ep_rank].sum()]).tolist()
         if self._capacity_rows is None:
             # Worst case: every rank sends all of its rows to one rank.
-            self._capacity_rows = self.ep_size * sent_max
+            self._capacity_rows = self.ep_size * max(sent_max, 1)  # no zero-size symmetric allocation
         if max(sent_max, received_max) > self._capacity_rows:
             raise BackendError(f"symm_mem dispatch of up to {max(sent_max, received_max)} rows per rank exceeds the "
                                f"{self._capacity_rows}-row buffers sized at the first dispatch; keep tokens per "
