@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import traceback
 
 import torch.distributed as dist
@@ -16,11 +17,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, fn, args, queue) -> None:
+def _worker(rank: int, world: int, port: int, store_file: str, fn, args, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        import torch
+
+        # Many ranks share 2 CI cores: one intra-op thread each, or OpenMP spin-waits starve gloo.
+        torch.set_num_threads(1)
+        # A file rendezvous: a free port picked by the parent can be taken by another process
+        # before the ranks bind it (seen once under a concurrent CI run: a 240 s hang).
+        dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=world)
         result = fn(rank, world, *args)
         queue.put((rank, "ok", result))
         dist.barrier()
@@ -36,7 +43,8 @@ def run_ranks(fn, world: int, *args, timeout: float = 240.0) -> list:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, queue)) for r in range(world)]
+    store_file = tempfile.mktemp(prefix="wb-gloo-store-")
+    procs = [ctx.Process(target=_worker, args=(r, world, port, store_file, fn, args, queue)) for r in range(world)]
     for p in procs:
         p.start()
     results: dict[int, object] = {}
@@ -51,4 +59,6 @@ def run_ranks(fn, world: int, *args, timeout: float = 240.0) -> list:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+        if os.path.exists(store_file):
+            os.remove(store_file)
     return [results[r] for r in range(world)]

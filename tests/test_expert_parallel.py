@@ -46,10 +46,21 @@ def train_losses(model, cfg, rank: int, world: int, group=None) -> list[float]:
 
 
 def _ep_worker(rank, world, ckpt, mesh_kwargs, save_dir):
+    import workbench.parallel.build as build
+
     cfg = transformers.AutoConfig.from_pretrained(ckpt)
     mesh = MeshConfig(**mesh_kwargs)
+    keys_read = []
+    real_read = build.read_tensors
+
+    def recording_read(path, keys):
+        keys_read.extend(keys)
+        return real_read(path, keys)
+
+    build.read_tensors = recording_read  # this spawned process only
     model = workbench.AutoModelForCausalLM.from_pretrained(ckpt, mesh=mesh,
                                                            backend=workbench.BackendConfig(experts="grouped_mm"))
+    experts_read = sorted({int(k.split(".mlp.experts.")[1].split(".")[0]) for k in keys_read if ".mlp.experts." in k})
     experts = model.model.layers[0].mlp.experts
     local_experts = experts.gate_up_proj.to_local().shape[0] * (mesh.edp if mesh.edp > 1 else 1)
     dp_group = model.workbench_device_mesh.get_group("dp")
@@ -57,6 +68,7 @@ def _ep_worker(rank, world, ckpt, mesh_kwargs, save_dir):
     losses = train_losses(model, cfg, rank, world, group=dp_group)
     model.save_pretrained(save_dir)
     return {"losses": losses, "expert_range": model.workbench_expert_range, "local_experts": local_experts,
+            "experts_read": experts_read, "dense_read": sum(".mlp.experts." not in k for k in keys_read),
             "dispatcher": type(model.model.layers[0].mlp.dispatcher).__name__}
 
 
@@ -82,6 +94,9 @@ def test_dp2_ep2_equals_one_process(checkpoint, tmp_path):
     results = run_ranks(_ep_worker, 2, str(path), {"dp": 2, "ep": 2}, str(tmp_path / "ep"))
     assert results[0]["expert_range"] == (0, 4) and results[1]["expert_range"] == (4, 8)
     assert all(r["local_experts"] == 4 for r in results)  # each rank holds only its half
+    # ... and read only its own experts' tensors from the checkpoint (plus the dense ones).
+    assert results[0]["experts_read"] == [0, 1, 2, 3] and results[1]["experts_read"] == [4, 5, 6, 7]
+    assert all(r["dense_read"] > 0 for r in results)
     assert results[0]["dispatcher"] == "AllToAllDispatcher"
     for r in results:
         torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref), rtol=1e-5, atol=0)

@@ -79,8 +79,10 @@ def build_parallel_model(adapter, config, backend: BackendConfig, mesh: MeshConf
 
     with torch.device("meta"):
         model = adapter.CAUSAL_LM_CLASS._from_config(config, **hf_kwargs)
-    adapter.install_engine(model, resolved, lambda n: make_dispatcher(resolved.dispatcher, n, ep_group),
-                           expert_range)
+    # One dispatcher for every MoE layer: dispatchers hold no per-layer state, and symm_mem's
+    # symmetric buffers (~1 GiB per rank at 8k tokens x top-8 x 2048) must not be per layer.
+    dispatcher = make_dispatcher(resolved.dispatcher, num_experts, ep_group)
+    adapter.install_engine(model, resolved, lambda n: dispatcher, expert_range)
     model.to_empty(device=device)
     if dtype is not None:
         model.to(dtype)
