@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from tiny_models import tiny_qwen3_moe
 
 import workbench
-from workbench.parallel.mesh import MeshConfig, MeshError, valid_meshes
+from workbench.parallel.mesh import MeshConfig, MeshError, dense_mesh, valid_meshes
 
 STEPS = 5
 
@@ -63,7 +63,7 @@ def _ep_worker(rank, world, ckpt, mesh_kwargs, save_dir):
     experts_read = sorted({int(k.split(".mlp.experts.")[1].split(".")[0]) for k in keys_read if ".mlp.experts." in k})
     experts = model.model.layers[0].mlp.experts
     local_experts = experts.gate_up_proj.to_local().shape[0] * (mesh.edp if mesh.edp > 1 else 1)
-    dp_group = model.workbench_device_mesh.get_group("dp")
+    dp_group = dense_mesh(model.workbench_device_mesh).get_group()
     model.save_pretrained(save_dir + "-untrained")
     losses = train_losses(model, cfg, rank, world, group=dp_group)
     model.save_pretrained(save_dir)

@@ -12,6 +12,7 @@ from workbench.backends import BackendConfig
 from workbench.bench.config import VariantSpec
 from workbench.bench.tokens import label_count
 from workbench.bench.variant import Prepared, adamw, optimizer_name
+from workbench.parallel.mesh import dense_mesh
 
 
 def build_engine(spec: VariantSpec, checkpoint: Path, backend: BackendConfig, mesh, lr: float, rows_per_rank: int,
@@ -23,7 +24,7 @@ def build_engine(spec: VariantSpec, checkpoint: Path, backend: BackendConfig, me
     model = workbench.AutoModelForCausalLM.from_pretrained(checkpoint, backend=backend, mesh=mesh, dtype=dtype)
     model.train()
     world = dist.get_world_size()
-    group = model.workbench_device_mesh.get_group("dp") if world > 1 else None
+    group = dense_mesh(model.workbench_device_mesh).get_group() if world > 1 else None
     # Gradients are summed over ranks (FSDP divide factor 1): each rank's loss is its token sum
     # over the GLOBAL count, so the per-rank losses add up to the global mean.
     num_items = torch.tensor(float(label_count(rows_per_rank * world, seq)), device=device)

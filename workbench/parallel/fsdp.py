@@ -8,6 +8,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from workbench.moe.layer import MoEBlock
+from workbench.parallel.mesh import dense_mesh
 
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None = None,
@@ -20,14 +21,15 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | No
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
     kwargs = {"mp_policy": mp} if mp is not None else {}
+    dense = dense_mesh(mesh)
     sharded = []
     for layer in model.model.layers:
         if isinstance(layer.mlp, MoEBlock):
             sharded.append(fully_shard(layer.mlp.experts, mesh=mesh["edp"],
                                        reshard_after_forward=reshard_after_forward, **kwargs))
-        sharded.append(fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=reshard_after_forward,
+        sharded.append(fully_shard(layer, mesh=dense, reshard_after_forward=reshard_after_forward,
                                    **kwargs))
-    sharded.append(fully_shard(model, mesh=mesh["dp"], reshard_after_forward=False, **kwargs))
+    sharded.append(fully_shard(model, mesh=dense, reshard_after_forward=False, **kwargs))
     for module in sharded:
         # A plain SUM (FSDP skips the post-divide by 1): gloo has no PREMUL_SUM, and on NCCL this
         # is the same reduction the gloo equivalence tests verify.

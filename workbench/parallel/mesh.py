@@ -84,6 +84,15 @@ class MeshConfig:
         return dataclasses.asdict(self)
 
 
+def dense_mesh(device_mesh: DeviceMesh) -> DeviceMesh:
+    """The flattened ("edp", "ep") dim that dense parameters and data parallelism use.
+
+    Flattening again returns the mesh `build()` made (torch keeps it by name); slicing the root
+    mesh by "dp" does too, but torch deprecates slicing a flattened dim from the root.
+    """
+    return device_mesh["edp", "ep"]._flatten("dp")
+
+
 def divisors(n: int) -> list[int]:
     """Positive divisors of n, ascending."""
     return [d for d in range(1, n + 1) if n % d == 0]
