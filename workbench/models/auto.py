@@ -37,11 +37,9 @@ def _check_backend(backend) -> BackendConfig:
     return backend
 
 
-def _install(model, adapter, backend: BackendConfig, device, mesh):
-    resolved = backend.resolve(device, world_size=1 if mesh is None else mesh.world_size)
-    if mesh is not None:
-        raise NotImplementedError("mesh= needs workbench.parallel (see from_config/from_pretrained)")
-    adapter.install_engine(model, resolved, LocalDispatcher)
+def _install_local(model, adapter, backend: BackendConfig, device):
+    """The engine's blocks for one process (a mesh goes through workbench.parallel.build)."""
+    adapter.install_engine(model, backend.resolve(device), LocalDispatcher)
     return model
 
 
@@ -65,7 +63,7 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
 
             return build_parallel_model(adapter, config, backend, mesh, checkpoint=None, **hf_kwargs)
         model = adapter.CAUSAL_LM_CLASS._from_config(config, **hf_kwargs)
-        return _install(model, adapter, backend, device, None)
+        return _install_local(model, adapter, backend, device)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, backend: BackendConfig | None = None,
@@ -105,7 +103,7 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
                 f"missing tensors {missing[:8]}{'...' if len(missing) > 8 else ''}; "
                 f"tensors of the wrong shape (e.g. missing experts) {mismatched[:8]}. "
                 "Point to a complete checkpoint written by save_pretrained, or fix config.json")
-        return _install(model, adapter, backend, device, None)
+        return _install_local(model, adapter, backend, device)
 
 
 def save_pretrained(model, out_dir, max_shard_size: str = "5GB") -> None:
