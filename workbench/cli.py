@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import traceback
 from dataclasses import dataclass
 from typing import Callable
 
@@ -74,27 +73,16 @@ def _run_finetune(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError, TypeError) as err:
         print(f"workbench finetune: {err}", file=sys.stderr)
         return 2
-    created = du.init_from_env()
-    multi = du.world_size() > 1
-    code = 0
-    try:
+    from workbench.parallel.launch import run_in_launched_group
+
+    def run() -> None:
         from workbench.train import finetune
 
         result = finetune(rc)
         if du.rank() == 0:
             print(f"run {result['state']}: {result['run_dir']}", flush=True)
-    except Exception as err:  # noqa: BLE001 - report cleanly, exit non-zero
-        traceback.print_exc()
-        print(f"workbench finetune (rank {du.rank()}): {type(err).__name__}: {err}", file=sys.stderr, flush=True)
-        code = 1
-    if multi:
-        # gloo may abort at interpreter exit after sub-groups were used (facts.md): leave cleanly.
-        if code == 0:
-            du.shutdown(created)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+
+    return run_in_launched_group(run, "finetune")
 
 
 # -- demo ------------------------------------------------------------------------------------

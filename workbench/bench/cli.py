@@ -7,7 +7,6 @@ import json
 import os
 import shlex
 import sys
-import traceback
 from pathlib import Path
 
 from workbench.backends import CHOICES
@@ -143,27 +142,9 @@ def _run_here(cfg) -> int:
     """This process is one rank (torchrun) or the whole run (one process)."""
     from workbench.bench.runner import run_bench
     from workbench.config import ConfigError
-    from workbench.train import dist_utils as du
+    from workbench.parallel.launch import run_in_launched_group
 
-    created = du.init_from_env()
-    multi = du.world_size() > 1
-    code = 0
-    try:
-        run_bench(cfg)
-    except ConfigError as err:
-        print(f"workbench bench: {err}", file=sys.stderr, flush=True)
-        code = 2
-    except Exception as err:  # noqa: BLE001 - report cleanly, exit non-zero
-        traceback.print_exc()
-        print(f"workbench bench (rank {du.rank()}): {type(err).__name__}: {err}", file=sys.stderr, flush=True)
-        code = 1
-    if multi:
-        if code == 0:
-            du.shutdown(created)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)  # gloo may abort at interpreter exit after sub-groups were used (facts.md)
-    return code
+    return run_in_launched_group(lambda: run_bench(cfg), "bench", (ConfigError,))
 
 
 def main(argv: list[str] | None = None) -> int:

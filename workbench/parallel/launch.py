@@ -12,7 +12,7 @@ import os
 import socket
 import sys
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 
 def free_port() -> int:
@@ -51,6 +51,36 @@ def _rank_main(rank: int, world: int, port: int, target: str, payload: Any, labe
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def run_in_launched_group(fn: Callable[[], None], label: str,
+                          config_errors: tuple[type[BaseException], ...] = ()) -> int:
+    """Run `fn` as one rank of the group a launcher (torchrun) described in the environment.
+
+    Returns 0, 2 for a configuration error (printed), or 1 for any other failure (traceback
+    printed). A rank of a multi-rank group never returns: it leaves with os._exit (see above).
+    """
+    from workbench.train import dist_utils as du
+
+    created = du.init_from_env()
+    multi = du.world_size() > 1
+    code = 0
+    try:
+        fn()
+    except config_errors as err:
+        print(f"workbench {label}: {err}", file=sys.stderr, flush=True)
+        code = 2
+    except Exception as err:  # noqa: BLE001 - report cleanly, exit non-zero
+        traceback.print_exc()
+        print(f"workbench {label} (rank {du.rank()}): {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        code = 1
+    if multi:
+        if code == 0:
+            du.shutdown(created)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def spawn(target: str, payload: Any, world: int, label: str) -> int:
