@@ -48,6 +48,21 @@ def test_finetune_from_yaml_with_overrides(tmp_path):
     assert "run completed" in proc.stdout
 
 
+def test_finetune_under_torchrun_on_two_ranks(tmp_path):
+    cfg = tmp_path / "cfg.yaml"
+    RunConfig.demo(data__seq_len=64, train__global_batch_size=4, train__local_batch_size=2).to_yaml(cfg)
+    env = {**os.environ, "WORKBENCH_RUNS_DIR": str(tmp_path), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "workbench.cli", "finetune", str(cfg), "--steps", "2", "--run-id", "trun"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "run completed" in proc.stdout
+    config = json.loads((tmp_path / "trun" / "config.json").read_text())
+    assert config["world_size"] == 2 and config["resolved_mesh"]["ep"] == 2
+    metrics = [json.loads(l) for l in (tmp_path / "trun" / "metrics.jsonl").read_text().splitlines()]
+    assert sorted((m["rank"], m["step"]) for m in metrics) == [(0, 1), (0, 2), (1, 1), (1, 2)]
+
+
 def test_finetune_refuses_unknown_yaml_keys(tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("train:\n  steps: 2\n  stepz: 3\n")
