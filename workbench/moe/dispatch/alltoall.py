@@ -53,11 +53,12 @@ class AllToAllDispatcher:
         dist.all_to_all_single(counts_received, tokens_per_expert_E, group=self.group)
         counts_sent_PL = tokens_per_expert_E.view(self.ep_size, self.num_local_experts)
         counts_received_PL = counts_received.view(self.ep_size, self.num_local_experts)
-        input_splits = counts_sent_PL.sum(1).tolist()
-        output_splits = counts_received_PL.sum(1).tolist()
+        # The one host sync of the layer: both split lists in a single copy to the host.
+        splits = torch.cat([counts_sent_PL.sum(1), counts_received_PL.sum(1)]).tolist()
+        input_splits, output_splits = splits[:self.ep_size], splits[self.ep_size:]
 
         x_received = _all_to_all(x_sorted, output_splits, input_splits, self.group)
-        received_order = self._expert_major_order(counts_received_PL)
+        received_order = self._expert_major_order(counts_received_PL, sum(output_splits))
         inverse = inverse_permutation(received_order)
         x_by_expert = GatherRows.apply(x_received, received_order, inverse)
         tokens_per_local_expert = counts_received_PL.sum(0)
@@ -71,7 +72,7 @@ class AllToAllDispatcher:
         return unpermute(y_sorted, handle.topk_weights_TK, handle.perm)
 
     @staticmethod
-    def _expert_major_order(counts_PL: torch.Tensor) -> torch.Tensor:
+    def _expert_major_order(counts_PL: torch.Tensor, total: int) -> torch.Tensor:
         """Index of the received rows in (expert, source rank) order.
 
         Received rows arrive grouped by source rank, each source's rows grouped by local expert;
@@ -84,7 +85,6 @@ class AllToAllDispatcher:
         order_chunks = order_chunks.view(num_src, num_local).t().reshape(-1)  # (e, src) chunk order
         chunk_sizes = flat[order_chunks]
         chunk_starts = starts[order_chunks]
-        total = int(flat.sum())
         within = torch.arange(total, device=flat.device) - torch.repeat_interleave(
             torch.cumsum(chunk_sizes, 0) - chunk_sizes, chunk_sizes, output_size=total)
         return torch.repeat_interleave(chunk_starts, chunk_sizes, output_size=total) + within

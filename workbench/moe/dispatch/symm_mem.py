@@ -214,7 +214,7 @@ class SymmMemDispatcher:
         sent_per_rank = traffic_PP[self.ep_rank].contiguous()
         received_per_rank = counts_received_PL.sum(1)
         x_received = _SymmMemExchange.apply(x_sorted, buffers, sent_per_rank, received_per_rank, received_mine)
-        received_order = AllToAllDispatcher._expert_major_order(counts_received_PL)
+        received_order = AllToAllDispatcher._expert_major_order(counts_received_PL, received_mine)
         inverse = inverse_permutation(received_order)
         x_by_expert = GatherRows.apply(x_received, received_order, inverse)
         handle = SymmMemHandle(perm, topk_weights_TK, sent_per_rank, received_per_rank, received_order, inverse)
