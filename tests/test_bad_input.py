@@ -81,3 +81,14 @@ def test_checkpoint_missing_a_dense_tensor(tmp_path):
 def test_checkpoint_directory_that_does_not_exist(tmp_path):
     with pytest.raises(OSError, match="does-not-exist"):
         workbench.AutoModelForCausalLM.from_pretrained(tmp_path / "does-not-exist", device="cpu")
+
+
+def test_te_backends_not_wired_are_refused_even_where_te_is_installed(monkeypatch):
+    """With TransformerEngine importable on a CUDA device, unwired TE fields still refuse."""
+    import workbench.backends as backends
+
+    monkeypatch.setattr(backends, "_has_module", lambda name: True)
+    for field in ("experts", "attention", "linear"):
+        ok, why = backends.availability(field, "te", "cuda")
+        assert not ok and "not wired into the engine yet" in why and f"{field}='auto'" in why
+    assert backends.availability("rms_norm", "te", "cuda") == (True, "")

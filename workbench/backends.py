@@ -27,6 +27,9 @@ INSTALL_HINT: dict[str, str] = {
     "liger": "pip install 'moe-workbench[gpu]'  (liger-kernel; needs a CUDA GPU)",
 }
 
+# Fields whose TransformerEngine implementation does not exist yet (issue 7).
+TE_NOT_WIRED = frozenset({"experts", "attention", "linear"})
+
 # Preference order used by "auto": first available wins.
 AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "experts": ("grouped_mm", "loop"),
@@ -84,6 +87,10 @@ def availability(field: str, choice: str, device: torch.device | str = "cpu",
             return False, f"transformer_engine is not installed: {INSTALL_HINT['te']}"
         if not cuda:
             return False, f"TransformerEngine needs a CUDA device, got {dev.type}"
+        if field in TE_NOT_WIRED:
+            # Refuse rather than silently run the torch path under a "te" label.
+            return False, (f"{field}='te' is not wired into the engine yet (only rms_norm='te' is); "
+                           f"use {field}='auto'")
         return True, ""
     if choice == "triton":
         if not cuda:

@@ -79,17 +79,9 @@ def experts_grouped_mm(x_ND, tokens_per_expert, gate_up, down, act) -> torch.Ten
     return gmm(h_NI, down.transpose(-2, -1), offs=offsets)
 
 
-def experts_te(x_ND, tokens_per_expert, gate_up, down, act) -> torch.Tensor:
-    """TransformerEngine GroupedLinear compute (optional extra)."""
-    from workbench.kernels.te_experts import te_grouped_experts  # import-guarded by BackendConfig
-
-    return te_grouped_experts(x_ND, tokens_per_expert, gate_up, down, act)
-
-
 EXPERTS_BACKENDS: dict[str, ExpertsFn] = {
     "loop": experts_loop,
     "grouped_mm": experts_grouped_mm,
-    "te": experts_te,
 }
 
 
