@@ -17,17 +17,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, store_file: str, fn, args, queue) -> None:
+def _worker(rank: int, world: int, port: int, store_file: str, backend: str, env: dict, fn, args, queue) -> None:
+    os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     try:
         import torch
 
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+
         # Many ranks share 2 CI cores: one intra-op thread each, or OpenMP spin-waits starve gloo.
         torch.set_num_threads(1)
         # A file rendezvous: a free port picked by the parent can be taken by another process
         # before the ranks bind it (seen once under a concurrent CI run: a 240 s hang).
-        dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=world)
+        dist.init_process_group(backend, init_method=f"file://{store_file}", rank=rank, world_size=world)
         result = fn(rank, world, *args)
         queue.put((rank, "ok", result))
         dist.barrier()
@@ -38,13 +42,15 @@ def _worker(rank: int, world: int, port: int, store_file: str, fn, args, queue) 
     os._exit(0)
 
 
-def run_ranks(fn, world: int, *args, timeout: float = 240.0) -> list:
-    """fn(rank, world, *args) on `world` gloo ranks; returns per-rank results, raises a rank's error."""
+def run_ranks(fn, world: int, *args, timeout: float = 240.0, backend: str = "gloo", env: dict | None = None) -> list:
+    """fn(rank, world, *args) on `world` ranks (gloo, or nccl with one GPU each) with `env` set;
+    returns per-rank results, raises a rank's error."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
     store_file = tempfile.mktemp(prefix="wb-gloo-store-")
-    procs = [ctx.Process(target=_worker, args=(r, world, port, store_file, fn, args, queue)) for r in range(world)]
+    procs = [ctx.Process(target=_worker, args=(r, world, port, store_file, backend, env or {}, fn, args, queue))
+             for r in range(world)]
     for p in procs:
         p.start()
     results: dict[int, object] = {}

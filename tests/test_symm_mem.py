@@ -6,18 +6,19 @@ Script mode (2 GPUs, self-spawning): python tests/test_symm_mem.py --bench
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import sys
-import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # script mode: import workbench from this checkout
+# Script mode: import workbench from this checkout and the test helpers beside this file.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from dist_utils import run_ranks  # noqa: E402
 
 from workbench.backends import BackendConfig, BackendError
 from workbench.moe.dispatch import make_dispatcher
@@ -52,50 +53,10 @@ def test_constructing_without_cuda_says_what_to_use():
 
 # ---------------------------------------------------------------- 2 GPUs: spawn helpers
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _gpu_worker(rank: int, world: int, port: int, fn, args, queue) -> None:
-    os.environ.update(GPU_ENV)
-    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", NVSHMEM_HEAP_BYTES)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    try:
-        torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", rank=rank, world_size=world)
-        result = fn(rank, world, *args)
-        queue.put((rank, "ok", result))
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:
-        queue.put((rank, "error", traceback.format_exc()))
-    os._exit(0)
-
-
 def run_gpu_ranks(fn, world: int, *args, timeout: float = 300.0) -> list:
-    """fn(rank, world, *args) on `world` NCCL ranks, one GPU each; per-rank results."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_gpu_worker, args=(r, world, port, fn, args, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results: dict[int, object] = {}
-    try:
-        for _ in range(world):
-            rank, state, payload = queue.get(timeout=timeout)
-            if state == "error":
-                raise RuntimeError(f"rank {rank} failed:\n{payload}")
-            results[rank] = payload
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    return [results[r] for r in range(world)]
+    """fn(rank, world, *args) on `world` NCCL ranks, one GPU each, multicast off, a large NVSHMEM heap."""
+    env = {**GPU_ENV, "NVSHMEM_SYMMETRIC_SIZE": os.environ.get("NVSHMEM_SYMMETRIC_SIZE", NVSHMEM_HEAP_BYTES)}
+    return run_ranks(fn, world, *args, timeout=timeout, backend="nccl", env=env)
 
 
 def random_routing(num_tokens: int, num_experts: int, top_k: int, generator, device):
