@@ -1,14 +1,9 @@
 """DCP checkpoints: exact resume, atomic saves under an injected failure, refusing another shape."""
 
 import os
-import socket
-import traceback
-from pathlib import Path
 
 import pytest
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from dist_utils import run_ranks
 
 from workbench.config import RunConfig
 from workbench.train import finetune
@@ -74,35 +69,15 @@ def test_resume_from_a_path_without_checkpoint(tmp_path):
 # -- two gloo ranks -----------------------------------------------------------------------------
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _two_rank_worker(rank, port, configs, out_dir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                      LOCAL_RANK=str(rank))
-    code = 0
-    try:
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=2)
-        results = [finetune(RunConfig.from_dict(c))["losses"] for c in configs]
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001
-        traceback.print_exc()
-        code = 1
-    os._exit(code)
+def _two_rank_losses(rank, world, configs):
+    return [finetune(RunConfig.from_dict(c))["losses"] for c in configs]
 
 
 def test_two_rank_resume_reproduces_steps_4_and_5(tmp_path):
     full = _rc(tmp_path, run_id="full2", train__checkpoint_every=3)
     resumed = _rc(tmp_path, run_id="resumed2",
                   train__resume_from=str(tmp_path / "runs" / "full2" / "checkpoints" / "step-00000003"))
-    mp.spawn(_two_rank_worker, args=(_free_port(), [full.to_dict(), resumed.to_dict()], str(tmp_path)), nprocs=2)
-    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    r0, r1 = run_ranks(_two_rank_losses, 2, [full.to_dict(), resumed.to_dict()])
     assert r0 == r1  # every rank reports the global loss
     (full_losses, resumed_losses) = r0
     assert len(full_losses) == 5 and resumed_losses == full_losses[3:]
