@@ -354,3 +354,62 @@ def test_fused_ce_on_cuda_matches_hf():
                                 chunk_size=128)
     for name, a, b in zip(("loss", "d_hidden", "d_weight"), ours, ref):
         assert rel_err(a, b) < 2e-2, (name, rel_err(a, b))
+
+
+@needs_cuda_triton
+def test_fused_ce_triton_kernel_equals_torch_path_on_cuda():
+    # vocab past one kernel block (4096) and not a multiple of it; ignored rows and num_items
+    hidden, weight, labels = _ce_inputs(torch.bfloat16, batch=3, seq=301, hidden=256, vocab=9001, n_ignored=40)
+    hidden, weight, labels = hidden.cuda(), weight.cuda(), labels.cuda()
+    ref = _hf_loss_and_grads(hidden.float(), weight.float(), labels, num_items_in_batch=700)
+    torch_path = _ours_loss_and_grads(fused_linear_cross_entropy, hidden, weight, labels, chunk_size=128,
+                                      num_items_in_batch=700, use_triton=False)
+    triton_path = _ours_loss_and_grads(fused_linear_cross_entropy, hidden, weight, labels, chunk_size=128,
+                                       num_items_in_batch=700, use_triton=True)
+    for name, a, b, r in zip(("loss", "d_hidden", "d_weight"), triton_path, torch_path, ref):
+        # both paths take the same bf16 logits; they differ only in float32 summation order
+        assert rel_err(a, b) < 2e-3, (name, rel_err(a, b))
+        assert rel_err(a, r) < 2e-2, (name, rel_err(a, r))
+
+
+_TRITON_CE_SCRIPT = textwrap.dedent("""
+import torch, sys
+sys.path.insert(0, "tests")
+from test_kernels import _ce_inputs, _hf_loss_and_grads, _ours_loss_and_grads, rel_err
+from workbench.kernels.cross_entropy import fused_linear_cross_entropy, triton_path_available
+
+assert triton_path_available(torch.zeros(1))
+for dtype, tol, vocab in ((torch.float32, 1e-5, 53), (torch.float32, 1e-5, 5000), (torch.bfloat16, 2e-2, 97)):
+    hidden, weight, labels = _ce_inputs(dtype, seq=11, vocab=vocab, hidden=16)
+    ref = _hf_loss_and_grads(hidden.float(), weight.float(), labels, num_items_in_batch=17)
+    for chunk in (1, 7, 64):
+        ours = _ours_loss_and_grads(fused_linear_cross_entropy, hidden, weight, labels, chunk_size=chunk,
+                                    num_items_in_batch=17, use_triton=True)
+        for name, a, b in zip(("loss", "d_hidden", "d_weight"), ours, ref):
+            assert rel_err(a, b.to(a.dtype)) < tol, (dtype, vocab, chunk, name, rel_err(a, b.to(a.dtype)))
+    # no-grad forward takes the loss-only kernel
+    with torch.no_grad():
+        loss = fused_linear_cross_entropy(hidden, weight, __import__("workbench.kernels.cross_entropy",
+                                          fromlist=["x"]).shift_labels(labels), num_items_in_batch=17,
+                                          use_triton=True)
+    assert rel_err(loss, ref[0]) < tol
+print("TRITON CE OK")
+""")
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the "
+                                           "kernels in Triton's CPU interpreter)")
+@pytest.mark.skipif(HAS_CUDA, reason="a CUDA machine runs the compiled kernel instead "
+                                     "(test_fused_ce_triton_kernel_equals_torch_path_on_cuda)")
+def test_fused_ce_triton_kernel_matches_hf_in_interpreter():
+    # the fp32 cases must equal HF to float32 rounding; bf16 within bf16 rounding of fp32 HF
+    proc = subprocess.run([sys.executable, "-c", _TRITON_CE_SCRIPT], env={**os.environ, "TRITON_INTERPRET": "1"},
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "TRITON CE OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_fused_ce_triton_refused_on_cpu_without_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    hidden, weight, labels = _ce_inputs(torch.float32)
+    with pytest.raises(BackendError, match="Triton cross-entropy kernel needs a CUDA tensor"):
+        fused_linear_cross_entropy(hidden, weight, shift_labels(labels), use_triton=True)

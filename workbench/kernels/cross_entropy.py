@@ -1,8 +1,8 @@
 """Linear (lm_head) + cross-entropy with Transformers' ForCausalLMLoss semantics, fused by chunks.
 
 `fused_linear_cross_entropy` never holds the full [N, V] logits: it walks over chunks of tokens,
-builds each chunk's logits in float32, accumulates the loss and, when gradients are needed, the
-gradients wrt hidden and weight right there (a loss is a scalar, so backward only rescales them).
+builds each chunk's logits (float32 on the torch path; the model dtype with the Triton kernel),
+accumulates the loss and, when gradients are needed, the gradients wrt hidden and weight right there (a loss is a scalar, so backward only rescales them).
 Peak extra memory is O(chunk * V) plus one gradient buffer per input.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# Budget for one chunk's float32 logits; sets the default chunk size from the vocab size.
-LOGITS_CHUNK_BYTES = 256 * 2**20
+# Budget for one chunk's logits; sets the default chunk size from the vocab size and logit width.
+LOGITS_CHUNK_BYTES = 512 * 2**20
 
 
 def shift_labels(labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
@@ -71,12 +71,46 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     return loss / _denominator(labels_N, ignore_index, num_items_in_batch)
 
 
+def _chunk_torch(h_CD: torch.Tensor, weight_VD: torch.Tensor, y_C: torch.Tensor, denom: torch.Tensor,
+                 ignore_index: int, need_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One chunk's summed loss and, if asked, d(loss)/d(logits) in the input dtype (reference path)."""
+    logits_CV = F.linear(h_CD, weight_VD).float()
+    valid_C = y_C != ignore_index
+    target_C = torch.where(valid_C, y_C, 0)
+    lse_C = torch.logsumexp(logits_CV, dim=-1)
+    target_logit_C = logits_CV.gather(1, target_C[:, None]).squeeze(1)
+    loss = torch.where(valid_C, lse_C - target_logit_C, 0.0).sum()
+    if not need_grad:
+        return loss, None
+    # (softmax - onehot) * valid / denom, built in the logits buffer
+    grad_CV = logits_CV.sub_(lse_C[:, None]).exp_()
+    grad_CV[torch.arange(h_CD.shape[0], device=grad_CV.device), target_C] -= 1.0
+    grad_CV.mul_((valid_C.to(torch.float32) / denom)[:, None])
+    return loss, grad_CV.to(h_CD.dtype)
+
+
+def _accumulate_fp32(acc_VD: torch.Tensor, a_VC: torch.Tensor, b_CD: torch.Tensor) -> None:
+    """acc += a @ b with float32 accumulation; bf16 operands go through one cuBLAS call when it can."""
+    if a_VC.dtype == torch.float32:
+        acc_VD.addmm_(a_VC, b_CD)
+        return
+    if acc_VD.is_cuda:
+        try:
+            # addmm with out_dtype accumulates into the float32 buffer inside the GEMM (beta=1)
+            torch.addmm(acc_VD, a_VC, b_CD, out_dtype=torch.float32, out=acc_VD)
+            return
+        except (RuntimeError, TypeError):
+            pass  # this torch/cuBLAS lacks the mixed-dtype addmm
+    acc_VD += a_VC @ b_CD
+
+
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden_ND: torch.Tensor, weight_VD: torch.Tensor, labels_N: torch.Tensor,
-                denom: torch.Tensor, ignore_index: int, chunk_size: int) -> torch.Tensor:
+                denom: torch.Tensor, ignore_index: int, chunk_size: int, use_triton: bool) -> torch.Tensor:
         N = hidden_ND.shape[0]
         need_dh, need_dw = hidden_ND.requires_grad, weight_VD.requires_grad
+        need_grad = need_dh or need_dw
         loss_sum = torch.zeros((), dtype=torch.float32, device=hidden_ND.device)
         grad_hidden_ND = torch.empty(hidden_ND.shape, dtype=hidden_ND.dtype, device=hidden_ND.device) if need_dh else None
         # float32 accumulation across chunks keeps bf16 weight gradients as exact as one big matmul
@@ -84,26 +118,21 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         for start in range(0, N, chunk_size):
             end = min(start + chunk_size, N)
             h_CD, y_C = hidden_ND[start:end], labels_N[start:end]
-            logits_CV = F.linear(h_CD, weight_VD).float()
-            valid_C = y_C != ignore_index
-            target_C = torch.where(valid_C, y_C, 0)
-            lse_C = torch.logsumexp(logits_CV, dim=-1)
-            target_logit_C = logits_CV.gather(1, target_C[:, None]).squeeze(1)
-            loss_sum += torch.where(valid_C, lse_C - target_logit_C, 0.0).sum()
-            if not (need_dh or need_dw):
+            if use_triton:
+                from workbench.kernels.triton_cross_entropy import ce_rows_
+
+                # logits in the model dtype, as lm_head makes them; the kernel turns them into the gradient
+                grad_CV = F.linear(h_CD, weight_VD)
+                loss_sum += ce_rows_(grad_CV, y_C, denom, ignore_index, need_grad).sum()
+            else:
+                loss_C, grad_CV = _chunk_torch(h_CD, weight_VD, y_C, denom, ignore_index, need_grad)
+                loss_sum += loss_C
+            if not need_grad:
                 continue
-            # d(loss)/d(logits) = (softmax - onehot) * valid / denom, built in the logits buffer
-            grad_CV = logits_CV.sub_(lse_C[:, None]).exp_()
-            grad_CV[torch.arange(end - start, device=grad_CV.device), target_C] -= 1.0
-            grad_CV.mul_((valid_C.to(torch.float32) / denom)[:, None])
-            grad_CV = grad_CV.to(hidden_ND.dtype)
             if need_dh:
                 torch.mm(grad_CV, weight_VD, out=grad_hidden_ND[start:end])
             if need_dw:
-                if grad_CV.dtype == torch.float32:
-                    grad_weight_VD.addmm_(grad_CV.t(), h_CD)
-                else:
-                    grad_weight_VD += grad_CV.t() @ h_CD
+                _accumulate_fp32(grad_weight_VD, grad_CV.t(), h_CD)
         if need_dw:
             grad_weight_VD = grad_weight_VD.to(weight_VD.dtype)
         ctx.save_for_backward(grad_hidden_ND, grad_weight_VD)
@@ -115,28 +144,50 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         scale = grad_loss.to(torch.float32)
         dh = None if grad_hidden_ND is None else (grad_hidden_ND * scale).to(grad_hidden_ND.dtype)
         dw = None if grad_weight_VD is None else (grad_weight_VD * scale).to(grad_weight_VD.dtype)
-        return dh, dw, None, None, None, None
+        return dh, dw, None, None, None, None, None
 
 
-def default_chunk_size(vocab_size: int) -> int:
-    """Tokens per chunk so one chunk's float32 logits stay within LOGITS_CHUNK_BYTES."""
-    return max(1, LOGITS_CHUNK_BYTES // (4 * vocab_size))
+def default_chunk_size(vocab_size: int, logit_bytes: int = 4) -> int:
+    """Tokens per chunk so one chunk's logits (`logit_bytes` each) stay within LOGITS_CHUNK_BYTES."""
+    return max(1, LOGITS_CHUNK_BYTES // (logit_bytes * vocab_size))
+
+
+def triton_path_available(hidden: torch.Tensor) -> bool:
+    """Whether the Triton softmax-gradient kernel can run on `hidden`'s device."""
+    from workbench.kernels._triton_util import triton_interpreting
+
+    if not (hidden.is_cuda or (triton_interpreting() and hidden.device.type == "cpu")):
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
 
 
 def fused_linear_cross_entropy(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, labels_N: torch.Tensor,
                                ignore_index: int = -100,
                                num_items_in_batch: torch.Tensor | int | None = None,
-                               chunk_size: int | None = None) -> torch.Tensor:
+                               chunk_size: int | None = None,
+                               use_triton: bool | None = None) -> torch.Tensor:
     """ForCausalLMLoss(lm_head(hidden), ...) over already-shifted labels, without [N, V] logits.
 
     hidden [..., D] and labels [...] (use `shift_labels` on the model's input labels first);
     weight is the lm_head weight [V, D]. Gradients are computed during the forward when any
     input requires grad, so a forward under grad mode costs about as much as forward+backward.
+    `use_triton` None picks the Triton softmax-gradient kernel where it runs (CUDA + triton).
     """
     hidden_flat, labels_flat = _flatten_checked(hidden_ND, weight_VD, labels_N, ignore_index)
+    if use_triton is None:
+        use_triton = triton_path_available(hidden_flat)
+    elif use_triton and not triton_path_available(hidden_flat):
+        from workbench.backends import BackendError
+
+        raise BackendError("the Triton cross-entropy kernel needs a CUDA tensor and triton installed "
+                           f"(got a {hidden_flat.device.type} tensor); pass use_triton=None or False")
     if chunk_size is None:
-        chunk_size = default_chunk_size(weight_VD.shape[0])
+        # the Triton path keeps logits in the model dtype (no float32 chunk), so more tokens fit
+        chunk_size = default_chunk_size(weight_VD.shape[0], hidden_flat.element_size() if use_triton else 4)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive int (tokens per chunk), got {chunk_size!r}")
     denom = _denominator(labels_flat, ignore_index, num_items_in_batch)
-    return _ChunkedLinearCrossEntropy.apply(hidden_flat, weight_VD, labels_flat, denom, ignore_index, chunk_size)
+    return _ChunkedLinearCrossEntropy.apply(hidden_flat, weight_VD, labels_flat, denom, ignore_index, chunk_size,
+                                            bool(use_triton))

@@ -1,0 +1,65 @@
+"""Triton softmax-gradient kernel for the chunked linear cross-entropy (imported lazily).
+
+The torch path turns each chunk's bf16 logits into a float32 copy and runs five elementwise ops
+over it (logsumexp, gather, exp, one-hot subtract, scale, cast back): about 14 bytes of memory
+traffic per logit. This kernel reads the bf16 logits twice (online max/sum, then the gradient)
+and writes the bf16 gradient over them in place: 6 bytes per logit, and no float32 chunk, so a
+chunk holds 2x the tokens in the same memory and the fp32 weight-gradient accumulation runs
+half as often. Logits stay the bf16 values lm_head produces, as in Transformers' loss.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from workbench.kernels._triton_util import check_triton_device
+
+BLOCK_V = 4096
+
+
+@triton.jit
+def _ce_rows_kernel(LOGITS, LABELS, LOSS, DENOM, stride_row, V, ignore_index,
+                    WRITE_GRAD: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = LOGITS + row * stride_row
+    label = tl.load(LABELS + row).to(tl.int64)
+    valid = label != ignore_index
+    target = tl.where(valid, label, 0)
+    # pass 1: online log-sum-exp in float32
+    m = tl.full((), float("-inf"), tl.float32)
+    s = tl.zeros((), tl.float32)
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+        m = m_new
+    lse = m + tl.log(s)
+    target_logit = tl.load(base + target).to(tl.float32)
+    tl.store(LOSS + row, tl.where(valid, lse - target_logit, 0.0))
+    if WRITE_GRAD:
+        # pass 2: d(loss)/d(logits) = (softmax - onehot) * valid / denom, over the logits
+        scale = tl.where(valid, 1.0 / tl.load(DENOM).to(tl.float32), 0.0)
+        for start in range(0, V, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < V
+            x = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
+            g = tl.exp(x - lse) - tl.where(cols == target, 1.0, 0.0)
+            tl.store(base + cols, (g * scale).to(LOGITS.dtype.element_ty), mask=mask)
+
+
+def ce_rows_(logits_CV: torch.Tensor, labels_C: torch.Tensor, denom: torch.Tensor, ignore_index: int,
+             write_grad: bool) -> torch.Tensor:
+    """Per-row loss (float32 [C]); with `write_grad`, overwrite logits with d(sum loss / denom)/d(logits)."""
+    check_triton_device(logits_CV, "cross_entropy")
+    if logits_CV.stride(-1) != 1:
+        raise ValueError("ce_rows_ needs logits with unit stride along the vocabulary")
+    C, V = logits_CV.shape
+    loss_C = torch.empty(C, dtype=torch.float32, device=logits_CV.device)
+    if C:
+        block = min(BLOCK_V, triton.next_power_of_2(V))
+        _ce_rows_kernel[(C,)](logits_CV, labels_C, loss_C, denom, logits_CV.stride(0), V, ignore_index,
+                              WRITE_GRAD=write_grad, BLOCK=block, num_warps=8 if block >= 2048 else 4)
+    return loss_C
