@@ -27,8 +27,8 @@ def two_rank_result(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "workbench.bench", "--ranks", "2", "--preset", "tiny", "--seq", "32", "--batch", "2",
-           "--warmup", "1", "--steps", "3", "--variants", "anchor,engine,engine_balanced,anchor_cudnn",
-           "--out-dir", str(out)]
+           "--warmup", "1", "--steps", "3", "--variants",
+           "anchor,engine,engine_balanced,anchor_cudnn,engine_te,engine_te_experts", "--out-dir", str(out)]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(out.glob("*.json"))
@@ -47,6 +47,10 @@ def test_two_ranks_schema_and_same_init(two_rank_result):
     assert result["config"]["engine_mesh"] == {"dp": 2, "ep": 2, "cp": 1, "tp": 1}
     rows = {r["name"]: r for r in result["variants"]}
     assert rows["anchor_cudnn"]["status"] == "skipped" and "GPU" in rows["anchor_cudnn"]["reason"]
+    # optional accelerators absent on this CPU machine: skipped with what to install, not failed
+    for name in ("engine_te", "engine_te_experts"):
+        assert rows[name]["status"] == "skipped", rows[name]
+        assert "moe-workbench[te]" in rows[name]["reason"] or "CUDA" in rows[name]["reason"], rows[name]
     for name in ("anchor", "engine", "engine_balanced"):
         row = rows[name]
         assert row["status"] == "ok", row
@@ -82,7 +86,7 @@ def test_readme_table_from_results(two_rank_result, tmp_path):
     lines = text.splitlines()
     assert len(lines) == 2 + len(result["comparisons"])
     ratio = result["comparisons"][0]["ratio"]
-    assert f"**{ratio:.2f}x**" in lines[2] and path.name in lines[2] and "| native |" in lines[2]
+    assert f"**{ratio:.2f}x**" in lines[2] and path.name in lines[2] and "| engine (native) |" in lines[2]
     readme = tmp_path / "README.md"
     readme.write_text(f"# Title\n\nintro\n{BEGIN}\nold table\n{END}\n\nafter\n")
     write_readme(readme, path.parent, include_cpu=True)

@@ -21,6 +21,14 @@ class VariantSpec:
     sdpa_backend: str | None = None  # anchor only: force a torch SDPA backend ("cudnn")
     gate: str = "native"  # engine only
     needs_cuda: bool = False
+    backend: tuple[tuple[str, str], ...] = ()  # engine only: BackendConfig fields this variant sets
+
+    def __post_init__(self) -> None:
+        from workbench.backends import CHOICES
+
+        for key, value in self.backend:
+            if key not in CHOICES or key == "gate" or value not in CHOICES[key]:
+                raise ConfigError(f"variant backend override {key}={value!r} is not a BackendConfig choice")
 
 
 # The registry of variants; names are what --variants and the JSON rows use.
@@ -32,6 +40,14 @@ VARIANTS: dict[str, VariantSpec] = {
                                 sdpa_backend="cudnn", needs_cuda=True),
     "anchor_eager": VariantSpec("anchor", "the anchor with eager (v4-style loop) experts",
                                 experts_implementation="eager"),
+    # Optional accelerators: skipped with the reason where the package or device is missing.
+    "engine_te": VariantSpec("engine", "engine, TransformerEngine attention, linear and RMSNorm",
+                             backend=(("attention", "te"), ("linear", "te"), ("rms_norm", "te"))),
+    "engine_te_experts": VariantSpec("engine", "engine, TransformerEngine grouped-GEMM experts",
+                                     backend=(("experts", "te"),)),
+    "engine_symm_mem": VariantSpec("engine", "engine, symm_mem (NVSHMEM all_to_all_vdev) dispatcher",
+                                   backend=(("dispatcher", "symm_mem"),)),
+    "engine_deepep": VariantSpec("engine", "engine, DeepEP dispatcher", backend=(("dispatcher", "deepep"),)),
 }
 DEFAULT_VARIANTS = ("anchor", "engine", "engine_balanced", "anchor_cudnn")
 

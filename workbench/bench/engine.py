@@ -15,12 +15,17 @@ from workbench.bench.variant import Prepared, adamw, optimizer_name
 from workbench.parallel.mesh import dense_mesh
 
 
+def variant_backend(spec: VariantSpec, backend: BackendConfig) -> BackendConfig:
+    """The launch's engine backends with this variant's gate and overrides applied."""
+    return dataclasses.replace(backend, gate=spec.gate, **dict(spec.backend))
+
+
 def build_engine(spec: VariantSpec, checkpoint: Path, backend: BackendConfig, mesh, lr: float, rows_per_rank: int,
                  seq: int, device: torch.device, dtype: torch.dtype) -> Prepared:
     """The engine sharded over `mesh`, its loss normalized by the global token count."""
     import workbench
 
-    backend = dataclasses.replace(backend, gate=spec.gate)
+    backend = variant_backend(spec, backend)
     model = workbench.AutoModelForCausalLM.from_pretrained(checkpoint, backend=backend, mesh=mesh, dtype=dtype)
     model.train()
     world = dist.get_world_size()

@@ -11,7 +11,7 @@ from workbench.bench.report import SCHEMA
 BEGIN = "<!-- bench-table -->"
 END = "<!-- /bench-table -->"
 
-HEADER = ("| date | GPUs | layers | seq x batch | gate | anchor | anchor tokens/s/GPU | engine tokens/s/GPU | "
+HEADER = ("| date | GPUs | layers | seq x batch | engine (gate) | anchor | anchor tokens/s/GPU | engine tokens/s/GPU | "
           "speedup | anchor TFLOP/s/GPU | engine TFLOP/s/GPU | anchor peak GiB | engine peak GiB | memory | results |\n"
           "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 
@@ -41,7 +41,7 @@ def table(results_dir: Path, include_cpu: bool = False, link_base: str = "benchm
             a, e = c["anchor"], c["engine"]
             mem = f"{c['mem_ratio']:.2f}x" if c.get("mem_ratio") is not None else "n/a"
             lines.append(
-                f"| {data['date'][:10]} | {gpus} | {c['layers']} | {c['seq']} x {c['batch']} | {c['gate']} | "
+                f"| {data['date'][:10]} | {gpus} | {c['layers']} | {c['seq']} x {c['batch']} | {e['variant']} ({c['gate']}) | "
                 f"{a['variant']} | {a['tokens_per_s_per_gpu']:,.0f} | {e['tokens_per_s_per_gpu']:,.0f} | "
                 f"**{c['ratio']:.2f}x** | {a['tflops_per_gpu']:.0f} | {e['tflops_per_gpu']:.0f} | "
                 f"{a['peak_mem_gib']:.1f} | {e['peak_mem_gib']:.1f} | {mem} | [{path.name}]({link_base}/{path.name}) |")

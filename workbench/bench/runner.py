@@ -81,6 +81,14 @@ def run_variant(name: str, cfg: BenchConfig, hf_config, mesh, checkpoint: Path |
                            "gate": spec.gate if spec.kind == "engine" else "native"}
     if spec.needs_cuda and device.type != "cuda":
         return {**row, "status": "skipped", "reason": CUDNN_REASON}
+    if spec.kind == "engine" and spec.backend:
+        from workbench.backends import BackendError
+        from workbench.bench.engine import variant_backend
+
+        try:
+            variant_backend(spec, cfg.backend).resolve(device, world_size=mesh.ep)
+        except BackendError as err:  # an extra that is not installed here is a skip, not a failure
+            return {**row, "status": "skipped", "reason": str(err)}
     prep = None
     try:
         t0 = time.perf_counter()
