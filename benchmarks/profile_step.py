@@ -1,0 +1,129 @@
+"""Where one engine training step spends its GPU time, on one GPU (issue 6 profiling).
+
+    python benchmarks/profile_step.py --layers 8 --out $OUT/profile   # Qwen3-30B-A3B shapes, seq 4096 x 2
+
+Writes <out>/profile-<tag>.json: step time (CUDA events, median of the profiled steps), the
+engine's phase breakdown (workbench.train.profile.phase_breakdown) and the top kernels by device
+time; plus a fused cross-entropy microbenchmark at the same shapes (torch path vs Triton path).
+Random init, synthetic tokens: a measurement tool, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def cuda_ms(fn, reps: int) -> float:
+    """Median milliseconds of `fn()` by CUDA events."""
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def ce_microbench(tokens: int, hidden: int, vocab: int) -> dict:
+    """fused_linear_cross_entropy fwd+grads at the model's lm_head shape, both paths."""
+    from workbench.kernels.cross_entropy import fused_linear_cross_entropy
+
+    h = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (0.02 * torch.randn(vocab, hidden, device="cuda")).to(torch.bfloat16).requires_grad_()
+    y = torch.randint(0, vocab, (tokens,), device="cuda")
+    out = {"tokens": tokens, "hidden": hidden, "vocab": vocab,
+           "matmul_floor_ms": 6 * tokens * hidden * vocab / 794e12 * 1e3}
+    for name, use_triton in (("torch", False), ("triton", True)):
+        def step():
+            fused_linear_cross_entropy(h, w, y, use_triton=use_triton).backward()
+        step()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out[f"{name}_ms"] = cuda_ms(step, 5)
+        out[f"{name}_extra_peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+        h.grad = w.grad = None
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--gate", default="native")
+    p.add_argument("--experts", default="auto")
+    p.add_argument("--tag", default="engine")
+    p.add_argument("--out", default="profile-out")
+    p.add_argument("--no-ce-bench", action="store_true")
+    args = p.parse_args()
+
+    import workbench
+    from workbench.backends import BackendConfig
+    from workbench.config import preset_config
+    from workbench.train.profile import phase_breakdown
+
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result: dict = {"args": vars(args), "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    config = preset_config("qwen3-30b-a3b", args.layers)
+    if not args.no_ce_bench:
+        result["ce_microbench"] = ce_microbench(args.batch * args.seq, config.hidden_size, config.vocab_size)
+        print("ce:", json.dumps(result["ce_microbench"]), flush=True)
+        torch.cuda.empty_cache()
+
+    torch.manual_seed(0)
+    backend = BackendConfig(experts=args.experts, gate=args.gate, fused_ce=True)
+    t0 = time.perf_counter()
+    with torch.device("cuda"):
+        model = workbench.AutoModelForCausalLM.from_config(config, backend=backend, dtype=torch.bfloat16)
+    model.to("cuda").train()
+    result["build_s"] = time.perf_counter() - t0
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    ids = torch.randint(0, config.vocab_size, (args.batch, args.seq), device="cuda")
+
+    def step():
+        out = model(input_ids=ids, labels=ids, output_router_logits=True, use_cache=False)
+        out.loss.backward()
+        with torch.profiler.record_function("workbench.optimizer"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    result["step_ms"] = cuda_ms(step, 5)
+    result["tokens_per_s"] = args.batch * args.seq / result["step_ms"] * 1e3
+    result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    print(f"step {result['step_ms']:.1f} ms, {result['tokens_per_s']:,.0f} tokens/s, peak {result['peak_gib']:.1f} GiB",
+          flush=True)
+    steps = 2
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    result["phases_ms_per_step"] = phase_breakdown(prof.events(), "cuda", steps)
+    kernels = {}
+    for evt in prof.key_averages():
+        if evt.device_time_total > 0 and str(evt.device_type).endswith("CUDA"):
+            kernels[evt.key] = evt.device_time_total / 1e3 / steps
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:40]
+    result["top_kernels_ms_per_step"] = top
+    result["kernel_total_ms_per_step"] = sum(kernels.values())
+    for name, ms in top[:25]:
+        print(f"{ms:8.2f} ms  {name[:110]}")
+    path = out_dir / f"profile-{args.tag}.json"
+    path.write_text(json.dumps(result, indent=1, default=str))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
