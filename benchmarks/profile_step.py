@@ -63,6 +63,7 @@ def main() -> None:
     p.add_argument("--tag", default="engine")
     p.add_argument("--out", default="profile-out")
     p.add_argument("--no-ce-bench", action="store_true")
+    p.add_argument("--anchor", action="store_true", help="profile the Transformers v5 anchor instead")
     args = p.parse_args()
 
     import workbench
@@ -80,10 +81,15 @@ def main() -> None:
         torch.cuda.empty_cache()
 
     torch.manual_seed(0)
-    backend = BackendConfig(experts=args.experts, gate=args.gate, fused_ce=True)
     t0 = time.perf_counter()
-    with torch.device("cuda"):
-        model = workbench.AutoModelForCausalLM.from_config(config, backend=backend, dtype=torch.bfloat16)
+    if args.anchor:
+        from workbench.bench.anchor import build_hf_model
+
+        model = build_hf_model(config, 0, torch.device("cuda"), torch.bfloat16, "grouped_mm")
+    else:
+        backend = BackendConfig(experts=args.experts, gate=args.gate, fused_ce=True)
+        with torch.device("cuda"):
+            model = workbench.AutoModelForCausalLM.from_config(config, backend=backend, dtype=torch.bfloat16)
     model.to("cuda").train()
     result["build_s"] = time.perf_counter() - t0
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
