@@ -33,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             p.add_argument(f"--{field.replace('_', '-')}", choices=choices, default="auto",
                            help=f"engine {field} backend")
     p.add_argument("--fused-ce", action="store_true", help="engine: fused linear cross-entropy")
+    p.add_argument("--expert-recompute", action="store_true",
+                   help="engine: recompute expert MLPs in backward (less activation memory)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
     p.add_argument("--out-dir", default="benchmarks/results",
                    help="results directory (default: %(default)s; '' writes nothing)")
@@ -60,7 +62,8 @@ def config_from_args(args: argparse.Namespace):
 
         world = args.dp or args.ranks or int(os.environ.get("WORLD_SIZE", "1"))
         mesh = MeshConfig(dp=world, ep=args.ep or 1)
-    backend = BackendConfig(**{f: getattr(args, f) for f in CHOICES if f != "gate"}, fused_ce=args.fused_ce)
+    backend = BackendConfig(**{f: getattr(args, f) for f in CHOICES if f != "gate"}, fused_ce=args.fused_ce,
+                             expert_recompute=args.expert_recompute)
     launcher = "torchrun " if "TORCHELASTIC_RUN_ID" in os.environ else ""
     command = launcher + "workbench bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
     return BenchConfig(preset=args.preset, layers=args.layers, seq=args.seq, batch=args.batch, warmup=args.warmup,

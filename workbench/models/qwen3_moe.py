@@ -155,7 +155,8 @@ def install_engine(model: Qwen3MoeForCausalLM, backend: BackendConfig, make_disp
         if (first, last) != (0, config.num_experts):
             gate_up = nn.Parameter(gate_up.data[first:last].clone(), requires_grad=gate_up.requires_grad)
             down = nn.Parameter(down.data[first:last].clone(), requires_grad=down.requires_grad)
-        experts = GroupedExperts(gate_up, down, old.experts.act_fn, backend.experts, first, config.num_experts)
+        experts = GroupedExperts(gate_up, down, old.experts.act_fn, backend.experts, first, config.num_experts,
+                                 recompute=backend.expert_recompute)
         router = Qwen3MoeRouter(config, old.gate.weight, backend.gate)
         layer.mlp = MoEBlock(router, experts, make_dispatcher(config.num_experts), config.num_experts)
         blocks.append(layer.mlp)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 # (x_by_expert_ND, tokens_per_expert_E, gate_up_E2IH, down_EHI, act) -> y_by_expert_ND
 ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Callable], torch.Tensor]
@@ -94,7 +95,8 @@ class GroupedExperts(nn.Module):
     """
 
     def __init__(self, gate_up_proj: nn.Parameter, down_proj: nn.Parameter, act: Callable,
-                 backend: str = "grouped_mm", first_expert: int = 0, num_experts: int | None = None):
+                 backend: str = "grouped_mm", first_expert: int = 0, num_experts: int | None = None,
+                 recompute: bool = False):
         super().__init__()
         if backend not in EXPERTS_BACKENDS:
             raise ValueError(f"unknown experts backend {backend!r}; choose one of {list(EXPERTS_BACKENDS)}")
@@ -105,12 +107,18 @@ class GroupedExperts(nn.Module):
         self.first_expert = first_expert
         self.num_local_experts = gate_up_proj.shape[0]
         self.num_experts = num_experts if num_experts is not None else self.num_local_experts
+        self.recompute = recompute
 
     def forward(self, x_by_expert_ND: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         """Expert outputs for expert-major tokens, `tokens_per_expert` rows each."""
-        return EXPERTS_BACKENDS[self.backend](x_by_expert_ND, tokens_per_expert, self.gate_up_proj,
-                                              self.down_proj, self.act_fn)
+        fn = EXPERTS_BACKENDS[self.backend]
+        if self.recompute and torch.is_grad_enabled():
+            # Saves only the input rows; the [N, 2I] and [N, I] intermediates are rebuilt in backward.
+            return checkpoint(fn, x_by_expert_ND, tokens_per_expert, self.gate_up_proj, self.down_proj,
+                              self.act_fn, use_reentrant=False)
+        return fn(x_by_expert_ND, tokens_per_expert, self.gate_up_proj, self.down_proj, self.act_fn)
 
     def extra_repr(self) -> str:
         last = self.first_expert + self.num_local_experts
-        return f"experts [{self.first_expert}, {last}) of {self.num_experts}, backend={self.backend}"
+        return (f"experts [{self.first_expert}, {last}) of {self.num_experts}, backend={self.backend}"
+                + (", recompute" if self.recompute else ""))
