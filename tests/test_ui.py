@@ -85,6 +85,8 @@ def test_backend_choices_from_rank_records_name_the_rank():
     panel.rows["experts"].value = "loop"
     panel.rows["gate"].value = "balanced"
     assert panel.backend_config() == BackendConfig(experts="loop", gate="balanced")
+    panel.expert_recompute.value = True
+    assert panel.backend_config() == BackendConfig(experts="loop", gate="balanced", expert_recompute=True)
     panel.set_ep(2)  # the local dispatcher cannot serve ep=2
     assert panel.rows["dispatcher"].buttons["local"].disabled
 

@@ -243,10 +243,13 @@ class BackendPanel:
         choices = backend_choices(rank_infos, device_type, world_size, self.ep)
         self.rows = {f: ChoiceRow(f, choices[f], getattr(backend, f)) for f in CHOICES}
         self.fused_ce = W.Checkbox(value=backend.fused_ce, description="fused linear cross-entropy")
+        self.expert_recompute = W.Checkbox(value=backend.expert_recompute,
+                                           description="recompute expert MLPs (less memory)")
         for row in self.rows.values():
             for b in row.buttons.values():
                 b.observe(lambda _: self._show_auto(), "value")
-        self.widget = W.VBox([W.HTML("<b>Backends</b>"), *[r.widget for r in self.rows.values()], self.fused_ce])
+        self.widget = W.VBox([W.HTML("<b>Backends</b>"), *[r.widget for r in self.rows.values()], self.fused_ce,
+                              self.expert_recompute])
         self._show_auto()
 
     def set_ep(self, ep: int) -> None:
@@ -273,4 +276,5 @@ class BackendPanel:
                               if row.value == "auto" else "")
 
     def backend_config(self) -> BackendConfig:
-        return BackendConfig(**{f: r.value for f, r in self.rows.items()}, fused_ce=self.fused_ce.value)
+        return BackendConfig(**{f: r.value for f, r in self.rows.items()}, fused_ce=self.fused_ce.value,
+                             expert_recompute=self.expert_recompute.value)
