@@ -2,7 +2,8 @@
 # TransformerEngine 2.20.2 on the GPU machine, assembled from what the device calls carry (issue 7).
 # It downloads nothing: ../shared/gpu/te_chunks.sh .te prepares .te/ here (wheels, core.part0..4,
 # the torch-extension source), and the machine is held warm between the calls of one session.
-#   bash benchmarks/te_device.sh stage N        # call N (0..4), carry [".te/core.partN"] (+ small files on 0)
+#   bash benchmarks/te_device.sh stage N        # call N (0..4), carry [".te/core.partN"] (+ the small files
+#                                               #   with part 4, the smallest: 64 MiB per call in all)
 #   bash benchmarks/te_device.sh build [CPUS]   # after part 4: install the wheels, start the extension build
 #   bash benchmarks/te_device.sh install        # the wheels only (with unpack instead of build)
 #   bash benchmarks/te_device.sh wait [SECS]    # until the build ends (exit 0) or SECS pass (exit 3)
@@ -20,7 +21,8 @@ case "$cmd" in
   stage)
     n=${2:?part number}
     cp ".te/core.part$n" "$TE/"
-    if [ "$n" = 0 ]; then cp .te/*.whl .te/transformer_engine_torch-2.20.2-src.tar.gz "$TE/"; fi
+    # the small files (wheels, extension source) ride along with whichever part has room: copy any here
+    for f in .te/*.whl .te/*.tar.gz; do [ -e "$f" ] && cp "$f" "$TE/"; done
     ls -la "$TE" ;;
   install)
     cat "$TE"/core.part* > "$TE/$WHEEL"
