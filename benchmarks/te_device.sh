@@ -22,7 +22,7 @@ case "$cmd" in
     n=${2:?part number}
     cp ".te/core.part$n" "$TE/"
     # the small files (wheels, extension source) ride along with whichever part has room: copy any here
-    for f in .te/*.whl .te/*.tar.gz; do [ -e "$f" ] && cp "$f" "$TE/"; done
+    for f in .te/*.whl .te/*.tar.gz; do if [ -e "$f" ]; then cp "$f" "$TE/"; fi; done
     ls -la "$TE" ;;
   install)
     cat "$TE"/core.part* > "$TE/$WHEEL"
