@@ -105,6 +105,9 @@ def availability(field: str, choice: str, device: torch.device | str = "cpu",
             return False, f"symm_mem dispatch needs CUDA devices with NVSHMEM, got {dev.type}; use 'alltoall'"
         if not _has_module("torch.distributed._symmetric_memory"):
             return False, "this torch has no torch.distributed._symmetric_memory; use 'alltoall'"
+        if world_size < 2:
+            return False, ("symm_mem dispatch exchanges tokens between ranks and needs expert parallelism "
+                           "(ep >= 2); with ep=1 every expert is local: use 'local' or 'auto'")
         return True, ""
     if choice == "deepep":
         if not _has_module("deep_ep"):
