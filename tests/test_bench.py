@@ -106,7 +106,7 @@ def test_readme_table_from_results(two_rank_result, tmp_path):
 def _one_rank(rank, world, out_dir):
     from workbench.bench import run_bench
 
-    cfg = BenchConfig(preset="tiny", seq=16, batch=2, warmup=0, steps=2, variants=("anchor", "engine", "anchor_eager"),
+    cfg = BenchConfig(preset="tiny", seq=16, batch=2, warmup=0, steps=2, variants=("anchor", "engine", "anchor_eager", "engine_recompute"),
                       out_dir=out_dir, html=False, fail_fast=True)
     return run_bench(cfg)
 
@@ -120,6 +120,10 @@ def test_one_rank_losses_agree(tmp_path):
     for a, e in zip(rows["anchor"]["loss"], rows["engine"]["loss"]):
         assert abs(a - e) < 1e-5
     assert rows["anchor_eager"]["loss"][0] == pytest.approx(rows["anchor"]["loss"][0], abs=1e-5)
+    # recomputing the expert MLPs changes memory, not numbers
+    assert rows["engine_recompute"]["setup"]["backend"]["expert_recompute"] is True
+    for a, e in zip(rows["engine"]["loss"], rows["engine_recompute"]["loss"]):
+        assert abs(a - e) < 1e-6
     assert len(list(tmp_path.glob("*.json"))) == 1 and not list(tmp_path.glob("*.html"))
 
 

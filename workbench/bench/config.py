@@ -21,13 +21,15 @@ class VariantSpec:
     sdpa_backend: str | None = None  # anchor only: force a torch SDPA backend ("cudnn")
     gate: str = "native"  # engine only
     needs_cuda: bool = False
-    backend: tuple[tuple[str, str], ...] = ()  # engine only: BackendConfig fields this variant sets
+    backend: tuple[tuple[str, str | bool], ...] = ()  # engine only: BackendConfig fields this variant sets
 
     def __post_init__(self) -> None:
         from workbench.backends import CHOICES
 
         for key, value in self.backend:
-            if key not in CHOICES or key == "gate" or value not in CHOICES[key]:
+            ok = (value in CHOICES[key] and key != "gate") if key in CHOICES else (
+                key in ("fused_ce", "expert_recompute") and isinstance(value, bool))
+            if not ok:
                 raise ConfigError(f"variant backend override {key}={value!r} is not a BackendConfig choice")
 
 
@@ -40,6 +42,8 @@ VARIANTS: dict[str, VariantSpec] = {
                                 sdpa_backend="cudnn", needs_cuda=True),
     "anchor_eager": VariantSpec("anchor", "the anchor with eager (v4-style loop) experts",
                                 experts_implementation="eager"),
+    "engine_recompute": VariantSpec("engine", "engine, expert MLPs recomputed in backward (memory)",
+                                    backend=(("expert_recompute", True),)),
     # Optional accelerators: skipped with the reason where the package or device is missing.
     "engine_te": VariantSpec("engine", "engine, TransformerEngine attention, linear and RMSNorm",
                              backend=(("attention", "te"), ("linear", "te"), ("rms_norm", "te"))),
