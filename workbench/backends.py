@@ -22,7 +22,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
 # What to install for each optional backend: the message names the extra and the package.
 INSTALL_HINT: dict[str, str] = {
     "te": "pip install 'moe-workbench[te]'  (transformer-engine[pytorch]; needs a CUDA GPU)",
-    "deepep": "pip install 'moe-workbench[deepep]'  (deep-ep; needs CUDA GPUs and NVSHMEM)",
+    "deepep": ("pip install 'moe-workbench[deepep]'  (deep-ep; the PyPI build needs DeepSeek's patched NVSHMEM: "
+               "for intranode EP build DeepEP 1.2.x from source without NVSHMEM; see workbench/moe/dispatch/deepep.py)"),
     "triton": "pip install triton  (ships with CUDA builds of torch; needs a CUDA GPU)",
     "liger": "pip install 'moe-workbench[gpu]'  (liger-kernel; needs a CUDA GPU)",
 }
@@ -30,7 +31,10 @@ INSTALL_HINT: dict[str, str] = {
 # Fields whose TransformerEngine implementation does not exist yet (issue 7).
 TE_NOT_WIRED = frozenset({"experts", "attention", "linear"})
 
-# Preference order used by "auto": first available wins.
+# Preference order used by "auto": first available wins. The dispatcher's auto is alltoall for
+# ep > 1 and never symm_mem or deepep: resolve() does not know the activation dtype (DeepEP's
+# combine takes bf16 only) nor whether the ep group stays within one node, and neither has beaten
+# alltoall in a measured engine step yet; name them explicitly to use them.
 AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "experts": ("grouped_mm", "loop"),
     "dispatcher": ("alltoall", "local"),
@@ -38,6 +42,10 @@ AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "rms_norm": ("triton", "torch"),
     "linear": ("torch",),
 }
+
+
+# DeepEP's intranode kernels are compiled for these ep group sizes (NVLink peers of one node).
+DEEPEP_EP_SIZES = (2, 4, 8)
 
 
 class BackendError(ValueError):
@@ -49,6 +57,22 @@ def _has_module(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
+
+
+def gpus_per_node() -> int:
+    """GPUs on this host, also on a rank whose CUDA_VISIBLE_DEVICES shows it only its own (NVML ignores it)."""
+    import warnings
+
+    count = -1
+    raw = getattr(torch.cuda, "_raw_device_count_nvml", None)
+    if raw is not None:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                count = raw()
+        except Exception:  # no NVML library here
+            count = -1
+    return max(count, torch.cuda.device_count())
 
 
 def package_versions() -> dict[str, str | None]:
@@ -113,7 +137,16 @@ def availability(field: str, choice: str, device: torch.device | str = "cpu",
         if not _has_module("deep_ep"):
             return False, f"deep_ep is not installed: {INSTALL_HINT['deepep']}"
         if not cuda:
-            return False, f"DeepEP needs CUDA devices, got {dev.type}"
+            return False, f"DeepEP needs CUDA GPUs joined by NVLink, got {dev.type}; use 'alltoall'"
+        if world_size < 2:
+            return False, "DeepEP exchanges tokens between ep ranks and needs ep >= 2; use 'local' for one rank"
+        if world_size not in DEEPEP_EP_SIZES:
+            return False, (f"DeepEP's intranode kernels run on {', '.join(map(str, DEEPEP_EP_SIZES))} ranks, "
+                           f"got {world_size}; use 'alltoall'")
+        per_node = gpus_per_node()
+        if world_size > per_node:
+            return False, (f"DeepEP runs intranode only (NVLink): {world_size} ranks but this node has {per_node} "
+                           "GPUs; use 'alltoall'")
         return True, ""
     return False, f"unknown backend {choice!r} for {field!r}"
 

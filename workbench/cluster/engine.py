@@ -94,11 +94,21 @@ def process_group_ready() -> bool:
 
 @_standalone
 def shutdown_process_group() -> bool:
-    """Barrier then destroy: gloo can abort at process exit if the group is left alive."""
+    """Free dispatcher buffers, then barrier and destroy: gloo can abort at process exit if the group is left alive."""
+    import sys
+
     import torch.distributed as dist
 
     if not dist.is_initialized():
         return False
+    # DeepEP buffers of models still alive here are freed while every rank can still agree on them
+    # (their destroy waits for the peers). No model was ever built if the module was never imported.
+    dispatch = sys.modules.get("workbench.moe.dispatch")
+    if dispatch is not None:
+        try:
+            dispatch.close_live_dispatchers()
+        except Exception:
+            pass  # a rank that cannot agree leaves its buffers to process exit
     dist.barrier()
     dist.destroy_process_group()
     return True

@@ -5,6 +5,11 @@ Every dispatcher implements one protocol:
     combine(y_by_expert_ND, handle) -> y_TD
 where `tokens_per_expert` counts rows for this rank's local experts, and `combine` applies the
 routing weights and sums each token's k expert outputs.
+
+A dispatcher that holds communication buffers (deepep) also has `close()`, collective over its
+ep group and idempotent, and `open_key`, the same on every rank of that group while a buffer is
+held. `close_dispatchers(model)` is for whoever owns a model; `close_live_dispatchers()` is the
+rank-side teardown of a cluster, which has no model at hand.
 """
 
 from __future__ import annotations
@@ -52,5 +57,63 @@ def make_dispatcher(name: str, num_experts: int, ep_group=None) -> Dispatcher:
     raise ValueError(f"unknown dispatcher {name!r}")
 
 
-__all__ = ["Dispatcher", "LocalDispatcher", "Permutation", "make_dispatcher", "permute", "sort_by_expert",
-           "unpermute"]
+def _closable(dispatcher) -> bool:
+    return callable(getattr(dispatcher, "close", None))
+
+
+def close_dispatchers(model: torch.nn.Module) -> int:
+    """Free the buffers of every dispatcher of `model`'s MoE blocks; how many held one. Idempotent.
+
+    Collective: every rank of each dispatcher's ep group must call it (in the same module order,
+    which the same model gives). Dispatchers that hold nothing to free are skipped.
+    """
+    from workbench.moe.layer import moe_blocks
+
+    closed, seen = 0, set()
+    for block in moe_blocks(model):
+        dispatcher = block.dispatcher
+        if id(dispatcher) in seen or not _closable(dispatcher):
+            continue
+        seen.add(id(dispatcher))
+        closed += bool(dispatcher.close())
+    return closed
+
+
+def close_live_dispatchers() -> int:
+    """Rank-side teardown: free the buffers of every MoE model still alive in this process.
+
+    Finds the MoE blocks among live objects (also models already dropped but not yet collected),
+    then agrees with the other ranks (one all_gather_object over the default group, which every
+    rank must call) and closes, in key order, only the buffers every rank of their ep group still
+    holds: a rank that closed or lost one makes the others skip it rather than wait forever in
+    DeepEP's destroy. Returns how many buffers this rank freed; 0 without a process group.
+    """
+    import gc
+
+    import torch.distributed as dist
+
+    from workbench.moe.layer import MoEBlock
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0
+    held = {}
+    for obj in gc.get_objects():
+        # type(), not isinstance: some live objects (proxies) raise from __class__.
+        if issubclass(type(obj), MoEBlock) and _closable(obj.dispatcher):
+            key = getattr(obj.dispatcher, "open_key", None)
+            if key is not None:
+                held[key] = obj.dispatcher
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, sorted(held))
+    keys_of_rank = [set(keys or ()) for keys in everyone]
+    closed = 0
+    for key in sorted(held):
+        dispatcher = held[key]
+        ranks = getattr(dispatcher, "group_ranks", range(len(everyone)))
+        if all(key in keys_of_rank[r] for r in ranks):
+            closed += bool(dispatcher.close())
+    return closed
+
+
+__all__ = ["Dispatcher", "LocalDispatcher", "Permutation", "close_dispatchers", "close_live_dispatchers",
+           "make_dispatcher", "permute", "sort_by_expert", "unpermute"]

@@ -1,0 +1,358 @@
+"""The deepep dispatcher: selection, fallback and buffer teardown on CPU; parity with alltoall on 2 GPUs.
+
+The GPU test needs DeepEP importable (built without NVSHMEM for intranode use; see
+workbench/moe/dispatch/deepep.py) and 2 CUDA GPUs.
+Script mode (2 GPUs, self-spawning): python tests/test_deepep.py --bench
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import os
+import re
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+# Script mode: import workbench from this checkout and the test helpers beside this file.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dist_utils import run_ranks  # noqa: E402
+
+import workbench.backends as backends
+from workbench.backends import BackendConfig, BackendError, availability
+from workbench.moe.dispatch import close_dispatchers, close_live_dispatchers, make_dispatcher
+from workbench.moe.dispatch.deepep import BufferSlot
+from workbench.moe.layer import MoEBlock
+
+HAS_DEEP_EP = importlib.util.find_spec("deep_ep") is not None
+# Multicast/NVLS off (shared/gpu notes): NCCL, torch symmetric memory and NVSHMEM each have a switch.
+GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+needs_no_deep_ep = pytest.mark.skipif(HAS_DEEP_EP, reason="checks the not-installed path; deep_ep is installed here")
+
+
+# ---------------------------------------------------------------- CPU: selection and fallback
+
+@needs_no_deep_ep
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_explicit_deepep_without_the_package_names_the_extra(device):
+    with pytest.raises(BackendError, match=r"deep_ep is not installed: pip install 'moe-workbench\[deepep\]'"):
+        BackendConfig(dispatcher="deepep").resolve(device, world_size=2)
+
+
+@needs_no_deep_ep
+def test_constructing_without_the_package_names_the_extra():
+    with pytest.raises(BackendError, match=r"moe-workbench\[deepep\].*alltoall"):
+        make_dispatcher("deepep", 8, None)
+
+
+@pytest.fixture
+def deep_ep_installed(monkeypatch):
+    """Pretend deep_ep is importable and this node has 8 GPUs (availability only looks, never imports)."""
+    real = backends._has_module
+    monkeypatch.setattr(backends, "_has_module", lambda name: name == "deep_ep" or real(name))
+    monkeypatch.setattr(backends, "gpus_per_node", lambda: 8)
+
+
+@pytest.mark.parametrize("device,world_size,expected", [
+    ("cpu", 1, "local"), ("cpu", 2, "alltoall"), ("cpu", 8, "alltoall"),
+    ("cuda", 1, "local"), ("cuda", 2, "alltoall"), ("cuda", 8, "alltoall")])
+def test_auto_never_picks_deepep(device, world_size, expected):
+    assert BackendConfig(dispatcher="auto").resolve(device, world_size=world_size).dispatcher == expected
+
+
+@pytest.mark.parametrize("device,world_size", [("cuda", 2), ("cuda", 8)])
+def test_auto_stays_alltoall_even_when_deepep_is_usable(deep_ep_installed, device, world_size):
+    assert availability("dispatcher", "deepep", device, world_size) == (True, "")
+    assert BackendConfig(dispatcher="auto").resolve(device, world_size=world_size).dispatcher == "alltoall"
+    assert BackendConfig(dispatcher="deepep").resolve(device, world_size=world_size).dispatcher == "deepep"
+
+
+@pytest.mark.parametrize("device,world_size,gpus,message", [
+    ("cpu", 2, 8, r"needs CUDA GPUs.*got cpu; use 'alltoall'"),
+    ("cuda", 1, 8, r"needs ep >= 2; use 'local'"),
+    ("cuda", 3, 8, r"run on 2, 4, 8 ranks, got 3; use 'alltoall'"),
+    ("cuda", 16, 8, r"run on 2, 4, 8 ranks, got 16"),
+    ("cuda", 8, 4, r"intranode only \(NVLink\): 8 ranks but this node has 4 GPUs; use 'alltoall'"),
+])
+def test_deepep_refused_with_a_reason(deep_ep_installed, monkeypatch, device, world_size, gpus, message):
+    monkeypatch.setattr(backends, "gpus_per_node", lambda: gpus)
+    ok, reason = availability("dispatcher", "deepep", device, world_size)
+    assert not ok
+    assert re.search(message, reason), reason
+    with pytest.raises(BackendError, match=message):
+        BackendConfig(dispatcher="deepep").resolve(device, world_size=world_size)
+
+
+def test_gpus_per_node_is_at_least_the_visible_count():
+    assert backends.gpus_per_node() >= torch.cuda.device_count()
+
+
+@needs_no_deep_ep
+def test_backend_panel_shows_deepep_missing_with_the_install_command():
+    pytest.importorskip("ipywidgets")
+    from workbench.ui import BackendPanel, backend_choices
+
+    install = "pip install 'moe-workbench[deepep]'"
+    for device_type in ("cpu", "cuda"):
+        deepep = {c.value: c for c in backend_choices(None, device_type, 2, 2)["dispatcher"]}["deepep"]
+        assert not deepep.available and install in deepep.reason, deepep
+    panel = BackendPanel(None, "cpu", 2)
+    button = panel.rows["dispatcher"].buttons["deepep"]
+    assert button.disabled and install in button.tooltip
+    assert "deepep" in panel.rows["dispatcher"].reasons.value
+    assert panel.auto_resolution()["dispatcher"] == "alltoall"
+
+
+# ---------------------------------------------------------------- CPU: buffer lifecycle and teardown
+
+class FakeBuffer:
+    def __init__(self, num_bytes: int, log: list):
+        self.num_bytes, self.log = num_bytes, log
+        log.append(("make", num_bytes))
+
+    def destroy(self):
+        self.log.append(("destroy", self.num_bytes))
+
+
+def test_buffer_slot_is_lazy_grows_and_closes_once():
+    log = []
+    slot = BufferSlot(lambda n: (FakeBuffer(n, log), f"key{n}"))
+    assert slot.close() is False and slot.key is None and log == []  # nothing held: a no-op
+    first = slot.get(100)
+    assert slot.get(50) is first and slot.get(100) is first and slot.key == "key100"
+    second = slot.get(300)                         # wider rows: the old buffer is freed first
+    assert second is not first and log == [("make", 100), ("destroy", 100), ("make", 300)]
+    assert slot.close() is True and slot.close() is False
+    assert log[-1] == ("destroy", 300) and slot.buffer is None and slot.key is None
+
+
+class FakeClosable:
+    """A dispatcher that holds a buffer until close(), like DeepEPDispatcher."""
+
+    def __init__(self, key: str | None, group_ranks=(0,)):
+        self.open_key, self.group_ranks, self.closes = key, list(group_ranks), 0
+
+    def close(self) -> bool:
+        self.closes += 1
+        held, self.open_key = self.open_key is not None, None
+        return held
+
+
+def _blocks(dispatchers) -> nn.Module:
+    return nn.ModuleList([MoEBlock(nn.Identity(), nn.Identity(), d, 8) for d in dispatchers])
+
+
+def test_close_dispatchers_on_a_real_model_holding_no_buffer_is_a_no_op():
+    import workbench
+    from tiny_models import tiny_qwen3_moe
+
+    model = workbench.AutoModelForCausalLM.from_config(tiny_qwen3_moe(), backend=BackendConfig(), device="cpu")
+    assert any(isinstance(m, MoEBlock) for m in model.modules())
+    assert close_dispatchers(model) == 0
+    assert close_dispatchers(model) == 0
+
+
+def test_close_dispatchers_closes_each_shared_dispatcher_once_and_is_idempotent():
+    shared, other = FakeClosable("a"), FakeClosable(None)
+    model = _blocks([shared, shared, other, make_dispatcher("local", 8)])
+    assert close_dispatchers(model) == 1
+    assert shared.closes == 1 and other.closes == 1
+    assert close_dispatchers(model) == 0 and shared.closes == 2  # close() itself is idempotent
+
+
+def test_close_live_dispatchers_without_a_process_group_does_nothing():
+    held = FakeClosable("a")
+    model = _blocks([held])
+    assert not dist.is_initialized()
+    assert close_live_dispatchers() == 0 and held.closes == 0
+    del model
+
+
+def test_cluster_teardown_closes_the_buffers_of_live_models():
+    """engine.shutdown_process_group (Cluster.stop/restart, rank side) frees what live models hold."""
+    from workbench.cluster import engine
+
+    held = FakeClosable("k", group_ranks=[0])
+    model = _blocks([held, held])
+    store = tempfile.mktemp(prefix="wb-deepep-store-")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        assert engine.shutdown_process_group() is True
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if os.path.exists(store):
+            os.remove(store)
+    assert held.closes == 1 and held.open_key is None
+    del model
+
+
+def _teardown_worker(rank, world):
+    both = FakeClosable("both", group_ranks=[0, 1])            # held by both ranks: closed
+    rank0_only = FakeClosable("only-0" if rank == 0 else None, group_ranks=[0, 1])  # peer lost it: skipped
+    solo = FakeClosable(f"solo-{rank}", group_ranks=[rank])   # a one-rank group: closed
+    model = _blocks([both, rank0_only, solo])
+    closed = close_live_dispatchers()
+    again = close_live_dispatchers()
+    del model
+    return {"closed": closed, "again": again, "both": both.closes, "rank0_only": rank0_only.closes,
+            "solo": solo.closes}
+
+
+def test_close_live_dispatchers_closes_only_what_every_group_rank_holds():
+    reports = run_ranks(_teardown_worker, 2)
+    for report in reports:
+        assert report["closed"] == 2 and report["again"] == 0, report
+        assert report["both"] == 1 and report["solo"] == 1 and report["rank0_only"] == 0, report
+
+
+# ---------------------------------------------------------------- 2 GPUs: parity with alltoall
+
+def run_gpu_ranks(fn, world: int, *args, timeout: float = 300.0) -> list:
+    """fn(rank, world, *args) on `world` NCCL ranks, one GPU each, multicast off."""
+    return run_ranks(fn, world, *args, timeout=timeout, backend="nccl", env=GPU_ENV)
+
+
+def random_routing(num_tokens: int, num_experts: int, top_k: int, generator, device):
+    """Distinct top-k ids per token from a skewed expert popularity (uneven counts), softmax weights."""
+    popularity = torch.rand(num_experts, generator=generator) ** 3 + 1e-3
+    ids = torch.multinomial(popularity.expand(num_tokens, -1), top_k, replacement=False, generator=generator)
+    weights = torch.softmax(torch.randn(num_tokens, top_k, generator=generator), dim=-1)
+    return ids.to(device), weights.to(device)
+
+
+def _round_trip(dispatcher, x_TD, ids_TK, w_TK, grad_out_TD, expert_scale_E_local):
+    """dispatch -> a per-expert elementwise 'expert' -> combine -> backward; everything the test compares."""
+    x = x_TD.clone().requires_grad_(True)
+    w = w_TK.clone().requires_grad_(True)
+    x_by_expert, tokens_per_expert, handle = dispatcher.dispatch(x, ids_TK, w)
+    scale_rows = torch.repeat_interleave(expert_scale_E_local, tokens_per_expert, dim=0,
+                                         output_size=x_by_expert.shape[0])
+    y = torch.tanh(x_by_expert) * scale_rows[:, None].to(x_by_expert.dtype)
+    out = dispatcher.combine(y, handle)
+    out.backward(grad_out_TD)
+    return {"x_by_expert": x_by_expert.detach(), "tokens_per_expert": tokens_per_expert, "out": out.detach(),
+            "grad_x": x.grad, "grad_w": w.grad}
+
+
+def _parity_worker(rank, world, configs, seed):
+    device = torch.device("cuda", rank)
+    group = dist.new_group(list(range(world)))
+    report = []
+    dispatchers = {}
+    for num_experts, num_tokens, top_k, hidden in configs:
+        if num_experts not in dispatchers:  # one of each per expert count: later configs reuse the buffer
+            dispatchers[num_experts] = (make_dispatcher("alltoall", num_experts, group),
+                                        make_dispatcher("deepep", num_experts, group))
+        reference, candidate = dispatchers[num_experts]
+        g = torch.Generator().manual_seed(seed + 97 * rank + num_tokens)
+        ids, weights = random_routing(num_tokens, num_experts, top_k, g, device)
+        x = torch.randn(num_tokens, hidden, generator=g).to(device, torch.bfloat16)
+        grad_out = torch.randn(num_tokens, hidden, generator=g).to(device, torch.bfloat16)
+        scale = (torch.rand(num_experts // world, generator=g) + 0.5).to(device)
+        a = _round_trip(reference, x, ids, weights.to(torch.bfloat16), grad_out, scale)
+        b = _round_trip(candidate, x, ids, weights.to(torch.bfloat16), grad_out, scale)
+        row = {"config": (num_experts, num_tokens, top_k, hidden), "rows": int(a["x_by_expert"].shape[0]),
+               "tokens_per_expert": a["tokens_per_expert"].tolist()}
+        for name in a:
+            same = tuple(a[name].shape) == tuple(b[name].shape) and a[name].dtype == b[name].dtype
+            diff = float((a[name].double() - b[name].double()).abs().max()) if same and a[name].numel() else 0.0
+            scale_ref = float(a[name].double().abs().max()) if a[name].numel() else 0.0
+            row[name] = (same, diff, scale_ref)
+        report.append(row)
+    closed = [candidate.close() for _, candidate in dispatchers.values()]
+    closed_again = [candidate.close() for _, candidate in dispatchers.values()]
+    return {"rows": report, "closed": closed, "closed_again": closed_again}
+
+
+@pytest.mark.skipif(not HAS_DEEP_EP, reason="deep_ep is not installed (the 'deepep' extra, built for intranode use)")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="deepep parity needs 2 CUDA GPUs joined by NVLink")
+def test_deepep_equals_alltoall_forward_and_backward_on_2_gpus():
+    configs = [
+        (8, 96, 2, 256),       # 4 experts per rank
+        (8, 40, 2, 256),       # fewer tokens than the first call: the buffer is reused
+        (128, 256, 8, 512),    # Qwen3-30B-A3B routing shape: 64 experts per rank
+        (128, 1024, 8, 2048),  # ... and its hidden size: a larger buffer replaces the first
+    ]
+    seed = int.from_bytes(os.urandom(4), "little")  # fresh inputs every run; the seed is in any failure
+    results = run_gpu_ranks(_parity_worker, 2, configs, seed)
+    for rank, result in enumerate(results):
+        assert result["closed"] == [True, True] and result["closed_again"] == [False, False], result
+        for row in result["rows"]:
+            where = f"seed {seed} rank {rank} {row['config']}"
+            assert row["rows"] > 0
+            assert max(row["tokens_per_expert"]) != min(row["tokens_per_expert"]), "routing should be uneven"
+            for name in ("x_by_expert", "tokens_per_expert", "out", "grad_x", "grad_w"):
+                same, diff, ref = row[name]
+                assert same, f"{where} {name}: shapes or dtypes differ"
+                # Rows and counts are copies in the same order: exact. Sums add one bf16 rounding
+                # of each rank's partial sum (the weighted sum happens per rank before DeepEP adds).
+                tol = 0.0 if name in ("x_by_expert", "tokens_per_expert") else 2e-2 * max(ref, 1.0)
+                assert diff <= tol, f"{where} {name}: max |deepep - alltoall| = {diff} (reference max {ref})"
+
+
+# ---------------------------------------------------------------- script mode: timing table
+
+def _bench_worker(rank, world, num_tokens, top_k, hidden, num_experts, iters):
+    device = torch.device("cuda", rank)
+    group = dist.new_group(list(range(world)))
+    g = torch.Generator().manual_seed(7 + rank)
+    ids, weights = random_routing(num_tokens, num_experts, top_k, g, device)
+    x = torch.randn(num_tokens, hidden, generator=g).to(device, torch.bfloat16)
+    grad_out = torch.randn(num_tokens, hidden, generator=g).to(device, torch.bfloat16)
+    weights = weights.to(torch.bfloat16)
+    rows = {}
+    for name in ("alltoall", "deepep"):
+        dispatcher = make_dispatcher(name, num_experts, group)
+        times = {"fwd": [], "fwd+bwd": []}
+        for it in range(iters + 3):
+            xr = x.clone().requires_grad_(True)
+            wr = weights.clone().requires_grad_(True)
+            start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            dist.barrier(group)
+            start.record()
+            x_by_expert, _, handle = dispatcher.dispatch(xr, ids, wr)
+            out = dispatcher.combine(x_by_expert * 2, handle)
+            mid.record()
+            out.backward(grad_out)
+            end.record()
+            torch.cuda.synchronize()
+            if it >= 3:
+                times["fwd"].append(start.elapsed_time(mid))
+                times["fwd+bwd"].append(start.elapsed_time(end))
+        rows[name] = {k: statistics.median(v) for k, v in times.items()}
+        if hasattr(dispatcher, "close"):
+            dispatcher.close()
+    return rows
+
+
+def bench(num_tokens=8192, top_k=8, hidden=2048, num_experts=128, iters=20) -> None:
+    """Median ms over `iters` of dispatch+combine forward, and forward+backward, per dispatcher."""
+    if torch.cuda.device_count() < 2:
+        sys.exit("--bench needs 2 CUDA GPUs")
+    if not HAS_DEEP_EP:
+        sys.exit("--bench needs deep_ep importable (the 'deepep' extra)")
+    results = run_gpu_ranks(_bench_worker, 2, num_tokens, top_k, hidden, num_experts, iters)
+    print(f"torch {torch.__version__}; {num_tokens} tokens x top-{top_k} x {hidden} bf16 per rank, "
+          f"{num_experts} experts over 2 ranks; median of {iters} (CUDA events), ms")
+    print(f"{'dispatcher':<10} {'rank':>4} {'fwd':>9} {'fwd+bwd':>9}")
+    for rank, rows in enumerate(results):
+        for name, t in rows.items():
+            print(f"{name:<10} {rank:>4} {t['fwd']:>9.3f} {t['fwd+bwd']:>9.3f}")
+
+
+if __name__ == "__main__":
+    if "--bench" in sys.argv:
+        bench()
+    else:
+        sys.exit(pytest.main([__file__, "-v"]))
