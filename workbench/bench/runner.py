@@ -108,6 +108,10 @@ def run_variant(name: str, cfg: BenchConfig, hf_config, mesh, checkpoint: Path |
         traceback.print_exc()
         return {**row, "status": "failed", "reason": f"{type(err).__name__}: {err}"}
     finally:
+        if prep is not None and spec.kind == "engine":
+            from workbench.moe.dispatch import close_dispatchers
+
+            close_dispatchers(prep.model)  # collective: every rank leaves run_variant here
         del prep
         _free(device)
     coef = float(getattr(hf_config, "router_aux_loss_coef", 0.0) or 0.0)

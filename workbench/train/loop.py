@@ -30,6 +30,7 @@ import torch
 from torch.profiler import record_function
 
 from workbench.config import RunConfig
+from workbench.moe.dispatch import close_dispatchers
 from workbench.train import dist_utils as du
 from workbench.train.checkpoint import (check_compatible, export_hf, load_checkpoint, resolve_checkpoint,
                                         save_checkpoint)
@@ -301,7 +302,11 @@ def finetune(run_config: RunConfig, callbacks: list | None = None) -> dict[str, 
     trainer = Trainer(run_config, callbacks)  # validation, data and run dir: errors before heavy work
     try:
         trainer.setup()
-        return trainer.fit()
+        result = trainer.fit()
+        # Collective on success (every rank got here): free dispatcher buffers (DeepEP) now
+        # rather than leak them into the next run of a long-lived notebook kernel.
+        close_dispatchers(trainer.model)
+        return result
     except BaseException as err:
         tb = traceback.format_exc()
         try:
