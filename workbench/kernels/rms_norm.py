@@ -26,18 +26,24 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 
 
 def rms_norm_te(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """TransformerEngine RMSNorm run with `weight` swapped in (CUDA + transformer_engine)."""
-    try:
-        import transformer_engine.pytorch as te
-    except ImportError as err:
-        from workbench.backends import INSTALL_HINT
+    """TransformerEngine RMSNorm run on the caller's `weight` (CUDA + transformer_engine).
 
-        raise BackendError(f"rms_norm='te' needs transformer_engine: {INSTALL_HINT['te']}") from err
-    if x.device.type != "cuda":
-        raise BackendError(f"rms_norm='te' needs a CUDA tensor, got {x.device}; use backend='torch'")
-    # TE exposes RMSNorm as a module; functional_call lets it use the caller's weight.
-    norm = te.RMSNorm(weight.shape[-1], eps=eps, params_dtype=weight.dtype, device=weight.device)
-    return torch.func.functional_call(norm, {"weight": weight}, (x,))
+    TE's RMSNorm is y = x / sqrt(mean(x^2) + eps) * weight with zero_centered_gamma=False, i.e.
+    Qwen3MoeRMSNorm's formula. TE only offers it as a module; a throwaway one is built on the
+    meta device (no allocation, no init kernel) and given `weight` itself, not a functional_call
+    swap: TE's backward reads the module's weight again, after a swap would have been undone.
+    The autograd graph keeps the module alive until then.
+    """
+    from workbench.kernels import te_common
+
+    te = te_common.import_te("rms_norm")
+    te_common.check_cuda("rms_norm", x)
+    norm = te.RMSNorm(weight.shape[0], eps=eps, zero_centered_gamma=False, device="meta", dtype=weight.dtype)
+    # Straight into _parameters: `weight` may be a plain tensor (functional callers) or an FSDP2
+    # unsharded parameter; TE's forward passes module.parameters() to its autograd function, so
+    # the gradient lands on this very tensor.
+    norm._parameters["weight"] = weight
+    return norm(x)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,

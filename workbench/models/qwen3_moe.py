@@ -12,6 +12,7 @@ from transformers.modeling_outputs import MoeCausalLMOutputWithPast
 from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 
 from workbench.backends import BackendConfig
+from workbench.kernels.te_common import fp8_autocast
 from workbench.moe.experts import GroupedExperts
 from workbench.moe.layer import MoEBlock
 from workbench.moe.router import load_balancing_loss, route, router_logits
@@ -62,7 +63,7 @@ class Qwen3MoeForCausalLM(hf.Qwen3MoeForCausalLM):
         rank's share of the global batch's aux loss, so shares and gradients add up exactly.
         """
         backend = self.workbench_backend
-        with attention_backend(backend, self.device):
+        with attention_backend(backend, self.device), fp8_autocast(backend is not None and backend.fp8):
             if labels is None or backend is None:
                 return super().forward(input_ids=input_ids, labels=labels,
                                        output_router_logits=output_router_logits, **kwargs)
@@ -161,6 +162,11 @@ def install_engine(model: Qwen3MoeForCausalLM, backend: BackendConfig, make_disp
         layer.mlp = MoEBlock(router, experts, make_dispatcher(config.num_experts), config.num_experts)
         blocks.append(layer.mlp)
     swap_rms_norms(model, backend.rms_norm)
+    swap_linears(model, backend.linear)
+    if backend.attention == "te":
+        from workbench.kernels.te_attention import use_te_attention
+
+        use_te_attention(model)
     for layer in model.model.layers:
         label_module(layer.self_attn, "workbench.attention")
     model.workbench_backend = backend
@@ -195,6 +201,24 @@ def swap_rms_norms(model: nn.Module, rms_norm_backend: str) -> int:
                 norm.weight = child.weight
                 setattr(parent, child_name, norm)
                 swapped += 1
+    return swapped
+
+
+def swap_linears(model: nn.Module, linear_backend: str) -> int:
+    """linear='te': attention q/k/v/o and dense-MLP projections become TE Linears (same Parameters).
+
+    The router and the experts are not nn.Linear modules and stay; lm_head stays too (the fused
+    cross-entropy reads its weight directly).
+    """
+    if linear_backend != "te":
+        return 0  # "torch": Transformers' own nn.Linear modules
+    from workbench.kernels.te_linear import swap_linears as swap_children
+
+    swapped = 0
+    for layer in model.model.layers:
+        swapped += swap_children(layer.self_attn)
+        if isinstance(layer.mlp, hf.Qwen3MoeMLP):  # mlp_only_layers
+            swapped += swap_children(layer.mlp)
     return swapped
 
 

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from workbench.kernels.te_experts import experts_te
+
 # (x_by_expert_ND, tokens_per_expert_E, gate_up_E2IH, down_EHI, act) -> y_by_expert_ND
 ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Callable], torch.Tensor]
 
@@ -83,6 +85,7 @@ def experts_grouped_mm(x_ND, tokens_per_expert, gate_up, down, act) -> torch.Ten
 EXPERTS_BACKENDS: dict[str, ExpertsFn] = {
     "loop": experts_loop,
     "grouped_mm": experts_grouped_mm,
+    "te": experts_te,  # TransformerEngine GroupedLinear; imports TE only when it runs
 }
 
 
