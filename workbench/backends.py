@@ -39,15 +39,18 @@ TE_FP8_MIN_CAPABILITY = (9, 0)
 # combine takes bf16 only) nor whether the ep group stays within one node, and neither has beaten
 # alltoall in a measured engine step yet; name them explicitly to use them.
 #
-# TE goes first for attention, rms_norm and linear where it imports on a CUDA device of compute
-# capability >= 8.0. Experts keep torch's grouped_mm first: on H200 at Qwen3-30B-A3B expert
-# shapes the same GEMMs take 2.31 ms with torch grouped_mm and 7.44 ms with TE's GroupedLinear.
+# TransformerEngine is never auto's first choice for bf16 work: measured in one `workbench bench`
+# launch on 1 x H200 (Qwen3-30B-A3B, 8 layers, seq 4096 x 2; benchmarks/results/
+# 2026-12-01-1xh200-te.json) the engine made 52,061 tokens/s with sdpa (cuDNN first) + Triton
+# RMSNorm + torch linear, 49,498 with TE attention + linear + RMSNorm, and 29,304 with TE
+# GroupedLinear experts (torch grouped_mm: 2.31 vs 7.44 ms for the same expert GEMMs). With
+# fp8=True, linear='auto' becomes 'te' where TE runs: TE is the engine's only FP8 GEMM path.
 AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "experts": ("grouped_mm", "te", "loop"),
     "dispatcher": ("alltoall", "local"),
-    "attention": ("te", "sdpa"),
-    "rms_norm": ("te", "triton", "torch"),
-    "linear": ("te", "torch"),
+    "attention": ("sdpa", "te"),
+    "rms_norm": ("triton", "torch", "te"),
+    "linear": ("torch", "te"),
 }
 
 
@@ -89,14 +92,56 @@ def _cuda_capability(dev: torch.device) -> tuple[int, int] | None:
     return tuple(torch.cuda.get_device_capability(dev))
 
 
+def _share_torch_cudnn() -> None:
+    """Point TransformerEngine at the cuDNN torch bundles before TE loads one of its own.
+
+    TE dlopens `libcudnn.so` from the system path first. Where the system cuDNN is another version
+    than torch's wheel (the H200 image: 9.14 in /lib vs torch's 9.19), the process ends up with two
+    half-loaded cuDNNs: TE's import fails with an undefined `cudnn::backend` symbol, or, imported
+    first, it makes torch refuse cuDNN ("compiled against 9.19 but found 9.14"). Loading torch's
+    own cuDNN libraries first, and naming their folder in CUDNN_HOME (where TE looks first), gives
+    both one cuDNN. A CUDNN_HOME/CUDNN_PATH the user set is left alone.
+    """
+    import ctypes
+    import glob
+    import os
+
+    if os.environ.get("CUDNN_HOME") or os.environ.get("CUDNN_PATH"):
+        return
+    try:
+        import nvidia.cudnn as bundled  # the nvidia-cudnn wheel CUDA builds of torch depend on
+    except ImportError:
+        return
+    for root in bundled.__path__:
+        libs = sorted(glob.glob(os.path.join(root, "lib", "libcudnn*.so.*")), key=lambda p: ("graph" not in p, p))
+        if not libs:
+            continue
+        for lib in libs:  # libcudnn_graph first: the others resolve symbols against it
+            ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+        os.environ["CUDNN_HOME"] = root  # TE's library search reads it (process-wide by design)
+        return
+
+
 @functools.lru_cache(maxsize=1)
 def _te_import_error() -> str | None:
     """Why `import transformer_engine.pytorch` fails here (None when it works); asked once."""
     try:
-        importlib.import_module("transformer_engine.pytorch")
+        import_transformer_engine()
     except Exception as err:  # a broken install fails with OSError/RuntimeError too, not just ImportError
         return f"{type(err).__name__}: {err}"
     return None
+
+
+def import_transformer_engine():
+    """`transformer_engine.pytorch`, loaded against torch's own cuDNN (see `_share_torch_cudnn`)."""
+    import sys
+
+    if "transformer_engine.pytorch" not in sys.modules and _has_module("transformer_engine"):
+        try:
+            _share_torch_cudnn()
+        except OSError:
+            pass  # a partial wheel: TE's own search then decides, and its error is reported
+    return importlib.import_module("transformer_engine.pytorch")
 
 
 def te_availability(device: torch.device | str = "cpu", fp8: bool = False) -> tuple[bool, str]:
@@ -204,7 +249,7 @@ class BackendConfig:
     expert_recompute: bool = False
     # FP8 GEMMs (TransformerEngine, per-tensor current scaling) for whatever runs on TE: the
     # linear='te' projections and experts='te' (experts='auto' stays on bf16 grouped_mm). Needs
-    # compute capability >= 9.0, and (TE's FP8 GEMM limits) tokens per forward divisible by 8 and
+    # compute capability >= 9.0, and (TE's FP8 GEMM limits) tokens per forward divisible by 16 and
     # hidden widths by 16. Attention and norms stay in the model dtype.
     fp8: bool = False
 
@@ -243,6 +288,8 @@ class BackendConfig:
             value = getattr(self, field)
             if value == "auto":
                 order = AUTO_ORDER[field]
+                if field == "linear" and self.fp8:
+                    order = ("te", "torch")
                 if field == "dispatcher":
                     order = ("alltoall",) if world_size > 1 else ("local",)
                 value = next(c for c in order if availability(field, c, device, world_size)[0])

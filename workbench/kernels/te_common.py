@@ -15,8 +15,10 @@ from workbench.backends import INSTALL_HINT, BackendError
 
 def import_te(field: str):
     """`transformer_engine.pytorch`, or a BackendError naming the pip extra."""
+    from workbench.backends import import_transformer_engine
+
     try:
-        import transformer_engine.pytorch as te
+        te = import_transformer_engine()
     except Exception as err:  # ImportError, or a broken install (missing CUDA libraries, ABI mismatch)
         raise BackendError(f"{field}='te' needs transformer_engine: {INSTALL_HINT['te']} "
                            f"(import failed: {type(err).__name__}: {err})") from err

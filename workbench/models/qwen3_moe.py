@@ -63,7 +63,11 @@ class Qwen3MoeForCausalLM(hf.Qwen3MoeForCausalLM):
         rank's share of the global batch's aux loss, so shares and gradients add up exactly.
         """
         backend = self.workbench_backend
-        with attention_backend(backend, self.device), fp8_autocast(backend is not None and backend.fp8):
+        fp8 = backend is not None and backend.fp8
+        if fp8 and input_ids is not None and input_ids.numel() % 16:
+            raise ValueError(f"fp8=True needs batch x sequence divisible by 16 (TransformerEngine's FP8 "
+                             f"GEMMs take the token count as a leading dimension); got {tuple(input_ids.shape)}")
+        with attention_backend(backend, self.device), fp8_autocast(fp8):
             if labels is None or backend is None:
                 return super().forward(input_ids=input_ids, labels=labels,
                                        output_router_logits=output_router_logits, **kwargs)
