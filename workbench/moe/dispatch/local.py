@@ -67,6 +67,12 @@ class _ExpandToExperts(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_ND):
         (row_of_slot,) = ctx.saved_tensors
+        if _triton_combine_runs(grad_ND):
+            # the unweighted combine: one pass over the rows, no [T, K, D] gather
+            from workbench.kernels.triton_combine import combine_forward
+
+            ones_TK = torch.ones(row_of_slot.numel() // ctx.top_k, ctx.top_k, device=grad_ND.device)
+            return combine_forward(grad_ND, ones_TK, row_of_slot), None, None, None
         grad_TKD = grad_ND.index_select(0, row_of_slot).view(-1, ctx.top_k, grad_ND.shape[-1])
         return grad_TKD.sum(dim=1), None, None, None
 
@@ -76,26 +82,44 @@ def permute(x_TD: torch.Tensor, perm: Permutation) -> torch.Tensor:
     return _ExpandToExperts.apply(x_TD, perm.token_of_row, perm.row_of_slot, perm.top_k)
 
 
+def _triton_combine_runs(y_ND: torch.Tensor) -> bool:
+    """Whether the fused Triton combine takes this tensor (CUDA, or the interpreter in tests)."""
+    from workbench.kernels.cross_entropy import triton_path_available
+
+    return y_ND.dim() == 2 and triton_path_available(y_ND)
+
+
 class _WeightedCombine(torch.autograd.Function):
     """out[t] = sum_k w[t, k] * y[row(t, k)], in float32, saving only y's own bf16 rows.
 
     Autograd through `bmm(w.float(), y[rows].float())` saved the float32 copy of the gathered
     rows, [T, K, D] x 4 bytes: 537 MB per MoE layer at 8k tokens x top-8 x 2048, twice y's size.
-    Here the backward gathers y again (bf16) for the routing-weight gradient instead.
+    Here the backward gathers y again (bf16) for the routing-weight gradient instead. On CUDA the
+    fused Triton kernels (kernels/triton_combine.py) replace the gathers, copies and gemvs.
     """
 
     @staticmethod
     def forward(ctx, y_ND, weights_TK, row_of_slot, slot_order):
         num_tokens, top_k = weights_TK.shape
+        ctx.save_for_backward(y_ND, weights_TK, row_of_slot, slot_order)
+        ctx.use_triton = _triton_combine_runs(y_ND)
+        if ctx.use_triton:
+            from workbench.kernels.triton_combine import combine_forward
+
+            return combine_forward(y_ND, weights_TK, row_of_slot)
         y_TKD = y_ND.index_select(0, row_of_slot).view(num_tokens, top_k, -1)
         out_TD = torch.bmm(weights_TK.float().unsqueeze(1), y_TKD.float()).squeeze(1)
-        ctx.save_for_backward(y_ND, weights_TK, row_of_slot, slot_order)
         return out_TD.to(y_ND.dtype)
 
     @staticmethod
     def backward(ctx, grad_TD):
         y_ND, weights_TK, row_of_slot, slot_order = ctx.saved_tensors
         num_tokens, top_k = weights_TK.shape
+        if ctx.use_triton:
+            from workbench.kernels.triton_combine import combine_backward
+
+            grad_y, grad_w = combine_backward(grad_TD, y_ND, weights_TK, row_of_slot)
+            return grad_y, grad_w, None, None
         grad_T1D = grad_TD.float().unsqueeze(1)
         grad_y = grad_w = None
         if ctx.needs_input_grad[1]:

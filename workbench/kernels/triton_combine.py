@@ -1,0 +1,95 @@
+"""Triton weighted combine of expert outputs (imported lazily; see moe/dispatch/local.py).
+
+out[t] = sum_k w[t, k] * y[row(t, k)] with the sum in float32. The torch path gathers the rows
+([T, K, D] in y's dtype), upcasts them ([T, K, D] float32) and runs a batched [1, K] x [K, D]
+product (a cuBLAS gemv per token); its backward does the same again plus a float32 [T, K, D]
+gradient and a cast. These kernels read each expert row once per pass and keep the K-way sums in
+registers: forward ~(K + 1) x D x 2 bytes per token instead of ~(7K + 1) x D x 2, backward
+likewise, with no [T, K, D] temporaries at all (measured on H200 at T=8192, K=8, D=2048: the
+torch combine's copies, gathers and gemvs took ~18 ms of a 157 ms step over 8 layers).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from workbench.kernels._triton_util import check_triton_device
+
+BLOCK_D = 512
+
+
+@triton.jit
+def _combine_fwd_kernel(Y, W, ROWS, OUT, stride_y, stride_out, K, D,
+                        K_P2: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ks = tl.arange(0, K_P2)
+    kmask = ks < K
+    rows = tl.load(ROWS + t * K + ks, mask=kmask, other=0).to(tl.int64)
+    w = tl.load(W + t * K + ks, mask=kmask, other=0.0).to(tl.float32)
+    tile = tl.load(Y + rows[:, None] * stride_y + cols[None, :], mask=kmask[:, None] & (cols[None, :] < D),
+                   other=0.0).to(tl.float32)
+    acc = tl.sum(w[:, None] * tile, axis=0)
+    tl.store(OUT + t * stride_out + cols, acc.to(OUT.dtype.element_ty), mask=cols < D)
+
+
+@triton.jit
+def _combine_bwd_kernel(G, Y, W, ROWS, GY, GW, stride_g, stride_y, stride_gy, K, D,
+                        K_P2: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    ks = tl.arange(0, K_P2)
+    kmask = ks < K
+    rows = tl.load(ROWS + t * K + ks, mask=kmask, other=0).to(tl.int64)
+    w = tl.load(W + t * K + ks, mask=kmask, other=0.0).to(tl.float32)
+    dw = tl.zeros((K_P2,), tl.float32)
+    for start in range(0, D, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        cmask = cols < D
+        g = tl.load(G + t * stride_g + cols, mask=cmask, other=0.0).to(tl.float32)
+        mask2 = kmask[:, None] & cmask[None, :]
+        tile = tl.load(Y + rows[:, None] * stride_y + cols[None, :], mask=mask2, other=0.0).to(tl.float32)
+        dw += tl.sum(tile * g[None, :], axis=1)
+        # each expert row belongs to exactly one (token, slot): plain stores, no atomics
+        tl.store(GY + rows[:, None] * stride_gy + cols[None, :], (w[:, None] * g[None, :]).to(GY.dtype.element_ty),
+                 mask=mask2)
+    tl.store(GW + t * K + ks, dw.to(GW.dtype.element_ty), mask=kmask)
+
+
+def _k_p2(k: int) -> int:
+    return max(2, triton.next_power_of_2(k))
+
+
+def combine_forward(y_ND: torch.Tensor, weights_TK: torch.Tensor, row_of_slot: torch.Tensor) -> torch.Tensor:
+    """out[t] = sum_k w[t, k] * y[row_of_slot[t*K + k]], float32 sums, y's dtype out."""
+    check_triton_device(y_ND, "combine")
+    y_ND = y_ND if y_ND.stride(-1) == 1 else y_ND.contiguous()
+    T, K = weights_TK.shape
+    D = y_ND.shape[1]
+    out_TD = torch.empty((T, D), dtype=y_ND.dtype, device=y_ND.device)
+    if T and D:
+        _combine_fwd_kernel[(T, triton.cdiv(D, BLOCK_D))](
+            y_ND, weights_TK.contiguous(), row_of_slot.contiguous(), out_TD, y_ND.stride(0), out_TD.stride(0), K, D,
+            K_P2=_k_p2(K), BLOCK=BLOCK_D, num_warps=4)
+    return out_TD
+
+
+def combine_backward(grad_TD: torch.Tensor, y_ND: torch.Tensor, weights_TK: torch.Tensor,
+                     row_of_slot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad wrt y [N, D] in y's dtype, grad wrt weights [T, K] in their dtype)."""
+    check_triton_device(y_ND, "combine")
+    y_ND = y_ND if y_ND.stride(-1) == 1 else y_ND.contiguous()
+    T, K = weights_TK.shape
+    N, D = y_ND.shape
+    grad_TD = grad_TD.contiguous()
+    # rows no slot points at (none when N == T * K) get no store: start them at zero
+    alloc = torch.empty if N == T * K else torch.zeros
+    grad_y_ND = alloc((N, D), dtype=y_ND.dtype, device=y_ND.device)
+    grad_w_TK = torch.empty((T, K), dtype=weights_TK.dtype, device=weights_TK.device)
+    if T and D:
+        _combine_bwd_kernel[(T,)](
+            grad_TD, y_ND, weights_TK.contiguous(), row_of_slot.contiguous(), grad_y_ND, grad_w_TK,
+            grad_TD.stride(0), y_ND.stride(0), grad_y_ND.stride(0), K, D,
+            K_P2=_k_p2(K), BLOCK=BLOCK_D, num_warps=4)
+    return grad_y_ND, grad_w_TK
