@@ -16,54 +16,52 @@ MAX_FUSED_WIDTH = 65536  # one row per program must fit on chip
 
 
 @triton.jit
-def _rms_norm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, N, eps, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _rms_norm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
-    mask = cols < N
-    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
-    tl.store(RSTD + row, rstd)
-    x_hat = (x * rstd).to(X.dtype.element_ty).to(tl.float32)
-    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Y + row * stride_y + cols, (w * x_hat).to(Y.dtype.element_ty), mask=mask)
+    rmask = rows < M
+    mask = rmask[:, None] & (cols[None, :] < N)
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+    tl.store(RSTD + rows, rstd, mask=rmask)
+    x_hat = (x * rstd[:, None]).to(X.dtype.element_ty).to(tl.float32)
+    w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], (w[None, :] * x_hat).to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW_PARTIAL, stride_dy, stride_x, stride_dx,
-                         M, N, rows_per_program, BLOCK_N: tl.constexpr):
+                         M, N, tiles_per_program, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
-    mask = cols < N
-    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    cmask = cols < N
+    w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    row_start = pid * rows_per_program
-    row_end = tl.minimum(row_start + rows_per_program, M)
-    # advance pointers row by row from an int64 base offset, so large activations cannot overflow
-    base = row_start.to(tl.int64)
-    DY += base * stride_dy
-    X += base * stride_x
-    DX += base * stride_dx
-    RSTD += base
-    for _ in range(row_start, row_end):
-        dy = tl.load(DY + cols, mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(X + cols, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD)
-        x_hat = x * rstd
-        dw_acc += dy * x_hat.to(X.dtype.element_ty).to(tl.float32)
+    first_tile = pid * tiles_per_program
+    for tile in range(first_tile, first_tile + tiles_per_program):
+        # int64 row indices, so large activations cannot overflow the offsets
+        rows = tl.arange(0, BLOCK_M).to(tl.int64) + tile * BLOCK_M
+        rmask = rows < M
+        mask = rmask[:, None] & cmask[None, :]
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
+        x_hat = x * rstd[:, None]
+        dw_acc += tl.sum(dy * x_hat.to(X.dtype.element_ty).to(tl.float32), axis=0)
         # autograd rounds d(x_hat) to the input dtype (the cast in the forward); do the same
-        g = (dy * w).to(X.dtype.element_ty).to(tl.float32)
-        dx = rstd * (g - x_hat * (tl.sum(g * x_hat, axis=0) / N))
-        tl.store(DX + cols, dx.to(DX.dtype.element_ty), mask=mask)
-        DY += stride_dy
-        X += stride_x
-        DX += stride_dx
-        RSTD += 1
-    tl.store(DW_PARTIAL + pid * N + cols, dw_acc, mask=mask)
+        g = (dy * w[None, :]).to(X.dtype.element_ty).to(tl.float32)
+        dx = rstd[:, None] * (g - x_hat * (tl.sum(g * x_hat, axis=1) / N)[:, None])
+        tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+    tl.store(DW_PARTIAL + pid * N + cols, dw_acc, mask=cmask)
 
 
-def _launch_config(n: int) -> tuple[int, int]:
+def _launch_config(n: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps): narrow rows (Qwen3's per-head q/k norms, 128 wide) go
+    several to a program; one 128-wide row per program left most of each warp's lanes idle."""
     block = triton.next_power_of_2(n)
-    return block, min(max(block // 256, 1), 16)
+    rows = max(1, min(64, 4096 // block))
+    return rows, block, min(max(rows * block // 256, 1), 16)
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -77,10 +75,10 @@ class _RMSNormFunction(torch.autograd.Function):
         M, N = x_MN.shape
         y_MN = torch.empty((M, N), dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
         rstd_M = torch.empty(M, dtype=torch.float32, device=x.device)
-        block, warps = _launch_config(N)
+        rows, block, warps = _launch_config(N)
         if M > 0:
-            _rms_norm_fwd_kernel[(M,)](x_MN, weight, y_MN, rstd_M, x_MN.stride(0), y_MN.stride(0),
-                                       N, eps, BLOCK_N=block, num_warps=warps)
+            _rms_norm_fwd_kernel[(triton.cdiv(M, rows),)](x_MN, weight, y_MN, rstd_M, x_MN.stride(0), y_MN.stride(0),
+                                                         M, N, eps, BLOCK_M=rows, BLOCK_N=block, num_warps=warps)
         ctx.save_for_backward(x_MN, weight, rstd_M)
         ctx.shape = shape
         return y_MN.view(shape)
@@ -93,14 +91,15 @@ class _RMSNormFunction(torch.autograd.Function):
         if dy_MN.stride(-1) != 1:
             dy_MN = dy_MN.contiguous()
         dx_MN = torch.empty_like(x_MN)
-        programs = max(num_programs_for(x_MN.device, M), 1)
+        rows, block, warps = _launch_config(N)
+        tiles = triton.cdiv(M, rows)
+        programs = max(num_programs_for(x_MN.device, tiles), 1)
         dw_partial = torch.zeros((programs, N), dtype=torch.float32, device=x_MN.device)
-        block, warps = _launch_config(N)
         if M > 0:
             _rms_norm_bwd_kernel[(programs,)](dy_MN, x_MN, weight, rstd_M, dx_MN, dw_partial,
                                               dy_MN.stride(0), x_MN.stride(0), dx_MN.stride(0),
-                                              M, N, triton.cdiv(M, programs),
-                                              BLOCK_N=block, num_warps=warps)
+                                              M, N, triton.cdiv(tiles, programs),
+                                              BLOCK_M=rows, BLOCK_N=block, num_warps=warps)
         dw = dw_partial.sum(0).to(weight.dtype)
         return dx_MN.view(ctx.shape), dw, None
 
