@@ -112,7 +112,7 @@ def main() -> None:
           flush=True)
     steps = 2
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+                                            torch.profiler.ProfilerActivity.CUDA], record_shapes=True) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
@@ -126,6 +126,15 @@ def main() -> None:
     result["kernel_total_ms_per_step"] = sum(kernels.values())
     for name, ms in top[:25]:
         print(f"{ms:8.2f} ms  {name[:110]}")
+    # which aten ops (with shapes) the device time belongs to: finds the copies and casts
+    ops = []
+    for evt in prof.key_averages(group_by_input_shape=True):
+        own = getattr(evt, "self_device_time_total", 0) or 0
+        if own > 0 and evt.key.startswith("aten::"):
+            ops.append((evt.key, str(evt.input_shapes)[:160], own / 1e3 / steps, evt.count // steps))
+    result["top_aten_ops_ms_per_step"] = sorted(ops, key=lambda o: -o[2])[:40]
+    for key, shapes, ms, calls in result["top_aten_ops_ms_per_step"][:20]:
+        print(f"{ms:8.2f} ms x{calls:<4} {key} {shapes}")
     path = out_dir / f"profile-{args.tag}.json"
     path.write_text(json.dumps(result, indent=1, default=str))
     print("wrote", path)
