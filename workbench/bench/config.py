@@ -28,7 +28,7 @@ class VariantSpec:
 
         for key, value in self.backend:
             ok = (value in CHOICES[key] and key != "gate") if key in CHOICES else (
-                key in ("fused_ce", "expert_recompute") and isinstance(value, bool))
+                key in ("fused_ce", "expert_recompute", "fp8") and isinstance(value, bool))
             if not ok:
                 raise ConfigError(f"variant backend override {key}={value!r} is not a BackendConfig choice")
 
@@ -49,6 +49,8 @@ VARIANTS: dict[str, VariantSpec] = {
                              backend=(("attention", "te"), ("linear", "te"), ("rms_norm", "te"))),
     "engine_te_experts": VariantSpec("engine", "engine, TransformerEngine grouped-GEMM experts",
                                      backend=(("experts", "te"),)),
+    "engine_te_fp8": VariantSpec("engine", "engine, TransformerEngine linear layers in FP8 (current scaling)",
+                                 backend=(("linear", "te"), ("fp8", True))),
     "engine_symm_mem": VariantSpec("engine", "engine, symm_mem (NVSHMEM all_to_all_vdev) dispatcher",
                                    backend=(("dispatcher", "symm_mem"),)),
     "engine_deepep": VariantSpec("engine", "engine, DeepEP dispatcher", backend=(("dispatcher", "deepep"),)),
