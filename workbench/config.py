@@ -22,6 +22,9 @@ TINY_VOCAB_SIZE = 512
 
 DTYPES = ("auto", "float32", "bfloat16")
 DATA_KINDS = ("synthetic", "jsonl")
+# "adamw": Triton AdamW on CUDA (torch's fused math, more bandwidth), torch AdamW elsewhere;
+# "adamw_torch": always torch.optim.AdamW (fused on CUDA); "adamw_triton": always TritonAdamW
+OPTIMIZERS = ("adamw", "adamw_torch", "adamw_triton")
 
 
 class ConfigError(ValueError):
@@ -185,6 +188,7 @@ class TrainConfig:
     clip_grad_norm: float | None = 1.0
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.95)
+    optimizer: str = "adamw"  # one of OPTIMIZERS
     seed: int = 0
     activation_checkpointing: bool = False
     checkpoint_every: int | None = None  # steps; None = only at the end
@@ -211,6 +215,8 @@ class TrainConfig:
                 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas)):
             raise ConfigError(f"train.betas must be two numbers in [0, 1), got {self.betas!r}")
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"train.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         _check_int(self.seed, "train.seed", 0)
         _check_int(self.checkpoint_every, "train.checkpoint_every", 1, allow_none=True)
         _check_int(self.log_every, "train.log_every", 1)

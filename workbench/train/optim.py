@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from typing import Iterable
+from collections import Counter, defaultdict
+from typing import Any, Iterable
 
 import torch
 import torch.distributed as dist
+
+from workbench.backends import BackendError, availability
+from workbench.config import OPTIMIZERS
+from workbench.kernels.adamw import adamw_scalars, adamw_step_
 
 # A plain (non-DTensor) parameter whose gradient is a rank-local shard of a larger logical tensor
 # (e.g. this rank's experts under expert parallelism) carries this attribute: the ProcessGroup
@@ -17,8 +21,22 @@ import torch.distributed as dist
 GRAD_NORM_GROUP_ATTR = "_workbench_grad_norm_group"
 
 
+def resolve_optimizer(name: str, device: torch.device | str) -> str:
+    """The optimizer `name` stands for on `device`: "adamw" is the Triton one on CUDA, else torch's."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
+    device = torch.device(device)
+    if name == "adamw":
+        return "adamw_triton" if availability("optimizer", "triton", device)[0] else "adamw_torch"
+    if name == "adamw_triton" and device.type == "cuda":
+        ok, why = availability("optimizer", "triton", device)
+        if not ok:
+            raise BackendError(f"optimizer='adamw_triton' cannot run here: {why}; or use 'adamw_torch'")
+    return name
+
+
 def build_optimizer(model: torch.nn.Module, train_cfg, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW (fused on CUDA); weight decay only on matrices, never on norms or biases."""
+    """AdamW (Triton or fused torch on CUDA, see resolve_optimizer); no weight decay on norms or biases."""
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
@@ -26,8 +44,108 @@ def build_optimizer(model: torch.nn.Module, train_cfg, device: torch.device) -> 
     groups = [{"params": decay, "weight_decay": train_cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
+    name = resolve_optimizer(getattr(train_cfg, "optimizer", "adamw"), device)
+    if name == "adamw_triton":
+        return TritonAdamW(groups, lr=train_cfg.lr, betas=train_cfg.betas)
     kwargs = {"fused": True} if device.type == "cuda" else {"foreach": False}
     return torch.optim.AdamW(groups, lr=train_cfg.lr, betas=train_cfg.betas, **kwargs)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (without to_local's autograd overhead), or the tensor itself."""
+    local = getattr(t, "_local_tensor", None)
+    return t if local is None else local
+
+
+def _torch_adamw_options() -> dict[str, Any]:
+    """torch AdamW's per-group options besides lr, betas, eps and weight_decay, at its defaults."""
+    ref = torch.optim.AdamW([torch.zeros(1, requires_grad=True)]).defaults
+    return {k: v for k, v in ref.items() if k not in ("lr", "betas", "eps", "weight_decay")}
+
+
+class TritonAdamW(torch.optim.Optimizer):
+    """AdamW with torch's fused CUDA math, one Triton kernel launch per parameter tensor.
+
+    State per parameter is torch AdamW's: "step" (a CPU float32 scalar tensor, as in torch's
+    non-fused AdamW), "exp_avg" and "exp_avg_sq" (shaped, typed and placed like the parameter:
+    DTensors for FSDP2 parameters), so torch.distributed.checkpoint saves and reshards it the same
+    way. Param groups also carry torch AdamW's other options at their defaults (amsgrad, fused, ...)
+    so a DCP checkpoint of either optimizer loads into the other. Each step counter has a Python
+    int shadow, so a step never reads a tensor. FSDP2 parameters are updated through their local
+    shards; a tensor the kernel cannot take (non-contiguous, or on CPU without TRITON_INTERPRET=1)
+    gets the same math in torch ops (`updates` counts both paths). `precise=True` computes the moments and the weight decay in
+    float64 as torch's functor does (bit-exact with it), the default in float32 (at most one
+    float32 ulp apart).
+    """
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2, *, precise: bool = False) -> None:
+        if isinstance(lr, torch.Tensor) or not 0.0 <= lr:
+            raise ValueError(f"lr must be a float >= 0, got {lr!r}")
+        if not (len(betas) == 2 and all(0.0 <= b < 1.0 for b in betas)):
+            raise ValueError(f"betas must be two floats in [0, 1), got {betas!r}")
+        if not 0.0 <= eps:
+            raise ValueError(f"eps must be >= 0, got {eps!r}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, **_torch_adamw_options())
+        super().__init__(params, defaults)
+        self.precise = bool(precise)
+        self._steps: dict[torch.Tensor, int] = {}
+        self.updates: Counter[str] = Counter()  # tensor updates by path: "triton", "torch", "empty"
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.__dict__.setdefault("_steps", {})
+        self.__dict__.setdefault("precise", False)
+        self.__dict__.setdefault("updates", Counter())
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's load, then step counters back on the host (a torch fused AdamW keeps them on the GPU)."""
+        super().load_state_dict(state_dict)
+        self._steps.clear()  # re-read from state["step"] once, at the next step
+        for state in self.state.values():
+            step = state.get("step")
+            if step is not None and not (isinstance(step, torch.Tensor) and step.device.type == "cpu"):
+                state["step"] = torch.tensor(float(step), dtype=torch.float32)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One AdamW update of every parameter that has a gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group.get("amsgrad") or group.get("maximize"):
+                raise ValueError("TritonAdamW implements plain AdamW: amsgrad and maximize must be False "
+                                 "(a checkpoint of such a torch AdamW needs optimizer='adamw_torch')")
+            beta1, beta2 = group["betas"]
+            lr = float(group["lr"])
+            scalars_by_step: dict[int, dict[str, float]] = {}
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("TritonAdamW does not support sparse gradients")
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                step = self._steps.get(p)
+                if step is None:  # fresh state or just loaded: the only read of the counter
+                    step = int(state["step"].item())
+                step += 1
+                self._steps[p] = step
+                state["step"].fill_(float(step))
+                if step not in scalars_by_step:  # usually one step count per group
+                    scalars_by_step[step] = adamw_scalars(step, lr, beta1, beta2, group["eps"], group["weight_decay"])
+                scalars = scalars_by_step[step]
+                path = adamw_step_(_local(p), _local(p.grad), _local(state["exp_avg"]),
+                                   _local(state["exp_avg_sq"]), scalars, self.precise)
+                self.updates[path] += 1
+        return loss
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, min_lr_ratio: float) -> float:

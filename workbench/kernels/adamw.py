@@ -1,0 +1,79 @@
+"""AdamW's per-tensor update: host scalars, a torch-op version, and dispatch to the Triton kernel.
+
+Both versions follow torch's fused CUDA AdamW functor (see triton_adamw.py for the formulas and
+where torch rounds); the torch-op one serves tensors the kernel does not take (non-contiguous,
+CPU without the Triton interpreter) so one optimizer works on every tensor.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import torch
+
+from workbench.kernels._triton_util import triton_interpreting
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _f32(x: float) -> float:
+    """`x` rounded to the nearest float32 (what a C++ double -> float conversion gives)."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def adamw_scalars(step: int, lr: float, beta1: float, beta2: float, eps: float,
+                  weight_decay: float) -> dict[str, float]:
+    """Host-side scalars of AdamW step `step` (1-based), rounded where torch's CUDA functor rounds."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ValueError(f"step must be an integer >= 1 (the count after this update), got {step!r}")
+    bc1 = _f32(1.0 - beta1 ** float(step))  # torch hands its bias corrections to the math as float
+    return {"beta1": beta1, "omb1": 1.0 - beta1, "beta2": beta2, "omb2": 1.0 - beta2,
+            "lr_wd": lr * weight_decay, "eps": eps, "step_size": _f32(lr / bc1),
+            "bc2_sqrt": _f32(math.sqrt(1.0 - beta2 ** float(step)))}
+
+
+def kernel_supports(*tensors: torch.Tensor) -> bool:
+    """Whether the Triton kernel can update these (param, grad, exp_avg, exp_avg_sq) tensors."""
+    first = tensors[0]
+    if first.device.type != "cuda" and not triton_interpreting():
+        return False
+    return all(t.is_contiguous() and t.device == first.device and t.numel() == first.numel()
+               and t.dtype in SUPPORTED_DTYPES for t in tensors)
+
+
+def torch_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                      scalars: dict[str, float], precise: bool = False) -> None:
+    """The kernel's update in torch ops, in place: float32 math (float64 where `precise`)."""
+    s = scalars
+    wide = torch.float64 if precise else torch.float32
+    p, m, v = param.to(torch.float32), exp_avg.to(wide), exp_avg_sq.to(wide)
+    g = grad.to(wide)
+    if s["lr_wd"] != 0:
+        pw = p.to(wide)
+        p = (pw - s["lr_wd"] * pw).to(torch.float32)
+    # the same operation order as the kernel: b1*m + (1-b1)*g and (1-b2)*g*g, rounded to float32
+    m = (m * s["beta1"] + (g * s["omb1"])).to(torch.float32)
+    v = (v * s["beta2"] + (g * s["omb2"]) * g).to(torch.float32)
+    # sqrt in float64 rounded to float32 is the correctly rounded float32 sqrt (CPU torch.sqrt is
+    # not); a tensor divisor, since CUDA torch multiplies by the reciprocal of a Python scalar one
+    root = v.to(torch.float64).sqrt().to(torch.float32)
+    denom = ((root / torch.full_like(root, s["bc2_sqrt"])).to(wide) + s["eps"]).to(torch.float32)
+    p = p - (m * s["step_size"]) / denom
+    param.copy_(p)
+    exp_avg.copy_(m)
+    exp_avg_sq.copy_(v)
+
+
+def adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                scalars: dict[str, float], precise: bool = False) -> str:
+    """Update one tensor in place with the Triton kernel where it can run, else torch ops; says which."""
+    if param.numel() == 0:
+        return "empty"
+    if kernel_supports(param, grad, exp_avg, exp_avg_sq):
+        from workbench.kernels.triton_adamw import triton_adamw_step_
+
+        triton_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise)
+        return "triton"
+    torch_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise)
+    return "torch"

@@ -1,0 +1,114 @@
+"""Triton AdamW: one streaming kernel per parameter tensor, with torch's fused AdamW math.
+
+torch's fused AdamW (aten/src/ATen/native/cuda/fused_adam_utils.cuh) walks every tensor in small
+multi_tensor_apply chunks and reaches about half the HBM bandwidth of an H200. This kernel reads
+param, grad, exp_avg and exp_avg_sq of one contiguous tensor in large blocks (int64 offsets) and
+writes param, exp_avg and exp_avg_sq back: 14 bytes per bf16 element, nothing else.
+
+Numerics follow torch's CUDA functor, computed in float32 and stored in each tensor's dtype:
+    p = p - (lr * wd) * p                              (only when lr * wd != 0)
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    denom = sqrt(v) / bc2_sqrt + eps
+    p = p - (step_size * m) / denom
+with step_size = float32(lr / float32(1 - beta1**step)) and bc2_sqrt = float32(sqrt(1 - beta2**step))
+computed on the host as torch does (workbench.kernels.adamw.adamw_scalars). torch evaluates the
+first three lines and the `+ eps` in double (its scalars are doubles) and rounds to float32;
+`precise=True` does the same in float64, the default in float32 (at most one float32 ulp apart,
+so rarely one bf16 ulp). Square root and divisions are IEEE-rounded (`sqrt_rn`, `div_rn`) as in
+CUDA C++ by default, and FMA contraction is off, so the kernel equals the torch-op version in
+workbench.kernels.adamw bit for bit, compiled or in the interpreter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+
+import torch
+import triton
+import triton.language as tl
+
+from workbench.kernels._triton_util import triton_interpreting
+from workbench.kernels.adamw import kernel_supports
+
+BLOCK = 4096  # elements per program: 16 per thread at 8 warps, two 16-byte loads per bf16 tensor
+NUM_WARPS = 8
+
+
+@triton.jit
+def _f64(bits):
+    # double-precision scalars travel as their int64 bit patterns (Triton passes Python floats as fp32)
+    return bits.to(tl.int64).to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def _store(ptr, offs, x, mask, ROUND_BY_HAND: tl.constexpr):
+    if ROUND_BY_HAND:
+        if ptr.dtype.element_ty == tl.bfloat16:
+            # Triton's interpreter truncates float32 -> bf16: round to nearest even by hand first
+            # (CPU tests only), so the interpreter stores what CUDA's cvt.rn stores
+            u = x.to(tl.uint32, bitcast=True)
+            u = ((u + ((u >> 16) & 1) + 0x7FFF) >> 16) << 16
+            x = u.to(tl.float32, bitcast=True)
+    tl.store(ptr + offs, x.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["beta1_bits", "omb1_bits", "beta2_bits", "omb2_bits", "lr_wd_bits", "eps_bits",
+                               "step_size", "bc2_sqrt"])
+def _adamw_kernel(P, G, M, V, n_elements, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits, eps_bits,
+                  step_size, bc2_sqrt, HAS_WD: tl.constexpr, PRECISE: tl.constexpr,
+                  ROUND_BY_HAND: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_elements
+    p = tl.load(P + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+    m = tl.load(M + offs, mask=mask, other=0.0).to(tl.float32)
+    v = tl.load(V + offs, mask=mask, other=0.0).to(tl.float32)
+    beta1, omb1 = _f64(beta1_bits), _f64(omb1_bits)
+    beta2, omb2 = _f64(beta2_bits), _f64(omb2_bits)
+    lr_wd, eps = _f64(lr_wd_bits), _f64(eps_bits)
+    if PRECISE:
+        gd = g.to(tl.float64)
+        if HAS_WD:
+            pd = p.to(tl.float64)
+            p = (pd - lr_wd * pd).to(tl.float32)
+        m = (beta1 * m.to(tl.float64) + omb1 * gd).to(tl.float32)
+        v = (beta2 * v.to(tl.float64) + omb2 * gd * gd).to(tl.float32)
+        denom = (tl.div_rn(tl.sqrt_rn(v), bc2_sqrt).to(tl.float64) + eps).to(tl.float32)
+    else:
+        if HAS_WD:
+            p = p - lr_wd.to(tl.float32) * p
+        m = beta1.to(tl.float32) * m + omb1.to(tl.float32) * g
+        v = beta2.to(tl.float32) * v + omb2.to(tl.float32) * g * g
+        denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps.to(tl.float32)
+    p = p - tl.div_rn(step_size * m, denom)
+    _store(P, offs, p, mask, ROUND_BY_HAND)
+    _store(M, offs, m, mask, ROUND_BY_HAND)
+    _store(V, offs, v, mask, ROUND_BY_HAND)
+
+
+def _bits(x: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", x))[0]
+
+
+def triton_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
+                       exp_avg_sq: torch.Tensor, scalars: dict[str, float], precise: bool = False) -> None:
+    """One AdamW update of one contiguous tensor, in place (scalars from `adamw_scalars`)."""
+    tensors = (param, grad, exp_avg, exp_avg_sq)
+    if not kernel_supports(*tensors):
+        got = [(tuple(t.shape), t.dtype, str(t.device), t.is_contiguous()) for t in tensors]
+        raise ValueError("the Triton AdamW kernel needs contiguous float32/bf16/fp16 tensors of one size on one "
+                         f"CUDA device (or TRITON_INTERPRET=1), got (shape, dtype, device, contiguous) {got}")
+    n = param.numel()
+    if n == 0:
+        return
+    s = scalars
+    # Triton launches on the current device: make it the tensors' one
+    guard = torch.cuda.device(param.device) if param.device.type == "cuda" else contextlib.nullcontext()
+    with guard:
+        _adamw_kernel[(triton.cdiv(n, BLOCK),)](
+            param, grad, exp_avg, exp_avg_sq, n, _bits(s["beta1"]), _bits(s["omb1"]), _bits(s["beta2"]),
+            _bits(s["omb2"]), _bits(s["lr_wd"]), _bits(s["eps"]), s["step_size"], s["bc2_sqrt"],
+            HAS_WD=s["lr_wd"] != 0, PRECISE=bool(precise), ROUND_BY_HAND=triton_interpreting(), BLOCK=BLOCK,
+            num_warps=NUM_WARPS, enable_fp_fusion=False)
