@@ -53,6 +53,24 @@ def ce_microbench(tokens: int, hidden: int, vocab: int) -> dict:
     return out
 
 
+def adamw_microbench(numel: int = 1 << 28) -> dict:
+    """One bf16 tensor (an expert weight's size), 14 bytes of traffic per element per step."""
+    from workbench.train.optim import TritonAdamW
+
+    out = {"numel": numel}
+    for name, make in (("triton", lambda ps: TritonAdamW(ps, lr=1e-4)),
+                       ("torch_fused", lambda ps: torch.optim.AdamW(ps, lr=1e-4, fused=True))):
+        p = torch.nn.Parameter(torch.randn(numel, device="cuda", dtype=torch.bfloat16))
+        p.grad = torch.randn_like(p)
+        opt = make([p])
+        opt.step()
+        ms = cuda_ms(opt.step, 10)
+        out[f"{name}_ms"], out[f"{name}_tb_s"] = ms, 14 * numel / ms / 1e9
+        del p, opt
+        torch.cuda.empty_cache()
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=8)
@@ -78,6 +96,8 @@ def main() -> None:
     if not args.no_ce_bench:
         result["ce_microbench"] = ce_microbench(args.batch * args.seq, config.hidden_size, config.vocab_size)
         print("ce:", json.dumps(result["ce_microbench"]), flush=True)
+        result["adamw_microbench"] = adamw_microbench()
+        print("adamw:", json.dumps(result["adamw_microbench"]), flush=True)
         torch.cuda.empty_cache()
 
     torch.manual_seed(0)
@@ -92,7 +112,12 @@ def main() -> None:
             model = workbench.AutoModelForCausalLM.from_config(config, backend=backend, dtype=torch.bfloat16)
     model.to("cuda").train()
     result["build_s"] = time.perf_counter() - t0
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    if args.anchor:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    else:
+        from workbench.train.optim import TritonAdamW
+
+        opt = TritonAdamW(model.parameters(), lr=1e-5)
     ids = torch.randint(0, config.vocab_size, (args.batch, args.seq), device="cuda")
 
     def step():

@@ -44,6 +44,6 @@ def build_engine(spec: VariantSpec, checkpoint: Path, backend: BackendConfig, me
     setup = {
         "library": "workbench", "backend": resolved, "mesh": mesh.to_dict(), "gate": spec.gate,
         "fsdp": "workbench.parallel.apply_fsdp (summed grads)" if world > 1 else "none (one rank)",
-        "optimizer": optimizer_name(device), "activation_checkpointing": False, "dtype": str(dtype),
+        "optimizer": optimizer_name(device, engine=True), "activation_checkpointing": False, "dtype": str(dtype),
     }
-    return Prepared(model, adamw(model, lr, device), forward, "sum", setup)
+    return Prepared(model, adamw(model, lr, device, engine=True), forward, "sum", setup)

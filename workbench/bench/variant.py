@@ -28,8 +28,9 @@ class Prepared:
     context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
 
-def adamw(model: torch.nn.Module, lr: float, device: torch.device) -> torch.optim.Optimizer:
-    """torch AdamW, fused on CUDA; one param group per DTensor mesh.
+def adamw(model: torch.nn.Module, lr: float, device: torch.device, engine: bool = False) -> torch.optim.Optimizer:
+    """AdamW with one param group per DTensor mesh: torch's (fused on CUDA) for the anchor, as the
+    issue prescribes; for the engine the optimizer its trainer uses ("adamw": Triton on CUDA).
 
     Fused/foreach kernels take one list per group; under expert parallelism the experts live on
     another mesh than the dense weights, and DTensor refuses lists that mix meshes.
@@ -39,12 +40,25 @@ def adamw(model: torch.nn.Module, lr: float, device: torch.device) -> torch.opti
         if p.requires_grad:
             mesh = getattr(p, "device_mesh", None)
             groups[id(mesh) if mesh is not None else None].append(p)
+    param_groups = [{"params": ps} for ps in groups.values()]
+    if engine and _engine_optimizer(device) == "adamw_triton":
+        from workbench.train.optim import TritonAdamW
+
+        return TritonAdamW(param_groups, lr=lr)
     kwargs = {"fused": True} if device.type == "cuda" else {"foreach": False}
-    return torch.optim.AdamW([{"params": ps} for ps in groups.values()], lr=lr, **kwargs)
+    return torch.optim.AdamW(param_groups, lr=lr, **kwargs)
 
 
-def optimizer_name(device: torch.device) -> str:
+def _engine_optimizer(device: torch.device) -> str:
+    from workbench.train.optim import resolve_optimizer
+
+    return resolve_optimizer("adamw", device)
+
+
+def optimizer_name(device: torch.device, engine: bool = False) -> str:
     """How `adamw` describes itself in the results."""
+    if engine and _engine_optimizer(device) == "adamw_triton":
+        return "workbench TritonAdamW (same math as torch's fused AdamW)"
     return "torch.optim.AdamW(fused=True)" if device.type == "cuda" else "torch.optim.AdamW(foreach=False)"
 
 
