@@ -42,9 +42,11 @@ def versions() -> dict[str, str | None]:
 
 
 def git_commit() -> dict[str, Any]:
-    """The checkout's commit (or $WORKBENCH_GIT_COMMIT where the copy has no .git) and dirtiness."""
+    """$WORKBENCH_GIT_COMMIT when set (a copied tree may carry a stale .git), else the checkout's."""
     import os
 
+    if os.environ.get("WORKBENCH_GIT_COMMIT"):
+        return {"commit": os.environ["WORKBENCH_GIT_COMMIT"], "dirty": None, "source": "WORKBENCH_GIT_COMMIT"}
     root = Path(__file__).resolve().parents[2]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
