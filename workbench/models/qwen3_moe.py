@@ -13,6 +13,7 @@ from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 
 from workbench.backends import BackendConfig
 from workbench.kernels.te_common import fp8_autocast
+from workbench.models.qwen3_attention import use_engine_attention
 from workbench.moe.experts import GroupedExperts
 from workbench.moe.layer import MoEBlock
 from workbench.moe.router import load_balancing_loss, route, router_logits
@@ -166,6 +167,7 @@ def install_engine(model: Qwen3MoeForCausalLM, backend: BackendConfig, make_disp
         layer.mlp = MoEBlock(router, experts, make_dispatcher(config.num_experts), config.num_experts)
         blocks.append(layer.mlp)
     swap_rms_norms(model, backend.rms_norm)
+    use_engine_attention(model)
     swap_linears(model, backend.linear)
     if backend.attention == "te":
         from workbench.kernels.te_attention import use_te_attention

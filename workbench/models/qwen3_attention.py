@@ -1,0 +1,65 @@
+"""Qwen3-MoE attention with the engine's fused RoPE (training path), Transformers' otherwise.
+
+The engine changes only how RoPE is applied: one Triton kernel per direction for q and k instead
+of Transformers' cat/neg/mul/add chain (kernels/triton_rope.py). Projections, per-head q/k norms,
+the attention function (sdpa with cuDNN first, TE, eager) and o_proj are Transformers' modules and
+functions, so parameters and state dict keys do not change. With a KV cache (generation), or on a
+device without the kernel, Transformers' own forward runs.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
+
+
+def _fused_rope_runs(x: torch.Tensor) -> bool:
+    from workbench.kernels.cross_entropy import triton_path_available
+
+    return triton_path_available(x)
+
+
+class Qwen3MoeEngineAttention(hf.Qwen3MoeAttention):
+    """Transformers' Qwen3MoeAttention whose training forward applies RoPE with one fused kernel."""
+
+    def forward(self, hidden_states, position_embeddings, attention_mask=None, *args, **kwargs):
+        """Transformers' forward; without a cache and where Triton runs, RoPE is the fused kernel."""
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if args or cache is not None or not _fused_rope_runs(hidden_states):
+            return super().forward(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
+        from workbench.kernels.triton_rope import apply_rope, supported
+
+        kwargs.pop("cache", None)
+        kwargs.pop("past_key_values", None)
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        q_BHSD = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
+        k_BHSD = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
+        v_BHSD = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        cos, sin = position_embeddings
+        if supported(q_BHSD, cos) and supported(k_BHSD, cos):
+            q_BHSD, k_BHSD = apply_rope(q_BHSD, k_BHSD, cos, sin)
+        else:
+            q_BHSD, k_BHSD = hf.apply_rotary_pos_emb(q_BHSD, k_BHSD, cos, sin)
+        impl, registry = self.config._attn_implementation, hf.ALL_ATTENTION_FUNCTIONS
+        if hasattr(registry, "get_interface"):  # transformers >= 5.2x
+            attention = registry.get_interface(impl, hf.eager_attention_forward)
+        else:
+            attention = hf.eager_attention_forward if impl == "eager" else registry[impl]
+        out, weights = attention(self, q_BHSD, k_BHSD, v_BHSD, attention_mask,
+                                 dropout=0.0 if not self.training else self.attention_dropout,
+                                 scaling=self.scaling, sliding_window=getattr(self, "sliding_window", None),
+                                 **kwargs)
+        out = out.reshape(*input_shape, -1).contiguous()
+        return self.o_proj(out), weights
+
+
+def use_engine_attention(model: torch.nn.Module) -> int:
+    """Give every Qwen3MoeAttention of `model` the engine's forward (same module, same parameters)."""
+    swapped = 0
+    for module in model.modules():
+        if type(module) is hf.Qwen3MoeAttention:
+            # a class swap, not a wrapper: parameter names and state dict keys stay Transformers'
+            module.__class__ = Qwen3MoeEngineAttention
+            swapped += 1
+    return swapped
