@@ -11,7 +11,6 @@ import datetime
 import importlib.util
 import os
 import re
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dispatch_compare import bench_worker, print_bench, random_routing, round_trip
 from dist_utils import run_ranks  # noqa: E402
 
 import workbench.backends as backends
@@ -223,28 +223,6 @@ def run_gpu_ranks(fn, world: int, *args, timeout: float = 300.0) -> list:
     return run_ranks(fn, world, *args, timeout=timeout, backend="nccl", env=GPU_ENV)
 
 
-def random_routing(num_tokens: int, num_experts: int, top_k: int, generator, device):
-    """Distinct top-k ids per token from a skewed expert popularity (uneven counts), softmax weights."""
-    popularity = torch.rand(num_experts, generator=generator) ** 3 + 1e-3
-    ids = torch.multinomial(popularity.expand(num_tokens, -1), top_k, replacement=False, generator=generator)
-    weights = torch.softmax(torch.randn(num_tokens, top_k, generator=generator), dim=-1)
-    return ids.to(device), weights.to(device)
-
-
-def _round_trip(dispatcher, x_TD, ids_TK, w_TK, grad_out_TD, expert_scale_E_local):
-    """dispatch -> a per-expert elementwise 'expert' -> combine -> backward; everything the test compares."""
-    x = x_TD.clone().requires_grad_(True)
-    w = w_TK.clone().requires_grad_(True)
-    x_by_expert, tokens_per_expert, handle = dispatcher.dispatch(x, ids_TK, w)
-    scale_rows = torch.repeat_interleave(expert_scale_E_local, tokens_per_expert, dim=0,
-                                         output_size=x_by_expert.shape[0])
-    y = torch.tanh(x_by_expert) * scale_rows[:, None].to(x_by_expert.dtype)
-    out = dispatcher.combine(y, handle)
-    out.backward(grad_out_TD)
-    return {"x_by_expert": x_by_expert.detach(), "tokens_per_expert": tokens_per_expert, "out": out.detach(),
-            "grad_x": x.grad, "grad_w": w.grad}
-
-
 def _parity_worker(rank, world, configs, seed):
     device = torch.device("cuda", rank)
     group = dist.new_group(list(range(world)))
@@ -260,8 +238,8 @@ def _parity_worker(rank, world, configs, seed):
         x = torch.randn(num_tokens, hidden, generator=g).to(device, torch.bfloat16)
         grad_out = torch.randn(num_tokens, hidden, generator=g).to(device, torch.bfloat16)
         scale = (torch.rand(num_experts // world, generator=g) + 0.5).to(device)
-        a = _round_trip(reference, x, ids, weights.to(torch.bfloat16), grad_out, scale)
-        b = _round_trip(candidate, x, ids, weights.to(torch.bfloat16), grad_out, scale)
+        a = round_trip(reference, x, ids, weights.to(torch.bfloat16), grad_out, scale)
+        b = round_trip(candidate, x, ids, weights.to(torch.bfloat16), grad_out, scale)
         row = {"config": (num_experts, num_tokens, top_k, hidden), "rows": int(a["x_by_expert"].shape[0]),
                "tokens_per_expert": a["tokens_per_expert"].tolist()}
         for name in a:
@@ -303,52 +281,14 @@ def test_deepep_equals_alltoall_forward_and_backward_on_2_gpus():
 
 # ---------------------------------------------------------------- script mode: timing table
 
-def _bench_worker(rank, world, num_tokens, top_k, hidden, num_experts, iters):
-    device = torch.device("cuda", rank)
-    group = dist.new_group(list(range(world)))
-    g = torch.Generator().manual_seed(7 + rank)
-    ids, weights = random_routing(num_tokens, num_experts, top_k, g, device)
-    x = torch.randn(num_tokens, hidden, generator=g).to(device, torch.bfloat16)
-    grad_out = torch.randn(num_tokens, hidden, generator=g).to(device, torch.bfloat16)
-    weights = weights.to(torch.bfloat16)
-    rows = {}
-    for name in ("alltoall", "deepep"):
-        dispatcher = make_dispatcher(name, num_experts, group)
-        times = {"fwd": [], "fwd+bwd": []}
-        for it in range(iters + 3):
-            xr = x.clone().requires_grad_(True)
-            wr = weights.clone().requires_grad_(True)
-            start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-            dist.barrier(group)
-            start.record()
-            x_by_expert, _, handle = dispatcher.dispatch(xr, ids, wr)
-            out = dispatcher.combine(x_by_expert * 2, handle)
-            mid.record()
-            out.backward(grad_out)
-            end.record()
-            torch.cuda.synchronize()
-            if it >= 3:
-                times["fwd"].append(start.elapsed_time(mid))
-                times["fwd+bwd"].append(start.elapsed_time(end))
-        rows[name] = {k: statistics.median(v) for k, v in times.items()}
-        if hasattr(dispatcher, "close"):
-            dispatcher.close()
-    return rows
-
-
 def bench(num_tokens=8192, top_k=8, hidden=2048, num_experts=128, iters=20) -> None:
     """Median ms over `iters` of dispatch+combine forward, and forward+backward, per dispatcher."""
     if torch.cuda.device_count() < 2:
         sys.exit("--bench needs 2 CUDA GPUs")
     if not HAS_DEEP_EP:
         sys.exit("--bench needs deep_ep importable (the 'deepep' extra)")
-    results = run_gpu_ranks(_bench_worker, 2, num_tokens, top_k, hidden, num_experts, iters)
-    print(f"torch {torch.__version__}; {num_tokens} tokens x top-{top_k} x {hidden} bf16 per rank, "
-          f"{num_experts} experts over 2 ranks; median of {iters} (CUDA events), ms")
-    print(f"{'dispatcher':<10} {'rank':>4} {'fwd':>9} {'fwd+bwd':>9}")
-    for rank, rows in enumerate(results):
-        for name, t in rows.items():
-            print(f"{name:<10} {rank:>4} {t['fwd']:>9.3f} {t['fwd+bwd']:>9.3f}")
+    results = run_gpu_ranks(bench_worker, 2, "deepep", num_tokens, top_k, hidden, num_experts, iters)
+    print_bench(results, num_tokens, top_k, hidden, num_experts, iters)
 
 
 if __name__ == "__main__":
