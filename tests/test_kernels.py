@@ -376,9 +376,10 @@ _TRITON_CE_SCRIPT = textwrap.dedent("""
 import torch, sys
 sys.path.insert(0, "tests")
 from test_kernels import _ce_inputs, _hf_loss_and_grads, _ours_loss_and_grads, rel_err
-from workbench.kernels.cross_entropy import fused_linear_cross_entropy, triton_path_available
+from workbench.kernels._triton_util import triton_runs_on
+from workbench.kernels.cross_entropy import fused_linear_cross_entropy
 
-assert triton_path_available(torch.zeros(1))
+assert triton_runs_on(torch.zeros(1))
 for dtype, tol, vocab in ((torch.float32, 1e-5, 53), (torch.float32, 1e-5, 5000), (torch.bfloat16, 2e-2, 97)):
     hidden, weight, labels = _ce_inputs(dtype, seq=11, vocab=vocab, hidden=16)
     ref = _hf_loss_and_grads(hidden.float(), weight.float(), labels, num_items_in_batch=17)

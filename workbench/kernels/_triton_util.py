@@ -14,6 +14,15 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def triton_runs_on(x: torch.Tensor) -> bool:
+    """Whether the engine's Triton kernels take `x`: CUDA tensors, or CPU ones in the interpreter."""
+    if not (x.is_cuda or (triton_interpreting() and x.device.type == "cpu")):
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
+
+
 def check_triton_device(x: torch.Tensor, kernel: str) -> None:
     """Raise BackendError (with what to do) unless `x` can run a Triton kernel."""
     if x.device.type == "cuda" or triton_interpreting():

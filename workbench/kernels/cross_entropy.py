@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from workbench.kernels._triton_util import triton_runs_on
+
 # Budget for one chunk's logits; sets the default chunk size from the vocab size and logit width.
 LOGITS_CHUNK_BYTES = 512 * 2**20
 
@@ -152,17 +154,6 @@ def default_chunk_size(vocab_size: int, logit_bytes: int = 4) -> int:
     return max(1, LOGITS_CHUNK_BYTES // (logit_bytes * vocab_size))
 
 
-def triton_path_available(hidden: torch.Tensor) -> bool:
-    """Whether the Triton softmax-gradient kernel can run on `hidden`'s device."""
-    from workbench.kernels._triton_util import triton_interpreting
-
-    if not (hidden.is_cuda or (triton_interpreting() and hidden.device.type == "cpu")):
-        return False
-    import importlib.util
-
-    return importlib.util.find_spec("triton") is not None
-
-
 def fused_linear_cross_entropy(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, labels_N: torch.Tensor,
                                ignore_index: int = -100,
                                num_items_in_batch: torch.Tensor | int | None = None,
@@ -177,8 +168,8 @@ def fused_linear_cross_entropy(hidden_ND: torch.Tensor, weight_VD: torch.Tensor,
     """
     hidden_flat, labels_flat = _flatten_checked(hidden_ND, weight_VD, labels_N, ignore_index)
     if use_triton is None:
-        use_triton = triton_path_available(hidden_flat)
-    elif use_triton and not triton_path_available(hidden_flat):
+        use_triton = triton_runs_on(hidden_flat)
+    elif use_triton and not triton_runs_on(hidden_flat):
         from workbench.backends import BackendError
 
         raise BackendError("the Triton cross-entropy kernel needs a CUDA tensor and triton installed "

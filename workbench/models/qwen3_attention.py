@@ -12,11 +12,7 @@ from __future__ import annotations
 import torch
 from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 
-
-def _fused_rope_runs(x: torch.Tensor) -> bool:
-    from workbench.kernels.cross_entropy import triton_path_available
-
-    return triton_path_available(x)
+from workbench.kernels._triton_util import triton_runs_on
 
 
 class Qwen3MoeEngineAttention(hf.Qwen3MoeAttention):
@@ -25,7 +21,7 @@ class Qwen3MoeEngineAttention(hf.Qwen3MoeAttention):
     def forward(self, hidden_states, position_embeddings, attention_mask=None, *args, **kwargs):
         """Transformers' forward; without a cache and where Triton runs, RoPE is the fused kernel."""
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        if args or cache is not None or not _fused_rope_runs(hidden_states):
+        if args or cache is not None or not triton_runs_on(hidden_states):
             return super().forward(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
         from workbench.kernels.triton_rope import apply_rope, supported
 

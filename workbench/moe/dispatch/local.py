@@ -84,9 +84,9 @@ def permute(x_TD: torch.Tensor, perm: Permutation) -> torch.Tensor:
 
 def _triton_combine_runs(y_ND: torch.Tensor) -> bool:
     """Whether the fused Triton combine takes this tensor (CUDA, or the interpreter in tests)."""
-    from workbench.kernels.cross_entropy import triton_path_available
+    from workbench.kernels._triton_util import triton_runs_on
 
-    return y_ND.dim() == 2 and triton_path_available(y_ND)
+    return y_ND.dim() == 2 and triton_runs_on(y_ND)
 
 
 class _WeightedCombine(torch.autograd.Function):
