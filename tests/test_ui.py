@@ -87,6 +87,8 @@ def test_backend_choices_from_rank_records_name_the_rank():
     assert panel.backend_config() == BackendConfig(experts="loop", gate="balanced")
     panel.expert_recompute.value = True
     assert panel.backend_config() == BackendConfig(experts="loop", gate="balanced", expert_recompute=True)
+    panel.fp8.value = True  # validated when resolved on the ranks (needs TE on Hopper)
+    assert panel.backend_config().fp8 is True
     panel.set_ep(2)  # the local dispatcher cannot serve ep=2
     assert panel.rows["dispatcher"].buttons["local"].disabled
 

@@ -245,11 +245,12 @@ class BackendPanel:
         self.fused_ce = W.Checkbox(value=backend.fused_ce, description="fused linear cross-entropy")
         self.expert_recompute = W.Checkbox(value=backend.expert_recompute,
                                            description="recompute expert MLPs (less memory)")
+        self.fp8 = W.Checkbox(value=backend.fp8, description="FP8 GEMMs (TransformerEngine, Hopper)")
         for row in self.rows.values():
             for b in row.buttons.values():
                 b.observe(lambda _: self._show_auto(), "value")
         self.widget = W.VBox([W.HTML("<b>Backends</b>"), *[r.widget for r in self.rows.values()], self.fused_ce,
-                              self.expert_recompute])
+                              self.expert_recompute, self.fp8])
         self._show_auto()
 
     def set_ep(self, ep: int) -> None:
@@ -277,4 +278,4 @@ class BackendPanel:
 
     def backend_config(self) -> BackendConfig:
         return BackendConfig(**{f: r.value for f, r in self.rows.items()}, fused_ce=self.fused_ce.value,
-                             expert_recompute=self.expert_recompute.value)
+                             expert_recompute=self.expert_recompute.value, fp8=self.fp8.value)
