@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 
 from workbench.bench.config import VariantSpec
-from workbench.bench.variant import Prepared, adamw, optimizer_name
+from workbench.bench.variant import Prepared, adamw
+from workbench.train.optim import describe_optimizer
 
 CUDNN_REASON = "torch's cuDNN SDPA backend needs an NVIDIA GPU"
 
@@ -69,10 +70,11 @@ def build_anchor(spec: VariantSpec, hf_config, seed: int, lr: float, device: tor
         aux = out.aux_loss
         return out.loss, out.loss - coef * aux, aux
 
+    optimizer = adamw(model, lr, device)
     setup = {
         "library": "transformers", "experts_implementation": spec.experts_implementation,
         "attention": "sdpa" + (f" ({spec.sdpa_backend} forced)" if spec.sdpa_backend else ""),
         "fsdp": "fully_shard per decoder layer + root, defaults" if world > 1 else "none (one rank)",
-        "optimizer": optimizer_name(device), "activation_checkpointing": False, "dtype": str(dtype),
+        "optimizer": describe_optimizer(optimizer), "activation_checkpointing": False, "dtype": str(dtype),
     }
-    return Prepared(model, adamw(model, lr, device), forward, "mean", setup, _sdpa_context(spec.sdpa_backend))
+    return Prepared(model, optimizer, forward, "mean", setup, _sdpa_context(spec.sdpa_backend))

@@ -11,7 +11,8 @@ import torch.distributed as dist
 from workbench.backends import BackendConfig
 from workbench.bench.config import VariantSpec
 from workbench.bench.tokens import label_count
-from workbench.bench.variant import Prepared, adamw, optimizer_name
+from workbench.bench.variant import Prepared, adamw
+from workbench.train.optim import describe_optimizer
 from workbench.parallel.mesh import dense_mesh
 
 
@@ -41,9 +42,10 @@ def build_engine(spec: VariantSpec, checkpoint: Path, backend: BackendConfig, me
         return out.loss, out.loss - model.router_aux_loss_coef * aux, aux
 
     resolved = model.workbench_backend.to_dict() if model.workbench_backend is not None else backend.to_dict()
+    optimizer = adamw(model, lr, device, engine=True)
     setup = {
         "library": "workbench", "backend": resolved, "mesh": mesh.to_dict(), "gate": spec.gate,
         "fsdp": "workbench.parallel.apply_fsdp (summed grads)" if world > 1 else "none (one rank)",
-        "optimizer": optimizer_name(device, engine=True), "activation_checkpointing": False, "dtype": str(dtype),
+        "optimizer": describe_optimizer(optimizer), "activation_checkpointing": False, "dtype": str(dtype),
     }
-    return Prepared(model, adamw(model, lr, device, engine=True), forward, "sum", setup)
+    return Prepared(model, optimizer, forward, "sum", setup)

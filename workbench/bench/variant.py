@@ -35,31 +35,14 @@ def adamw(model: torch.nn.Module, lr: float, device: torch.device, engine: bool 
     Fused/foreach kernels take one list per group; under expert parallelism the experts live on
     another mesh than the dense weights, and DTensor refuses lists that mix meshes.
     """
+    from workbench.train.optim import make_adamw
+
     groups: dict[Any, list] = defaultdict(list)
     for p in model.parameters():
         if p.requires_grad:
             mesh = getattr(p, "device_mesh", None)
             groups[id(mesh) if mesh is not None else None].append(p)
-    param_groups = [{"params": ps} for ps in groups.values()]
-    if engine and _engine_optimizer(device) == "adamw_triton":
-        from workbench.train.optim import TritonAdamW
-
-        return TritonAdamW(param_groups, lr=lr)
-    kwargs = {"fused": True} if device.type == "cuda" else {"foreach": False}
-    return torch.optim.AdamW(param_groups, lr=lr, **kwargs)
-
-
-def _engine_optimizer(device: torch.device) -> str:
-    from workbench.train.optim import resolve_optimizer
-
-    return resolve_optimizer("adamw", device)
-
-
-def optimizer_name(device: torch.device, engine: bool = False) -> str:
-    """How `adamw` describes itself in the results."""
-    if engine and _engine_optimizer(device) == "adamw_triton":
-        return "workbench TritonAdamW (same math as torch's fused AdamW)"
-    return "torch.optim.AdamW(fused=True)" if device.type == "cuda" else "torch.optim.AdamW(foreach=False)"
+    return make_adamw([{"params": ps} for ps in groups.values()], "adamw" if engine else "adamw_torch", device, lr)
 
 
 def weight_fingerprint(model: torch.nn.Module) -> float:

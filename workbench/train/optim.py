@@ -44,11 +44,25 @@ def build_optimizer(model: torch.nn.Module, train_cfg, device: torch.device) -> 
     groups = [{"params": decay, "weight_decay": train_cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
-    name = resolve_optimizer(getattr(train_cfg, "optimizer", "adamw"), device)
-    if name == "adamw_triton":
-        return TritonAdamW(groups, lr=train_cfg.lr, betas=train_cfg.betas)
-    kwargs = {"fused": True} if device.type == "cuda" else {"foreach": False}
-    return torch.optim.AdamW(groups, lr=train_cfg.lr, betas=train_cfg.betas, **kwargs)
+    return make_adamw(groups, getattr(train_cfg, "optimizer", "adamw"), device, lr=train_cfg.lr,
+                      betas=train_cfg.betas)
+
+
+def make_adamw(param_groups: list[dict], name: str, device: torch.device, lr: float,
+               betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.Optimizer:
+    """The AdamW `name` resolves to on `device`: TritonAdamW, or torch's (fused on CUDA)."""
+    if resolve_optimizer(name, device) == "adamw_triton":
+        return TritonAdamW(param_groups, lr=lr, betas=betas)
+    kwargs = {"fused": True} if torch.device(device).type == "cuda" else {"foreach": False}
+    return torch.optim.AdamW(param_groups, lr=lr, betas=betas, **kwargs)
+
+
+def describe_optimizer(optimizer: torch.optim.Optimizer) -> str:
+    """How an optimizer from `make_adamw` is named in results files."""
+    if isinstance(optimizer, TritonAdamW):
+        return "workbench TritonAdamW (same math as torch's fused AdamW)"
+    kind = "fused=True" if optimizer.defaults.get("fused") else "foreach=False"
+    return f"torch.optim.AdamW({kind})"
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
