@@ -41,8 +41,8 @@ TE_FP8_MIN_CAPABILITY = (9, 0)
 #
 # TransformerEngine is never auto's first choice for bf16 work: measured in one `workbench bench`
 # launch on 1 x H200 (Qwen3-30B-A3B, 8 layers, seq 4096 x 2; benchmarks/results/
-# 2026-12-01-1xh200-te.json) the engine made 52,061 tokens/s with sdpa (cuDNN first) + Triton
-# RMSNorm + torch linear, 49,498 with TE attention + linear + RMSNorm, and 29,304 with TE
+# 2026-12-01-1xh200.json) the engine made 60,695 tokens/s with sdpa (cuDNN first) + Triton
+# RMSNorm + torch linear, 56,242 with TE attention + linear + RMSNorm, and 38,092 with TE
 # GroupedLinear experts (torch grouped_mm: 2.31 vs 7.44 ms for the same expert GEMMs). With
 # fp8=True, linear='auto' becomes 'te' where TE runs: TE is the engine's only FP8 GEMM path.
 AUTO_ORDER: dict[str, tuple[str, ...]] = {
@@ -280,8 +280,9 @@ class BackendConfig:
 
     def resolve(self, device: torch.device | str = "cpu", world_size: int = 1) -> "BackendConfig":
         """The concrete backends for `device`: "auto" replaced, explicit choices checked."""
-        resolved: dict[str, Any] = {"gate": self.gate, "fused_ce": self.fused_ce,
-                                    "expert_recompute": self.expert_recompute, "fp8": self.fp8}
+        # everything that is not an implementation choice (gate, the flags) passes through unchanged
+        resolved: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                                    if f.name == "gate" or f.name not in CHOICES}
         for field in CHOICES:
             if field == "gate":
                 continue
