@@ -322,17 +322,22 @@ _TRITON_PARITY_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run_triton_parity(device: str, bf16_tol: float, shapes: tuple, env: dict[str, str]) -> None:
-    proc = subprocess.run([sys.executable, "-c", _TRITON_PARITY_SCRIPT, device, str(bf16_tol), repr(shapes)],
-                          env={**os.environ, **env}, cwd=Path(__file__).resolve().parents[1],
+def _run_script(script: str, ok_marker: str, *args: str, interpret: bool) -> None:
+    """Run a test script in a fresh interpreter (TRITON_INTERPRET must be set before triton loads)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"} if interpret else dict(os.environ)
+    proc = subprocess.run([sys.executable, "-c", script, *args], env=env, cwd=Path(__file__).resolve().parents[1],
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "TRITON PARITY OK" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and ok_marker in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def _run_triton_parity(device: str, bf16_tol: float, shapes: tuple, interpret: bool) -> None:
+    _run_script(_TRITON_PARITY_SCRIPT, "TRITON PARITY OK", device, str(bf16_tol), repr(shapes), interpret=interpret)
 
 
 @needs_cuda_triton
 def test_triton_kernels_match_torch_on_cuda():
     # compiled kernels round like torch (RTNE), so bf16 agrees to about one ulp
-    _run_triton_parity("cuda", 1e-2, ((3, 7, 64), (5, 37), (1000, 130), (2, 2048, 2048), (64, 8192)), {})
+    _run_triton_parity("cuda", 1e-2, ((3, 7, 64), (5, 37), (1000, 130), (2, 2048, 2048), (64, 8192)), interpret=False)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the "
@@ -343,7 +348,7 @@ def test_triton_kernels_match_torch_in_interpreter():
     # TRITON_INTERPRET=1 runs the same kernels on CPU tensors; its bf16 casts truncate instead of
     # rounding to nearest, hence the looser bf16 bound here than on CUDA
     # (the interpreter runs one Python loop per program, so shapes stay small)
-    _run_triton_parity("cpu", 2e-2, ((3, 7, 64), (5, 37), (300, 16)), {"TRITON_INTERPRET": "1"})
+    _run_triton_parity("cpu", 2e-2, ((3, 7, 64), (5, 37), (300, 16)), interpret=True)
 
 
 @needs_cuda_triton
@@ -404,9 +409,7 @@ print("TRITON CE OK")
                                      "(test_fused_ce_triton_kernel_equals_torch_path_on_cuda)")
 def test_fused_ce_triton_kernel_matches_hf_in_interpreter():
     # the fp32 cases must equal HF to float32 rounding; bf16 within bf16 rounding of fp32 HF
-    proc = subprocess.run([sys.executable, "-c", _TRITON_CE_SCRIPT], env={**os.environ, "TRITON_INTERPRET": "1"},
-                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "TRITON CE OK" in proc.stdout, proc.stdout + proc.stderr
+    _run_script(_TRITON_CE_SCRIPT, "TRITON CE OK", interpret=True)
 
 
 def test_fused_ce_triton_refused_on_cpu_without_interpreter(monkeypatch):
@@ -455,11 +458,7 @@ print("TRITON COMBINE OK")
                                            "kernels in Triton's CPU interpreter)")
 def test_triton_combine_matches_float64_reference():
     # CPU runs the kernels in Triton's interpreter; a CUDA machine runs them compiled
-    device = "cuda" if HAS_CUDA else "cpu"
-    env = {**os.environ} if HAS_CUDA else {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-c", _TRITON_COMBINE_SCRIPT, device], env=env,
-                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "TRITON COMBINE OK" in proc.stdout, proc.stdout + proc.stderr
+    _run_script(_TRITON_COMBINE_SCRIPT, "TRITON COMBINE OK", "cuda" if HAS_CUDA else "cpu", interpret=not HAS_CUDA)
 
 
 _TRITON_ENGINE_SCRIPT = textwrap.dedent("""
@@ -499,7 +498,4 @@ print("TRITON ENGINE OK")
                                            "kernels in Triton's CPU interpreter)")
 def test_triton_rope_and_engine_match_transformers():
     # CPU: the interpreter; CUDA: the compiled kernels (the tiny model's fp32 parity holds on both)
-    env = {**os.environ} if HAS_CUDA else {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-c", _TRITON_ENGINE_SCRIPT, "cuda" if HAS_CUDA else "cpu"], env=env, cwd=Path(__file__).resolve().parents[1],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "TRITON ENGINE OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _run_script(_TRITON_ENGINE_SCRIPT, "TRITON ENGINE OK", "cuda" if HAS_CUDA else "cpu", interpret=not HAS_CUDA)
