@@ -71,6 +71,35 @@ def adamw_microbench(numel: int = 1 << 28) -> dict:
     return out
 
 
+def adamw_in_model(step, opt, configs: str) -> list[dict]:
+    """TritonAdamW.step alone on the model's parameters and gradients, per kernel block/warps setting.
+
+    Also the whole training step per setting: the optimizer's share of it is the kernel as the
+    backward leaves the GPU, which "alone" separates from the kernel's speed on these tensors.
+    """
+    import workbench.kernels.triton_adamw as kernel
+
+    saved = kernel.BLOCK, kernel.NUM_WARPS
+    numel = sum(p.numel() for g in opt.param_groups for p in g["params"])
+    rows = []
+    try:
+        for item in configs.split(","):
+            kernel.BLOCK, kernel.NUM_WARPS = (int(x) for x in item.split("x"))
+            step()  # compiles this configuration
+            step_ms = cuda_ms(step, 3)
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    p.grad = torch.randn_like(p)
+            alone = cuda_ms(opt.step, 5)
+            rows.append({"block": kernel.BLOCK, "warps": kernel.NUM_WARPS, "step_ms": step_ms, "alone_ms": alone,
+                         "alone_tb_s": 14 * numel / alone / 1e9})
+            opt.zero_grad(set_to_none=True)
+            print("adamw in model:", json.dumps(rows[-1]), flush=True)
+    finally:
+        kernel.BLOCK, kernel.NUM_WARPS = saved
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=8)
@@ -82,6 +111,8 @@ def main() -> None:
     p.add_argument("--out", default="profile-out")
     p.add_argument("--no-ce-bench", action="store_true")
     p.add_argument("--anchor", action="store_true", help="profile the Transformers v5 anchor instead")
+    p.add_argument("--adamw-configs", default="",
+                   help="BLOCKxWARPS list (e.g. 4096x8,1024x4): time TritonAdamW.step alone on the model's tensors")
     args = p.parse_args()
 
     import workbench
@@ -135,6 +166,8 @@ def main() -> None:
     result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     print(f"step {result['step_ms']:.1f} ms, {result['tokens_per_s']:,.0f} tokens/s, peak {result['peak_gib']:.1f} GiB",
           flush=True)
+    if args.adamw_configs and not args.anchor:
+        result["adamw_in_model"] = adamw_in_model(step, opt, args.adamw_configs)
     steps = 2
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA], record_shapes=True) as prof:
