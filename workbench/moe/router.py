@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from workbench.kernels.mm_fp32 import mm_fp32
+
 GATES = ("native", "balanced")
 
 
@@ -24,22 +26,23 @@ class _Float32Linear(torch.autograd.Function):
     """F.linear(x.float(), w.float()) that saves x in its own dtype, not its float32 copy.
 
     Autograd of the plain expression keeps the [T, D] float32 copy alive until backward (64 MB
-    per MoE layer at 8k tokens x 2048); the backward upcasts again instead.
+    per MoE layer at 8k tokens x 2048). On CUDA the products run as bf16 GEMMs with float32
+    results (workbench.kernels.mm_fp32: the same products, float32 sums), not float32 FMA GEMMs.
     """
 
     @staticmethod
     def forward(ctx, x_TD, weight_ED):
         ctx.save_for_backward(x_TD, weight_ED)
-        return F.linear(x_TD.float(), weight_ED.float())
+        return mm_fp32(x_TD, weight_ED.t())
 
     @staticmethod
     def backward(ctx, grad_TE):
         x_TD, weight_ED = ctx.saved_tensors
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
-            grad_x = (grad_TE @ weight_ED.float()).to(x_TD.dtype)
+            grad_x = mm_fp32(grad_TE, weight_ED).to(x_TD.dtype)
         if ctx.needs_input_grad[1]:
-            grad_w = (grad_TE.t() @ x_TD.float()).to(weight_ED.dtype)
+            grad_w = mm_fp32(grad_TE.t(), x_TD).to(weight_ED.dtype)
         return grad_x, grad_w
 
 
