@@ -499,3 +499,16 @@ print("TRITON ENGINE OK")
 def test_triton_rope_and_engine_match_transformers():
     # CPU: the interpreter; CUDA: the compiled kernels (the tiny model's fp32 parity holds on both)
     _run_script(_TRITON_ENGINE_SCRIPT, "TRITON ENGINE OK", "cuda" if HAS_CUDA else "cpu", interpret=not HAS_CUDA)
+
+
+@needs_cuda_triton
+def test_triton_scaled_equals_torch_mul_by_device_scalar():
+    from workbench.kernels.triton_cross_entropy import scaled
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn(3001, 517, device="cuda", generator=g).to(dtype)
+        scale = torch.rand((), device="cuda", generator=g) + 0.5
+        got = scaled(x, scale)
+        assert got.dtype == dtype and got.data_ptr() != x.data_ptr()
+        torch.testing.assert_close(got, (x * scale).to(dtype), rtol=0, atol=0)

@@ -63,3 +63,28 @@ def ce_rows_(logits_CV: torch.Tensor, labels_C: torch.Tensor, denom: torch.Tenso
         _ce_rows_kernel[(C,)](logits_CV, labels_C, loss_C, denom, logits_CV.stride(0), V, ignore_index,
                               WRITE_GRAD=write_grad, BLOCK=block, num_warps=8 if block >= 2048 else 4)
     return loss_C
+
+
+@triton.jit
+def _scale_kernel(X, OUT, SCALE, n_elements, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_elements
+    s = tl.load(SCALE).to(tl.float32)
+    x = tl.load(X + offs, mask=mask).to(tl.float32)
+    tl.store(OUT + offs, (x * s).to(OUT.dtype.element_ty), mask=mask)
+
+
+def scaled(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x * scale (a 0-dim float tensor on x's device) as a new tensor, float32 math, one pass.
+
+    torch's `x * scale` by a 0-dim CUDA tensor takes its broadcasting, unvectorized elementwise
+    path: 1.1 ms for the [151936, 2048] bf16 lm_head gradient on H200, ~0.3 ms here.
+    """
+    check_triton_device(x, "cross_entropy")
+    if not x.is_contiguous() or scale.numel() != 1 or scale.device != x.device:
+        raise ValueError("scaled() needs a contiguous tensor and a one-element scale on its device")
+    out = torch.empty_like(x)
+    n = x.numel()
+    if n:
+        _scale_kernel[(triton.cdiv(n, 2048),)](x, out, scale, n, BLOCK=2048, num_warps=4)
+    return out
