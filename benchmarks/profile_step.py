@@ -111,8 +111,6 @@ def main() -> None:
     p.add_argument("--out", default="profile-out")
     p.add_argument("--no-ce-bench", action="store_true")
     p.add_argument("--anchor", action="store_true", help="profile the Transformers v5 anchor instead")
-    p.add_argument("--step-in-backward", choices=("off", "same", "side"), default="off",
-                   help="AdamW updates inside backward (workbench.train.step_in_backward), on the compute or a side stream")
     p.add_argument("--adamw-configs", default="",
                    help="BLOCKxWARPS list (e.g. 4096x8,1024x4): time TritonAdamW.step alone on the model's tensors")
     args = p.parse_args()
@@ -152,20 +150,12 @@ def main() -> None:
 
         opt = TritonAdamW(model.parameters(), lr=1e-5)
     ids = torch.randint(0, config.vocab_size, (args.batch, args.seq), device="cuda")
-    in_backward = None
-    if args.step_in_backward != "off":
-        from workbench.train.step_in_backward import StepInBackward
-
-        in_backward = StepInBackward(opt, side_stream=args.step_in_backward == "side")
 
     def step():
         out = model(input_ids=ids, labels=ids, output_router_logits=True, use_cache=False)
         out.loss.backward()
         with torch.profiler.record_function("workbench.optimizer"):
-            if in_backward is not None:
-                in_backward.finish()
-            else:
-                opt.step()
+            opt.step()
             opt.zero_grad(set_to_none=True)
 
     for _ in range(3):

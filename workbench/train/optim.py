@@ -108,30 +108,6 @@ class TritonAdamW(torch.optim.Optimizer):
         self._steps: dict[torch.Tensor, int] = {}
         self.updates: Counter[str] = Counter()  # tensor updates by path: "triton", "torch", "empty"
 
-    def step_param(self, p: torch.Tensor, group: dict[str, Any]) -> None:
-        """One AdamW update of parameter `p` (of param group `group`) from its gradient."""
-        if group.get("amsgrad") or group.get("maximize"):
-            raise ValueError("TritonAdamW implements plain AdamW: amsgrad and maximize must be False "
-                             "(a checkpoint of such a torch AdamW needs optimizer='adamw_torch')")
-        if p.grad.is_sparse:
-            raise RuntimeError("TritonAdamW does not support sparse gradients")
-        state = self.state[p]
-        if not state:
-            state["step"] = torch.tensor(0.0, dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        step = self._steps.get(p)
-        if step is None:  # fresh state or just loaded: the only read of the counter
-            step = int(state["step"].item())
-        step += 1
-        self._steps[p] = step
-        state["step"].fill_(float(step))
-        beta1, beta2 = group["betas"]
-        scalars = adamw_scalars(step, float(group["lr"]), beta1, beta2, group["eps"], group["weight_decay"])
-        path = adamw_step_(_local(p), _local(p.grad), _local(state["exp_avg"]), _local(state["exp_avg_sq"]),
-                           scalars, self.precise)
-        self.updates[path] += 1
-
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self.__dict__.setdefault("_steps", {})
@@ -155,9 +131,34 @@ class TritonAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
+            if group.get("amsgrad") or group.get("maximize"):
+                raise ValueError("TritonAdamW implements plain AdamW: amsgrad and maximize must be False "
+                                 "(a checkpoint of such a torch AdamW needs optimizer='adamw_torch')")
+            beta1, beta2 = group["betas"]
+            lr = float(group["lr"])
+            scalars_by_step: dict[int, dict[str, float]] = {}
             for p in group["params"]:
-                if p.grad is not None:
-                    self.step_param(p, group)
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("TritonAdamW does not support sparse gradients")
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                step = self._steps.get(p)
+                if step is None:  # fresh state or just loaded: the only read of the counter
+                    step = int(state["step"].item())
+                step += 1
+                self._steps[p] = step
+                state["step"].fill_(float(step))
+                if step not in scalars_by_step:  # usually one step count per group
+                    scalars_by_step[step] = adamw_scalars(step, lr, beta1, beta2, group["eps"], group["weight_decay"])
+                scalars = scalars_by_step[step]
+                path = adamw_step_(_local(p), _local(p.grad), _local(state["exp_avg"]),
+                                   _local(state["exp_avg_sq"]), scalars, self.precise)
+                self.updates[path] += 1
         return loss
 
 
