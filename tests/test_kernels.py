@@ -450,6 +450,29 @@ for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
         (ref * dy.double()).sum().backward()
         for name, a, b in (("out", out, ref), ("dx", x.grad, x64.grad), ("dw", w.grad, w64.grad)):
             assert rel(a, b) < tol, (dtype, T, K, D, name, rel(a, b))
+    # slots without a row (experts on other ranks): row index N reads nothing, gets no gradient
+    from workbench.moe.dispatch.local import expand_to_rows, weighted_sum
+    T, K, D = 29, 4, 300
+    g = torch.Generator().manual_seed(5)
+    has_row = torch.rand(T * K, generator=g) < 0.6
+    N = int(has_row.sum())
+    slot_of_row = torch.nonzero(has_row).squeeze(1)[torch.randperm(N, generator=g)]
+    row_of_slot = torch.full((T * K,), N, dtype=torch.int64)
+    row_of_slot[slot_of_row] = torch.arange(N)
+    x = torch.randn(T, D, generator=g).to(device, dtype).requires_grad_()
+    w = torch.rand(T, K, generator=g).to(device).requires_grad_()
+    mix = torch.randn(D, D, generator=g).to(device, dtype) / D ** 0.5
+    slot_of_row, row_of_slot = slot_of_row.to(device), row_of_slot.to(device)
+    out = weighted_sum(expand_to_rows(x, slot_of_row // K, row_of_slot, K) @ mix, w, row_of_slot, slot_of_row)
+    dy = torch.randn(T, D, generator=g).to(device, dtype)
+    (out.float() * dy.float()).sum().backward()
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    mask = has_row.to(device).view(T, K, 1).double()
+    ref = (w64[:, :, None] * mask * (x64 @ mix.double())[:, None, :]).sum(1)
+    (ref * dy.double()).sum().backward()
+    for name, a, b in (("out", out, ref), ("dx", x.grad, x64.grad), ("dw", w.grad, w64.grad)):
+        assert rel(a, b) < tol, (dtype, "no-row slots", name, rel(a, b))
+    assert (w.grad.view(-1)[~has_row.to(device)] == 0).all()
 print("TRITON COMBINE OK")
 """)
 

@@ -7,6 +7,10 @@ gradient and a cast. These kernels read each expert row once per pass and keep t
 registers: forward ~(K + 1) x D x 2 bytes per token instead of ~(7K + 1) x D x 2, backward
 likewise, with no [T, K, D] temporaries at all (measured on H200 at T=8192, K=8, D=2048: the
 torch combine's copies, gathers and gemvs took ~18 ms of a 157 ms step over 8 layers).
+
+A slot whose row index is >= N (the rows of y) has no row: it adds nothing and its weight
+gradient is 0. Dispatchers that send a token once per rank use it for the slots of experts on
+other ranks.
 """
 
 from __future__ import annotations
@@ -21,13 +25,13 @@ BLOCK_D = 512
 
 
 @triton.jit
-def _combine_fwd_kernel(Y, W, ROWS, OUT, stride_y, stride_out, K, D,
+def _combine_fwd_kernel(Y, W, ROWS, OUT, stride_y, stride_out, K, D, N,
                         K_P2: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ks = tl.arange(0, K_P2)
-    kmask = ks < K
-    rows = tl.load(ROWS + t * K + ks, mask=kmask, other=0).to(tl.int64)
+    rows = tl.load(ROWS + t * K + ks, mask=ks < K, other=N).to(tl.int64)
+    kmask = (ks < K) & (rows < N)
     w = tl.load(W + t * K + ks, mask=kmask, other=0.0).to(tl.float32)
     tile = tl.load(Y + rows[:, None] * stride_y + cols[None, :], mask=kmask[:, None] & (cols[None, :] < D),
                    other=0.0).to(tl.float32)
@@ -36,12 +40,12 @@ def _combine_fwd_kernel(Y, W, ROWS, OUT, stride_y, stride_out, K, D,
 
 
 @triton.jit
-def _combine_bwd_kernel(G, Y, W, ROWS, GY, GW, stride_g, stride_y, stride_gy, K, D,
+def _combine_bwd_kernel(G, Y, W, ROWS, GY, GW, stride_g, stride_y, stride_gy, K, D, N,
                         K_P2: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     ks = tl.arange(0, K_P2)
-    kmask = ks < K
-    rows = tl.load(ROWS + t * K + ks, mask=kmask, other=0).to(tl.int64)
+    rows = tl.load(ROWS + t * K + ks, mask=ks < K, other=N).to(tl.int64)
+    kmask = (ks < K) & (rows < N)
     w = tl.load(W + t * K + ks, mask=kmask, other=0.0).to(tl.float32)
     dw = tl.zeros((K_P2,), tl.float32)
     for start in range(0, D, BLOCK):
@@ -54,7 +58,7 @@ def _combine_bwd_kernel(G, Y, W, ROWS, GY, GW, stride_g, stride_y, stride_gy, K,
         # each expert row belongs to exactly one (token, slot): plain stores, no atomics
         tl.store(GY + rows[:, None] * stride_gy + cols[None, :], (w[:, None] * g[None, :]).to(GY.dtype.element_ty),
                  mask=mask2)
-    tl.store(GW + t * K + ks, dw.to(GW.dtype.element_ty), mask=kmask)
+    tl.store(GW + t * K + ks, dw.to(GW.dtype.element_ty), mask=ks < K)
 
 
 def _k_p2(k: int) -> int:
@@ -62,7 +66,7 @@ def _k_p2(k: int) -> int:
 
 
 def combine_forward(y_ND: torch.Tensor, weights_TK: torch.Tensor, row_of_slot: torch.Tensor) -> torch.Tensor:
-    """out[t] = sum_k w[t, k] * y[row_of_slot[t*K + k]], float32 sums, y's dtype out."""
+    """out[t] = sum_k w[t, k] * y[row_of_slot[t*K + k]] (no term where the row is >= N), float32 sums."""
     check_triton_device(y_ND, "combine")
     y_ND = y_ND if y_ND.stride(-1) == 1 else y_ND.contiguous()
     T, K = weights_TK.shape
@@ -71,7 +75,7 @@ def combine_forward(y_ND: torch.Tensor, weights_TK: torch.Tensor, row_of_slot: t
     if T and D:
         _combine_fwd_kernel[(T, triton.cdiv(D, BLOCK_D))](
             y_ND, weights_TK.contiguous(), row_of_slot.contiguous(), out_TD, y_ND.stride(0), out_TD.stride(0), K, D,
-            K_P2=_k_p2(K), BLOCK=BLOCK_D, num_warps=4)
+            y_ND.shape[0], K_P2=_k_p2(K), BLOCK=BLOCK_D, num_warps=4)
     return out_TD
 
 
@@ -90,6 +94,6 @@ def combine_backward(grad_TD: torch.Tensor, y_ND: torch.Tensor, weights_TK: torc
     if T and D:
         _combine_bwd_kernel[(T,)](
             grad_TD, y_ND, weights_TK.contiguous(), row_of_slot.contiguous(), grad_y_ND, grad_w_TK,
-            grad_TD.stride(0), y_ND.stride(0), grad_y_ND.stride(0), K, D,
+            grad_TD.stride(0), y_ND.stride(0), grad_y_ND.stride(0), K, D, N,
             K_P2=_k_p2(K), BLOCK=BLOCK_D, num_warps=4)
     return grad_y_ND, grad_w_TK

@@ -4,11 +4,10 @@ Same contract as `alltoall`: rank r owns experts [r*L, (r+1)*L); `dispatch` retu
 rows in expert-major order (expert, then source rank, then source token: the order `alltoall`
 produces) with int64 counts per local expert, and `combine` returns each token's weighted sum.
 
-What differs is where the routing weights are applied. DeepEP sends a token once per destination
-rank (not once per expert) and its combine adds the returning rows without weights. So the
-weights travel with the token, each rank sums its own experts' outputs for a token weighted (in
-float32, like `alltoall`), and DeepEP's combine adds those per-rank partial sums at home. Results
-match `alltoall` up to one extra bf16 rounding of each partial sum.
+The protocol is `alltoall`'s too: a token goes once to each destination rank (not once per
+expert) with its routing weights, each rank sums its own experts' outputs per token weighted (in
+float32, local.weighted_sum), and DeepEP's combine adds those per-rank partial sums at home
+(in bf16 inside DeepEP, where `alltoall` adds them in float32).
 
 Autograd: dispatch's backward is a DeepEP combine of the gradients (rows and routing weights) with
 the same handle; combine's backward is a cached DeepEP dispatch (the handle's layout).
@@ -37,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.backends import DEEPEP_EP_SIZES, INSTALL_HINT, BackendError
+from workbench.moe.dispatch.local import expand_to_rows, weighted_sum
 
 # Limits of DeepEP 1.2.x's intranode kernels, checked here so that a misfit is a clear error
 # rather than a device-side assert that takes the CUDA context down with it.
@@ -142,61 +142,6 @@ class _Combine(torch.autograd.Function):
         return grad_RD, None
 
 
-class _ExpandReceived(torch.autograd.Function):
-    """Received token rows -> one row per (token, local expert), expert-major.
-
-    Backward sums each token's rows by a gather (slots of other ranks' experts read a zero row),
-    not by index_add's atomics; see local.GatherRows.
-    """
-
-    @staticmethod
-    def forward(ctx, x_RD, token_of_row, row_of_slot, top_k: int):
-        ctx.save_for_backward(row_of_slot)
-        ctx.top_k = top_k
-        return x_RD.index_select(0, token_of_row)
-
-    @staticmethod
-    def backward(ctx, grad_ND):
-        (row_of_slot,) = ctx.saved_tensors
-        padded = torch.cat([grad_ND, grad_ND.new_zeros(1, grad_ND.shape[1])])
-        grad_RKD = padded.index_select(0, row_of_slot).view(-1, ctx.top_k, grad_ND.shape[1])
-        return grad_RKD.sum(dim=1), None, None, None
-
-
-class _LocalWeightedSum(torch.autograd.Function):
-    """partial[r] = sum over r's local slots k of w[r, k] * y[row(r, k)], in float32 (as local.unpermute).
-
-    Slots whose expert lives on another rank point at a zero row (and DeepEP sends them weight 0).
-    Saves y's own rows, not the float32 gathered copy.
-    """
-
-    @staticmethod
-    def forward(ctx, y_ND, weights_RK, row_of_slot, slot_of_row):
-        ctx.save_for_backward(y_ND, weights_RK, row_of_slot, slot_of_row)
-        y_RKD = _gather_slots(y_ND, row_of_slot, weights_RK.shape[1])
-        out_RD = torch.bmm(weights_RK.float().unsqueeze(1), y_RKD.float()).squeeze(1)
-        return out_RD.to(y_ND.dtype)
-
-    @staticmethod
-    def backward(ctx, grad_RD):
-        y_ND, weights_RK, row_of_slot, slot_of_row = ctx.saved_tensors
-        num_recv, top_k = weights_RK.shape
-        grad_R1D = grad_RD.float().unsqueeze(1)
-        grad_y = grad_w = None
-        if ctx.needs_input_grad[1]:
-            y_RKD = _gather_slots(y_ND, row_of_slot, top_k)
-            grad_w = torch.bmm(y_RKD.float(), grad_R1D.transpose(1, 2)).squeeze(2).to(weights_RK.dtype)
-        if ctx.needs_input_grad[0]:
-            grad_RKD = (weights_RK.float().unsqueeze(2) * grad_R1D).to(y_ND.dtype)
-            grad_y = grad_RKD.view(num_recv * top_k, -1).index_select(0, slot_of_row)
-        return grad_y, grad_w, None, None
-
-
-def _gather_slots(y_ND: torch.Tensor, row_of_slot: torch.Tensor, top_k: int) -> torch.Tensor:
-    padded = torch.cat([y_ND, y_ND.new_zeros(1, y_ND.shape[1])])
-    return padded.index_select(0, row_of_slot).view(-1, top_k, y_ND.shape[1])
-
-
 @dataclass
 class DeepEPHandle:
     exchange: _Exchange
@@ -290,11 +235,10 @@ class DeepEPDispatcher:
         slot_of_row = torch.argsort(keys, stable=True)[:num_rows]
         row_of_slot = torch.full_like(flat_idx, num_rows, dtype=torch.int64)
         row_of_slot[slot_of_row] = torch.arange(num_rows, device=flat_idx.device)
-        x_by_expert = _ExpandReceived.apply(recv_x, slot_of_row // top_k, row_of_slot, top_k)
+        x_by_expert = expand_to_rows(recv_x, slot_of_row // top_k, row_of_slot, top_k)
         tokens_per_local_expert = torch.tensor(ex.recv_counts, dtype=torch.int64).to(self.device)
         return x_by_expert, tokens_per_local_expert, DeepEPHandle(ex, recv_w, slot_of_row, row_of_slot)
 
     def combine(self, y_by_expert_ND, handle: DeepEPHandle):
-        partial_RD = _LocalWeightedSum.apply(y_by_expert_ND, handle.recv_weights_RK, handle.row_of_slot,
-                                             handle.slot_of_row)
+        partial_RD = weighted_sum(y_by_expert_ND, handle.recv_weights_RK, handle.row_of_slot, handle.slot_of_row)
         return _Combine.apply(partial_RD, handle.exchange)

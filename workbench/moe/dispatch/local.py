@@ -55,8 +55,23 @@ class GatherRows(torch.autograd.Function):
         return grad_ND.index_select(0, inverse), None, None
 
 
+def gather_slots(y_ND: torch.Tensor, row_of_slot: torch.Tensor) -> torch.Tensor:
+    """y[row_of_slot], where the index N (= y's row count) reads a zero row.
+
+    A slot has no row when its expert lives on another rank (dispatchers that send a token once
+    per rank). Every row belongs to exactly one slot, so there are such slots exactly when the
+    slots outnumber the rows.
+    """
+    if row_of_slot.numel() != y_ND.shape[0]:
+        y_ND = torch.cat([y_ND, y_ND.new_zeros(1, y_ND.shape[1])])
+    return y_ND.index_select(0, row_of_slot)
+
+
 class _ExpandToExperts(torch.autograd.Function):
-    """Copy each token to its k expert-major rows; the gradient sums each token's k rows."""
+    """Copy each token to its expert-major rows; the gradient sums each token's rows.
+
+    `row_of_slot` [T*K] may mark slots without a row (see gather_slots).
+    """
 
     @staticmethod
     def forward(ctx, x_TD, token_of_row, row_of_slot, top_k):
@@ -73,13 +88,19 @@ class _ExpandToExperts(torch.autograd.Function):
 
             ones_TK = torch.ones(row_of_slot.numel() // ctx.top_k, ctx.top_k, device=grad_ND.device)
             return combine_forward(grad_ND, ones_TK, row_of_slot), None, None, None
-        grad_TKD = grad_ND.index_select(0, row_of_slot).view(-1, ctx.top_k, grad_ND.shape[-1])
+        grad_TKD = gather_slots(grad_ND, row_of_slot).view(-1, ctx.top_k, grad_ND.shape[-1])
         return grad_TKD.sum(dim=1), None, None, None
 
 
 def permute(x_TD: torch.Tensor, perm: Permutation) -> torch.Tensor:
     """Gather token rows into expert-major order (k copies of each token)."""
     return _ExpandToExperts.apply(x_TD, perm.token_of_row, perm.row_of_slot, perm.top_k)
+
+
+def expand_to_rows(x_TD: torch.Tensor, token_of_row: torch.Tensor, row_of_slot: torch.Tensor,
+                   top_k: int) -> torch.Tensor:
+    """x[token_of_row] with a gather-sum backward; `row_of_slot` may mark slots without a row."""
+    return _ExpandToExperts.apply(x_TD, token_of_row, row_of_slot, top_k)
 
 
 def _triton_combine_runs(y_ND: torch.Tensor) -> bool:
@@ -91,6 +112,8 @@ def _triton_combine_runs(y_ND: torch.Tensor) -> bool:
 
 class _WeightedCombine(torch.autograd.Function):
     """out[t] = sum_k w[t, k] * y[row(t, k)], in float32, saving only y's own bf16 rows.
+
+    A slot without a row (see gather_slots) adds nothing and gets a zero weight gradient.
 
     Autograd through `bmm(w.float(), y[rows].float())` saved the float32 copy of the gathered
     rows, [T, K, D] x 4 bytes: 537 MB per MoE layer at 8k tokens x top-8 x 2048, twice y's size.
@@ -107,7 +130,7 @@ class _WeightedCombine(torch.autograd.Function):
             from workbench.kernels.triton_combine import combine_forward
 
             return combine_forward(y_ND, weights_TK, row_of_slot)
-        y_TKD = y_ND.index_select(0, row_of_slot).view(num_tokens, top_k, -1)
+        y_TKD = gather_slots(y_ND, row_of_slot).view(num_tokens, top_k, -1)
         out_TD = torch.bmm(weights_TK.float().unsqueeze(1), y_TKD.float()).squeeze(1)
         return out_TD.to(y_ND.dtype)
 
@@ -123,13 +146,19 @@ class _WeightedCombine(torch.autograd.Function):
         grad_T1D = grad_TD.float().unsqueeze(1)
         grad_y = grad_w = None
         if ctx.needs_input_grad[1]:
-            y_TKD = y_ND.index_select(0, row_of_slot).view(num_tokens, top_k, -1)
+            y_TKD = gather_slots(y_ND, row_of_slot).view(num_tokens, top_k, -1)
             grad_w = torch.bmm(y_TKD.float(), grad_T1D.transpose(1, 2)).squeeze(2).to(weights_TK.dtype)
         if ctx.needs_input_grad[0]:
             grad_TKD = (weights_TK.float().unsqueeze(2) * grad_T1D).to(y_ND.dtype)
             # row r of y came from slot slot_order[r]
             grad_y = grad_TKD.view(num_tokens * top_k, -1).index_select(0, slot_order)
         return grad_y, grad_w, None, None
+
+
+def weighted_sum(y_ND: torch.Tensor, weights_TK: torch.Tensor, row_of_slot: torch.Tensor,
+                 slot_of_row: torch.Tensor) -> torch.Tensor:
+    """out[t] = sum_k w[t, k] * y[row_of_slot[t*K + k]] in float32; slots may have no row (gather_slots)."""
+    return _WeightedCombine.apply(y_ND, weights_TK, row_of_slot, slot_of_row)
 
 
 def unpermute(y_ND: torch.Tensor, weights_TK: torch.Tensor, perm: Permutation) -> torch.Tensor:
