@@ -82,7 +82,8 @@ def _parity_worker(rank, world, configs):
                "rows": int(a["x_by_expert"].shape[0]), "tokens_per_expert": a["tokens_per_expert"].tolist()}
         for name in a:
             row[name] = (tuple(a[name].shape) == tuple(b[name].shape),
-                         float((a[name].double() - b[name].double()).abs().max()) if a[name].numel() else 0.0)
+                         float((a[name].double() - b[name].double()).abs().max()) if a[name].numel() else 0.0,
+                         float(a[name].double().abs().max()) if a[name].numel() else 0.0)
         report.append(row)
     for reference, candidate in dispatchers.values():
         candidate.release()
@@ -102,11 +103,17 @@ def test_symm_mem_equals_alltoall_forward_and_backward_on_2_gpus():
     reports = run_gpu_ranks(_parity_worker, 2, configs)
     for rank, report in enumerate(reports):
         for row in report:
-            tol = 1e-6 if row["config"][-1] == "float32" else 0.0
             assert row["rows"] > 0
             assert max(row["tokens_per_expert"]) != min(row["tokens_per_expert"]), "routing should be uneven"
             for name in ("x_by_expert", "tokens_per_expert", "out", "grad_x", "grad_w"):
-                same_shape, diff = row[name]
+                same_shape, diff, ref = row[name]
+                # rows and counts are copies in the same order: exact. symm_mem sums each token's k
+                # expert rows at home in float32; alltoall sums per rank first (one rounding of each
+                # rank's partial sum to the model dtype)
+                if name in ("x_by_expert", "tokens_per_expert"):
+                    tol = 0.0
+                else:
+                    tol = (1e-6 if row["config"][-1] == "float32" else 2e-2) * max(ref, 1.0)
                 assert same_shape, f"rank {rank} {row['config']} {name}: shapes differ"
                 assert diff <= tol, f"rank {rank} {row['config']} {name}: max |symm_mem - alltoall| = {diff}"
 
