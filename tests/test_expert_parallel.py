@@ -143,3 +143,18 @@ def test_mesh_validation_messages():
         MeshConfig(dp=2, tp=2)
     assert [m.ep for m in valid_meshes(8, 128)] == [1, 2, 4, 8]
     assert [m.ep for m in valid_meshes(8, 6)] == [1, 2]
+
+
+def _device_worker(rank, world):
+    import torch
+
+    from workbench.models.auto import default_device
+
+    torch.cuda.is_available = lambda: True  # as on a GPU machine (this spawned process only)
+    torch.cuda.device_count = lambda: 1
+    return str(default_device())
+
+
+def test_gloo_ranks_compute_on_cpu_even_where_gpus_are_visible():
+    # gloo has no CUDA all-to-all or reduce-scatter: a sharded model over it must live on the CPU
+    assert run_ranks(_device_worker, 1) == ["cpu"]
