@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import torch
@@ -21,17 +20,11 @@ import triton
 
 
 def cuda_ms(fn, reps: int = 7) -> float:
-    """Median milliseconds of `fn()` by CUDA events (one warm-up call)."""
+    """profile_step.cuda_ms after one warm-up call (the first launch compiles the kernel)."""
+    from profile_step import cuda_ms as timed
+
     fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return timed(fn, reps)
 
 
 def model_shapes(layers: int) -> list[tuple[int, ...]]:
