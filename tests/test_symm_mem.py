@@ -133,3 +133,11 @@ if __name__ == "__main__":
         bench()
     else:
         sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_expert_major_order_regroups_received_rows_by_expert_then_source():
+    from workbench.moe.dispatch.symm_mem import expert_major_order
+
+    # source 0 sends 1 row for local expert 0 and 2 for expert 1; source 1 sends 2 and 1
+    counts_PL = torch.tensor([[1, 2], [2, 1]])
+    assert expert_major_order(counts_PL, 6).tolist() == [0, 3, 4, 1, 2, 5]

@@ -26,7 +26,6 @@ import torch
 import torch.distributed as dist
 
 from workbench.backends import BackendError
-from workbench.moe.dispatch.alltoall import AllToAllDispatcher
 from workbench.moe.dispatch.local import GatherRows, Permutation, inverse_permutation, permute, sort_by_expert, unpermute
 
 # Argument names of the op schema this module was written against (torch 2.9 .. 2.13):
@@ -129,6 +128,24 @@ class _SymmMemExchange(torch.autograd.Function):
         return grad_in, None, None, None, None
 
 
+def expert_major_order(counts_PL: torch.Tensor, total: int) -> torch.Tensor:
+    """Index of the received rows in (expert, source rank) order.
+
+    Received rows arrive grouped by source rank, each source's rows grouped by local expert;
+    the experts want all rows of expert 0 first, then expert 1, and so on.
+    """
+    num_src, num_local = counts_PL.shape
+    flat = counts_PL.reshape(-1)
+    starts = torch.cumsum(flat, 0) - flat                   # start of chunk (src, e) in received rows
+    order_chunks = torch.arange(num_src * num_local, device=flat.device)
+    order_chunks = order_chunks.view(num_src, num_local).t().reshape(-1)  # (e, src) chunk order
+    chunk_sizes = flat[order_chunks]
+    chunk_starts = starts[order_chunks]
+    within = torch.arange(total, device=flat.device) - torch.repeat_interleave(
+        torch.cumsum(chunk_sizes, 0) - chunk_sizes, chunk_sizes, output_size=total)
+    return torch.repeat_interleave(chunk_starts, chunk_sizes, output_size=total) + within
+
+
 @dataclass
 class SymmMemHandle:
     perm: Permutation
@@ -214,7 +231,7 @@ class SymmMemDispatcher:
         sent_per_rank = traffic_PP[self.ep_rank].contiguous()
         received_per_rank = counts_received_PL.sum(1)
         x_received = _SymmMemExchange.apply(x_sorted, buffers, sent_per_rank, received_per_rank, received_mine)
-        received_order = AllToAllDispatcher._expert_major_order(counts_received_PL, received_mine)
+        received_order = expert_major_order(counts_received_PL, received_mine)
         inverse = inverse_permutation(received_order)
         x_by_expert = GatherRows.apply(x_received, received_order, inverse)
         handle = SymmMemHandle(perm, topk_weights_TK, sent_per_rank, received_per_rank, received_order, inverse)
