@@ -5,7 +5,7 @@ A bf16 x bf16 product is exact in float32, so cuBLAS's `out_dtype=float32` GEMM 
 instead of float32 FMA speed (the router's [T, D] x [D, E] products ran on FMA units: ~2.6 ms
 per training step at L8). A float32 operand against a bf16 one is split into a bf16 high part and
 a bf16 remainder, a = hi + lo to 16 significant bits, and both parts are multiplied: relative
-error ~2^-16, far below the bf16 rounding every caller applies to the result. Elsewhere (CPU,
+error <= 2^-17 per element, far below the bf16 rounding every caller applies to the result. Elsewhere (CPU,
 float32 x float32) the plain float32 matmul runs.
 """
 
