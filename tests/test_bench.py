@@ -28,7 +28,8 @@ def two_rank_result(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "workbench.bench", "--ranks", "2", "--preset", "tiny", "--seq", "32", "--batch", "2",
            "--warmup", "1", "--steps", "3", "--variants",
-           "anchor,engine,engine_balanced,anchor_cudnn,engine_te,engine_te_experts", "--out-dir", str(out)]
+           "anchor,engine,engine_balanced,anchor_cudnn,engine_te,engine_te_experts,engine_recompute", "--out-dir",
+           str(out)]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(out.glob("*.json"))
@@ -60,8 +61,13 @@ def test_two_ranks_schema_and_same_init(two_rank_result):
         assert row["tflops_per_gpu"] > 0
     assert rows["anchor"]["setup"]["fsdp"].startswith("fully_shard per decoder layer")
     assert rows["engine"]["setup"]["backend"]["dispatcher"] == "alltoall"
+    # the 2-GPU memory variant: expert MLPs recomputed under EP=2, same numbers as the engine
+    assert rows["engine_recompute"]["status"] == "ok" and rows["engine_recompute"]["setup"]["backend"]["expert_recompute"]
+    for a, e in zip(rows["engine"]["loss"], rows["engine_recompute"]["loss"]):
+        assert abs(a - e) < 1e-5
     comps = result["comparisons"]
-    assert [(c["engine"]["variant"], c["gate"]) for c in comps] == [("engine", "native"), ("engine_balanced", "balanced")]
+    assert [(c["engine"]["variant"], c["gate"]) for c in comps] == [("engine", "native"), ("engine_balanced", "balanced"),
+                                                                    ("engine_recompute", "native")]
     for c in comps:
         assert {"world", "layers", "seq", "batch", "gate", "anchor", "engine", "ratio"} <= set(c)
         assert (c["world"], c["layers"], c["seq"], c["batch"]) == (2, 2, 32, 2)
