@@ -76,8 +76,9 @@ class AllToAllDispatcher:
         home_slot_of_row = token_of_sent * P + rank_of_sent
         home_row_of_slot = torch.full((T * P,), num_sent, dtype=torch.int64, device=device)
         home_row_of_slot[home_slot_of_row] = torch.arange(num_sent, device=device)
-        on_dest_SK = rank_TK.index_select(0, token_of_sent) == rank_of_sent[:, None]
-        ids_SK = torch.where(on_dest_SK, topk_ids_TK.index_select(0, token_of_sent) - rank_of_sent[:, None] * L, -1)
+        ids_sent_SK = topk_ids_TK.index_select(0, token_of_sent)
+        on_dest_SK = ids_sent_SK // L == rank_of_sent[:, None]
+        ids_SK = torch.where(on_dest_SK, ids_sent_SK - rank_of_sent[:, None] * L, -1)
         weights_SK = topk_weights_TK.float().index_select(0, token_of_sent) * on_dest_SK
 
         x_sent = expand_to_rows(x_TD, token_of_sent, home_row_of_slot, P)
