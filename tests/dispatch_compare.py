@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import sys
 
 import torch
 import torch.distributed as dist
@@ -76,3 +77,12 @@ def print_bench(results, num_tokens, top_k, hidden, num_experts, iters) -> None:
     for rank, rows in enumerate(results):
         for name, t in rows.items():
             print(f"{name:<10} {rank:>4} {t['fwd']:>9.3f} {t['fwd+bwd']:>9.3f}")
+
+
+def bench_two_gpus(run_gpu_ranks, candidate: str, num_tokens=8192, top_k=8, hidden=2048, num_experts=128,
+                   iters=20) -> None:
+    """Script mode of a dispatcher test: median ms of `candidate` and alltoall on 2 GPUs, as a table."""
+    if torch.cuda.device_count() < 2:
+        sys.exit("--bench needs 2 CUDA GPUs")
+    results = run_gpu_ranks(bench_worker, 2, candidate, num_tokens, top_k, hidden, num_experts, iters)
+    print_bench(results, num_tokens, top_k, hidden, num_experts, iters)

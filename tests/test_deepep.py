@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dispatch_compare import bench_worker, print_bench, random_routing, round_trip
+from dispatch_compare import bench_two_gpus, random_routing, round_trip
 from dist_utils import run_ranks  # noqa: E402
 
 import workbench.backends as backends
@@ -281,18 +281,10 @@ def test_deepep_equals_alltoall_forward_and_backward_on_2_gpus():
 
 # ---------------------------------------------------------------- script mode: timing table
 
-def bench(num_tokens=8192, top_k=8, hidden=2048, num_experts=128, iters=20) -> None:
-    """Median ms over `iters` of dispatch+combine forward, and forward+backward, per dispatcher."""
-    if torch.cuda.device_count() < 2:
-        sys.exit("--bench needs 2 CUDA GPUs")
-    if not HAS_DEEP_EP:
-        sys.exit("--bench needs deep_ep importable (the 'deepep' extra)")
-    results = run_gpu_ranks(bench_worker, 2, "deepep", num_tokens, top_k, hidden, num_experts, iters)
-    print_bench(results, num_tokens, top_k, hidden, num_experts, iters)
-
-
 if __name__ == "__main__":
     if "--bench" in sys.argv:
-        bench()
+        if not HAS_DEEP_EP:
+            sys.exit("--bench needs deep_ep importable (the 'deepep' extra)")
+        bench_two_gpus(run_gpu_ranks, "deepep")
     else:
         sys.exit(pytest.main([__file__, "-v"]))

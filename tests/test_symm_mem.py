@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dispatch_compare import bench_worker, print_bench, random_routing, round_trip
+from dispatch_compare import bench_two_gpus, random_routing, round_trip
 from dist_utils import run_ranks  # noqa: E402
 
 from workbench.backends import BackendConfig, BackendError
@@ -118,26 +118,18 @@ def test_symm_mem_equals_alltoall_forward_and_backward_on_2_gpus():
                 assert diff <= tol, f"rank {rank} {row['config']} {name}: max |symm_mem - alltoall| = {diff}"
 
 
-# ---------------------------------------------------------------- script mode: timing table
-
-def bench(num_tokens=8192, top_k=8, hidden=2048, num_experts=128, iters=20) -> None:
-    """Median ms over `iters` of dispatch+combine forward, and forward+backward, per dispatcher."""
-    if torch.cuda.device_count() < 2:
-        sys.exit("--bench needs 2 CUDA GPUs")
-    results = run_gpu_ranks(bench_worker, 2, "symm_mem", num_tokens, top_k, hidden, num_experts, iters)
-    print_bench(results, num_tokens, top_k, hidden, num_experts, iters)
-
-
-if __name__ == "__main__":
-    if "--bench" in sys.argv:
-        bench()
-    else:
-        sys.exit(pytest.main([__file__, "-v"]))
-
-
 def test_expert_major_order_regroups_received_rows_by_expert_then_source():
     from workbench.moe.dispatch.symm_mem import expert_major_order
 
     # source 0 sends 1 row for local expert 0 and 2 for expert 1; source 1 sends 2 and 1
     counts_PL = torch.tensor([[1, 2], [2, 1]])
     assert expert_major_order(counts_PL, 6).tolist() == [0, 3, 4, 1, 2, 5]
+
+
+# ---------------------------------------------------------------- script mode: timing table
+
+if __name__ == "__main__":
+    if "--bench" in sys.argv:
+        bench_two_gpus(run_gpu_ranks, "symm_mem")
+    else:
+        sys.exit(pytest.main([__file__, "-v"]))
