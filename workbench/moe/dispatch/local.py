@@ -94,7 +94,7 @@ class _ExpandToExperts(torch.autograd.Function):
 
 def permute(x_TD: torch.Tensor, perm: Permutation) -> torch.Tensor:
     """Gather token rows into expert-major order (k copies of each token)."""
-    return _ExpandToExperts.apply(x_TD, perm.token_of_row, perm.row_of_slot, perm.top_k)
+    return expand_to_rows(x_TD, perm.token_of_row, perm.row_of_slot, perm.top_k)
 
 
 def expand_to_rows(x_TD: torch.Tensor, token_of_row: torch.Tensor, row_of_slot: torch.Tensor,
@@ -170,7 +170,7 @@ def unpermute(y_ND: torch.Tensor, weights_TK: torch.Tensor, perm: Permutation) -
     if weights_TK.shape != (perm.num_tokens, perm.top_k):
         raise ValueError(f"routing weights {tuple(weights_TK.shape)} do not match the permutation's "
                          f"({perm.num_tokens}, {perm.top_k})")
-    return _WeightedCombine.apply(y_ND, weights_TK, perm.row_of_slot, perm.slot_order)
+    return weighted_sum(y_ND, weights_TK, perm.row_of_slot, perm.slot_order)
 
 
 @dataclass
