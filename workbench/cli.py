@@ -24,9 +24,15 @@ class Subcommand:
 
 
 def _parse_value(text: str):
+    """A --set value read as YAML, numbers as people write them (1e-3 is a float)."""
     import yaml
 
-    return yaml.safe_load(text)
+    from workbench.config import ConfigError, load_yaml
+
+    try:
+        return load_yaml(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--set value {text!r} is not valid YAML: {err}") from err
 
 
 def _overrides(args: argparse.Namespace) -> dict:

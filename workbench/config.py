@@ -7,7 +7,10 @@ or config.json), so every section refuses unknown keys and checks its values at 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,9 +51,55 @@ def _check_int(value: Any, name: str, minimum: int, allow_none: bool = False) ->
 
 
 def _check_float(value: Any, name: str, lo: float, hi: float | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < lo or (hi is not None and value > hi):
+    # math.isfinite first: nan compares False with every bound, so `value < lo` alone lets it through
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value < lo or (hi is not None and value > hi)):
         bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise ConfigError(f"{name} must be a number {bound}, got {value!r}")
+        raise ConfigError(f"{name} must be a finite number {bound}, got {value!r}")
+
+
+# YAML 1.1 (PyYAML) reads a float only with a dot and a signed exponent: 1e-3, 3e-4 and 1E5 come
+# back as strings. PyYAML's own float pattern with the exponent's sign and the dot made optional
+# (as YAML 1.2 has it); .inf/.nan stay floats, so the checks above see and refuse them.
+_YAML_FLOAT_TAG = "tag:yaml.org,2002:float"
+_YAML_FLOAT = re.compile(r"""^(?:
+     [-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+    |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X)
+
+
+def _numbers_as_written(base: type) -> type:
+    """A subclass of yaml's SafeLoader or SafeDumper that resolves floats with _YAML_FLOAT.
+
+    The dumper needs it too: it quotes a string only when the resolvers would read it as
+    something else, and a run_id '1e-3' written bare would come back as a float.
+    """
+
+    class NumbersAsWritten(base):
+        pass
+
+    # Same resolvers in the same order, only the float pattern replaced (base is not touched).
+    NumbersAsWritten.yaml_implicit_resolvers = {
+        first: [(tag, _YAML_FLOAT if tag == _YAML_FLOAT_TAG else rx) for tag, rx in resolvers]
+        for first, resolvers in base.yaml_implicit_resolvers.items()}
+    return NumbersAsWritten
+
+
+def load_yaml(text: str) -> Any:
+    """`yaml.safe_load`, except that 1e-3, 3e-4 and 1E5 are floats (YAML 1.1 reads them as strings)."""
+    import yaml
+
+    return yaml.load(text, Loader=_numbers_as_written(yaml.SafeLoader))
+
+
+def dump_yaml(data: Any) -> str:
+    """`yaml.safe_dump` (keys in order) whose output `load_yaml` reads back unchanged."""
+    import yaml
+
+    return yaml.dump(data, Dumper=_numbers_as_written(yaml.SafeDumper), sort_keys=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,7 +262,7 @@ class TrainConfig:
         _check_float(self.weight_decay, "train.weight_decay", 0.0)
         if (not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2
                 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas)):
-            raise ConfigError(f"train.betas must be two numbers in [0, 1), got {self.betas!r}")
+            raise ConfigError(f"train.betas must be two finite numbers in [0, 1), got {self.betas!r}")
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"train.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
@@ -309,9 +358,7 @@ class RunConfig:
 
     def to_yaml(self, path: str | os.PathLike | None = None) -> str:
         """YAML text of this config; also written to `path` if given."""
-        import yaml
-
-        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        text = dump_yaml(self.to_dict())
         if path is not None:
             Path(path).write_text(text, encoding="utf-8")
         return text
@@ -329,7 +376,7 @@ class RunConfig:
                 raise ConfigError(f"config file {p} does not exist")
             text, source = p.read_text(encoding="utf-8"), str(p)
         try:
-            data = yaml.safe_load(text) or {}
+            data = load_yaml(text) or {}
         except yaml.YAMLError as err:
             raise ConfigError(f"{source} is not valid YAML: {err}") from err
         try:
