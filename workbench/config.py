@@ -142,6 +142,43 @@ def preset_config(name: str, layers: int | None = None):
     return Qwen3MoeConfig(**kwargs)
 
 
+def _read_hf_config(path: Path):
+    """The transformers config in `path`/config.json; a ConfigError naming the file if it cannot be one."""
+    import difflib
+
+    import transformers
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    file = path / "config.json"
+    if not file.is_file():
+        raise ConfigError(f"model.path {str(path)!r} is not a local checkpoint directory (no config.json)")
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{file} is not valid JSON ({err}); point model.path to a checkpoint directory "
+                          "written by save_pretrained") from err
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{file} must hold a JSON object, got {type(raw).__name__}")
+    model_type = raw.get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        from workbench.models import ADAPTERS
+
+        if model_type is None:
+            what = "has no model_type"
+        else:
+            what = f"has model_type {model_type!r}, which Transformers {transformers.__version__} does not know"
+            close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING), n=3, cutoff=0.8)
+            if close:
+                what += f" (did you mean {' or '.join(map(repr, close))}?)"
+        raise ConfigError(f"{file} {what}. Model families the engine supports: {sorted(ADAPTERS)}; fix "
+                          "model_type there or point model.path to a checkpoint written by save_pretrained")
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        raise ConfigError(f"{file} is not a valid {model_type} config: {type(err).__name__}: {err}") from err
+
+
 # ---------------------------------------------------------------------------------------------
 # Sections
 
@@ -175,11 +212,7 @@ class ModelConfig:
         if self.preset is not None:
             cfg = preset_config(self.preset, self.layers)
         else:
-            from transformers import AutoConfig
-
-            if not (Path(self.path) / "config.json").is_file():
-                raise ConfigError(f"model.path {self.path!r} is not a local checkpoint directory (no config.json)")
-            cfg = AutoConfig.from_pretrained(self.path)
+            cfg = _read_hf_config(Path(self.path).expanduser())
             if self.layers is not None:
                 cfg.num_hidden_layers = self.layers
         if self.router_aux_loss_coef is not None:
@@ -209,6 +242,13 @@ class DataConfig:
             raise ConfigError(f"data.pack must be true or false, got {self.pack!r}")
         if self.kind == "synthetic" and self.path is not None:
             raise ConfigError("data.path is only used with kind='jsonl'; drop it for synthetic data")
+
+    def check_fits(self, hf_config: Any) -> None:
+        """Refuse a seq_len longer than the model's max_position_embeddings (before any allocation)."""
+        limit = getattr(hf_config, "max_position_embeddings", None)
+        if isinstance(limit, int) and self.seq_len > limit:
+            raise ConfigError(f"data.seq_len ({self.seq_len}) exceeds the model's max_position_embeddings "
+                              f"({limit}); set data.seq_len to {limit} or less")
 
     @property
     def resolved_path(self) -> Path:
