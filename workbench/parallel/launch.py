@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import socket
 import sys
 import time
@@ -66,12 +67,17 @@ def report_config_error(label: str, err: BaseException) -> None:
     Every rank reads the same config and so fails the same way; one line per host (local rank 0,
     i.e. rank 0 on one machine) keeps a launcher's output readable and still shows an error that
     only another host's files cause. The other ranks wait (up to `_SILENT_RANK_GRACE_S`) so that
-    the printing rank exits first: torchrun then stops them and names it as the root cause.
+    the printing rank exits first: torchrun then stops them (SIGTERM, answered with exit code 2,
+    as if they had left by themselves) and names the printing rank as the root cause.
     """
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         print(f"workbench {label}: {err}", file=sys.stderr, flush=True)
-    else:
-        time.sleep(_SILENT_RANK_GRACE_S)
+        return
+    try:
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(2))
+    except ValueError:  # not the main thread: keep the default SIGTERM
+        pass
+    time.sleep(_SILENT_RANK_GRACE_S)
 
 
 def run_in_launched_group(fn: Callable[[], None], label: str,
