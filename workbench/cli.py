@@ -32,14 +32,16 @@ def _parse_value(text: str):
     try:
         return load_yaml(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"--set value {text!r} is not valid YAML: {err}") from err
+        raise ConfigError(f"--set value {text!r} is not valid YAML: {getattr(err, 'problem', None) or err}") from err
 
 
 def _overrides(args: argparse.Namespace) -> dict:
+    from workbench.config import ConfigError
+
     out: dict = {}
     for item in getattr(args, "set", None) or []:
         if "=" not in item:
-            raise SystemExit(f"--set expects key=value (e.g. train.lr=1e-3), got {item!r}")
+            raise ConfigError(f"--set expects key=value (e.g. train.lr=1e-3), got {item!r}")
         key, value = item.split("=", 1)
         out[key.strip()] = _parse_value(value)
     for flag, key in (("steps", "train.steps"), ("output_dir", "output_dir"), ("run_id", "run_id"),
