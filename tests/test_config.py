@@ -151,3 +151,11 @@ def test_load_yaml_changes_only_number_looking_strings(text, value):
     from workbench.config import load_yaml
 
     assert load_yaml(text) == value and type(load_yaml(text)) is type(value)
+
+
+@pytest.mark.parametrize("lr", [float("nan"), float("inf")])
+def test_bench_config_refuses_non_finite_lr(lr):
+    from workbench.bench.config import BenchConfig
+
+    with pytest.raises(ConfigError, match=r"BenchConfig.lr must be a positive number \(and finite\), got (nan|inf)"):
+        BenchConfig(lr=lr)
