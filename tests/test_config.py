@@ -148,7 +148,7 @@ def test_yaml_reads_exponents_without_a_dot_as_floats(tmp_path):
                                         ("1e-3x", "1e-3x"), ("e5", "e5"), ("'1e-3'", "1e-3"), ("nan", "nan"),
                                         ("abc", "abc"), ("[1, 2e-1]", [1, 0.2])])
 def test_load_yaml_changes_only_number_looking_strings(text, value):
-    from workbench.config import load_yaml
+    from workbench.config_io import load_yaml
 
     assert load_yaml(text) == value and type(load_yaml(text)) is type(value)
 

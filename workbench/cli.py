@@ -27,7 +27,8 @@ def _parse_value(text: str):
     """A --set value read as YAML, numbers as people write them (1e-3 is a float)."""
     import yaml
 
-    from workbench.config import ConfigError, load_yaml
+    from workbench.config import ConfigError
+    from workbench.config_io import load_yaml
 
     try:
         return load_yaml(text)
