@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from workbench.config import RunConfig
 from workbench.train.run_dir import list_runs
 
@@ -108,3 +110,13 @@ def test_mesh_error_under_torchrun_is_one_line_from_rank_0_with_exit_code_2(tmp_
     assert proc.returncode == 1 and re.search(r"failed \(exitcode: 2\) local_rank: 0 ", out), out
     assert len(re.findall(r"exitcode\s*: 2 ", out)) == 2, out  # torchrun's summary: both ranks left with 2
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("item,message", [("train.lr", r"--set expects key=value \(e.g. train.lr=1e-3\), got 'train.lr'"),
+                                          ("train.lr=[1", r"--set value '\[1' is not valid YAML: expected ',' or ']'")])
+def test_bad_set_item_is_a_config_error(item, message):
+    from workbench.cli import _overrides, build_parser
+    from workbench.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        _overrides(build_parser().parse_args(["finetune", "cfg.yaml", "--set", item]))
