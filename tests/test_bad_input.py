@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 
 import pytest
 import transformers
@@ -11,6 +13,7 @@ from tiny_models import tiny_qwen3_moe
 
 import workbench
 from workbench import BackendConfig, BackendError
+from workbench.config import ConfigError, ModelConfig
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -81,3 +84,37 @@ def test_checkpoint_missing_a_dense_tensor(tmp_path):
 def test_checkpoint_directory_that_does_not_exist(tmp_path):
     with pytest.raises(OSError, match="does-not-exist"):
         workbench.AutoModelForCausalLM.from_pretrained(tmp_path / "does-not-exist", device="cpu")
+
+
+# -- errors before the run directory (issue 13 D2, D5) ----------------------------------------------
+
+
+def _finetune_refused(rc, runs_dir, match):
+    with pytest.raises(ConfigError, match=match):
+        workbench.finetune(rc.replace(output_dir=str(runs_dir)))
+    assert not runs_dir.exists() or not any(runs_dir.iterdir()), list(runs_dir.iterdir())
+
+
+def test_seq_len_above_max_position_embeddings_is_refused_before_the_run_directory(tmp_path):
+    rc = workbench.RunConfig.demo(data__kind="synthetic", data__seq_len=4096, train__steps=1,
+                                  train__global_batch_size=1, train__local_batch_size=1)
+    _finetune_refused(rc, tmp_path / "runs",
+                      r"data.seq_len \(4096\) exceeds the model's max_position_embeddings \(2048\); "
+                      r"set data.seq_len to 2048 or less")
+
+
+@pytest.mark.parametrize("text,match", [
+    ("{not json", r"config.json is not valid JSON \(Expecting property name.*line 1 column 2"),
+    ("[1, 2]", r"config.json must hold a JSON object, got list"),
+    ('{"model_type": "foobar_moe", "hidden_size": 8}',
+     r"config.json has model_type 'foobar_moe', which Transformers .* does not know\. "
+     r"Model families the engine supports: \['qwen3_moe'"),
+    ('{"model_type": "qwen3moe"}', r"config.json has model_type 'qwen3moe', .* does not know \(did you mean 'qwen3_moe'"),
+    ('{"hidden_size": 8}', r"config.json has no model_type\. Model families the engine supports"),
+])
+def test_bad_model_config_json_names_the_file_before_the_run_directory(tmp_path, text, match):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(text)
+    rc = workbench.RunConfig.demo(model=ModelConfig(preset=None, path=str(model_dir)))
+    _finetune_refused(rc, tmp_path / "runs", "^" + re.escape(f"{model_dir}{os.sep}") + match)

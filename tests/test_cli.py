@@ -2,10 +2,13 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from workbench.config import RunConfig
 from workbench.train.run_dir import list_runs
@@ -75,3 +78,45 @@ def test_finetune_refuses_unknown_yaml_keys(tmp_path):
 def test_unknown_subcommand_lists_choices(tmp_path):
     proc = _workbench(["train"], tmp_path)
     assert proc.returncode == 2 and "finetune" in proc.stderr and "demo" in proc.stderr
+
+
+def test_set_reads_numbers_as_people_write_them():
+    from workbench.cli import _overrides, build_parser
+
+    args = build_parser().parse_args(["finetune", "cfg.yaml", "--set", "train.lr=1e-3", "--set", "train.weight_decay=3E-4",
+                                      "--set", "train.clip_grad_norm=1E5", "--set", "run_id=1e-3x"])
+    overrides = _overrides(args)
+    assert overrides == {"train.lr": 1e-3, "train.weight_decay": 3e-4, "train.clip_grad_norm": 1e5, "run_id": "1e-3x"}
+    rc = RunConfig.demo().with_overrides(overrides)
+    assert (rc.train.lr, rc.train.weight_decay, rc.train.clip_grad_norm, rc.run_id) == (1e-3, 3e-4, 1e5, "1e-3x")
+
+
+def test_mesh_error_under_torchrun_is_one_line_from_rank_0_with_exit_code_2(tmp_path):
+    from workbench.parallel.mesh import MeshConfig
+
+    cfg = tmp_path / "cfg.yaml"
+    RunConfig.demo(mesh=MeshConfig(dp=3, ep=1), data__seq_len=64, train__global_batch_size=6,
+                   train__local_batch_size=2).to_yaml(cfg)
+    env = {**os.environ, "WORKBENCH_RUNS_DIR": str(tmp_path / "runs"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "workbench.cli", "finetune", str(cfg)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    out = proc.stdout + proc.stderr
+    ours = [line for line in out.splitlines() if "spans 3 ranks" in line]
+    assert ours == ["workbench finetune: mesh MeshConfig(dp=3, ep=1, cp=1, tp=1) does not fit this run: "
+                    "MeshConfig(dp=3, ep=1) spans 3 ranks but the world has 2; use dp=2 and an ep in [1, 2]"], out
+    assert f"{os.sep}workbench{os.sep}" not in out, out  # no traceback through the workbench's code
+    # torchrun itself exits 1 whenever a rank fails; rank 0 (the one that printed) failed first, with 2
+    assert proc.returncode == 1 and re.search(r"failed \(exitcode: 2\) local_rank: 0 ", out), out
+    assert len(re.findall(r"exitcode\s*: 2 ", out)) == 2, out  # torchrun's summary: both ranks left with 2
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("item,message", [("train.lr", r"--set expects key=value \(e.g. train.lr=1e-3\), got 'train.lr'"),
+                                          ("train.lr=[1", r"--set value '\[1' is not valid YAML: expected ',' or ']'")])
+def test_bad_set_item_is_a_config_error(item, message):
+    from workbench.cli import _overrides, build_parser
+    from workbench.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        _overrides(build_parser().parse_args(["finetune", "cfg.yaml", "--set", item]))

@@ -88,3 +88,74 @@ def test_demo_defaults():
 def test_from_yaml_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         RunConfig.from_yaml(tmp_path / "nope.yaml")
+
+
+# -- non-finite numbers (issue 13 A2) -----------------------------------------------------------
+
+NON_FINITE_FIELDS = [("train", "lr"), ("train", "min_lr_ratio"), ("train", "clip_grad_norm"),
+                     ("train", "weight_decay"), ("model", "router_aux_loss_coef")]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("section,key", NON_FINITE_FIELDS)
+def test_python_api_refuses_non_finite_numbers(section, key, value):
+    cls = {"train": TrainConfig, "model": ModelConfig}[section]
+    with pytest.raises(ConfigError, match=rf"{section}\.{key} must be a finite number"):
+        cls(**{key: value})
+
+
+@pytest.mark.parametrize("text", [".nan", ".inf", "-.inf", ".NaN"])
+@pytest.mark.parametrize("section,key", NON_FINITE_FIELDS)
+def test_yaml_refuses_non_finite_numbers(tmp_path, section, key, text):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(f"{section}:\n  {key}: {text}\n")
+    with pytest.raises(ConfigError, match=rf"{path}: {section}\.{key} must be a finite number .* got (nan|inf|-inf)"):
+        RunConfig.from_yaml(path)
+
+
+def test_set_refuses_nan_clip_grad_norm_instead_of_disabling_clipping():
+    from workbench.cli import _overrides, build_parser
+
+    args = build_parser().parse_args(["finetune", "cfg.yaml", "--set", "train.clip_grad_norm=.nan"])
+    with pytest.raises(ConfigError, match=r"train\.clip_grad_norm must be a finite number >= 0.0, got nan"):
+        RunConfig.demo().with_overrides(_overrides(args))
+
+
+@pytest.mark.parametrize("betas", [(float("nan"), 0.95), (0.9, float("inf"))])
+def test_betas_refuse_non_finite_numbers(betas):
+    with pytest.raises(ConfigError, match=r"train\.betas must be two finite numbers"):
+        TrainConfig(betas=betas)
+
+
+# -- numbers as people write them (issue 13 D1) ---------------------------------------------------
+
+
+def test_yaml_reads_exponents_without_a_dot_as_floats(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("model:\n  router_aux_loss_coef: 1E-3\n"
+                    "train:\n  lr: 1e-3\n  weight_decay: 3e-4\n  clip_grad_norm: 1E5\n  min_lr_ratio: 5e-1\n"
+                    "run_id: '1e-3'\noutput_dir: 1e-3x\n")
+    rc = RunConfig.from_yaml(path)
+    assert (rc.train.lr, rc.train.weight_decay, rc.train.clip_grad_norm) == (1e-3, 3e-4, 1e5)
+    assert rc.train.min_lr_ratio == 0.5 and rc.model.router_aux_loss_coef == 1e-3
+    # a real string (quoted, or not a number) stays a string
+    assert rc.run_id == "1e-3" and rc.output_dir == "1e-3x"
+    assert RunConfig.from_yaml(rc.to_yaml()) == rc
+
+
+@pytest.mark.parametrize("text,value", [("1e-3", 1e-3), ("3e-4", 3e-4), ("1E5", 1e5), ("-2e+3", -2e3),
+                                        ("1.5e3", 1500.0), ("0.001", 0.001), ("12", 12), ("true", True),
+                                        ("1e-3x", "1e-3x"), ("e5", "e5"), ("'1e-3'", "1e-3"), ("nan", "nan"),
+                                        ("abc", "abc"), ("[1, 2e-1]", [1, 0.2])])
+def test_load_yaml_changes_only_number_looking_strings(text, value):
+    from workbench.config_io import load_yaml
+
+    assert load_yaml(text) == value and type(load_yaml(text)) is type(value)
+
+
+@pytest.mark.parametrize("lr", [float("nan"), float("inf")])
+def test_bench_config_refuses_non_finite_lr(lr):
+    from workbench.bench.config import BenchConfig
+
+    with pytest.raises(ConfigError, match=r"BenchConfig.lr must be a positive number \(and finite\), got (nan|inf)"):
+        BenchConfig(lr=lr)

@@ -24,16 +24,25 @@ class Subcommand:
 
 
 def _parse_value(text: str):
+    """A --set value read as YAML, numbers as people write them (1e-3 is a float)."""
     import yaml
 
-    return yaml.safe_load(text)
+    from workbench.config import ConfigError
+    from workbench.config_io import load_yaml
+
+    try:
+        return load_yaml(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--set value {text!r} is not valid YAML: {getattr(err, 'problem', None) or err}") from err
 
 
 def _overrides(args: argparse.Namespace) -> dict:
+    from workbench.config import ConfigError
+
     out: dict = {}
     for item in getattr(args, "set", None) or []:
         if "=" not in item:
-            raise SystemExit(f"--set expects key=value (e.g. train.lr=1e-3), got {item!r}")
+            raise ConfigError(f"--set expects key=value (e.g. train.lr=1e-3), got {item!r}")
         key, value = item.split("=", 1)
         out[key.strip()] = _parse_value(value)
     for flag, key in (("steps", "train.steps"), ("output_dir", "output_dir"), ("run_id", "run_id"),
@@ -62,18 +71,28 @@ def _finetune_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_finetune(args: argparse.Namespace) -> int:
+    from workbench.backends import BackendError
     from workbench.config import ConfigError, RunConfig
+    from workbench.parallel.launch import report_config_error, run_in_launched_group
     from workbench.train import dist_utils as du
+    from workbench.train.model_setup import resolve_mesh
 
+    # Everything that can be checked from the config, the model's config.json and the launcher's
+    # WORLD_SIZE is checked here, before the process group: under torchrun a mistake is then one
+    # line from one rank instead of a traceback per rank.
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
         rc = RunConfig.from_yaml(args.config)
         overrides = _overrides(args)
         if overrides:
             rc = rc.with_overrides(overrides)
+        hf_config = rc.model.hf_config()
+        rc.data.check_fits(hf_config)
+        mesh = resolve_mesh(rc.mesh, world, hf_config)
+        rc.train.accumulation_steps(mesh.dp if mesh is not None else world)
     except (ConfigError, ValueError, TypeError) as err:
-        print(f"workbench finetune: {err}", file=sys.stderr)
+        report_config_error("finetune", err)
         return 2
-    from workbench.parallel.launch import run_in_launched_group
 
     def run() -> None:
         from workbench.train import finetune
@@ -82,7 +101,7 @@ def _run_finetune(args: argparse.Namespace) -> int:
         if du.rank() == 0:
             print(f"run {result['state']}: {result['run_dir']}", flush=True)
 
-    return run_in_launched_group(run, "finetune")
+    return run_in_launched_group(run, "finetune", config_errors=(ConfigError, BackendError))
 
 
 # -- demo ------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ or config.json), so every section refuses unknown keys and checks its values at 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,9 +49,11 @@ def _check_int(value: Any, name: str, minimum: int, allow_none: bool = False) ->
 
 
 def _check_float(value: Any, name: str, lo: float, hi: float | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < lo or (hi is not None and value > hi):
+    # math.isfinite first: nan compares False with every bound, so `value < lo` alone lets it through
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value < lo or (hi is not None and value > hi)):
         bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise ConfigError(f"{name} must be a number {bound}, got {value!r}")
+        raise ConfigError(f"{name} must be a finite number {bound}, got {value!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,11 +129,9 @@ class ModelConfig:
         if self.preset is not None:
             cfg = preset_config(self.preset, self.layers)
         else:
-            from transformers import AutoConfig
+            from workbench.config_io import read_hf_config
 
-            if not (Path(self.path) / "config.json").is_file():
-                raise ConfigError(f"model.path {self.path!r} is not a local checkpoint directory (no config.json)")
-            cfg = AutoConfig.from_pretrained(self.path)
+            cfg = read_hf_config(Path(self.path).expanduser())
             if self.layers is not None:
                 cfg.num_hidden_layers = self.layers
         if self.router_aux_loss_coef is not None:
@@ -160,6 +161,13 @@ class DataConfig:
             raise ConfigError(f"data.pack must be true or false, got {self.pack!r}")
         if self.kind == "synthetic" and self.path is not None:
             raise ConfigError("data.path is only used with kind='jsonl'; drop it for synthetic data")
+
+    def check_fits(self, hf_config: Any) -> None:
+        """Refuse a seq_len longer than the model's max_position_embeddings (before any allocation)."""
+        limit = getattr(hf_config, "max_position_embeddings", None)
+        if isinstance(limit, int) and self.seq_len > limit:
+            raise ConfigError(f"data.seq_len ({self.seq_len}) exceeds the model's max_position_embeddings "
+                              f"({limit}); set data.seq_len to {limit} or less")
 
     @property
     def resolved_path(self) -> Path:
@@ -213,7 +221,7 @@ class TrainConfig:
         _check_float(self.weight_decay, "train.weight_decay", 0.0)
         if (not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2
                 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas)):
-            raise ConfigError(f"train.betas must be two numbers in [0, 1), got {self.betas!r}")
+            raise ConfigError(f"train.betas must be two finite numbers in [0, 1), got {self.betas!r}")
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"train.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
@@ -309,9 +317,9 @@ class RunConfig:
 
     def to_yaml(self, path: str | os.PathLike | None = None) -> str:
         """YAML text of this config; also written to `path` if given."""
-        import yaml
+        from workbench.config_io import dump_yaml
 
-        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        text = dump_yaml(self.to_dict())
         if path is not None:
             Path(path).write_text(text, encoding="utf-8")
         return text
@@ -321,6 +329,8 @@ class RunConfig:
         """Load from a YAML file path (or YAML text containing a newline)."""
         import yaml
 
+        from workbench.config_io import load_yaml
+
         text = str(path_or_text)
         source = "YAML text"
         if "\n" not in text:
@@ -329,7 +339,7 @@ class RunConfig:
                 raise ConfigError(f"config file {p} does not exist")
             text, source = p.read_text(encoding="utf-8"), str(p)
         try:
-            data = yaml.safe_load(text) or {}
+            data = load_yaml(text) or {}
         except yaml.YAMLError as err:
             raise ConfigError(f"{source} is not valid YAML: {err}") from err
         try:

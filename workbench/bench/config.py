@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,8 +96,8 @@ class BenchConfig:
         _check_int(self.warmup, "warmup", 0)
         _check_int(self.steps, "steps", 1)
         _check_int(self.seed, "seed", 0)
-        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not self.lr > 0:
-            raise ConfigError(f"BenchConfig.lr must be a positive number, got {self.lr!r}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not 0 < self.lr < math.inf:
+            raise ConfigError(f"BenchConfig.lr must be a positive number (and finite), got {self.lr!r}")
         variants = (self.variants.split(",") if isinstance(self.variants, str) else list(self.variants))
         variants = [v.strip() for v in variants if v.strip()]
         unknown = [v for v in variants if v not in VARIANTS]

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import socket
 import sys
+import time
 import traceback
 from typing import Any, Callable
 
@@ -53,12 +55,38 @@ def _rank_main(rank: int, world: int, port: int, target: str, payload: Any, labe
     os._exit(code)
 
 
+# How long a rank that does not print a configuration error waits before it exits: torchrun stops
+# every rank as soon as one exits, so a printing rank that is still checking when a silent one
+# leaves is killed before it prints and the user sees no message at all.
+_SILENT_RANK_GRACE_S = 10.0
+
+
+def report_config_error(label: str, err: BaseException) -> None:
+    """Print a configuration error as one line, from the first rank of each host only.
+
+    Every rank reads the same config and so fails the same way; one line per host (local rank 0,
+    i.e. rank 0 on one machine) keeps a launcher's output readable and still shows an error that
+    only another host's files cause. The other ranks wait (up to `_SILENT_RANK_GRACE_S`) so that
+    the printing rank exits first: torchrun then stops them (SIGTERM, answered with exit code 2,
+    as if they had left by themselves) and names the printing rank as the root cause.
+    """
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        print(f"workbench {label}: {err}", file=sys.stderr, flush=True)
+        return
+    try:
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(2))
+    except ValueError:  # not the main thread: keep the default SIGTERM
+        pass
+    time.sleep(_SILENT_RANK_GRACE_S)
+
+
 def run_in_launched_group(fn: Callable[[], None], label: str,
                           config_errors: tuple[type[BaseException], ...] = ()) -> int:
     """Run `fn` as one rank of the group a launcher (torchrun) described in the environment.
 
-    Returns 0, 2 for a configuration error (printed), or 1 for any other failure (traceback
-    printed). A rank of a multi-rank group never returns: it leaves with os._exit (see above).
+    Returns 0, 2 for a configuration error (one line, see `report_config_error`), or 1 for any
+    other failure (traceback printed). A rank of a multi-rank group never returns: it leaves with
+    os._exit (see above).
     """
     from workbench.train import dist_utils as du
 
@@ -68,7 +96,7 @@ def run_in_launched_group(fn: Callable[[], None], label: str,
     try:
         fn()
     except config_errors as err:
-        print(f"workbench {label}: {err}", file=sys.stderr, flush=True)
+        report_config_error(label, err)
         code = 2
     except Exception as err:  # noqa: BLE001 - report cleanly, exit non-zero
         traceback.print_exc()

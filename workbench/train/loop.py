@@ -92,6 +92,7 @@ class Trainer:
         self.rank, self.world = du.rank(), du.world_size()
         self.device = du.pick_device()
         self.hf_config = rc.model.hf_config()
+        rc.data.check_fits(self.hf_config)  # before a seq_len-sized allocation fails far later
         self.mesh = resolve_mesh(rc.mesh, self.world, self.hf_config)
         self.dp = self.mesh.dp if self.mesh is not None else self.world
         self.accum = rc.train.accumulation_steps(self.dp)
