@@ -159,3 +159,10 @@ def test_bench_config_refuses_non_finite_lr(lr):
 
     with pytest.raises(ConfigError, match=r"BenchConfig.lr must be a positive number \(and finite\), got (nan|inf)"):
         BenchConfig(lr=lr)
+
+
+def test_clip_grad_norm_zero_is_refused_and_none_turns_clipping_off():
+    # clip_grad_norm=0 scales every gradient to zero: a run that cannot train
+    with pytest.raises(ConfigError, match=r"clip_grad_norm must be > 0 .*null"):
+        TrainConfig(clip_grad_norm=0.0)
+    assert TrainConfig(clip_grad_norm=None).clip_grad_norm is None

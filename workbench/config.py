@@ -218,6 +218,9 @@ class TrainConfig:
         _check_float(self.min_lr_ratio, "train.min_lr_ratio", 0.0, 1.0)
         if self.clip_grad_norm is not None:
             _check_float(self.clip_grad_norm, "train.clip_grad_norm", 0.0)
+            if self.clip_grad_norm == 0:  # clipping to norm 0 zeroes every update: the run would not train
+                raise ConfigError("train.clip_grad_norm must be > 0 (0 zeroes every update); "
+                                  "use null (None) to turn clipping off")
         _check_float(self.weight_decay, "train.weight_decay", 0.0)
         if (not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2
                 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas)):
