@@ -29,7 +29,8 @@ def test_resume_at_step_3_reproduces_steps_4_and_5_exactly(tmp_path):
 def test_resume_from_a_run_directory_uses_its_latest_checkpoint(tmp_path):
     finetune(_rc(tmp_path, run_id="a", train__steps=2))
     assert resolve_checkpoint(tmp_path / "runs" / "a").name == "step-00000002"
-    out = finetune(_rc(tmp_path, run_id="b", train__steps=3, train__resume_from=str(tmp_path / "runs" / "a")))
+    out = finetune(_rc(tmp_path, run_id="b", train__steps=3, train__resume_from=str(tmp_path / "runs" / "a"),
+                       train__resume_allow_changes=["train.steps"]))
     assert len(out["losses"]) == 1 and out["step"] == 3
 
 
