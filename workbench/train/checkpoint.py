@@ -28,8 +28,8 @@ import torch.distributed as dist
 
 from workbench.config import RESUME_FIELDS
 from workbench.train.expert_state import globalize
-from workbench.train.manifest import verify_manifest, write_manifest
-from workbench.train.safe_load import (DCP_METADATA_FILE, CheckpointError, load_tensors, read_dcp_metadata,
+from workbench.train.manifest import MANIFEST_FILE, verify_manifest, write_manifest
+from workbench.train.safe_load import (CheckpointError, check_dcp_values, load_tensors, read_dcp_metadata,
                                        read_json, safe_dcp_reader_and_planner)
 
 META_FILE = "meta.json"
@@ -212,7 +212,7 @@ def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
     state = read_json(ckpt / TRAINER_STATE_FILE, ckpt)
     if not isinstance(state.get("step"), int) or not isinstance(state.get("scheduler"), dict):
         raise CheckpointError(f"cannot resume from {ckpt}: {ckpt / TRAINER_STATE_FILE} lacks step or scheduler")
-    read_dcp_metadata(ckpt)
+    check_dcp_values(ckpt, read_dcp_metadata(ckpt), set(read_json(ckpt / MANIFEST_FILE, ckpt)["files"]))
     _read_rng(ckpt)
     return meta
 

@@ -57,6 +57,11 @@ def _share(names: list[str]) -> list[str]:
     return names
 
 
+def _inside(name: str) -> bool:
+    parts = Path(name).parts
+    return bool(parts) and not Path(name).is_absolute() and ".." not in parts
+
+
 def write_manifest(ckpt: Path) -> None:
     """Collective, after every file of `ckpt` is written: rank 0 writes manifest.json."""
     ckpt = Path(ckpt)
@@ -79,7 +84,7 @@ def verify_manifest(ckpt: Path) -> None:
     manifest = read_json(ckpt / MANIFEST_FILE, ckpt)
     files = manifest.get("files")
     if manifest.get("hash") != HASH or not isinstance(files, dict) or not all(
-            isinstance(e, dict) and isinstance(e.get("size"), int) for e in files.values()):
+            isinstance(e, dict) and isinstance(e.get("size"), int) and _inside(n) for n, e in files.items()):
         raise CheckpointError(f"cannot resume from {ckpt}: {ckpt / MANIFEST_FILE} is not a {HASH} manifest of "
                               "this workbench")
     problems: dict[str, str] = {}

@@ -66,6 +66,28 @@ def read_dcp_metadata(ckpt: Path) -> Any:
     return metadata
 
 
+def check_dcp_values(ckpt: Path, metadata: Any, known_files: set[str]) -> None:
+    """Every DCP storage item lies in a file of `known_files`; every non-tensor value loads weights_only."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    byte_keys = {k for k, md in metadata.state_dict_metadata.items() if isinstance(md, BytesStorageMetadata)}
+    for index, info in (metadata.storage_data or {}).items():
+        rel = str(getattr(info, "relative_path", ""))
+        if rel not in known_files:
+            raise CheckpointError(f"cannot resume from {ckpt}: {DCP_METADATA_FILE} points {index.fqn} at {rel!r}, "
+                                  "which is not a file of this checkpoint")
+        if index.fqn not in byte_keys or getattr(info, "transform_descriptors", None):
+            continue  # tensors load with weights_only inside DCP; transformed values: SafeLoadPlanner
+        with open(Path(ckpt) / rel, "rb") as f:
+            f.seek(int(info.offset))
+            blob = io.BytesIO(f.read(int(info.length)))
+        try:
+            torch.load(blob, weights_only=True)
+        except Exception as err:  # noqa: BLE001
+            raise CheckpointError(f"cannot resume from {ckpt}: the value {index.fqn} in {Path(ckpt) / rel} is not "
+                                  f"a plain value, refused without loading it ({type(err).__name__})") from None
+
+
 def read_json(path: Path, ckpt: Path) -> dict[str, Any]:
     """A JSON object from a checkpoint file; CheckpointError naming the file otherwise."""
     try:
