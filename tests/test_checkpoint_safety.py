@@ -175,3 +175,32 @@ def test_unfinished_saves_are_never_resumed_and_removed_at_the_next_start(tmp_pa
     finetune(_rc(tmp_path, run_id="next", train__steps=3, train__resume_from=str(root.parent),
                  train__resume_allow_changes=["train.steps"]))
     assert sorted(p.name for p in root.iterdir()) == ["step-00000002"]
+
+
+# -- two gloo ranks: the check is collective (each rank hashes a share) and every rank refuses ----------
+
+
+def _two_rank_resume(rank, world, config):
+    try:
+        finetune(RunConfig.from_dict(config))
+    except CheckpointError as err:
+        return str(err)
+    return "resumed"
+
+
+def test_two_ranks_both_refuse_a_damaged_shard(tmp_path):
+    from dist_utils import run_ranks
+
+    saved = _rc(tmp_path, run_id="two", output_dir=str(tmp_path / "saved"))
+    run_ranks(_two_rank_resume, 2, saved.to_dict())
+    ckpt = tmp_path / "saved" / "two" / "checkpoints" / "step-00000002"
+    shards = sorted(p.name for p in ckpt.glob("*.distcp"))
+    assert shards == ["__0_0.distcp", "__1_0.distcp"]
+    shard = ckpt / shards[1]  # hashed by one rank only (sorted files, rank r takes every second)
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    (tmp_path / "runs").mkdir()
+    messages = run_ranks(_two_rank_resume, 2, _rc(tmp_path, train__resume_from=str(ckpt)).to_dict())
+    assert messages[0] == messages[1] and "__1_0.distcp: contents differ from the manifest" in messages[0]
+    assert os.listdir(tmp_path / "runs") == []
