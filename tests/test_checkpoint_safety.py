@@ -138,9 +138,10 @@ def test_crafted_value_inside_a_shard_does_not_run(tmp_path, ckpt):
 
 
 def test_resume_with_other_steps_and_seq_len_is_refused_listing_each(tmp_path, ckpt):
-    message = _refused(tmp_path, ckpt, "other settings", train__steps=4, data__seq_len=32)
+    message = _refused(tmp_path, ckpt, "this run changes settings the checkpoint was saved with",
+                       train__steps=4, data__seq_len=96)
     assert "train.steps: checkpoint 2 vs this run 4" in message
-    assert "data.seq_len: checkpoint 64 vs this run 32" in message
+    assert "data.seq_len: checkpoint 64 vs this run 96" in message
     assert "train.resume_allow_changes: [data.seq_len, train.steps]" in message
 
 

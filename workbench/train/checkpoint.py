@@ -12,6 +12,7 @@ always complete; a run killed mid-save leaves only a `.tmp-*` directory, which l
 and the next resume from that run removes. Nothing is unpickled beyond allow-lists
 (workbench.train.safe_load).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -85,8 +86,8 @@ def _read_rng(ckpt: Path) -> dict[str, Any] | None:
         return None
     state = load_tensors(path, ckpt)
     python = state.get("python") if isinstance(state, dict) else None
-    if (not isinstance(state.get("torch"), torch.Tensor) or not isinstance(python, (tuple, list))
-            or len(python) != 3 or not isinstance(python[1], (tuple, list))):
+    if (not isinstance(python, (tuple, list)) or len(python) != 3 or not isinstance(python[1], (tuple, list))
+            or not isinstance(state.get("torch"), torch.Tensor)):
         raise CheckpointError(f"cannot resume from {ckpt}: {path} does not hold RNG states")
     return state
 
@@ -121,13 +122,6 @@ def _write_json(path: Path, obj: Any) -> None:
         os.fsync(f.fileno())
 
 
-def _scheduler_state(scheduler: Any) -> dict[str, Any]:
-    # The lr lambda is rebuilt from the run's config on resume; its saved fields are for reading only.
-    state = dict(scheduler.state_dict())
-    state["lr_lambdas"] = [getattr(fn, "__dict__", None) for fn in getattr(scheduler, "lr_lambdas", [])]
-    return state
-
-
 def save_checkpoint(checkpoints_dir: str | Path, step: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, scheduler: Any, data_state: dict,
                     hf_config: Any, settings: dict[str, Any] | None = None) -> Path:
@@ -154,7 +148,7 @@ def save_checkpoint(checkpoints_dir: str | Path, step: int, model: torch.nn.Modu
     _barrier()
     if _rank() == 0:
         _write_json(tmp / TRAINER_STATE_FILE,
-                    {"step": step, "scheduler": _scheduler_state(scheduler), "data": dict(data_state)})
+                    {"step": step, "scheduler": scheduler.state_dict(), "data": dict(data_state)})
         _write_json(tmp / META_FILE, {"step": step, "world_size": _world(), "model": model_shape(hf_config),
                                       "settings": dict(settings or {})})
     _barrier()
@@ -210,8 +204,9 @@ def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
     verify_manifest(ckpt)
     meta = read_meta(ckpt)
     state = read_json(ckpt / TRAINER_STATE_FILE, ckpt)
-    if not isinstance(state.get("step"), int) or not isinstance(state.get("scheduler"), dict):
-        raise CheckpointError(f"cannot resume from {ckpt}: {ckpt / TRAINER_STATE_FILE} lacks step or scheduler")
+    if not (isinstance(state.get("step"), int) and isinstance(state.get("scheduler"), dict)
+            and isinstance(state.get("data"), dict)):
+        raise CheckpointError(f"cannot resume from {ckpt}: {ckpt / TRAINER_STATE_FILE} lacks step, scheduler or data")
     check_dcp_values(ckpt, read_dcp_metadata(ckpt), set(read_json(ckpt / MANIFEST_FILE, ckpt)["files"]))
     _read_rng(ckpt)
     return meta
@@ -251,7 +246,7 @@ def check_settings(ckpt: Path, rc: Any) -> list[str]:
     if refused:
         names = sorted(set(refused) | set(rc.train.resume_allow_changes))
         raise CheckpointError(
-            f"cannot resume from {ckpt} with other settings than it was saved with: "
+            f"cannot resume from {ckpt}: this run changes settings the checkpoint was saved with: "
             + "; ".join(diffs[k] for k in refused)
             + ". The LR schedule and the data position depend on them. Use the checkpoint's values, or accept "
             f"this run's values with train.resume_allow_changes: [{', '.join(names)}] (CLI: --set "
@@ -291,7 +286,8 @@ def _check_tensor_shapes(ckpt: Path, state: dict[str, Any]) -> None:
 def _restore_schedule(scheduler: Any, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
     """Continue at the saved step on THIS run's schedule (its lr lambda and peak lr)."""
     base_lrs = list(scheduler.base_lrs)  # this run's peak lr; the optimizer state brought the old one
-    state = {**saved, "lr_lambdas": [None] * len(scheduler.lr_lambdas), "base_lrs": base_lrs}
+    counters = {k: v for k, v in saved.items() if k in scheduler.state_dict() and k not in ("base_lrs", "lr_lambdas")}
+    state = {**counters, "lr_lambdas": [None] * len(scheduler.lr_lambdas), "base_lrs": base_lrs}
     scheduler.load_state_dict(state)
     for group, base, fn in zip(optimizer.param_groups, base_lrs, scheduler.lr_lambdas):
         group["initial_lr"] = base
