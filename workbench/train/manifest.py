@@ -102,4 +102,4 @@ def verify_manifest(ckpt: Path) -> None:
     if problems:
         listed = "; ".join(f"{ckpt / n}: {why}" for n, why in sorted(problems.items()))
         raise CheckpointError(f"cannot resume from {ckpt}: damaged checkpoint ({listed}); resume from another "
-                              "checkpoint of the run (list them with workbench.train.list_checkpoints)")
+                              "checkpoint of the run (another step-* directory beside it)")
