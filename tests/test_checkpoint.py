@@ -47,6 +47,7 @@ def test_failure_mid_save_leaves_previous_checkpoint_loadable(tmp_path, monkeypa
     out = finetune(_rc(tmp_path, run_id="again", train__steps=6, train__checkpoint_every=2,
                        train__resume_from=str(tmp_path / "runs" / "crash")))
     assert out["losses"] == reference["losses"][2:]
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000002"]  # the unfinished save is gone
     assert [p.name for p in list_checkpoints(tmp_path / "runs" / "again" / "checkpoints")] == [
         "step-00000004", "step-00000006"]
 
