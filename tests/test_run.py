@@ -96,8 +96,8 @@ def test_stop_halts_within_one_step_and_checkpoint_resumes(cluster, tmp_path):
     assert json.loads((run.path / "status.json").read_text())["state"] == "stopped"
 
     # Loadable: a new run resumes from it on the same cluster and continues at the next step.
-    resumed = cluster.finetune(_demo(tmp_path, train__steps=stopped_at + 1,
-                                     train__resume_from=checkpoint))
+    resumed = cluster.finetune(_demo(tmp_path, train__steps=stopped_at + 1, train__resume_from=checkpoint,
+                                     train__resume_allow_changes=["train.steps"]))
     resumed.wait(timeout=300)
     assert sorted(resumed.metrics["step"].unique()) == [stopped_at + 1]
 

@@ -182,6 +182,12 @@ class DataConfig:
         return self.max_length or self.seq_len
 
 
+# Settings a resume must keep unless train.resume_allow_changes names them: the LR schedule and
+# the data position in the checkpoint depend on them.
+RESUME_FIELDS = ("train.steps", "train.warmup_steps", "train.lr", "train.min_lr_ratio", "train.global_batch_size",
+                 "data.kind", "data.path", "data.tokenizer", "data.seq_len", "data.pack", "data.max_length")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimization and bookkeeping: steps, batch sizes, AdamW, schedule, checkpoints."""
@@ -204,6 +210,7 @@ class TrainConfig:
     export_hf: bool = False  # write a vanilla HF checkpoint (save_pretrained) at the end
     log_every: int = 1  # print to stdout every N steps (metrics are recorded every step)
     resume_from: str | None = None  # a checkpoint directory, or a run directory (latest checkpoint)
+    resume_allow_changes: tuple[str, ...] = ()  # RESUME_FIELDS this run may change from the checkpoint's
 
     def __post_init__(self) -> None:
         _check_int(self.steps, "train.steps", 1)
@@ -231,6 +238,12 @@ class TrainConfig:
         _check_int(self.seed, "train.seed", 0)
         _check_int(self.checkpoint_every, "train.checkpoint_every", 1, allow_none=True)
         _check_int(self.log_every, "train.log_every", 1)
+        allowed = self.resume_allow_changes
+        if (not isinstance(allowed, (tuple, list)) or not all(isinstance(n, str) for n in allowed)
+                or set(allowed) - set(RESUME_FIELDS)):
+            raise ConfigError(f"train.resume_allow_changes must be a list of names from {list(RESUME_FIELDS)}, "
+                              f"got {allowed!r}")
+        object.__setattr__(self, "resume_allow_changes", tuple(allowed))
         for name in ("activation_checkpointing", "save_final_checkpoint", "export_hf"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"train.{name} must be true or false, got {getattr(self, name)!r}")

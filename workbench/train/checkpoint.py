@@ -1,13 +1,16 @@
-"""Checkpoints: torch.distributed.checkpoint (DCP) save/resume, atomic, with a shape check.
+"""Checkpoints: torch.distributed.checkpoint (DCP) save/resume, atomic, verified, with shape checks.
 
 Layout of one checkpoint, `<run>/checkpoints/step-00000003/`:
     .metadata, __*_*.distcp    model + optimizer state (DCP; each rank writes its own shards)
-    trainer_state.pt           step, scheduler, data position (identical on every rank)
-    rng/rank-00000.pt          each rank's RNG states
-    meta.json                  step, world size, the model's shape fields (read before building)
-Every rank writes into `.tmp-step-00000003`; after a barrier rank 0 writes meta.json last and
-renames the directory into place. A directory named `step-*` is therefore always complete; a
-run killed mid-save leaves only a `.tmp-*` directory, which loaders ignore.
+    trainer_state.json         step, scheduler, data position (identical on every rank)
+    rng/rank-00000.pt          each rank's RNG states (tensors and ints: read with weights_only)
+    meta.json                  step, world size, model shape, the settings a resume must keep
+    manifest.json              every other file's size and hash (workbench.train.manifest)
+Every rank writes into `.tmp-step-00000003`; after a barrier rank 0 writes the JSON files and
+the manifest last and renames the directory into place. A directory named `step-*` is therefore
+always complete; a run killed mid-save leaves only a `.tmp-*` directory, which loaders ignore
+and the next resume from that run removes. Nothing is unpickled beyond allow-lists
+(workbench.train.safe_load).
 """
 
 from __future__ import annotations
@@ -24,20 +27,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from workbench.config import RESUME_FIELDS
 from workbench.train.expert_state import globalize
+from workbench.train.manifest import MANIFEST_FILE, verify_manifest, write_manifest
+from workbench.train.safe_load import (CheckpointError, check_dcp_values, load_tensors, read_dcp_metadata,
+                                       read_json, safe_dcp_reader_and_planner)
 
 META_FILE = "meta.json"
+TRAINER_STATE_FILE = "trainer_state.json"
 STEP_PREFIX = "step-"
+LEFTOVER_PREFIXES = (".tmp-step-", ".old-step-")  # saves that never finished (see save_checkpoint)
 # Fault injection for tests: "checkpoint_mid_save" (or "checkpoint_mid_save:STEP") raises after
 # the shards of that save are written and before the rename, as a run killed mid-save would stop.
 FAULT_ENV = "WORKBENCH_FAULT_INJECT"
 SHAPE_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "intermediate_size", "moe_intermediate_size",
                 "num_experts", "num_experts_per_tok", "tie_word_embeddings")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be resumed into this run."""
 
 
 def _rank() -> int:
@@ -63,15 +68,34 @@ def step_dir_name(step: int) -> str:
 
 
 def _rng_state() -> dict[str, Any]:
+    # Tensors, ints and tuples only: the file loads with torch.load(weights_only=True).
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
+def _rng_file(ckpt: Path) -> Path:
+    return ckpt / "rng" / f"rank-{_rank():05d}.pt"
+
+
+def _read_rng(ckpt: Path) -> dict[str, Any] | None:
+    """This rank's RNG states, if the checkpoint was saved with this world size."""
+    path = _rng_file(ckpt)
+    if not path.is_file() or read_meta(ckpt).get("world_size") != _world():
+        return None
+    state = load_tensors(path, ckpt)
+    python = state.get("python") if isinstance(state, dict) else None
+    if (not isinstance(python, (tuple, list)) or len(python) != 3 or not isinstance(python[1], (tuple, list))
+            or not isinstance(state.get("torch"), torch.Tensor)):
+        raise CheckpointError(f"cannot resume from {ckpt}: {path} does not hold RNG states")
+    return state
+
+
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
 
@@ -91,10 +115,20 @@ def _model_optim_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer)
     return {"model": model_sd, "optim": optim_sd}
 
 
+def _write_json(path: Path, obj: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def save_checkpoint(checkpoints_dir: str | Path, step: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, scheduler: Any, data_state: dict,
-                    hf_config: Any) -> Path:
-    """Collective: write checkpoint `step` atomically; returns its final directory."""
+                    hf_config: Any, settings: dict[str, Any] | None = None) -> Path:
+    """Collective: write checkpoint `step` atomically; returns its final directory.
+
+    `settings` are the run settings a resume must keep (run_settings), recorded in meta.json.
+    """
     import torch.distributed.checkpoint as dcp
 
     root = Path(checkpoints_dir)
@@ -108,18 +142,18 @@ def save_checkpoint(checkpoints_dir: str | Path, step: int, model: torch.nn.Modu
     _barrier()
     with _quiet_dcp():
         dcp.save(globalize(model, _model_optim_state(model, optimizer)), checkpoint_id=str(tmp))
-    torch.save(_rng_state(), tmp / "rng" / f"rank-{_rank():05d}.pt")
+    torch.save(_rng_state(), _rng_file(tmp))
     if os.environ.get(FAULT_ENV) in ("checkpoint_mid_save", f"checkpoint_mid_save:{step}"):
         raise RuntimeError(f"{FAULT_ENV}=checkpoint_mid_save: failing on purpose while saving {final}")
     _barrier()
     if _rank() == 0:
-        torch.save({"step": step, "scheduler": scheduler.state_dict(), "data": dict(data_state)},
-                   tmp / "trainer_state.pt")
-        meta = {"step": step, "world_size": _world(), "model": model_shape(hf_config)}
-        with open(tmp / META_FILE, "w", encoding="utf-8") as f:
-            json.dump(meta, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_json(tmp / TRAINER_STATE_FILE,
+                    {"step": step, "scheduler": scheduler.state_dict(), "data": dict(data_state)})
+        _write_json(tmp / META_FILE, {"step": step, "world_size": _world(), "model": model_shape(hf_config),
+                                      "settings": dict(settings or {})})
+    _barrier()
+    write_manifest(tmp)
+    if _rank() == 0:
         if final.exists():  # re-saving the same step: move the old one aside, then swap
             old = root / f".old-{step_dir_name(step)}"
             shutil.rmtree(old, ignore_errors=True)
@@ -144,6 +178,9 @@ def list_checkpoints(checkpoints_dir: str | Path) -> list[Path]:
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint directory from a step dir, a checkpoints dir or a run dir (latest wins)."""
     path = Path(path).expanduser()
+    if path.name.startswith(LEFTOVER_PREFIXES):
+        raise CheckpointError(f"{path} is a save that never finished (a run stopped while writing it); "
+                              f"pass the run directory or one of its {STEP_PREFIX}* checkpoints")
     if (path / META_FILE).is_file():
         return path
     for root in (path, path / "checkpoints"):
@@ -155,8 +192,24 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def read_meta(ckpt: Path) -> dict[str, Any]:
-    with open(ckpt / META_FILE, encoding="utf-8") as f:
-        return json.load(f)
+    """meta.json of a checkpoint; CheckpointError naming the file if it is not JSON."""
+    return read_json(Path(ckpt) / META_FILE, Path(ckpt))
+
+
+def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
+    """Collective, before anything is built: check every file against the manifest, read the small ones.
+
+    Raises CheckpointError naming the file that is damaged, missing or crafted; returns meta.json.
+    """
+    verify_manifest(ckpt)
+    meta = read_meta(ckpt)
+    state = read_json(ckpt / TRAINER_STATE_FILE, ckpt)
+    if not (isinstance(state.get("step"), int) and isinstance(state.get("scheduler"), dict)
+            and isinstance(state.get("data"), dict)):
+        raise CheckpointError(f"cannot resume from {ckpt}: {ckpt / TRAINER_STATE_FILE} lacks step, scheduler or data")
+    check_dcp_values(ckpt, read_dcp_metadata(ckpt), set(read_json(ckpt / MANIFEST_FILE, ckpt)["files"]))
+    _read_rng(ckpt)
+    return meta
 
 
 def check_compatible(ckpt: Path, hf_config: Any) -> dict[str, Any]:
@@ -171,11 +224,50 @@ def check_compatible(ckpt: Path, hf_config: Any) -> dict[str, Any]:
     return meta
 
 
+def run_settings(rc: Any) -> dict[str, Any]:
+    """The run's values of RESUME_FIELDS (what the LR schedule and the data position depend on)."""
+    out = {}
+    for name in RESUME_FIELDS:
+        section, field = name.split(".")
+        value = getattr(getattr(rc, section), field)
+        out[name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def check_settings(ckpt: Path, rc: Any) -> list[str]:
+    """Refuse a resume whose schedule/data settings differ from the checkpoint's, unless accepted.
+
+    Returns the accepted differences (train.resume_allow_changes), one line each, for the log.
+    """
+    saved, ours = read_meta(ckpt).get("settings", {}), run_settings(rc)
+    diffs = {k: f"{k}: checkpoint {saved[k]!r} vs this run {ours[k]!r}" for k in RESUME_FIELDS
+             if k in saved and saved[k] != ours[k]}
+    refused = [k for k in diffs if k not in rc.train.resume_allow_changes]
+    if refused:
+        names = sorted(set(refused) | set(rc.train.resume_allow_changes))
+        raise CheckpointError(
+            f"cannot resume from {ckpt}: this run changes settings the checkpoint was saved with: "
+            + "; ".join(diffs[k] for k in refused)
+            + ". The LR schedule and the data position depend on them. Use the checkpoint's values, or accept "
+            f"this run's values with train.resume_allow_changes: [{', '.join(names)}] (CLI: --set "
+            f"'train.resume_allow_changes=[{', '.join(names)}]')")
+    return list(diffs.values())
+
+
+def clean_leftovers(ckpt: Path) -> list[Path]:
+    """Rank 0: remove unfinished saves (`.tmp-step-*`, `.old-step-*`) next to checkpoint `ckpt`."""
+    if _rank() != 0 or not ckpt.name.startswith(STEP_PREFIX):
+        return []
+    removed = [p for p in ckpt.parent.iterdir() if p.is_dir() and p.name.startswith(LEFTOVER_PREFIXES)]
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True)
+    return removed
+
+
 def _check_tensor_shapes(ckpt: Path, state: dict[str, Any]) -> None:
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    saved = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
+    saved = read_dcp_metadata(ckpt).state_dict_metadata
     problems = []
     for key, value in state["model"].items():
         full_key = f"model.{key}"
@@ -191,6 +283,18 @@ def _check_tensor_shapes(ckpt: Path, state: dict[str, Any]) -> None:
         raise CheckpointError(f"cannot resume from {ckpt}: its tensors do not fit this model ({shown})")
 
 
+def _restore_schedule(scheduler: Any, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """Continue at the saved step on THIS run's schedule (its lr lambda and peak lr)."""
+    base_lrs = list(scheduler.base_lrs)  # this run's peak lr; the optimizer state brought the old one
+    counters = {k: v for k, v in saved.items() if k in scheduler.state_dict() and k not in ("base_lrs", "lr_lambdas")}
+    state = {**counters, "lr_lambdas": [None] * len(scheduler.lr_lambdas), "base_lrs": base_lrs}
+    scheduler.load_state_dict(state)
+    for group, base, fn in zip(optimizer.param_groups, base_lrs, scheduler.lr_lambdas):
+        group["initial_lr"] = base
+        group["lr"] = base * fn(scheduler.last_epoch)  # what LambdaLR.get_lr computes
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
 def load_checkpoint(ckpt: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler: Any) -> dict[str, Any]:
     """Collective: restore model, optimizer, scheduler and RNG; returns {"step", "data"}."""
@@ -201,14 +305,15 @@ def load_checkpoint(ckpt: str | Path, model: torch.nn.Module, optimizer: torch.o
     state = _model_optim_state(model, optimizer)
     view = globalize(model, state)  # shares storage with `state`: loading into it fills `state`
     _check_tensor_shapes(ckpt, view)
+    reader, planner = safe_dcp_reader_and_planner(ckpt)
     with _quiet_dcp():
-        dcp.load(view, checkpoint_id=str(ckpt))
+        dcp.load(view, checkpoint_id=str(ckpt), storage_reader=reader, planner=planner)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    trainer_state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-    scheduler.load_state_dict(trainer_state["scheduler"])
-    rng_file = ckpt / "rng" / f"rank-{_rank():05d}.pt"
-    if rng_file.is_file() and read_meta(ckpt).get("world_size") == _world():
-        _set_rng_state(torch.load(rng_file, weights_only=False))
+    trainer_state = read_json(ckpt / TRAINER_STATE_FILE, ckpt)
+    _restore_schedule(scheduler, optimizer, trainer_state["scheduler"])
+    rng = _read_rng(ckpt)
+    if rng is not None:
+        _set_rng_state(rng)
     return {"step": trainer_state["step"], "data": trainer_state["data"]}
 
 

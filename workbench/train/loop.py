@@ -32,8 +32,9 @@ from torch.profiler import record_function
 from workbench.config import RunConfig
 from workbench.moe.dispatch import close_dispatchers
 from workbench.train import dist_utils as du
-from workbench.train.checkpoint import (check_compatible, export_hf, load_checkpoint, resolve_checkpoint,
-                                        save_checkpoint)
+from workbench.train.checkpoint import (check_compatible, check_settings, clean_leftovers, export_hf,
+                                        load_checkpoint, resolve_checkpoint, run_settings, save_checkpoint,
+                                        verify_checkpoint)
 from workbench.train.data import Batch, build_stream
 from workbench.train.metrics import expert_load_from_router_logits, reset_peak_memory, step_record
 from workbench.train.model_setup import build_model, model_dtype, resolve_mesh
@@ -99,9 +100,17 @@ class Trainer:
         self.per_rank = rc.train.global_batch_size // self.dp
         self.resume_ckpt = None
         if rc.train.resume_from:
-            # Before any heavy work: a checkpoint of another model shape is refused here.
+            # Before any heavy work or a run directory: a damaged or crafted checkpoint, another model
+            # shape, or other schedule/data settings (unless accepted) are refused here.
             self.resume_ckpt = resolve_checkpoint(rc.train.resume_from)
+            verify_checkpoint(self.resume_ckpt)
             check_compatible(self.resume_ckpt, self.hf_config)
+            accepted = check_settings(self.resume_ckpt, rc)
+            if self.rank == 0 and accepted:
+                print(f"resuming from {self.resume_ckpt} with changed settings (train.resume_allow_changes): "
+                      + "; ".join(accepted), flush=True)
+            for leftover in clean_leftovers(self.resume_ckpt):
+                print(f"removed {leftover}: a save that never finished", flush=True)
         torch.manual_seed(rc.train.seed)
         self.stream = build_stream(rc.data, rc.train.seed, self.hf_config.vocab_size)
         mesh_sizes = self.mesh.to_dict() if self.mesh is not None else {"dp": 1, "ep": 1}
@@ -202,7 +211,7 @@ class Trainer:
 
     def save(self, step: int) -> Path:
         return save_checkpoint(self.run.checkpoints_dir, step, self.model, self.optimizer, self.scheduler,
-                               self.stream.state_dict(), self.hf_config)
+                               self.stream.state_dict(), self.hf_config, run_settings(self.rc))
 
     def fit(self) -> dict[str, Any]:
         rc, total = self.rc, self.rc.train.steps

@@ -76,7 +76,7 @@ def _flatten(config: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-IGNORED_FOR_LABELS = ("run_id", "output_dir", "train.resume_from")
+IGNORED_FOR_LABELS = ("run_id", "output_dir", "train.resume_from", "train.resume_allow_changes")
 
 
 def labels_from_configs(configs: list[dict], ids: list[str]) -> list[str]:
