@@ -9,6 +9,7 @@ import torch
 
 from workbench.config import ConfigError, RunConfig, TrainConfig
 from workbench.train import finetune
+from workbench.train.loop import Trainer
 from workbench.train.checkpoint import CheckpointError, list_checkpoints, resolve_checkpoint
 from workbench.train.manifest import write_manifest
 from workbench.train.run_dir import RunDir
@@ -153,6 +154,16 @@ def test_accepted_change_of_steps_continues_on_the_new_schedule(tmp_path, ckpt):
     lr_resumed = [m["lr"] for m in RunDir.open(out["run_dir"]).read_metrics()]
     lr_fresh = [m["lr"] for m in RunDir.open(fresh["run_dir"]).read_metrics()]
     assert lr_resumed == lr_fresh[2:]  # steps 3 and 4 follow the 4-step cosine, not the saved 2-step one
+
+
+def test_changed_weight_decay_is_refused_and_when_accepted_this_runs_value_is_used(tmp_path, ckpt):
+    _refused(tmp_path, ckpt, r"train.weight_decay: checkpoint 0.0 vs this run 0.1", train__weight_decay=0.1)
+
+    rc = _rc(tmp_path, run_id="wd", train__steps=3, train__weight_decay=0.1, train__resume_from=str(ckpt),
+             train__resume_allow_changes=["train.weight_decay", "train.steps"])
+    trainer = Trainer(rc)
+    trainer.setup()  # loads the checkpoint, whose optimizer state says weight_decay 0.0
+    assert [g["weight_decay"] for g in trainer.optimizer.param_groups] == [0.1, 0.0]  # decay, no-decay groups
 
 
 def test_resume_allow_changes_names_only_known_fields():

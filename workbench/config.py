@@ -185,6 +185,7 @@ class DataConfig:
 # Settings a resume must keep unless train.resume_allow_changes names them: the LR schedule and
 # the data position in the checkpoint depend on them.
 RESUME_FIELDS = ("train.steps", "train.warmup_steps", "train.lr", "train.min_lr_ratio", "train.global_batch_size",
+                 "train.weight_decay", "train.betas", "train.optimizer",
                  "data.kind", "data.path", "data.tokenizer", "data.seq_len", "data.pack", "data.max_length")
 
 

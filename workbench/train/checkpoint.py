@@ -283,6 +283,9 @@ def _check_tensor_shapes(ckpt: Path, state: dict[str, Any]) -> None:
         raise CheckpointError(f"cannot resume from {ckpt}: its tensors do not fit this model ({shown})")
 
 
+_OPTIMIZER_HYPER = ("weight_decay", "betas", "eps")
+
+
 def _restore_schedule(scheduler: Any, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
     """Continue at the saved step on THIS run's schedule (its lr lambda and peak lr)."""
     base_lrs = list(scheduler.base_lrs)  # this run's peak lr; the optimizer state brought the old one
@@ -308,7 +311,12 @@ def load_checkpoint(ckpt: str | Path, model: torch.nn.Module, optimizer: torch.o
     reader, planner = safe_dcp_reader_and_planner(ckpt)
     with _quiet_dcp():
         dcp.load(view, checkpoint_id=str(ckpt), storage_reader=reader, planner=planner)
+    # The optimizer state brings the saved hyper-parameters back; this run's are the ones
+    # check_settings let through (equal, or accepted in train.resume_allow_changes).
+    hyper = [{k: group[k] for k in _OPTIMIZER_HYPER if k in group} for group in optimizer.param_groups]
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    for group, ours in zip(optimizer.param_groups, hyper):
+        group.update(ours)
     trainer_state = read_json(ckpt / TRAINER_STATE_FILE, ckpt)
     _restore_schedule(scheduler, optimizer, trainer_state["scheduler"])
     rng = _read_rng(ckpt)
