@@ -164,9 +164,10 @@ class RunIndex:
     def list_runs(self, runs_dir: Path) -> list[dict]:
         """One summary per run folder of `runs_dir`, newest id first; unreadable ones are flagged."""
         root = Path(runs_dir).expanduser().resolve()
-        if not root.is_dir():
-            return []
         with self._lock:
+            if not root.is_dir():
+                self._tails = {}
+                return []
             summaries, seen = [], set()
             for entry in sorted(root.iterdir(), key=lambda p: p.name, reverse=True):
                 if entry.name.startswith("."):
