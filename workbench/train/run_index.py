@@ -193,8 +193,8 @@ class RunIndex:
         if not has_config and not has_status:
             raise FileNotFoundError(f"{shown} is not a run directory (no {CONFIG_FILE} / {STATUS_FILE})")
         config = read_json_confined(root, config_path) if has_config else {}
-        # Status is read fresh on every poll: a cached state would hide a run that ended or died.
-        status = read_json_confined(root, status_path) if has_status else {"state": "unknown"}
+        status = self._read_status(root, status_path) if has_status else {
+            "state": "unknown", "run_id": shown.name}
         metrics_path = real / METRICS_FILE
         tail, metrics_key = self._read_tail(root, metrics_path)
         model = config.get("model") or {}
@@ -226,6 +226,10 @@ class RunIndex:
             # The per-poll bound stopped short: say so rather than show old values as current.
             summary["metrics_pending_bytes"] = tail.size - tail.offset
         return summary, metrics_key
+
+    def _read_status(self, root: Path, path: Path) -> dict:
+        """status.json, read fresh on every poll: a cached state would hide a run that ended or died."""
+        return read_json_confined(root, path)
 
     def _read_tail(self, root: Path, path: Path) -> tuple[_MetricsTail | None, Path]:
         """The cached tail of `path`, brought up to date by reading only its new bytes."""
