@@ -63,12 +63,27 @@ async def test_runs_dir_query_names_only_the_served_folder(api, served_run, outs
         assert str(runs_dir) in answer["message"] and "MoeWorkbenchLab.runs_dir" in answer["message"]
 
 
-async def test_runs_dir_query_may_spell_the_served_folder_another_way(api, served_run, tmp_path):
+async def test_runs_dir_query_may_spell_the_served_folder_another_way(api, served_run, tmp_path,
+                                                                      monkeypatch):
     runs_dir, run_id = served_run
     (tmp_path / "runs-link").symlink_to(runs_dir)
     for value in (runs_dir, f"{runs_dir}/", f"{runs_dir}/{run_id}/..", tmp_path / "runs-link"):
         code, answer = await api(f"runs?runs_dir={value}")
         assert code == 200 and [r["id"] for r in answer["runs"]] == [run_id]
+    # The served folder may itself be a link (runs on another disk): what is inside its target is in.
+    monkeypatch.setenv("WORKBENCH_RUNS_DIR", str(tmp_path / "runs-link"))
+    code, answer = await api("runs")
+    assert code == 200 and answer["runs_dir"] == str(tmp_path / "runs-link")
+    assert [(r["id"], r["readable"]) for r in answer["runs"]] == [(run_id, True)]
+    code, answer = await api(f"runs/{run_id}/metrics?runs_dir={runs_dir}")
+    assert code == 200 and answer["records"]
+
+
+@pytest.mark.parametrize("field", ["spark_points", "max_bytes_per_poll", "max_line_bytes", "chunk_bytes"])
+@pytest.mark.parametrize("value", [0, 1, -5, 2.5, True])
+def test_index_limits_are_validated(field, value):
+    with pytest.raises(ValueError, match=f"IndexLimits.{field} must be an integer >= 2, got {value!r}"):
+        IndexLimits(**{field: value})
 
 
 async def test_links_out_of_the_runs_dir_are_not_followed(api, served_run, outside):
