@@ -20,6 +20,13 @@ def workbench_run(tmp_path) -> tuple[Path, str]:
 
 
 @pytest.fixture
+def served_run(workbench_run, monkeypatch) -> tuple[Path, str]:
+    """The demo run copy in the folder the server serves ($WORKBENCH_RUNS_DIR)."""
+    monkeypatch.setenv("WORKBENCH_RUNS_DIR", str(workbench_run[0]))
+    return workbench_run
+
+
+@pytest.fixture
 def jp_server_config():
     """Enable our server extension on the pytest-jupyter test server."""
     return {"ServerApp": {"jpserver_extensions": {"moe_workbench_lab": True}}}

@@ -12,6 +12,7 @@ import tornado.httpclient
 from workbench.train.run_dir import RunDir
 
 pytest.importorskip("moe_workbench_lab", reason="install it: pip install -e extensions/moe_workbench_lab")
+from moe_workbench_lab.handlers import SETTINGS_KEY  # noqa: E402
 pytest.importorskip("pytest_jupyter", reason="install it: pip install 'pytest-jupyter[server]'")
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
@@ -61,17 +62,20 @@ async def test_gpus_answer_matches_nvml(jp_fetch):
         assert 0 < gpu["memory_used_bytes"] <= gpu["memory_total_bytes"]
 
 
-async def test_runs_reflect_run_directory(jp_fetch, workbench_run, monkeypatch):
-    runs_dir, run_id = workbench_run
+async def test_runs_reflect_run_directory(jp_fetch, served_run, jp_serverapp, monkeypatch):
+    runs_dir, run_id = served_run
     run = RunDir.open(runs_dir / run_id)
     rank0 = [r for r in run.read_metrics() if r["rank"] == 0]
-    for how in ("env", "query"):
+    settings = jp_serverapp.web_app.settings[SETTINGS_KEY]
+    for how in ("env", "query", "trait"):
         if how == "env":
-            monkeypatch.setenv("WORKBENCH_RUNS_DIR", str(runs_dir))
             answer = await _get_json(jp_fetch, "runs")
-        else:
-            monkeypatch.setenv("WORKBENCH_RUNS_DIR", str(runs_dir.parent / "elsewhere"))
+        elif how == "query":  # the sidebar's setting naming the served folder
             answer = await _get_json(jp_fetch, "runs", runs_dir=str(runs_dir))
+        else:  # c.MoeWorkbenchLab.runs_dir wins over $WORKBENCH_RUNS_DIR
+            monkeypatch.setenv("WORKBENCH_RUNS_DIR", str(runs_dir.parent / "elsewhere"))
+            settings.runs_dir = str(runs_dir)
+            answer = await _get_json(jp_fetch, "runs")
         assert answer["runs_dir"] == str(runs_dir) and answer["exists"] is True
         [summary] = answer["runs"]
         assert summary["id"] == run_id and summary["readable"] is True
@@ -86,46 +90,44 @@ async def test_runs_reflect_run_directory(jp_fetch, workbench_run, monkeypatch):
             [r["tokens_per_s_per_gpu"] for r in rank0])
 
 
-async def test_missing_runs_dir_is_an_empty_list(jp_fetch, tmp_path):
-    answer = await _get_json(jp_fetch, "runs", runs_dir=str(tmp_path / "nothing-here"))
+async def test_missing_runs_dir_is_an_empty_list(jp_fetch, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_RUNS_DIR", str(tmp_path / "nothing-here"))
+    answer = await _get_json(jp_fetch, "runs")
     assert answer == {"runs_dir": str(tmp_path / "nothing-here"), "exists": False, "runs": []}
 
 
-async def test_metrics_series(jp_fetch, workbench_run):
-    runs_dir, run_id = workbench_run
+async def test_metrics_series(jp_fetch, served_run):
+    runs_dir, run_id = served_run
     records = RunDir.open(runs_dir / run_id).read_metrics()
     answer = await _get_json(jp_fetch, "runs", run_id, "metrics", runs_dir=str(runs_dir))
     assert answer["id"] == run_id
     assert len(answer["records"]) == len(records)
     assert [r["loss"] for r in answer["records"]] == pytest.approx([r["loss"] for r in records])
     assert "expert_load" not in answer["records"][0]  # large matrices only on request
-    rank1 = await _get_json(jp_fetch, "runs", run_id, "metrics", runs_dir=str(runs_dir),
-                            rank="1", fields="step,expert_load")
+    rank1 = await _get_json(jp_fetch, "runs", run_id, "metrics", rank="1", fields="step,expert_load")
     assert rank1["records"] == [{"step": r["step"], "expert_load": r["expert_load"]}
                                 for r in records if r["rank"] == 1]
     with pytest.raises(tornado.httpclient.HTTPClientError) as info:
-        await jp_fetch("moe-workbench", "api", "runs", "no-such-run", "metrics",
-                       params={"runs_dir": str(runs_dir)})
+        await jp_fetch("moe-workbench", "api", "runs", "no-such-run", "metrics")
     assert info.value.code == 404
 
 
-async def test_corrupt_and_half_written_runs_are_unreadable_not_500(jp_fetch, workbench_run):
-    runs_dir, run_id = workbench_run
+async def test_corrupt_and_half_written_runs_are_unreadable_not_500(jp_fetch, served_run):
+    runs_dir, run_id = served_run
     corrupt = runs_dir / "00-corrupt"
     corrupt.mkdir()
     (corrupt / "config.json").write_text('{"model": {"preset"')
     (runs_dir / "01-empty").mkdir()  # a run that died before writing anything
     with open(runs_dir / run_id / "metrics.jsonl", "a") as f:
         f.write('{"step": 99, "rank": 0, "lo')  # a writer killed mid-line
-    answer = await _get_json(jp_fetch, "runs", runs_dir=str(runs_dir))
+    answer = await _get_json(jp_fetch, "runs")
     by_id = {r["id"]: r for r in answer["runs"]}
     assert by_id["00-corrupt"]["readable"] is False and "JSON" in by_id["00-corrupt"]["error"]
     assert by_id["01-empty"]["readable"] is False and by_id["01-empty"]["error"]
     assert by_id[run_id]["readable"] is True and by_id[run_id]["step"] != 99
-    metrics = await _get_json(jp_fetch, "runs", run_id, "metrics", runs_dir=str(runs_dir))
+    metrics = await _get_json(jp_fetch, "runs", run_id, "metrics")
     assert all(r["step"] != 99 for r in metrics["records"])
-    corrupt_metrics = await _get_json(jp_fetch, "runs", "00-corrupt", "metrics",
-                                      runs_dir=str(runs_dir))
+    corrupt_metrics = await _get_json(jp_fetch, "runs", "00-corrupt", "metrics")
     assert corrupt_metrics["records"] == []
 
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import ensure_async, url_path_join
 from tornado import web
+from traitlets import Unicode
+from traitlets.config import Configurable
 
 from .clusters import ClusterWatcher
 from .gpus import gpu_snapshot
@@ -17,7 +20,8 @@ from .notebooks import list_notebooks, read_notebook
 
 AUTH_RESOURCE = "moe_workbench"
 CLUSTER_WATCHER_KEY = "moe_workbench_cluster_watcher"
-SPARK_POINTS = 64
+RUN_INDEX_KEY = "moe_workbench_run_index"
+SETTINGS_KEY = "moe_workbench_settings"
 # Metrics a plot needs; expert_load matrices are only sent when asked for (they are large).
 DEFAULT_METRIC_FIELDS = (
     "step", "rank", "loss", "grad_norm", "lr", "tokens_per_s_per_gpu", "tflops_per_gpu",
@@ -35,6 +39,32 @@ def _run_dir_module():
     return run_dir
 
 
+def _run_index_module():
+    """workbench.train.run_index; 503 if the workbench package is not installed here."""
+    try:
+        from workbench.train import run_index
+    except ImportError:
+        raise web.HTTPError(503, "the workbench package is not importable on the server") from None
+    return run_index
+
+
+class MoeWorkbenchLab(Configurable):
+    """Server-side settings: the one runs folder this server serves (`c.MoeWorkbenchLab.runs_dir`)."""
+
+    runs_dir = Unicode("", config=True, help=(
+        "The runs folder the lab serves. Empty: $WORKBENCH_RUNS_DIR, else ~/moe-workbench/runs. "
+        "The sidebar's 'Runs directory' setting must name this folder (or be empty)."))
+
+    def allowed_runs_dir(self) -> Path:
+        """The configured runs folder; read per request so $WORKBENCH_RUNS_DIR is honoured."""
+        if self.runs_dir:
+            return Path(self.runs_dir).expanduser()
+        run_dir = _run_dir_module()
+        if run_dir is None:
+            raise web.HTTPError(503, "the workbench package is not importable on the server")
+        return run_dir.default_runs_dir()
+
+
 class WorkbenchHandler(APIHandler):
     """Base: every route is authenticated and authorized against one resource."""
 
@@ -45,14 +75,28 @@ class WorkbenchHandler(APIHandler):
         self.finish(json.dumps(obj, default=str))
 
     def runs_dir(self) -> Path:
-        """The runs folder: ?runs_dir=... from the lab setting, else the workbench default."""
+        """The server's runs folder; a ?runs_dir= (the sidebar setting) must name that same folder."""
+        allowed = self.settings[SETTINGS_KEY].allowed_runs_dir()
         chosen = self.get_query_argument("runs_dir", "").strip()
-        if chosen:
-            return Path(chosen).expanduser()
-        run_dir = _run_dir_module()
-        if run_dir is None:
-            raise web.HTTPError(503, "the workbench package is not importable on the server")
-        return run_dir.default_runs_dir()
+        if "\0" in chosen:
+            raise web.HTTPError(400, "runs_dir holds a NUL character")
+        # Any other folder is refused: the request must not choose what the server reads.
+        if chosen and _real(Path(chosen).expanduser()) != _real(allowed):
+            raise web.HTTPError(403, (
+                f"runs_dir {chosen!r} is not this server's runs directory {str(allowed)!r}; clear the "
+                "sidebar's 'Runs directory' setting, or start jupyter with "
+                "--MoeWorkbenchLab.runs_dir=<folder> (or $WORKBENCH_RUNS_DIR) to serve another folder"))
+        return allowed
+
+    def run_index(self):
+        """The server's one RunIndex (made on first use, on the loop thread, so never twice)."""
+        if self.settings.get(RUN_INDEX_KEY) is None:
+            self.settings[RUN_INDEX_KEY] = _run_index_module().RunIndex()
+        return self.settings[RUN_INDEX_KEY]
+
+
+def _real(path: Path) -> Path:
+    return Path(os.path.abspath(path)).resolve()
 
 
 class GpusHandler(WorkbenchHandler):
@@ -71,55 +115,41 @@ class ClustersHandler(WorkbenchHandler):
         self.write_json(watcher.snapshot())
 
 
-def _downsample(values: list, points: int = SPARK_POINTS) -> list:
-    if len(values) <= points:
-        return values
-    stride = len(values) / points
-    return [values[int(i * stride)] for i in range(points - 1)] + [values[-1]]
-
-
-def _runs_with_sparklines(runs_dir: Path) -> dict:
-    run_dir = _run_dir_module()
-    runs = run_dir.list_runs(runs_dir)
-    for summary in runs:
-        if not summary.get("readable"):
-            continue
-        try:
-            records = run_dir.RunDir(runs_dir / summary["id"]).read_metrics()
-        except OSError as err:
-            summary["spark_error"] = str(err)
-            continue
-        rank0 = [r for r in records if r.get("rank", 0) == 0]
-        summary["spark"] = {
-            key: _downsample([r.get(key) for r in rank0 if isinstance(r.get(key), (int, float))])
-            for key in ("tokens_per_s_per_gpu", "loss")
-        }
-    return {"runs_dir": str(runs_dir), "exists": runs_dir.is_dir(), "runs": runs}
-
-
 class RunsHandler(WorkbenchHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.write_json(await asyncio.to_thread(_runs_with_sparklines, self.runs_dir()))
+        runs_dir = self.runs_dir()
+        runs = await asyncio.to_thread(self.run_index().list_runs, runs_dir)
+        self.write_json({"runs_dir": str(runs_dir), "exists": runs_dir.is_dir(), "runs": runs})
 
 
 class RunMetricsHandler(WorkbenchHandler):
     @web.authenticated
     @authorized
     async def get(self, run_id: str) -> None:
-        if run_id in {".", ".."} or "/" in run_id or "\\" in run_id:
-            raise web.HTTPError(400, f"bad run id {run_id!r}")
-        run_dir = _run_dir_module()
-        path = self.runs_dir() / run_id
+        # run_id arrives URL-decoded: %2e%2e is "..", %2F is "/".
+        if not run_id or run_id.startswith(".") or any(c in run_id for c in "/\\\0"):
+            raise web.HTTPError(400, f"bad run id {run_id!r}: expected a run folder name")
+        index = _run_index_module()
+        runs_dir = self.runs_dir()
+        root, path = _real(runs_dir), runs_dir / run_id
         try:
-            run = run_dir.RunDir.open(path)
-        except FileNotFoundError as err:
-            raise web.HTTPError(404, str(err)) from None
+            real = index.confine(root, path)
+        except PermissionError as err:
+            raise web.HTTPError(403, str(err)) from None
+        if not real.is_dir():
+            raise web.HTTPError(404, f"no run directory at {path}")
+        if not (real / index.CONFIG_FILE).exists() and not (real / index.STATUS_FILE).exists():
+            raise web.HTTPError(
+                404, f"{path} is not a run directory (no {index.CONFIG_FILE} / {index.STATUS_FILE})")
         fields_arg = self.get_query_argument("fields", "")
         fields = [f for f in fields_arg.split(",") if f] or list(DEFAULT_METRIC_FIELDS)
         rank_arg = self.get_query_argument("rank", "")
-        records = await asyncio.to_thread(run.read_metrics)
+        try:
+            records = await asyncio.to_thread(index.read_metrics_confined, root, real / index.METRICS_FILE)
+        except PermissionError as err:
+            raise web.HTTPError(403, str(err)) from None
         if rank_arg != "":
             records = [r for r in records if str(r.get("rank", 0)) == rank_arg]
         if fields != ["*"]:
@@ -142,6 +172,8 @@ class NotebookCopyHandler(WorkbenchHandler):
     async def post(self, name: str) -> None:
         try:
             content = await asyncio.to_thread(read_notebook, name)
+        except PermissionError as err:
+            raise web.HTTPError(403, str(err)) from None
         except ValueError as err:
             raise web.HTTPError(400, str(err)) from None
         except KeyError as err:
@@ -159,6 +191,8 @@ class NotebookCopyHandler(WorkbenchHandler):
 def setup_handlers(web_app, parent=None) -> None:
     """Register the routes under <base_url>moe-workbench/api/."""
     web_app.settings[CLUSTER_WATCHER_KEY] = ClusterWatcher(parent=parent)
+    web_app.settings[SETTINGS_KEY] = MoeWorkbenchLab(parent=parent)
+    web_app.settings[RUN_INDEX_KEY] = None  # made on first use: importing workbench is not free
     base = url_path_join(web_app.settings["base_url"], "moe-workbench", "api")
     web_app.add_handlers(".*$", [
         (url_path_join(base, "gpus"), GpusHandler),

@@ -49,7 +49,16 @@ def list_notebooks() -> dict:
     source, reason = notebooks_source_dir()
     if source is None:
         return {"source_dir": None, "reason": reason, "notebooks": []}
-    names = sorted(p for p in source.glob("*.ipynb") if not p.name.startswith("."))
+    from workbench.train.run_index import confine
+
+    real_source = source.resolve()
+    names = []
+    for path in sorted(source.glob("*.ipynb")):
+        try:
+            if not path.name.startswith(".") and confine(real_source, path).is_file():
+                names.append(path)
+        except PermissionError:
+            continue  # a link out of the folder: never offered, never read
     return {
         "source_dir": str(source),
         "reason": None if names else f"no .ipynb files in {source}",
@@ -64,7 +73,9 @@ def read_notebook(name: str) -> dict:
     source, reason = notebooks_source_dir()
     if source is None:
         raise KeyError(reason)
-    path = source / name
-    if not path.is_file():
-        raise KeyError(f"no notebook {name} in {source}")
-    return json.loads(path.read_text(encoding="utf-8"))
+    from workbench.train.run_index import read_json_confined
+
+    try:
+        return read_json_confined(source.resolve(), source / name)
+    except FileNotFoundError:
+        raise KeyError(f"no notebook {name} in {source}") from None

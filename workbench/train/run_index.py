@@ -1,0 +1,272 @@
+"""Run summaries for a poller (the lab sidebar): confined to one runs folder, metrics read incrementally.
+
+`RunIndex` is per-server state. Each poll re-reads config.json and status.json (small; status must
+never be stale), but reads only the bytes appended to each metrics.jsonl since the last poll, at
+most `IndexLimits.max_bytes_per_poll` of them, and keeps only what a summary needs: the record
+count, the last rank-0 values and a thinned series per sparkline key. A metrics file that shrank
+or was replaced (another inode) is read again from the start.
+
+Every file is read through `open_confined`: its real path (links resolved) must lie inside the
+runs folder, and it must be a regular file, so a link in the runs folder never serves an outside
+file and a FIFO never blocks the server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.train.run_dir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, _describe, _mesh_of
+
+SPARK_KEYS = ("tokens_per_s_per_gpu", "loss")
+# The fields of the last rank-0 record a summary shows (a record may also hold large matrices).
+LAST_KEYS = ("step", "loss", "tokens_per_s_per_gpu")
+
+
+@dataclass(frozen=True)
+class IndexLimits:
+    """Bounds on one poll's work and on what the index keeps per run."""
+
+    spark_points: int = 64
+    max_bytes_per_poll: int = 32 * 2**20
+    max_line_bytes: int = 8 * 2**20
+    chunk_bytes: int = 2**20
+
+    def __post_init__(self) -> None:
+        for name in ("spark_points", "max_bytes_per_poll", "max_line_bytes", "chunk_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 2:
+                raise ValueError(f"IndexLimits.{name} must be an integer >= 2, got {value!r}")
+
+
+def confine(root: Path, path: Path) -> Path:
+    """`path` with links resolved; PermissionError if that lies outside `root` (a resolved folder)."""
+    real = Path(path).resolve()
+    if not real.is_relative_to(root):
+        raise PermissionError(f"{path} leads outside {root} (a link?); not followed")
+    return real
+
+
+def open_confined(root: Path, path: Path) -> int:
+    """A read-only fd of the regular file `path`, which must resolve inside `root`."""
+    real = confine(root, path)
+    # O_NOFOLLOW: a link swapped in after the check is refused; O_NONBLOCK: a FIFO does not block.
+    fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise PermissionError(f"{path} is not a regular file; not read")
+    return fd
+
+
+def read_json_confined(root: Path, path: Path) -> dict:
+    """A JSON object file read through `open_confined`."""
+    with os.fdopen(open_confined(root, path), encoding="utf-8") as f:
+        obj = json.load(f)
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path} holds a {type(obj).__name__}, expected a JSON object")
+    return obj
+
+
+def parse_record(line: bytes) -> dict | None:
+    """One metrics line as a dict, or None for a blank, torn or garbled line."""
+    line = line.strip()
+    if not line:
+        return None
+    try:
+        obj = json.loads(line.decode("utf-8", errors="replace"))
+    except json.JSONDecodeError:
+        return None  # a writer crashed mid-line or is writing right now
+    return obj if isinstance(obj, dict) else None
+
+
+def read_metrics_confined(root: Path, path: Path) -> list[dict]:
+    """All records of the metrics file `path` (empty if there is none), read through `open_confined`."""
+    try:
+        fd = open_confined(root, path)
+    except FileNotFoundError:
+        return []
+    with os.fdopen(fd, "rb") as f:
+        return [r for r in map(parse_record, f) if r is not None]
+
+
+class _Thinned:
+    """Every `stride`-th value of a series, at most 2 * points of them: even coverage, bounded."""
+
+    def __init__(self, points: int) -> None:
+        self.points = points
+        self.stride = 1
+        self.seen = 0
+        self.kept: list[float] = []
+        self.last: float | None = None
+
+    def add(self, value: float) -> None:
+        if self.seen % self.stride == 0:
+            self.kept.append(value)
+            if len(self.kept) >= 2 * self.points:
+                self.kept = self.kept[::2]
+                self.stride *= 2
+        self.seen += 1
+        self.last = value
+
+    def values(self) -> list[float]:
+        """At most `points` values spread over the whole series, ending with the latest."""
+        if self.seen <= self.points:
+            return list(self.kept)
+        step = len(self.kept) / self.points
+        return [self.kept[int(i * step)] for i in range(self.points - 1)] + [self.last]
+
+
+class _MetricsTail:
+    """What the index knows of one metrics file, and how far it has read it."""
+
+    def __init__(self, ident: tuple[int, int], points: int) -> None:
+        self.ident = ident
+        self.offset = 0
+        self.size = 0
+        self.pending = b""  # the start of a line whose newline has not been written yet
+        self.skipping = False  # inside a line longer than max_line_bytes
+        self.records = 0
+        self.last: dict = {}
+        self.series = {key: _Thinned(points) for key in SPARK_KEYS}
+
+    def held(self) -> int:
+        return len(self.last) + sum(len(s.kept) for s in self.series.values())
+
+    def take(self, record: dict) -> None:
+        self.records += 1
+        if record.get("rank", 0) != 0:
+            return
+        self.last = {k: record[k] for k in LAST_KEYS if k in record}
+        for key, series in self.series.items():
+            value = record.get(key)
+            if isinstance(value, (int, float)):
+                series.add(value)
+
+
+class RunIndex:
+    """Summaries of the runs in one folder, cached per metrics file between polls; thread-safe."""
+
+    def __init__(self, limits: IndexLimits | None = None) -> None:
+        self.limits = limits or IndexLimits()
+        self.bytes_read = 0  # metrics bytes read since the index was made, for tests and logs
+        self._tails: dict[Path, _MetricsTail] = {}
+        self._lock = threading.Lock()
+
+    def held_values(self) -> int:
+        """How many metric values the index holds over all runs (bounded by the limits)."""
+        return sum(t.held() for t in self._tails.values())
+
+    def list_runs(self, runs_dir: Path) -> list[dict]:
+        """One summary per run folder of `runs_dir`, newest id first; unreadable ones are flagged."""
+        root = Path(runs_dir).expanduser().resolve()
+        with self._lock:
+            if not root.is_dir():
+                self._tails = {}
+                return []
+            summaries, seen = [], set()
+            for entry in sorted(root.iterdir(), key=lambda p: p.name, reverse=True):
+                if entry.name.startswith("."):
+                    continue
+                try:
+                    real = confine(root, entry)
+                    if not real.is_dir():
+                        continue
+                    summary, metrics = self._summarize(root, real, Path(runs_dir) / entry.name)
+                    seen.add(metrics)
+                    summaries.append(summary)
+                except (OSError, ValueError, TypeError, AttributeError) as err:
+                    summaries.append({"id": entry.name, "readable": False,
+                                      "path": str(Path(runs_dir) / entry.name),
+                                      "error": f"{type(err).__name__}: {err}"})
+            # Forget runs that were deleted so the cache does not grow with every run ever seen.
+            self._tails = {p: t for p, t in self._tails.items() if p in seen}
+            return summaries
+
+    def _summarize(self, root: Path, real: Path, shown: Path) -> tuple[dict, Path]:
+        config_path, status_path = real / CONFIG_FILE, real / STATUS_FILE
+        has_config, has_status = config_path.exists(), status_path.exists()
+        if not has_config and not has_status:
+            raise FileNotFoundError(f"{shown} is not a run directory (no {CONFIG_FILE} / {STATUS_FILE})")
+        config = read_json_confined(root, config_path) if has_config else {}
+        status = self._read_status(root, status_path) if has_status else {
+            "state": "unknown", "run_id": shown.name}
+        metrics_path = real / METRICS_FILE
+        tail, metrics_key = self._read_tail(root, metrics_path)
+        model = config.get("model") or {}
+        updated = status.get("updated_at")
+        if updated is None:
+            # lstat: the time of a link itself, never of what it points at.
+            times = [p.lstat().st_mtime for p in real.iterdir()]
+            updated = max(times) if times else None
+        summary = {
+            "id": shown.name,
+            "readable": True,
+            "path": str(shown),
+            "model": (model.get("preset") or model.get("path")) if isinstance(model, dict) else str(model),
+            "model_config": _describe(model),
+            "mesh": _describe(_mesh_of(config)),
+            "backends": _describe(config.get("resolved_backend") or config.get("backend")),
+            "world_size": config.get("world_size"),
+            "state": status.get("state", "unknown"),
+            "status": status,
+            "step": tail.last.get("step", status.get("step")) if tail else status.get("step"),
+            "total_steps": status.get("total_steps"),
+            "loss": tail.last.get("loss") if tail else None,
+            "tokens_per_s_per_gpu": tail.last.get("tokens_per_s_per_gpu") if tail else None,
+            "updated_at": updated,
+            "spark": {k: (tail.series[k].values() if tail else []) for k in SPARK_KEYS},
+            "metrics_records": tail.records if tail else 0,
+        }
+        if tail and tail.offset < tail.size:
+            # The per-poll bound stopped short: say so rather than show old values as current.
+            summary["metrics_pending_bytes"] = tail.size - tail.offset
+        return summary, metrics_key
+
+    def _read_status(self, root: Path, path: Path) -> dict:
+        """status.json, read fresh on every poll: a cached state would hide a run that ended or died."""
+        return read_json_confined(root, path)
+
+    def _read_tail(self, root: Path, path: Path) -> tuple[_MetricsTail | None, Path]:
+        """The cached tail of `path`, brought up to date by reading only its new bytes."""
+        try:
+            fd = open_confined(root, path)
+        except FileNotFoundError:
+            return None, path
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            key = confine(root, path)
+            tail = self._tails.get(key)
+            ident = (st.st_dev, st.st_ino)
+            if tail is None or tail.ident != ident or st.st_size < tail.offset:
+                tail = _MetricsTail(ident, self.limits.spark_points)  # new, replaced or truncated
+                self._tails[key] = tail
+            tail.size = st.st_size
+            budget = min(st.st_size - tail.offset, self.limits.max_bytes_per_poll)
+            f.seek(tail.offset)
+            while budget > 0:
+                chunk = f.read(min(self.limits.chunk_bytes, budget))
+                if not chunk:
+                    break
+                budget -= len(chunk)
+                tail.offset += len(chunk)
+                self.bytes_read += len(chunk)
+                self._consume(tail, chunk)
+        return tail, key
+
+    def _consume(self, tail: _MetricsTail, chunk: bytes) -> None:
+        # The piece after the last newline is a line still being written: keep it for later.
+        *complete, tail.pending = (tail.pending + chunk).split(b"\n")
+        for line in complete:
+            if tail.skipping:
+                tail.skipping = False  # the end of an over-long line: drop it
+                continue
+            record = parse_record(line)
+            if record is not None:
+                tail.take(record)
+        if len(tail.pending) > self.limits.max_line_bytes:
+            tail.pending, tail.skipping = b"", True
