@@ -1,0 +1,107 @@
+"""Is the process that owns a "running" status still there?
+
+A run killed with SIGKILL (or the OOM killer, or a lost machine) cannot write its own failure,
+so status.json would say "running" for good. Rank 0 therefore records who owns the run (pid,
+host) and refreshes a heartbeat time while it lives; readers turn a live state whose owner is
+gone into "died": at once when the owner ran on this host and its pid is gone, else when the
+heartbeat is older than STALE_AFTER_S.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+LIVE_STATES = frozenset({"starting", "running", "stopping"})
+DIED = "died"
+HEARTBEAT_S = 2.0
+# Five missed beats: a busy 2-core machine never delays a daemon thread that long, and a reader
+# still says "died" within 10 s of the last beat.
+STALE_AFTER_S = 10.0
+
+
+def owner_fields(now: float | None = None) -> dict[str, Any]:
+    """The fields a live status carries so that readers can tell whether its writer still lives."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "heartbeat_at": time.time() if now is None else now}
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether a process with this pid exists on this host and is not a zombie."""
+    if not pid or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    try:  # a killed child that nobody reaped yet still answers kill(0)
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+    except OSError:
+        return True  # no /proc (macOS): kill(0) is all we know
+
+
+def death_reason(status: dict, now: float | None = None) -> str | None:
+    """Why the owner of a live `status` is dead, or None (alive, finished, or not recorded)."""
+    if status.get("state") not in LIVE_STATES:
+        return None
+    pid, host, beat = status.get("pid"), status.get("host"), status.get("heartbeat_at")
+    if isinstance(pid, int) and host == socket.gethostname() and not pid_alive(pid):
+        return f"its process (pid {pid} on {host}) is gone without recording an end"
+    if isinstance(beat, (int, float)):
+        age = (time.time() if now is None else now) - beat
+        if age > STALE_AFTER_S:
+            return f"no heartbeat for {age:.0f} s (owner pid {pid} on {host})"
+    return None
+
+
+def checked_status(status: dict, now: float | None = None) -> dict:
+    """`status` as a reader should show it: a live state with a dead owner becomes "died"."""
+    reason = death_reason(status, now)
+    if reason is None:
+        return status
+    last = status["state"]
+    step = status.get("step")
+    at = f" at step {step}" if step is not None else ""
+    return {**status, "state": DIED, "recorded_state": last,
+            "error": f"the run died while {last}{at}: {reason}"}
+
+
+class Heartbeat:
+    """A daemon thread calling `beat()` every `interval` seconds until `stop()`."""
+
+    def __init__(self, beat: Callable[[], bool], interval: float = HEARTBEAT_S) -> None:
+        if not interval > 0:
+            raise ValueError(f"heartbeat interval must be > 0 s, got {interval}")
+        self._beat = beat
+        self.interval = interval
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="workbench-heartbeat", daemon=True)
+
+    def start(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop beating and wait for the thread (a beat in progress finishes first)."""
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stopped.wait(self.interval):
+            try:
+                if not self._beat():
+                    return  # the status is no longer ours to refresh
+            except OSError:
+                continue  # a full disk now must not kill the thread; the next beat may succeed
+
+    def __enter__(self) -> "Heartbeat":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
