@@ -109,6 +109,23 @@ def test_sigkilled_single_process_run_reads_as_died_within_10s(tmp_path):
     assert " died " in line and f"pid {proc.pid}" in line
 
 
+def test_sigterm_marks_the_run_failed_and_still_terminates(tmp_path):
+    cfg = _finetune_yaml(tmp_path, steps=100000)
+    run = tmp_path / "runs" / "termed"
+    proc = _workbench(["finetune", str(cfg), "--run-id", "termed"])
+    try:
+        _wait_running(run, proc)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGTERM  # ended the way SIGTERM ends a process
+    status = _status(run)
+    assert status["state"] == "failed" and status["signal"] == "SIGTERM" and status["step"] >= 1, status
+    assert status["error"].startswith("rank 0 was stopped by SIGTERM")
+
+
 def test_run_killed_mid_save_reads_as_died(tmp_path):
     cfg = _finetune_yaml(tmp_path, steps=4, train__checkpoint_every=2)
     proc = _workbench(["finetune", str(cfg), "--run-id", "cut"], **{FAULT_ENV: "checkpoint_kill:2"})
@@ -202,6 +219,31 @@ def test_status_is_written_in_place_when_the_disk_has_no_room_for_a_temporary(tm
     assert status["state"] == "failed" and status["error"] == "OSError: disk full" and "traceback" not in status
     assert sorted(os.listdir(run.path)) == [
         "config.json", "status.json"]
+
+
+def test_disk_full_is_recognized_inside_dcp_failures():
+    from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
+
+    from workbench.train.checkpoint import _disk_full
+
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert _disk_full(CheckpointException("save failed", {1: _wrap_exception(full)}))
+    assert not _disk_full(CheckpointException("save failed", {0: _wrap_exception(OSError(errno.EIO, "io"))}))
+    try:
+        try:
+            raise full
+        except OSError as err:
+            raise RuntimeError("wrapped") from err
+    except RuntimeError as wrapped:
+        assert _disk_full(wrapped)
+
+
+def test_runs_command_without_a_runs_directory(tmp_path, capsys):
+    from workbench.cli import main
+
+    assert main(["runs", str(tmp_path / "nowhere")]) == 2
+    assert "no runs directory at" in capsys.readouterr().err
+    assert main(["runs", str(tmp_path)]) == 0 and "no runs in" in capsys.readouterr().out
 
 
 # -- file modes ---------------------------------------------------------------------------------

@@ -9,11 +9,13 @@ heartbeat is older than STALE_AFTER_S.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 LIVE_STATES = frozenset({"starting", "running", "stopping"})
 DIED = "died"
@@ -105,3 +107,31 @@ class Heartbeat:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def record_termination(on_signal: Callable[[str], None]) -> Iterator[None]:
+    """While the block runs, SIGTERM first calls on_signal("SIGTERM"), then ends the process as
+    it would have anyway (same signal, same exit status). Launchers (torchrun, mp.spawn) stop the
+    surviving ranks this way when one fails; without this the run would read "running" to the end.
+
+    Only on the main thread, and only where SIGTERM has no handler yet (a notebook kernel's or an
+    engine's own handler is left alone).
+    """
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signum, signal.SIG_DFL)
+        try:
+            on_signal(signal.Signals(signum).name)
+        finally:
+            os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -39,7 +39,7 @@ from workbench.train.data import Batch, build_stream
 from workbench.train.metrics import expert_load_from_router_logits, reset_peak_memory, step_record
 from workbench.train.model_setup import build_model, model_dtype, resolve_mesh
 from workbench.train.optim import build_optimizer, build_scheduler, clip_grad_norm
-from workbench.train.liveness import Heartbeat
+from workbench.train.liveness import Heartbeat, record_termination
 from workbench.train.run_dir import RunDir, default_runs_dir, new_run_id, private_files
 
 
@@ -306,8 +306,14 @@ def finetune(run_config: RunConfig, callbacks: list | None = None) -> dict[str, 
     with private_files():
         trainer = Trainer(run_config, callbacks)  # validation, data and run dir: errors before heavy work
         heartbeat = Heartbeat(trainer.run.beat).start() if trainer.rank == 0 else None
+
+        def terminated(name: str) -> None:
+            trainer.run.mark_failed(f"rank {trainer.rank} was stopped by {name} (a launcher stops the other "
+                                    "ranks this way when one fails)", rank=trainer.rank, signal=name)
+
         try:
-            return _train(trainer)
+            with record_termination(terminated):
+                return _train(trainer)
         finally:
             if heartbeat is not None:
                 heartbeat.stop()

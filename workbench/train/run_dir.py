@@ -2,8 +2,9 @@
 
 The trainer writes it (rank 0 writes config/status, every rank may append metrics); the lab
 extension and notebooks read it. JSON files are replaced atomically so a reader never sees a
-half-written config or status; metrics.jsonl is append-only and readers skip a torn last line. Everything is private to the
-owner (directories 0700, files 0600): configs name data paths, and checkpoints are the weights.
+half-written config or status; metrics.jsonl is append-only and readers skip a torn last line.
+Everything is private to the owner (directories 0700, files 0600): configs name data paths, and
+checkpoints are the weights.
 A live status names its owner (pid, host, heartbeat); readers call a run whose owner is gone
 "died" (workbench.train.liveness).
 """
@@ -133,7 +134,9 @@ class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.run_id = self.path.name
-        self._status_lock = threading.Lock()  # the heartbeat thread and the trainer both write
+        # The heartbeat thread and the trainer both write; reentrant because a SIGTERM handler
+        # may record the end while this thread is inside write_status.
+        self._status_lock = threading.RLock()
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -208,20 +211,22 @@ class RunDir:
                 _overwrite_json(self.status_path, {k: v for k, v in status.items() if k != "traceback"})
 
     def mark_failed(self, error: str, *, replace_failed: bool = False, **fields: Any) -> bool:
-        """Record a failure seen from outside the run (a launcher saw a rank die); False if the
-        run had already ended (a "failed" it recorded itself is kept unless `replace_failed`)."""
-        try:
-            status = self.read_status()
-        except (OSError, ValueError):
-            status = {}
-        state = status.get("state")
-        if state in ("completed", "stopped") or (state == "failed" and not replace_failed):
-            return False
-        kept = {k: status[k] for k in ("step", "total_steps", "world_size") if k in status}
-        if state == "failed" and status.get("error"):
-            kept["reported_error"] = status["error"]  # what the surviving ranks saw
-        self.write_status("failed", **kept, **fields, error=error)
-        return True
+        """Record a failure seen from outside the training loop (a launcher saw a rank die, a
+        signal); False if the run had already ended (a "failed" it recorded itself is kept, with
+        its traceback, unless `replace_failed`)."""
+        with self._status_lock:
+            try:
+                status = self.read_status()
+            except (OSError, ValueError):
+                status = {}
+            state = status.get("state")
+            if state in ("completed", "stopped") or (state == "failed" and not replace_failed):
+                return False
+            kept = {k: status[k] for k in ("step", "total_steps", "world_size") if k in status}
+            if state == "failed" and status.get("error"):
+                kept["reported_error"] = status["error"]  # what the surviving ranks saw
+            self.write_status("failed", **kept, **fields, error=error)
+            return True
 
     def beat(self) -> bool:
         """Refresh the heartbeat of a live status this process owns; False once it is not ours."""
