@@ -20,7 +20,7 @@ from workbench.config import RunConfig
 from workbench.train import finetune
 from workbench.train import run_dir as rd
 from workbench.train.checkpoint import FAULT_ENV, DiskFullError, list_checkpoints
-from workbench.train.liveness import STALE_AFTER_S, Heartbeat, checked_status
+from workbench.train.liveness import STALE_AFTER_S, Heartbeat, checked_status, owner_fields
 from workbench.train.run_dir import RunDir, list_runs, summarize_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,6 +144,12 @@ def test_a_stale_heartbeat_from_another_host_reads_as_died(tmp_path):
     assert checked_status({**base, "heartbeat_at": now - 1}, now=now)["state"] == "running"
     died = checked_status({**base, "heartbeat_at": now - STALE_AFTER_S - 1}, now=now)
     assert died["state"] == "died" and "no heartbeat for 11 s" in died["error"] and died["recorded_state"] == "running"
+    # On the owner's machine the pid decides: alive with a late heartbeat is busy, a reused pid is dead.
+    here = {**owner_fields(), "state": "running", "heartbeat_at": now - 60}
+    assert checked_status(here, now=now)["state"] == "running"
+    if here["pid_start"] is not None:  # Linux: /proc gives the start time
+        reused = checked_status({**here, "pid_start": here["pid_start"] + 1}, now=now)
+        assert reused["state"] == "died" and f"pid {os.getpid()}" in reused["error"]
     # Ended runs and records without an owner are taken as written.
     assert checked_status({**base, "state": "completed", "heartbeat_at": 0.0})["state"] == "completed"
     assert checked_status({"state": "running", "step": 1})["state"] == "running"

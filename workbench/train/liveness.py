@@ -2,9 +2,10 @@
 
 A run killed with SIGKILL (or the OOM killer, or a lost machine) cannot write its own failure,
 so status.json would say "running" for good. Rank 0 therefore records who owns the run (pid,
-host) and refreshes a heartbeat time while it lives; readers turn a live state whose owner is
-gone into "died": at once when the owner ran on this host and its pid is gone, else when the
-heartbeat is older than STALE_AFTER_S.
+its start time, host, boot id) and refreshes a heartbeat time while it lives; readers turn a
+live state whose owner is gone into "died". On the owner's machine the pid decides, at once (a
+live pid with a late heartbeat is a busy process, not a dead one); elsewhere the heartbeat does:
+older than STALE_AFTER_S is dead.
 """
 
 from __future__ import annotations
@@ -21,17 +22,44 @@ LIVE_STATES = frozenset({"starting", "running", "stopping"})
 DIED = "died"
 HEARTBEAT_S = 2.0
 # Five missed beats: a busy 2-core machine never delays a daemon thread that long, and a reader
-# still says "died" within 10 s of the last beat.
+# on another machine still says "died" within 10 s of the last beat.
 STALE_AFTER_S = 10.0
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat fields after the command name (state first), or None without /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[-1].split()
+    except OSError:
+        return None
+
+
+def _process_start(pid: int) -> int | None:
+    # Field 22 (starttime, clock ticks after boot): a reused pid has another one.
+    fields = _proc_stat(pid)
+    return int(fields[19]) if fields and len(fields) > 19 and fields[19].isdigit() else None
+
+
+def _boot_id() -> str | None:
+    # Two machines may share a host name (a default image); they never share a boot id.
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 def owner_fields(now: float | None = None) -> dict[str, Any]:
     """The fields a live status carries so that readers can tell whether its writer still lives."""
-    return {"pid": os.getpid(), "host": socket.gethostname(), "heartbeat_at": time.time() if now is None else now}
+    pid = os.getpid()
+    return {"pid": pid, "pid_start": _process_start(pid), "host": socket.gethostname(), "boot_id": _boot_id(),
+            "heartbeat_at": time.time() if now is None else now}
 
 
-def pid_alive(pid: int | None) -> bool:
-    """Whether a process with this pid exists on this host and is not a zombie."""
+def pid_alive(pid: int | None, start: int | None = None) -> bool:
+    """Whether process `pid` runs on this machine (not a zombie; the same process if `start`,
+    its recorded start time, is given)."""
     if not pid or pid <= 0:
         return False
     try:
@@ -39,12 +67,20 @@ def pid_alive(pid: int | None) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # exists, owned by someone else
-    try:  # a killed child that nobody reaped yet still answers kill(0)
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
-    except OSError:
-        return True  # no /proc (macOS): kill(0) is all we know
+        pass  # exists, owned by someone else
+    fields = _proc_stat(pid)
+    if fields is None:
+        return True  # gone between the two looks, or no /proc (macOS): kill(0) is all we know
+    if fields[0] in ("Z", "X"):  # killed, and nobody reaped it yet
+        return False
+    return start is None or _process_start(pid) in (None, start)
+
+
+def _on_this_machine(status: dict) -> bool:
+    if status.get("host") != socket.gethostname():
+        return False
+    theirs, ours = status.get("boot_id"), _boot_id()
+    return theirs is None or ours is None or theirs == ours
 
 
 def death_reason(status: dict, now: float | None = None) -> str | None:
@@ -52,7 +88,10 @@ def death_reason(status: dict, now: float | None = None) -> str | None:
     if status.get("state") not in LIVE_STATES:
         return None
     pid, host, beat = status.get("pid"), status.get("host"), status.get("heartbeat_at")
-    if isinstance(pid, int) and host == socket.gethostname() and not pid_alive(pid):
+    if isinstance(pid, int) and _on_this_machine(status):
+        start = status.get("pid_start")
+        if pid_alive(pid, start if isinstance(start, int) else None):
+            return None
         return f"its process (pid {pid} on {host}) is gone without recording an end"
     if isinstance(beat, (int, float)):
         age = (time.time() if now is None else now) - beat
