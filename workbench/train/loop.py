@@ -331,7 +331,8 @@ def _train(trainer: Trainer) -> dict[str, Any]:
         tb = traceback.format_exc()
         error = f"{type(err).__name__}: {err}"
         try:
-            trainer.run.write_status("failed", error=error, traceback=tb, rank=trainer.rank)
+            trainer.run.write_status("failed", **trainer.run.progress(), error=error, traceback=tb,
+                                     rank=trainer.rank)
         except OSError as write_err:  # keep the run's own error, not this one
             print(f"workbench: could not record the failure in {trainer.run.status_path}: {write_err}",
                   file=sys.stderr, flush=True)

@@ -222,11 +222,18 @@ class RunDir:
             state = status.get("state")
             if state in ("completed", "stopped") or (state == "failed" and not replace_failed):
                 return False
-            kept = {k: status[k] for k in ("step", "total_steps", "world_size") if k in status}
+            kept = _progress(status)
             if state == "failed" and status.get("error"):
                 kept["reported_error"] = status["error"]  # what the surviving ranks saw
             self.write_status("failed", **kept, **fields, error=error)
             return True
+
+    def progress(self) -> dict:
+        """Step, total steps and world size from the latest status ({} if unreadable)."""
+        try:
+            return _progress(self.read_status())
+        except (OSError, ValueError):
+            return {}
 
     def beat(self) -> bool:
         """Refresh the heartbeat of a live status this process owns; False once it is not ours."""
@@ -282,6 +289,11 @@ class RunDir:
                 if isinstance(obj, dict):
                     records.append(obj)
         return records
+
+
+def _progress(status: dict) -> dict:
+    # What a failure record keeps from the live status it replaces.
+    return {k: status[k] for k in ("step", "total_steps", "world_size") if k in status}
 
 
 def _describe(section: Any) -> Any:
