@@ -163,3 +163,19 @@ def test_list_runs_mesh_falls_back_to_recorded_sizes(tmp_path):
     RunDir.create(tmp_path, "r1", config)
     [summary] = list_runs(tmp_path)
     assert summary["mesh"] == {"dp": 2}
+
+
+def test_run_dir_files_are_private_under_a_permissive_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        run = RunDir.create(tmp_path / "runs", "r", _config())
+        run.append_metrics(_records(1))
+        run.write_status("running", step=1)
+    finally:
+        os.umask(old)
+    def mode(p):
+        return stat.S_IMODE(p.stat().st_mode)
+
+    assert mode(tmp_path / "runs") == 0o700 and mode(run.path) == 0o700
+    assert {p.name: mode(p) for p in run.path.iterdir()} == {
+        "config.json": 0o600, "status.json": 0o600, "metrics.jsonl": 0o600}

@@ -1,4 +1,4 @@
-"""The `workbench` command: `workbench finetune CONFIG.yaml`, `workbench demo`.
+"""The `workbench` command: `workbench finetune CONFIG.yaml`, `workbench demo`, `workbench runs`.
 
 Subcommands live in a small registry (`SUBCOMMANDS`): each is a name, a help line, a function
 adding its arguments and a function running it; add one by adding an entry.
@@ -138,9 +138,61 @@ def _run_demo(args: argparse.Namespace) -> int:
           f"run directory {os.path.join(runs_dir, rc.run_id)}", flush=True)
     from workbench.parallel.launch import spawn
 
-    if spawn("workbench.cli:_demo_rank", rc.to_dict(), world, "demo"):
+    run_path = os.path.join(runs_dir, rc.run_id)
+    if spawn("workbench.cli:_demo_rank", rc.to_dict(), world, "demo",
+             on_failure=lambda exits: _record_rank_failure(run_path, exits)):
         return 1
-    print(f"workbench demo: done; run directory {os.path.join(runs_dir, rc.run_id)}", flush=True)
+    print(f"workbench demo: done; run directory {run_path}", flush=True)
+    return 0
+
+
+def _record_rank_failure(run_path: str, exits: list) -> None:
+    """The launcher saw ranks fail: make status.json say which and how (a killed rank 0 cannot)."""
+    from workbench.train.run_dir import RunDir
+
+    if not os.path.isfile(os.path.join(run_path, "status.json")):
+        return  # the run never got a directory; the ranks' errors are on stderr
+    cause = exits[0]
+    error = "; ".join(e.describe() for e in exits)
+    try:
+        # A rank killed by a signal explains what its peers recorded (a broken collective).
+        RunDir(run_path).mark_failed(error, replace_failed=cause.signal_name is not None, rank=cause.rank,
+                                     signal=cause.signal_name, detected_by="workbench demo")
+    except OSError as err:
+        print(f"workbench demo: could not record the failure in {run_path}: {err}", file=sys.stderr)
+        return
+    print(f"workbench demo: run {run_path} failed: {error}", file=sys.stderr, flush=True)
+
+
+# -- runs ------------------------------------------------------------------------------------
+
+
+def _runs_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs_dir", nargs="?", help="runs directory (default: $WORKBENCH_RUNS_DIR or ~/moe-workbench/runs)")
+
+
+def _run_runs(args: argparse.Namespace) -> int:
+    from workbench.train.run_dir import default_runs_dir, list_runs
+
+    runs_dir = args.runs_dir or str(default_runs_dir())
+    if not os.path.isdir(os.path.expanduser(runs_dir)):
+        print(f"workbench runs: no runs directory at {runs_dir}", file=sys.stderr)
+        return 2
+    runs = list_runs(runs_dir)
+    if not runs:
+        print(f"no runs in {runs_dir}")
+        return 0
+    print(f"{'RUN':<24} {'STATE':<10} {'STEP':>11} {'LOSS':>8}  DETAIL")
+    for r in runs:
+        if not r.get("readable"):
+            print(f"{r['id']:<24} {'unreadable':<10} {'':>11} {'':>8}  {r.get('error', '')}")
+            continue
+        status = r.get("status") or {}
+        step = "" if r.get("step") is None else f"{r['step']}/{r.get('total_steps') or '?'}"
+        loss = "" if not isinstance(r.get("loss"), (int, float)) else f"{r['loss']:.4f}"
+        error = str(status.get("error") or "").strip() if r["state"] in ("failed", "died") else ""
+        detail = error.splitlines()[-1] if error else ""  # the last line of a traceback says what
+        print(f"{r['id']:<24} {r['state']:<10} {step:>11} {loss:>8}  {detail}")
     return 0
 
 
@@ -149,6 +201,8 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
                _finetune_args, _run_finetune),
     Subcommand("demo", "fine-tune the embedded tiny MoE on 2 CPU ranks or all local GPUs",
                _demo_args, _run_demo),
+    Subcommand("runs", "list the runs in a runs directory with their state (running, completed, failed, died)",
+               _runs_args, _run_runs),
     Subcommand("bench", "Transformers v5 anchor vs the engine, timed in one launch (see benchmarks/)",
                bench_cli.add_arguments, bench_cli.run),
 )

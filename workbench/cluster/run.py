@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from workbench.cluster import engine as engine_code
+from workbench.train.liveness import DIED, pid_alive
 from workbench.train.run_dir import RunDir, default_runs_dir, new_run_id
 
 TERMINAL_STATES = frozenset({"completed", "failed", "stopped"})
+# A reopened run also ends when its owner is gone without recording an end (liveness).
+ENDED_STATES = TERMINAL_STATES | {DIED}
 # After one rank fails, give the others this long to fail too (their tracebacks, the trainer's
 # status.json) before the run counts as done.
 FAILURE_GRACE_S = 3.0
@@ -114,13 +117,14 @@ class Run:
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike) -> "Run":
-        """Reopen a run directory read-only (e.g. after a kernel restart)."""
+        """Reopen a run directory read-only (e.g. after a kernel restart); a run whose owner
+        process is gone without recording an end has state "died"."""
         run = cls(RunDir.open(path).path)
-        run._state = run._run_dir.read_status().get("state", "unknown")
+        run._state = run._run_dir.read_checked_status().get("state", "unknown")
         for record in run._run_dir.read_metrics():
             if "rank" in record and "step" in record:
                 run._records[(int(record["rank"]), int(record["step"]))] = record
-        if run._state in TERMINAL_STATES:
+        if run._state in ENDED_STATES:
             run._done.set()
         return run
 
@@ -209,7 +213,10 @@ class Run:
 
     def _read_disk_status(self) -> dict:
         try:
-            return self._run_dir.read_status() if self.path.is_dir() else {}
+            if not self.path.is_dir():
+                return {}
+            # Reopened from disk: nobody watches the ranks, so judge the owner's liveness here.
+            return self._run_dir.read_status() if self._results else self._run_dir.read_checked_status()
         except (OSError, ValueError):
             return {}
 
@@ -239,7 +246,7 @@ class Run:
     # -- public API --------------------------------------------------------------------------
     @property
     def state(self) -> str:
-        """One of starting, running, stopping, completed, stopped, failed."""
+        """One of starting, running, stopping, completed, stopped, failed; a reopened run: died."""
         return self._state
 
     @property
@@ -259,7 +266,7 @@ class Run:
         """Whether the run has finished (completed, stopped or failed)."""
         if not self._results and not self._done.is_set():  # from_dir: follow the disk
             state = self._read_disk_status().get("state")
-            if state in TERMINAL_STATES:
+            if state in ENDED_STATES:
                 self._state = state
                 self._done.set()
         return self._done.is_set()
@@ -322,8 +329,8 @@ class Run:
             self._done.wait(0.2 if remaining is None else min(0.2, remaining))
         if self._results:
             self._settled.wait(5)
-        if self._state == "failed":
-            raise self.error or RuntimeError(f"run {self.run_id} failed: {self._read_disk_status()}")
+        if self._state in ("failed", DIED):
+            raise self.error or RuntimeError(f"run {self.run_id} {self._state}: {self._read_disk_status()}")
         return self.status
 
     def stop(self, wait: bool = True, timeout: float | None = 120.0) -> dict:
@@ -395,11 +402,4 @@ class Run:
 
 
 def _alive(pid: int | None) -> bool:
-    import psutil
-
-    if not pid:
-        return False
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    return pid_alive(pid)

@@ -8,12 +8,14 @@ in. Every rank leaves with os._exit: gloo can abort at interpreter exit after su
 from __future__ import annotations
 
 import importlib
+import multiprocessing.util
 import os
 import signal
 import socket
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any, Callable
 
 
@@ -52,6 +54,10 @@ def _rank_main(rank: int, world: int, port: int, target: str, payload: Any, labe
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
+    # os._exit skips multiprocessing's exit hooks: without them the named semaphores made in
+    # this rank (tqdm's lock, taken while `datasets` loads files) are never unlinked and the
+    # parent's resource tracker warns "leaked semaphore objects". Run the hooks' first stage.
+    multiprocessing.util._run_finalizers(0)
     os._exit(code)
 
 
@@ -111,15 +117,61 @@ def run_in_launched_group(fn: Callable[[], None], label: str,
     return code
 
 
-def spawn(target: str, payload: Any, world: int, label: str) -> int:
-    """Run `target(payload)` ("module:function") on `world` spawned ranks; 0 if all succeeded."""
+@dataclass(frozen=True)
+class RankExit:
+    """How one spawned rank ended: its exit code, negative for the signal that killed it."""
+
+    rank: int
+    exit_code: int
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.exit_code >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exit_code).name
+        except ValueError:
+            return f"signal {-self.exit_code}"
+
+    def describe(self) -> str:
+        if self.signal_name:
+            return f"rank {self.rank} was killed by {self.signal_name}"
+        return f"rank {self.rank} exited with code {self.exit_code}"
+
+
+# Grace for the other ranks to fail on their own (and record why) before they are terminated.
+FAILURE_GRACE_S = 5.0
+
+
+def _failed_ranks(ctx: Any, first: int) -> list[RankExit]:
+    """Every rank that ended non-zero, the likely cause first: a rank killed by a signal we did
+    not send (we terminate with SIGTERM) explains its peers' broken collectives."""
+    exits = [RankExit(r, p.exitcode) for r, p in enumerate(ctx.processes) if p.exitcode]
+
+    def cause_first(e: RankExit) -> tuple[bool, bool, int]:
+        killed_from_outside = e.exit_code < 0 and e.exit_code != -signal.SIGTERM
+        return (not killed_from_outside, e.rank != first, e.rank)
+
+    return sorted(exits, key=cause_first)
+
+
+def spawn(target: str, payload: Any, world: int, label: str,
+          on_failure: Callable[[list[RankExit]], None] | None = None) -> int:
+    """Run `target(payload)` ("module:function") on `world` spawned ranks; 0 if all succeeded.
+
+    When a rank fails, the others get FAILURE_GRACE_S to stop, then are terminated, and
+    `on_failure` gets every failed rank, the likely cause first.
+    """
     import torch.multiprocessing as mp
 
     ctx = mp.spawn(_rank_main, args=(world, free_port(), target, payload, label), nprocs=world, join=False)
     try:
-        while not ctx.join():
+        while not ctx.join(grace_period=FAILURE_GRACE_S):
             pass
-    except Exception as err:  # noqa: BLE001 - a rank failed; its traceback is already printed
-        print(f"workbench {label} failed: {err}", file=sys.stderr)
+    except (mp.ProcessExitedException, mp.ProcessRaisedException) as err:  # tracebacks already printed
+        exits = _failed_ranks(ctx, err.error_index) or [RankExit(err.error_index, 1)]
+        print(f"workbench {label} failed: " + "; ".join(e.describe() for e in exits), file=sys.stderr)
+        if on_failure is not None:
+            on_failure(exits)
         return 1
     return 0

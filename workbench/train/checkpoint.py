@@ -16,10 +16,12 @@ and the next resume from that run removes. Nothing is unpickled beyond allow-lis
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
 import shutil
+import signal
 import warnings
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,9 @@ TRAINER_STATE_FILE = "trainer_state.json"
 STEP_PREFIX = "step-"
 LEFTOVER_PREFIXES = (".tmp-step-", ".old-step-")  # saves that never finished (see save_checkpoint)
 # Fault injection for tests: "checkpoint_mid_save" (or "checkpoint_mid_save:STEP") raises after
-# the shards of that save are written and before the rename, as a run killed mid-save would stop.
+# the shards of that save are written and before the rename, as a run killed mid-save would stop;
+# "checkpoint_enospc[:STEP]" raises ENOSPC there, as a full disk would; "checkpoint_kill[:STEP]"
+# SIGKILLs the process there.
 FAULT_ENV = "WORKBENCH_FAULT_INJECT"
 SHAPE_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "intermediate_size", "moe_intermediate_size",
@@ -122,13 +126,49 @@ def _write_json(path: Path, obj: Any) -> None:
         os.fsync(f.fileno())
 
 
+class DiskFullError(OSError):
+    """No space left while saving a checkpoint; the partial save was removed."""
+
+
+def _disk_full(err: BaseException) -> bool:
+    # DCP reports a failed write as a CheckpointException (a BaseException) holding each rank's error.
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict):
+        return any(isinstance(f, tuple) and f and _disk_full(f[0]) for f in failures.values())
+    cause = err.__cause__ or err.__context__
+    return cause is not None and _disk_full(cause)
+
+
 def save_checkpoint(checkpoints_dir: str | Path, step: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, scheduler: Any, data_state: dict,
                     hf_config: Any, settings: dict[str, Any] | None = None) -> Path:
     """Collective: write checkpoint `step` atomically; returns its final directory.
 
     `settings` are the run settings a resume must keep (run_settings), recorded in meta.json.
+    On a full disk the partial `.tmp-step-*` is removed (so that the run can still record its
+    failure) and DiskFullError says how much space is left.
     """
+    try:
+        return _write_checkpoint(checkpoints_dir, step, model, optimizer, scheduler, data_state, hf_config,
+                                 settings)
+    except BaseException as err:
+        if not _disk_full(err):
+            raise
+        root = Path(checkpoints_dir)
+        shutil.rmtree(root / f".tmp-{step_dir_name(step)}", ignore_errors=True)
+        try:
+            free = f"{shutil.disk_usage(root).free / 2**20:.1f} MiB free"
+        except OSError:
+            free = "free space unknown"
+        raise DiskFullError(errno.ENOSPC, f"disk full while saving step {step}: {free} on {root}; "
+                            "free space or set output_dir to a larger disk, then resume") from err
+
+
+def _write_checkpoint(checkpoints_dir: str | Path, step: int, model: torch.nn.Module,
+                      optimizer: torch.optim.Optimizer, scheduler: Any, data_state: dict,
+                      hf_config: Any, settings: dict[str, Any] | None) -> Path:
     import torch.distributed.checkpoint as dcp
 
     root = Path(checkpoints_dir)
@@ -145,6 +185,10 @@ def save_checkpoint(checkpoints_dir: str | Path, step: int, model: torch.nn.Modu
     torch.save(_rng_state(), _rng_file(tmp))
     if os.environ.get(FAULT_ENV) in ("checkpoint_mid_save", f"checkpoint_mid_save:{step}"):
         raise RuntimeError(f"{FAULT_ENV}=checkpoint_mid_save: failing on purpose while saving {final}")
+    if os.environ.get(FAULT_ENV) in ("checkpoint_enospc", f"checkpoint_enospc:{step}"):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp / TRAINER_STATE_FILE))
+    if os.environ.get(FAULT_ENV) in ("checkpoint_kill", f"checkpoint_kill:{step}"):
+        os.kill(os.getpid(), signal.SIGKILL)  # SIGKILL: nothing after this line runs, as on a real kill
     _barrier()
     if _rank() == 0:
         _write_json(tmp / TRAINER_STATE_FILE,

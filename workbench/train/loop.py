@@ -21,6 +21,7 @@ the cross-entropy part is the same for any split.
 from __future__ import annotations
 
 import math
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -39,7 +40,8 @@ from workbench.train.data import Batch, build_stream
 from workbench.train.metrics import expert_load_from_router_logits, reset_peak_memory, step_record
 from workbench.train.model_setup import build_model, model_dtype, resolve_mesh
 from workbench.train.optim import build_optimizer, build_scheduler, clip_grad_norm
-from workbench.train.run_dir import RunDir, default_runs_dir, new_run_id
+from workbench.train.liveness import Heartbeat, record_termination
+from workbench.train.run_dir import RunDir, default_runs_dir, new_run_id, private_files
 
 
 class _Callbacks:
@@ -305,11 +307,29 @@ def finetune(run_config: RunConfig, callbacks: list | None = None) -> dict[str, 
     Callbacks are objects with any of: on_start(info), on_step(record) (every step, every rank,
     that rank's record), on_end(result), should_stop() (polled on rank 0 at each step boundary;
     all ranks stop together, after a checkpoint, with status "stopped"). On an exception the
-    status becomes "failed" with the traceback and the exception is re-raised.
+    status becomes "failed" with the traceback and the exception is re-raised. While it runs,
+    rank 0 keeps a heartbeat in status.json so that readers can tell a killed run ("died");
+    everything it writes is private to the user (directories 0700, files 0600).
     """
     if not isinstance(run_config, RunConfig):
         raise TypeError(f"finetune needs a workbench.RunConfig, got {type(run_config).__name__}")
-    trainer = Trainer(run_config, callbacks)  # validation, data and run dir: errors before heavy work
+    with private_files():
+        trainer = Trainer(run_config, callbacks)  # validation, data and run dir: errors before heavy work
+        heartbeat = Heartbeat(trainer.run.beat).start() if trainer.rank == 0 else None
+
+        def terminated(name: str) -> None:
+            trainer.run.mark_failed(f"rank {trainer.rank} was stopped by {name} (a launcher stops the other "
+                                    "ranks this way when one fails)", rank=trainer.rank, signal=name)
+
+        try:
+            with record_termination(terminated):
+                return _train(trainer)
+        finally:
+            if heartbeat is not None:
+                heartbeat.stop()
+
+
+def _train(trainer: Trainer) -> dict[str, Any]:
     try:
         trainer.setup()
         result = trainer.fit()
@@ -319,11 +339,15 @@ def finetune(run_config: RunConfig, callbacks: list | None = None) -> dict[str, 
         return result
     except BaseException as err:
         tb = traceback.format_exc()
+        error = f"{type(err).__name__}: {err}"
         try:
-            trainer.run.write_status("failed", error=f"{type(err).__name__}: {err}", traceback=tb,
+            trainer.run.write_status("failed", **trainer.run.progress(), error=error, traceback=tb,
                                      rank=trainer.rank)
+        except OSError as write_err:  # keep the run's own error, not this one
+            print(f"workbench: could not record the failure in {trainer.run.status_path}: {write_err}",
+                  file=sys.stderr, flush=True)
         finally:
             trainer.callbacks.call("on_end", {"state": "failed", "run_id": trainer.run.run_id,
                                               "run_dir": str(trainer.run.path), "rank": trainer.rank,
-                                              "error": f"{type(err).__name__}: {err}", "traceback": tb})
+                                              "error": error, "traceback": tb})
         raise

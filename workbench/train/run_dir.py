@@ -3,23 +3,34 @@
 The trainer writes it (rank 0 writes config/status, every rank may append metrics); the lab
 extension and notebooks read it. JSON files are replaced atomically so a reader never sees a
 half-written config or status; metrics.jsonl is append-only and readers skip a torn last line.
+Everything is private to the owner (directories 0700, files 0600): configs name data paths, and
+checkpoints are the weights.
+A live status names its owner (pid, host, heartbeat); readers call a run whose owner is gone
+"died" (workbench.train.liveness).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import secrets
 import tempfile
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+from workbench.train.liveness import LIVE_STATES, checked_status, owner_fields
 
 RUN_STATES = frozenset({"starting", "running", "stopping", "completed", "failed", "stopped"})
 CONFIG_FILE = "config.json"
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
+DIR_MODE = 0o700
+FILE_MODE = 0o600
 
 
 def default_runs_dir() -> Path:
@@ -33,6 +44,11 @@ def default_runs_dir() -> Path:
 def new_run_id() -> str:
     """A sortable, collision-resistant id like 20261129-235959-ab12."""
     return f"{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """Whether `err` is "no space left" (or over quota)."""
+    return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _atomic_write_json(path: Path, obj: Any) -> None:
@@ -51,6 +67,18 @@ def _atomic_write_json(path: Path, obj: Any) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def _overwrite_json(path: Path, obj: Any) -> None:
+    """Rewrite a small JSON file in place: on a full disk there is no room for a temporary copy,
+    but the file's own blocks can be reused. Not atomic; only the fallback of a full disk."""
+    text = json.dumps(obj, indent=2, default=_json_default)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, FILE_MODE)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.truncate()
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _json_default(value: Any) -> Any:
@@ -72,10 +100,24 @@ def _read_json(path: Path) -> dict:
     return obj
 
 
+@contextlib.contextmanager
+def private_files() -> Iterator[None]:
+    """Umask 0o077 for the block, restored after (also on error): everything a run writes,
+    including DCP shards and torch.save files we do not open ourselves, is owner-only.
+
+    The umask is per process; a notebook kernel's other threads writing meanwhile get it too.
+    """
+    old = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
 def _check_writable(directory: Path) -> None:
     """Fail early, naming the path, if we cannot create files in `directory`."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
         fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=directory)
         os.close(fd)
         os.unlink(probe)
@@ -92,6 +134,9 @@ class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.run_id = self.path.name
+        # The heartbeat thread and the trainer both write; reentrant because a SIGTERM handler
+        # may record the end while this thread is inside write_status.
+        self._status_lock = threading.RLock()
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -125,7 +170,7 @@ class RunDir:
         _check_writable(runs_dir)
         path = runs_dir / run_id
         try:
-            path.mkdir()
+            path.mkdir(mode=DIR_MODE)
         except FileExistsError:
             raise FileExistsError(
                 f"run directory {path} already exists; pick another run_id or leave it None"
@@ -146,12 +191,61 @@ class RunDir:
         return cls(path)
 
     def write_status(self, state: str, **fields: Any) -> None:
-        """Atomically replace status.json with {"state": state, **fields, "updated_at": now}."""
+        """Atomically replace status.json with {"state": state, **fields, "updated_at": now}.
+
+        A live state (starting, running, stopping) also records this process as its owner. On a
+        full disk the file is rewritten in place, without the traceback, rather than left stale.
+        """
         if state not in RUN_STATES:
             raise ValueError(f"state {state!r} is not one of {sorted(RUN_STATES)}")
         status = {"state": state, "run_id": self.run_id, **fields}
         status.setdefault("updated_at", time.time())
-        _atomic_write_json(self.status_path, status)
+        if state in LIVE_STATES:
+            status = {**owner_fields(), **status}
+        with self._status_lock:
+            try:
+                _atomic_write_json(self.status_path, status)
+            except OSError as err:
+                if not is_disk_full(err):
+                    raise
+                _overwrite_json(self.status_path, {k: v for k, v in status.items() if k != "traceback"})
+
+    def mark_failed(self, error: str, *, replace_failed: bool = False, **fields: Any) -> bool:
+        """Record a failure seen from outside the training loop (a launcher saw a rank die, a
+        signal); False if the run had already ended (a "failed" it recorded itself is kept, with
+        its traceback, unless `replace_failed`)."""
+        with self._status_lock:
+            try:
+                status = self.read_status()
+            except (OSError, ValueError):
+                status = {}
+            state = status.get("state")
+            if state in ("completed", "stopped") or (state == "failed" and not replace_failed):
+                return False
+            kept = _progress(status)
+            if state == "failed" and status.get("error"):
+                kept["reported_error"] = status["error"]  # what the surviving ranks saw
+            self.write_status("failed", **kept, **fields, error=error)
+            return True
+
+    def progress(self) -> dict:
+        """Step, total steps and world size from the latest status ({} if unreadable)."""
+        try:
+            return _progress(self.read_status())
+        except (OSError, ValueError):
+            return {}
+
+    def beat(self) -> bool:
+        """Refresh the heartbeat of a live status this process owns; False once it is not ours."""
+        with self._status_lock:
+            try:
+                status = self.read_status()
+            except ValueError:
+                return True  # torn by a full-disk fallback write; try again next beat
+            if status.get("state") not in LIVE_STATES or status.get("pid") != os.getpid():
+                return False
+            _atomic_write_json(self.status_path, {**status, **owner_fields()})
+            return True
 
     def append_metrics(self, records: list[dict]) -> None:
         """Append one JSON object per line to metrics.jsonl and flush it."""
@@ -159,7 +253,8 @@ class RunDir:
             return
         # Build all lines first so a bad record does not leave a partial batch behind.
         lines = "".join(json.dumps(r, default=_json_default) + "\n" for r in records)
-        with open(self.metrics_path, "a", encoding="utf-8") as f:
+        fd = os.open(self.metrics_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
             f.write(lines)
             f.flush()
 
@@ -172,6 +267,10 @@ class RunDir:
         if not self.status_path.exists():
             return {"state": "unknown", "run_id": self.run_id}
         return _read_json(self.status_path)
+
+    def read_checked_status(self) -> dict:
+        """The latest status, with a live state whose owner is gone shown as "died"."""
+        return checked_status(self.read_status())
 
     def read_metrics(self) -> list[dict]:
         """All metrics records; a half-written or garbled line is skipped, not fatal."""
@@ -192,6 +291,11 @@ class RunDir:
         return records
 
 
+def _progress(status: dict) -> dict:
+    # What a failure record keeps from the live status it replaces.
+    return {k: status[k] for k in ("step", "total_steps", "world_size") if k in status}
+
+
 def _describe(section: Any) -> Any:
     return section if isinstance(section, (dict, str)) or section is None else str(section)
 
@@ -210,7 +314,7 @@ def summarize_run(path: Path) -> dict:
     """A JSON-able summary of one run directory (raises if it cannot be read)."""
     run = RunDir.open(path)
     config = run.read_config() if run.config_path.exists() else {}
-    status = run.read_status()
+    status = run.read_checked_status()
     rank0 = [r for r in run.read_metrics() if r.get("rank", 0) == 0]
     last = rank0[-1] if rank0 else {}
     model = config.get("model") or {}

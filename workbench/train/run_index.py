@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench.train.liveness import checked_status
 from workbench.train.run_dir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, _describe, _mesh_of
 
 SPARK_KEYS = ("tokens_per_s_per_gpu", "loss")
@@ -229,7 +230,7 @@ class RunIndex:
 
     def _read_status(self, root: Path, path: Path) -> dict:
         """status.json, read fresh on every poll: a cached state would hide a run that ended or died."""
-        return read_json_confined(root, path)
+        return checked_status(read_json_confined(root, path))
 
     def _read_tail(self, root: Path, path: Path) -> tuple[_MetricsTail | None, Path]:
         """The cached tail of `path`, brought up to date by reading only its new bytes."""
