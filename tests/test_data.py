@@ -198,16 +198,24 @@ def test_empty_or_missing_tokenizer_folder(tmp_path):
         load_tokenizer(empty / "tokenizer_config.json")
 
 
-@pytest.mark.parametrize("case", ["empty", "missing"])
-def test_bad_tokenizer_folder_fails_before_the_run_directory(tmp_path, case):
+@pytest.mark.parametrize("case", ["empty tokenizer", "missing tokenizer", "latin-1 data", "huge row"])
+def test_bad_files_fail_before_the_run_directory(tmp_path, case):
     from workbench.config import RunConfig
     from workbench.train import finetune
 
-    folder = tmp_path / "tok"
-    if case == "empty":
+    folder, data = tmp_path / "tok", tmp_path / "d.jsonl"
+    overrides = {}
+    if case == "empty tokenizer":
         folder.mkdir()
-    rc = RunConfig.demo(output_dir=str(tmp_path / "runs"), data__seq_len=64, data__kind="jsonl",
-                        data__tokenizer=str(folder), train__steps=1)
-    with pytest.raises(DataError, match=f"tokenizer directory {folder}"):
+    if "tokenizer" in case:
+        overrides, match = {"data__tokenizer": str(folder)}, f"tokenizer directory {folder}"
+    elif case == "latin-1 data":
+        data.write_bytes('{"prompt": "caf\u00e9", "response": "b"}\n'.encode("latin-1"))
+        overrides, match = {"data__path": str(data)}, f"{data}:1: not UTF-8"
+    else:
+        data.write_text('{"prompt": "' + "x" * (2 << 20) + '", "response": "b"}\n')
+        overrides, match = {"data__path": str(data)}, f"{data}:1: row is over"
+    rc = RunConfig.demo(output_dir=str(tmp_path / "runs"), data__seq_len=64, train__steps=1, **overrides)
+    with pytest.raises(DataError, match=match):
         finetune(rc)
     assert not (tmp_path / "runs").exists()
