@@ -204,7 +204,6 @@ def test_bad_files_fail_before_the_run_directory(tmp_path, case):
     from workbench.train import finetune
 
     folder, data = tmp_path / "tok", tmp_path / "d.jsonl"
-    overrides = {}
     if case == "empty tokenizer":
         folder.mkdir()
     if "tokenizer" in case:

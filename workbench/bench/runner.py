@@ -55,15 +55,16 @@ def resolve_mesh(cfg: BenchConfig, world: int, num_experts: int):
     return mesh
 
 
-def cpu_threads(world: int) -> int:
-    """Intra-op threads for one CPU bench rank: half this process's cores, shared among the ranks.
+def cpu_threads(local_world: int) -> int:
+    """Intra-op threads for one CPU bench rank: half this process's cores, shared among the ranks
+    of this host.
 
     OpenMP waits for every thread at each parallel region, so a thread that another busy process
     preempts stalls them all: on 16 cores with one busy process, 16 threads ran the tiny bench at
     237 tokens/s, 15 at 5,317, 8 at 5,979 (and 8 lose little when the machine is idle).
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // (2 * world))
+    return max(1, cores // (2 * local_world))
 
 
 def _set_cpu_threads(device: torch.device, world: int) -> int | None:
@@ -71,7 +72,7 @@ def _set_cpu_threads(device: torch.device, world: int) -> int | None:
     if device.type != "cpu" or "OMP_NUM_THREADS" in os.environ:
         return None
     before = torch.get_num_threads()
-    torch.set_num_threads(cpu_threads(world))
+    torch.set_num_threads(cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE") or world)))
     return before
 
 
