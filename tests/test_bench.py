@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -197,3 +198,46 @@ def test_cuda_tiny_preflight(ranks, tmp_path):
     native = next(c for c in result["comparisons"] if c["gate"] == "native" and c["anchor"]["variant"] == "anchor")
     assert native["same_init"] is True
     assert native["ce_step0_abs_diff"] < 5e-2  # bf16 kernels differ; same weights and tokens
+
+
+def test_default_results_go_under_the_runs_dir_with_bounded_threads(tmp_path):
+    """From any folder: results land in <runs>/bench, not ./benchmarks/results; CPU threads bounded."""
+    elsewhere, runs = tmp_path / "elsewhere", tmp_path / "runs"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env.update(PYTHONPATH=str(REPO), WORKBENCH_RUNS_DIR=str(runs))
+    cmd = [sys.executable, "-m", "workbench.bench", "--seq", "16", "--warmup", "0", "--steps", "1", "--variants",
+           "anchor", "--no-html"]
+    proc = subprocess.run(cmd, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert list(elsewhere.iterdir()) == []
+    (path,) = (runs / "bench").glob("*.json")
+    # torch's default is one thread per core: one preempted thread stalls every parallel region
+    cores = len(os.sched_getaffinity(0))
+    assert json.loads(path.read_text())["device"]["threads"] == max(1, cores // 2)
+
+
+def test_out_dir_flag(monkeypatch, tmp_path):
+    from workbench.bench.cli import add_arguments, config_from_args
+
+    monkeypatch.setenv("WORKBENCH_RUNS_DIR", str(tmp_path / "runs"))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert config_from_args(parser.parse_args([])).out_dir == str(tmp_path / "runs" / "bench")
+    assert BenchConfig().out_dir == str(tmp_path / "runs" / "bench")
+    assert config_from_args(parser.parse_args(["--out-dir", ""])).out_dir is None
+    assert config_from_args(parser.parse_args(["--out-dir", "benchmarks/results"])).out_dir == "benchmarks/results"
+
+
+def test_cpu_threads_respect_omp_num_threads(monkeypatch):
+    from workbench.bench.runner import _set_cpu_threads
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        assert _set_cpu_threads(torch.device("cpu"), 1) is None and torch.get_num_threads() == before
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        assert _set_cpu_threads(torch.device("cpu"), 1) == before
+        assert torch.get_num_threads() == max(1, len(os.sched_getaffinity(0)) // 2)
+    finally:
+        torch.set_num_threads(before)

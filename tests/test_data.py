@@ -7,7 +7,7 @@ import torch
 
 from workbench.config import TINY_SFT_PATH, TINY_VOCAB_SIZE, TOKENIZER_DIR, DataConfig, preset_config
 from workbench.train.data import (IGNORE_INDEX, DataError, TokenStream, build_stream, load_sft_examples,
-                                  load_tokenizer, pack_examples, tokenize_messages)
+                                  load_tokenizer, max_row_bytes, pack_examples, tokenize_messages)
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +144,77 @@ def test_synthetic_stream():
     assert torch.equal(b1.input_ids, b2.input_ids) and torch.equal(b1.labels, b1.input_ids)
     assert b1.input_ids.max() < 100 and b1.num_loss_tokens() == 4 * 15
     assert not torch.equal(s1.next_batch(4).input_ids, b1.input_ids)
+
+
+# -- bad files: named by file and line, refused before parsing or tokenizing --------------------
+
+
+def test_huge_line_is_refused_by_bytes_before_parsing(tok, tmp_path):
+    path = tmp_path / "huge.jsonl"
+    big = max_row_bytes(64) * 4  # 4 MiB of one row: never read whole, never parsed or tokenized
+    with open(path, "w") as f:
+        f.write(json.dumps({"prompt": "a", "response": "b"}) + "\n")
+        f.write('{"prompt": "' + "cat " * (big // 4) + '", "response": "dog"}\n')
+    with pytest.raises(DataError) as info:
+        load_sft_examples(path, tok, 64)
+    assert str(info.value).startswith(f"{path}:2: row is over {max_row_bytes(64)} bytes")
+    assert "data.max_length=64" in str(info.value)
+
+
+@pytest.mark.parametrize("content", ["latin1", "binary"])
+def test_non_utf8_file_names_file_and_line(tok, tmp_path, content):
+    path = tmp_path / "d.jsonl"
+    good = (json.dumps({"prompt": "a", "response": "b"}) + "\n").encode()
+    bad = (json.dumps({"prompt": "café", "response": "b"}, ensure_ascii=False) + "\n").encode("latin-1")
+    if content == "binary":
+        bad = bytes(range(11, 256)) * 3  # no newline byte: one binary line
+    path.write_bytes(good + good + bad)
+    with pytest.raises(DataError) as info:
+        load_sft_examples(path, tok, 64)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}:3: not UTF-8") and "must be UTF-8 JSON lines" in msg
+
+
+def test_utf8_cut_at_the_byte_bound_is_reported_as_too_long(tok, tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"prompt": "é" * (1 << 20), "response": "b"}, ensure_ascii=False) + "\n",
+                    encoding="utf-8")
+    with pytest.raises(DataError, match=rf"{path}:1: row is over"):
+        load_sft_examples(path, tok, 64)
+
+
+def test_empty_or_missing_tokenizer_folder(tmp_path):
+    empty = tmp_path / "tok"
+    empty.mkdir()
+    (empty / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(DataError) as info:
+        load_tokenizer(empty)
+    msg = str(info.value)
+    assert f"tokenizer directory {empty} has no tokenizer files" in msg
+    assert "tokenizer.json" in msg and "vocab.json" in msg and "'tokenizer_config.json'" in msg
+    with pytest.raises(DataError, match=f"tokenizer directory {tmp_path / 'nope'} does not exist"):
+        load_tokenizer(tmp_path / "nope")
+    with pytest.raises(DataError, match="is not a directory"):
+        load_tokenizer(empty / "tokenizer_config.json")
+
+
+@pytest.mark.parametrize("case", ["empty tokenizer", "missing tokenizer", "latin-1 data", "huge row"])
+def test_bad_files_fail_before_the_run_directory(tmp_path, case):
+    from workbench.config import RunConfig
+    from workbench.train import finetune
+
+    folder, data = tmp_path / "tok", tmp_path / "d.jsonl"
+    if case == "empty tokenizer":
+        folder.mkdir()
+    if "tokenizer" in case:
+        overrides, match = {"data__tokenizer": str(folder)}, f"tokenizer directory {folder}"
+    elif case == "latin-1 data":
+        data.write_bytes('{"prompt": "caf\u00e9", "response": "b"}\n'.encode("latin-1"))
+        overrides, match = {"data__path": str(data)}, f"{data}:1: not UTF-8"
+    else:
+        data.write_text('{"prompt": "' + "x" * (2 << 20) + '", "response": "b"}\n')
+        overrides, match = {"data__path": str(data)}, f"{data}:1: row is over"
+    rc = RunConfig.demo(output_dir=str(tmp_path / "runs"), data__seq_len=64, train__steps=1, **overrides)
+    with pytest.raises(DataError, match=match):
+        finetune(rc)
+    assert not (tmp_path / "runs").exists()

@@ -36,8 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-recompute", action="store_true",
                    help="engine: recompute expert MLPs in backward (less activation memory)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
-    p.add_argument("--out-dir", default="benchmarks/results",
-                   help="results directory (default: %(default)s; '' writes nothing)")
+    p.add_argument("--out-dir", help="results directory (default: <runs>/bench, <runs> being "
+                   "$WORKBENCH_RUNS_DIR or ~/moe-workbench/runs; '' writes nothing; the repository's "
+                   "published results: benchmarks/results)")
     p.add_argument("--name", help="results file stem (default: <date>-<device>)")
     p.add_argument("--no-html", action="store_true", help="skip the HTML plot")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failing variant")
@@ -66,10 +67,11 @@ def config_from_args(args: argparse.Namespace):
                              expert_recompute=args.expert_recompute)
     launcher = "torchrun " if "TORCHELASTIC_RUN_ID" in os.environ else ""
     command = launcher + "workbench bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
+    out = {} if args.out_dir is None else {"out_dir": args.out_dir or None}
     return BenchConfig(preset=args.preset, layers=args.layers, seq=args.seq, batch=args.batch, warmup=args.warmup,
                        steps=args.steps, lr=args.lr, seed=args.seed, variants=args.variants, mesh=mesh,
-                       backend=backend, dtype=args.dtype, out_dir=args.out_dir or None, name=args.name,
-                       command=command.strip(), html=not args.no_html, fail_fast=args.fail_fast)
+                       backend=backend, dtype=args.dtype, name=args.name, command=command.strip(),
+                       html=not args.no_html, fail_fast=args.fail_fast, **out)
 
 
 def _bench_rank(cfg_dict: dict) -> None:

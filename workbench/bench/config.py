@@ -59,6 +59,13 @@ VARIANTS: dict[str, VariantSpec] = {
 DEFAULT_VARIANTS = ("anchor", "engine", "engine_balanced", "anchor_cudnn")
 
 
+def default_out_dir() -> str:
+    """`<runs directory>/bench`: results land with the runs, not in whatever folder is current."""
+    from workbench.train.run_dir import default_runs_dir
+
+    return str(default_runs_dir() / "bench")
+
+
 def _check_int(value: Any, name: str, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"BenchConfig.{name} must be an integer >= {minimum}, got {value!r}")
@@ -80,7 +87,7 @@ class BenchConfig:
     mesh: Any = None  # workbench.MeshConfig; None = dp = world, ep = world when it divides the experts
     backend: BackendConfig = field(default_factory=BackendConfig)  # the engine's; gate set per variant
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
-    out_dir: str | None = "benchmarks/results"  # None: write nothing
+    out_dir: str | None = field(default_factory=default_out_dir)  # None: write nothing
     name: str | None = None  # results file stem; None = <date>-<device>
     command: str | None = None  # recorded in the JSON; None = this process's argv
     html: bool = True

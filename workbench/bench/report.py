@@ -61,9 +61,11 @@ def git_commit() -> dict[str, Any]:
 
 
 def device_info(device: torch.device, world: int) -> dict[str, Any]:
-    """Which accelerator ran it, and how many ranks."""
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
-    return {"type": device.type, "name": name, "count": world}
+    """Which accelerator ran it, and how many ranks (on CPU: rank 0's intra-op threads too)."""
+    if device.type == "cuda":
+        return {"type": device.type, "name": torch.cuda.get_device_name(device), "count": world}
+    return {"type": device.type, "name": platform.processor() or "cpu", "count": world,
+            "threads": torch.get_num_threads()}
 
 
 def device_slug(info: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ Every rank builds the same stream and takes its own contiguous slice of each glo
 
 from __future__ import annotations
 
+import codecs
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,24 +49,68 @@ class Batch:
 # JSONL SFT rows
 
 
+# What AutoTokenizer can build a tokenizer from: a fast tokenizer file or a slow one's vocabulary.
+# (tokenizer_config.json alone names a class but holds no vocabulary.)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json",
+                   "vocab.txt", "*.tiktoken")
+
+
 def load_tokenizer(path: str | Path):
     """A local tokenizer directory (no hub access)."""
     from transformers import AutoTokenizer
 
-    path = Path(path)
+    path = Path(path).expanduser()
+    hint = ("set data.tokenizer to a folder written by tokenizer.save_pretrained() "
+            "(or leave it unset for the shipped one)")
+    if not path.exists():
+        raise DataError(f"tokenizer directory {path} does not exist; {hint}")
     if not path.is_dir():
-        raise DataError(f"tokenizer directory {path} does not exist; set data.tokenizer to a local "
-                        "tokenizer directory (or leave it unset for the shipped one)")
+        raise DataError(f"tokenizer path {path} is not a directory; {hint}")
+    if not any(any(path.glob(name)) for name in TOKENIZER_FILES):
+        present = sorted(p.name for p in path.iterdir())[:8]
+        raise DataError(f"tokenizer directory {path} has no tokenizer files (looked for "
+                        f"{', '.join(TOKENIZER_FILES)}; found {present or 'nothing'}); {hint}")
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     if not getattr(tok, "chat_template", None):
         raise DataError(f"tokenizer {path} has no chat template; SFT rows are rendered through it")
     return tok
 
 
-def _row_line_numbers(path: Path) -> list[int]:
-    """1-based line numbers of the non-blank lines (datasets skips blank ones)."""
-    with open(path, encoding="utf-8") as f:
-        return [i for i, line in enumerate(f, 1) if line.strip()]
+def max_row_bytes(max_length: int) -> int:
+    """The byte bound on one JSONL row, checked before parsing or tokenizing.
+
+    A token is a few bytes of text (at most ~12 as escaped JSON for CJK or emoji), so 64 bytes per
+    token refuses only rows that can never fit in `max_length` tokens; the 1 MiB floor leaves room
+    for short rows with extra fields.
+    """
+    return max(1 << 20, 64 * max_length)
+
+
+def _row_line_numbers(path: Path, max_length: int) -> list[int]:
+    """1-based line numbers of the non-blank lines (datasets skips blank ones).
+
+    Reads at most `max_row_bytes(max_length) + 1` bytes of each line, so a huge line is refused
+    without loading it, and checks that every line is UTF-8 before datasets/pyarrow sees the file.
+    """
+    max_bytes = max_row_bytes(max_length)
+    lines = []
+    with open(path, "rb") as f:
+        for i, raw in enumerate(iter(lambda: f.readline(max_bytes + 1), b""), 1):
+            whole = raw.endswith(b"\n") or len(raw) <= max_bytes
+            try:
+                # A line cut at the bound may end inside a character: decode it incrementally.
+                text = codecs.getincrementaldecoder("utf-8")().decode(raw, final=whole)
+            except UnicodeDecodeError as err:
+                raise DataError(f"{path}:{i}: not UTF-8 (byte 0x{raw[err.start]:02x} at byte {err.start + 1} of "
+                                "the line); the dataset must be UTF-8 JSON lines (one JSON object per line): "
+                                "re-encode it, e.g. `iconv -f latin1 -t utf-8`") from None
+            if not whole:
+                raise DataError(f"{path}:{i}: row is over {max_bytes} bytes, more than a row of "
+                                f"data.max_length={max_length} tokens can take (64 bytes per token, at least "
+                                "1 MiB); shorten or drop the row, or write one JSON object per line")
+            if text.strip():
+                lines.append(i)
+    return lines
 
 
 def _first_bad_json_line(path: Path) -> str:
@@ -82,14 +127,17 @@ def _first_bad_json_line(path: Path) -> str:
     return f"{path}: could not be read as JSON lines"
 
 
-def read_jsonl_rows(path: str | Path) -> list[tuple[int, dict]]:
-    """(line number, row) pairs read through `datasets.load_dataset("json")` from a local file."""
+def read_jsonl_rows(path: str | Path, max_length: int) -> list[tuple[int, dict]]:
+    """(line number, row) pairs read through `datasets.load_dataset("json")` from a local file.
+
+    Every line must be UTF-8 and within `max_row_bytes(max_length)`; both are checked before parsing.
+    """
     import datasets
 
     path = Path(path).expanduser()
     if not path.is_file():
         raise DataError(f"dataset file {path} does not exist")
-    lines = _row_line_numbers(path)
+    lines = _row_line_numbers(path, max_length)
     if not lines:
         raise DataError(f"dataset file {path} is empty")
     bars_were_on = not datasets.utils.are_progress_bars_disabled()
@@ -164,7 +212,7 @@ def load_sft_examples(path: str | Path, tokenizer, max_length: int) -> list[tupl
     """Tokenized (ids, labels) per row; malformed or too-long rows raise naming file and line."""
     path = Path(path).expanduser()
     examples = []
-    for line, row in read_jsonl_rows(path):
+    for line, row in read_jsonl_rows(path, max_length):
         where = f"{path}:{line}"
         ids, labels = tokenize_messages(tokenizer, row_messages(dict(row), where), where)
         if len(ids) > max_length:
