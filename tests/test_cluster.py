@@ -219,9 +219,9 @@ def test_stop_logs_no_traceback_in_a_notebook_kernel_loop(caplog, capfd):
 
 
 def test_stop_logs_nothing_in_a_server_that_watches_the_cluster():
-    """The JupyterLab server loads running clusters from their files (ipyparallel's
-    ClusterManager, as the lab's cluster list does) and logs each process's exit and output."""
-    from ipyparallel import ClusterManager
+    """The JupyterLab server loads running clusters from their files (the lab's cluster list
+    through ipyparallel's ClusterManager) and logs each process's exit and output."""
+    import ipyparallel
 
     log = logging.getLogger("test_cluster.lab_server")
     log.setLevel(logging.DEBUG)
@@ -233,14 +233,14 @@ def test_stop_logs_nothing_in_a_server_that_watches_the_cluster():
     server.start()
     cluster = Cluster(n=2, devices="cpu")
     try:
-        manager = ClusterManager(log=log)
-
         async def load():  # on the server's loop, as the lab's request handler does
-            return manager.load_clusters(profile="default")
+            # ClusterManager.load_clusters loads each cluster file so; only ours here, as other
+            # processes on this machine may run clusters in the same profile.
+            return ipyparallel.Cluster.from_file(profile="default", cluster_id=cluster.cluster_id,
+                                                 log=log)
 
-        loaded = asyncio.run_coroutine_threadsafe(load(), loop).result(timeout=30)
-        [watched] = [c for c in loaded.values() if c.cluster_id == cluster.cluster_id]
-        assert len(watched.engines) == 2
+        watched = asyncio.run_coroutine_threadsafe(load(), loop).result(timeout=30)
+        assert watched._is_running() and len(watched.engines) == 2
         cluster.stop()
         _wait_for(lambda: len(handler.starting("Controller stopped")) == 1
                   and len(handler.starting("engine set stopped")) == 2)
