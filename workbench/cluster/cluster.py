@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import psutil
 
 from workbench.cluster import engine as engine_code
+from workbench.cluster import files as ipp_files
 from workbench.cluster.run import _alive
 
 # Our launcher names -> ipyparallel's engine launcher names (its entry points).
@@ -19,9 +20,6 @@ DEFAULT_CPU_RANKS = 2
 # Each local engine runs ipyparallel's IPEngine through this script (see engine_main.py: a stop
 # then exits cleanly instead of with tornado's "Event loop stopped" traceback).
 ENGINE_MAIN = Path(__file__).with_name("engine_main.py")
-# Files the cluster makes are only for this user: ipyparallel writes its cluster file and the
-# processes' output logs with the umask (often 0644), its connection files 0600.
-PRIVATE_MODE = 0o600
 
 
 class ClusterError(RuntimeError):
@@ -60,22 +58,6 @@ def _engine_pythonpath() -> str:
     root = str(Path(engine_code.__file__).resolve().parents[2])
     existing = os.environ.get("PYTHONPATH", "")
     return root if not existing else root + os.pathsep + existing
-
-
-def _make_private(files: dict[str, list[str]]) -> None:
-    """chmod each existing file to PRIVATE_MODE (later rewrites in place keep the mode)."""
-    for path in (p for paths in files.values() for p in paths):
-        try:
-            os.chmod(path, PRIVATE_MODE)
-        except FileNotFoundError:
-            pass
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
 
 
 def _wait_gone(procs: list[psutil.Process], timeout: float) -> None:
@@ -140,12 +122,12 @@ class Cluster:
         self._ipp = ipyparallel.Cluster(n=self.world_size, controller_args=controller_args, **kwargs)
         try:
             self._ipp.start_controller_sync()
-            _make_private(self.files())  # before the engines start writing their logs
+            ipp_files.make_private(self.files())  # before the engines start writing their logs
             self._start_engines()
             self.client = self._ipp.connect_client_sync()
             self.client.wait_for_engines(self.world_size, timeout=self.timeout, block=True,
                                          interactive=False)
-            _make_private(self.files())  # the engines' logs, and the controller's engine state
+            ipp_files.make_private(self.files())  # the engines' logs, and the controller's engine state
         except Exception as err:
             output = self._engine_output()
             self._force_stop()
@@ -252,8 +234,7 @@ class Cluster:
         # ipyparallel deletes the processes' output logs once they exited; a server that loaded
         # this cluster from its file (JupyterLab's cluster list) would first log each one as a
         # WARNING, since it cannot see a non-child's exit code. Nothing reads them after a stop.
-        for path in files["logs"]:
-            _remove(path)
+        ipp_files.remove(files["logs"])
         if self._ipp is not None:
             try:
                 self._ipp.stop_cluster_sync()
@@ -261,8 +242,7 @@ class Cluster:
                 pass
         # ipyparallel never removes the controller's engine registry (Hub._cleanup_engine_state_file
         # is not called): one file per cluster would pile up in the profile's log folder.
-        for path in files["registry"]:
-            _remove(path)
+        ipp_files.remove(files["registry"])
         procs = []
         for pid in all_pids:
             try:
@@ -390,24 +370,10 @@ class Cluster:
         return out
 
     def files(self) -> dict[str, list[str]]:
-        """This cluster's files on this host, by kind: "cluster" file, "connection" files, the
-        controller's engine "registry", and the "logs" (each process's output)."""
-        out: dict[str, list[str]] = {"cluster": [], "connection": [], "registry": [], "logs": []}
-        ipp = self._ipp
-        if ipp is None:
-            return out
-        if ipp.cluster_file:
-            out["cluster"].append(ipp.cluster_file)
-        if ipp.controller is not None:
-            out["connection"] += list(ipp.controller.connection_files.values())
-            out["logs"].append(getattr(ipp.controller, "output_file", None))
-        # Where the controller saves which engine has which id (ipyparallel's name; no API has it).
-        out["registry"].append(os.path.join(ipp.profile_dir, "log", f"engines{ipp.cluster_id}.json"))
-        for engine_set in ipp.engines.values():
-            out["logs"].append(getattr(engine_set, "output_file", None))  # mpi/slurm: one per set
-            out["logs"] += [getattr(launcher, "output_file", None)
-                            for launcher in getattr(engine_set, "launchers", {}).values()]
-        return {kind: [p for p in paths if p] for kind, paths in out.items()}
+        """This cluster's files on this host, by kind (cluster, connection, registry, logs)."""
+        if self._ipp is None:
+            return {"cluster": [], "connection": [], "registry": [], "logs": []}
+        return ipp_files.find(self._ipp)
 
     def local_engine_pids(self) -> dict[int, int]:
         """rank -> engine pid for the ranks on this host (whose death we can see directly)."""
