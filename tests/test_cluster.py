@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import glob
+import logging
+import os
 import shutil
+import stat
+import threading
+import time
 
 import psutil
 import pytest
@@ -134,3 +141,114 @@ def test_mpi_launcher_without_mpiexec_says_so():
 def test_attach_without_a_cluster_is_a_clear_error():
     with pytest.raises(ClusterError, match="no cluster file|no running"):
         Cluster.attach(cluster_id="no-such-cluster-id")
+
+
+def _profile_files(cluster_id: str) -> list[str]:
+    """Every file in the default IPython profile (where Cluster runs) named after this cluster."""
+    from IPython.paths import get_ipython_dir
+
+    profile = os.path.join(get_ipython_dir(), "profile_default")
+    return sorted(glob.glob(os.path.join(profile, "security", f"*{cluster_id}*"))
+                  + glob.glob(os.path.join(profile, "log", f"*{cluster_id}*")))
+
+
+def test_cluster_files_are_private_and_gone_after_stop():
+    cluster = Cluster(n=2, devices="cpu")
+    try:
+        found = _profile_files(cluster.cluster_id)
+        modes = {os.path.basename(p): oct(stat.S_IMODE(os.stat(p).st_mode)) for p in found}
+        # cluster file, 2 connection files, controller log, 2 engine logs, engine registry
+        assert len(found) == 7, modes
+        assert set(modes.values()) == {"0o600"}, modes
+        files = cluster.files()
+        assert sorted(p for paths in files.values() for p in paths) == found
+        assert [len(files[k]) for k in ("cluster", "connection", "registry", "logs")] == [1, 2, 1, 3]
+        cluster_id = cluster.cluster_id
+    finally:
+        cluster.stop()
+    # ipyparallel removes its files at stop except the controller's engine registry
+    # (log/engines<id>.json), which piled up one per cluster.
+    assert _profile_files(cluster_id) == []
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def starting(self, prefix: str) -> list[str]:
+        return [r.getMessage() for r in self.records if r.getMessage().startswith(prefix)]
+
+    def text(self, min_level: int = logging.DEBUG) -> str:
+        return "\n".join(r.getMessage() for r in self.records if r.levelno >= min_level)
+
+
+def _wait_for(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_stop_logs_no_traceback_in_a_notebook_kernel_loop(caplog, capfd):
+    """In a Jupyter kernel, code runs inside an asyncio loop: ipyparallel then watches its
+    processes on a live loop and logs each exit; an engine stopped by SIGTERM used to exit 1
+    with tornado's "Event loop stopped before Future completed." traceback."""
+    caplog.set_level(logging.DEBUG, logger="ipyparallel")
+
+    def engine_sets_stopped() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("engine set stopped")]
+
+    async def start_and_stop() -> None:
+        # At DEBUG ipyparallel also copies every process's output to stderr.
+        cluster = Cluster(n=2, devices="cpu", log_level=logging.DEBUG)
+        cluster.stop()
+        # The exits are reported on ipyparallel's loop thread, just after stop() returns.
+        _wait_for(lambda: len(engine_sets_stopped()) == 2)
+
+    asyncio.run(start_and_stop())
+    stderr = capfd.readouterr().err
+    assert "Completed registration" in stderr  # the engines' output did reach stderr
+    assert all("'exit_code': 0" in m for m in engine_sets_stopped()), engine_sets_stopped()
+    for text in (caplog.text, stderr):
+        assert "Event loop stopped" not in text and "Traceback" not in text
+    assert [r.getMessage()[:300] for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_stop_logs_nothing_in_a_server_that_watches_the_cluster():
+    """The JupyterLab server loads running clusters from their files (the lab's cluster list
+    through ipyparallel's ClusterManager) and logs each process's exit and output."""
+    import ipyparallel
+
+    log = logging.getLogger("test_cluster.lab_server")
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    handler = _Records()
+    log.addHandler(handler)
+    loop = asyncio.new_event_loop()
+    server = threading.Thread(target=loop.run_forever, name="lab-server-loop", daemon=True)
+    server.start()
+    cluster = Cluster(n=2, devices="cpu")
+    try:
+        async def load():  # on the server's loop, as the lab's request handler does
+            # ClusterManager.load_clusters loads each cluster file so; only ours here, as other
+            # processes on this machine may run clusters in the same profile.
+            return ipyparallel.Cluster.from_file(profile="default", cluster_id=cluster.cluster_id,
+                                                 log=log)
+
+        watched = asyncio.run_coroutine_threadsafe(load(), loop).result(timeout=30)
+        assert watched._is_running() and len(watched.engines) == 2
+        cluster.stop()
+        _wait_for(lambda: len(handler.starting("Controller stopped")) == 1
+                  and len(handler.starting("engine set stopped")) == 2)
+    finally:
+        cluster.stop()
+        loop.call_soon_threadsafe(loop.stop)
+        server.join(timeout=10)
+        loop.close()
+        log.removeHandler(handler)
+    assert "Event loop stopped" not in handler.text() and "Traceback" not in handler.text()
+    assert handler.text(logging.WARNING) == ""

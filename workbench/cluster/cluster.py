@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -10,10 +11,15 @@ from typing import Any, Sequence
 import psutil
 
 from workbench.cluster import engine as engine_code
+from workbench.cluster import files as ipp_files
+from workbench.cluster.run import _alive
 
 # Our launcher names -> ipyparallel's engine launcher names (its entry points).
 LAUNCHERS = {"local": "local", "mpi": "mpi", "slurm": "slurm", "ssh": "ssh"}
 DEFAULT_CPU_RANKS = 2
+# Each local engine runs ipyparallel's IPEngine through this script (see engine_main.py: a stop
+# then exits cleanly instead of with tornado's "Event loop stopped" traceback).
+ENGINE_MAIN = Path(__file__).with_name("engine_main.py")
 
 
 class ClusterError(RuntimeError):
@@ -116,10 +122,12 @@ class Cluster:
         self._ipp = ipyparallel.Cluster(n=self.world_size, controller_args=controller_args, **kwargs)
         try:
             self._ipp.start_controller_sync()
+            ipp_files.make_private(self.files())  # before the engines start writing their logs
             self._start_engines()
             self.client = self._ipp.connect_client_sync()
             self.client.wait_for_engines(self.world_size, timeout=self.timeout, block=True,
                                          interactive=False)
+            ipp_files.make_private(self.files())  # the engines' logs, and the controller's engine state
         except Exception as err:
             output = self._engine_output()
             self._force_stop()
@@ -140,6 +148,7 @@ class Cluster:
         common = {"WORLD_SIZE": str(self.world_size), "PYTHONPATH": _engine_pythonpath()}
         if self.launcher != "local":
             # mpiexec / srun / ssh give the rank; addresses are settled at init from rank 0.
+            # Their engines may run on hosts without this file: ipyparallel's own command.
             self._ipp.start_engines_sync(n=self.world_size, environment=common,
                                          engine_args=[prewarm])
             return
@@ -149,7 +158,8 @@ class Cluster:
                        MASTER_PORT=str(self.master_port))
             if gpu is not None:
                 env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-            self._ipp.start_engines_sync(n=1, environment=env, engine_args=[f"--IPEngine.id={rank}", prewarm])
+            self._ipp.start_engines_sync(n=1, environment=env, engine_args=[f"--IPEngine.id={rank}", prewarm],
+                                         engine_cmd=[sys.executable, str(ENGINE_MAIN)])
 
     def _map_ranks(self) -> None:
         """Find which engine holds which rank: the launcher's rank, else engine-id order."""
@@ -169,7 +179,7 @@ class Cluster:
     def ensure_process_group(self) -> None:
         """Re-join the process group on every rank if a failed run left it destroyed."""
         self._require_running()
-        ready = self.view.apply_async(engine_code.process_group_ready).get(timeout=self.timeout)
+        ready = self._get(self.view.apply_async(engine_code.process_group_ready))
         if not all(ready):
             if self.launcher == "local" and self.master_addr == "127.0.0.1":
                 self.master_port = engine_code.free_port()
@@ -203,7 +213,8 @@ class Cluster:
         """Tear down the process group, stop engines and controller; no process is left behind."""
         if self._ipp is None:
             return
-        if self.client is not None and self.view is not None and not self.busy:
+        # A barrier cannot pass with a rank dead: then the processes are only stopped.
+        if self.client is not None and self.view is not None and not self.busy and not self._dead_ranks():
             try:  # barrier + destroy before exit avoids gloo's abort at process exit
                 self.view.apply_async(engine_code.shutdown_process_group).get(timeout=10)
             except Exception:
@@ -214,16 +225,24 @@ class Cluster:
         pids = self.pids()
         all_pids = [p for p in pids["controller"] + list(pids["engines"].values()) + pids["helpers"]
                     if p]
+        files = self.files()
         if self.client is not None:
             try:
                 self.client.close()
             except Exception:
                 pass
+        # ipyparallel deletes the processes' output logs once they exited; a server that loaded
+        # this cluster from its file (JupyterLab's cluster list) would first log each one as a
+        # WARNING, since it cannot see a non-child's exit code. Nothing reads them after a stop.
+        ipp_files.remove(files["logs"])
         if self._ipp is not None:
             try:
                 self._ipp.stop_cluster_sync()
             except Exception:
                 pass
+        # ipyparallel never removes the controller's engine registry (Hub._cleanup_engine_state_file
+        # is not called): one file per cluster would pile up in the profile's log folder.
+        ipp_files.remove(files["registry"])
         procs = []
         for pid in all_pids:
             try:
@@ -282,7 +301,31 @@ class Cluster:
         """Whether the controller and every rank's engine are up."""
         if self._ipp is None or self.client is None:
             return False
-        return all(eid in self.client.ids for eid in self._engine_of_rank.values())
+        return not self._dead_ranks()
+
+    def _dead_ranks(self) -> dict[int, str]:
+        """rank -> what is known of its engine, for each rank whose engine is gone."""
+        if self.client is None:
+            return {}
+        registered = set(self.client.ids)  # the controller drops an engine after missed heartbeats
+        local = self.local_engine_pids()  # a local engine's exit is seen at once, before that
+        facts = getattr(self, "_rank_facts", {})
+        dead = {}
+        for rank, eid in sorted(self._engine_of_rank.items()):
+            exited_here = rank in local and not _alive(local[rank])
+            if exited_here or eid not in registered:
+                pid = facts.get(rank, {}).get("pid")
+                dead[rank] = f"engine id {eid}" + (f", pid {pid}" if pid else "")
+        return dead
+
+    def check_ranks(self) -> None:
+        """Raise a ClusterError naming each rank whose engine died, and how to recover."""
+        dead = self._dead_ranks()
+        if dead:
+            which = ", ".join(f"rank {rank} ({facts})" for rank, facts in dead.items())
+            raise ClusterError(
+                f"the engine of {which} died; call cluster.restart() to bring it back "
+                f"(it starts all {self.world_size} ranks afresh: a process group cannot take in a new rank)")
 
     @property
     def busy(self) -> bool:
@@ -326,6 +369,12 @@ class Cluster:
                 pass
         return out
 
+    def files(self) -> dict[str, list[str]]:
+        """This cluster's files on this host, by kind (cluster, connection, registry, logs)."""
+        if self._ipp is None:
+            return {"cluster": [], "connection": [], "registry": [], "logs": []}
+        return ipp_files.find(self._ipp)
+
     def local_engine_pids(self) -> dict[int, int]:
         """rank -> engine pid for the ranks on this host (whose death we can see directly)."""
         import socket
@@ -348,13 +397,22 @@ class Cluster:
     def _require_running(self) -> None:
         if self._ipp is None or self.view is None:
             raise ClusterError("the cluster is not running; call start() or restart()")
+        self.check_ranks()
+
+    def _get(self, async_result: Any) -> Any:
+        """async_result.get(), naming the rank if one died meanwhile (not ipyparallel's EngineError)."""
+        try:
+            return async_result.get(timeout=self.timeout)
+        except Exception:
+            self.check_ranks()
+            raise
 
     def info(self) -> list[dict]:
         """One record per rank: host, pid, device name and memory, installed backends, versions."""
         self._require_running()
         if self.busy:
             raise ClusterError("the engines are busy with a run; call info() when it is done")
-        records = self.view.apply_async(engine_code.rank_info, self.backend).get(timeout=self.timeout)
+        records = self._get(self.view.apply_async(engine_code.rank_info, self.backend))
         for rank, record in enumerate(records):
             record["engine_id"] = self._engine_of_rank[rank]
         return records

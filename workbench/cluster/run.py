@@ -93,6 +93,7 @@ class Run:
 
         if not isinstance(run_config, RunConfig):
             raise TypeError(f"cluster.finetune needs a workbench.RunConfig, got {type(run_config).__name__}")
+        cluster.check_ranks()  # first: a dead rank's stranded task also makes the cluster look busy
         if cluster.busy:
             raise RuntimeError("the cluster is still busy with another run; wait() for it or "
                                "cluster.restart()")
@@ -105,8 +106,12 @@ class Run:
             raise FileExistsError(f"run directory {path} already exists; pick another run_id")
         cluster.ensure_process_group()
         config = run_config.to_dict()
-        results = [cluster.client[cluster.engine_id(rank)].apply_async(
-            engine_code.run_finetune, config, target, history) for rank in range(cluster.world_size)]
+        try:
+            results = [cluster.client[cluster.engine_id(rank)].apply_async(
+                engine_code.run_finetune, config, target, history) for rank in range(cluster.world_size)]
+        except KeyError:  # an engine left the controller since ensure_process_group: say which rank
+            cluster.check_ranks()
+            raise
         run = cls(path, cluster=cluster, results=results)
         run._sent_config = config
         run._engine_pids = cluster.local_engine_pids()
