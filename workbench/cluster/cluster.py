@@ -12,7 +12,7 @@ import psutil
 
 from workbench.cluster import engine as engine_code
 from workbench.cluster import files as ipp_files
-from workbench.cluster.run import _alive
+from workbench.train.liveness import pid_alive
 
 # Our launcher names -> ipyparallel's engine launcher names (its entry points).
 LAUNCHERS = {"local": "local", "mpi": "mpi", "slurm": "slurm", "ssh": "ssh"}
@@ -312,7 +312,7 @@ class Cluster:
         facts = getattr(self, "_rank_facts", {})
         dead = {}
         for rank, eid in sorted(self._engine_of_rank.items()):
-            exited_here = rank in local and not _alive(local[rank])
+            exited_here = rank in local and not pid_alive(local[rank])
             if exited_here or eid not in registered:
                 pid = facts.get(rank, {}).get("pid")
                 dead[rank] = f"engine id {eid}" + (f", pid {pid}" if pid else "")

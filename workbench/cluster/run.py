@@ -162,7 +162,7 @@ class Run:
                     new += self._merge(result.get("records", []) if isinstance(result, dict) else [],
                                        "result")
         for rank, pid in self._engine_pids.items():
-            if pid and rank not in self._errors and not _alive(pid) and not self._results[rank].ready():
+            if pid and rank not in self._errors and not pid_alive(pid) and not self._results[rank].ready():
                 self._fail(rank, f"the engine process of rank {rank} (pid {pid}) died", died=True)
         if new:
             self._notify(new)
@@ -263,7 +263,7 @@ class Run:
         if self._errors:
             status["failed_ranks"] = sorted(r for r in self._errors if r >= 0)
         if self._engine_pids:
-            status["engines_alive"] = {r: _alive(p) for r, p in self._engine_pids.items()}
+            status["engines_alive"] = {r: pid_alive(p) for r, p in self._engine_pids.items()}
         return status
 
     @property
@@ -404,7 +404,3 @@ class Run:
 
             self._progress = RunProgress(self)
         return self._progress.widget
-
-
-def _alive(pid: int | None) -> bool:
-    return pid_alive(pid)
