@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -129,6 +132,19 @@ async def test_corrupt_and_half_written_runs_are_unreadable_not_500(jp_fetch, se
     assert all(r["step"] != 99 for r in metrics["records"])
     corrupt_metrics = await _get_json(jp_fetch, "runs", "00-corrupt", "metrics")
     assert corrupt_metrics["records"] == []
+
+
+async def test_a_running_run_whose_process_is_gone_reads_as_died(jp_fetch, served_run):
+    runs_dir, run_id = served_run
+    # A process records itself as the run's owner, then vanishes without recording an end (SIGKILL).
+    code = ("import os, signal, sys; from workbench.train.run_dir import RunDir; "
+            "RunDir.open(sys.argv[1]).write_status('running', step=2); os.kill(os.getpid(), signal.SIGKILL)")
+    done = subprocess.run([sys.executable, "-c", code, str(runs_dir / run_id)], timeout=60)
+    assert done.returncode == -signal.SIGKILL
+    assert RunDir.open(runs_dir / run_id).read_status()["state"] == "running"  # what the file still says
+    [summary] = (await _get_json(jp_fetch, "runs"))["runs"]
+    assert summary["state"] == "died"
+    assert f"pid {json.loads((runs_dir / run_id / 'status.json').read_text())['pid']}" in summary["error"]
 
 
 async def test_clusters_lists_a_real_ipyparallel_cluster(jp_fetch, jp_home_dir):

@@ -331,6 +331,7 @@ def summarize_run(path: Path) -> dict:
         "backends": _describe(config.get("resolved_backend") or config.get("backend")),
         "world_size": config.get("world_size"),
         "state": status.get("state", "unknown"),
+        "error": status.get("error"),  # why a run failed or died, for the sidebar
         "status": status,
         "step": last.get("step", status.get("step")),
         "total_steps": status.get("total_steps"),

@@ -214,6 +214,7 @@ class RunIndex:
             "backends": _describe(config.get("resolved_backend") or config.get("backend")),
             "world_size": config.get("world_size"),
             "state": status.get("state", "unknown"),
+            "error": status.get("error"),  # why a run failed or died, for the sidebar
             "status": status,
             "step": tail.last.get("step", status.get("step")) if tail else status.get("step"),
             "total_steps": status.get("total_steps"),

@@ -202,6 +202,12 @@ export class WorkbenchSidebar extends Widget {
     top.appendChild(h('span', `mwb-badge mwb-state-${run.state}`, run.state ?? '?'));
     top.appendChild(h('span', 'mwb-run-id', run.id));
     row.appendChild(top);
+    if (run.error) {
+      // Why a run failed or died (a dead owner is detected by the server, not written by the run).
+      const why = h('div', 'mwb-error mwb-run-error', run.error.split('\n')[0]);
+      why.title = run.error;
+      row.appendChild(why);
+    }
     const steps = run.total_steps ? `${run.step ?? 0}/${run.total_steps}` : `${run.step ?? '–'}`;
     const tps = typeof run.tokens_per_s_per_gpu === 'number' ? `${run.tokens_per_s_per_gpu.toFixed(0)} tok/s/GPU` : '';
     const info = [run.model ?? '', meshText(run.mesh), `step ${steps}`, tps].filter(Boolean).join(' · ');
