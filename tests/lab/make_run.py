@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -40,6 +41,25 @@ def make_run_dir(tmp_path: Path) -> tuple[Path, str]:
     runs_dir.mkdir(parents=True, exist_ok=True)
     shutil.copytree(_session_run(), runs_dir / RUN_ID)
     return runs_dir, RUN_ID
+
+
+def trainer_records(first_step: int, count: int) -> list[dict]:
+    """Records shaped like the trainer's (both ranks, an expert-load matrix), loss falling with step."""
+    return [{"step": s, "rank": rank, "loss": 10.0 / s, "tokens_per_s_per_gpu": 1000.0 + s,
+             "expert_load": [[s % 97] * 8] * 2, "time": 1.0 * s}
+            for s in range(first_step, first_step + count) for rank in (0, 1)]
+
+
+def append_records(path: Path, records: list[dict]) -> int:
+    """Append records as the trainer does (one JSON object per line); returns the bytes written."""
+    return append_text(path, "".join(json.dumps(r) + "\n" for r in records))
+
+
+def append_text(path: Path, text: str) -> int:
+    """Append raw text (a torn line, a garbled one); returns the bytes written."""
+    with open(path, "a") as f:
+        f.write(text)
+    return len(text.encode())
 
 
 if __name__ == "__main__":

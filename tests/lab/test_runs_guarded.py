@@ -15,6 +15,10 @@ import pytest
 from workbench.train.run_dir import RunDir
 from workbench.train.run_index import IndexLimits, RunIndex
 
+from make_run import append_records as _append  # noqa: E402  (tests/lab is on sys.path: conftest)
+from make_run import append_text as _append_raw
+from make_run import trainer_records as _records
+
 pytest.importorskip("moe_workbench_lab", reason="install it: pip install -e extensions/moe_workbench_lab")
 from moe_workbench_lab.handlers import RUN_INDEX_KEY  # noqa: E402
 
@@ -79,7 +83,8 @@ async def test_runs_dir_query_may_spell_the_served_folder_another_way(api, serve
     assert code == 200 and answer["records"]
 
 
-@pytest.mark.parametrize("field", ["spark_points", "max_bytes_per_poll", "max_line_bytes", "chunk_bytes"])
+@pytest.mark.parametrize("field", ["spark_points", "max_bytes_per_poll", "max_line_bytes", "chunk_bytes",
+                                   "series_points", "series_ranks", "series_runs"])
 @pytest.mark.parametrize("value", [0, 1, -5, 2.5, True])
 def test_index_limits_are_validated(field, value):
     with pytest.raises(ValueError, match=f"IndexLimits.{field} must be an integer >= 2, got {value!r}"):
@@ -171,20 +176,6 @@ async def test_notebook_links_out_of_the_folder_are_not_served(api, linked_noteb
     assert code == 200 and answer == {"path": "01_real.ipynb", "copied": True}
 
 
-def _append(path, records) -> int:
-    text = "".join(json.dumps(r) + "\n" for r in records)
-    with open(path, "a") as f:
-        f.write(text)
-    return len(text.encode())
-
-
-def _records(first_step: int, count: int) -> list[dict]:
-    """Records shaped like the trainer's (both ranks, an expert-load matrix), loss falling with step."""
-    return [{"step": s, "rank": rank, "loss": 10.0 / s, "tokens_per_s_per_gpu": 1000.0 + s,
-             "expert_load": [[s % 97] * 8] * 2, "time": 1.0 * s}
-            for s in range(first_step, first_step + count) for rank in (0, 1)]
-
-
 async def test_runs_poll_reads_only_appended_bytes_with_a_bound(api, served_run, jp_serverapp):
     runs_dir, run_id = served_run
     run = RunDir(runs_dir / run_id)
@@ -251,11 +242,6 @@ async def test_runs_poll_reads_only_appended_bytes_with_a_bound(api, served_run,
     code, answer = await api("runs")
     assert answer["runs"][0]["step"] == 1 and answer["runs"][0]["metrics_records"] == 2
     assert index.bytes_read == before + new_size + shorter
-
-
-def _append_raw(path, text: str) -> None:
-    with open(path, "a") as f:
-        f.write(text)
 
 
 async def test_an_over_long_metrics_line_is_skipped_not_held(api, served_run, jp_serverapp):

@@ -1,10 +1,12 @@
-"""Run summaries for a poller (the lab sidebar): confined to one runs folder, metrics read incrementally.
+"""Run summaries and plotted series for the lab: confined to one runs folder, metrics read incrementally.
 
 `RunIndex` is per-server state. Each poll re-reads config.json and status.json (small; status must
 never be stale), but reads only the bytes appended to each metrics.jsonl since the last poll, at
-most `IndexLimits.max_bytes_per_poll` of them, and keeps only what a summary needs: the record
-count, the last rank-0 values and a thinned series per sparkline key. A metrics file that shrank
-or was replaced (another inode) is read again from the start.
+most `IndexLimits.max_bytes_per_poll` of them. For a summary (`list_runs`) it keeps the record
+count, the last rank-0 values and a thinned series per sparkline key; for a run's plots
+(`metrics`) it keeps each rank's records, only their `series_fields`, thinned evenly to at most
+`IndexLimits.series_points` over the whole run, for the `series_runs` runs asked for last. A
+metrics file that shrank or was replaced (another inode) is read again from the start.
 
 Every file is read through `open_confined`: its real path (links resolved) must lie inside the
 runs folder, and it must be a regular file, so a link in the runs folder never serves an outside
@@ -19,7 +21,7 @@ import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from workbench.train.liveness import checked_status
 from workbench.train.run_dir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, _describe, _mesh_of
@@ -27,6 +29,12 @@ from workbench.train.run_dir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, _des
 SPARK_KEYS = ("tokens_per_s_per_gpu", "loss")
 # The fields of the last rank-0 record a summary shows (a record may also hold large matrices).
 LAST_KEYS = ("step", "loss", "tokens_per_s_per_gpu")
+# The fields the lab's run view plots; a record's other fields (expert_load matrices) are not held.
+SERIES_FIELDS = (
+    "step", "rank", "loss", "grad_norm", "lr", "tokens_per_s_per_gpu", "tflops_per_gpu",
+    "mem_peak_gib", "mem_now_gib", "expert_load_cv", "step_time_s", "forward_s", "backward_s",
+    "optimizer_s", "time",
+)
 
 
 @dataclass(frozen=True)
@@ -37,9 +45,13 @@ class IndexLimits:
     max_bytes_per_poll: int = 32 * 2**20
     max_line_bytes: int = 8 * 2**20
     chunk_bytes: int = 2**20
+    series_points: int = 1000  # records held per rank of a plotted run
+    series_ranks: int = 256  # ranks held per plotted run; records of higher ranks are counted only
+    series_runs: int = 8  # plotted runs held at once; the one asked for longest ago is dropped
 
     def __post_init__(self) -> None:
-        for name in ("spark_points", "max_bytes_per_poll", "max_line_bytes", "chunk_bytes"):
+        for name in ("spark_points", "max_bytes_per_poll", "max_line_bytes", "chunk_bytes",
+                     "series_points", "series_ranks", "series_runs"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 2:
                 raise ValueError(f"IndexLimits.{name} must be an integer >= 2, got {value!r}")
@@ -85,16 +97,6 @@ def parse_record(line: bytes) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
-def read_metrics_confined(root: Path, path: Path) -> list[dict]:
-    """All records of the metrics file `path` (empty if there is none), read through `open_confined`."""
-    try:
-        fd = open_confined(root, path)
-    except FileNotFoundError:
-        return []
-    with os.fdopen(fd, "rb") as f:
-        return [r for r in map(parse_record, f) if r is not None]
-
-
 class _Thinned:
     """Every `stride`-th value of a series, at most 2 * points of them: even coverage, bounded."""
 
@@ -102,10 +104,10 @@ class _Thinned:
         self.points = points
         self.stride = 1
         self.seen = 0
-        self.kept: list[float] = []
-        self.last: float | None = None
+        self.kept: list[Any] = []
+        self.last: Any = None
 
-    def add(self, value: float) -> None:
+    def add(self, value: Any) -> None:
         if self.seen % self.stride == 0:
             self.kept.append(value)
             if len(self.kept) >= 2 * self.points:
@@ -114,7 +116,7 @@ class _Thinned:
         self.seen += 1
         self.last = value
 
-    def values(self) -> list[float]:
+    def values(self) -> list[Any]:
         """At most `points` values spread over the whole series, ending with the latest."""
         if self.seen <= self.points:
             return list(self.kept)
@@ -123,14 +125,28 @@ class _Thinned:
 
 
 class _MetricsTail:
-    """What the index knows of one metrics file, and how far it has read it."""
+    """How far the index has read one metrics file; a subclass says what it keeps of each record."""
 
-    def __init__(self, ident: tuple[int, int], points: int) -> None:
+    def __init__(self, ident: tuple[int, int]) -> None:
         self.ident = ident
         self.offset = 0
         self.size = 0
         self.pending = b""  # the start of a line whose newline has not been written yet
         self.skipping = False  # inside a line longer than max_line_bytes
+
+    def pending_bytes(self) -> int:
+        """Bytes of the file not read yet (the per-poll bound stopped short)."""
+        return max(self.size - self.offset, 0)
+
+    def take(self, record: dict) -> None:
+        raise NotImplementedError
+
+
+class _SummaryTail(_MetricsTail):
+    """What a run summary needs of one metrics file: record count, last rank-0 values, sparklines."""
+
+    def __init__(self, ident: tuple[int, int], points: int) -> None:
+        super().__init__(ident)
         self.records = 0
         self.last: dict = {}
         self.series = {key: _Thinned(points) for key in SPARK_KEYS}
@@ -149,18 +165,83 @@ class _MetricsTail:
                 series.add(value)
 
 
+class _SeriesTail(_MetricsTail):
+    """What a run's plots need of one metrics file: per rank, its records' plotted numbers, thinned."""
+
+    def __init__(self, ident: tuple[int, int], fields: tuple[str, ...], limits: IndexLimits) -> None:
+        super().__init__(ident)
+        self.fields = fields
+        self.limits = limits
+        self.seen = 0  # records read, held or not
+        self.ranks: dict[int, _Thinned] = {}
+
+    def held(self) -> int:
+        return sum(len(s.kept) + 1 for s in self.ranks.values())
+
+    def take(self, record: dict) -> None:
+        self.seen += 1
+        rank = record.get("rank", 0)
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.limits.series_ranks:
+            return
+        # Numbers only: a crafted file must not make the server hold a large value per point.
+        kept = {k: v for k in self.fields
+                if isinstance(v := record.get(k), (int, float)) and not isinstance(v, bool)}
+        series = self.ranks.get(rank)
+        if series is None:
+            series = self.ranks[rank] = _Thinned(self.limits.series_points)
+        series.add((self.seen, kept))
+
+    def records(self) -> list[dict]:
+        """The held records of every rank, in file order."""
+        held = [point for series in self.ranks.values() for point in series.values()]
+        return [record for _, record in sorted(held, key=lambda point: point[0])]
+
+
 class RunIndex:
     """Summaries of the runs in one folder, cached per metrics file between polls; thread-safe."""
 
-    def __init__(self, limits: IndexLimits | None = None) -> None:
+    def __init__(self, limits: IndexLimits | None = None,
+                 series_fields: tuple[str, ...] = SERIES_FIELDS) -> None:
         self.limits = limits or IndexLimits()
+        # step and rank are always held: the plots' x axis and their grouping.
+        self.series_fields = tuple(dict.fromkeys(("step", "rank", *series_fields)))
         self.bytes_read = 0  # metrics bytes read since the index was made, for tests and logs
-        self._tails: dict[Path, _MetricsTail] = {}
+        self._tails: dict[Path, _SummaryTail] = {}
+        self._series: dict[Path, _SeriesTail] = {}  # least recently asked for first
         self._lock = threading.Lock()
 
     def held_values(self) -> int:
-        """How many metric values the index holds over all runs (bounded by the limits)."""
+        """How many summary values the index holds over all runs (bounded by the limits)."""
         return sum(t.held() for t in self._tails.values())
+
+    def held_records(self) -> int:
+        """How many plotted records the index holds over all runs (bounded by the limits)."""
+        return sum(t.held() for t in self._series.values())
+
+    def metrics(self, root: Path, path: Path) -> dict:
+        """The held records of metrics file `path` (inside the resolved `root`), read up to date.
+
+        `records` holds every rank's records, only `series_fields`, thinned evenly over the whole
+        run; `records_seen` counts the records read; `pending_bytes` is there while the per-poll
+        bound left part of the file unread.
+        """
+        with self._lock:
+            tail, key = self._read_tail(root, path, self._series, self._new_series)
+            if tail is None:
+                return {"records": [], "records_seen": 0}
+            self._series[key] = self._series.pop(key)  # now the most recently asked for
+            while len(self._series) > self.limits.series_runs:
+                del self._series[next(iter(self._series))]
+            answer = {"records": tail.records(), "records_seen": tail.seen}
+            if tail.pending_bytes():
+                answer["pending_bytes"] = tail.pending_bytes()
+            return answer
+
+    def _new_summary(self, ident: tuple[int, int]) -> _SummaryTail:
+        return _SummaryTail(ident, self.limits.spark_points)
+
+    def _new_series(self, ident: tuple[int, int]) -> _SeriesTail:
+        return _SeriesTail(ident, self.series_fields, self.limits)
 
     def list_runs(self, runs_dir: Path) -> list[dict]:
         """One summary per run folder of `runs_dir`, newest id first; unreadable ones are flagged."""
@@ -197,7 +278,7 @@ class RunIndex:
         status = self._read_status(root, status_path) if has_status else {
             "state": "unknown", "run_id": shown.name}
         metrics_path = real / METRICS_FILE
-        tail, metrics_key = self._read_tail(root, metrics_path)
+        tail, metrics_key = self._read_tail(root, metrics_path, self._tails, self._new_summary)
         model = config.get("model") or {}
         updated = status.get("updated_at")
         if updated is None:
@@ -224,17 +305,18 @@ class RunIndex:
             "spark": {k: (tail.series[k].values() if tail else []) for k in SPARK_KEYS},
             "metrics_records": tail.records if tail else 0,
         }
-        if tail and tail.offset < tail.size:
+        if tail and tail.pending_bytes():
             # The per-poll bound stopped short: say so rather than show old values as current.
-            summary["metrics_pending_bytes"] = tail.size - tail.offset
+            summary["metrics_pending_bytes"] = tail.pending_bytes()
         return summary, metrics_key
 
     def _read_status(self, root: Path, path: Path) -> dict:
         """status.json, read fresh on every poll: a cached state would hide a run that ended or died."""
         return checked_status(read_json_confined(root, path))
 
-    def _read_tail(self, root: Path, path: Path) -> tuple[_MetricsTail | None, Path]:
-        """The cached tail of `path`, brought up to date by reading only its new bytes."""
+    def _read_tail(self, root: Path, path: Path, cache: dict[Path, Any],
+                   make: Callable[[tuple[int, int]], Any]) -> tuple[Any, Path]:
+        """The tail of `path` in `cache` (`make` one if new), brought up to date from its new bytes."""
         try:
             fd = open_confined(root, path)
         except FileNotFoundError:
@@ -242,11 +324,10 @@ class RunIndex:
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
             key = confine(root, path)
-            tail = self._tails.get(key)
+            tail = cache.get(key)
             ident = (st.st_dev, st.st_ino)
             if tail is None or tail.ident != ident or st.st_size < tail.offset:
-                tail = _MetricsTail(ident, self.limits.spark_points)  # new, replaced or truncated
-                self._tails[key] = tail
+                tail = cache[key] = make(ident)  # new, replaced or truncated
             tail.size = st.st_size
             budget = min(st.st_size - tail.offset, self.limits.max_bytes_per_poll)
             f.seek(tail.offset)

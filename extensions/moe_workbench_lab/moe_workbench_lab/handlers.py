@@ -22,12 +22,6 @@ AUTH_RESOURCE = "moe_workbench"
 CLUSTER_WATCHER_KEY = "moe_workbench_cluster_watcher"
 RUN_INDEX_KEY = "moe_workbench_run_index"
 SETTINGS_KEY = "moe_workbench_settings"
-# Metrics a plot needs; expert_load matrices are only sent when asked for (they are large).
-DEFAULT_METRIC_FIELDS = (
-    "step", "rank", "loss", "grad_norm", "lr", "tokens_per_s_per_gpu", "tflops_per_gpu",
-    "mem_peak_gib", "mem_now_gib", "expert_load_cv", "step_time_s", "forward_s", "backward_s",
-    "optimizer_s", "time",
-)
 
 
 def _run_dir_module():
@@ -125,6 +119,8 @@ class RunsHandler(WorkbenchHandler):
 
 
 class RunMetricsHandler(WorkbenchHandler):
+    """A run's plotted records (RunIndex.metrics: read incrementally, thinned, only plotted fields)."""
+
     @web.authenticated
     @authorized
     async def get(self, run_id: str) -> None:
@@ -143,18 +139,27 @@ class RunMetricsHandler(WorkbenchHandler):
         if not (real / index.CONFIG_FILE).exists() and not (real / index.STATUS_FILE).exists():
             raise web.HTTPError(
                 404, f"{path} is not a run directory (no {index.CONFIG_FILE} / {index.STATUS_FILE})")
+        run_index = self.run_index()
         fields_arg = self.get_query_argument("fields", "")
-        fields = [f for f in fields_arg.split(",") if f] or list(DEFAULT_METRIC_FIELDS)
+        fields = [f for f in fields_arg.split(",") if f] or list(run_index.series_fields)
+        # Checked before reading: the index holds only the plotted fields, so others cannot be sent.
+        unheld = [f for f in fields if f not in run_index.series_fields] if fields != ["*"] else []
+        if unheld:
+            raise web.HTTPError(400, (
+                f"fields {', '.join(unheld)} are not served: the server keeps only the plotted "
+                f"fields ({', '.join(run_index.series_fields)}); read the others in a notebook with "
+                f"workbench.train.run_dir.RunDir({str(path)!r}).read_metrics()"))
         rank_arg = self.get_query_argument("rank", "")
         try:
-            records = await asyncio.to_thread(index.read_metrics_confined, root, real / index.METRICS_FILE)
+            answer = await asyncio.to_thread(run_index.metrics, root, real / index.METRICS_FILE)
         except PermissionError as err:
             raise web.HTTPError(403, str(err)) from None
+        records = answer["records"]
         if rank_arg != "":
             records = [r for r in records if str(r.get("rank", 0)) == rank_arg]
         if fields != ["*"]:
             records = [{k: r[k] for k in fields if k in r} for r in records]
-        self.write_json({"id": run_id, "path": str(path), "records": records})
+        self.write_json({**answer, "id": run_id, "path": str(path), "records": records})
 
 
 class NotebooksHandler(WorkbenchHandler):

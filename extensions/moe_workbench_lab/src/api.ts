@@ -66,7 +66,11 @@ export type MetricRecord = Record<string, number | null | undefined>;
 export interface IMetricsAnswer {
   id: string;
   path: string;
+  /** Each rank's records, thinned evenly over the whole run by the server. */
   records: MetricRecord[];
+  records_seen?: number;
+  /** Bytes of metrics.jsonl the server has not read yet (it reads a bounded amount per request). */
+  pending_bytes?: number;
 }
 
 export interface INotebookList {

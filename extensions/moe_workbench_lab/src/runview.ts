@@ -54,6 +54,7 @@ export class RunView extends Widget {
 
   async refresh(): Promise<void> {
     const query = { runs_dir: this.runsDir() };
+    let behind = false;
     try {
       const [metrics, runs] = await Promise.all([
         requestAPI<IMetricsAnswer>(`runs/${encodeURIComponent(this.run.id)}/metrics`, {}, query),
@@ -62,11 +63,13 @@ export class RunView extends Widget {
       this.run = runs.runs.find(r => r.id === this.run.id) ?? this.run;
       this.renderHeader();
       this.renderPlots(metrics.records);
+      // A large metrics file is read a bounded piece per request: keep asking until it is all read.
+      behind = (metrics.pending_bytes ?? 0) > 0;
     } catch (err) {
       this.plots.replaceChildren(document.createTextNode(`error: ${(err as Error).message}`));
     }
     window.clearTimeout(this.timer);
-    if (!this.isDisposed && LIVE_STATES.has(this.run.state ?? '')) {
+    if (!this.isDisposed && (behind || LIVE_STATES.has(this.run.state ?? ''))) {
       this.timer = window.setTimeout(() => void this.refresh(), 3000);
     }
   }
