@@ -296,67 +296,15 @@ def _progress(status: dict) -> dict:
     return {k: status[k] for k in ("step", "total_steps", "world_size") if k in status}
 
 
-def _describe(section: Any) -> Any:
-    return section if isinstance(section, (dict, str)) or section is None else str(section)
-
-
-def _mesh_of(config: dict) -> Any:
-    """The mesh the run used: the trainer's resolved mesh, else the configured section or sizes."""
-    if config.get("resolved_mesh"):
-        return config["resolved_mesh"]
-    if config.get("mesh"):
-        return config["mesh"]
-    sizes = {k: config[k] for k in ("dp", "ep", "tp", "pp") if isinstance(config.get(k), int)}
-    return sizes or None
-
-
-def summarize_run(path: Path) -> dict:
+def summarize_run(path: str | os.PathLike) -> dict:
     """A JSON-able summary of one run directory (raises if it cannot be read)."""
-    run = RunDir.open(path)
-    config = run.read_config() if run.config_path.exists() else {}
-    status = run.read_checked_status()
-    rank0 = [r for r in run.read_metrics() if r.get("rank", 0) == 0]
-    last = rank0[-1] if rank0 else {}
-    model = config.get("model") or {}
-    updated = status.get("updated_at")
-    if updated is None:
-        updated = max(p.stat().st_mtime for p in path.iterdir()) if any(path.iterdir()) else None
-    return {
-        "id": run.run_id,
-        "readable": True,
-        "path": str(path),
-        "model": (model.get("preset") or model.get("path")) if isinstance(model, dict) else str(model),
-        "model_config": _describe(model),
-        "mesh": _describe(_mesh_of(config)),
-        "backends": _describe(config.get("resolved_backend") or config.get("backend")),
-        "world_size": config.get("world_size"),
-        "state": status.get("state", "unknown"),
-        "error": status.get("error"),  # why a run failed or died, for the sidebar
-        "status": status,
-        "step": last.get("step", status.get("step")),
-        "total_steps": status.get("total_steps"),
-        "loss": last.get("loss"),
-        "tokens_per_s_per_gpu": last.get("tokens_per_s_per_gpu"),
-        "updated_at": updated,
-    }
+    from workbench.train.run_index import RunIndex, one_off_limits  # run_index builds on this module
+
+    return RunIndex(one_off_limits()).summarize(Path(path).expanduser())
 
 
 def list_runs(runs_dir: str | os.PathLike) -> list[dict]:
     """One summary per run subdirectory, newest id first; unreadable runs are flagged, not raised."""
-    runs_dir = Path(runs_dir).expanduser()
-    if not runs_dir.is_dir():
-        return []
-    summaries = []
-    for path in sorted((p for p in runs_dir.iterdir() if p.is_dir()), reverse=True):
-        if path.name.startswith("."):
-            continue
-        try:
-            summaries.append(summarize_run(path))
-        except (OSError, ValueError, TypeError, AttributeError) as err:
-            summaries.append({
-                "id": path.name,
-                "readable": False,
-                "path": str(path),
-                "error": f"{type(err).__name__}: {err}",
-            })
-    return summaries
+    from workbench.train.run_index import RunIndex, one_off_limits
+
+    return RunIndex(one_off_limits()).list_runs(Path(runs_dir).expanduser())

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from workbench.train.liveness import checked_status
-from workbench.train.run_dir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, _describe, _mesh_of
+from workbench.train.run_dir import CONFIG_FILE, METRICS_FILE, STATUS_FILE
 
 SPARK_KEYS = ("tokens_per_s_per_gpu", "loss")
 # The fields of the last rank-0 record a summary shows (a record may also hold large matrices).
@@ -55,6 +55,25 @@ class IndexLimits:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 2:
                 raise ValueError(f"IndexLimits.{name} must be an integer >= 2, got {value!r}")
+
+
+def one_off_limits() -> IndexLimits:
+    """Limits for a reader that asks once (the CLI, a notebook): every metrics byte in one read."""
+    return IndexLimits(max_bytes_per_poll=2**62)
+
+
+def _describe(section: Any) -> Any:
+    return section if isinstance(section, (dict, str)) or section is None else str(section)
+
+
+def _mesh_of(config: dict) -> Any:
+    """The mesh the run used: the trainer's resolved mesh, else the configured section or sizes."""
+    if config.get("resolved_mesh"):
+        return config["resolved_mesh"]
+    if config.get("mesh"):
+        return config["mesh"]
+    sizes = {k: config[k] for k in ("dp", "ep", "tp", "pp") if isinstance(config.get(k), int)}
+    return sizes or None
 
 
 def confine(root: Path, path: Path) -> Path:
@@ -268,6 +287,12 @@ class RunIndex:
             # Forget runs that were deleted so the cache does not grow with every run ever seen.
             self._tails = {p: t for p, t in self._tails.items() if p in seen}
             return summaries
+
+    def summarize(self, path: Path) -> dict:
+        """The summary of one run folder (raises if it cannot be read), confined to its parent."""
+        root = path.parent.resolve()
+        with self._lock:
+            return self._summarize(root, confine(root, path), path)[0]
 
     def _summarize(self, root: Path, real: Path, shown: Path) -> tuple[dict, Path]:
         config_path, status_path = real / CONFIG_FILE, real / STATUS_FILE
