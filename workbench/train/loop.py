@@ -8,9 +8,10 @@ Data parallelism and the loss. Each optimizer step takes one global batch of
 it into `grad_accum` micro-batches of `local_batch_size`. The cross-entropy of every micro-batch
 is a *sum* over its tokens divided by the GLOBAL number of loss tokens in the whole global batch
 (all micro-batches, all ranks), so the per-rank contributions add up to exactly the mean over
-the global batch. Gradients are therefore SUMMED over ranks, never averaged: the engine's FSDP2
-uses a gradient divide factor of 1 (workbench.parallel.fsdp), and the replicated fallback
-all-reduces with SUM. The router aux loss: the engine's model takes `aux_loss_group` and then
+the global batch. Gradients are therefore SUMMED over ranks, never averaged: FSDP2 uses a
+gradient divide factor of 1 (workbench.parallel.fsdp) for the engine's models and for any other
+Transformers model alike (every model on more than one rank is sharded). The router aux loss:
+the engine's model takes `aux_loss_group` and then
 returns this rank's share of the aux loss of the micro-batch across all ranks (shares add up to
 the global micro-batch's aux loss), so it is divided by grad_accum only. A model without that
 argument (vanilla Transformers) gives a per-rank mean, divided by grad_accum x world. The aux
@@ -123,7 +124,11 @@ class Trainer:
             state = load_checkpoint(self.resume_ckpt, self.model, self.optimizer, self.scheduler)
             self.stream.load_state_dict(state["data"])
             self.start_step = int(state["step"])
-        self.manual_dp = self.mesh is None and self.world > 1 and not _is_parallel(self.model)
+        if self.world > 1 and not _is_parallel(self.model):
+            # Each rank would train its own copy: refuse rather than report a run that is not one.
+            raise RuntimeError(f"the model ({type(self.model).__name__}) was not sharded over the {self.world} "
+                               "ranks, so its gradients would not be synchronized; this is a bug in "
+                               "workbench.train.model_setup.build_model, please report it")
         self._expert_load = _expert_load_reader(self.model)
         self.coef = float(getattr(self.hf_config, "router_aux_loss_coef", 0.0) or 0.0)
         self.forward_kwargs: dict[str, Any] = {}
@@ -176,8 +181,6 @@ class Trainer:
                 loads.append(expert_load_from_router_logits(out.router_logits, self.hf_config.num_experts_per_tok,
                                                             self.hf_config.num_experts))
         t3 = time.perf_counter()
-        if self.manual_dp:
-            _sum_grads(self.model)
         with record_function("workbench.optimizer"):
             grad_norm = clip_grad_norm(self.model.parameters(), rc.train.clip_grad_norm)
             lr = self.optimizer.param_groups[0]["lr"]
@@ -267,15 +270,6 @@ def _is_parallel(model: torch.nn.Module) -> bool:
     except ImportError:
         return False
     return any(isinstance(p, DTensor) for p in model.parameters())
-
-
-def _sum_grads(model: torch.nn.Module) -> None:
-    """Plain data parallelism for a replicated model (no FSDP): sum grads over the world."""
-    import torch.distributed as dist
-
-    for p in model.parameters():
-        if p.grad is not None:
-            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
 
 
 def _expert_load_reader(model: torch.nn.Module):
