@@ -101,11 +101,13 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
         """Load a Transformers checkpoint (local directory) into the engine."""
         backend = _check_backend(backend)
         path = Path(pretrained_model_name_or_path)
-        config = transformers.AutoConfig.from_pretrained(path)
+        # A caller's config (e.g. the trainer's, with its overrides) wins over the directory's.
+        config = hf_kwargs.pop("config", None) or transformers.AutoConfig.from_pretrained(path)
         adapter = adapter_for(config)
         if adapter is None:
             _start_vanilla(config, mesh)
-            model = transformers.AutoModelForCausalLM.from_pretrained(path, *model_args, **hf_kwargs)
+            model = transformers.AutoModelForCausalLM.from_pretrained(path, *model_args, config=config,
+                                                                      **hf_kwargs)
             return _vanilla_on_mesh(model, mesh)
         adapter.validate_config(config)
         device = torch.device(device) if device is not None else default_device()
@@ -115,8 +117,8 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
 
             return build_parallel_model(adapter, config, backend, mesh, checkpoint=path, **hf_kwargs)
         try:
-            model, info = adapter.CAUSAL_LM_CLASS.from_pretrained(path, *model_args, output_loading_info=True,
-                                                                 **hf_kwargs)
+            model, info = adapter.CAUSAL_LM_CLASS.from_pretrained(path, *model_args, config=config,
+                                                                 output_loading_info=True, **hf_kwargs)
         except RuntimeError as err:
             if "mismatched" not in str(err):
                 raise

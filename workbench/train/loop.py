@@ -36,6 +36,7 @@ from workbench.train import dist_utils as du
 from workbench.train.checkpoint import (check_compatible, export_hf, load_checkpoint, resolve_checkpoint,
                                         save_checkpoint)
 from workbench.train.data import Batch, build_stream
+from workbench.train.guard import StepValues, check_finite
 from workbench.train.metrics import expert_load_from_router_logits, reset_peak_memory, step_record
 from workbench.train.model_setup import build_model, model_dtype, resolve_mesh
 from workbench.train.optim import build_optimizer, build_scheduler, clip_grad_norm
@@ -182,14 +183,21 @@ class Trainer:
                                                             self.hf_config.num_experts))
         t3 = time.perf_counter()
         with record_function("workbench.optimizer"):
+            # The norm is computed even with clipping off: the guard below needs it.
             grad_norm = clip_grad_norm(self.model.parameters(), rc.train.clip_grad_norm)
             lr = self.optimizer.param_groups[0]["lr"]
+            # One reduction gives every rank the same global values, so all ranks pass or raise together.
+            ce_global, aux_global, bad_norm = du.all_reduce_sum(
+                [ce_sum, aux_sum, 0.0 if math.isfinite(grad_norm) else 1.0])
+            check_finite(StepValues(
+                step=step, first_step=step == self.start_step + 1, resumed_from=rc.train.resume_from,
+                ce_loss=ce_global, aux_loss=aux_global, aux_coef=self.coef, grad_norm=grad_norm,
+                grad_norm_finite=bad_norm == 0.0, lr=lr, train_lr=rc.train.lr, clip_grad_norm=rc.train.clip_grad_norm))
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         _sync(device)
         t4 = time.perf_counter()
-        ce_global, aux_global = du.all_reduce_sum([ce_sum, aux_sum])
         loss = ce_global + self.coef * aux_global
         if self._expert_load is not None:
             load = self._expert_load(self.model)
@@ -235,8 +243,6 @@ class Trainer:
                           f"tflops/gpu {record['tflops_per_gpu']:.3f}  grad_norm {record['grad_norm']:.3f}",
                           flush=True)
                 self.run.write_status("running", step=step, loss=record["loss"], **status_base)
-            if not math.isfinite(record["loss"]):
-                raise FloatingPointError(f"loss is {record['loss']} at step {step}; lower train.lr")
             if rc.train.checkpoint_every and step % rc.train.checkpoint_every == 0 and step < total:
                 last_ckpt = self.save(step)
         if state == "stopped" or rc.train.save_final_checkpoint:
