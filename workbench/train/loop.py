@@ -11,12 +11,15 @@ is a *sum* over its tokens divided by the GLOBAL number of loss tokens in the wh
 the global batch. Gradients are therefore SUMMED over ranks, never averaged: FSDP2 uses a
 gradient divide factor of 1 (workbench.parallel.fsdp) for the engine's models and for any other
 Transformers model alike (every model on more than one rank is sharded). The router aux loss:
-the engine's model takes `aux_loss_group` and then
-returns this rank's share of the aux loss of the micro-batch across all ranks (shares add up to
-the global micro-batch's aux loss), so it is divided by grad_accum only. A model without that
-argument (vanilla Transformers) gives a per-rank mean, divided by grad_accum x world. The aux
-loss is a statistic of each micro-batch, so runs with different local batch sizes differ in it;
-the cross-entropy part is the same for any split.
+the engine's model takes `aux_loss_group` and then returns this rank's share of the aux loss of
+the micro-batch across all ranks (shares add up to the global micro-batch's aux loss), so it is
+divided by grad_accum only. A model without that argument (vanilla Transformers) gives a
+per-rank mean, divided by grad_accum x world. The aux loss is a statistic of each micro-batch,
+so runs with different local batch sizes differ in it; the cross-entropy part is the same for
+any split.
+
+A step whose global loss, aux loss or gradient norm is not finite stops the run before
+`optimizer.step()` (workbench.train.guard): it never reaches the weights or a checkpoint.
 """
 
 from __future__ import annotations
@@ -115,6 +118,11 @@ class Trainer:
         rc = self.rc
         torch.manual_seed(rc.train.seed)
         self.model = build_model(rc, self.hf_config, self.mesh, self.device, model_dtype(rc.model, self.device))
+        if self.world > 1 and not _is_parallel(self.model):
+            # Each rank would train its own copy: refuse rather than report a run that is not one.
+            raise RuntimeError(f"the model ({type(self.model).__name__}) was not sharded over the {self.world} "
+                               "ranks, so its gradients would not be synchronized; this is a bug in "
+                               "workbench.train.model_setup.build_model, please report it")
         self.model.train()
         if rc.train.activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -125,11 +133,6 @@ class Trainer:
             state = load_checkpoint(self.resume_ckpt, self.model, self.optimizer, self.scheduler)
             self.stream.load_state_dict(state["data"])
             self.start_step = int(state["step"])
-        if self.world > 1 and not _is_parallel(self.model):
-            # Each rank would train its own copy: refuse rather than report a run that is not one.
-            raise RuntimeError(f"the model ({type(self.model).__name__}) was not sharded over the {self.world} "
-                               "ranks, so its gradients would not be synchronized; this is a bug in "
-                               "workbench.train.model_setup.build_model, please report it")
         self._expert_load = _expert_load_reader(self.model)
         self.coef = float(getattr(self.hf_config, "router_aux_loss_coef", 0.0) or 0.0)
         self.forward_kwargs: dict[str, Any] = {}
@@ -190,9 +193,11 @@ class Trainer:
             ce_global, aux_global, bad_norm = du.all_reduce_sum(
                 [ce_sum, aux_sum, 0.0 if math.isfinite(grad_norm) else 1.0])
             check_finite(StepValues(
-                step=step, first_step=step == self.start_step + 1, resumed_from=rc.train.resume_from,
+                step=step, first_step=step == self.start_step + 1,
+                resumed_from=str(self.resume_ckpt) if self.resume_ckpt is not None else None,
                 ce_loss=ce_global, aux_loss=aux_global, aux_coef=self.coef, grad_norm=grad_norm,
-                grad_norm_finite=bad_norm == 0.0, lr=lr, train_lr=rc.train.lr, clip_grad_norm=rc.train.clip_grad_norm))
+                grad_norm_finite=bad_norm == 0.0, lr=lr, train_lr=rc.train.lr,
+                clip_grad_norm=rc.train.clip_grad_norm))
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
