@@ -86,3 +86,16 @@ def test_alltoall_over_nccl_on_one_rank_equals_local_dispatch():
     (errors,) = run_ranks(_worker_cuda, 1, backend="nccl")
     assert errors["x_by_expert"] == 0, errors
     assert all(err < 1e-2 for err in errors.values()), errors
+
+
+def test_combine_of_a_rank_that_received_no_tokens():
+    # Skewed routing (e.g. a diverged router) can send every token to the other ranks' experts.
+    from workbench.moe.dispatch.local import weighted_sum
+
+    y = torch.zeros(0, 6, requires_grad=True)
+    w = torch.zeros(0, 2, requires_grad=True)
+    empty = torch.zeros(0, dtype=torch.int64)
+    out = weighted_sum(y, w, empty, empty)
+    assert out.shape == (0, 6)
+    out.sum().backward()
+    assert y.grad.shape == (0, 6) and w.grad.shape == (0, 2)

@@ -198,3 +198,118 @@ def test_grad_norm_and_clipping_span_fsdp_shards_and_expert_shards(tmp_path):
     assert r0["norm"] == pytest.approx(r0["ref"], rel=1e-6) and r0["norm"] == pytest.approx(r1["norm"], rel=1e-7)
     assert r0["before"] > 1.0 and r0["after"] == pytest.approx(1.0, rel=1e-4)
     assert r1["after"] == pytest.approx(1.0, rel=1e-4)
+
+
+# -- the non-finite guard: a NaN loss or grad norm never reaches the weights or a checkpoint ----
+
+
+def _checkpoint_tensors(ckpt: Path) -> dict:
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(ckpt), str(ckpt.parent / "flat.pt"))
+    flat, out = torch.load(ckpt.parent / "flat.pt"), {}
+
+    def walk(prefix, value):
+        if isinstance(value, torch.Tensor):
+            out[prefix] = value
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}", v)
+
+    walk("", flat)
+    return out
+
+
+@pytest.mark.parametrize("clip", [1.0, None])
+def test_nan_grad_norm_with_finite_loss_stops_before_the_update(tmp_path, clip):
+    import torch
+
+    from workbench.train.checkpoint import resolve_checkpoint
+    from workbench.train.guard import NonFiniteError
+
+    # lr 1e6: step 1 is finite, step 2's backward overflows (grad norm nan) while its loss is finite.
+    rc = _rc(tmp_path, run_id="diverge", train__steps=4, train__lr=1e6, train__checkpoint_every=1,
+             train__clip_grad_norm=clip)
+    advice = "lower train.clip_grad_norm" if clip else "enable train.clip_grad_norm"
+    with pytest.raises(NonFiniteError, match=rf"step 2: the gradient norm is nan while the loss \([\d.]+\) is "
+                                             rf"finite.*lower train.lr \(now 1e\+06.*{advice}"):
+        finetune(rc)
+    run = RunDir.open(tmp_path / "runs" / "diverge")
+    assert [m["step"] for m in run.read_metrics()] == [1]  # no record of the refused step
+    latest = resolve_checkpoint(run.path)
+    assert latest.name == "step-00000001"
+    tensors = _checkpoint_tensors(latest)
+    assert any(".model." in k for k in tensors) and any(".optim." in k for k in tensors)
+    bad = [k for k, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    assert not bad, bad
+    assert run.read_status()["state"] == "failed"
+
+
+def _nan_head_checkpoint(path: Path) -> str:
+    import torch
+    import transformers
+    from tiny_models import tiny_qwen3_moe
+
+    model = transformers.AutoModelForCausalLM.from_config(tiny_qwen3_moe())
+    with torch.no_grad():
+        model.lm_head.weight[3, 0] = float("nan")  # after the router: the aux loss stays finite
+    model.save_pretrained(path)
+    return str(path)
+
+
+def _nan_head_rc(tmp_path, ckpt, **overrides):
+    from workbench.config import DataConfig, ModelConfig
+
+    return _rc(tmp_path, model=ModelConfig(preset=None, path=ckpt), data=DataConfig(kind="synthetic", seq_len=16),
+               **overrides)
+
+
+def test_nan_loss_at_the_first_step_points_at_data_or_init(tmp_path):
+    from workbench.train.guard import NonFiniteError
+
+    rc = _nan_head_rc(tmp_path, _nan_head_checkpoint(tmp_path / "nan-model"), run_id="nanloss",
+                      train__checkpoint_every=1)
+    with pytest.raises(NonFiniteError, match=r"step 1: the loss is nan; this is the first step, before any "
+                                             r"update: check the data .* initialization or dtype"):
+        finetune(rc)
+    checkpoints = tmp_path / "runs" / "nanloss" / "checkpoints"
+    assert not checkpoints.exists() or not any(checkpoints.iterdir())
+
+
+def test_guard_names_the_aux_loss_and_later_loss_divergence():
+    from workbench.train.guard import NonFiniteError, StepValues, check_finite
+
+    ok = StepValues(step=5, first_step=False, resumed_from=None, ce_loss=2.0, aux_loss=0.3, aux_coef=0.01,
+                    grad_norm=1.5, grad_norm_finite=True, lr=1e-3, train_lr=1e-3, clip_grad_norm=1.0)
+    check_finite(ok)
+    import dataclasses
+
+    with pytest.raises(NonFiniteError, match=r"step 5: the router aux loss term is nan .*router_aux_loss_coef is nan: "
+                                             r"set a finite value"):
+        check_finite(dataclasses.replace(ok, aux_coef=float("nan"), ce_loss=float("nan")))
+    with pytest.raises(NonFiniteError, match=r"step 5: the router aux loss term is inf.*lower or zero "
+                                             r"model.router_aux_loss_coef \(now 0.01\), or lower train.lr"):
+        check_finite(dataclasses.replace(ok, aux_loss=float("inf")))
+    with pytest.raises(NonFiniteError, match=r"step 5: the loss is inf; earlier updates diverged: lower train.lr"):
+        check_finite(dataclasses.replace(ok, ce_loss=float("inf")))
+    with pytest.raises(NonFiniteError, match=r"first step after resuming from /ck"):
+        check_finite(dataclasses.replace(ok, ce_loss=float("nan"), first_step=True, resumed_from="/ck"))
+
+
+def _diverge_worker(rank, world, tmp, ckpt):
+    from workbench.train.guard import NonFiniteError
+
+    try:
+        finetune(_nan_head_rc(Path(tmp), ckpt, run_id="dp-nan", train__local_batch_size=2))
+    except NonFiniteError as err:
+        return str(err)
+    return None
+
+
+def test_all_ranks_stop_together_on_a_non_finite_loss(tmp_path):
+    from dist_utils import run_ranks
+
+    ckpt = _nan_head_checkpoint(tmp_path / "nan-model")
+    errors = run_ranks(_diverge_worker, 2, str(tmp_path), ckpt, timeout=120)
+    assert errors[0] and errors[0] == errors[1] and errors[0].startswith("step 1: the loss is nan"), errors

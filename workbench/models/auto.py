@@ -49,6 +49,26 @@ def _install_local(model, adapter, backend: BackendConfig, device):
     return model
 
 
+def _start_vanilla(config, mesh) -> None:
+    """Refuse a mesh a model without engine blocks cannot use (before building it), then say what it gets."""
+    if mesh is not None:
+        from workbench.parallel.build import check_mesh_for_model
+
+        check_mesh_for_model(mesh, config)
+    log.warning("no MoE Workbench adapter for model_type=%r; loading vanilla Transformers%s",
+                getattr(config, "model_type", None),
+                " (FSDP2 data parallelism over the mesh, no expert parallelism)" if mesh is not None else "")
+
+
+def _vanilla_on_mesh(model, mesh):
+    """A model without engine blocks: as Transformers built it, or FSDP2-sharded over the mesh's dp."""
+    if mesh is None:
+        return model
+    from workbench.parallel.build import shard_without_engine
+
+    return shard_without_engine(model, mesh)
+
+
 class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
     """Drop-in for `transformers.AutoModelForCausalLM` whose MoE blocks are the engine's."""
 
@@ -58,9 +78,13 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
         backend = _check_backend(backend)
         adapter = adapter_for(config)
         if adapter is None:
-            log.warning("no MoE Workbench adapter for model_type=%r; loading vanilla Transformers",
-                        getattr(config, "model_type", None))
-            return transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
+            _start_vanilla(config, mesh)
+            seed = hf_kwargs.pop("seed", None)  # the engine's mesh build takes one: same weights on every rank
+            with torch.random.fork_rng(devices=[], enabled=seed is not None):
+                if seed is not None:
+                    torch.manual_seed(seed)
+                model = transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
+            return _vanilla_on_mesh(model, mesh)
         adapter.validate_config(config)
         device = torch.device(device) if device is not None else default_device()
         backend.resolve(device)  # fail on an unavailable backend before building anything
@@ -77,12 +101,14 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
         """Load a Transformers checkpoint (local directory) into the engine."""
         backend = _check_backend(backend)
         path = Path(pretrained_model_name_or_path)
-        config = transformers.AutoConfig.from_pretrained(path)
+        # A caller's config (e.g. the trainer's, with its overrides) wins over the directory's.
+        config = hf_kwargs.pop("config", None) or transformers.AutoConfig.from_pretrained(path)
         adapter = adapter_for(config)
         if adapter is None:
-            log.warning("no MoE Workbench adapter for model_type=%r; loading vanilla Transformers",
-                        getattr(config, "model_type", None))
-            return transformers.AutoModelForCausalLM.from_pretrained(path, *model_args, **hf_kwargs)
+            _start_vanilla(config, mesh)
+            model = transformers.AutoModelForCausalLM.from_pretrained(path, *model_args, config=config,
+                                                                      **hf_kwargs)
+            return _vanilla_on_mesh(model, mesh)
         adapter.validate_config(config)
         device = torch.device(device) if device is not None else default_device()
         backend.resolve(device)
@@ -91,8 +117,8 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
 
             return build_parallel_model(adapter, config, backend, mesh, checkpoint=path, **hf_kwargs)
         try:
-            model, info = adapter.CAUSAL_LM_CLASS.from_pretrained(path, *model_args, output_loading_info=True,
-                                                                 **hf_kwargs)
+            model, info = adapter.CAUSAL_LM_CLASS.from_pretrained(path, *model_args, config=config,
+                                                                 output_loading_info=True, **hf_kwargs)
         except RuntimeError as err:
             if "mismatched" not in str(err):
                 raise

@@ -1,4 +1,4 @@
-"""Build the expert-parallel, FSDP2-sharded model directly: meta build, then only this rank's tensors."""
+"""Build the sharded model: the engine's (meta build, then only this rank's tensors) or any other (FSDP2 over dp)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from workbench.models.hf_io import assemble_tensor, read_tensors
 from workbench.moe.dispatch import make_dispatcher
 from workbench.moe.experts import GroupedExperts
 from workbench.moe.layer import MoEBlock
-from workbench.parallel.fsdp import apply_fsdp
-from workbench.parallel.mesh import MeshConfig
+from workbench.parallel.fsdp import apply_fsdp, apply_fsdp_any
+from workbench.parallel.mesh import MeshConfig, MeshError
 
 
 def _init_random(model: nn.Module, config, seed: int, expert_range: tuple[int, int], device) -> None:
@@ -101,4 +101,50 @@ def build_parallel_model(adapter, config, backend: BackendConfig, mesh: MeshConf
     model.workbench_mesh = mesh
     model.workbench_device_mesh = device_mesh
     model.workbench_expert_range = expert_range
+    return model
+
+
+def config_num_experts(config) -> int:
+    """Routed experts per MoE layer of a Transformers config (the field name differs by family), 0 if dense."""
+    for name in ("num_experts", "num_local_experts", "n_routed_experts"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
+
+
+def check_mesh_for_model(mesh: MeshConfig, config) -> None:
+    """Refuse ep > 1 for a dense model, or for experts the engine has no blocks for (cannot split)."""
+    if not isinstance(mesh, MeshConfig):
+        raise TypeError(f"mesh must be a workbench.MeshConfig, got {type(mesh).__name__}")
+    if mesh.ep == 1:
+        return
+    from workbench.models import ADAPTERS, adapter_for
+
+    model_type = getattr(config, "model_type", None)
+    if not config_num_experts(config):
+        raise MeshError(f"mesh ep={mesh.ep} splits experts, but model_type {model_type!r} has none (a dense "
+                        f"model); use ep=1 (FSDP2 data parallelism over all {mesh.dp} ranks) or leave the mesh unset")
+    if adapter_for(config) is None:
+        raise MeshError(f"mesh ep={mesh.ep} needs the engine's expert parallelism, which model_type "
+                        f"{model_type!r} does not have (engine families: {sorted(ADAPTERS)}); use ep=1: the "
+                        f"model then trains with FSDP2 data parallelism over all {mesh.dp} ranks, its experts "
+                        "replicated, or leave the mesh unset")
+
+
+def shard_without_engine(model: nn.Module, mesh: MeshConfig) -> nn.Module:
+    """A Transformers model without an engine adapter on this rank's device, FSDP2-sharded over dp."""
+    if not dist.is_initialized():
+        raise RuntimeError("mesh= needs an initialized process group (torchrun, workbench.Cluster, "
+                           "or torch.distributed.init_process_group)")
+    check_mesh_for_model(mesh, model.config)
+    mesh.validate(dist.get_world_size())
+    device = default_device()
+    model.to(device)
+    device_mesh = mesh.build(device.type)
+    if dist.get_world_size() > 1:
+        # Every rank built the same full model (same seed or checkpoint): each keeps its shards.
+        apply_fsdp_any(model, device_mesh)
+    model.workbench_mesh = mesh
+    model.workbench_device_mesh = device_mesh
     return model

@@ -11,16 +11,28 @@ from workbench.moe.layer import MoEBlock
 from workbench.parallel.mesh import dense_mesh
 
 
+def _fsdp_kwargs(param_dtype: torch.dtype | None) -> dict:
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
+    return {"mp_policy": mp} if mp is not None else {}
+
+
+def _sum_gradients(modules: list[nn.Module]) -> None:
+    """Gradients SUMMED, not averaged, across ranks (divide factor 1).
+
+    The trainer normalizes each rank's loss by the global token count, so summing gives the
+    exact gradient of the global loss, whatever dp and ep are.
+    """
+    for module in modules:
+        # A plain SUM (FSDP skips the post-divide by 1): gloo has no PREMUL_SUM, and on NCCL this
+        # is the same reduction the gloo equivalence tests verify.
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)
+
+
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None = None,
                reshard_after_forward: bool = True) -> nn.Module:
-    """Shard each decoder layer (and its experts separately), then the root.
-
-    Gradients are SUMMED, not averaged, across ranks (divide factor 1): the trainer normalizes
-    each rank's loss by the global token count, so summing gives the exact gradient of the
-    global loss for dense and expert parameters alike, whatever dp and ep are.
-    """
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
-    kwargs = {"mp_policy": mp} if mp is not None else {}
+    """Shard each decoder layer (and its experts separately), then the root; gradients summed."""
+    kwargs = _fsdp_kwargs(param_dtype)
     dense = dense_mesh(mesh)
     sharded = []
     for layer in model.model.layers:
@@ -30,9 +42,28 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | No
         sharded.append(fully_shard(layer, mesh=dense, reshard_after_forward=reshard_after_forward,
                                    **kwargs))
     sharded.append(fully_shard(model, mesh=dense, reshard_after_forward=False, **kwargs))
-    for module in sharded:
-        # A plain SUM (FSDP skips the post-divide by 1): gloo has no PREMUL_SUM, and on NCCL this
-        # is the same reduction the gloo equivalence tests verify.
-        module.set_gradient_divide_factor(1.0)
-        module.set_force_sum_reduction_for_comms(True)
+    _sum_gradients(sharded)
+    return model
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks of a Transformers model: the classes it names in `_no_split_modules`."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if m is not model and type(m).__name__ in names]
+
+
+def apply_fsdp_any(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None = None,
+                   reshard_after_forward: bool = True) -> nn.Module:
+    """Shard any Transformers causal LM (no engine blocks) per decoder layer, then the root, over dp.
+
+    Experts of a model without the engine's MoE blocks stay inside their layer's shard: they are
+    replicated data-parallel parameters like any other, so plain FSDP2 over dp is exact for them.
+    """
+    kwargs = _fsdp_kwargs(param_dtype)
+    dense = dense_mesh(mesh)
+    # Innermost first: fully_shard needs a nested block sharded before the block around it.
+    sharded = [fully_shard(layer, mesh=dense, reshard_after_forward=reshard_after_forward, **kwargs)
+               for layer in reversed(decoder_layers(model))]
+    sharded.append(fully_shard(model, mesh=dense, reshard_after_forward=False, **kwargs))
+    _sum_gradients(sharded)
     return model

@@ -8,14 +8,18 @@ Data parallelism and the loss. Each optimizer step takes one global batch of
 it into `grad_accum` micro-batches of `local_batch_size`. The cross-entropy of every micro-batch
 is a *sum* over its tokens divided by the GLOBAL number of loss tokens in the whole global batch
 (all micro-batches, all ranks), so the per-rank contributions add up to exactly the mean over
-the global batch. Gradients are therefore SUMMED over ranks, never averaged: the engine's FSDP2
-uses a gradient divide factor of 1 (workbench.parallel.fsdp), and the replicated fallback
-all-reduces with SUM. The router aux loss: the engine's model takes `aux_loss_group` and then
-returns this rank's share of the aux loss of the micro-batch across all ranks (shares add up to
-the global micro-batch's aux loss), so it is divided by grad_accum only. A model without that
-argument (vanilla Transformers) gives a per-rank mean, divided by grad_accum x world. The aux
-loss is a statistic of each micro-batch, so runs with different local batch sizes differ in it;
-the cross-entropy part is the same for any split.
+the global batch. Gradients are therefore SUMMED over ranks, never averaged: FSDP2 uses a
+gradient divide factor of 1 (workbench.parallel.fsdp) for the engine's models and for any other
+Transformers model alike (every model on more than one rank is sharded). The router aux loss:
+the engine's model takes `aux_loss_group` and then returns this rank's share of the aux loss of
+the micro-batch across all ranks (shares add up to the global micro-batch's aux loss), so it is
+divided by grad_accum only. A model without that argument (vanilla Transformers) gives a
+per-rank mean, divided by grad_accum x world. The aux loss is a statistic of each micro-batch,
+so runs with different local batch sizes differ in it; the cross-entropy part is the same for
+any split.
+
+A step whose global loss, aux loss or gradient norm is not finite stops the run before
+`optimizer.step()` (workbench.train.guard): it never reaches the weights or a checkpoint.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from workbench.train.checkpoint import (check_compatible, check_settings, clean_
                                         load_checkpoint, resolve_checkpoint, run_settings, save_checkpoint,
                                         verify_checkpoint)
 from workbench.train.data import Batch, build_stream
+from workbench.train.guard import StepValues, check_finite
 from workbench.train.metrics import expert_load_from_router_logits, reset_peak_memory, step_record
 from workbench.train.model_setup import build_model, model_dtype, resolve_mesh
 from workbench.train.optim import build_optimizer, build_scheduler, clip_grad_norm
@@ -125,6 +130,11 @@ class Trainer:
         rc = self.rc
         torch.manual_seed(rc.train.seed)
         self.model = build_model(rc, self.hf_config, self.mesh, self.device, model_dtype(rc.model, self.device))
+        if self.world > 1 and not _is_parallel(self.model):
+            # Each rank would train its own copy: refuse rather than report a run that is not one.
+            raise RuntimeError(f"the model ({type(self.model).__name__}) was not sharded over the {self.world} "
+                               "ranks, so its gradients would not be synchronized; this is a bug in "
+                               "workbench.train.model_setup.build_model, please report it")
         self.model.train()
         if rc.train.activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -135,7 +145,6 @@ class Trainer:
             state = load_checkpoint(self.resume_ckpt, self.model, self.optimizer, self.scheduler)
             self.stream.load_state_dict(state["data"])
             self.start_step = int(state["step"])
-        self.manual_dp = self.mesh is None and self.world > 1 and not _is_parallel(self.model)
         self._expert_load = _expert_load_reader(self.model)
         self.coef = float(getattr(self.hf_config, "router_aux_loss_coef", 0.0) or 0.0)
         self.forward_kwargs: dict[str, Any] = {}
@@ -188,17 +197,24 @@ class Trainer:
                 loads.append(expert_load_from_router_logits(out.router_logits, self.hf_config.num_experts_per_tok,
                                                             self.hf_config.num_experts))
         t3 = time.perf_counter()
-        if self.manual_dp:
-            _sum_grads(self.model)
         with record_function("workbench.optimizer"):
+            # The norm is computed even with clipping off: the guard below needs it.
             grad_norm = clip_grad_norm(self.model.parameters(), rc.train.clip_grad_norm)
             lr = self.optimizer.param_groups[0]["lr"]
+            # One reduction gives every rank the same global values, so all ranks pass or raise together.
+            ce_global, aux_global, bad_norm = du.all_reduce_sum(
+                [ce_sum, aux_sum, 0.0 if math.isfinite(grad_norm) else 1.0])
+            check_finite(StepValues(
+                step=step, first_step=step == self.start_step + 1,
+                resumed_from=str(self.resume_ckpt) if self.resume_ckpt is not None else None,
+                ce_loss=ce_global, aux_loss=aux_global, aux_coef=self.coef, grad_norm=grad_norm,
+                grad_norm_finite=bad_norm == 0.0, lr=lr, train_lr=rc.train.lr,
+                clip_grad_norm=rc.train.clip_grad_norm))
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         _sync(device)
         t4 = time.perf_counter()
-        ce_global, aux_global = du.all_reduce_sum([ce_sum, aux_sum])
         loss = ce_global + self.coef * aux_global
         if self._expert_load is not None:
             load = self._expert_load(self.model)
@@ -244,8 +260,6 @@ class Trainer:
                           f"tflops/gpu {record['tflops_per_gpu']:.3f}  grad_norm {record['grad_norm']:.3f}",
                           flush=True)
                 self.run.write_status("running", step=step, loss=record["loss"], **status_base)
-            if not math.isfinite(record["loss"]):
-                raise FloatingPointError(f"loss is {record['loss']} at step {step}; lower train.lr")
             if rc.train.checkpoint_every and step % rc.train.checkpoint_every == 0 and step < total:
                 last_ckpt = self.save(step)
         if state == "stopped" or rc.train.save_final_checkpoint:
@@ -279,15 +293,6 @@ def _is_parallel(model: torch.nn.Module) -> bool:
     except ImportError:
         return False
     return any(isinstance(p, DTensor) for p in model.parameters())
-
-
-def _sum_grads(model: torch.nn.Module) -> None:
-    """Plain data parallelism for a replicated model (no FSDP): sum grads over the world."""
-    import torch.distributed as dist
-
-    for p in model.parameters():
-        if p.grad is not None:
-            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
 
 
 def _expert_load_reader(model: torch.nn.Module):

@@ -16,56 +16,47 @@ def model_dtype(model_cfg, device: torch.device) -> torch.dtype:
     return getattr(torch, model_cfg.dtype)
 
 
-def _num_experts(hf_config: Any) -> int:
-    return int(getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", 0) or 0)
-
-
 def resolve_mesh(mesh: Any, world_size: int, hf_config: Any):
     """The MeshConfig to build, or None for one process.
 
-    None in the RunConfig means: dp = world size, and ep = world size when it divides the expert
-    count (else ep = 1). An explicit mesh is validated against the world and the model.
+    None in the RunConfig means: dp = world size, and, for a model with engine MoE blocks, ep =
+    world size when it divides the expert count (else ep = 1). An explicit mesh is validated
+    against the world and the model: ep > 1 needs experts the engine can split.
     """
+    from workbench.models import adapter_for
+    from workbench.parallel.build import check_mesh_for_model, config_num_experts
+    from workbench.parallel.mesh import MeshConfig
+
+    experts = config_num_experts(hf_config)
     if mesh is None:
         if world_size == 1:
             return None
-        try:
-            from workbench.parallel.mesh import MeshConfig
-        except ImportError:
-            return None  # engine without parallel support yet: replicated data parallelism
-        experts = _num_experts(hf_config)
-        ep = world_size if experts and experts % world_size == 0 else 1
+        engine = adapter_for(hf_config) is not None
+        ep = world_size if engine and experts and experts % world_size == 0 else 1
         mesh = MeshConfig(dp=world_size, ep=ep)
     try:
-        mesh.validate(world_size, _num_experts(hf_config))
+        check_mesh_for_model(mesh, hf_config)
+        mesh.validate(world_size, experts)
     except ValueError as err:
         raise ConfigError(f"mesh {mesh} does not fit this run: {err}") from err
     return mesh
 
 
 def build_model(rc, hf_config: Any, mesh: Any, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """The engine's model when workbench.models is importable, else vanilla Transformers."""
-    try:
-        from workbench.models.auto import AutoModelForCausalLM as EngineAuto
-    except ImportError:
-        EngineAuto = None
-    if EngineAuto is not None:
-        if rc.model.path is not None:
-            model = EngineAuto.from_pretrained(rc.model.path, backend=rc.backend, mesh=mesh, device=device,
-                                               config=hf_config, dtype=dtype)
-        else:
-            extra = {"seed": rc.train.seed} if mesh is not None else {}
-            model = EngineAuto.from_config(hf_config, backend=rc.backend, mesh=mesh, device=device, dtype=dtype,
-                                           **extra)
-    else:
-        if mesh is not None:
-            raise ConfigError("a mesh needs workbench.parallel, which this install lacks")
-        import transformers
+    """The engine's model, or vanilla Transformers for a family without an adapter; sharded over `mesh`.
 
-        if rc.model.path is not None:
-            model = transformers.AutoModelForCausalLM.from_pretrained(rc.model.path, config=hf_config, dtype=dtype)
-        else:
-            model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    Every model built with a mesh is FSDP2-sharded over dp (workbench.parallel.build), so more
+    than one rank always means synchronized data parallelism.
+    """
+    from workbench.models.auto import AutoModelForCausalLM as EngineAuto
+
+    if rc.model.path is not None:
+        model = EngineAuto.from_pretrained(rc.model.path, backend=rc.backend, mesh=mesh, device=device,
+                                           config=hf_config, dtype=dtype)
+    else:
+        extra = {"seed": rc.train.seed} if mesh is not None else {}
+        model = EngineAuto.from_config(hf_config, backend=rc.backend, mesh=mesh, device=device, dtype=dtype,
+                                       **extra)
     if mesh is None:
         model = model.to(device=device, dtype=dtype)
     else:

@@ -233,7 +233,11 @@ def total_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
 
 
 def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float | None) -> float:
-    """Scale all grads so their global norm is at most `max_norm`; return the norm before clipping."""
+    """Scale all grads so their global norm is at most `max_norm`; return the norm before clipping.
+
+    The norm is computed with max_norm=None too (the trainer's non-finite guard needs it); a
+    non-finite norm clips nothing: the guard stops the step instead.
+    """
     params = [p for p in params if p.grad is not None]
     norm = float(total_grad_norm(params))
     if max_norm is not None and math.isfinite(norm) and norm > max_norm:

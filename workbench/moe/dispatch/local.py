@@ -130,7 +130,8 @@ class _WeightedCombine(torch.autograd.Function):
             from workbench.kernels.triton_combine import combine_forward
 
             return combine_forward(y_ND, weights_TK, row_of_slot)
-        y_TKD = gather_slots(y_ND, row_of_slot).view(num_tokens, top_k, -1)
+        # Widths spelled out: a rank can receive no tokens at all (view(0, k, -1) is ambiguous).
+        y_TKD = gather_slots(y_ND, row_of_slot).view(num_tokens, top_k, y_ND.shape[-1])
         out_TD = torch.bmm(weights_TK.float().unsqueeze(1), y_TKD.float()).squeeze(1)
         return out_TD.to(y_ND.dtype)
 
@@ -146,12 +147,12 @@ class _WeightedCombine(torch.autograd.Function):
         grad_T1D = grad_TD.float().unsqueeze(1)
         grad_y = grad_w = None
         if ctx.needs_input_grad[1]:
-            y_TKD = gather_slots(y_ND, row_of_slot).view(num_tokens, top_k, -1)
+            y_TKD = gather_slots(y_ND, row_of_slot).view(num_tokens, top_k, y_ND.shape[-1])
             grad_w = torch.bmm(y_TKD.float(), grad_T1D.transpose(1, 2)).squeeze(2).to(weights_TK.dtype)
         if ctx.needs_input_grad[0]:
             grad_TKD = (weights_TK.float().unsqueeze(2) * grad_T1D).to(y_ND.dtype)
             # row r of y came from slot slot_order[r]
-            grad_y = grad_TKD.view(num_tokens * top_k, -1).index_select(0, slot_order)
+            grad_y = grad_TKD.view(num_tokens * top_k, grad_TKD.shape[-1]).index_select(0, slot_order)
         return grad_y, grad_w, None, None
 
 
