@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import tempfile
 import time
@@ -37,12 +38,14 @@ def _worker(rank: int, world: int, port: int, store_file: str, backend: str, env
         result = fn(rank, world, *args)
         # A Pipe's send writes in this thread and returns once the bytes are in the pipe (a Queue's
         # put hands them to a feeder thread that os._exit below can kill mid-message).
-        conn.send(("ok", result))
+        # Plain pickle: torch's multiprocessing pickler would pass tensors as shared-memory file
+        # descriptors, which the parent can only fetch from a sender that is still alive.
+        conn.send_bytes(pickle.dumps(("ok", result)))
         dist.barrier()
         dist.destroy_process_group()
     except BaseException:
         try:
-            conn.send(("error", traceback.format_exc()))
+            conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
         except BaseException:
             pass  # the parent then sees the pipe close without a result and reports the exit code
     # gloo can abort at interpreter exit after sub-groups were used (facts.md): leave at once.
@@ -75,7 +78,7 @@ def run_ranks(fn, world: int, *args, timeout: float = 240.0, backend: str = "glo
             for conn in ready:
                 rank = pending.pop(conn)
                 try:
-                    state, payload = conn.recv()
+                    state, payload = pickle.loads(conn.recv_bytes())
                 except EOFError:
                     procs[rank].join(timeout=10)
                     raise RuntimeError(f"rank {rank} exited without a result (exit code "

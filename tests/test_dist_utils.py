@@ -58,3 +58,15 @@ def test_rank_error_is_raised_with_its_traceback():
 def test_silent_rank_times_out_naming_it():
     with pytest.raises(TimeoutError, match=r"ranks \[(0, )?1\] of 2 sent no result within 5 s"):
         run_ranks(_rank_1_sleeps, 2, timeout=5)
+
+
+def _tensor_result(rank, world):
+    # Many tensors: fetching each descriptor takes a round trip, long enough for the rank to exit.
+    return {"rank": [torch.full((1024,), float(rank)) for _ in range(200)]}
+
+
+def test_tensor_results_arrive_after_the_rank_exits():
+    # torch's multiprocessing pickler would send tensors as shared-memory descriptors, which the
+    # parent fetches from the sender: gone after its os._exit (ConnectionResetError).
+    results = run_ranks(_tensor_result, 2)
+    assert [sum(float(t.sum()) for t in r["rank"]) for r in results] == [0.0, 200 * 1024.0]

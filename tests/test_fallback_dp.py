@@ -68,15 +68,12 @@ def train(ckpt: str, out: str, local_batch: int) -> dict:
 
 
 def _two_rank_worker(rank, world, ckpt, out):
-    # Through a file: a large result put on the queue can be lost when the rank exits at once.
-    path = str(Path(out) / f"result-rank{rank}.pt")
-    torch.save(train(ckpt, out, local_batch=2), path)
-    return path
+    return train(ckpt, out, local_batch=2)
 
 
 def test_two_ranks_are_one_data_parallel_model_equal_to_one_process(checkpoint, tmp_path):
     ref = train(str(checkpoint), str(tmp_path / "single"), local_batch=2)  # 2 micro-batches of 2
-    r0, r1 = (torch.load(p) for p in run_ranks(_two_rank_worker, 2, str(checkpoint), str(tmp_path / "dp")))
+    r0, r1 = run_ranks(_two_rank_worker, 2, str(checkpoint), str(tmp_path / "dp"))
     assert r0["grad_norms"] == r1["grad_norms"]  # one global norm, not each rank's own
     assert r0["params"].keys() == r1["params"].keys() == ref["params"].keys()
     for name in ref["params"]:
@@ -117,3 +114,19 @@ def test_two_rank_run_with_ep_for_a_vanilla_moe_fails_before_the_run_directory(t
     errors = run_ranks(_refused_worker, 2, str(ckpt), str(tmp_path / "runs"))
     assert all(e and "needs the engine's expert parallelism" in e for e in errors), errors
     assert not Path(tmp_path / "runs").exists()
+
+
+def _export_worker(rank, world, ckpt, out):
+    trainer = Trainer(run_config(ckpt, out, local_batch=2, train__export_hf=True))
+    trainer.setup()
+    result = trainer.fit()
+    return {"hf_dir": result["hf_dir"], "params": {n: _full(p) for n, p in trainer.model.named_parameters()}}
+
+
+def test_export_from_two_fsdp_ranks_loads_in_vanilla_transformers(checkpoint, tmp_path):
+    r0, _ = run_ranks(_export_worker, 2, str(checkpoint), str(tmp_path / "runs"))
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(r0["hf_dir"])
+    assert loaded.config.architectures == [type(loaded).__name__]  # not fully_shard's FSDP... class
+    state = loaded.state_dict()
+    for name, trained in r0["params"].items():
+        assert torch.equal(state[name], trained), name  # the trained weights, bit for bit

@@ -145,6 +145,8 @@ def save_pretrained(model, out_dir, max_shard_size: str = "5GB") -> None:
     from workbench.models.hf_io import gathered_disk_state, write_hf_checkpoint
 
     adapter = adapter_for(model.config)
+    if adapter is None:
+        return _save_without_adapter(model, out_dir, max_shard_size)
     mesh = getattr(model, "workbench_mesh", None)
     rank = dist.get_rank() if dist.is_initialized() else 0
     expert_range = getattr(model, "workbench_expert_range", (0, adapter.num_experts(model.config)))
@@ -154,5 +156,30 @@ def save_pretrained(model, out_dir, max_shard_size: str = "5GB") -> None:
         config = model.config
         config.architectures = [adapter.CAUSAL_LM_CLASS.__name__]
         write_hf_checkpoint(state, config, out_dir, max_shard_size)
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _save_without_adapter(model, out_dir, max_shard_size: str) -> None:
+    """Vanilla Transformers' save of a model the engine did not change, also when FSDP2-sharded.
+
+    Transformers' own save_pretrained writes the family's disk layout (its reverse weight
+    conversion); a sharded model is gathered first and saved through an unsharded twin, since
+    fully_shard renames the class (FSDPLlamaForCausalLM) that save_pretrained records.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.tensor import DTensor
+
+    if not any(isinstance(p, DTensor) for p in model.parameters()):
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            model.save_pretrained(out_dir, max_shard_size=max_shard_size)
+    else:
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if dist.get_rank() == 0:
+            with torch.device("meta"):
+                twin = transformers.AutoModelForCausalLM.from_config(model.config)
+            twin.load_state_dict(state, assign=True)  # strict: a missing tensor must fail, not save meta
+            twin.tie_weights()
+            twin.save_pretrained(out_dir, max_shard_size=max_shard_size)
     if dist.is_initialized():
         dist.barrier()
