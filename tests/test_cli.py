@@ -52,13 +52,18 @@ def test_finetune_from_yaml_with_overrides(tmp_path):
     assert "run completed" in proc.stdout
 
 
-def test_finetune_under_torchrun_on_two_ranks(tmp_path):
+@pytest.mark.parametrize("launcher", ["torchrun", "nproc-per-node"])
+def test_finetune_under_torchrun_on_two_ranks(tmp_path, launcher):
     cfg = tmp_path / "cfg.yaml"
     RunConfig.demo(data__seq_len=64, train__global_batch_size=4, train__local_batch_size=2).to_yaml(cfg)
     env = {**os.environ, "WORKBENCH_RUNS_DIR": str(tmp_path), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "workbench.cli", "finetune", str(cfg), "--steps", "2", "--run-id", "trun"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    env.pop("WORLD_SIZE", None)
+    command = ["-m", "workbench.cli", "finetune", str(cfg), "--steps", "2", "--run-id", "trun"]
+    if launcher == "torchrun":
+        command = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *command]
+    else:  # workbench checks the config for 2 ranks, then becomes torchrun
+        command = [*command, "--nproc-per-node", "2"]
+    proc = subprocess.run([sys.executable, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "run completed" in proc.stdout
     config = json.loads((tmp_path / "trun" / "config.json").read_text())
@@ -111,6 +116,33 @@ def test_mesh_error_under_torchrun_is_one_line_from_rank_0_with_exit_code_2(tmp_
     assert proc.returncode == 1 and re.search(r"failed \(exitcode: 2\) local_rank: 0 ", out), out
     assert len(re.findall(r"exitcode\s*: 2 ", out)) == 2, out  # torchrun's summary: both ranks left with 2
     assert not (tmp_path / "runs").exists()
+
+
+def test_finetune_nproc_per_node_checks_the_config_once_before_any_rank_starts(tmp_path):
+    from workbench.parallel.mesh import MeshConfig
+
+    cfg = tmp_path / "cfg.yaml"
+    RunConfig.demo(mesh=MeshConfig(dp=3, ep=1), data__seq_len=64, train__global_batch_size=6,
+                   train__local_batch_size=2).to_yaml(cfg)
+    env = {**os.environ, "WORKBENCH_RUNS_DIR": str(tmp_path / "runs"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    proc = subprocess.run([sys.executable, "-m", "workbench.cli", "finetune", str(cfg), "--nproc-per-node", "2"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == "" and proc.stderr.splitlines() == [
+        "workbench finetune: mesh MeshConfig(dp=3, ep=1, cp=1, tp=1) does not fit this run: MeshConfig(dp=3, ep=1) "
+        "spans 3 ranks but the world has 2; use dp=2 and an ep in [1, 2]"]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_finetune_nproc_per_node_runs_the_same_command_under_torchrun():
+    from workbench.cli import _torchrun_argv, build_parser
+
+    args = build_parser().parse_args(["finetune", "c.yaml", "--nproc-per-node", "4", "--set", "train.lr=1e-3",
+                                      "--steps", "7", "--run-id", "r1"])
+    assert _torchrun_argv(args) == [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                    "--nproc-per-node", "4", "-m", "workbench.cli", "finetune", "c.yaml",
+                                    "--set", "train.lr=1e-3", "--steps", "7", "--run-id", "r1"]
 
 
 @pytest.mark.parametrize("item,message", [("train.lr", r"--set expects key=value \(e.g. train.lr=1e-3\), got 'train.lr'"),

@@ -68,6 +68,22 @@ def _finetune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume-from", help="checkpoint or run directory to resume from")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override any config field by dotted key, e.g. --set data.seq_len=4096 (repeatable)")
+    p.add_argument("--nproc-per-node", type=int, metavar="N",
+                   help="check the config for N ranks in this process, then run it under torchrun with N ranks "
+                        "on this machine (a config error is then one line, exit code 2, before any rank starts)")
+
+
+def _torchrun_argv(args: argparse.Namespace) -> list[str]:
+    """This command again, for each rank torchrun starts (without --nproc-per-node)."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            str(args.nproc_per_node), "-m", "workbench.cli", "finetune", args.config]
+    for item in args.set or []:
+        argv += ["--set", item]
+    for flag, value in (("--steps", args.steps), ("--output-dir", args.output_dir), ("--run-id", args.run_id),
+                        ("--resume-from", args.resume_from)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
 
 
 def _run_finetune(args: argparse.Namespace) -> int:
@@ -80,7 +96,11 @@ def _run_finetune(args: argparse.Namespace) -> int:
     # Everything that can be checked from the config, the model's config.json and the launcher's
     # WORLD_SIZE is checked here, before the process group: under torchrun a mistake is then one
     # line from one rank instead of a traceback per rank.
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    launch = args.nproc_per_node is not None and "WORLD_SIZE" not in os.environ
+    if launch and args.nproc_per_node < 1:
+        print(f"workbench finetune: --nproc-per-node must be >= 1, got {args.nproc_per_node}", file=sys.stderr)
+        return 2
+    world = args.nproc_per_node if launch else int(os.environ.get("WORLD_SIZE", "1"))
     try:
         rc = RunConfig.from_yaml(args.config)
         overrides = _overrides(args)
@@ -93,6 +113,9 @@ def _run_finetune(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError, TypeError) as err:
         report_config_error("finetune", err)
         return 2
+    if launch:
+        sys.stdout.flush()
+        os.execv(sys.executable, _torchrun_argv(args))  # replaces this process: torchrun's exit code is ours
 
     def run() -> None:
         from workbench.train import finetune
