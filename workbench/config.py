@@ -182,10 +182,11 @@ class DataConfig:
         return self.max_length or self.seq_len
 
 
-# Settings a resume must keep unless train.resume_allow_changes names them: the LR schedule and
-# the data position in the checkpoint depend on them.
+# Settings a resume must keep unless train.resume_allow_changes names them: the LR schedule, the
+# optimizer's update and the data position in the checkpoint depend on them. train.optimizer is
+# not one: torch's and the Triton AdamW share their state and may be swapped on resume.
 RESUME_FIELDS = ("train.steps", "train.warmup_steps", "train.lr", "train.min_lr_ratio", "train.global_batch_size",
-                 "train.weight_decay", "train.betas", "train.optimizer",
+                 "train.weight_decay", "train.betas",
                  "data.kind", "data.path", "data.tokenizer", "data.seq_len", "data.pack", "data.max_length")
 
 

@@ -292,7 +292,7 @@ def check_settings(ckpt: Path, rc: Any) -> list[str]:
         raise CheckpointError(
             f"cannot resume from {ckpt}: this run changes settings the checkpoint was saved with: "
             + "; ".join(diffs[k] for k in refused)
-            + ". The LR schedule and the data position depend on them. Use the checkpoint's values, or accept "
+            + ". The LR schedule, the optimizer's update and the data position depend on them. Use the checkpoint's values, or accept "
             f"this run's values with train.resume_allow_changes: [{', '.join(names)}] (CLI: --set "
             f"'train.resume_allow_changes=[{', '.join(names)}]')")
     return list(diffs.values())
