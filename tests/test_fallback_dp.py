@@ -55,7 +55,7 @@ class GradNorms:
 def _full(p: torch.Tensor) -> torch.Tensor:
     """The whole parameter, gathered from its FSDP2 shards."""
     full = p.full_tensor() if hasattr(p, "full_tensor") else p
-    return full.detach().clone()
+    return full.detach().cpu().clone()  # the single-process reference may run on a GPU, gloo ranks on the CPU
 
 
 def train(ckpt: str, out: str, local_batch: int) -> dict:
