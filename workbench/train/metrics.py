@@ -24,10 +24,15 @@ GIB = float(1 << 30)
 
 
 def attention_keys_per_query(seq_len: int, window: int | None = None) -> float:
-    """Mean keys a query attends to under a causal mask: S/2, or S*W - W^2/2 over S for a window W < S."""
+    """Mean keys per query under a causal mask (window W: a query sees itself and W - 1 before it).
+
+    Counted as NeMo does: the (query, key) pairs of the mask less half its diagonal, over S; S/2
+    for the full causal mask, W - W(W-1)/(2S) - 1/2 for a sliding window W < S.
+    """
     if window is None or window >= seq_len:
         return seq_len / 2
-    return window - window * window / (2 * seq_len)
+    pairs = seq_len * window - window * (window - 1) / 2
+    return (pairs - seq_len / 2) / seq_len
 
 
 def flops_per_token(cfg: Any, seq_len: int) -> float:
