@@ -106,7 +106,8 @@ def test_deepseek_v3_flops_against_a_hand_count_of_the_real_modules():
         else:
             per_token_params += _weights(layer.mlp)  # the dense first layer
         # QK^T over d_qk = nope + rope, AV over d_v; S/2 keys per query (causal); x2 x3 FLOPs per MAC.
-        attention += 6 * cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim) * seq / 2
+        d_qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        attention += 6 * cfg.num_attention_heads * (d_qk + cfg.v_head_dim) * seq / 2
     assert len([layer for layer in model.model.layers if hasattr(layer.mlp, "experts")]) == 2
     assert flops_per_token(cfg, seq) == pytest.approx(6 * per_token_params + attention, rel=1e-12)
 

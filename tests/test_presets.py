@@ -105,3 +105,12 @@ def test_tiny_family_preset_finetunes_on_cpu(name, tmp_path):
     losses = result["losses"]
     assert result["state"] == "completed" and len(losses) == 3, result
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
+
+
+def test_layers_of_a_checkpoint_with_per_layer_types_keep_their_pattern(tmp_path):
+    preset_config("tiny-gpt-oss", layers=4).save_pretrained(tmp_path)
+    cfg = ModelConfig(preset=None, path=str(tmp_path), layers=3).hf_config()
+    assert cfg.num_hidden_layers == 3 and cfg.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
+    on_meta(cfg)  # builds: one attention type per layer
+    with pytest.raises(ConfigError, match=r"model.layers \(6\) exceeds the 4 layers of .*use 4 or fewer"):
+        ModelConfig(preset=None, path=str(tmp_path), layers=6).hf_config()

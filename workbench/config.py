@@ -107,7 +107,13 @@ class ModelConfig:
 
             cfg = read_hf_config(Path(self.path).expanduser())
             if self.layers is not None:
+                types = getattr(cfg, "layer_types", None)
+                if types and len(types) < self.layers:
+                    raise ConfigError(f"model.layers ({self.layers}) exceeds the {len(types)} layers of {self.path} "
+                                      f"(its config.json lists layer_types per layer); use {len(types)} or fewer")
                 cfg.num_hidden_layers = self.layers
+                if types:  # GPT-OSS's sliding/full pattern is per layer: keep the first `layers`
+                    cfg.layer_types = list(types[:self.layers])
         if self.router_aux_loss_coef is not None:
             cfg.router_aux_loss_coef = float(self.router_aux_loss_coef)
         return cfg

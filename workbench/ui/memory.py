@@ -21,10 +21,10 @@ The estimate (bytes on one rank, b = bytes per element of the training dtype):
     logits          = tokens * V * (b + 8)                   # logits, fp32 upcast and fp32 grad
                       (0 with the fused linear cross-entropy)
 
-Routed experts are counted per family (workbench.params): GPT-OSS's biases, DeepSeek-V3's shared
-experts and dense first layers. Against facts.md's measured Transformers anchors (Qwen3-30B-A3B, bf16, seq 4096, batch 2) it
-lands within 5%: 1 GPU 8 layers 62.2 vs 59.6 GiB, 2 GPUs FSDP2 8 layers 47.2 vs 46.3 GiB,
-16 layers 74.7 vs 72.1 GiB (tests/test_ui.py checks these).
+Parameters are counted per family (workbench.params): GPT-OSS's biases, DeepSeek-V3's shared
+experts and dense first layers. Against facts.md's measured Transformers anchors (Qwen3-30B-A3B,
+bf16, seq 4096, batch 2) it lands within 5%: 1 GPU 8 layers 62.2 vs 59.6 GiB, 2 GPUs FSDP2
+8 layers 47.2 vs 46.3 GiB, 16 layers 74.7 vs 72.1 GiB (tests/test_ui.py checks these).
 """
 
 from __future__ import annotations
