@@ -77,3 +77,68 @@ def test_memory_and_record_on_cpu():
                 "mem_peak_gib", "mem_now_gib", "expert_load", "expert_load_cv", "step_time_s", "forward_s",
                 "backward_s", "optimizer_s"):
         assert key in rec
+
+
+# -- every family (issue 14 item 6) ---------------------------------------------------------------
+
+
+def _weights(module) -> int:
+    """Weight-matrix elements of every nn.Linear under `module` (biases and norms excluded)."""
+    return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
+
+
+def test_deepseek_v3_flops_against_a_hand_count_of_the_real_modules():
+    """MLA (q/kv low-rank projections, d_qk = nope + rope != d_v), a dense first layer, shared experts."""
+    import transformers
+
+    cfg = preset_config("tiny-deepseek-v3", layers=3)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    seq = 96
+    per_token_params = model.lm_head.weight.numel()
+    attention = 0
+    for layer in model.model.layers:
+        per_token_params += _weights(layer.self_attn)  # q_a, q_b, kv_a_proj_with_mqa, kv_b, o
+        if hasattr(layer.mlp, "experts"):
+            experts = layer.mlp.experts
+            one_expert = (experts.gate_up_proj.numel() + experts.down_proj.numel()) // cfg.n_routed_experts
+            per_token_params += cfg.num_experts_per_tok * one_expert + _weights(layer.mlp.shared_experts)
+        else:
+            per_token_params += _weights(layer.mlp)  # the dense first layer
+        # QK^T over d_qk = nope + rope, AV over d_v; S/2 keys per query (causal); x2 x3 FLOPs per MAC.
+        d_qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        attention += 6 * cfg.num_attention_heads * (d_qk + cfg.v_head_dim) * seq / 2
+    assert len([layer for layer in model.model.layers if hasattr(layer.mlp, "experts")]) == 2
+    assert flops_per_token(cfg, seq) == pytest.approx(6 * per_token_params + attention, rel=1e-12)
+
+
+def test_gpt_oss_flops_count_sliding_window_layers_by_their_mask():
+    from transformers.masking_utils import causal_mask_function, sliding_window_causal_mask_function
+
+    from workbench.train.metrics import attention_keys_per_query
+
+    cfg = preset_config("tiny-gpt-oss", layers=4)
+    seq, window = 96, cfg.sliding_window
+    assert cfg.layer_types == ["sliding_attention", "full_attention"] * 2 and window < seq
+
+    def keys(mask_fn) -> float:
+        # Pairs the mask allows, less half the diagonal (NeMo's S/2 for a causal mask), per query.
+        q, k = torch.arange(seq).view(-1, 1), torch.arange(seq).view(1, -1)
+        pairs = int(mask_fn(torch.tensor(0), torch.tensor(0), q, k).expand(seq, seq).sum())
+        return (pairs - seq / 2) / seq
+
+    full, sliding = keys(causal_mask_function), keys(sliding_window_causal_mask_function(window))
+    assert full == seq / 2 and attention_keys_per_query(seq, window) == pytest.approx(sliding)
+    with torch.device("meta"):
+        import transformers
+
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    per_token_params = model.lm_head.weight.numel()
+    for layer in model.model.layers:
+        experts = layer.mlp.experts
+        per_token_params += _weights(layer.self_attn)
+        per_token_params += cfg.num_experts_per_tok * (experts.gate_up_proj.numel() + experts.down_proj.numel()) // 8
+    attention = 2 * 6 * cfg.num_attention_heads * 2 * cfg.head_dim * (full + sliding)
+    assert flops_per_token(cfg, seq) == pytest.approx(6 * per_token_params + attention, rel=1e-12)
+    # No window counts once the sequence fits inside it.
+    assert attention_keys_per_query(window, window) == window / 2

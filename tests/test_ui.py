@@ -145,6 +145,70 @@ def test_model_panel_presets_and_checkpoint(tmp_path):
     assert panel.hf_config().num_experts == 8 and panel.error.value == ""
 
 
+# -- every family (issue 14 item 6) -----------------------------------------------------------------
+
+
+def test_model_picker_lists_presets_by_family_with_total_and_active_params():
+    from workbench.config import PRESETS
+    from workbench.ui.logic import preset_options
+
+    options = preset_options()
+    assert [o.name for o in options] == list(PRESETS)
+    families = [o.family for o in options]
+    assert len(set(families)) == 5 and all(f == g or f not in families[i + 1:] for i, (f, g) in
+                                           enumerate(zip(families, families[1:])))  # each family together
+    by = {o.name: o for o in options}
+    assert by["gpt-oss-20b"].label == "GPT-OSS \u00b7 gpt-oss-20b (20.9B total, 4.19B active, openai/gpt-oss-20b)"
+    assert by["moonlight-16b-a3b"].label.startswith("DeepSeek-V3 \u00b7 moonlight-16b-a3b (16B total, 2.91B active")
+    assert "46.7B total, 12.9B active" in by["mixtral-8x7b"].label and "6.92B total" in by["olmoe-1b-7b"].label
+    panel = ModelPanel()
+    assert [value for _, value in panel.preset.options] == [*PRESETS, "local checkpoint"]
+    panel.preset.value = "moonlight-16b-a3b"
+    assert panel.layers.value == 27
+    assert panel.hf_config().model_type == "deepseek_v3"
+    assert "64 experts (top-6) + 2 shared" in panel.summary.value and "B active" in panel.summary.value
+
+
+@pytest.mark.parametrize("name,experts", [("gpt-oss-20b", 32), ("moonlight-16b-a3b", 64), ("mixtral-8x7b", 8),
+                                          ("olmoe-1b-7b", 64), ("tiny-deepseek-v3", 8)])
+def test_mesh_panel_knows_each_familys_expert_count(name, experts):
+    panel = MeshPanel(world_size=8, device_type="cuda", device_memory_gib=140)
+    panel.set_model(preset_config(name, layers=4))
+    assert [o.mesh.ep for _, o in panel.mesh.options] == [1, 2, 4, 8]
+    assert f"{experts // 8} experts per rank" in panel.details.value and "GiB" in panel.details.value
+
+
+def test_mesh_panel_for_a_model_without_routed_experts_offers_data_parallel_only():
+    panel = MeshPanel(world_size=2)
+    panel.set_model(preset_config("tiny-deepseek-v3", layers=1))  # only its dense first layer
+    assert [label for label, _ in panel.mesh.options] == ["dp=2 (no routed experts)"]
+    assert "no routed experts" in panel.details.value
+
+
+def test_memory_estimate_of_deepseek_v3_counts_shared_experts_and_mla():
+    cfg = preset_config("moonlight-16b-a3b", layers=4)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    numel = {n: p.numel() for n, p in model.named_parameters()}
+    routed = sum(v for n, v in numel.items() if ".mlp.experts." in n)
+    est = estimate_memory(cfg, 4, 2, seq_len=4096, local_batch=2, dtype="bfloat16")
+    assert est.sharded_state == pytest.approx(((sum(numel.values()) - routed) / 4 + routed / 4) * 8)
+    # Gathered: root (embed + lm_head, + grads) and 3 x the largest layer: attention, router, 2 shared
+    # experts and this rank's 32 of 64 routed experts (larger than layer 0's dense MLP).
+    def part(prefix):
+        return sum(v for n, v in numel.items() if n.startswith(f"model.layers.1.{prefix}"))
+
+    layer = part("self_attn.") + part("mlp.gate.") + part("mlp.shared_experts.") + part("mlp.experts.") // 2
+    assert layer > sum(v for n, v in numel.items() if n.startswith("model.layers.0.mlp."))
+    assert est.gathered == pytest.approx(2 * (2 * 2 * 163840 * 2048 + 3 * layer))
+    # Activations: layer 0 dense, layers 1-3 MoE with k=6 routed + shared copies; MLA widths.
+    H, heads, qk, v = 2048, 16, 192, 128
+    attention = heads * (2 * qk + 2 * v) + 512 + 64
+    dense = 4 * H + attention + 2 * H + 3 * 11264
+    moe = 4 * H + attention + 2 * H + 6 * (2 * H + 3 * 1408) + (2 * H + 3 * 2 * 1408)
+    assert est.activations == pytest.approx(4096 * 2 * 2 * (dense + 3 * moe))
+
+
 @pytest.fixture(scope="module")
 def tiny_run_dir(tmp_path_factory):
     """A real 3-step single-process run of the tiny model."""

@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from workbench.backends import BackendConfig
+from workbench.presets import PRESETS, TINY_VOCAB_SIZE, build_preset_config  # noqa: F401 (re-exported)
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TINY_SFT_PATH = DATA_DIR / "tiny_sft.jsonl"
 TOKENIZER_DIR = DATA_DIR / "tokenizer"
-# The shipped tokenizer's vocabulary size (tests/test_data.py checks it matches the files).
-TINY_VOCAB_SIZE = 512
 
 DTYPES = ("auto", "float32", "bfloat16")
 DATA_KINDS = ("synthetic", "jsonl")
@@ -57,43 +56,18 @@ def _check_float(value: Any, name: str, lo: float, hi: float | None = None) -> N
 
 
 # ---------------------------------------------------------------------------------------------
-# Model presets
-
-
-def _tiny_preset() -> dict[str, Any]:
-    # Widths are multiples of 8 so the bf16 grouped_mm path accepts them on GPU too.
-    return dict(vocab_size=TINY_VOCAB_SIZE, hidden_size=64, intermediate_size=128,
-                moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
-                norm_topk_prob=True, max_position_embeddings=2048, rope_theta=10000.0,
-                tie_word_embeddings=False, router_aux_loss_coef=0.01, bos_token_id=None,
-                eos_token_id=2, pad_token_id=0)
-
-
-def _qwen3_30b_a3b_preset() -> dict[str, Any]:
-    # Qwen/Qwen3-30B-A3B's architecture (random init): the benchmark model of facts.md.
-    return dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
-                moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
-                num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
-                norm_topk_prob=True, max_position_embeddings=40960, rope_theta=1_000_000.0,
-                rms_norm_eps=1e-6, tie_word_embeddings=False, router_aux_loss_coef=0.001,
-                bos_token_id=151643, eos_token_id=151645)
-
-
-PRESETS: dict[str, Any] = {"tiny": _tiny_preset, "qwen3-30b-a3b": _qwen3_30b_a3b_preset}
+# Model presets (workbench/presets.py holds them)
 
 
 def preset_config(name: str, layers: int | None = None):
-    """A `transformers.Qwen3MoeConfig` for a preset name, optionally with `layers` decoder layers."""
-    from transformers import Qwen3MoeConfig
+    """The family's transformers config (Qwen3MoeConfig, GptOssConfig, ...) for a preset name.
 
+    `layers` overrides the number of decoder layers (random init: presets have no weights).
+    """
     if name not in PRESETS:
         raise ConfigError(f"unknown model preset {name!r}; presets: {sorted(PRESETS)}")
-    kwargs = PRESETS[name]()
-    if layers is not None:
-        _check_int(layers, "layers", 1)
-        kwargs["num_hidden_layers"] = layers
-    return Qwen3MoeConfig(**kwargs)
+    _check_int(layers, "layers", 1, allow_none=True)
+    return build_preset_config(name, layers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,7 +107,13 @@ class ModelConfig:
 
             cfg = read_hf_config(Path(self.path).expanduser())
             if self.layers is not None:
+                types = getattr(cfg, "layer_types", None)
+                if types and len(types) < self.layers:
+                    raise ConfigError(f"model.layers ({self.layers}) exceeds the {len(types)} layers of {self.path} "
+                                      f"(its config.json lists layer_types per layer); use {len(types)} or fewer")
                 cfg.num_hidden_layers = self.layers
+                if types:  # GPT-OSS's sliding/full pattern is per layer: keep the first `layers`
+                    cfg.layer_types = list(types[:self.layers])
         if self.router_aux_loss_coef is not None:
             cfg.router_aux_loss_coef = float(self.router_aux_loss_coef)
         return cfg

@@ -18,51 +18,43 @@ from typing import Any
 
 import torch
 
+from workbench.params import head_dims, param_counts, sliding_layer_flags
+
 GIB = float(1 << 30)
 
 
-def _moe_layer_flags(cfg: Any) -> list[bool]:
-    """Which decoder layers are MoE for a Qwen3-MoE-style config (mlp_only_layers, sparse step)."""
-    layers = cfg.num_hidden_layers
-    mlp_only = set(getattr(cfg, "mlp_only_layers", None) or [])
-    step = getattr(cfg, "decoder_sparse_step", 1) or 1
-    num_experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", 0)
-    return [i not in mlp_only and num_experts > 0 and (i + 1) % step == 0 for i in range(layers)]
+def attention_keys_per_query(seq_len: int, window: int | None = None) -> float:
+    """Mean keys per query under a causal mask (window W: a query sees itself and W - 1 before it).
+
+    Counted as NeMo does: the (query, key) pairs of the mask less half its diagonal, over S; S/2
+    for the full causal mask, W - W(W-1)/(2S) - 1/2 for a sliding window W < S.
+    """
+    if window is None or window >= seq_len:
+        return seq_len / 2
+    pairs = seq_len * window - window * (window - 1) / 2
+    return (pairs - seq_len / 2) / seq_len
 
 
 def flops_per_token(cfg: Any, seq_len: int) -> float:
-    """Training FLOPs (forward + backward) per token, NeMo AutoModel's `qwen3_flops` formula.
+    """Training FLOPs (forward + backward) per token, NeMo AutoModel's formula for any family.
 
-    With L layers, hidden H, heads n_h, KV heads n_kv, head dim d, top-k k, expert width I_e,
-    vocab V, sequence S, and r = n_h * d / H:
+        per token = 6 * active matmul parameters                       # workbench.params
+                    + sum over layers of 6 * n_h * (d_qk + d_v) * keys(layer)
 
-        attention = 6 * L * H^2 * r * [ (2 * n_kv / n_h + 1)      # Q, K, V projections
-                                        + (S / H) * 2 * 0.5       # QK^T and AV, causal half
-                                        + 1 ]                     # output projection
-        mlp       = 6 * L * H * 3 * I_e * k                       # gate, up, down of k experts
-        vocab     = 6 * H * V                                     # lm_head
-        per token = attention + mlp + vocab
-
-    i.e. 6 x the matmul parameters a token touches (2 FLOPs per multiply-add, x3 for forward,
-    input-grad and weight-grad) plus the causal attention matmuls. Embedding lookup, norms, the
-    router gate and softmax are not counted (as in NeMo). Layers that Qwen3-MoE configs mark as
-    dense (mlp_only_layers / decoder_sparse_step) count intermediate_size with k = 1; with all
-    layers MoE (every Qwen3-MoE release) this is exactly NeMo's number: 23.0 GFLOP/token for
-    Qwen3-30B-A3B at S = 4096.
+    The first term is 2 FLOPs per multiply-add x 3 (forward, input grad, weight grad) for every
+    weight matrix a token goes through: attention projections (MLA's q/kv low-rank and up
+    projections included), the dense or shared MLPs, the top-k routed experts and the LM head;
+    not the embedding lookup, norms, biases, the router gate or softmax (as in NeMo). The second
+    is QK^T (width d_qk) and AV (width d_v) against `keys` keys per query: S/2 under the causal
+    mask, less on GPT-OSS's sliding-window layers (attention_keys_per_query). With n_h heads of
+    width d this is NeMo's qwen3_flops, 6 * L * H^2 * r * [(2 n_kv / n_h + 1) + S / H + 1] plus
+    6 * H * (3 I_e k) per layer and 6 * H * V: 23.0 GFLOP/token for Qwen3-30B-A3B at S = 4096.
     """
-    hidden = cfg.hidden_size
-    heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
-    ratio = heads * head_dim / hidden
-    attention_per_layer = 6 * hidden * hidden * ratio * ((2 * kv_heads / heads + 1) + (seq_len / hidden) + 1)
-    topk = getattr(cfg, "num_experts_per_tok", 1)
-    moe_width = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
-    mlp = 0.0
-    for is_moe in _moe_layer_flags(cfg):
-        mlp += 6 * hidden * 3 * (moe_width * topk if is_moe else cfg.intermediate_size)
-    vocab = 6 * hidden * cfg.vocab_size
-    return cfg.num_hidden_layers * attention_per_layer + mlp + vocab
+    counts = param_counts(cfg)
+    qk, v = head_dims(cfg)
+    window = getattr(cfg, "sliding_window", None)
+    keys = sum(attention_keys_per_query(seq_len, window if sliding else None) for sliding in sliding_layer_flags(cfg))
+    return 6 * counts.active_matmul + 6 * cfg.num_attention_heads * (qk + v) * keys
 
 
 def tflops_per_gpu(cfg: Any, seq_len: int, tokens: int, seconds: float) -> float:

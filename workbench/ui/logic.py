@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from workbench.backends import AUTO_ORDER, CHOICES, availability
 from workbench.parallel.mesh import MeshConfig, valid_meshes
+from workbench.params import moe_layer_flags, num_experts, param_counts
 
 CUSTOM_CHECKPOINT = "local checkpoint"
 
@@ -25,20 +26,30 @@ class MeshOption:
     @property
     def label(self) -> str:
         m = self.mesh
+        if not self.expert_ranges:
+            return f"dp={m.dp} (no routed experts)"
         return f"dp={m.dp} x ep={m.ep} (edp={m.edp}): {self.experts_per_rank} experts per rank"
 
 
-def mesh_options(world_size: int, num_experts: int) -> list[MeshOption]:
+def mesh_options(world_size: int, experts: int) -> list[MeshOption]:
     """Every valid dp x ep mesh for this cluster size and expert count (ep must divide both)."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if num_experts < 1:
-        raise ValueError(f"the model has {num_experts} experts; an MoE model needs >= 1")
+    if experts < 1:
+        raise ValueError(f"the model has {experts} experts; an MoE model needs >= 1")
     out = []
-    for mesh in valid_meshes(world_size, num_experts):
-        ranges = tuple(mesh.expert_range(r, num_experts) for r in range(mesh.ep))
-        out.append(MeshOption(mesh, num_experts // mesh.ep, ranges))
+    for mesh in valid_meshes(world_size, experts):
+        ranges = tuple(mesh.expert_range(r, experts) for r in range(mesh.ep))
+        out.append(MeshOption(mesh, experts // mesh.ep, ranges))
     return out
+
+
+def model_mesh_options(world_size: int, hf_config: Any) -> list[MeshOption]:
+    """The meshes for a model config, reading its family's expert-count field (dp only without experts)."""
+    experts = num_experts(hf_config)
+    if experts == 0 or not any(moe_layer_flags(hf_config)):  # e.g. DeepSeek-V3 cut to its dense first layers
+        return [MeshOption(m, 0, ()) for m in valid_meshes(world_size, 1)]
+    return mesh_options(world_size, experts)
 
 
 @dataclass(frozen=True)
@@ -109,9 +120,49 @@ def device_of(rank_infos: Sequence[dict] | None, default: str = "cpu") -> str:
 
 def model_summary(cfg: Any) -> dict[str, Any]:
     """Layers, experts, top-k and parameter counts of a model config (for the ModelPanel)."""
-    from workbench.ui.memory import param_counts
-
     counts = param_counts(cfg)
     return {"model_type": getattr(cfg, "model_type", "?"), "layers": counts.layers,
             "hidden": cfg.hidden_size, "experts": counts.num_experts, "top_k": counts.top_k,
+            "shared_experts": int(getattr(cfg, "n_shared_experts", 0) or 0),
             "params_b": counts.total / 1e9, "active_params_b": counts.active / 1e9}
+
+
+def format_params(n: int) -> str:
+    """A parameter count as people write it: 30.5B, 3.35B, 262K."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
+
+
+@dataclass(frozen=True)
+class PresetOption:
+    """One entry of the model picker: a preset with its family and parameter counts."""
+
+    name: str
+    family: str
+    model_type: str
+    total: int
+    active: int
+    source: str
+
+    @property
+    def label(self) -> str:
+        origin = f", {self.source}" if self.source else ""
+        return (f"{self.family} \u00b7 {self.name} ({format_params(self.total)} total, "
+                f"{format_params(self.active)} active{origin})")
+
+
+def preset_options() -> list[PresetOption]:
+    """Every preset, grouped by family (in PRESETS order), with total and active parameters."""
+    from workbench.config import preset_config
+    from workbench.presets import PRESETS
+
+    families = list(dict.fromkeys(p.family for p in PRESETS.values()))
+    out = []
+    for family in families:
+        for preset in (p for p in PRESETS.values() if p.family == family):
+            counts = param_counts(preset_config(preset.name))
+            out.append(PresetOption(preset.name, family, preset.model_type, counts.total, counts.active,
+                                    preset.source))
+    return out

@@ -7,18 +7,24 @@ The estimate (bytes on one rank, b = bytes per element of the training dtype):
                       # (torch AdamW keeps its states in the parameter dtype; no fp32 master copy)
     gathered (dp>1) = b * (2 * (embed + lm_head)            # root module stays unsharded (+ its grad)
                            + 3 * one decoder layer)          # all-gathered layer, prefetch, grad
-                      # one decoder layer = attention + router + this rank's E/ep experts
-    activations     = tokens * layers * b * per_token_layer  # tokens = local_batch * seq
-                      per_token_layer = 4H + 2*n_h*d + 2*n_kv*d + 2H + k * (2H + 3*I_e)
-                      # norms/residual, q, k/v, attention out, router input; each of the k
-                      # routed copies keeps its input, output and gate/up/activation
-                      with activation checkpointing: tokens * b * (layers * H + per_token_layer)
+                      # one decoder layer = attention + router + shared experts + this rank's E/ep
+                      # experts (or the dense MLP of a layer without experts, if larger)
+    activations     = tokens * b * sum over layers of per_token_layer   # tokens = local_batch * seq
+                      per_token_layer = 4H + attention + mlp
+                      attention = 2*n_h*d + 2*n_kv*d         # q, attention out, k/v
+                                  MLA: n_h*(2*d_qk + 2*d_v) + kv_lora + rope (+ q_lora)
+                      mlp (MoE)   = 2H + k * (2H + 3*I_e)    # router input; each of the k routed
+                                    + (2H + 3*I_s)           # copies keeps its input, output and
+                                                             # gate/up/activation; shared experts
+                      mlp (dense) = 2H + 3*I                 # a dense layer's MLP
+                      with activation checkpointing: tokens * b * (layers * H + max per_token_layer)
     logits          = tokens * V * (b + 8)                   # logits, fp32 upcast and fp32 grad
                       (0 with the fused linear cross-entropy)
 
-Against facts.md's measured Transformers anchors (Qwen3-30B-A3B, bf16, seq 4096, batch 2) it
-lands within 5%: 1 GPU 8 layers 62.2 vs 59.6 GiB, 2 GPUs FSDP2 8 layers 47.2 vs 46.3 GiB,
-16 layers 74.7 vs 72.1 GiB (tests/test_ui.py checks these).
+Parameters are counted per family (workbench.params): GPT-OSS's biases, DeepSeek-V3's shared
+experts and dense first layers. Against facts.md's measured Transformers anchors (Qwen3-30B-A3B,
+bf16, seq 4096, batch 2) it lands within 5%: 1 GPU 8 layers 62.2 vs 59.6 GiB, 2 GPUs FSDP2
+8 layers 47.2 vs 46.3 GiB, 16 layers 74.7 vs 72.1 GiB (tests/test_ui.py checks these).
 """
 
 from __future__ import annotations
@@ -26,80 +32,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from workbench.params import ParamCounts, head_dims, is_mla, moe_layer_flags, param_counts  # noqa: F401 (re-exported)
+
 GIB = float(1 << 30)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-@dataclass(frozen=True)
-class ParamCounts:
-    """Parameters of a Qwen3-MoE-style model, split the way the mesh shards them."""
-
-    embed: int
-    lm_head: int
-    attention_per_layer: int
-    norms: int  # all RMSNorm weights (per-layer and final)
-    router_per_layer: int
-    experts_per_layer: int  # all E experts of one MoE layer
-    dense_mlp_per_layer: int  # a non-MoE layer's MLP (mlp_only_layers), 0 if none
-    layers: int
-    moe_layers: int
-    num_experts: int
-    top_k: int
-
-    @property
-    def experts(self) -> int:
-        """All routed-expert parameters of the model."""
-        return self.experts_per_layer * self.moe_layers
-
-    @property
-    def dense(self) -> int:
-        """Everything that is not a routed expert (sharded over dp)."""
-        return (self.embed + self.lm_head + self.norms + self.layers * self.attention_per_layer
-                + self.moe_layers * self.router_per_layer
-                + (self.layers - self.moe_layers) * self.dense_mlp_per_layer)
-
-    @property
-    def total(self) -> int:
-        return self.dense + self.experts
-
-    @property
-    def active(self) -> int:
-        """Parameters one token touches (k of E experts)."""
-        return self.dense + self.experts * self.top_k // max(1, self.num_experts)
-
-
-def _get(cfg: Any, *names: str, default: Any = None) -> Any:
-    for name in names:
-        value = getattr(cfg, name, None)
-        if value is not None:
-            return value
-    return default
-
-
-def param_counts(cfg: Any) -> ParamCounts:
-    """Count parameters from a transformers MoE config (Qwen3-MoE layout)."""
-    hidden, vocab, layers = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers
-    heads = cfg.num_attention_heads
-    kv_heads = _get(cfg, "num_key_value_heads", default=heads)
-    head_dim = _get(cfg, "head_dim", default=hidden // heads)
-    experts = int(_get(cfg, "num_experts", "num_local_experts", "n_routed_experts", default=0))
-    moe_width = _get(cfg, "moe_intermediate_size", default=cfg.intermediate_size)
-    top_k = int(_get(cfg, "num_experts_per_tok", default=1))
-    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
-    if getattr(cfg, "model_type", "") == "qwen3_moe":
-        attention += 2 * head_dim  # q_norm, k_norm
-    if getattr(cfg, "attention_bias", False):
-        attention += heads * head_dim + 2 * kv_heads * head_dim
-    mlp_only = set(getattr(cfg, "mlp_only_layers", None) or [])
-    step = getattr(cfg, "decoder_sparse_step", 1) or 1
-    moe_layers = sum(1 for i in range(layers) if i not in mlp_only and experts > 0 and (i + 1) % step == 0)
-    tied = bool(getattr(cfg, "tie_word_embeddings", False))
-    return ParamCounts(
-        embed=vocab * hidden, lm_head=0 if tied else vocab * hidden, attention_per_layer=attention,
-        norms=(2 * layers + 1) * hidden, router_per_layer=experts * hidden,
-        experts_per_layer=experts * 3 * hidden * moe_width,
-        dense_mlp_per_layer=3 * hidden * cfg.intermediate_size, layers=layers, moe_layers=moe_layers,
-        num_experts=experts, top_k=top_k)
 
 
 @dataclass(frozen=True)
@@ -126,6 +62,26 @@ class MemoryEstimate:
         return out
 
 
+def _per_token_layer(cfg: Any, counts: ParamCounts, is_moe: bool) -> int:
+    """Activation elements one token keeps for backward in one decoder layer (module docstring)."""
+    hidden, heads = counts.hidden, cfg.num_attention_heads
+    qk, v = head_dims(cfg)
+    if is_mla(cfg):
+        attention = heads * (2 * qk + 2 * v) + cfg.kv_lora_rank + cfg.qk_rope_head_dim + (
+            getattr(cfg, "q_lora_rank", None) or 0)
+    else:
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        attention = 2 * heads * qk + 2 * kv_heads * qk
+    if is_moe:
+        width = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
+        mlp = 2 * hidden + counts.top_k * (2 * hidden + 3 * width)
+        if counts.shared_per_layer:
+            mlp += 2 * hidden + counts.shared_per_layer // hidden  # 3 * I_s
+    else:
+        mlp = 2 * hidden + 3 * cfg.intermediate_size
+    return 4 * hidden + attention + mlp
+
+
 def resolve_dtype(dtype: str, device_type: str) -> str:
     """What dtype="auto" trains in on `device_type` (bfloat16 on CUDA, float32 on CPU)."""
     if dtype == "auto":
@@ -148,19 +104,16 @@ def estimate_memory(cfg: Any, dp: int, ep: int, *, seq_len: int, local_batch: in
     sharded = (counts.dense / dp + counts.experts / (ep * edp)) * 4 * b
     gathered = 0.0
     if dp > 1:
-        layer = counts.attention_per_layer + counts.router_per_layer + counts.experts_per_layer / ep
+        mlp = counts.router_per_layer + counts.shared_per_layer + counts.experts_per_layer / ep
+        if counts.moe_layers < counts.layers:  # the largest gathered layer may be a dense one
+            mlp = max(mlp, counts.dense_mlp_per_layer)
+        layer = counts.attention_per_layer + mlp
         gathered = b * (2 * (counts.embed + counts.lm_head) + 3 * layer)
-    hidden = cfg.hidden_size
-    heads = cfg.num_attention_heads
-    kv_heads = _get(cfg, "num_key_value_heads", default=heads)
-    head_dim = _get(cfg, "head_dim", default=hidden // heads)
-    moe_width = _get(cfg, "moe_intermediate_size", default=cfg.intermediate_size)
-    per_token_layer = (6 * hidden + 2 * heads * head_dim + 2 * kv_heads * head_dim
-                       + counts.top_k * (2 * hidden + 3 * moe_width))
+    per_layer = [_per_token_layer(cfg, counts, is_moe) for is_moe in moe_layer_flags(cfg)]
     tokens = seq_len * local_batch
     if activation_checkpointing:
-        activations = tokens * b * (counts.layers * hidden + per_token_layer)
+        activations = tokens * b * (counts.layers * counts.hidden + max(per_layer))
     else:
-        activations = tokens * b * counts.layers * per_token_layer
+        activations = tokens * b * sum(per_layer)
     logits = 0.0 if fused_ce else tokens * cfg.vocab_size * (b + 8)
     return MemoryEstimate(sharded_state=sharded, gathered=gathered, activations=activations, logits=logits)

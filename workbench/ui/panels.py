@@ -14,8 +14,8 @@ import ipywidgets as W
 from workbench.backends import CHOICES, BackendConfig
 from workbench.config import DTYPES, PRESETS, ConfigError, ModelConfig
 from workbench.parallel.mesh import MeshConfig
-from workbench.ui.logic import (CUSTOM_CHECKPOINT, backend_choices, mesh_options, model_summary,
-                                resolve_auto)
+from workbench.ui.logic import (CUSTOM_CHECKPOINT, backend_choices, model_mesh_options, model_summary,
+                                preset_options, resolve_auto)
 from workbench.ui.memory import estimate_memory, resolve_dtype
 
 
@@ -28,11 +28,13 @@ def _error_html(text: str) -> str:
 
 
 class ModelPanel:
-    """A preset (tiny, qwen3-30b-a3b, ...) with a layer count, or a local checkpoint directory."""
+    """A preset (listed by family with total and active parameters) with a layer count, or a local checkpoint."""
 
     def __init__(self, preset: str = "tiny", layers: int | None = None, path: str | None = None,
                  dtype: str = "auto") -> None:
-        self.preset = W.Dropdown(options=[*PRESETS, CUSTOM_CHECKPOINT], description="model")
+        options = [(o.label, o.name) for o in preset_options()]
+        self.preset = W.Dropdown(options=[*options, (CUSTOM_CHECKPOINT, CUSTOM_CHECKPOINT)], description="model",
+                                 layout=W.Layout(width="max-content"))
         self.layers = W.BoundedIntText(min=1, max=1024, description="layers")
         self.path = W.Text(placeholder="/path/to/checkpoint (config.json + safetensors)", description="path")
         self.dtype = W.Dropdown(options=list(DTYPES), value=dtype, description="dtype")
@@ -53,7 +55,7 @@ class ModelPanel:
 
     @staticmethod
     def _preset_layers(name: str) -> int:
-        return int(PRESETS[name]()["num_hidden_layers"]) if name in PRESETS else 1
+        return PRESETS[name].layers if name in PRESETS else 1
 
     def _on_preset(self, change: dict) -> None:
         if change["new"] in PRESETS:
@@ -72,8 +74,9 @@ class ModelPanel:
         cfg = self.hf_config()
         if cfg is not None:
             s = model_summary(cfg)
+            shared = f" + {s['shared_experts']} shared" if s["shared_experts"] else ""
             self.summary.value = (f"{s['model_type']}: {s['layers']} layers, hidden {s['hidden']}, "
-                                  f"{s['experts']} experts (top-{s['top_k']}), "
+                                  f"{s['experts']} experts (top-{s['top_k']}){shared}, "
                                   f"{s['params_b']:.3g} B params, {s['active_params_b']:.3g} B active")
         else:
             self.summary.value = ""
@@ -127,9 +130,8 @@ class MeshPanel:
         if hf_config is None:
             self.mesh.options, self.details.value = [], ""
             return
-        experts = int(getattr(hf_config, "num_experts", 0) or getattr(hf_config, "num_local_experts", 0))
         previous = self.mesh.value.mesh if self.mesh.value is not None else None
-        options = mesh_options(self.world_size, experts)
+        options = model_mesh_options(self.world_size, hf_config)
         self.mesh.options = [(o.label, o) for o in options]
         # Keep the user's choice if it still fits, else the widest expert split.
         keep = [o for o in options if o.mesh == previous]
@@ -161,6 +163,7 @@ class MeshPanel:
             self.details.value = ""
         else:
             ranges = ", ".join(f"ep rank {i}: experts {a}-{b - 1}" for i, (a, b) in enumerate(option.expert_ranges))
+            experts = (f"{option.experts_per_rank} experts per rank ({ranges})" if ranges else "no routed experts")
             parts = est.as_gib()
             dtype = resolve_dtype(self._training["dtype"], self.device_type)
             fit = ""
@@ -169,7 +172,7 @@ class MeshPanel:
                 fit = (f" of {self.device_memory_gib:.0f} GiB: " + ("fits" if ok else
                        "<span style='color:#b00020'>does not fit</span>"))
             self.details.value = (
-                f"{option.experts_per_rank} experts per rank ({ranges})<br>"
+                f"{experts}<br>"
                 f"estimated memory per rank ({dtype}): <b>{_size(parts['total'])}</b>{fit}<br>"
                 f"<small>params+grads+AdamW {_size(parts['sharded_state'])}, gathered layers "
                 f"{_size(parts['gathered'])}, activations {_size(parts['activations'])}, logits "

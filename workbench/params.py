@@ -1,0 +1,189 @@
+"""Parameter counts of a Transformers MoE config, without building the model (pure functions).
+
+One counter for the Studio (model picker, memory estimate), the bench's step floor and the FLOPs
+formula. It reads the families' own field names: Qwen3-MoE / Qwen2-MoE / OLMoE (`num_experts`),
+Mixtral / GPT-OSS (`num_local_experts`), DeepSeek-V3 (`n_routed_experts`, `n_shared_experts`,
+`first_k_dense_replace`, MLA ranks and head dims), and counts what those modules hold: attention
+biases, GPT-OSS's sinks, router and expert biases, OLMoE's and Qwen3's q/k norms, MLA's latent norms.
+Buffers (DeepSeek-V3's score-correction bias) are not parameters and are not counted.
+
+Active parameters are those one token uses: everything but the routed experts, plus top-k of
+them in each MoE layer (shared experts always run). Vendors differ in how they quote it: Qwen,
+Mixtral, OLMoE and Moonlight count the embedding table, OpenAI's "3.6B active" for gpt-oss-20b
+leaves it out (`active - embed`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def _get(cfg: Any, *names: str, default: Any = None) -> Any:
+    for name in names:
+        value = getattr(cfg, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def num_experts(cfg: Any) -> int:
+    """Routed experts per MoE layer, whatever the family calls the field (0 for a dense model)."""
+    return int(_get(cfg, *EXPERT_COUNT_FIELDS, default=0))
+
+
+def is_mla(cfg: Any) -> bool:
+    """Whether the config describes DeepSeek's multi-head latent attention."""
+    return getattr(cfg, "kv_lora_rank", None) is not None and getattr(cfg, "qk_rope_head_dim", None) is not None
+
+
+def head_dims(cfg: Any) -> tuple[int, int]:
+    """(query/key width, value width) of one attention head."""
+    if is_mla(cfg):
+        return cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.v_head_dim
+    d = _get(cfg, "head_dim", default=cfg.hidden_size // cfg.num_attention_heads)
+    return d, d
+
+
+def moe_layer_flags(cfg: Any) -> list[bool]:
+    """Which decoder layers hold routed experts.
+
+    Qwen-style configs mark dense layers with mlp_only_layers / decoder_sparse_step, DeepSeek-V3
+    keeps its first `first_k_dense_replace` layers dense; everything else with experts is MoE.
+    """
+    layers = cfg.num_hidden_layers
+    if num_experts(cfg) == 0:
+        return [False] * layers
+    mlp_only = set(getattr(cfg, "mlp_only_layers", None) or [])
+    step = getattr(cfg, "decoder_sparse_step", 1) or 1
+    first_dense = getattr(cfg, "first_k_dense_replace", 0) or 0
+    return [i not in mlp_only and (i + 1) % step == 0 and i >= first_dense for i in range(layers)]
+
+
+def sliding_layer_flags(cfg: Any) -> list[bool]:
+    """Which layers use sliding-window attention (GPT-OSS's alternating layer_types)."""
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None) or []
+    return [bool(window) and i < len(types) and types[i] == "sliding_attention"
+            for i in range(cfg.num_hidden_layers)]
+
+
+def _attention(cfg: Any) -> tuple[int, int]:
+    """(all parameters, projection weights) of one attention block."""
+    hidden, heads = cfg.hidden_size, cfg.num_attention_heads
+    bias = bool(getattr(cfg, "attention_bias", False))
+    if is_mla(cfg):
+        qk, v = head_dims(cfg)
+        q_rank, kv_rank, rope = getattr(cfg, "q_lora_rank", None), cfg.kv_lora_rank, cfg.qk_rope_head_dim
+        if q_rank:
+            q_weights = hidden * q_rank + q_rank * heads * qk
+            q_other = q_rank + q_rank * bias  # q_a_layernorm; q_a_proj's bias
+        else:
+            q_weights, q_other = hidden * heads * qk, 0
+        weights = (q_weights + hidden * (kv_rank + rope)  # kv_a_proj_with_mqa: latent + shared rope key
+                   + kv_rank * heads * (qk - rope + v)  # kv_b_proj: per-head nope keys and values
+                   + heads * v * hidden)  # o_proj
+        other = q_other + kv_rank + bias * (kv_rank + rope + hidden)  # kv_a_layernorm; biases
+        return weights + other, weights
+    kv_heads = _get(cfg, "num_key_value_heads", default=heads)
+    d, _ = head_dims(cfg)
+    q, kv = heads * d, kv_heads * d
+    weights = hidden * (q + 2 * kv) + q * hidden
+    other = bias * (q + 2 * kv + hidden)
+    model_type = getattr(cfg, "model_type", "")
+    if model_type == "qwen3_moe":
+        other += 2 * d  # per-head q_norm, k_norm
+    elif model_type == "olmoe":
+        other += q + kv  # q_norm, k_norm over all heads
+    if model_type == "gpt_oss":
+        other += heads  # attention sinks
+    return weights + other, weights
+
+
+def _mlp_width(cfg: Any) -> int:
+    """Width of one routed expert (moe_intermediate_size; Mixtral and GPT-OSS use intermediate_size)."""
+    return _get(cfg, "moe_intermediate_size", default=cfg.intermediate_size)
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameters of a model, split the way the mesh shards them and the FLOPs formula needs them."""
+
+    embed: int
+    lm_head: int  # 0 when tied to the embedding
+    norms: int  # the decoder layers' and the final RMSNorm weights
+    attention_per_layer: int  # everything in one attention block
+    attention_matmul_per_layer: int  # its projection weight matrices
+    router_per_layer: int
+    expert_params: int  # one routed expert, biases included
+    expert_matmul: int  # one routed expert's weight matrices
+    shared_per_layer: int  # shared experts of one MoE layer (dense: every token runs them)
+    dense_mlp_per_layer: int  # the MLP of a layer without experts
+    layers: int
+    moe_layers: int
+    num_experts: int
+    top_k: int
+    hidden: int
+    vocab: int
+
+    @property
+    def experts_per_layer(self) -> int:
+        """All E routed experts of one MoE layer."""
+        return self.num_experts * self.expert_params
+
+    @property
+    def experts(self) -> int:
+        """All routed-expert parameters of the model (sharded over ep x edp)."""
+        return self.experts_per_layer * self.moe_layers
+
+    @property
+    def dense(self) -> int:
+        """Everything that is not a routed expert (sharded over dp)."""
+        return (self.embed + self.lm_head + self.norms + self.layers * self.attention_per_layer
+                + self.moe_layers * (self.router_per_layer + self.shared_per_layer)
+                + (self.layers - self.moe_layers) * self.dense_mlp_per_layer)
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.experts
+
+    @property
+    def active(self) -> int:
+        """Parameters one token uses: the dense part and top-k routed experts per MoE layer."""
+        return self.dense + self.moe_layers * self.top_k * self.expert_params
+
+    @property
+    def active_matmul(self) -> int:
+        """Weights of the matmuls one token goes through (the FLOPs formula's parameters).
+
+        Attention projections, the dense and shared MLPs, top-k experts and the LM head (a matmul
+        even when tied); not the embedding lookup, norms, biases or the router (as NeMo counts).
+        """
+        return (self.vocab * self.hidden + self.layers * self.attention_matmul_per_layer
+                + (self.layers - self.moe_layers) * self.dense_mlp_per_layer
+                + self.moe_layers * (self.shared_per_layer + self.top_k * self.expert_matmul))
+
+
+def param_counts(cfg: Any) -> ParamCounts:
+    """Count the parameters of a transformers MoE (or dense) decoder config."""
+    hidden, vocab, layers = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers
+    experts = num_experts(cfg)
+    width = _mlp_width(cfg)
+    moe_layers = sum(moe_layer_flags(cfg))
+    attention, attention_matmul = _attention(cfg)
+    expert_matmul = 3 * hidden * width
+    model_type = getattr(cfg, "model_type", "")
+    # GPT-OSS: biases on the router and on both expert projections.
+    has_bias = model_type == "gpt_oss"
+    expert_params = expert_matmul + has_bias * (2 * width + hidden)
+    shared = 3 * hidden * width * int(getattr(cfg, "n_shared_experts", 0) or 0)  # DeepSeek-V3
+    top_k = int(_get(cfg, "num_experts_per_tok", default=1)) if experts else 0
+    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+    return ParamCounts(
+        embed=vocab * hidden, lm_head=0 if tied else vocab * hidden, norms=(2 * layers + 1) * hidden,
+        attention_per_layer=attention, attention_matmul_per_layer=attention_matmul,
+        router_per_layer=experts * hidden + has_bias * experts, expert_params=expert_params,
+        expert_matmul=expert_matmul, shared_per_layer=shared, dense_mlp_per_layer=3 * hidden * cfg.intermediate_size,
+        layers=layers, moe_layers=moe_layers, num_experts=experts, top_k=top_k, hidden=hidden, vocab=vocab)
