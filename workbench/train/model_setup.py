@@ -24,6 +24,7 @@ def resolve_mesh(mesh: Any, world_size: int, hf_config: Any):
     against the world and the model: ep > 1 needs experts the engine can split.
     """
     from workbench.models import adapter_for
+    from workbench.models.generic import has_fused_experts
     from workbench.parallel.build import check_mesh_for_model, config_num_experts
     from workbench.parallel.mesh import MeshConfig
 
@@ -31,7 +32,7 @@ def resolve_mesh(mesh: Any, world_size: int, hf_config: Any):
     if mesh is None:
         if world_size == 1:
             return None
-        engine = adapter_for(hf_config) is not None
+        engine = adapter_for(hf_config) is not None or has_fused_experts(hf_config)
         ep = world_size if engine and experts and experts % world_size == 0 else 1
         mesh = MeshConfig(dp=world_size, ep=ep)
     try:
