@@ -121,14 +121,14 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
     sharded = any(isinstance(p, DTensor) for p in model.parameters())
     if sharded:
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
-                                                                     broadcast_from_rank0=False))
+        # Without cpu_offload every rank gets the full tensors (with it, only rank 0): the ep gather needs all.
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     else:
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     device_mesh = getattr(model, "workbench_device_mesh", None)
     mesh = getattr(model, "workbench_mesh", None)
     if mesh is None or mesh.ep == 1:
-        return state
+        return {k: v.detach().cpu() for k, v in state.items()}
     group = device_mesh.get_group("ep")
     backend_device = next(model.parameters()).device
     for name, module in engine_experts_modules(model):
@@ -137,8 +137,8 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
             local = state[key].to(backend_device).contiguous()
             parts = [torch.empty_like(local) for _ in range(mesh.ep)]
             dist.all_gather(parts, local, group=group)
-            state[key] = torch.cat(parts).cpu()
-    return state
+            state[key] = torch.cat(parts)
+    return {k: v.detach().cpu() for k, v in state.items()}
 
 
 def save_pretrained(model: nn.Module, out_dir, max_shard_size: str = "5GB") -> None:
