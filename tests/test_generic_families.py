@@ -182,3 +182,75 @@ def test_dp2_ep2_equals_one_process_and_saves_for_vanilla(family, tmp_path):
         assert r["grad_rel"] <= 512 * EPS, r
         assert set(r["held"].values()) == {r["num"] // 2}, r  # each rank holds only its experts
     assert results[0]["logits_diff"] <= 1e-5, results[0]
+
+
+def _saved(family: str, path, **overrides) -> str:
+    cfg = _config(family, **overrides)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    model.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3", "olmoe", "qwen2_moe", "glm4_moe"])
+def test_trainer_steps_on_the_generic_path_lower_the_loss(family, tmp_path):
+    from workbench.config import TINY_VOCAB_SIZE, ModelConfig, RunConfig
+    from workbench.train import finetune
+
+    path = _saved(family, tmp_path / "m", vocab_size=TINY_VOCAB_SIZE)  # the shipped tokenizer's
+    rc = RunConfig.demo(output_dir=str(tmp_path / "runs"), model=ModelConfig(preset=None, path=path),
+                        data__seq_len=64, train__steps=8, train__global_batch_size=4, train__local_batch_size=4,
+                        train__save_final_checkpoint=False)
+    losses = finetune(rc)["losses"]
+    assert losses[-1] < losses[0] - 0.05, losses
+
+
+def _pretrained_worker(rank, world, path, mesh_kwargs):
+    from torch.distributed.tensor import DTensor
+
+    from workbench.models import generic
+    from workbench.parallel.mesh import MeshConfig
+
+    model = AutoModelForCausalLM.from_pretrained(path, mesh=MeshConfig(**mesh_kwargs))
+    shapes = {n: tuple((m.down_proj.to_local() if isinstance(m.down_proj, DTensor) else m.down_proj).shape)
+              for n, m in engine_experts_modules(model)}
+    full = generic.full_state_dict(model)
+    return shapes, {k: v for k, v in full.items() if ".experts." in k or k.endswith("embed_tokens.weight")}
+
+
+def test_from_pretrained_on_a_mesh_keeps_this_ranks_experts_of_the_checkpoint(tmp_path):
+    path = _saved("gpt_oss", tmp_path / "m")
+    want = transformers.AutoModelForCausalLM.from_pretrained(path).state_dict()
+    results = run_ranks(_pretrained_worker, 2, path, dict(dp=2, ep=2), timeout=300)
+    for shapes, full in results:
+        assert all(s[0] == 2 for s in shapes.values()), shapes  # 4 experts over ep=2
+        for k, v in full.items():
+            assert torch.equal(v, want[k]), k
+
+
+def _init_worker(rank, world, family, ep):
+    from workbench.models import generic
+    from workbench.parallel.mesh import MeshConfig
+
+    model = AutoModelForCausalLM.from_config(_config(family), mesh=MeshConfig(dp=world, ep=ep), seed=5)
+    return generic.full_state_dict(model)
+
+
+def test_random_init_on_a_mesh_is_independent_of_ep():
+    a = run_ranks(_init_worker, 2, "deepseek_v3", 1, timeout=300)[0]
+    b = run_ranks(_init_worker, 2, "deepseek_v3", 2, timeout=300)[0]
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+        assert torch.isfinite(a[k]).all(), k
+    bias = [k for k in a if k.endswith("e_score_correction_bias")]
+    assert bias and all(torch.count_nonzero(a[k]) == 0 for k in bias)  # Transformers' own init of buffers
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
+def test_default_mesh_splits_generic_experts_and_explicit_ep_is_allowed(family):
+    from workbench.parallel.mesh import MeshConfig
+    from workbench.train.model_setup import resolve_mesh
+
+    cfg = _config(family)
+    assert resolve_mesh(None, 2, cfg) == MeshConfig(dp=2, ep=2)
+    assert resolve_mesh(MeshConfig(dp=4, ep=4), 4, cfg) == MeshConfig(dp=4, ep=4)

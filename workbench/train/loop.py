@@ -35,6 +35,7 @@ import torch
 from torch.profiler import record_function
 
 from workbench.config import RunConfig
+from workbench.models.generic import config_num_experts
 from workbench.moe.dispatch import close_dispatchers
 from workbench.train import dist_utils as du
 from workbench.train.checkpoint import (check_compatible, check_settings, clean_leftovers, export_hf,
@@ -195,7 +196,7 @@ class Trainer:
             aux_sum += float(aux.detach()) * self.aux_scale if aux is not None else 0.0
             if self._expert_load is None and getattr(out, "router_logits", None):
                 loads.append(expert_load_from_router_logits(out.router_logits, self.hf_config.num_experts_per_tok,
-                                                            self.hf_config.num_experts))
+                                                            config_num_experts(self.hf_config)))
         t3 = time.perf_counter()
         with record_function("workbench.optimizer"):
             # The norm is computed even with clipping off: the guard below needs it.
