@@ -30,7 +30,7 @@ class UnsupportedModelError(ValueError):
 
 def config_num_experts(config) -> int:
     """Routed experts per MoE layer of a Transformers config (the field name differs by family), 0 if dense."""
-    for name in ("num_experts", "num_local_experts", "n_routed_experts"):
+    for name in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:
             return value
