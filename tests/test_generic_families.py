@@ -286,3 +286,4 @@ def test_trainer_on_dp2_ep2_equals_one_process_and_exports_for_vanilla(family, t
     assert a.keys() == b.keys()
     for k in a:  # AdamW's sqrt(v) amplifies rounding of near-zero gradients: a fraction of lr after 3 steps
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-4, msg=lambda m, k=k: f"{k}: {m}")
+

@@ -14,7 +14,7 @@ from workbench.backends import BackendConfig
 from workbench.models import adapter_for, generic
 from workbench.models.hf_io import CheckpointError
 from workbench.moe.dispatch import LocalDispatcher
-from workbench.moe.hf_experts import engine_experts_modules
+from workbench.moe.hf_experts import check_generic_backend, engine_experts_modules
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ def _vanilla_on_mesh(model, mesh):
 def _generic_from(config, path, backend: BackendConfig, mesh, device, hf_kwargs: dict):
     """The generic engine path: Transformers' model whose fused experts modules are the engine's."""
     device = torch.device(device) if device is not None else default_device()
+    check_generic_backend(backend.resolve(device, world_size=mesh.ep if mesh is not None else 1).experts)
     if mesh is not None:
         from workbench.parallel.build import build_generic_parallel_model
 

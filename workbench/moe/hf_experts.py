@@ -141,12 +141,17 @@ def engine_class(hf_class: type) -> type:
     return type(f"Engine{hf_class.__name__}", (EngineExperts, hf_class), {"__module__": __name__})
 
 
-def install_engine_experts(module: nn.Module, dispatcher, backend: str, expert_range: tuple[int, int],
-                           num_experts: int) -> nn.Module:
-    """Turn a v5 experts module into the engine's in place; keep only experts [first, last)."""
+def check_generic_backend(backend: str) -> None:
+    """Refuse an experts backend the generic path has no implementation of (before any model is built)."""
     if backend not in GENERIC_BACKENDS:
         raise ValueError(f"experts backend {backend!r} has no generic-path implementation; use one of "
                          f"{list(GENERIC_BACKENDS)} (e.g. BackendConfig(experts='grouped_mm'))")
+
+
+def install_engine_experts(module: nn.Module, dispatcher, backend: str, expert_range: tuple[int, int],
+                           num_experts: int) -> nn.Module:
+    """Turn a v5 experts module into the engine's in place; keep only experts [first, last)."""
+    check_generic_backend(backend)
     layout = layout_of(module)
     first, last = expert_range
     for name in layout.param_names():
