@@ -266,7 +266,8 @@ def _trainer_run(ckpt: str, out: str, local_batch: int, **overrides) -> dict:
     trainer = Trainer(rc)
     trainer.setup()
     result = trainer.fit()
-    return {"losses": result["losses"], "hf_dir": result["hf_dir"], "mesh": str(getattr(trainer.model, "workbench_mesh", None))}
+    mesh = str(getattr(trainer.model, "workbench_mesh", None))
+    return {"losses": result["losses"], "hf_dir": result["hf_dir"], "mesh": mesh}
 
 
 def _trainer_worker(rank, world, ckpt, out):

@@ -7,6 +7,7 @@ import zlib
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import fully_shard
 
 from workbench.backends import BackendConfig
 from workbench.models.auto import default_device
@@ -14,9 +15,10 @@ from workbench.models.generic import config_num_experts  # noqa: F401  (re-expor
 from workbench.models.hf_io import assemble_tensor, read_tensors
 from workbench.moe.dispatch import make_dispatcher
 from workbench.moe.experts import GroupedExperts
+from workbench.moe.hf_experts import EngineExperts, engine_experts_modules
 from workbench.moe.layer import MoEBlock
-from workbench.parallel.fsdp import apply_fsdp, apply_fsdp_any
-from workbench.parallel.mesh import MeshConfig, MeshError
+from workbench.parallel.fsdp import _sum_gradients, apply_fsdp, apply_fsdp_any, decoder_layers
+from workbench.parallel.mesh import MeshConfig, MeshError, dense_mesh
 
 
 def _init_random(model: nn.Module, config, seed: int, expert_range: tuple[int, int], device) -> None:
@@ -142,12 +144,6 @@ def shard_without_engine(model: nn.Module, mesh: MeshConfig) -> nn.Module:
 
 def apply_fsdp_generic(model: nn.Module, device_mesh) -> nn.Module:
     """FSDP2 per decoder layer over dp, each engine experts module over the expert-data-parallel dim."""
-    from workbench.moe.hf_experts import EngineExperts
-    from workbench.parallel.fsdp import _sum_gradients, decoder_layers
-    from workbench.parallel.mesh import dense_mesh
-
-    from torch.distributed.fsdp import fully_shard
-
     dense = dense_mesh(device_mesh)
     sharded = []
     for layer in reversed(decoder_layers(model)):  # innermost first
@@ -162,7 +158,6 @@ def apply_fsdp_generic(model: nn.Module, device_mesh) -> nn.Module:
 
 def _mark_expert_params(model: nn.Module, device_mesh) -> None:
     # Expert shards differ per ep rank: grad clipping must sum their norm over ep too.
-    from workbench.moe.hf_experts import engine_experts_modules
     from workbench.train.optim import GRAD_NORM_GROUP_ATTR
 
     ep_group = device_mesh.get_group("ep")
