@@ -176,12 +176,20 @@ def _ep_worker(rank, world, family, save_dir):
                                     "qwen3_5_moe_text"])
 def test_dp2_ep2_equals_one_process_and_saves_for_vanilla(family, tmp_path):
     _config(family)  # skip early where this transformers lacks the family
-    results = run_ranks(_ep_worker, 2, family, str(tmp_path / "saved"), timeout=300)
+    _check_ep(run_ranks(_ep_worker, 2, family, str(tmp_path / "saved"), timeout=300))
+
+
+def _check_ep(results: list) -> None:
     for r in results:
         assert abs(r["loss"] - r["ref_loss"]) <= 64 * EPS * abs(r["ref_loss"]), r
         assert r["grad_rel"] <= 512 * EPS, r
-        assert set(r["held"].values()) == {r["num"] // 2}, r  # each rank holds only its experts
+        assert set(r["held"].values()) == {r["num"] // len(results)}, r  # each rank holds only its experts
     assert results[0]["logits_diff"] <= 1e-5, results[0]
+
+
+@pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
+def test_ep4_on_four_ranks_equals_one_process(family, tmp_path):
+    _check_ep(run_ranks(_ep_worker, 4, family, str(tmp_path / "saved"), timeout=300))
 
 
 def _saved(family: str, path, **overrides) -> str:
