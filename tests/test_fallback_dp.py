@@ -1,4 +1,4 @@
-"""Models without an engine adapter (dense Llama, Mixtral) on 2 gloo ranks: FSDP2 data parallelism.
+"""Models without an engine adapter on 2 gloo ranks, FSDP2 data parallelism: dense Llama, Mixtral (generic path, ep=1).
 
 Each rank takes different sequences of the global batch; the run must equal one process taking
 the whole global batch (as grad_accum micro-batches of the same size), and both ranks must hold
@@ -58,9 +58,9 @@ def _full(p: torch.Tensor) -> torch.Tensor:
     return full.detach().cpu().clone()  # the single-process reference may run on a GPU, gloo ranks on the CPU
 
 
-def train(ckpt: str, out: str, local_batch: int) -> dict:
+def train(ckpt: str, out: str, local_batch: int, **overrides) -> dict:
     norms = GradNorms()
-    trainer = Trainer(run_config(ckpt, out, local_batch), callbacks=[norms])
+    trainer = Trainer(run_config(ckpt, out, local_batch, **overrides), callbacks=[norms])
     trainer.setup()
     result = trainer.fit()
     return {"losses": result["losses"], "grad_norms": norms.values,
@@ -68,7 +68,8 @@ def train(ckpt: str, out: str, local_batch: int) -> dict:
 
 
 def _two_rank_worker(rank, world, ckpt, out):
-    return train(ckpt, out, local_batch=2)
+    # ep=1: every rank holds the whole model (a default mesh would split Mixtral's experts)
+    return train(ckpt, out, local_batch=2, mesh=MeshConfig(dp=2, ep=1))
 
 
 def test_two_ranks_are_one_data_parallel_model_equal_to_one_process(checkpoint, tmp_path):
@@ -87,37 +88,42 @@ def test_two_ranks_are_one_data_parallel_model_equal_to_one_process(checkpoint, 
     torch.testing.assert_close(torch.tensor(r0["grad_norms"]), torch.tensor(ref["grad_norms"]), rtol=1e-4, atol=0.0)
 
 
-def test_expert_parallelism_without_engine_experts_is_refused_before_training(tmp_path):
+def test_expert_parallelism_needs_experts_the_engine_can_split(tmp_path):
     mixtral, llama = tiny_config("mixtral"), tiny_config("llama")
-    with pytest.raises(ConfigError, match=r"mesh ep=2 needs the engine's expert parallelism.*'mixtral'.*"
-                                          r"qwen3_moe.*ep=1"):
-        resolve_mesh(MeshConfig(dp=2, ep=2), 2, mixtral)
     with pytest.raises(ConfigError, match=r"mesh ep=2 splits experts, but model_type 'llama' has none.*ep=1"):
         resolve_mesh(MeshConfig(dp=2, ep=2), 2, llama)
-    # No mesh given: data parallelism over every rank, experts (if any) replicated.
-    assert resolve_mesh(None, 2, mixtral) == MeshConfig(dp=2, ep=1)
+    # Mixtral's v5 fused experts run on the engine's generic path: a default mesh splits them.
+    assert resolve_mesh(MeshConfig(dp=2, ep=2), 2, mixtral) == MeshConfig(dp=2, ep=2)
+    assert resolve_mesh(None, 2, mixtral) == MeshConfig(dp=2, ep=2)
     assert resolve_mesh(None, 2, llama) == MeshConfig(dp=2, ep=1)
     assert resolve_mesh(None, 1, llama) is None
 
 
+def _jetmoe_config():
+    return transformers.AutoConfig.for_model("jetmoe", vocab_size=128, hidden_size=32, num_hidden_layers=1,
+                                            num_local_experts=4, num_experts_per_tok=2, kv_channels=8,
+                                            num_key_value_heads=2, intermediate_size=32)
+
+
 def _refused_worker(rank, world, ckpt, out):
     try:
-        Trainer(run_config(ckpt, out, local_batch=2, mesh=MeshConfig(dp=2, ep=2)))
+        Trainer(run_config(ckpt, out, local_batch=2))
     except ConfigError as err:
         return str(err)
     return None
 
 
-def test_two_rank_run_with_ep_for_a_vanilla_moe_fails_before_the_run_directory(tmp_path):
-    ckpt = tmp_path / "mixtral"
-    transformers.AutoModelForCausalLM.from_config(tiny_config("mixtral")).save_pretrained(ckpt)
+@pytest.mark.skipif("jetmoe" not in transformers.CONFIG_MAPPING, reason="no jetmoe in this transformers")
+def test_moe_without_fused_experts_fails_before_the_run_directory(tmp_path):
+    ckpt = tmp_path / "jetmoe"
+    transformers.AutoModelForCausalLM.from_config(_jetmoe_config()).save_pretrained(ckpt)
     errors = run_ranks(_refused_worker, 2, str(ckpt), str(tmp_path / "runs"))
-    assert all(e and "needs the engine's expert parallelism" in e for e in errors), errors
+    assert all(e and "experts are not Transformers v5 fused" in e and "mixtral" in e for e in errors), errors
     assert not Path(tmp_path / "runs").exists()
 
 
 def _export_worker(rank, world, ckpt, out):
-    trainer = Trainer(run_config(ckpt, out, local_batch=2, train__export_hf=True))
+    trainer = Trainer(run_config(ckpt, out, local_batch=2, train__export_hf=True, mesh=MeshConfig(dp=2, ep=1)))
     trainer.setup()
     result = trainer.fit()
     return {"hf_dir": result["hf_dir"], "params": {n: _full(p) for n, p in trainer.model.named_parameters()}}

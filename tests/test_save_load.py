@@ -81,12 +81,22 @@ def test_checkpoint_missing_expert_tensors_is_an_error(tmp_path):
         workbench.AutoModelForCausalLM.from_pretrained(tmp_path, device="cpu")
 
 
-def test_architecture_without_adapter_loads_vanilla_with_a_notice(caplog):
+def test_architecture_without_adapter_gets_the_generic_path_or_vanilla_with_a_notice(caplog):
+    from workbench.moe.hf_experts import engine_experts_modules
+
     cfg = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                                      num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
                                      num_experts_per_tok=2)
-    with caplog.at_level("WARNING", logger="workbench.models.auto"):
+    with caplog.at_level("WARNING", logger="workbench.models"):
         model = workbench.AutoModelForCausalLM.from_config(cfg)
-    assert type(model) is transformers.MixtralForCausalLM
-    assert not any(isinstance(m, workbench.moe.layer.MoEBlock) for m in model.modules())
-    assert "no MoE Workbench adapter for model_type='mixtral'" in caplog.text
+    assert isinstance(model, transformers.MixtralForCausalLM) and engine_experts_modules(model)
+    assert [r.getMessage() for r in caplog.records].count(
+        "model_type 'mixtral': generic engine path (Transformers' router and attention, the engine's experts in 1 "
+        "MoE layers of 4 experts, backend grouped_mm)") == 1
+    caplog.clear()
+    dense = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                     num_attention_heads=4, num_key_value_heads=2)
+    with caplog.at_level("WARNING", logger="workbench.models.auto"):
+        model = workbench.AutoModelForCausalLM.from_config(dense)
+    assert type(model) is transformers.LlamaForCausalLM
+    assert "no MoE Workbench adapter for model_type='llama'" in caplog.text

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 
 
 def _get(cfg: Any, *names: str, default: Any = None) -> Any:

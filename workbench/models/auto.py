@@ -11,9 +11,10 @@ import torch.distributed as dist
 import transformers
 
 from workbench.backends import BackendConfig
-from workbench.models import adapter_for
+from workbench.models import adapter_for, generic
 from workbench.models.hf_io import CheckpointError
 from workbench.moe.dispatch import LocalDispatcher
+from workbench.moe.hf_experts import check_generic_backend, engine_experts_modules
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,33 @@ def _vanilla_on_mesh(model, mesh):
     return shard_without_engine(model, mesh)
 
 
+def _generic_from(config, path, backend: BackendConfig, mesh, device, hf_kwargs: dict):
+    """The generic engine path: Transformers' model whose fused experts modules are the engine's."""
+    device = torch.device(device) if device is not None else default_device()
+    check_generic_backend(backend.resolve(device, world_size=mesh.ep if mesh is not None else 1).experts)
+    if mesh is not None:
+        from workbench.parallel.build import build_generic_parallel_model
+
+        return build_generic_parallel_model(config, backend, mesh, checkpoint=path, **hf_kwargs)
+    resolved = backend.resolve(device)
+    seed = hf_kwargs.pop("seed", None)
+    if path is None:
+        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            model = transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
+    else:
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(path, config=config,
+                                                                        output_loading_info=True, **hf_kwargs)
+        missing = sorted(info.get("missing_keys", []))
+        if missing:
+            raise CheckpointError(f"checkpoint {path} does not fit its config ({config.model_type}): missing "
+                                  f"tensors {missing[:8]}{'...' if len(missing) > 8 else ''}. Point to a complete "
+                                  "checkpoint written by save_pretrained, or fix config.json")
+    generic.install(model, resolved, LocalDispatcher)
+    return model
+
+
 class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
     """Drop-in for `transformers.AutoModelForCausalLM` whose MoE blocks are the engine's."""
 
@@ -77,6 +105,8 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
         """Build a randomly initialized model from a Transformers config."""
         backend = _check_backend(backend)
         adapter = adapter_for(config)
+        if adapter is None and generic.has_fused_experts(config):
+            return _generic_from(config, None, backend, mesh, device, hf_kwargs)
         if adapter is None:
             _start_vanilla(config, mesh)
             seed = hf_kwargs.pop("seed", None)  # the engine's mesh build takes one: same weights on every rank
@@ -104,6 +134,8 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
         # A caller's config (e.g. the trainer's, with its overrides) wins over the directory's.
         config = hf_kwargs.pop("config", None) or transformers.AutoConfig.from_pretrained(path)
         adapter = adapter_for(config)
+        if adapter is None and generic.has_fused_experts(config):
+            return _generic_from(config, path, backend, mesh, device, hf_kwargs)
         if adapter is None:
             _start_vanilla(config, mesh)
             model = transformers.AutoModelForCausalLM.from_pretrained(path, *model_args, config=config,
@@ -145,6 +177,8 @@ def save_pretrained(model, out_dir, max_shard_size: str = "5GB") -> None:
     from workbench.models.hf_io import gathered_disk_state, write_hf_checkpoint
 
     adapter = adapter_for(model.config)
+    if adapter is None and engine_experts_modules(model):
+        return generic.save_pretrained(model, out_dir, max_shard_size)
     if adapter is None:
         return _save_without_adapter(model, out_dir, max_shard_size)
     mesh = getattr(model, "workbench_mesh", None)

@@ -7,15 +7,18 @@ import zlib
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import fully_shard
 
 from workbench.backends import BackendConfig
 from workbench.models.auto import default_device
+from workbench.params import num_experts as config_num_experts
 from workbench.models.hf_io import assemble_tensor, read_tensors
 from workbench.moe.dispatch import make_dispatcher
 from workbench.moe.experts import GroupedExperts
+from workbench.moe.hf_experts import EngineExperts, engine_experts_modules
 from workbench.moe.layer import MoEBlock
-from workbench.parallel.fsdp import apply_fsdp, apply_fsdp_any
-from workbench.parallel.mesh import MeshConfig, MeshError
+from workbench.parallel.fsdp import _sum_gradients, apply_fsdp, apply_fsdp_any, decoder_layers
+from workbench.parallel.mesh import MeshConfig, MeshError, dense_mesh
 
 
 def _init_random(model: nn.Module, config, seed: int, expert_range: tuple[int, int], device) -> None:
@@ -104,32 +107,21 @@ def build_parallel_model(adapter, config, backend: BackendConfig, mesh: MeshConf
     return model
 
 
-def config_num_experts(config) -> int:
-    """Routed experts per MoE layer of a Transformers config (the field name differs by family), 0 if dense."""
-    for name in ("num_experts", "num_local_experts", "n_routed_experts"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 0
-
-
 def check_mesh_for_model(mesh: MeshConfig, config) -> None:
-    """Refuse ep > 1 for a dense model, or for experts the engine has no blocks for (cannot split)."""
+    """Refuse ep > 1 for a dense model; a MoE model whose experts the engine cannot split is refused at all."""
     if not isinstance(mesh, MeshConfig):
         raise TypeError(f"mesh must be a workbench.MeshConfig, got {type(mesh).__name__}")
     if mesh.ep == 1:
         return
-    from workbench.models import ADAPTERS, adapter_for
+    from workbench.models import adapter_for
+    from workbench.models.generic import has_fused_experts
 
     model_type = getattr(config, "model_type", None)
+    if adapter_for(config) is None and has_fused_experts(config):  # refuses experts it cannot split
+        return
     if not config_num_experts(config):
         raise MeshError(f"mesh ep={mesh.ep} splits experts, but model_type {model_type!r} has none (a dense "
                         f"model); use ep=1 (FSDP2 data parallelism over all {mesh.dp} ranks) or leave the mesh unset")
-    if adapter_for(config) is None:
-        raise MeshError(f"mesh ep={mesh.ep} needs the engine's expert parallelism, which model_type "
-                        f"{model_type!r} does not have (engine families: {sorted(ADAPTERS)}); use ep=1: the "
-                        f"model then trains with FSDP2 data parallelism over all {mesh.dp} ranks, its experts "
-                        "replicated, or leave the mesh unset")
 
 
 def shard_without_engine(model: nn.Module, mesh: MeshConfig) -> nn.Module:
@@ -147,4 +139,78 @@ def shard_without_engine(model: nn.Module, mesh: MeshConfig) -> nn.Module:
         apply_fsdp_any(model, device_mesh)
     model.workbench_mesh = mesh
     model.workbench_device_mesh = device_mesh
+    return model
+
+
+def apply_fsdp_generic(model: nn.Module, device_mesh) -> nn.Module:
+    """FSDP2 per decoder layer over dp, each engine experts module over the expert-data-parallel dim."""
+    dense = dense_mesh(device_mesh)
+    sharded = []
+    for layer in reversed(decoder_layers(model)):  # innermost first
+        for module in layer.modules():
+            if isinstance(module, EngineExperts):
+                sharded.append(fully_shard(module, mesh=device_mesh["edp"]))
+        sharded.append(fully_shard(layer, mesh=dense))
+    sharded.append(fully_shard(model, mesh=dense, reshard_after_forward=False))
+    _sum_gradients(sharded)
+    return model
+
+
+def _mark_expert_params(model: nn.Module, device_mesh) -> None:
+    # Expert shards differ per ep rank: grad clipping must sum their norm over ep too.
+    from workbench.train.optim import GRAD_NORM_GROUP_ATTR
+
+    ep_group = device_mesh.get_group("ep")
+    for _, module in engine_experts_modules(model):
+        for param in module.parameters(recurse=False):
+            setattr(param, GRAD_NORM_GROUP_ATTR, ep_group)
+
+
+def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfig, checkpoint=None,
+                                 dtype: torch.dtype | None = None, seed: int = 0, **hf_kwargs):
+    """A model with v5 fused experts on `mesh`: experts sliced by ep, FSDP2 over dp per decoder layer.
+
+    From a config: built on the meta device, then only this rank's experts are allocated and
+    initialized (models/generic.init_random). From a checkpoint: Transformers loads the model on
+    every rank, which then keeps only its experts.
+    """
+    import transformers
+
+    from workbench.models import generic
+
+    if not dist.is_initialized():
+        raise RuntimeError("mesh= needs an initialized process group (torchrun, workbench.Cluster, "
+                           "or torch.distributed.init_process_group)")
+    if not isinstance(mesh, MeshConfig):
+        raise TypeError(f"mesh must be a workbench.MeshConfig, got {type(mesh).__name__}")
+    dtype = dtype or hf_kwargs.pop("torch_dtype", None)
+    device = default_device()
+    if checkpoint is None:
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, config=config, **hf_kwargs)
+    num_experts = generic.num_experts(model, config)
+    mesh.validate(dist.get_world_size(), num_experts)
+    resolved = backend.resolve(device, world_size=mesh.ep)
+    device_mesh = mesh.build(device.type)
+    expert_range = mesh.expert_range(dist.get_rank(), num_experts)
+    # One dispatcher for every MoE layer: dispatchers hold no per-layer state.
+    dispatcher = make_dispatcher(resolved.dispatcher, num_experts, device_mesh.get_group("ep"))
+    generic.install(model, resolved, lambda n: dispatcher, expert_range)
+    if checkpoint is None:
+        model.to_empty(device=device)
+        generic.init_random(model, seed)
+    else:
+        model.to(device)
+    if dtype is not None:
+        model.to(dtype)
+    model.tie_weights()
+    if dist.get_world_size() > 1:
+        apply_fsdp_generic(model, device_mesh)
+    if mesh.ep > 1:
+        _mark_expert_params(model, device_mesh)
+    model.workbench_mesh = mesh
+    model.workbench_device_mesh = device_mesh
+    model.workbench_expert_range = expert_range
     return model

@@ -24,14 +24,19 @@ def resolve_mesh(mesh: Any, world_size: int, hf_config: Any):
     against the world and the model: ep > 1 needs experts the engine can split.
     """
     from workbench.models import adapter_for
-    from workbench.parallel.build import check_mesh_for_model, config_num_experts
+    from workbench.models.generic import UnsupportedModelError, has_fused_experts
+    from workbench.params import num_experts as config_num_experts
+    from workbench.parallel.build import check_mesh_for_model
     from workbench.parallel.mesh import MeshConfig
 
     experts = config_num_experts(hf_config)
+    try:  # a MoE model whose experts the engine cannot run is refused before the run directory exists
+        engine = adapter_for(hf_config) is not None or has_fused_experts(hf_config)
+    except UnsupportedModelError as err:
+        raise ConfigError(str(err)) from err
     if mesh is None:
         if world_size == 1:
             return None
-        engine = adapter_for(hf_config) is not None
         ep = world_size if engine and experts and experts % world_size == 0 else 1
         mesh = MeshConfig(dp=world_size, ep=ep)
     try:

@@ -1,0 +1,33 @@
+"""Tiny configs of Transformers v5 MoE families, built from each family's own config class (no hub)."""
+
+from __future__ import annotations
+
+import transformers
+
+COMMON = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=8, max_position_embeddings=64, tie_word_embeddings=False, initializer_range=0.02)
+
+FAMILIES = {
+    "mixtral": dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2),
+    "olmoe": dict(intermediate_size=32, num_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": dict(intermediate_size=32, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+                      num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1),
+    "qwen3_moe": dict(intermediate_size=32, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2),
+    "qwen3_5_moe_text": dict(moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=4,
+                             num_experts_per_tok=2, layer_types=["linear_attention", "full_attention"],
+                             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                             linear_value_head_dim=8, linear_conv_kernel_dim=4),
+    "gpt_oss": dict(intermediate_size=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention"]),
+    "deepseek_v3": dict(intermediate_size=32, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
+                        n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16,
+                        q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, num_key_value_heads=4),
+    "glm4_moe": dict(intermediate_size=32, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
+                     n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1, partial_rotary_factor=0.5),
+}
+
+
+def tiny_config(family: str, **overrides):
+    """A tiny float32 config of `family` from its own Transformers config class."""
+    fields = {**COMMON, **FAMILIES[family], **overrides}
+    return transformers.AutoConfig.for_model(family, **fields)

@@ -1,0 +1,145 @@
+"""The generic engine path: any Transformers v5 model whose experts are `@use_experts_implementation` modules.
+
+The family's router, shared experts, attention and aux loss stay Transformers'; each experts
+module becomes the engine's (workbench.moe.hf_experts) with the same parameter names and fused
+layout, so state dicts and Transformers' own save/load conversions are unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+
+import torch
+import torch.distributed as dist
+import transformers
+from torch import nn
+
+from workbench.moe.hf_experts import engine_experts_modules, install_engine_experts, is_fused_experts
+from workbench.params import num_experts as config_num_experts
+
+log = logging.getLogger(__name__)
+
+# Families whose logits and gradients the tests compare with vanilla Transformers (tests/test_generic_families.py).
+TESTED_FAMILIES = ("deepseek_v3", "glm4_moe", "gpt_oss", "mixtral", "olmoe", "qwen2_moe", "qwen3_5_moe_text",
+                   "qwen3_moe")
+
+
+class UnsupportedModelError(ValueError):
+    """A MoE model whose experts are not Transformers v5 fused experts modules."""
+
+
+def meta_model(config) -> nn.Module:
+    """Transformers' causal LM for `config` on the meta device (no memory, no init)."""
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(config)
+
+
+def fused_experts_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every v5 fused experts module of `model`, in module order."""
+    return [(n, m) for n, m in model.named_modules() if is_fused_experts(m)]
+
+
+def has_fused_experts(config) -> bool:
+    """Whether `config`'s model holds v5 fused experts modules; a MoE model without them is refused."""
+    model = meta_model(config)
+    if fused_experts_modules(model):
+        return True
+    expert_lists = [n for n, m in model.named_modules() if n.rsplit(".", 1)[-1] == "experts"]
+    if config_num_experts(config) or expert_lists:
+        raise UnsupportedModelError(
+            f"model_type {getattr(config, 'model_type', None)!r} is a Mixture-of-Experts model whose experts are "
+            f"not Transformers v5 fused experts modules (@use_experts_implementation), which the engine needs. "
+            f"Supported: every family with v5 fused experts (tested: {', '.join(TESTED_FAMILIES)}); "
+            "upgrade transformers if a newer version fuses this family's experts")
+    return False
+
+
+def num_experts(model: nn.Module, config) -> int:
+    """Routed experts per MoE layer, read from the experts modules (the config field names differ)."""
+    counts = {int(getattr(m, "workbench_num_experts", 0) or getattr(m, "num_experts", 0)
+                  or m.down_proj.shape[0]) for _, m in fused_experts_modules(model)}
+    if len(counts) != 1:
+        raise UnsupportedModelError(f"model_type {config.model_type!r}: experts modules with different expert "
+                                    f"counts {sorted(counts)}; the engine needs one count per model")
+    return counts.pop()
+
+
+def install(model: nn.Module, backend, make_dispatcher, expert_range: tuple[int, int] | None = None) -> int:
+    """Make every fused experts module the engine's; `make_dispatcher(num_experts)` gives each its dispatcher."""
+    total = num_experts(model, model.config)
+    modules = fused_experts_modules(model)
+    for _, module in modules:
+        install_engine_experts(module, make_dispatcher(total), backend.experts, expert_range or (0, total), total)
+    model.workbench_backend = backend
+    log.warning("model_type %r: generic engine path (Transformers' router and attention, the engine's experts "
+                "in %d MoE layers of %d experts, backend %s)", model.config.model_type, len(modules), total,
+                backend.experts)
+    return len(modules)
+
+
+def init_random(model: nn.Module, seed: int) -> None:
+    """Transformers' own init per module, seeded by module name; each expert seeded by its id.
+
+    Seeding per module keeps dense weights independent of how the experts are sliced, and
+    seeding per (module, expert) keeps an expert's weights independent of the mesh.
+    """
+    config = model.config
+    std = getattr(config, "initializer_range", None) or 0.02
+    device = next(model.parameters()).device
+    engine = dict(engine_experts_modules(model))
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                torch.manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
+                model._init_weights(module)
+            if name not in engine:
+                continue
+            first, last = module.workbench_expert_range
+            for pname in module.workbench_layout.param_names():
+                param = getattr(module, pname)
+                if pname.endswith("_bias"):
+                    param.zero_()
+                    continue
+                for local, e in enumerate(range(first, last)):
+                    g = torch.Generator(device=device).manual_seed(zlib.crc32(f"{seed}/{name}/{pname}/{e}".encode()))
+                    param[local].normal_(0.0, std, generator=g)
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor of the unsharded model on the CPU (experts gathered over ep); collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.tensor import DTensor
+
+    sharded = any(isinstance(p, DTensor) for p in model.parameters())
+    if sharded:
+        # Without cpu_offload every rank gets the full tensors (with it, only rank 0): the ep gather needs all.
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    else:
+        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    device_mesh = getattr(model, "workbench_device_mesh", None)
+    mesh = getattr(model, "workbench_mesh", None)
+    if mesh is None or mesh.ep == 1:
+        return {k: v.detach().cpu() for k, v in state.items()}
+    group = device_mesh.get_group("ep")
+    backend_device = next(model.parameters()).device
+    for name, module in engine_experts_modules(model):
+        for pname in module.workbench_layout.param_names():
+            key = f"{name}.{pname}"
+            local = state[key].to(backend_device).contiguous()
+            parts = [torch.empty_like(local) for _ in range(mesh.ep)]
+            dist.all_gather(parts, local, group=group)
+            state[key] = torch.cat(parts)
+    return {k: v.detach().cpu() for k, v in state.items()}
+
+
+def save_pretrained(model: nn.Module, out_dir, max_shard_size: str = "5GB") -> None:
+    """Transformers' own save of the unsharded model from any mesh; collective: every rank calls it."""
+    state = full_state_dict(model)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        twin = meta_model(model.config)  # Transformers' class: fully_shard renamed the live one
+        twin.load_state_dict(state, assign=True, strict=True)
+        twin.tie_weights()
+        twin.save_pretrained(out_dir, max_shard_size=max_shard_size)
+    if dist.is_initialized():
+        dist.barrier()

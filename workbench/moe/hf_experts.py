@@ -1,0 +1,175 @@
+"""The engine's experts for any Transformers v5 `@use_experts_implementation` module.
+
+The module stays Transformers' own (its parameters, names, layout flags, `_apply_gate`, optional
+`post_expert_norm`); only its class is swapped for a subclass whose forward is the engine's:
+dispatch (local / alltoall), grouped GEMMs over this rank's experts, weighted combine. Under
+expert parallelism the fused `[E, ...]` tensors hold only experts [first, last).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workbench.moe.experts import _grouped_mm
+
+# The flags' defaults of the decorator (transformers.integrations.moe); 5.17 lacks some of them.
+LAYOUT_DEFAULTS = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
+                   "has_post_expert_norm": False}
+GENERIC_BACKENDS = ("loop", "grouped_mm")
+
+
+@dataclass(frozen=True)
+class ExpertsLayout:
+    """How a Transformers experts module stores its fused weights."""
+
+    has_gate: bool = True
+    has_bias: bool = False
+    is_transposed: bool = False
+    is_concatenated: bool = True
+    has_post_expert_norm: bool = False
+
+    @property
+    def up_name(self) -> str:
+        """The fused up (or gate+up) parameter's name."""
+        return "gate_up_proj" if self.has_gate else "up_proj"
+
+    def param_names(self) -> tuple[str, ...]:
+        """Every per-expert parameter of the module, `[E, ...]` each."""
+        names = (self.up_name, "down_proj")
+        return names + tuple(f"{n}_bias" for n in names) if self.has_bias else names
+
+
+def layout_of(module: nn.Module) -> ExpertsLayout:
+    """The layout flags the decorator set on `module`, defaults where this version has none."""
+    return ExpertsLayout(**{k: bool(getattr(module, k, v)) for k, v in LAYOUT_DEFAULTS.items()})
+
+
+def is_fused_experts(module: nn.Module) -> bool:
+    """Whether `module` is a v5 experts module: decorated, with fused 3-D `[E, ...]` weights."""
+    if isinstance(module, EngineExperts):
+        return True
+    if not hasattr(module, "has_bias") or not callable(getattr(type(module), "_apply_gate", None)):
+        return False
+    layout = layout_of(module)
+    weights = [getattr(module, layout.up_name, None), getattr(module, "down_proj", None)]
+    return all(isinstance(w, nn.Parameter) and w.dim() == 3 for w in weights)
+
+
+def _weight_KN(weight_E: torch.Tensor, transposed: bool) -> torch.Tensor:
+    # grouped_mm multiplies [N, K] rows by [E, K, N_out]; the untransposed layout is [E, N_out, K].
+    return weight_E if transposed else weight_E.transpose(-2, -1)
+
+
+def grouped_mm_ok(x_ND: torch.Tensor, weight_EKN: torch.Tensor) -> bool:
+    """Whether torch's grouped GEMM takes these operands (dtype, device, 16-byte row strides)."""
+    if not (hasattr(F, "grouped_mm") or hasattr(torch, "_grouped_mm")):
+        return False
+    allowed = (torch.bfloat16,) if x_ND.device.type == "cuda" else (torch.float32, torch.bfloat16)
+    if x_ND.dtype not in allowed or weight_EKN.dtype != x_ND.dtype:
+        return False
+    if x_ND.device.type == "cuda" and torch.cuda.get_device_capability(x_ND.device)[0] < 8:
+        return False
+    return all((w * x_ND.element_size()) % 16 == 0 for w in weight_EKN.shape[1:])
+
+
+def grouped_linear(x_ND: torch.Tensor, tokens_per_expert: torch.Tensor, weight_E: torch.Tensor,
+                   transposed: bool, backend: str) -> torch.Tensor:
+    """Rows of expert e times its weight, for expert-major rows (`tokens_per_expert` rows each)."""
+    weight_EKN = _weight_KN(weight_E, transposed)
+    if backend == "grouped_mm" and grouped_mm_ok(x_ND, weight_EKN):
+        offsets = torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)  # end offsets, as torch wants
+        return _grouped_mm()(x_ND, weight_EKN, offs=offsets)
+    outputs, start = [], 0
+    for e, count in enumerate(tokens_per_expert.tolist()):  # the always-correct path (one host sync)
+        if count:
+            outputs.append(x_ND[start:start + count] @ weight_EKN[e])
+            start += count
+    if not outputs:
+        # Keep the weight in the graph so every rank's backward reaches the same parameters.
+        return x_ND.new_zeros(x_ND.shape[0], weight_EKN.shape[-1]) + 0.0 * weight_EKN.sum()
+    return torch.cat(outputs, dim=0)
+
+
+def _row_bias(bias_E: torch.Tensor, tokens_per_expert: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.repeat_interleave(bias_E, tokens_per_expert, dim=0, output_size=rows)
+
+
+def expert_rows(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+    """The experts' outputs for expert-major rows, as the family computes them (bias, gate, norm)."""
+    layout: ExpertsLayout = module.workbench_layout
+    backend = module.workbench_experts_backend
+    rows = x_ND.shape[0]
+    h = grouped_linear(x_ND, tokens_per_expert, getattr(module, layout.up_name), layout.is_transposed, backend)
+    if layout.has_bias:
+        h = h + _row_bias(getattr(module, f"{layout.up_name}_bias"), tokens_per_expert, rows)
+    # The family's own gate: GPT-OSS's clamped SwiGLU splits interleaved gate/up columns itself.
+    h = module._apply_gate(h) if layout.has_gate else module.act_fn(h)
+    y = grouped_linear(h, tokens_per_expert, module.down_proj, layout.is_transposed, backend)
+    if layout.has_bias:
+        y = y + _row_bias(module.down_proj_bias, tokens_per_expert, rows)
+    if layout.has_post_expert_norm:
+        y = module.post_expert_norm(y)
+    return y
+
+
+class EngineExperts:
+    """Mixin put in front of a Transformers experts class: the engine's forward, same parameters."""
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        """Transformers' experts call: tokens [T, D], the router's top-k ids and weights [T, K]."""
+        x_TD = hidden_states.reshape(-1, hidden_states.shape[-1])
+        dispatcher = self.workbench_dispatcher
+        x_ND, tokens_per_expert, handle = dispatcher.dispatch(x_TD, top_k_index.long(), top_k_weights)
+        y_ND = expert_rows(self, x_ND, tokens_per_expert)
+        return dispatcher.combine(y_ND, handle).to(hidden_states.dtype).view_as(hidden_states)
+
+    def extra_repr(self) -> str:
+        """Which experts this rank holds and the GEMM backend."""
+        first, last = self.workbench_expert_range
+        return f"engine experts [{first}, {last}) of {self.num_experts}, backend={self.workbench_experts_backend}"
+
+
+def engine_class(hf_class: type) -> type:
+    """A subclass of the Transformers experts class with the engine's forward (fully_shard does the same)."""
+    if issubclass(hf_class, EngineExperts):
+        return hf_class
+    return type(f"Engine{hf_class.__name__}", (EngineExperts, hf_class), {"__module__": __name__})
+
+
+def check_generic_backend(backend: str) -> None:
+    """Refuse an experts backend the generic path has no implementation of (before any model is built)."""
+    if backend not in GENERIC_BACKENDS:
+        raise ValueError(f"experts backend {backend!r} has no generic-path implementation; use one of "
+                         f"{list(GENERIC_BACKENDS)} (e.g. BackendConfig(experts='grouped_mm'))")
+
+
+def install_engine_experts(module: nn.Module, dispatcher, backend: str, expert_range: tuple[int, int],
+                           num_experts: int) -> nn.Module:
+    """Turn a v5 experts module into the engine's in place; keep only experts [first, last)."""
+    check_generic_backend(backend)
+    layout = layout_of(module)
+    first, last = expert_range
+    for name in layout.param_names():
+        param = getattr(module, name)
+        if param.shape[0] != num_experts:
+            raise ValueError(f"{type(module).__name__}.{name} holds {param.shape[0]} experts, the config says "
+                             f"{num_experts}")
+        if (first, last) != (0, num_experts):
+            setattr(module, name, nn.Parameter(param.data[first:last].clone(), requires_grad=param.requires_grad))
+    module.__class__ = engine_class(type(module))
+    module.workbench_layout = layout
+    module.workbench_dispatcher = dispatcher
+    module.workbench_experts_backend = backend
+    module.workbench_expert_range = (first, last)
+    module.num_experts = num_experts
+    return module
+
+
+def engine_experts_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every engine experts module, in module order."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, EngineExperts)]
