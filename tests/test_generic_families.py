@@ -296,3 +296,21 @@ def test_trainer_on_dp2_ep2_equals_one_process_and_exports_for_vanilla(family, t
     for k in a:  # AdamW's sqrt(v) amplifies rounding of near-zero gradients: a fraction of lr after 3 steps
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-4, msg=lambda m, k=k: f"{k}: {m}")
 
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the bf16 grouped-GEMM path on device")
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3"])
+def test_bf16_on_cuda_matches_transformers_grouped_mm(family):
+    cfg = _config(family)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="grouped_mm")
+    randomize(ref)
+    ref = ref.to("cuda", torch.bfloat16)
+    eng = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts="grouped_mm"), device="cuda")
+    eng = eng.to("cuda", torch.bfloat16)
+    eng.load_state_dict(ref.state_dict(), strict=True)
+    ids = torch.randint(0, cfg.vocab_size, (2, 64), generator=torch.Generator().manual_seed(2)).cuda()
+    out_ref, out_eng = ref(input_ids=ids, labels=ids), eng(input_ids=ids, labels=ids)
+    # bf16: both round every product to 8 bits of mantissa, in different orders
+    torch.testing.assert_close(out_eng.loss.float(), out_ref.loss.float(), rtol=2e-2, atol=2e-2)
+    out_eng.loss.backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in eng.parameters())
