@@ -46,7 +46,8 @@ def _pair(family: str, backend: str):
     cfg = _config(family)
     ref = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="eager")
     randomize(ref)
-    eng = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts=backend))
+    # device="cpu": the float32 reference runs here; on a GPU machine "auto" would pick CUDA kernels
+    eng = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts=backend), device="cpu")
     eng.load_state_dict(ref.state_dict(), strict=True)
     return cfg, ref, eng
 
@@ -92,7 +93,7 @@ def test_odd_widths_fall_back_to_the_loop_and_stay_exact():
     cfg = _config("mixtral", hidden_size=36, intermediate_size=13, head_dim=10, vocab_size=101)
     ref = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="eager")
     randomize(ref)
-    eng = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts="grouped_mm"))
+    eng = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts="grouped_mm"), device="cpu")
     eng.load_state_dict(ref.state_dict())
     assert not grouped_mm_ok(torch.zeros(1, 36), engine_experts_modules(eng)[0][1].down_proj.transpose(-2, -1))
     ids = torch.randint(0, cfg.vocab_size, (2, 9))
