@@ -62,14 +62,18 @@ def _load_local(model: nn.Module, adapter, path, expert_range: tuple[int, int]) 
             target.copy_(value)
 
 
-def build_parallel_model(adapter, config, backend: BackendConfig, mesh: MeshConfig, checkpoint=None,
-                         dtype: torch.dtype | None = None, seed: int = 0, **hf_kwargs):
-    """The engine model sharded over `mesh`: experts split by ep, everything FSDP2-sharded."""
+def _check_mesh_call(mesh) -> None:
     if not dist.is_initialized():
         raise RuntimeError("mesh= needs an initialized process group (torchrun, workbench.Cluster, "
                            "or torch.distributed.init_process_group)")
     if not isinstance(mesh, MeshConfig):
         raise TypeError(f"mesh must be a workbench.MeshConfig, got {type(mesh).__name__}")
+
+
+def build_parallel_model(adapter, config, backend: BackendConfig, mesh: MeshConfig, checkpoint=None,
+                         dtype: torch.dtype | None = None, seed: int = 0, **hf_kwargs):
+    """The engine model sharded over `mesh`: experts split by ep, everything FSDP2-sharded."""
+    _check_mesh_call(mesh)
     dtype = dtype or hf_kwargs.pop("torch_dtype", None)
     num_experts = adapter.num_experts(config)
     mesh.validate(dist.get_world_size(), num_experts)
@@ -178,11 +182,7 @@ def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfi
 
     from workbench.models import generic
 
-    if not dist.is_initialized():
-        raise RuntimeError("mesh= needs an initialized process group (torchrun, workbench.Cluster, "
-                           "or torch.distributed.init_process_group)")
-    if not isinstance(mesh, MeshConfig):
-        raise TypeError(f"mesh must be a workbench.MeshConfig, got {type(mesh).__name__}")
+    _check_mesh_call(mesh)
     dtype = dtype or hf_kwargs.pop("torch_dtype", None)
     device = default_device()
     if checkpoint is None:
