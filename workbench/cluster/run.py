@@ -24,8 +24,9 @@ TERMINAL_STATES = frozenset({"completed", "failed", "stopped"})
 # A reopened run also ends when its owner is gone without recording an end (liveness).
 ENDED_STATES = TERMINAL_STATES | {DIED}
 # After one rank fails, give the others this long to fail too (their tracebacks, the trainer's
-# status.json) before the run counts as done.
-FAILURE_GRACE_S = 3.0
+# status.json) before the run counts as done; a rank stuck in a collective never does. 3 s was too
+# short on a loaded 2-core machine (OMP_NUM_THREADS=2): the second rank's data error came later.
+FAILURE_GRACE_S = 10.0
 
 
 class RankError(RuntimeError):
