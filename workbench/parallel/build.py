@@ -105,6 +105,8 @@ def build_parallel_model(adapter, config, backend: BackendConfig, mesh: MeshConf
         _load_local(model, adapter, checkpoint, expert_range)
     if dist.get_world_size() > 1:
         apply_fsdp(model, device_mesh)
+    if mesh.ep > 1:
+        _mark_expert_params(model, device_mesh)
     model.workbench_mesh = mesh
     model.workbench_device_mesh = device_mesh
     model.workbench_expert_range = expert_range
@@ -161,13 +163,20 @@ def apply_fsdp_generic(model: nn.Module, device_mesh) -> nn.Module:
 
 
 def _mark_expert_params(model: nn.Module, device_mesh) -> None:
-    # Expert shards differ per ep rank: grad clipping must sum their norm over ep too.
+    """Tag expert parameters so grad clipping sums their norm over the ep group too.
+
+    Under expert parallelism each ep rank holds different experts and FSDP2 shards them only
+    over the expert-data-parallel dim, so their DTensor mesh does not show the ep split. Both the
+    adapter's GroupedExperts and the generic path's experts modules are tagged (the latter without
+    submodules: a post-expert norm is shared by all experts, replicated over ep).
+    """
     from workbench.train.optim import GRAD_NORM_GROUP_ATTR
 
     ep_group = device_mesh.get_group("ep")
-    for _, module in engine_experts_modules(model):
-        for param in module.parameters(recurse=False):
-            setattr(param, GRAD_NORM_GROUP_ATTR, ep_group)
+    params = [p for m in model.modules() if isinstance(m, GroupedExperts) for p in m.parameters()]
+    params += [p for _, m in engine_experts_modules(model) for p in m.parameters(recurse=False)]
+    for param in params:
+        setattr(param, GRAD_NORM_GROUP_ATTR, ep_group)
 
 
 def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfig, checkpoint=None,

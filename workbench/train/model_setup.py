@@ -64,28 +64,4 @@ def build_model(rc, hf_config: Any, mesh: Any, device: torch.device, dtype: torc
                                        **extra)
     if mesh is None:
         model = model.to(device=device, dtype=dtype)
-    else:
-        mark_expert_grad_groups(model, mesh)
     return model
-
-
-def mark_expert_grad_groups(model: torch.nn.Module, mesh: Any) -> int:
-    """Tag expert parameters so grad clipping sums their norm over the ep group too.
-
-    Under expert parallelism each ep rank holds different experts and FSDP2 shards them only
-    over the expert-data-parallel dim, so their DTensor mesh does not show the ep split.
-    """
-    device_mesh = getattr(model, "workbench_device_mesh", None)
-    if device_mesh is None or getattr(mesh, "ep", 1) <= 1:
-        return 0
-    from workbench.moe.experts import GroupedExperts
-    from workbench.train.optim import GRAD_NORM_GROUP_ATTR
-
-    ep_group = device_mesh.get_group("ep")
-    marked = 0
-    for module in model.modules():
-        if isinstance(module, GroupedExperts):
-            for param in module.parameters():
-                setattr(param, GRAD_NORM_GROUP_ATTR, ep_group)
-                marked += 1
-    return marked
