@@ -92,6 +92,7 @@ def launch(cfg, ranks: int) -> int:
     if torch.cuda.is_available() and ranks > torch.cuda.device_count():
         raise ConfigError(f"--ranks {ranks} but only {torch.cuda.device_count()} GPU(s) are visible")
     if cfg.mesh is not None:
+        from workbench.params import num_experts
         from workbench.parallel.mesh import MeshError
 
         try:

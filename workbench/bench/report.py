@@ -168,10 +168,10 @@ def format_table(result: dict[str, Any]) -> str:
             lines.append(f"  anchor {r['variant']} {r['status']}: {r['reason']}")
     for c in result["comparisons"]:
         mem = f"{c['mem_ratio']:.2f}" if c["mem_ratio"] is not None else "n/a"
-        mark = " (reference)" if c.get("reference") else ""
-        lines.append(f"{c['engine']['variant']} / {c['anchor']['variant']}{mark}: {c['ratio']:.2f}x tokens/s, "
+        lines.append(f"{c['engine']['variant']} / {c['anchor']['variant']}: {c['ratio']:.2f}x tokens/s, "
                      f"{mem}x peak memory, same init {c['same_init']}, "
-                     f"|ce diff| step0 {c['ce_step0_abs_diff']:.2e} max {c['ce_max_abs_diff']:.2e}")
+                     f"|ce diff| step0 {c['ce_step0_abs_diff']:.2e} max {c['ce_max_abs_diff']:.2e}"
+                     + (" (reference anchor)" if c.get("reference") else ""))
     mem_kind = next((r["mem_kind"] for r in result["variants"] if r["status"] == "ok"), None)
     if mem_kind == "cpu_rss":
         lines.append("peak memory on CPU is the process's peak RSS over its lifetime (not per variant)")
