@@ -8,7 +8,8 @@
 #   moonlight-16b-a3b L8: anchor, engine, engine_balanced
 # seq 4096 x batch 2, bf16, warm-up 2 + 5 timed steps. Results JSON and logs under $1 (default ./bench-out).
 # Usage (repository root, on the device):  WORKBENCH_GIT_COMMIT=<sha> bash benchmarks/gpu_families.sh "$OUT"
-# The same commands at tiny size on a CPU machine:  TINY=1 bash benchmarks/gpu_families.sh /tmp/fam
+# The same commands at tiny size (CPU, or a GPU preflight):  TINY=1 bash benchmarks/gpu_families.sh /tmp/fam
+# One family only: FAMILIES=gpt_oss (qwen3, gpt_oss, deepseek_v3).
 set -uo pipefail
 
 # NVLink multicast stays off on these hosts (KINDS.md); unbuffered so logs survive a timeout.
@@ -56,9 +57,14 @@ run_family() {  # preset variants
   [ "$rc" -eq 0 ] || status=$rc
   rm -rf "$WORKBENCH_BENCH_TMP"/workbench-bench-* 2>/dev/null  # a killed run leaves its checkpoint behind
 }
-run_family "$QWEN" "anchor,engine,engine_balanced"
-run_family "$GPTOSS" "$GPTOSS_VARIANTS"
-run_family "$MOON" "anchor,engine,engine_balanced"
+for family in ${FAMILIES:-qwen3 gpt_oss deepseek_v3}; do  # FAMILIES="gpt_oss" runs one
+  case "$family" in
+    qwen3) run_family "$QWEN" "anchor,engine,engine_balanced" ;;
+    gpt_oss) run_family "$GPTOSS" "$GPTOSS_VARIANTS" ;;
+    deepseek_v3) run_family "$MOON" "anchor,engine,engine_balanced" ;;
+    *) echo "unknown family $family (qwen3, gpt_oss, deepseek_v3)"; status=2 ;;
+  esac
+done
 rmdir "$WORKBENCH_BENCH_TMP" 2>/dev/null
 ls -la "$RESULTS"
 exit $status
