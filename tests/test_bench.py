@@ -324,7 +324,8 @@ def test_gpt_oss_sdpa_refusal_and_reference_anchor():
     (comp,) = result["comparisons"]
     assert comp["reference"] is True and comp["anchor"]["variant"] == "anchor_eager_attn"
     text = format_table(result)
-    assert "reference anchor" in text and "engine / anchor_eager_attn: " in text and text.count("(reference anchor)") == 1
+    assert "reference anchor" in text and "engine / anchor_eager_attn: " in text
+    assert text.count("(reference anchor)") == 1
     assert "refuses attn_implementation='sdpa'" in text
 
 
@@ -385,3 +386,15 @@ def test_balanced_gate_on_the_generic_experts():
                                             if p.grad is not None)
     ref = native(input_ids=input_ids, labels=input_ids, output_router_logits=True)
     assert abs(float(out.loss) - float(ref.loss)) > 1e-6
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"attn_implementation": "flash_attention_2"}, "attn_implementation 'flash_attention_2' is not one of"),
+    ({"attn_implementation": "eager", "sdpa_backend": "cudnn"}, "sdpa_backend='cudnn' needs attn_implementation='sdpa'"),
+    ({"kind": "teacher"}, "variant kind must be 'anchor' or 'engine'"),
+])
+def test_bad_variant_spec(kwargs, match):
+    from workbench.bench.config import VariantSpec
+
+    with pytest.raises(ConfigError, match=match):
+        VariantSpec(**{"kind": "anchor", "help": "x", **kwargs})

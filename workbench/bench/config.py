@@ -57,7 +57,8 @@ VARIANTS: dict[str, VariantSpec] = {
                                attn_implementation="flex_attention", needs_cuda=True, cuda_reason=FLEX_REASON),
     "anchor_eager_attn": VariantSpec("anchor", "the anchor with Transformers' eager attention",
                                      attn_implementation="eager"),
-    "anchor_batched_mm": VariantSpec("anchor", "the anchor with batched_mm experts (gathers each token's expert weights: small models only)",
+    "anchor_batched_mm": VariantSpec("anchor", "the anchor with batched_mm experts (gathers each token's "
+                                     "expert weights: small models only)",
                                      experts_implementation="batched_mm"),
     "engine": VariantSpec("engine", "MoE Workbench engine, native router", gate="native"),
     "engine_balanced": VariantSpec("engine", "MoE Workbench engine, balanced gate", gate="balanced"),

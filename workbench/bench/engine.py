@@ -65,7 +65,8 @@ def build_engine(spec: VariantSpec, checkpoint: Path, backend: BackendConfig, me
         "library": "workbench", "backend": resolved, "mesh": mesh.to_dict(), "gate": spec.gate,
         "path": "adapter" if extra else "generic",
         "attention": getattr(model.config, "_attn_implementation", None),
-        "aux_loss": f"{model.config.model_type}'s own, coef {coef:g}" + (" (global over dp)" if extra else " (per rank)"),
+        "aux_loss": f"{model.config.model_type}'s own, coef {coef:g}"
+                    + (" (global over dp)" if extra else " (per rank)"),
         "fsdp": "workbench.parallel.apply_fsdp (summed grads)" if world > 1 else "none (one rank)",
         "optimizer": describe_optimizer(optimizer), "activation_checkpointing": False, "dtype": str(dtype),
     }

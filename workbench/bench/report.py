@@ -100,7 +100,8 @@ def comparisons(rows: list[dict[str, Any]], world: int, layers: int, seq: int, b
     ok = [r for r in rows if r.get("status") == "ok"]
     reference = reference_anchor(rows)
     ref_name = reference["variant"] if reference is not None else None
-    anchors = sorted((r for r in ok if r["kind"] == "anchor"), key=lambda r: (r["name"] != ref_name, r["name"] != "anchor"))
+    anchors = sorted((r for r in ok if r["kind"] == "anchor"),
+                     key=lambda r: (r["name"] != ref_name, r["name"] != "anchor"))
     out = []
     for engine in (r for r in ok if r["kind"] == "engine"):
         for anchor in anchors:
@@ -158,7 +159,8 @@ def format_table(result: dict[str, Any]) -> str:
         phases = "/".join(f"{r[k] * 1e3:.0f}" for k in ("median_forward_s", "median_backward_s", "median_optimizer_s"))
         lines.append(f"{r['name']:<18} {'ok':<8} {r['tokens_per_s_per_gpu']:>13,.0f} {r['tflops_per_gpu']:>12.2f} "
                      f"{r['peak_mem_gib']:>9.2f} {r['median_step_s'] * 1e3:>9.1f} {phases:>18} "
-                     f"{r['loss'][0]:>9.4f} {r['loss'][-1]:>9.4f}" + ("  <- reference anchor" if r["name"] == ref_name else ""))
+                     f"{r['loss'][0]:>9.4f} {r['loss'][-1]:>9.4f}"
+                     + ("  <- reference anchor" if r["name"] == ref_name else ""))
     ref = result.get("reference_anchor")
     if ref is not None:
         setup = ref["setup"]
