@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -241,3 +242,159 @@ def test_cpu_threads_respect_omp_num_threads(monkeypatch):
         assert torch.get_num_threads() == max(1, len(os.sched_getaffinity(0)) // 2)
     finally:
         torch.set_num_threads(before)
+
+
+# -- every family: the generic engine path against its Transformers anchor -------------------------------------
+
+
+def _family_bench(rank, world, preset, variants, seq, steps):
+    from workbench.bench import run_bench
+
+    cfg = BenchConfig(preset=preset, layers=2, seq=seq, batch=2, warmup=0, steps=steps, variants=variants,
+                      out_dir=None, html=False, fail_fast=True)
+    return run_bench(cfg)
+
+
+def _assert_same_start(rows, anchor, engine, steps_tol):
+    """Same init weights; the same first loss (fp32); later losses within `steps_tol` (Adam on equal grads)."""
+    a, e = rows[anchor], rows[engine]
+    assert a["status"] == e["status"] == "ok", (a, e)
+    assert e["init_fingerprint"] == pytest.approx(a["init_fingerprint"], rel=1e-9)
+    assert abs(a["loss"][0] - e["loss"][0]) < 1e-5, (a["loss"], e["loss"])
+    assert abs(a["ce"][0] - e["ce"][0]) < 1e-5
+    for x, y in zip(a["loss"], e["loss"]):
+        assert abs(x - y) < steps_tol, (a["loss"], e["loss"])
+
+
+def test_deepseek_v3_one_rank_generic_path():
+    """A DeepSeek-V3 twin (n_routed_experts, MLA, no aux loss) through the bench on one rank."""
+    from workbench.config import preset_config
+    from workbench.train.metrics import flops_per_token
+
+    (result,) = run_ranks(_family_bench, 1, "tiny-deepseek-v3", ("anchor", "engine", "engine_balanced"), 32, 2,
+                          timeout=120)
+    rows = {r["name"]: r for r in result["variants"]}
+    _assert_same_start(rows, "anchor", "engine", 1e-4)
+    assert rows["engine"]["setup"]["path"] == "generic" and rows["engine"]["setup"]["gate"] == "native"
+    assert rows["engine"]["aux"] == [0.0, 0.0]  # DeepSeek-V3 has no aux loss (bias-balanced routing)
+    assert result["model"]["model_type"] == "deepseek_v3" and result["model"]["experts"] == 8
+    # FLOPs of the family's own formula (MLA widths), and a step floor for it
+    cfg = preset_config("tiny-deepseek-v3", 2)
+    assert result["model"]["flops_per_token"] == pytest.approx(flops_per_token(cfg, 32))
+    assert result["model"]["floor"]["flops_per_token"] == pytest.approx(flops_per_token(cfg, 32))
+    assert result["model"]["floor"]["params_experts"] > 0 and rows["engine"]["tflops_per_gpu"] > 0
+    # the balanced gate routes round-robin: same init, a different loss
+    assert rows["engine_balanced"]["init_fingerprint"] == pytest.approx(rows["anchor"]["init_fingerprint"], rel=1e-9)
+    assert abs(rows["engine_balanced"]["ce"][0] - rows["engine"]["ce"][0]) > 1e-5
+    assert all(math.isfinite(x) for x in rows["engine_balanced"]["loss"])
+
+
+def test_mixtral_two_ranks_ep2_losses_equal_the_anchor():
+    """DP2 x EP2 on gloo: the family's per-rank aux loss counted once (each rank's share is aux / world)."""
+    results = run_ranks(_family_bench, 2, "tiny-mixtral", ("anchor", "engine", "engine_balanced"), 32, 3,
+                        timeout=180)
+    result = results[0]
+    assert result["config"]["engine_mesh"] == {"dp": 2, "ep": 2, "cp": 1, "tp": 1}
+    rows = {r["name"]: r for r in result["variants"]}
+    # fp32, same weights and tokens, grads equal up to rounding: the whole loss (CE + coef * aux) agrees
+    _assert_same_start(rows, "anchor", "engine", 1e-4)
+    assert rows["engine"]["aux"][0] == pytest.approx(rows["anchor"]["aux"][0], abs=1e-5)
+    assert rows["engine"]["setup"]["path"] == "generic"
+    assert abs(rows["engine_balanced"]["ce"][0] - rows["engine"]["ce"][0]) > 1e-5
+    assert all(math.isfinite(x) for x in rows["engine_balanced"]["loss"])
+    assert results[1]["variants"][1]["loss"] == rows["engine"]["loss"]  # every rank reports the global numbers
+
+
+def test_gpt_oss_sdpa_refusal_and_reference_anchor():
+    """GPT-OSS refuses sdpa (attention sinks): that row is recorded with the reason, and the speedups
+    are against the best anchor row that ran, named with its setup."""
+    from workbench.bench.report import format_table
+
+    (result,) = run_ranks(_family_bench, 1, "tiny-gpt-oss", ("anchor", "anchor_flex", "anchor_eager_attn", "engine"),
+                          32, 1, timeout=120)
+    rows = {r["name"]: r for r in result["variants"]}
+    assert rows["anchor"]["status"] == "skipped"
+    assert "GptOssForCausalLM" in rows["anchor"]["reason"] and "'sdpa'" in rows["anchor"]["reason"]
+    assert rows["anchor_flex"]["status"] == "skipped" and "CUDA" in rows["anchor_flex"]["reason"]
+    _assert_same_start(rows, "anchor_eager_attn", "engine", 1e-5)
+    ref = result["reference_anchor"]
+    assert ref["variant"] == "anchor_eager_attn" and ref["setup"]["attention"] == "eager"
+    assert ref["tokens_per_s_per_gpu"] == rows["anchor_eager_attn"]["tokens_per_s_per_gpu"]
+    assert {r["variant"]: r["status"] for r in ref["not_run"]} == {"anchor": "skipped", "anchor_flex": "skipped"}
+    (comp,) = result["comparisons"]
+    assert comp["reference"] is True and comp["anchor"]["variant"] == "anchor_eager_attn"
+    text = format_table(result)
+    assert "reference anchor" in text and "engine / anchor_eager_attn: " in text
+    assert text.count("(reference anchor)") == 1
+    assert "refuses attn_implementation='sdpa'" in text
+
+
+def test_reference_is_the_fastest_ok_anchor_and_the_readme_shows_only_it(tmp_path):
+    from workbench.bench.report import comparisons, reference_anchor
+
+    def row(name, kind, tps, status="ok"):
+        base = {"name": name, "kind": kind, "status": status, "gate": "native", "setup": {"attention": name}}
+        if status != "ok":
+            return {**base, "reason": "refused"}
+        return {**base, "tokens_per_s_per_gpu": tps, "tflops_per_gpu": 1.0, "peak_mem_gib": 1.0, "mem_kind": "x",
+                "median_step_s": 1.0, "ce": [1.0], "init_fingerprint": 1.0}
+
+    rows = [row("anchor", "anchor", 0, "skipped"), row("anchor_eager_attn", "anchor", 10.0),
+            row("anchor_flex", "anchor", 20.0), row("engine", "engine", 40.0)]
+    assert reference_anchor(rows)["variant"] == "anchor_flex"
+    comps = comparisons(rows, 1, 2, 32, 2)
+    assert [(c["anchor"]["variant"], c["reference"]) for c in comps] == [("anchor_flex", True),
+                                                                         ("anchor_eager_attn", False)]
+    assert comps[0]["ratio"] == pytest.approx(2.0)
+    result = {"schema": "workbench.bench/1", "date": "2026-12-01T12:00:00", "model": {"preset": "gpt-oss-20b"},
+              "device": {"type": "cuda", "name": "NVIDIA H200", "count": 1}, "comparisons": comps}
+    (tmp_path / "r.json").write_text(json.dumps(result))
+    lines = table(tmp_path).splitlines()
+    assert len(lines) == 3 and "| gpt-oss-20b |" in lines[2] and "| anchor_flex |" in lines[2]
+
+
+def test_balanced_gate_on_the_generic_experts():
+    """BackendConfig(gate="balanced") on the generic path: the experts get round-robin ids, not the router's."""
+    import workbench
+    from workbench.backends import BackendConfig
+    from workbench.config import preset_config
+    from workbench.moe.hf_experts import engine_experts_modules
+    from workbench.moe.router import balanced_ids
+
+    cfg = preset_config("tiny-mixtral", 2)
+    torch.manual_seed(0)
+    native = workbench.AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(gate="native"), device="cpu")
+    torch.manual_seed(0)
+    balanced = workbench.AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(gate="balanced"), device="cpu")
+    balanced.load_state_dict(native.state_dict())
+    experts_n, experts_b = engine_experts_modules(native)[0][1], engine_experts_modules(balanced)[0][1]
+    assert experts_b.workbench_gate == "balanced" and experts_n.workbench_gate == "native"
+    T, K, E = 24, cfg.num_experts_per_tok, cfg.num_local_experts
+    x = torch.randn(T, cfg.hidden_size)
+    router_ids = torch.zeros(T, K, dtype=torch.long)  # the router put every token on experts 0 (worst case)
+    router_ids[:, 1] = 1
+    weights = torch.rand(T, K)
+    ids = balanced_ids(T, K, E, x.device)
+    assert torch.bincount(ids.reshape(-1), minlength=E).tolist() == [T * K // E] * E
+    # the router's weights kept as they are, the ids replaced by the balanced assignment
+    torch.testing.assert_close(experts_b(x, router_ids, weights), experts_n(x, ids, weights), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(experts_b(x, router_ids, weights), experts_n(x, router_ids, weights), atol=1e-4)
+    input_ids = torch.randint(0, cfg.vocab_size, (2, 16))
+    out = balanced(input_ids=input_ids, labels=input_ids, output_router_logits=True)
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and all(torch.isfinite(p.grad).all() for p in balanced.parameters()
+                                            if p.grad is not None)
+    ref = native(input_ids=input_ids, labels=input_ids, output_router_logits=True)
+    assert abs(float(out.loss) - float(ref.loss)) > 1e-6
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"attn_implementation": "flash_attention_2"}, "attn_implementation 'flash_attention_2' is not one of"),
+    ({"attn_implementation": "eager", "sdpa_backend": "cudnn"}, "sdpa_backend='cudnn' needs attn_implementation='sdpa'"),
+    ({"kind": "teacher"}, "variant kind must be 'anchor' or 'engine'"),
+])
+def test_bad_variant_spec(kwargs, match):
+    from workbench.bench.config import VariantSpec
+
+    with pytest.raises(ConfigError, match=match):
+        VariantSpec(**{"kind": "anchor", "help": "x", **kwargs})

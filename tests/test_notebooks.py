@@ -1,4 +1,4 @@
-"""The five notebooks, executed top to bottom through nbclient on 2 CPU ranks with the tiny model.
+"""The notebooks, executed top to bottom through nbclient on 2 CPU ranks with tiny models.
 
 Each notebook ends in a cell that asserts on its own results; a failing assert fails the test with
 the cell's traceback.
@@ -19,7 +19,8 @@ pytest.importorskip("ipyparallel")
 pytest.importorskip("plotly")
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-NAMES = ["01_quickstart", "02_mesh_explorer", "03_backend_shootout", "04_profiling", "05_how_routing_works"]
+NAMES = ["01_quickstart", "02_mesh_explorer", "03_backend_shootout", "04_profiling", "05_how_routing_works",
+         "07_two_families"]
 CELL_TIMEOUT_S = 240
 
 

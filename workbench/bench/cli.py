@@ -16,7 +16,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The bench subcommand's flags."""
     from workbench.bench.config import DEFAULT_VARIANTS, VARIANTS
 
-    p.add_argument("--preset", default="tiny", help="model preset (tiny, qwen3-30b-a3b)")
+    p.add_argument("--preset", default="tiny", help="model preset (workbench.presets: tiny, qwen3-30b-a3b, "
+                   "gpt-oss-20b, moonlight-16b-a3b, mixtral-8x7b, olmoe-1b-7b and their tiny-* twins)")
     p.add_argument("--layers", type=int, help="decoder layers (default: the preset's)")
     p.add_argument("--seq", type=int, default=128, help="sequence length")
     p.add_argument("--batch", type=int, default=2, help="local batch: sequences per rank per step")
@@ -91,10 +92,11 @@ def launch(cfg, ranks: int) -> int:
     if torch.cuda.is_available() and ranks > torch.cuda.device_count():
         raise ConfigError(f"--ranks {ranks} but only {torch.cuda.device_count()} GPU(s) are visible")
     if cfg.mesh is not None:
+        from workbench.params import num_experts
         from workbench.parallel.mesh import MeshError
 
         try:
-            cfg.mesh.validate(ranks, cfg.hf_config().num_experts)
+            cfg.mesh.validate(ranks, num_experts(cfg.hf_config()))
         except MeshError as err:
             raise ConfigError(f"bench mesh does not fit: {err}") from err
     from workbench.parallel.launch import spawn

@@ -23,10 +23,19 @@ class VariantSpec:
     gate: str = "native"  # engine only
     needs_cuda: bool = False
     backend: tuple[tuple[str, str | bool], ...] = ()  # engine only: BackendConfig fields this variant sets
+    attn_implementation: str = "sdpa"  # anchor only: Transformers' attention ("sdpa", "eager", "flex_attention")
+    cuda_reason: str = ""  # why a needs_cuda variant is skipped elsewhere ("" = the cuDNN SDPA reason)
 
     def __post_init__(self) -> None:
         from workbench.backends import CHOICES
 
+        if self.kind not in ("anchor", "engine"):
+            raise ConfigError(f"variant kind must be 'anchor' or 'engine', got {self.kind!r}")
+        if self.attn_implementation not in ANCHOR_ATTENTION:
+            raise ConfigError(f"variant attn_implementation {self.attn_implementation!r} is not one of "
+                              f"{list(ANCHOR_ATTENTION)}")
+        if self.sdpa_backend is not None and self.attn_implementation != "sdpa":
+            raise ConfigError(f"variant sdpa_backend={self.sdpa_backend!r} needs attn_implementation='sdpa'")
         for key, value in self.backend:
             ok = (value in CHOICES[key] and key != "gate") if key in CHOICES else (
                 key in ("fused_ce", "expert_recompute", "fp8") and isinstance(value, bool))
@@ -34,9 +43,23 @@ class VariantSpec:
                 raise ConfigError(f"variant backend override {key}={value!r} is not a BackendConfig choice")
 
 
-# The registry of variants; names are what --variants and the JSON rows use.
+# Transformers' attention implementations an anchor may use (all ship with torch; flash_attention_2 is not installed).
+ANCHOR_ATTENTION = ("sdpa", "eager", "flex_attention")
+FLEX_REASON = ("Transformers' flex_attention anchor is measured on CUDA only (on CPU it compiles through inductor, "
+               "and GPT-OSS's attention sinks refuse it there)")
+
+# The registry of variants; names are what --variants and the JSON rows use. The speedups of a
+# launch are reported against its best (fastest) anchor row that ran: families differ in which
+# attention Transformers runs for them (GPT-OSS refuses sdpa: attention sinks).
 VARIANTS: dict[str, VariantSpec] = {
     "anchor": VariantSpec("anchor", "Transformers v5: grouped_mm experts, sdpa, FSDP2 per decoder layer"),
+    "anchor_flex": VariantSpec("anchor", "the anchor with Transformers' flex_attention (compiled)",
+                               attn_implementation="flex_attention", needs_cuda=True, cuda_reason=FLEX_REASON),
+    "anchor_eager_attn": VariantSpec("anchor", "the anchor with Transformers' eager attention",
+                                     attn_implementation="eager"),
+    "anchor_batched_mm": VariantSpec("anchor", "the anchor with batched_mm experts (gathers each token's "
+                                     "expert weights: small models only)",
+                                     experts_implementation="batched_mm"),
     "engine": VariantSpec("engine", "MoE Workbench engine, native router", gate="native"),
     "engine_balanced": VariantSpec("engine", "MoE Workbench engine, balanced gate", gate="balanced"),
     "anchor_cudnn": VariantSpec("anchor", "the anchor with torch's cuDNN SDPA backend forced",

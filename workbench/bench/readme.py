@@ -11,9 +11,9 @@ from workbench.bench.report import SCHEMA
 BEGIN = "<!-- bench-table -->"
 END = "<!-- /bench-table -->"
 
-HEADER = ("| date | GPUs | layers | seq x batch | engine (gate) | anchor | anchor tokens/s/GPU | engine tokens/s/GPU | "
+HEADER = ("| date | GPUs | model | layers | seq x batch | engine (gate) | anchor | anchor tokens/s/GPU | engine tokens/s/GPU | "
           "speedup | anchor TFLOP/s/GPU | engine TFLOP/s/GPU | anchor peak GiB | engine peak GiB | memory | results |\n"
-          "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          "|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 
 
 def load_results(results_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
@@ -30,23 +30,28 @@ def load_results(results_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
 
 
 def table(results_dir: Path, include_cpu: bool = False, link_base: str = "benchmarks/results") -> str:
-    """Markdown table: one row per comparison of every results file (CPU runs left out unless asked)."""
+    """Markdown table: each engine variant against its launch's reference anchor (the best ok anchor row),
+    for every results file (CPU runs left out unless asked); files older than the reference field keep every row.
+    """
     lines = [HEADER]
     for path, data in load_results(results_dir):
         dev = data["device"]
         if dev["type"] == "cpu" and not include_cpu:
             continue
         gpus = f"{dev['count']} x {dev['name'].replace('NVIDIA ', '')}"
+        model = data.get("model", {}).get("preset", "")
         for c in data["comparisons"]:
+            if not c.get("reference", True):
+                continue
             a, e = c["anchor"], c["engine"]
             mem = f"{c['mem_ratio']:.2f}x" if c.get("mem_ratio") is not None else "n/a"
             lines.append(
-                f"| {data['date'][:10]} | {gpus} | {c['layers']} | {c['seq']} x {c['batch']} | {e['variant']} ({c['gate']}) | "
+                f"| {data['date'][:10]} | {gpus} | {model} | {c['layers']} | {c['seq']} x {c['batch']} | {e['variant']} ({c['gate']}) | "
                 f"{a['variant']} | {a['tokens_per_s_per_gpu']:,.0f} | {e['tokens_per_s_per_gpu']:,.0f} | "
                 f"**{c['ratio']:.2f}x** | {a['tflops_per_gpu']:.0f} | {e['tflops_per_gpu']:.0f} | "
                 f"{a['peak_mem_gib']:.1f} | {e['peak_mem_gib']:.1f} | {mem} | [{path.name}]({link_base}/{path.name}) |")
     if len(lines) == 1:
-        lines.append("| (no GPU results yet: run `bash benchmarks/gpu_run.sh` on the GPUs) |" + " |" * 14)
+        lines.append("| (no GPU results yet: run `bash benchmarks/gpu_run.sh` on the GPUs) |" + " |" * 15)
     return "\n".join(lines)
 
 

@@ -79,10 +79,29 @@ def _side(row: dict[str, Any]) -> dict[str, Any]:
             "median_step_s": row["median_step_s"]}
 
 
+REFERENCE_RULE = "the best ok anchor row: the fastest anchor variant that ran (tokens/s per GPU)"
+
+
+def reference_anchor(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The anchor row the speedups are computed against, with its setup and the anchors that did not run."""
+    anchors = [r for r in rows if r.get("kind") == "anchor"]
+    ok = [r for r in anchors if r.get("status") == "ok"]
+    if not ok:
+        return None
+    best = max(ok, key=lambda r: r["tokens_per_s_per_gpu"])  # max keeps the first of equals: registry order
+    return {"variant": best["name"], "rule": REFERENCE_RULE, "setup": best.get("setup", {}),
+            **{k: best[k] for k in METRICS},
+            "not_run": [{"variant": r["name"], "status": r["status"], "reason": r.get("reason", "")}
+                        for r in anchors if r.get("status") != "ok"]}
+
+
 def comparisons(rows: list[dict[str, Any]], world: int, layers: int, seq: int, batch: int) -> list[dict[str, Any]]:
-    """Each engine variant against each anchor variant that ran (the v5 default `anchor` first)."""
+    """Each engine variant against each anchor variant that ran (the reference anchor first)."""
     ok = [r for r in rows if r.get("status") == "ok"]
-    anchors = sorted((r for r in ok if r["kind"] == "anchor"), key=lambda r: r["name"] != "anchor")
+    reference = reference_anchor(rows)
+    ref_name = reference["variant"] if reference is not None else None
+    anchors = sorted((r for r in ok if r["kind"] == "anchor"),
+                     key=lambda r: (r["name"] != ref_name, r["name"] != "anchor"))
     out = []
     for engine in (r for r in ok if r["kind"] == "engine"):
         for anchor in anchors:
@@ -92,7 +111,7 @@ def comparisons(rows: list[dict[str, Any]], world: int, layers: int, seq: int, b
             same_init = fa is not None and fe is not None and abs(fa - fe) <= SAME_INIT_RTOL * max(1.0, abs(fa))
             out.append({
                 "world": world, "layers": layers, "seq": seq, "batch": batch, "gate": engine["gate"],
-                "anchor": _side(anchor), "engine": _side(engine),
+                "anchor": _side(anchor), "engine": _side(engine), "reference": anchor["name"] == ref_name,
                 "ratio": engine["tokens_per_s_per_gpu"] / anchor["tokens_per_s_per_gpu"],
                 "tflops_ratio": engine["tflops_per_gpu"] / anchor["tflops_per_gpu"] if anchor["tflops_per_gpu"] else None,
                 "mem_ratio": engine["peak_mem_gib"] / anchor["peak_mem_gib"] if anchor["peak_mem_gib"] else None,
@@ -107,6 +126,7 @@ def build_result(cfg, rows, *, hf_config, world: int, device: torch.device, mesh
                  started: float, flops_per_token: float) -> dict[str, Any]:
     """The whole JSON record of one launch."""
     from workbench.bench.floor import step_floor
+    from workbench.params import num_experts
 
     layers = hf_config.num_hidden_layers
     info = device_info(device, world)
@@ -116,32 +136,44 @@ def build_result(cfg, rows, *, hf_config, world: int, device: torch.device, mesh
         "device": info, "versions": versions(), "git": git_commit(),
         "command": cfg.command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "config": {**cfg.to_dict(), "layers": layers, "dtype": str(dtype), "engine_mesh": mesh.to_dict()},
-        "model": {"preset": cfg.preset, "layers": layers, "hidden": hf_config.hidden_size,
-                  "experts": hf_config.num_experts, "top_k": hf_config.num_experts_per_tok,
+        "model": {"preset": cfg.preset, "model_type": hf_config.model_type, "layers": layers,
+                  "hidden": hf_config.hidden_size, "experts": num_experts(hf_config),
+                  "top_k": hf_config.num_experts_per_tok,
                   "vocab": hf_config.vocab_size, "flops_per_token": flops_per_token,
                   "floor": step_floor(hf_config, cfg.seq, cfg.batch, world)},
         "variants": rows,
+        "reference_anchor": reference_anchor(rows),
         "comparisons": comparisons(rows, world, layers, cfg.seq, cfg.batch),
     }
 
 
 def format_table(result: dict[str, Any]) -> str:
     """Plain-text table of every variant, then the engine/anchor ratios."""
-    lines = [f"{'variant':<16} {'status':<8} {'tokens/s/gpu':>13} {'TFLOP/s/gpu':>12} {'peak GiB':>9} "
+    ref_name = (result.get("reference_anchor") or {}).get("variant")
+    lines = [f"{'variant':<18} {'status':<8} {'tokens/s/gpu':>13} {'TFLOP/s/gpu':>12} {'peak GiB':>9} "
              f"{'step ms':>9} {'fwd/bwd/opt ms':>18} {'loss[0]':>9} {'loss[-1]':>9}"]
     for r in result["variants"]:
         if r["status"] != "ok":
-            lines.append(f"{r['name']:<16} {r['status']:<8} {r.get('reason', '')}")
+            lines.append(f"{r['name']:<18} {r['status']:<8} {r.get('reason', '')}")
             continue
         phases = "/".join(f"{r[k] * 1e3:.0f}" for k in ("median_forward_s", "median_backward_s", "median_optimizer_s"))
-        lines.append(f"{r['name']:<16} {'ok':<8} {r['tokens_per_s_per_gpu']:>13,.0f} {r['tflops_per_gpu']:>12.2f} "
+        lines.append(f"{r['name']:<18} {'ok':<8} {r['tokens_per_s_per_gpu']:>13,.0f} {r['tflops_per_gpu']:>12.2f} "
                      f"{r['peak_mem_gib']:>9.2f} {r['median_step_s'] * 1e3:>9.1f} {phases:>18} "
-                     f"{r['loss'][0]:>9.4f} {r['loss'][-1]:>9.4f}")
+                     f"{r['loss'][0]:>9.4f} {r['loss'][-1]:>9.4f}"
+                     + ("  <- reference anchor" if r["name"] == ref_name else ""))
+    ref = result.get("reference_anchor")
+    if ref is not None:
+        setup = ref["setup"]
+        lines.append(f"reference anchor ({ref['rule']}): {ref['variant']}: attention {setup.get('attention')}, "
+                     f"experts {setup.get('experts_implementation')}, {ref['tokens_per_s_per_gpu']:,.0f} tokens/s/gpu")
+        for r in ref["not_run"]:
+            lines.append(f"  anchor {r['variant']} {r['status']}: {r['reason']}")
     for c in result["comparisons"]:
         mem = f"{c['mem_ratio']:.2f}" if c["mem_ratio"] is not None else "n/a"
         lines.append(f"{c['engine']['variant']} / {c['anchor']['variant']}: {c['ratio']:.2f}x tokens/s, "
                      f"{mem}x peak memory, same init {c['same_init']}, "
-                     f"|ce diff| step0 {c['ce_step0_abs_diff']:.2e} max {c['ce_max_abs_diff']:.2e}")
+                     f"|ce diff| step0 {c['ce_step0_abs_diff']:.2e} max {c['ce_max_abs_diff']:.2e}"
+                     + (" (reference anchor)" if c.get("reference") else ""))
     mem_kind = next((r["mem_kind"] for r in result["variants"] if r["status"] == "ok"), None)
     if mem_kind == "cpu_rss":
         lines.append("peak memory on CPU is the process's peak RSS over its lifetime (not per variant)")

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from workbench.bench.config import VARIANTS, BenchConfig
 from workbench.config import ConfigError
+from workbench.params import num_experts
 from workbench.train import dist_utils as du
 from workbench.train.metrics import flops_per_token, tflops_per_gpu
 
@@ -92,7 +93,7 @@ def _shared_tmpdir(base: str | None) -> Path:
 def run_variant(name: str, cfg: BenchConfig, hf_config, mesh, checkpoint: Path | None, device: torch.device,
                 dtype: torch.dtype) -> dict[str, Any]:
     """Build, train and time one variant; its row for the results (status ok/skipped/failed)."""
-    from workbench.bench.anchor import CUDNN_REASON, build_anchor
+    from workbench.bench.anchor import CUDNN_REASON, attention_refusal, build_anchor
     from workbench.bench.engine import build_engine
     from workbench.bench.timing import run_steps
     from workbench.bench.variant import weight_fingerprint
@@ -101,7 +102,11 @@ def run_variant(name: str, cfg: BenchConfig, hf_config, mesh, checkpoint: Path |
     row: dict[str, Any] = {"name": name, "kind": spec.kind, "help": spec.help,
                            "gate": spec.gate if spec.kind == "engine" else "native"}
     if spec.needs_cuda and device.type != "cuda":
-        return {**row, "status": "skipped", "reason": CUDNN_REASON}
+        return {**row, "status": "skipped", "reason": spec.cuda_reason or CUDNN_REASON}
+    if spec.kind == "anchor":
+        refused = attention_refusal(hf_config, spec.attn_implementation)
+        if refused is not None:  # e.g. GPT-OSS and sdpa: recorded, not built
+            return {**row, "status": "skipped", "reason": refused}
     if spec.kind == "engine" and spec.backend:
         from workbench.backends import BackendError
         from workbench.bench.engine import variant_backend
@@ -165,7 +170,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     try:
         world, rank = du.world_size(), du.rank()
         threads_before = _set_cpu_threads(device, world)
-        mesh = resolve_mesh(cfg, world, hf_config.num_experts)  # bad input fails before heavy work
+        mesh = resolve_mesh(cfg, world, num_experts(hf_config))  # bad input fails before heavy work
         cfg.backend.resolve(device, world_size=mesh.ep)
         dtype = _dtype(cfg, device)
         started = time.time()

@@ -70,7 +70,8 @@ def install(model: nn.Module, backend, make_dispatcher, expert_range: tuple[int,
     total = num_experts(model, model.config)
     modules = fused_experts_modules(model)
     for _, module in modules:
-        install_engine_experts(module, make_dispatcher(total), backend.experts, expert_range or (0, total), total)
+        install_engine_experts(module, make_dispatcher(total), backend.experts, expert_range or (0, total), total,
+                               gate=backend.gate)
     model.workbench_backend = backend
     log.warning("model_type %r: generic engine path (Transformers' router and attention, the engine's experts "
                 "in %d MoE layers of %d experts, backend %s)", model.config.model_type, len(modules), total,

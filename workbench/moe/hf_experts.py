@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.moe.experts import _grouped_mm
+from workbench.moe.router import GATES, balanced_ids
 
 # The flags' defaults of the decorator (transformers.integrations.moe); 5.17 lacks some of them.
 LAYOUT_DEFAULTS = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
@@ -123,6 +124,12 @@ class EngineExperts:
                 top_k_weights: torch.Tensor) -> torch.Tensor:
         """Transformers' experts call: tokens [T, D], the router's top-k ids and weights [T, K]."""
         x_TD = hidden_states.reshape(-1, hidden_states.shape[-1])
+        if getattr(self, "workbench_gate", "native") == "balanced":
+            # The bench's balanced gate: round-robin ids instead of the router's choice. The router's
+            # own weights are kept as they are (not uniform 1/K): they keep the router in the graph
+            # and carry the family's scaling (DeepSeek's routed_scaling_factor, GPT-OSS's top-k
+            # softmax), so a step's work and numerics differ from a native step only by the assignment.
+            top_k_index = balanced_ids(x_TD.shape[0], top_k_index.shape[-1], self.num_experts, x_TD.device)
         dispatcher = self.workbench_dispatcher
         x_ND, tokens_per_expert, handle = dispatcher.dispatch(x_TD, top_k_index.long(), top_k_weights)
         y_ND = expert_rows(self, x_ND, tokens_per_expert)
@@ -149,9 +156,11 @@ def check_generic_backend(backend: str) -> None:
 
 
 def install_engine_experts(module: nn.Module, dispatcher, backend: str, expert_range: tuple[int, int],
-                           num_experts: int) -> nn.Module:
+                           num_experts: int, gate: str = "native") -> nn.Module:
     """Turn a v5 experts module into the engine's in place; keep only experts [first, last)."""
     check_generic_backend(backend)
+    if gate not in GATES:
+        raise ValueError(f"gate {gate!r} is not one of {list(GATES)}")
     layout = layout_of(module)
     first, last = expert_range
     for name in layout.param_names():
@@ -166,6 +175,7 @@ def install_engine_experts(module: nn.Module, dispatcher, backend: str, expert_r
     module.workbench_dispatcher = dispatcher
     module.workbench_experts_backend = backend
     module.workbench_expert_range = (first, last)
+    module.workbench_gate = gate  # "balanced": the bench's round-robin assignment (EngineExperts.forward)
     module.num_experts = num_experts
     return module
 
