@@ -339,3 +339,22 @@ def use_sink_attention(model: nn.Module) -> None:
     if model.config._attn_implementation != name:
         raise RuntimeError(f"{type(model).__name__} did not accept attn_implementation={name!r}; "
                            "it does not use Transformers' AttentionInterface")
+
+
+def select_attention(model: nn.Module, attention: str) -> str | None:
+    """The generic path's attention for `model` from the resolved BackendConfig.attention; the name set, or None.
+
+    "sinks" always runs the engine's function. A model with sinks gets it for "sdpa" too, the choice "auto"
+    resolves to: Transformers' sdpa cannot express sinks (GPT-OSS refuses it), and this is the same fused
+    causal attention plus the sink. "te" cannot run sinks and is refused for such a model.
+    """
+    sinks = has_sinks(model)
+    if sinks and attention == "te":
+        from workbench.backends import BackendError
+
+        raise BackendError(f"BackendConfig.attention='te' cannot run the attention sinks of model_type "
+                           f"{model.config.model_type!r}; use attention='auto' or 'sinks'")
+    if attention == "sinks" or (sinks and attention == "sdpa"):
+        use_sink_attention(model)
+        return SINK_ATTENTION
+    return None
