@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import warnings
 
 import pytest
@@ -14,8 +15,15 @@ from test_generic_families import close, randomize
 from workbench import BackendConfig
 from workbench.backends import BackendError
 from workbench.models import attention_sinks as sinks_mod
-from workbench.models.attention_sinks import (SINK_ATTENTION, reference_attention, dense_mask, sdpa_extra_dim,
-                                              select_attention, sink_attention, use_sink_attention)
+from workbench.models.attention_sinks import (
+    SINK_ATTENTION,
+    dense_mask,
+    reference_attention,
+    sdpa_extra_dim,
+    select_attention,
+    sink_attention,
+    use_sink_attention,
+)
 from workbench.models.auto import AutoModelForCausalLM
 
 SEQ = 12
@@ -140,7 +148,7 @@ class _VarlenOnCpu(sinks_mod._FlashVarlen):
 
     def _segments(self):
         cu = self.cu.tolist()
-        return list(zip(cu[:-1], cu[1:]))
+        return list(itertools.pairwise(cu))
 
     def _mask(self, n, dtype):
         i = torch.arange(n)[:, None]

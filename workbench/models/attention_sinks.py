@@ -66,7 +66,7 @@ def document_starts(position_ids: torch.Tensor | None, batch: int, seq: int, dev
 
 def dense_mask(q_len: int, kv_len: int, sliding_window: int | None, starts: torch.Tensor | None,
                padding: torch.Tensor | None, device) -> torch.Tensor:
-    """Bool [B or 1, 1, q_len, kv_len]: causal (queries are the last q_len positions), window, same document, padding."""
+    """Bool [B or 1, 1, q_len, kv_len]: causal (queries are the last q_len positions), window, document, padding."""
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
     kv_pos = torch.arange(kv_len, device=device)[None, :]
     allowed = kv_pos <= q_pos
