@@ -114,6 +114,10 @@ class _FlashVarlen:
         out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
             q, k, v, self.cu, self.cu, self.max_len, self.max_len, 0.0, True, False, scale=self.scaling,
             window_size_left=self.left, window_size_right=0 if self.left is not None else None)
+        if tuple(lse.shape) != (q.shape[1], q.shape[0]):
+            raise RuntimeError(f"torch's varlen flash kernel returned lse of shape {tuple(lse.shape)}, expected "
+                               f"[heads, tokens] = {(q.shape[1], q.shape[0])} (unpadded, torch >= 2.5); the sink attention "
+                               "cannot read it on this torch: upgrade torch")
         return out, lse, (rng, unused)
 
     def backward(self, dout, q, k, v, out, lse, state):
@@ -262,7 +266,14 @@ def sink_attention(q, k, v, sinks, scaling: float, sliding_window: int | None = 
     if kernel == "sdpa_extra_dim":
         if sliding_window is not None or packed:
             raise ValueError("kernel='sdpa_extra_dim' runs full causal attention of unpacked rows only")
-        return sdpa_extra_dim(q, k, v, sinks, scaling)
+        if q.device.type != "cuda":
+            return sdpa_extra_dim(q, k, v, sinks, scaling)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        # cuDNN first: the reason to pick this option over "flash" (see CUDA_KERNEL)
+        order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+        with sdpa_kernel(order, set_priority=True):
+            return sdpa_extra_dim(q, k, v, sinks, scaling)
     if kernel == "cpu":
         allowed = dense_mask(s, s, sliding_window, starts if packed else None, None, q.device)
         n_rep = h // k.shape[1]
@@ -274,6 +285,8 @@ def sink_attention(q, k, v, sinks, scaling: float, sliding_window: int | None = 
     first = starts.flatten().nonzero().flatten()
     cu = torch.cat([first, first.new_tensor([b * s])]).to(torch.int32)
     max_len = int((cu[1:] - cu[:-1]).max()) if packed else s
+    if max_len < 2:  # flash lays out lse differently for single-token queries (its decode path)
+        return reference_attention(q, k, v, sinks, scaling, dense_mask(s, s, sliding_window, starts, None, q.device))
     runner = _FlashVarlen(cu, max_len, scaling, sliding_window)
     # Transformers hands [B, H, S, D]; the varlen kernel takes [B*S, H, D] (a copy only where RoPE made q/k new)
     q_t, k_t, v_t = (t.transpose(1, 2).reshape(b * s, t.shape[1], d) for t in (q, k, v))
