@@ -32,6 +32,10 @@ import torch.nn.functional as F
 from torch import nn
 
 SINK_ATTENTION = "workbench_sinks"
+# Families whose attention='auto' on the generic path is this function: those whose parity with Transformers'
+# eager the tests check (tests/test_attention_sinks.py). Other families with sinks (deepseek_v4, mimo_v2_flash,
+# granite_swa, ...) keep Transformers' attention unless attention='sinks' is asked for.
+AUTO_FAMILIES = ("gpt_oss",)
 
 # Which kernel `sink_attention` runs on CUDA. "flash" (torch's flash kernel, varlen form) serves both layer
 # types; "sdpa_extra_dim" (full causal layers of unpacked rows only, through public SDPA with cuDNN first) is
@@ -218,28 +222,25 @@ def sdpa_extra_dim(q, k, v, sinks, scaling: float) -> torch.Tensor:
     return out[:, :, 1:, :d].transpose(1, 2).contiguous()
 
 
-def _fallback_reason(query, key, attention_mask, dropout: float) -> str | None:
+def _fallback_reason(query, key, value, attention_mask, dropout: float) -> str | None:
     """Why the fused kernels cannot take this call (None: they can)."""
     if attention_mask is not None:
         return "a padding attention mask was given"
     if query.shape[2] != key.shape[2]:
         return f"query length {query.shape[2]} != key length {key.shape[2]} (KV cache)"
+    if not query.shape[-1] == key.shape[-1] == value.shape[-1]:
+        return f"head dims q {query.shape[-1]}, k {key.shape[-1]}, v {value.shape[-1]} differ"
     if dropout:
         return f"attention dropout {dropout} (the fused kernels run without dropout)"
     if query.device.type == "cuda":
         if query.dtype not in (torch.float16, torch.bfloat16):
             return f"{query.dtype} on CUDA (the flash kernel takes float16/bfloat16)"
-        if query.shape[-1] % 8 or query.shape[-1] > 256 or value_dim_differs(query, key):
-            return f"head dim {query.shape[-1]} (flash needs a multiple of 8, <= 256, equal for q and k)"
+        if query.shape[-1] % 8 or query.shape[-1] > 256:
+            return f"head dim {query.shape[-1]} (flash needs a multiple of 8, <= 256)"
         return None
     if query.device.type != "cpu":
         return f"device {query.device.type}"
     return None
-
-
-def value_dim_differs(query, key) -> bool:
-    """Whether q and k head dims differ (flash refuses)."""
-    return query.shape[-1] != key.shape[-1]
 
 
 def pick_kernel(device: torch.device, sliding_window: int | None, packed: bool) -> str:
@@ -304,7 +305,7 @@ def sink_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
     if not getattr(module, "is_causal", True) or kwargs.get("is_causal") is False:
         raise ValueError("attention 'workbench_sinks' is causal only; this module is not causal")
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    reason = _fallback_reason(query, key, attention_mask, dropout)
+    reason = _fallback_reason(query, key, value, attention_mask, dropout)
     if reason is None:
         return sink_attention(query, key, value, s_aux, scaling, sliding_window, position_ids), None
     warnings.warn(f"attention 'workbench_sinks' runs Transformers' eager math for this call: {reason}", stacklevel=2)
@@ -357,9 +358,9 @@ def use_sink_attention(model: nn.Module) -> None:
 def select_attention(model: nn.Module, attention: str) -> str | None:
     """The generic path's attention for `model` from the resolved BackendConfig.attention; the name set, or None.
 
-    "sinks" always runs the engine's function. A model with sinks gets it for "sdpa" too, the choice "auto"
-    resolves to: Transformers' sdpa cannot express sinks (GPT-OSS refuses it), and this is the same fused
-    causal attention plus the sink. "te" cannot run sinks and is refused for such a model.
+    "sinks" always runs the engine's function. An AUTO_FAMILIES model gets it for "sdpa" too, the choice
+    "auto" resolves to: Transformers' sdpa cannot express sinks (GPT-OSS refuses it), and this is the same
+    fused causal attention plus the sink. "te" cannot run sinks and is refused for a model with sinks.
     """
     sinks = has_sinks(model)
     if sinks and attention == "te":
@@ -367,7 +368,8 @@ def select_attention(model: nn.Module, attention: str) -> str | None:
 
         raise BackendError(f"BackendConfig.attention='te' cannot run the attention sinks of model_type "
                            f"{model.config.model_type!r}; use attention='auto' or 'sinks'")
-    if attention == "sinks" or (sinks and attention == "sdpa"):
+    auto = sinks and getattr(model.config, "model_type", None) in AUTO_FAMILIES
+    if attention == "sinks" or (auto and attention == "sdpa"):
         use_sink_attention(model)
         return SINK_ATTENTION
     return None
