@@ -16,7 +16,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "experts": ("loop", "grouped_mm", "te", "auto"),
     "dispatcher": ("local", "alltoall", "symm_mem", "deepep", "auto"),
     "gate": ("native", "balanced"),
-    "attention": ("sdpa", "te", "auto"),
+    "attention": ("sdpa", "te", "sinks", "auto"),
     "rms_norm": ("torch", "triton", "te", "auto"),
     "linear": ("torch", "te", "auto"),
 }
@@ -48,6 +48,8 @@ TE_FP8_MIN_CAPABILITY = (9, 0)
 AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "experts": ("grouped_mm", "te", "loop"),
     "dispatcher": ("alltoall", "local"),
+    # on the generic path a model with attention sinks (GPT-OSS) runs "sinks" where this gives "sdpa"
+    # (models/attention_sinks.select_attention): Transformers' sdpa cannot express sinks
     "attention": ("sdpa", "te"),
     "rms_norm": ("triton", "torch", "te"),
     "linear": ("torch", "te"),
@@ -189,7 +191,7 @@ def availability(field: str, choice: str, device: torch.device | str = "cpu",
     """Whether `choice` for `field` can run on `device`; the reason (with install hint) if not."""
     dev = torch.device(device)
     cuda = dev.type == "cuda"
-    if choice in ("loop", "local", "torch", "sdpa", "native", "balanced"):
+    if choice in ("loop", "local", "torch", "sdpa", "sinks", "native", "balanced"):
         return True, ""
     if choice == "auto":
         return True, ""

@@ -15,6 +15,7 @@ import torch.distributed as dist
 import transformers
 from torch import nn
 
+from workbench.models.attention_sinks import select_attention
 from workbench.moe.hf_experts import engine_experts_modules, install_engine_experts, is_fused_experts
 from workbench.params import num_experts as config_num_experts
 
@@ -72,6 +73,7 @@ def install(model: nn.Module, backend, make_dispatcher, expert_range: tuple[int,
     for _, module in modules:
         install_engine_experts(module, make_dispatcher(total), backend.experts, expert_range or (0, total), total,
                                gate=backend.gate)
+    select_attention(model, backend.attention)
     model.workbench_backend = backend
     log.warning("model_type %r: generic engine path (Transformers' router and attention, the engine's experts "
                 "in %d MoE layers of %d experts, backend %s)", model.config.model_type, len(modules), total,

@@ -1,0 +1,230 @@
+"""The engine's sink-aware attention (GPT-OSS): parity with vanilla Transformers' eager, packed documents, selection."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import warnings
+
+import pytest
+import torch
+import transformers
+from generic_families import tiny_config
+from test_generic_families import close, randomize
+
+from workbench import BackendConfig
+from workbench.backends import BackendError
+from workbench.models import attention_sinks as sinks_mod
+from workbench.models.attention_sinks import (
+    SINK_ATTENTION,
+    dense_mask,
+    reference_attention,
+    sdpa_extra_dim,
+    select_attention,
+    sink_attention,
+    use_sink_attention,
+)
+from workbench.models.auto import AutoModelForCausalLM
+
+SEQ = 12
+WINDOW = 4  # < SEQ: the sliding layer's window matters
+
+
+def _gpt_oss_pair():
+    """Vanilla eager GPT-OSS (both layer types, fresh random weights incl. nonzero sinks) and its engine twin."""
+    cfg = tiny_config("gpt_oss", sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    randomize(ref)
+    for layer in ref.model.layers:
+        assert layer.self_attn.sinks.abs().min() > 0
+    eng = copy.deepcopy(ref)
+    use_sink_attention(eng)
+    assert eng.config._attn_implementation == SINK_ATTENTION and ref.config._attn_implementation == "eager"
+    return ref, eng
+
+
+def _no_fallback():
+    """Turn the eager-math fallback's warning into an error: these calls must run the fused kernel's math."""
+    ctx = warnings.catch_warnings()
+    ctx.__enter__()
+    warnings.filterwarnings("error", message=".*workbench_sinks.*eager math.*")
+    return ctx
+
+
+def _loss_and_grads(model, ids, position_ids=None):
+    out = model(input_ids=ids, position_ids=position_ids)
+    weights = torch.randn(out.logits.shape, generator=torch.Generator().manual_seed(7))
+    (out.logits * weights).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out.logits.detach(), grads
+
+
+def test_gpt_oss_logits_and_grads_equal_eager():
+    ref, eng = _gpt_oss_pair()
+    ids = torch.randint(0, ref.config.vocab_size, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    want_logits, want = _loss_and_grads(ref, ids)
+    ctx = _no_fallback()
+    try:
+        got_logits, got = _loss_and_grads(eng, ids)
+    finally:
+        ctx.__exit__(None, None, None)
+    close(got_logits, want_logits, "logits")
+    assert set(got) == set(want)
+    for name in want:
+        close(got[name], want[name], name)
+    for i in range(2):  # the sinks' own gradient, on both layer types
+        assert want[f"model.layers.{i}.self_attn.sinks"].abs().max() > 0
+
+
+def test_packed_documents_equal_separate_runs():
+    """Two documents in one row (position_ids restarting): each equals running it alone, logits and grads."""
+    ref, eng = _gpt_oss_pair()
+    g = torch.Generator().manual_seed(2)
+    a = torch.randint(0, ref.config.vocab_size, (1, 7), generator=g)
+    b = torch.randint(0, ref.config.vocab_size, (1, SEQ - 7), generator=g)
+    packed = torch.cat([a, b], dim=1)
+    position_ids = torch.cat([torch.arange(7), torch.arange(SEQ - 7)])[None]
+    ctx = _no_fallback()
+    try:
+        out = eng(input_ids=packed, position_ids=position_ids).logits
+        out.sum().backward()
+    finally:
+        ctx.__exit__(None, None, None)
+    got = {n: p.grad.clone() for n, p in eng.named_parameters() if p.grad is not None}
+    la, lb = ref(input_ids=a).logits, ref(input_ids=b).logits
+    (la.sum() + lb.sum()).backward()
+    close(out[:, :7].detach(), la.detach(), "logits of document 1")
+    close(out[:, 7:].detach(), lb.detach(), "logits of document 2")
+    for name, p in ref.named_parameters():
+        if p.grad is not None:
+            close(got[name], p.grad, name)
+
+
+def test_padding_mask_falls_back_to_eager_math():
+    """A padding mask runs the eager math (warned) and equals vanilla eager on the real tokens."""
+    ref, eng = _gpt_oss_pair()
+    ids = torch.randint(0, ref.config.vocab_size, (2, SEQ), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(2, SEQ, dtype=torch.long)
+    mask[1, :3] = 0  # left padding
+    want = ref(input_ids=ids, attention_mask=mask).logits
+    with pytest.warns(UserWarning, match="padding attention mask"):
+        got = eng(input_ids=ids, attention_mask=mask).logits
+    close(got[0], want[0], "unpadded row")
+    close(got[1, 3:], want[1, 3:], "padded row, real tokens")
+
+
+def _qkv(b=2, h=4, hkv=2, s=SEQ, d=8, seed=4):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, n, s, d, generator=g).requires_grad_() for n in (h, hkv, hkv))
+    return q, k, v, (torch.randn(h, generator=g) + 1).requires_grad_()
+
+
+def _fwd_bwd(fn, q, k, v, sinks):
+    out = fn()
+    grads = torch.autograd.grad((out * torch.randn(out.shape, generator=torch.Generator().manual_seed(5))).sum(),
+                                (q, k, v, sinks))
+    return (out, *grads)
+
+
+def test_sdpa_extra_dim_equals_reference():
+    """The public-SDPA option (sink as an extra key over extra head dims) is exact, sinks' grad included."""
+    q, k, v, s = _qkv()
+    allowed = dense_mask(SEQ, SEQ, None, None, None, q.device)
+    want = _fwd_bwd(lambda: reference_attention(q, k, v, s, 0.3, allowed), q, k, v, s)
+    got = _fwd_bwd(lambda: sdpa_extra_dim(q, k, v, s, 0.3), q, k, v, s)
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dsinks"), got, want):
+        close(a, b, name)
+
+
+class _VarlenOnCpu(sinks_mod._FlashVarlen):
+    """Stand-in for torch's CUDA varlen flash kernel (absent on CPU): its layouts and window rule, per document.
+
+    Same contract as the CUDA op: q/k/v [T, H, D], cu_seqlens, left window inclusive, lse [H, T]; computed
+    with the CPU flash op on each document, so the glue around the CUDA kernel (cu_seqlens, the window
+    conversion, the [H, T] lse layout, the sinks' gradient in that layout) runs for real.
+    """
+
+    def _segments(self):
+        cu = self.cu.tolist()
+        return list(itertools.pairwise(cu))
+
+    def _mask(self, n, dtype):
+        i = torch.arange(n)[:, None]
+        j = torch.arange(n)[None, :]
+        ok = (j <= i) & ((i - j <= self.left) if self.left is not None else True)
+        return torch.zeros(n, n, dtype=dtype).masked_fill(~ok, float("-inf"))
+
+    @staticmethod
+    def _bhsd(t, rep):
+        return t.transpose(0, 1)[None].repeat_interleave(rep, dim=1)
+
+    def forward(self, q, k, v):
+        rep = q.shape[1] // k.shape[1]
+        outs, lses = [], []
+        for a, b in self._segments():
+            o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                self._bhsd(q[a:b], 1), self._bhsd(k[a:b], rep), self._bhsd(v[a:b], rep), 0.0, False,
+                attn_mask=self._mask(b - a, q.dtype), scale=self.scaling)
+            outs.append(o[0].transpose(0, 1))
+            lses.append(lse[0])
+        return torch.cat(outs).contiguous(), torch.cat(lses, dim=1).contiguous(), None
+
+    def backward(self, dout, q, k, v, out, lse, state):
+        rep = q.shape[1] // k.shape[1]
+        dq, dk, dv = [], [], []
+        for a, b in self._segments():
+            g = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                self._bhsd(dout[a:b], 1), self._bhsd(q[a:b], 1), self._bhsd(k[a:b], rep), self._bhsd(v[a:b], rep),
+                self._bhsd(out[a:b], 1), lse[:, a:b][None].contiguous(), 0.0, False,
+                attn_mask=self._mask(b - a, q.dtype), scale=self.scaling)
+            dq.append(g[0][0].transpose(0, 1))
+            for acc, t in ((dk, g[1]), (dv, g[2])):
+                t = t[0].view(k.shape[1], rep, b - a, -1).sum(1)  # fold the repeated heads back (GQA)
+                acc.append(t.transpose(0, 1))
+        return torch.cat(dq), torch.cat(dk), torch.cat(dv)
+
+
+@pytest.mark.parametrize("window", [None, WINDOW])
+@pytest.mark.parametrize("packed", [False, True])
+def test_flash_varlen_glue_equals_reference(monkeypatch, window, packed):
+    """The CUDA path's glue (varlen layout, window, documents, sinks) equals eager math, kernel stood in on CPU."""
+    monkeypatch.setattr(sinks_mod, "_FlashVarlen", _VarlenOnCpu)
+    q, k, v, s = _qkv()
+    pos = torch.cat([torch.arange(5), torch.arange(SEQ - 5)])[None].expand(2, -1) if packed else None
+    starts = sinks_mod.document_starts(pos, 2, SEQ, q.device)
+    allowed = dense_mask(SEQ, SEQ, window, starts, None, q.device)
+    want = _fwd_bwd(lambda: reference_attention(q, k, v, s, 0.3, allowed), q, k, v, s)
+    got = _fwd_bwd(lambda: sink_attention(q, k, v, s, 0.3, window, pos, kernel="flash"), q, k, v, s)
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dsinks"), got, want):
+        close(a, b, name)
+
+
+def test_generic_path_selects_sink_attention_for_gpt_oss_only():
+    """attention='auto': GPT-OSS gets the engine's sink attention; Mixtral (no sinks) keeps Transformers' choice."""
+    gpt = AutoModelForCausalLM.from_config(tiny_config("gpt_oss"), device="cpu")
+    assert gpt.config._attn_implementation == SINK_ATTENTION
+    mix_cfg = tiny_config("mixtral", sliding_window=None)
+    vanilla = transformers.AutoModelForCausalLM.from_config(mix_cfg)
+    mix = AutoModelForCausalLM.from_config(mix_cfg, device="cpu")
+    assert mix.config._attn_implementation == vanilla.config._attn_implementation != SINK_ATTENTION
+
+
+def test_explicit_sinks_on_mixtral_equals_vanilla():
+    """attention='sinks' on a family without sinks is plain causal attention: logits equal vanilla's."""
+    cfg = tiny_config("mixtral", sliding_window=None)
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg)
+    randomize(ref)
+    eng = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(attention="sinks"), device="cpu")
+    eng.load_state_dict(ref.state_dict())
+    assert eng.config._attn_implementation == SINK_ATTENTION
+    ids = torch.randint(0, cfg.vocab_size, (2, SEQ), generator=torch.Generator().manual_seed(6))
+    close(eng(input_ids=ids).logits, ref(input_ids=ids).logits, "logits")
+
+
+def test_te_attention_refused_for_sinks():
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config("gpt_oss"))
+    with pytest.raises(BackendError, match="attention='te' cannot run the attention sinks"):
+        select_attention(model, "te")
