@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "attention": ("sdpa", "te", "sinks", "auto"),
     "rms_norm": ("torch", "triton", "te", "auto"),
     "linear": ("torch", "te", "auto"),
+    # The experts' activation kernel: Triton SwiGLU on packed gate|up rows, and GPT-OSS's fused
+    # bias + clamped interleaved SwiGLU (kernels/gpt_oss_gate.py); torch = the family's own ops.
+    "swiglu": ("torch", "triton", "auto"),
 }
 
 # What to install for each optional backend: the message names the extra and the package.
@@ -53,6 +57,9 @@ AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "attention": ("sdpa", "te"),
     "rms_norm": ("triton", "torch", "te"),
     "linear": ("torch", "te"),
+    # Triton first on CUDA; for GPT-OSS's gate to be confirmed by benchmarks/gpt_oss_gate.py
+    # (Transformers' gate: ~8 kernels and ~3x the GEMM output saved; the kernel: one pass, h saved)
+    "swiglu": ("triton", "torch"),
 }
 
 
@@ -201,7 +208,9 @@ def availability(field: str, choice: str, device: torch.device | str = "cpu",
     if choice == "te":
         return te_availability(dev)
     if choice == "triton":
-        if not cuda:
+        # TRITON_INTERPRET=1 (tests only) runs the kernels on CPU tensors in Triton's interpreter
+        interpreted = dev.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+        if not (cuda or interpreted):
             return False, f"{field}='triton' needs a CUDA device, got {dev.type}; use 'torch'"
         if not _has_module("triton"):
             return False, f"triton is not installed: {INSTALL_HINT['triton']}"
@@ -245,6 +254,7 @@ class BackendConfig:
     attention: str = "auto"
     rms_norm: str = "auto"
     linear: str = "auto"
+    swiglu: str = "auto"
     fused_ce: bool = False
     # Recompute each expert MLP in backward instead of saving its intermediates: -300 MB per MoE
     # layer at 8k tokens x top-8 (Qwen3-30B-A3B shapes) for one more forward of the expert GEMMs.

@@ -72,7 +72,7 @@ def install(model: nn.Module, backend, make_dispatcher, expert_range: tuple[int,
     modules = fused_experts_modules(model)
     for _, module in modules:
         install_engine_experts(module, make_dispatcher(total), backend.experts, expert_range or (0, total), total,
-                               gate=backend.gate)
+                               gate=backend.gate, swiglu=backend.swiglu)
     select_attention(model, backend.attention)
     model.workbench_backend = backend
     log.warning("model_type %r: generic engine path (Transformers' router and attention, the engine's experts "

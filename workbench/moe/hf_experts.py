@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.moe.experts import _grouped_mm
+from workbench.moe.gpt_oss_experts import gpt_oss_expert_rows, is_gpt_oss_gate
 from workbench.moe.router import GATES, balanced_ids
 
 # The flags' defaults of the decorator (transformers.integrations.moe); 5.17 lacks some of them.
@@ -103,6 +104,8 @@ def expert_rows(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.
     """The experts' outputs for expert-major rows, as the family computes them (bias, gate, norm)."""
     layout: ExpertsLayout = module.workbench_layout
     backend = module.workbench_experts_backend
+    if module.workbench_swiglu == "triton" and is_gpt_oss_gate(module):
+        return gpt_oss_expert_rows(module, x_ND, tokens_per_expert, backend)
     rows = x_ND.shape[0]
     h = grouped_linear(x_ND, tokens_per_expert, getattr(module, layout.up_name), layout.is_transposed, backend)
     if layout.has_bias:
@@ -156,9 +159,15 @@ def check_generic_backend(backend: str) -> None:
 
 
 def install_engine_experts(module: nn.Module, dispatcher, backend: str, expert_range: tuple[int, int],
-                           num_experts: int, gate: str = "native") -> nn.Module:
-    """Turn a v5 experts module into the engine's in place; keep only experts [first, last)."""
+                           num_experts: int, gate: str = "native", swiglu: str = "torch") -> nn.Module:
+    """Turn a v5 experts module into the engine's in place; keep only experts [first, last).
+
+    `swiglu` (a resolved BackendConfig.swiglu) takes effect only where the engine has a kernel for
+    the family's gate (GPT-OSS's: is_gpt_oss_gate); other gates stay the family's own.
+    """
     check_generic_backend(backend)
+    if swiglu not in ("torch", "triton"):
+        raise ValueError(f"swiglu must be a resolved BackendConfig.swiglu, 'torch' or 'triton'; got {swiglu!r}")
     if gate not in GATES:
         raise ValueError(f"gate {gate!r} is not one of {list(GATES)}")
     layout = layout_of(module)
@@ -175,6 +184,7 @@ def install_engine_experts(module: nn.Module, dispatcher, backend: str, expert_r
     module.workbench_dispatcher = dispatcher
     module.workbench_experts_backend = backend
     module.workbench_expert_range = (first, last)
+    module.workbench_swiglu = swiglu if is_gpt_oss_gate(module) else "torch"
     module.workbench_gate = gate  # "balanced": the bench's round-robin assignment (EngineExperts.forward)
     module.num_experts = num_experts
     return module
