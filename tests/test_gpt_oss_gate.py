@@ -257,6 +257,16 @@ _MODEL_SCRIPT = textwrap.dedent("""
 """)
 
 
+def _triton_version() -> tuple[int, ...]:
+    import triton
+
+    return tuple(int(p) for p in triton.__version__.split(".")[:2])
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_tiny_gpt_oss_with_triton_gate_equals_vanilla_in_the_interpreter():
+    if _triton_version() < (3, 9):
+        # the model under the interpreter also runs the engine's Triton combine, whose backward
+        # (triton_combine.py range() over loaded bounds) Triton 3.6's interpreter rejects
+        pytest.skip("Triton < 3.9's interpreter cannot run triton_combine's backward; CUDA tests cover this image")
     _run_script(_MODEL_SCRIPT, "MODEL OK", interpret=True)

@@ -29,16 +29,20 @@ BLOCK_C = 128    # columns per program of the plain row-bias kernels
 
 
 @triton.jit
-def _store_partials(tile, ids, row_ok, cols, col_ok, P, Q, stride_p, stride_q, pid_m):
+def _store_partials(tile, ids, row_ok, cols, col_ok, P, Q, stride_p, stride_q, pid_m, IDS, N, BM: tl.constexpr):
     """Per-expert column sums of `tile` [BM, C]: the tile's first expert to P[pid_m], later ones to Q[e]."""
-    big = 2147483647
-    e_first = tl.min(tl.where(row_ok, ids, big), axis=0)
-    e_last = tl.max(tl.where(row_ok, ids, -1), axis=0)
-    for e in range(e_first, e_last + 1):
+    # rows are sorted by expert: the first and last rows' ids bound the tile's experts. A while loop,
+    # not range(): Triton 3.6's interpreter cannot take a loaded value as a range bound.
+    first_row = pid_m * BM
+    e_first = tl.load(IDS + first_row)
+    e_last = tl.load(IDS + tl.minimum(first_row + BM, N) - 1)
+    e = e_first
+    while e <= e_last:
         part = tl.sum(tl.where((row_ok & (ids == e))[:, None], tile, 0.0), axis=0)
         first = (cols * 0 + e) == e_first  # a vector: the interpreter takes no scalar masks
         tl.store(P + pid_m.to(tl.int64) * stride_p + cols, part, mask=col_ok & first)
         tl.store(Q + (cols * 0 + e).to(tl.int64) * stride_q + cols, part, mask=col_ok & (~first))
+        e += 1
 
 
 @triton.jit
@@ -90,7 +94,8 @@ def _gate_bwd_kernel(DY, H, B, IDS, DH, P, Q, N, I, stride_dy, stride_h, stride_
     dh = dh.to(DH.dtype.element_ty)
     tl.store(DH + rows.to(tl.int64)[:, None] * stride_dh + cols2[None, :], dh, mask=ok2)
     if BIAS_GRAD:
-        _store_partials(dh.to(tl.float32), ids, row_ok, cols2, cols2 < 2 * I, P, Q, stride_p, stride_q, pid_m)
+        _store_partials(dh.to(tl.float32), ids, row_ok, cols2, cols2 < 2 * I, P, Q, stride_p, stride_q, pid_m,
+                        IDS, N, BM)
 
 
 @triton.jit
@@ -116,7 +121,7 @@ def _partials_kernel(X, IDS, P, Q, N, C, stride_x, stride_p, stride_q, BM: tl.co
     ids = tl.load(IDS + rows, mask=row_ok, other=0)
     x = tl.load(X + rows.to(tl.int64)[:, None] * stride_x + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
                 other=0.0).to(tl.float32)
-    _store_partials(x, ids, row_ok, cols, col_ok, P, Q, stride_p, stride_q, pid_m)
+    _store_partials(x, ids, row_ok, cols, col_ok, P, Q, stride_p, stride_q, pid_m, IDS, N, BM)
 
 
 @triton.jit
@@ -129,8 +134,10 @@ def _segment_finish_kernel(P, Q, OFFS, DB, C, stride_p, stride_q, stride_db, BM:
     # e's head partial exists when its first row lies inside a tile that began with an earlier expert
     has_head = ((cols * 0 + end) > start) & ((cols * 0 + start) % BM != 0)  # vector mask (interpreter)
     acc = tl.load(Q + e.to(tl.int64) * stride_q + cols, mask=col_ok & has_head, other=0.0)
-    for t in range((start + BM - 1) // BM, (end + BM - 1) // BM):  # tiles whose first row is e's
+    t = (start + BM - 1) // BM
+    while t < (end + BM - 1) // BM:  # tiles whose first row is e's (while: see _store_partials)
         acc += tl.load(P + t * stride_p + cols, mask=col_ok, other=0.0)
+        t += 1
     tl.store(DB + e.to(tl.int64) * stride_db + cols, acc.to(DB.dtype.element_ty), mask=col_ok)
 
 
