@@ -16,6 +16,7 @@ import transformers
 from torch import nn
 
 from workbench.moe.hf_experts import engine_experts_modules, install_engine_experts, is_fused_experts
+from workbench.moe.routed_load import load_counters
 from workbench.params import num_experts as config_num_experts
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,8 @@ def init_random(model: nn.Module, seed: int) -> None:
                 for local, e in enumerate(range(first, last)):
                     g = torch.Generator(device=device).manual_seed(zlib.crc32(f"{seed}/{name}/{pname}/{e}".encode()))
                     param[local].normal_(0.0, std, generator=g)
+        for counter in load_counters(model):  # to_empty left them uninitialized
+            counter.zero_()
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.moe.experts import _grouped_mm
+from workbench.moe.routed_load import attach_load_counter, count_routed
 
 # The flags' defaults of the decorator (transformers.integrations.moe); 5.17 lacks some of them.
 LAYOUT_DEFAULTS = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
@@ -123,6 +124,7 @@ class EngineExperts:
                 top_k_weights: torch.Tensor) -> torch.Tensor:
         """Transformers' experts call: tokens [T, D], the router's top-k ids and weights [T, K]."""
         x_TD = hidden_states.reshape(-1, hidden_states.shape[-1])
+        count_routed(self, top_k_index)  # the expert load of the plots and the router-bias update
         dispatcher = self.workbench_dispatcher
         x_ND, tokens_per_expert, handle = dispatcher.dispatch(x_TD, top_k_index.long(), top_k_weights)
         y_ND = expert_rows(self, x_ND, tokens_per_expert)
@@ -167,6 +169,7 @@ def install_engine_experts(module: nn.Module, dispatcher, backend: str, expert_r
     module.workbench_experts_backend = backend
     module.workbench_expert_range = (first, last)
     module.num_experts = num_experts
+    attach_load_counter(module, num_experts)
     return module
 
 
