@@ -38,7 +38,9 @@ def checkpoint(request, tmp_path_factory):
 
 
 def run_config(ckpt: str, out: str, local_batch: int, **overrides) -> RunConfig:
-    return RunConfig.demo(model=ModelConfig(preset=None, path=ckpt), data=DataConfig(kind="synthetic", seq_len=16),
+    # device="cpu", float32: the single-process reference runs like the gloo ranks also on a GPU machine
+    return RunConfig.demo(model=ModelConfig(preset=None, path=ckpt, dtype="float32", device="cpu"),
+                          data=DataConfig(kind="synthetic", seq_len=16),
                           output_dir=out, train__steps=3, train__global_batch_size=4,
                           train__local_batch_size=local_batch, train__lr=1e-2, train__warmup_steps=0,
                           train__save_final_checkpoint=False, **overrides)

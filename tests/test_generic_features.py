@@ -146,6 +146,20 @@ def test_expert_load_record_counts_every_routed_token_per_layer(family, ac, tmp_
         assert load.sum(1).tolist() == [r["tokens"] * cfg.num_experts_per_tok] * layers, (r["step"], load)
 
 
+def test_expert_load_is_the_routing_the_experts_ran(tmp_path):
+    """DeepSeek-V3 picks experts by score + bias within the best groups: top-k of the raw logits is not its routing."""
+    from workbench.config import TINY_VOCAB_SIZE
+
+    cfg = _config("deepseek_v3", vocab_size=TINY_VOCAB_SIZE)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    for bias in router_biases(model):
+        bias.copy_(torch.tensor([0.0, 0.0, 0.0, 10.0]))  # group 1 (experts 2, 3) always wins, top-2 = both
+    model.save_pretrained(tmp_path / "m")
+    trainer, _, records = _fit(_rc(str(tmp_path / "m"), str(tmp_path / "runs"), train__steps=1, train__lr=0.0))
+    tokens = records[0]["tokens"]
+    assert records[0]["expert_load"] == [[0, 0, tokens, tokens]]
+
+
 def test_router_bias_update_rate_is_validated_and_refused_without_a_bias(tmp_path):
     for bad in (-0.1, float("nan"), "0.1", True):
         with pytest.raises(ConfigError, match="train.router_bias_update_rate"):
@@ -216,3 +230,14 @@ def test_bias_update_resumes_exactly_from_a_checkpoint(tmp_path):
     for a, b in zip(router_biases(full.model), router_biases(resumed.model)):
         assert torch.equal(a, b)
     assert any(b.abs().sum() > 0 for b in router_biases(full.model))
+
+
+def test_model_device_pins_the_cpu_and_is_validated():
+    from workbench.train import dist_utils as du
+
+    assert du.pick_device("cpu") == torch.device("cpu")
+    with pytest.raises(ConfigError, match=r"model.device 'gpu' is not one of \['auto', 'cpu', 'cuda'\]"):
+        ModelConfig(device="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="model.device='cuda' needs a CUDA GPU"):
+            du.pick_device("cuda")
