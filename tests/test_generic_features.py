@@ -241,3 +241,38 @@ def test_model_device_pins_the_cpu_and_is_validated():
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="model.device='cuda' needs a CUDA GPU"):
             du.pick_device("cuda")
+
+
+def test_an_untested_v5_fused_family_runs_on_the_generic_path_with_one_line_naming_it(caplog):
+    cfg = _config("granitemoe", intermediate_size=16, num_local_experts=4, num_experts_per_tok=2)
+    with caplog.at_level("WARNING", logger="workbench"):
+        model = AutoModelForCausalLM.from_config(cfg, device="cpu", dtype=torch.float32)
+    assert len(engine_experts_modules(model)) == cfg.num_hidden_layers
+    lines = [r.getMessage() for r in caplog.records if "granitemoe" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "generic engine path" in lines[0] and "not among the families tested" in lines[0], lines
+    ids = torch.randint(0, cfg.vocab_size, (2, 8))
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert all(p.grad is not None for _, m in engine_experts_modules(model) for p in m.parameters())
+
+
+class _HeldBuffer:
+    """A dispatcher holding a buffer until close(), as DeepEPDispatcher does."""
+
+    def __init__(self):
+        self.open_key, self.closes = "k", 0
+
+    def close(self) -> bool:
+        self.closes += 1
+        held, self.open_key = self.open_key is not None, None
+        return held
+
+
+def test_close_dispatchers_frees_the_generic_paths_dispatcher_once():
+    from workbench.moe.dispatch import close_dispatchers
+
+    model = AutoModelForCausalLM.from_config(_config("mixtral"), device="cpu", dtype=torch.float32)
+    held = _HeldBuffer()
+    for _, m in engine_experts_modules(model):
+        m.workbench_dispatcher = held  # build.py shares one dispatcher between the MoE layers
+    assert close_dispatchers(model) == 1 and held.closes == 1
