@@ -126,4 +126,5 @@ def check_generic_family_grads(results: list[dict], reference: str, candidate: s
         assert a["grads"].keys() == b["grads"].keys()
         for n, g in a["grads"].items():
             diff = float((g - b["grads"][n]).abs().max())
-            assert diff <= 5e-2 * max(float(g.abs().max()), 1e-2), f"rank {rank} {n}: |{candidate} - {reference}| {diff}"
+            assert diff <= 5e-2 * max(float(g.abs().max()), 1e-2), \
+                f"rank {rank} {n}: |{candidate} - {reference}| {diff}"

@@ -224,13 +224,13 @@ class Trainer:
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
-        _sync(device)
         if self._expert_load is not None:
             load = self._expert_load(self.model)
         else:
             load = torch.stack(loads).sum(0) if loads else None
         if self.router_biases is not None:  # after the step: the next forward routes with the new bias
-            update_router_biases(self.router_biases, global_load(load.to(du.collective_device())), rc.train.router_bias_update_rate)
+            rate = rc.train.router_bias_update_rate
+            update_router_biases(self.router_biases, global_load(load.to(du.collective_device())), rate)
         _sync(device)
         t4 = time.perf_counter()
         loss = ce_global + self.coef * aux_global
