@@ -94,6 +94,25 @@ def test_activation_checkpointing_under_dp2_ep2_keeps_gradients(family):
         assert r["worst"] <= 64 * EPS, r
 
 
+def _trainer_ac_worker(rank, world, ckpt, out):
+    from workbench.train.loop import Trainer
+
+    trainer = Trainer(_rc(ckpt, out, train__activation_checkpointing=True))
+    trainer.setup()
+    calls = _count_expert_calls(trainer.model)
+    trainer.train_step(1)
+    return {"calls": calls[0], "moe_layers": len(engine_experts_modules(trainer.model)), "accum": trainer.accum,
+            "mesh": str(trainer.mesh)}
+
+
+def test_trainer_checkpoints_every_layer_under_fsdp2_and_ep(tmp_path):
+    """Transformers' gradient_checkpointing_enable after fully_shard left Mixtral's layers unrecomputed."""
+    ckpt = _saved("mixtral", tmp_path / "m")
+    for r in run_ranks(_trainer_ac_worker, 2, ckpt, str(tmp_path / "runs"), timeout=300):
+        assert r["mesh"] == "MeshConfig(dp=2, ep=2, cp=1, tp=1)"
+        assert r["calls"] == 2 * r["moe_layers"] * r["accum"], r
+
+
 # -- the trainer: expert load, router-bias update ----------------------------------------------------------
 
 
