@@ -216,6 +216,24 @@ def test_bias_update_follows_the_global_load_each_step_on_one_rank(tmp_path):
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-7)
     assert any(g.abs().sum() > 0 for g in got)
+    assert records[-1]["router_bias"] == [g.tolist() for g in got]  # the metrics record the bias after the step
+
+
+def test_bias_update_keeps_the_bias_in_float32_in_a_bf16_model(tmp_path):
+    cfg = _config("deepseek_v3", vocab_size=96)
+    from workbench.config import TINY_VOCAB_SIZE
+
+    model = transformers.AutoModelForCausalLM.from_config(_config("deepseek_v3", vocab_size=TINY_VOCAB_SIZE))
+    for bias in router_biases(model):
+        bias.fill_(0.5)  # bf16 spacing at 0.5 is 2**-8: a step of 1e-3 would round away
+    model.save_pretrained(tmp_path / "m")
+    rc = _rc(str(tmp_path / "m"), str(tmp_path / "runs"), train__steps=1, train__router_bias_update_rate=1e-3)
+    trainer, _, records = _fit(rc.with_overrides({"model.dtype": "bfloat16"}))
+    (bias,) = router_biases(trainer.model)
+    assert bias.dtype == torch.float32 and cfg.n_routed_experts == bias.numel()
+    load = torch.tensor(records[0]["expert_load"][0], dtype=torch.float64)
+    want = 0.5 + 1e-3 * torch.sign(load.mean() - load)
+    torch.testing.assert_close(bias.double(), want, rtol=0, atol=1e-7)
 
 
 def _bias_worker(rank, world, ckpt, out):

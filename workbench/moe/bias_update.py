@@ -49,6 +49,22 @@ def check_router_bias(model: nn.Module, model_type: str | None, num_layers: int 
     return biases
 
 
+def keep_router_biases_fp32(model: nn.Module) -> None:
+    """Make each score-correction bias float32 again after a `model.to(bfloat16)`.
+
+    Transformers keeps it float32 (`_keep_in_fp32_modules_strict`); in bf16 a step of 1e-3 is lost
+    once |bias| > 0.25 (8 mantissa bits), so the update would stall.
+    """
+    for module in model.modules():
+        bias = getattr(module, BIAS_NAME, None)
+        if not isinstance(bias, torch.Tensor) or bias.dtype == torch.float32:
+            continue
+        if BIAS_NAME in module._buffers:
+            module._buffers[BIAS_NAME] = bias.float()
+        else:  # ernie4_5_moe: a frozen parameter
+            bias.data = bias.data.float()
+
+
 def global_load(local_load_LE: torch.Tensor) -> torch.Tensor:
     """`[layers, experts]` counts summed over every rank (the whole global batch); int64."""
     load = local_load_LE.clone()

@@ -35,7 +35,8 @@ import torch
 from torch.profiler import record_function
 
 from workbench.config import RunConfig
-from workbench.moe.bias_update import RouterBiasError, check_router_bias, global_load, update_router_biases
+from workbench.moe.bias_update import (RouterBiasError, check_router_bias, global_load, keep_router_biases_fp32,
+                                       update_router_biases)
 from workbench.moe.dispatch import close_dispatchers
 from workbench.params import num_experts
 from workbench.train import dist_utils as du
@@ -146,6 +147,8 @@ class Trainer:
         if rc.train.activation_checkpointing:
             # torch's composable checkpoint per decoder layer, not Transformers' (train/activation_checkpoint.py)
             apply_activation_checkpointing(self.model)
+        if rc.train.router_bias_update_rate > 0:
+            keep_router_biases_fp32(self.model)  # before a resume loads the saved float32 values into it
         self.optimizer = build_optimizer(self.model, rc.train, self.device)
         self.scheduler = build_scheduler(self.optimizer, rc.train)
         self.start_step = 0
@@ -236,9 +239,12 @@ class Trainer:
         loss = ce_global + self.coef * aux_global
         load = load.cpu() if load is not None else None
         timings = {"step_time_s": t4 - t_start, "forward_s": fwd_s, "backward_s": bwd_s, "optimizer_s": t4 - t3}
+        extra = {}
+        if self.router_biases is not None:  # [layers][experts], a few floats: the bias after this step's update
+            extra["router_bias"] = [b.detach().float().cpu().reshape(-1).tolist() for b in self.router_biases]
         return step_record(step=step, rank=self.rank, loss=loss, grad_norm=grad_norm, lr=lr,
                            tokens=batch.input_ids.numel(), seq_len=rc.data.seq_len, hf_config=self.hf_config,
-                           timings=timings, device=device, expert_load=load, time=time.time())
+                           timings=timings, device=device, expert_load=load, time=time.time(), **extra)
 
     # -- the run ----------------------------------------------------------------------------
 
