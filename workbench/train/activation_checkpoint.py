@@ -23,11 +23,14 @@ from torch import nn
 
 
 def _has_early_stop() -> bool:
-    import inspect
+    """Whether this torch's composable checkpoint takes `early_stop` (probed on a throwaway module)."""
+    from torch.distributed._composable import checkpoint
 
-    from torch.utils.checkpoint import _checkpoint_without_reentrant_generator
-
-    return "early_stop" in inspect.signature(_checkpoint_without_reentrant_generator).parameters
+    try:
+        checkpoint(nn.Identity(), early_stop=False)
+    except ValueError:  # "Unexpected keyword arguments: early_stop"
+        return False
+    return True
 
 
 def checkpointed_layers(model: nn.Module) -> list[nn.Module]:
