@@ -4,7 +4,8 @@ Why torch's composable `checkpoint(module)` rather than Transformers' `gradient_
 - It does what it says under FSDP2 and EP. Transformers 5.24's call, made after fully_shard as the
   trainer did, left Mixtral's layers unrecomputed on a DP2 x EP2 mesh (no replay in backward:
   tests/test_generic_features.py counts them; DeepSeek-V3's were replayed), where the checkpoint
-  sits (`forward` or `__call__`) differs between Transformers versions, and 5.24 deprecates the call. torch's API is one behaviour on 5.17 and 5.24 alike.
+  sits (`forward` or `__call__`) differs between Transformers versions, and 5.24 deprecates the call.
+  torch's API is one behaviour on 5.17 and 5.24 alike.
 - It registers hooks and leaves the module tree alone: parameter names stay Transformers' (a
   `checkpoint_wrapper` module would insert `_checkpoint_wrapped_module.` into every name that the
   generic path's expert gather, grad-norm tags and checkpoints read). FSDP2 registers its
