@@ -279,6 +279,17 @@ def test_deepep_equals_alltoall_forward_and_backward_on_2_gpus():
                 assert diff <= tol, f"{where} {name}: max |deepep - alltoall| = {diff} (reference max {ref})"
 
 
+@pytest.mark.skipif(not HAS_DEEP_EP, reason="deep_ep is not installed (the 'deepep' extra, built for intranode use)")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="deepep on the generic path needs 2 GPUs joined by NVLink")
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3"])
+def test_generic_family_on_deepep_equals_alltoall_on_2_gpus(family):
+    """The generic path's experts modules through DeepEP, DP2 x EP2, bf16; the buffer is freed by close_dispatchers."""
+    from dispatch_compare import check_generic_family_grads, generic_family_grads
+
+    results = run_gpu_ranks(generic_family_grads, 2, family, ("alltoall", "deepep"))
+    check_generic_family_grads(results, "alltoall", "deepep")
+
+
 # ---------------------------------------------------------------- script mode: timing table
 
 if __name__ == "__main__":

@@ -17,13 +17,14 @@ from torch import nn
 
 from workbench.models.attention_sinks import select_attention
 from workbench.moe.hf_experts import engine_experts_modules, install_engine_experts, is_fused_experts
+from workbench.moe.routed_load import load_counters
 from workbench.params import num_experts as config_num_experts
 
 log = logging.getLogger(__name__)
 
 # Families whose logits and gradients the tests compare with vanilla Transformers (tests/test_generic_families.py).
-TESTED_FAMILIES = ("deepseek_v3", "glm4_moe", "gpt_oss", "mixtral", "olmoe", "qwen2_moe", "qwen3_5_moe_text",
-                   "qwen3_moe")
+TESTED_FAMILIES = ("deepseek_v3", "ernie4_5_moe", "glm4_moe", "gpt_oss", "hunyuan_v1_moe", "minimax_m2", "mixtral",
+                   "olmoe", "qwen2_moe", "qwen3_5_moe_text", "qwen3_moe")
 
 
 class UnsupportedModelError(ValueError):
@@ -75,9 +76,13 @@ def install(model: nn.Module, backend, make_dispatcher, expert_range: tuple[int,
                                gate=backend.gate)
     select_attention(model, backend.attention)
     model.workbench_backend = backend
+    model_type = model.config.model_type
+    # One line: an untested family runs too (its experts are v5-fused), but the user should know it is untested.
+    tested = "" if model_type in TESTED_FAMILIES else (f"; {model_type!r} is not among the families tested against "
+                                                       f"Transformers ({', '.join(TESTED_FAMILIES)})")
     log.warning("model_type %r: generic engine path (Transformers' router and attention, the engine's experts "
-                "in %d MoE layers of %d experts, backend %s)", model.config.model_type, len(modules), total,
-                backend.experts)
+                "in %d MoE layers of %d experts, backend %s)%s", model_type, len(modules), total, backend.experts,
+                tested)
     return len(modules)
 
 
@@ -107,6 +112,8 @@ def init_random(model: nn.Module, seed: int) -> None:
                 for local, e in enumerate(range(first, last)):
                     g = torch.Generator(device=device).manual_seed(zlib.crc32(f"{seed}/{name}/{pname}/{e}".encode()))
                     param[local].normal_(0.0, std, generator=g)
+        for counter in load_counters(model):  # to_empty left them uninitialized
+            counter.zero_()
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.moe.experts import _grouped_mm
+from workbench.moe.routed_load import attach_load_counter, count_routed
 from workbench.moe.router import GATES, balanced_ids
 
 # The flags' defaults of the decorator (transformers.integrations.moe); 5.17 lacks some of them.
@@ -130,6 +131,7 @@ class EngineExperts:
             # and carry the family's scaling (DeepSeek's routed_scaling_factor, GPT-OSS's top-k
             # softmax), so a step's work and numerics differ from a native step only by the assignment.
             top_k_index = balanced_ids(x_TD.shape[0], top_k_index.shape[-1], self.num_experts, x_TD.device)
+        count_routed(self, top_k_index)  # the expert load of the plots and the router-bias update
         dispatcher = self.workbench_dispatcher
         x_ND, tokens_per_expert, handle = dispatcher.dispatch(x_TD, top_k_index.long(), top_k_weights)
         y_ND = expert_rows(self, x_ND, tokens_per_expert)
@@ -177,6 +179,7 @@ def install_engine_experts(module: nn.Module, dispatcher, backend: str, expert_r
     module.workbench_expert_range = (first, last)
     module.workbench_gate = gate  # "balanced": the bench's round-robin assignment (EngineExperts.forward)
     module.num_experts = num_experts
+    attach_load_counter(module, num_experts)
     return module
 
 

@@ -61,17 +61,23 @@ def _closable(dispatcher) -> bool:
     return callable(getattr(dispatcher, "close", None))
 
 
+def model_dispatchers(model: torch.nn.Module) -> list:
+    """The dispatcher of every MoE layer of `model`: the adapter's MoE blocks and the generic path's experts."""
+    from workbench.moe.hf_experts import EngineExperts
+    from workbench.moe.layer import MoEBlock
+
+    return [m.dispatcher if isinstance(m, MoEBlock) else m.workbench_dispatcher
+            for m in model.modules() if isinstance(m, (MoEBlock, EngineExperts))]
+
+
 def close_dispatchers(model: torch.nn.Module) -> int:
     """Free the buffers of every dispatcher of `model`'s MoE blocks; how many held one. Idempotent.
 
     Collective: every rank of each dispatcher's ep group must call it (in the same module order,
     which the same model gives). Dispatchers that hold nothing to free are skipped.
     """
-    from workbench.moe.layer import moe_blocks
-
     closed, seen = 0, set()
-    for block in moe_blocks(model):
-        dispatcher = block.dispatcher
+    for dispatcher in model_dispatchers(model):
         if id(dispatcher) in seen or not _closable(dispatcher):
             continue
         seen.add(id(dispatcher))
@@ -92,6 +98,7 @@ def close_live_dispatchers() -> int:
 
     import torch.distributed as dist
 
+    from workbench.moe.hf_experts import EngineExperts
     from workbench.moe.layer import MoEBlock
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -99,10 +106,16 @@ def close_live_dispatchers() -> int:
     held = {}
     for obj in gc.get_objects():
         # type(), not isinstance: some live objects (proxies) raise from __class__.
-        if issubclass(type(obj), MoEBlock) and _closable(obj.dispatcher):
-            key = getattr(obj.dispatcher, "open_key", None)
+        if issubclass(type(obj), MoEBlock):
+            dispatcher = obj.dispatcher
+        elif issubclass(type(obj), EngineExperts):  # the generic path's experts modules
+            dispatcher = getattr(obj, "workbench_dispatcher", None)
+        else:
+            continue
+        if _closable(dispatcher):
+            key = getattr(dispatcher, "open_key", None)
             if key is not None:
-                held[key] = obj.dispatcher
+                held[key] = dispatcher
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, sorted(held))
     keys_of_rank = [set(keys or ()) for keys in everyone]
@@ -116,4 +129,4 @@ def close_live_dispatchers() -> int:
 
 
 __all__ = ["Dispatcher", "LocalDispatcher", "Permutation", "close_dispatchers", "close_live_dispatchers",
-           "make_dispatcher", "permute", "sort_by_expert", "unpermute"]
+           "make_dispatcher", "model_dispatchers", "permute", "sort_by_expert", "unpermute"]
