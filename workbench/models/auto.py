@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import torch
@@ -11,28 +10,13 @@ import torch.distributed as dist
 import transformers
 
 from workbench.backends import BackendConfig
+from workbench.devices import default_device
 from workbench.models import adapter_for, generic
 from workbench.models.hf_io import CheckpointError
 from workbench.moe.dispatch import LocalDispatcher
 from workbench.moe.hf_experts import check_generic_backend, engine_experts_modules
 
 log = logging.getLogger(__name__)
-
-
-def default_device() -> torch.device:
-    """The device this process would compute on: its local CUDA device, else the CPU.
-
-    LOCAL_RANK is taken modulo the visible devices: a launcher that narrows CUDA_VISIBLE_DEVICES
-    to one GPU per rank (the workbench cluster does) leaves each rank one device, index 0. Ranks of
-    a gloo-only process group compute on the CPU even where GPUs are visible: gloo has no CUDA
-    all-to-all or reduce-scatter (tests/test_expert_parallel.py's gloo ranks, building on the
-    CUDA device of an H200 machine, did not finish in 100 s).
-    """
-    if dist.is_available() and dist.is_initialized() and "nccl" not in str(dist.get_backend()).lower():
-        return torch.device("cpu")
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
-    return torch.device("cpu")
 
 
 def _check_backend(backend) -> BackendConfig:
@@ -45,7 +29,7 @@ def _check_backend(backend) -> BackendConfig:
 
 
 def _install_local(model, adapter, backend: BackendConfig, device):
-    """The engine's blocks for one process (a mesh goes through workbench.parallel.build)."""
+    """The engine's blocks for one process (a mesh goes through workbench.models.mesh_build)."""
     adapter.install_engine(model, backend.resolve(device), LocalDispatcher)
     return model
 
@@ -53,7 +37,7 @@ def _install_local(model, adapter, backend: BackendConfig, device):
 def _start_vanilla(config, mesh) -> None:
     """Refuse a mesh a model without engine blocks cannot use (before building it), then say what it gets."""
     if mesh is not None:
-        from workbench.parallel.build import check_mesh_for_model
+        from workbench.models.mesh_build import check_mesh_for_model
 
         check_mesh_for_model(mesh, config)
     log.warning("no MoE Workbench adapter for model_type=%r; loading vanilla Transformers%s",
@@ -65,7 +49,7 @@ def _vanilla_on_mesh(model, mesh):
     """A model without engine blocks: as Transformers built it, or FSDP2-sharded over the mesh's dp."""
     if mesh is None:
         return model
-    from workbench.parallel.build import shard_without_engine
+    from workbench.models.mesh_build import shard_without_engine
 
     return shard_without_engine(model, mesh)
 
@@ -75,7 +59,7 @@ def _generic_from(config, path, backend: BackendConfig, mesh, device, hf_kwargs:
     device = torch.device(device) if device is not None else default_device()
     check_generic_backend(backend.resolve(device, world_size=mesh.ep if mesh is not None else 1).experts)
     if mesh is not None:
-        from workbench.parallel.build import build_generic_parallel_model
+        from workbench.models.mesh_build import build_generic_parallel_model
 
         return build_generic_parallel_model(config, backend, mesh, checkpoint=path, **hf_kwargs)
     resolved = backend.resolve(device)
@@ -119,7 +103,7 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
         device = torch.device(device) if device is not None else default_device()
         backend.resolve(device)  # fail on an unavailable backend before building anything
         if mesh is not None:
-            from workbench.parallel.build import build_parallel_model
+            from workbench.models.mesh_build import build_parallel_model
 
             return build_parallel_model(adapter, config, backend, mesh, checkpoint=None, **hf_kwargs)
         model = adapter.CAUSAL_LM_CLASS._from_config(config, **hf_kwargs)
@@ -145,7 +129,7 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
         device = torch.device(device) if device is not None else default_device()
         backend.resolve(device)
         if mesh is not None:
-            from workbench.parallel.build import build_parallel_model
+            from workbench.models.mesh_build import build_parallel_model
 
             return build_parallel_model(adapter, config, backend, mesh, checkpoint=path, **hf_kwargs)
         try:

@@ -37,7 +37,7 @@ from torch.profiler import record_function
 from workbench.config import RunConfig
 from workbench.moe.dispatch import close_dispatchers
 from workbench.params import num_experts
-from workbench.train import dist_utils as du
+from workbench.parallel import dist_utils as du
 from workbench.train.checkpoint import (check_compatible, check_settings, clean_leftovers, export_hf,
                                         load_checkpoint, resolve_checkpoint, run_settings, save_checkpoint,
                                         verify_checkpoint)

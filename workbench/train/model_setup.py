@@ -26,7 +26,7 @@ def resolve_mesh(mesh: Any, world_size: int, hf_config: Any):
     from workbench.models import adapter_for
     from workbench.models.generic import UnsupportedModelError, has_fused_experts
     from workbench.params import num_experts as config_num_experts
-    from workbench.parallel.build import check_mesh_for_model
+    from workbench.models.mesh_build import check_mesh_for_model
     from workbench.parallel.mesh import MeshConfig
 
     experts = config_num_experts(hf_config)
@@ -50,7 +50,7 @@ def resolve_mesh(mesh: Any, world_size: int, hf_config: Any):
 def build_model(rc, hf_config: Any, mesh: Any, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """The engine's model, or vanilla Transformers for a family without an adapter; sharded over `mesh`.
 
-    Every model built with a mesh is FSDP2-sharded over dp (workbench.parallel.build), so more
+    Every model built with a mesh is FSDP2-sharded over dp (workbench.models.mesh_build), so more
     than one rank always means synchronized data parallelism.
     """
     from workbench.models.auto import AutoModelForCausalLM as EngineAuto

@@ -27,8 +27,8 @@ def barrier() -> None:
 
 
 def pick_device() -> torch.device:
-    """This rank's device (see `workbench.models.auto.default_device`), made current."""
-    from workbench.models.auto import default_device
+    """This rank's device (see `workbench.devices.default_device`), made current."""
+    from workbench.devices import default_device
 
     device = default_device()
     if device.type == "cuda":

@@ -10,14 +10,14 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from workbench.backends import BackendConfig
-from workbench.models.auto import default_device
+from workbench.devices import default_device
 from workbench.params import num_experts as config_num_experts
 from workbench.models.hf_io import assemble_tensor, read_tensors
 from workbench.moe.dispatch import make_dispatcher
 from workbench.moe.experts import GroupedExperts
 from workbench.moe.hf_experts import EngineExperts, engine_experts_modules
 from workbench.moe.layer import MoEBlock
-from workbench.parallel.fsdp import _sum_gradients, apply_fsdp, apply_fsdp_any, decoder_layers
+from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR, _sum_gradients, apply_fsdp, apply_fsdp_any, decoder_layers
 from workbench.parallel.mesh import MeshConfig, MeshError, dense_mesh
 
 
@@ -170,8 +170,6 @@ def _mark_expert_params(model: nn.Module, device_mesh) -> None:
     adapter's GroupedExperts and the generic path's experts modules are tagged (the latter without
     submodules: a post-expert norm is shared by all experts, replicated over ep).
     """
-    from workbench.train.optim import GRAD_NORM_GROUP_ATTR
-
     ep_group = device_mesh.get_group("ep")
     params = [p for m in model.modules() if isinstance(m, GroupedExperts) for p in m.parameters()]
     params += [p for _, m in engine_experts_modules(model) for p in m.parameters(recurse=False)]
