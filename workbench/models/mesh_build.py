@@ -62,7 +62,8 @@ def _load_local(model: nn.Module, adapter, path, expert_range: tuple[int, int]) 
             target.copy_(value)
 
 
-def _check_mesh_call(mesh) -> None:
+def check_mesh_call(mesh) -> None:
+    """Refuse mesh= without a process group, or of the wrong type (before anything is resolved or built)."""
     if not dist.is_initialized():
         raise RuntimeError("mesh= needs an initialized process group (torchrun, workbench.Cluster, "
                            "or torch.distributed.init_process_group)")
@@ -70,15 +71,28 @@ def _check_mesh_call(mesh) -> None:
         raise TypeError(f"mesh must be a workbench.MeshConfig, got {type(mesh).__name__}")
 
 
+def _check_resolved(backend: BackendConfig, mesh: MeshConfig) -> None:
+    # The builders run what they are given: resolution happens once, in models/auto, with the mesh's ep.
+    if not isinstance(backend, BackendConfig) or not backend.is_resolved():
+        raise ValueError(f"the mesh builders take a resolved BackendConfig, got {backend!r}; pass "
+                         "backend.resolve(default_device(), world_size=mesh.ep)")
+    if backend.dispatcher == "local" and mesh.ep > 1:
+        raise ValueError(f"dispatcher 'local' keeps every token on its rank, but mesh ep={mesh.ep} splits the "
+                         "experts: resolve the BackendConfig with world_size=mesh.ep")
+
+
 def build_parallel_model(adapter, config, backend: BackendConfig, mesh: MeshConfig, checkpoint=None,
                          dtype: torch.dtype | None = None, seed: int = 0, **hf_kwargs):
-    """The engine model sharded over `mesh`: experts split by ep, everything FSDP2-sharded."""
-    _check_mesh_call(mesh)
+    """The engine model sharded over `mesh`: experts split by ep, everything FSDP2-sharded.
+
+    `backend` is already resolved for this rank's device and the mesh's ep (models/auto does it once).
+    """
+    check_mesh_call(mesh)
+    _check_resolved(backend, mesh)
     dtype = dtype or hf_kwargs.pop("torch_dtype", None)
     num_experts = adapter.num_experts(config)
     mesh.validate(dist.get_world_size(), num_experts)
     device = default_device()
-    resolved = backend.resolve(device, world_size=mesh.ep)
     device_mesh = mesh.build(device.type)
     ep_group = device_mesh.get_group("ep")
     rank = dist.get_rank()
@@ -88,8 +102,8 @@ def build_parallel_model(adapter, config, backend: BackendConfig, mesh: MeshConf
         model = adapter.CAUSAL_LM_CLASS._from_config(config, **hf_kwargs)
     # One dispatcher for every MoE layer: dispatchers hold no per-layer state, and symm_mem's
     # symmetric buffers (~1 GiB per rank at 8k tokens x top-8 x 2048) must not be per layer.
-    dispatcher = make_dispatcher(resolved.dispatcher, num_experts, ep_group)
-    adapter.install_engine(model, resolved, lambda n: dispatcher, expert_range)
+    dispatcher = make_dispatcher(backend.dispatcher, num_experts, ep_group)
+    adapter.install_engine(model, backend, lambda n: dispatcher, expert_range)
     model.to_empty(device=device)
     if dtype is not None:
         model.to(dtype)
@@ -189,7 +203,8 @@ def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfi
 
     from workbench.models import generic
 
-    _check_mesh_call(mesh)
+    check_mesh_call(mesh)
+    _check_resolved(backend, mesh)
     dtype = dtype or hf_kwargs.pop("torch_dtype", None)
     device = default_device()
     if checkpoint is None:
@@ -199,12 +214,11 @@ def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfi
         model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, config=config, **hf_kwargs)
     num_experts = generic.num_experts(model, config)
     mesh.validate(dist.get_world_size(), num_experts)
-    resolved = backend.resolve(device, world_size=mesh.ep)
     device_mesh = mesh.build(device.type)
     expert_range = mesh.expert_range(dist.get_rank(), num_experts)
     # One dispatcher for every MoE layer: dispatchers hold no per-layer state.
-    dispatcher = make_dispatcher(resolved.dispatcher, num_experts, device_mesh.get_group("ep"))
-    generic.install(model, resolved, lambda n: dispatcher, expert_range)
+    dispatcher = make_dispatcher(backend.dispatcher, num_experts, device_mesh.get_group("ep"))
+    generic.install(model, backend, lambda n: dispatcher, expert_range)
     if checkpoint is None:
         model.to_empty(device=device)
         generic.init_random(model, seed)
