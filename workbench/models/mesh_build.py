@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import zlib
 
 import torch
@@ -13,12 +14,15 @@ from workbench.backends import BackendConfig
 from workbench.devices import default_device
 from workbench.params import num_experts as config_num_experts
 from workbench.models.hf_io import assemble_tensor, read_tensors
+from workbench.models.sliced_load import disk_rules, init_nonpersistent_buffers, load_rank_slice, plan_rank_read
 from workbench.moe.dispatch import make_dispatcher
 from workbench.moe.experts import GroupedExperts
 from workbench.moe.hf_experts import EngineExperts, engine_experts_modules
 from workbench.moe.layer import MoEBlock
 from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR, _sum_gradients, apply_fsdp, apply_fsdp_any, decoder_layers
 from workbench.parallel.mesh import MeshConfig, MeshError, dense_mesh
+
+log = logging.getLogger(__name__)
 
 
 def _init_random(model: nn.Module, config, seed: int, expert_range: tuple[int, int], device) -> None:
@@ -195,9 +199,10 @@ def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfi
                                  dtype: torch.dtype | None = None, seed: int = 0, **hf_kwargs):
     """A model with v5 fused experts on `mesh`: experts sliced by ep, FSDP2 over dp per decoder layer.
 
-    From a config: built on the meta device, then only this rank's experts are allocated and
-    initialized (models/generic.init_random). From a checkpoint: Transformers loads the model on
-    every rank, which then keeps only its experts.
+    Built on the meta device; then only this rank's experts are allocated, and either initialized
+    (models/generic.init_random) or read from `checkpoint`: its dense tensors and only this rank's
+    experts' slices (models/sliced_load). A disk layout that reader does not know is loaded whole
+    by Transformers on every rank, which then keeps only its experts (one log line says so).
     """
     import transformers
 
@@ -207,11 +212,8 @@ def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfi
     _check_resolved(backend, mesh)
     dtype = dtype or hf_kwargs.pop("torch_dtype", None)
     device = default_device()
-    if checkpoint is None:
-        with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
-    else:
-        model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, config=config, **hf_kwargs)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
     num_experts = generic.num_experts(model, config)
     mesh.validate(dist.get_world_size(), num_experts)
     device_mesh = mesh.build(device.type)
@@ -219,11 +221,22 @@ def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfi
     # One dispatcher for every MoE layer: dispatchers hold no per-layer state.
     dispatcher = make_dispatcher(backend.dispatcher, num_experts, device_mesh.get_group("ep"))
     generic.install(model, backend, lambda n: dispatcher, expert_range)
-    if checkpoint is None:
-        model.to_empty(device=device)
-        generic.init_random(model, seed)
-    else:
+    plan = None if checkpoint is None else plan_rank_read(model, checkpoint, expert_range)
+    if checkpoint is not None and plan is None:
+        rules = disk_rules(config.model_type)
+        log.warning("model_type %r: checkpoint layout not known to the sliced reader (rules %s); Transformers "
+                    "loads the whole checkpoint on every rank, which then keeps its experts", config.model_type,
+                    ", ".join(rules.unknown) or "of the experts")
+        model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, config=config, **hf_kwargs)
+        generic.install(model, backend, lambda n: dispatcher, expert_range)
         model.to(device)
+    else:
+        model.to_empty(device=device)
+        if plan is None:
+            generic.init_random(model, seed)
+        else:
+            init_nonpersistent_buffers(model)
+            model.workbench_checkpoint_read = load_rank_slice(model, checkpoint, plan, expert_range)
     if dtype is not None:
         model.to(dtype)
     model.tie_weights()
