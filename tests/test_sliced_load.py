@@ -1,4 +1,4 @@
-"""from_pretrained(path, mesh=) on the generic path reads only this rank's experts from the checkpoint (issue 14 item 1)."""
+"""from_pretrained(path, mesh=) on the generic path reads only this rank's experts of the checkpoint (issue 14 item 1)."""
 
 from __future__ import annotations
 
@@ -129,3 +129,35 @@ def test_rules_come_from_transformers_conversion_mapping():
         ".experts.gate_up_proj": (".experts.*.w1.weight", ".experts.*.w3.weight"),
         ".experts.down_proj": (".experts.*.w2.weight",)}
     assert disk_rules("gpt_oss").merges == ()  # fused on disk too: rows sliced, nothing merged
+
+
+def _fallback_worker(rank, world, path):
+    import logging
+
+    from torch.distributed.tensor import DTensor
+
+    from workbench.moe.hf_experts import engine_experts_modules
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("workbench.models.mesh_build").addHandler(handler)
+    model = _build(path, dict(dp=2, ep=2))
+    name, module = engine_experts_modules(model)[0]
+    down = module.down_proj
+    return {"log": records, "read": getattr(model, "workbench_checkpoint_read", None), "range": model.workbench_expert_range,
+            "key": f"{name}.down_proj", "down": (down.full_tensor() if isinstance(down, DTensor) else down).detach()}
+
+
+def test_a_rule_the_reader_cannot_follow_falls_back_to_transformers_with_one_log_line(tmp_path):
+    # Qwen3.5-MoE's multimodal checkpoints keep the text model under model.language_model.: Transformers
+    # moves it with a regex PrefixChange the sliced reader does not follow.
+    path = _save_vanilla("qwen3_5_moe_text", tmp_path / "ckpt")
+    _damage(path, lambda state: state.update({k.replace("model.", "model.language_model.", 1): state.pop(k)
+                                              for k in [k for k in state if k.startswith("model.")]}))
+    want = transformers.AutoModelForCausalLM.from_pretrained(path).state_dict()
+    for r in run_ranks(_fallback_worker, 2, path, timeout=300):
+        assert r["read"] is None
+        assert [m for m in r["log"] if "not known to the sliced reader" in m and "PrefixChange" in m], r["log"]
+        first, last = r["range"]
+        assert torch.equal(r["down"], want[r["key"]][first:last])

@@ -115,7 +115,6 @@ def plan_rank_read(model: nn.Module, path: Path, expert_range: tuple[int, int]) 
     on_disk = set(where)
     rules = disk_rules(model.config.model_type)
     expert_params = {f"{n}.{p}" for n, m in engine_experts_modules(model) for p in m.workbench_layout.param_names()}
-    first = expert_range[0]
     plan: dict[str, Source] = {}
     for names in _unique_tensors(model):
         source = None
@@ -125,7 +124,7 @@ def plan_rank_read(model: nn.Module, path: Path, expert_range: tuple[int, int]) 
                 source = Source(name, (found,), "expert_rows" if name in expert_params else "whole")
                 break
             if name in expert_params:
-                source = _per_expert_source(name, rules, on_disk, first)
+                source = _per_expert_source(name, rules, on_disk)
                 if source is not None:
                     break
         if source is None:
@@ -169,8 +168,8 @@ def _check_every_expert(path: Path, where: dict[str, Path], plan: dict[str, Sour
                                           f"{shapes[keys[0]]}; the checkpoint is of another model shape")
 
 
-def _per_expert_source(name: str, rules: DiskRules, on_disk: set[str], first: int) -> Source | None:
-    """The per-expert disk keys Transformers merges into `name`, spelled as this checkpoint spells them."""
+def _per_expert_source(name: str, rules: DiskRules, on_disk: set[str]) -> Source | None:
+    """The per-expert disk keys Transformers merges into `name`, spelled as this checkpoint spells expert 0's."""
     for merge in rules.merges:
         if not name.endswith(merge.target):
             continue
@@ -178,8 +177,8 @@ def _per_expert_source(name: str, rules: DiskRules, on_disk: set[str], first: in
         keys = []
         for pattern in merge.sources:
             candidates = _disk_candidates(base + pattern.replace("*", "{e}"), rules)
-            keys.append(next((c for c in candidates if c.format(e=first) in on_disk), candidates[-1]))
-        # A key absent for expert `first` too is the checkpoint's fault, not the layout's: read() names it.
+            keys.append(next((c for c in candidates if c.format(e=0) in on_disk), candidates[-1]))
+        # A key absent in every spelling is the checkpoint's fault, not the layout's: _check_every_expert names it.
         return Source(name, tuple(keys), "per_expert", merge.concat_dim)
     return None
 
@@ -201,6 +200,7 @@ def read_rank_tensors(path: Path, plan: dict[str, Source], expert_range: tuple[i
         raise CheckpointError(f"checkpoint {path} is missing tensors {missing[:8]}{'...' if len(missing) > 8 else ''}; "
                               "point to a complete checkpoint written by save_pretrained, or fix config.json")
     rows_of = {s.keys[0] for s in plan.values() if s.kind == "expert_rows"}
+    dense = {s.keys[0] for s in plan.values() if s.kind == "whole"}
     by_file: dict[Path, list[str]] = {}
     for key in dict.fromkeys(wanted):
         by_file.setdefault(where[key], []).append(key)
@@ -209,24 +209,21 @@ def read_rank_tensors(path: Path, plan: dict[str, Source], expert_range: tuple[i
         with safe_open(file, framework="pt") as f:
             for key in keys:
                 raw[key] = f.get_slice(key)[first:last] if key in rows_of else f.get_tensor(key)
-    out, expert_bytes = {}, 0
-    for name, source in plan.items():
+    total = sum(t.numel() * t.element_size() for t in raw.values())
+    expert_bytes = sum(raw[k].numel() * raw[k].element_size() for k in raw if k not in dense)
+    count = len(raw)
+    out = {}
+    for name, source in plan.items():  # each raw tensor is dropped once assembled
         if source.kind == "per_expert":
             experts = []
             for e in range(first, last):
-                parts = [raw[k.format(e=e)] for k in source.keys]
+                parts = [raw.pop(k.format(e=e)) for k in source.keys]
                 # Transformers stacks each source over experts, then concatenates the stacks along concat_dim.
                 experts.append(torch.cat(parts, dim=source.concat_dim - 1) if source.concat_dim else parts[0])
             out[name] = torch.stack(experts)
         else:
-            out[name] = raw[source.keys[0]]
-    for source in plan.values():
-        if source.kind != "whole":
-            keys = [k.format(e=e) for k in source.keys for e in range(first, last)] if source.kind == "per_expert" \
-                else list(source.keys)
-            expert_bytes += sum(raw[k].numel() * raw[k].element_size() for k in keys)
-    total = sum(t.numel() * t.element_size() for t in raw.values())
-    return out, ReadStats(tensors=len(raw), bytes=total, expert_bytes=expert_bytes)
+            out[name] = raw.pop(source.keys[0])
+    return out, ReadStats(tensors=count, bytes=total, expert_bytes=expert_bytes)
 
 
 def load_rank_slice(model: nn.Module, path: Path, plan: dict[str, Source], expert_range: tuple[int, int]
