@@ -270,7 +270,7 @@ def test_bias_update_resumes_exactly_from_a_checkpoint(tmp_path):
 
 
 def test_model_device_pins_the_cpu_and_is_validated():
-    from workbench.train import dist_utils as du
+    from workbench.parallel import dist_utils as du
 
     assert du.pick_device("cpu") == torch.device("cpu")
     with pytest.raises(ConfigError, match=r"model.device 'gpu' is not one of \['auto', 'cpu', 'cuda'\]"):

@@ -209,21 +209,22 @@ def availability(field: str, choice: str, device: torch.device | str = "cpu",
     if choice == "alltoall":
         return True, ""
     if choice == "symm_mem":
+        # The ep rule holds on every machine: said first, so a fix made on a laptop holds on the GPU too.
+        if world_size < 2:
+            return False, ("symm_mem dispatch exchanges tokens between ranks and needs expert parallelism "
+                           "(ep >= 2); with ep=1 every expert is local: use 'local' or 'auto'")
         if not cuda:
             return False, f"symm_mem dispatch needs CUDA devices with NVSHMEM, got {dev.type}; use 'alltoall'"
         if not _has_module("torch.distributed._symmetric_memory"):
             return False, "this torch has no torch.distributed._symmetric_memory; use 'alltoall'"
-        if world_size < 2:
-            return False, ("symm_mem dispatch exchanges tokens between ranks and needs expert parallelism "
-                           "(ep >= 2); with ep=1 every expert is local: use 'local' or 'auto'")
         return True, ""
     if choice == "deepep":
+        if world_size < 2:  # first, as for symm_mem
+            return False, "DeepEP exchanges tokens between ep ranks and needs ep >= 2; use 'local' for one rank"
         if not _has_module("deep_ep"):
             return False, f"deep_ep is not installed: {INSTALL_HINT['deepep']}"
         if not cuda:
             return False, f"DeepEP needs CUDA GPUs joined by NVLink, got {dev.type}; use 'alltoall'"
-        if world_size < 2:
-            return False, "DeepEP exchanges tokens between ep ranks and needs ep >= 2; use 'local' for one rank"
         if world_size not in DEEPEP_EP_SIZES:
             return False, (f"DeepEP's intranode kernels run on {', '.join(map(str, DEEPEP_EP_SIZES))} ranks, "
                            f"got {world_size}; use 'alltoall'")
@@ -279,6 +280,10 @@ class BackendConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain mapping of every field."""
         return dataclasses.asdict(self)
+
+    def is_resolved(self) -> bool:
+        """Whether every implementation field names a concrete backend (no "auto" left)."""
+        return all(getattr(self, field) != "auto" for field in CHOICES)
 
     def resolve(self, device: torch.device | str = "cpu", world_size: int = 1) -> "BackendConfig":
         """The concrete backends for `device`: "auto" replaced, explicit choices checked."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import torch
@@ -11,28 +10,15 @@ import torch.distributed as dist
 import transformers
 
 from workbench.backends import BackendConfig
+from workbench.devices import default_device
 from workbench.models import adapter_for, generic
 from workbench.models.hf_io import CheckpointError
+from workbench.models.mesh_build import (build_generic_parallel_model, build_parallel_model, check_mesh_call,
+                                         check_mesh_for_model, shard_without_engine)
 from workbench.moe.dispatch import LocalDispatcher
 from workbench.moe.hf_experts import check_generic_backend, engine_experts_modules
 
 log = logging.getLogger(__name__)
-
-
-def default_device() -> torch.device:
-    """The device this process would compute on: its local CUDA device, else the CPU.
-
-    LOCAL_RANK is taken modulo the visible devices: a launcher that narrows CUDA_VISIBLE_DEVICES
-    to one GPU per rank (the workbench cluster does) leaves each rank one device, index 0. Ranks of
-    a gloo-only process group compute on the CPU even where GPUs are visible: gloo has no CUDA
-    all-to-all or reduce-scatter (tests/test_expert_parallel.py's gloo ranks, building on the
-    CUDA device of an H200 machine, did not finish in 100 s).
-    """
-    if dist.is_available() and dist.is_initialized() and "nccl" not in str(dist.get_backend()).lower():
-        return torch.device("cpu")
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
-    return torch.device("cpu")
 
 
 def _check_backend(backend) -> BackendConfig:
@@ -44,17 +30,32 @@ def _check_backend(backend) -> BackendConfig:
     return backend
 
 
-def _install_local(model, adapter, backend: BackendConfig, device):
-    """The engine's blocks for one process (a mesh goes through workbench.parallel.build)."""
-    adapter.install_engine(model, backend.resolve(device), LocalDispatcher)
+def resolve_backend(backend: BackendConfig, mesh, device) -> BackendConfig:
+    """The one resolution of `backend` for a build: this rank's device, and the mesh's ep (1 without a mesh).
+
+    Every path (adapter, generic, vanilla) resolves here, before any model is built; the mesh
+    builders take the result as it is. On a mesh the model lives on the rank's own device.
+    """
+    if mesh is None:
+        device = torch.device(device) if device is not None else default_device()
+        return backend.resolve(device, world_size=1)
+    check_mesh_call(mesh)
+    rank_device = default_device()
+    if device is not None and torch.device(device).type != rank_device.type:
+        raise ValueError(f"device={device!r} with mesh=: a mesh's ranks build on their own device "
+                         f"({rank_device} for this process group); leave device unset")
+    return backend.resolve(rank_device, world_size=mesh.ep)
+
+
+def _install_local(model, adapter, resolved: BackendConfig):
+    """The engine's blocks for one process (a mesh goes through workbench.models.mesh_build)."""
+    adapter.install_engine(model, resolved, LocalDispatcher)
     return model
 
 
 def _start_vanilla(config, mesh) -> None:
     """Refuse a mesh a model without engine blocks cannot use (before building it), then say what it gets."""
     if mesh is not None:
-        from workbench.parallel.build import check_mesh_for_model
-
         check_mesh_for_model(mesh, config)
     log.warning("no MoE Workbench adapter for model_type=%r; loading vanilla Transformers%s",
                 getattr(config, "model_type", None),
@@ -65,20 +66,14 @@ def _vanilla_on_mesh(model, mesh):
     """A model without engine blocks: as Transformers built it, or FSDP2-sharded over the mesh's dp."""
     if mesh is None:
         return model
-    from workbench.parallel.build import shard_without_engine
-
     return shard_without_engine(model, mesh)
 
 
-def _generic_from(config, path, backend: BackendConfig, mesh, device, hf_kwargs: dict):
+def _generic_from(config, path, resolved: BackendConfig, mesh, hf_kwargs: dict):
     """The generic engine path: Transformers' model whose fused experts modules are the engine's."""
-    device = torch.device(device) if device is not None else default_device()
-    check_generic_backend(backend.resolve(device, world_size=mesh.ep if mesh is not None else 1).experts)
+    check_generic_backend(resolved.experts)
     if mesh is not None:
-        from workbench.parallel.build import build_generic_parallel_model
-
-        return build_generic_parallel_model(config, backend, mesh, checkpoint=path, **hf_kwargs)
-    resolved = backend.resolve(device)
+        return build_generic_parallel_model(config, resolved, mesh, checkpoint=path, **hf_kwargs)
     seed = hf_kwargs.pop("seed", None)
     if path is None:
         with torch.random.fork_rng(devices=[], enabled=seed is not None):
@@ -103,10 +98,11 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
     @classmethod
     def from_config(cls, config, backend: BackendConfig | None = None, mesh=None, device=None, **hf_kwargs):
         """Build a randomly initialized model from a Transformers config."""
-        backend = _check_backend(backend)
+        # Resolved once, with the mesh's ep, before anything is built; the builders take it as it is.
+        resolved = resolve_backend(_check_backend(backend), mesh, device)
         adapter = adapter_for(config)
         if adapter is None and generic.has_fused_experts(config):
-            return _generic_from(config, None, backend, mesh, device, hf_kwargs)
+            return _generic_from(config, None, resolved, mesh, hf_kwargs)
         if adapter is None:
             _start_vanilla(config, mesh)
             seed = hf_kwargs.pop("seed", None)  # the engine's mesh build takes one: same weights on every rank
@@ -116,38 +112,30 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
                 model = transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
             return _vanilla_on_mesh(model, mesh)
         adapter.validate_config(config)
-        device = torch.device(device) if device is not None else default_device()
-        backend.resolve(device)  # fail on an unavailable backend before building anything
         if mesh is not None:
-            from workbench.parallel.build import build_parallel_model
-
-            return build_parallel_model(adapter, config, backend, mesh, checkpoint=None, **hf_kwargs)
+            return build_parallel_model(adapter, config, resolved, mesh, checkpoint=None, **hf_kwargs)
         model = adapter.CAUSAL_LM_CLASS._from_config(config, **hf_kwargs)
-        return _install_local(model, adapter, backend, device)
+        return _install_local(model, adapter, resolved)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, backend: BackendConfig | None = None,
                         mesh=None, device=None, **hf_kwargs):
         """Load a Transformers checkpoint (local directory) into the engine."""
-        backend = _check_backend(backend)
+        resolved = resolve_backend(_check_backend(backend), mesh, device)
         path = Path(pretrained_model_name_or_path)
         # A caller's config (e.g. the trainer's, with its overrides) wins over the directory's.
         config = hf_kwargs.pop("config", None) or transformers.AutoConfig.from_pretrained(path)
         adapter = adapter_for(config)
         if adapter is None and generic.has_fused_experts(config):
-            return _generic_from(config, path, backend, mesh, device, hf_kwargs)
+            return _generic_from(config, path, resolved, mesh, hf_kwargs)
         if adapter is None:
             _start_vanilla(config, mesh)
             model = transformers.AutoModelForCausalLM.from_pretrained(path, *model_args, config=config,
                                                                       **hf_kwargs)
             return _vanilla_on_mesh(model, mesh)
         adapter.validate_config(config)
-        device = torch.device(device) if device is not None else default_device()
-        backend.resolve(device)
         if mesh is not None:
-            from workbench.parallel.build import build_parallel_model
-
-            return build_parallel_model(adapter, config, backend, mesh, checkpoint=path, **hf_kwargs)
+            return build_parallel_model(adapter, config, resolved, mesh, checkpoint=path, **hf_kwargs)
         try:
             model, info = adapter.CAUSAL_LM_CLASS.from_pretrained(path, *model_args, config=config,
                                                                  output_loading_info=True, **hf_kwargs)
@@ -167,7 +155,7 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
                 f"missing tensors {missing[:8]}{'...' if len(missing) > 8 else ''}; "
                 f"tensors of the wrong shape (e.g. missing experts) {mismatched[:8]}. "
                 "Point to a complete checkpoint written by save_pretrained, or fix config.json")
-        return _install_local(model, adapter, backend, device)
+        return _install_local(model, adapter, resolved)
 
 
 def save_pretrained(model, out_dir, max_shard_size: str = "5GB") -> None:

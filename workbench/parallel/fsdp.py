@@ -10,6 +10,13 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from workbench.moe.layer import MoEBlock
 from workbench.parallel.mesh import dense_mesh
 
+# A plain (non-DTensor) parameter whose gradient is a rank-local shard of a larger logical tensor
+# (e.g. this rank's experts under expert parallelism) carries this attribute: the ProcessGroup
+# over which its squared gradient norm must be summed. DTensor parameters need no marker, their
+# mesh says it; a DTensor that is additionally split over a group its mesh does not show (experts
+# sharded by hand over ep, then FSDP over the expert-data-parallel dim) carries the marker too.
+GRAD_NORM_GROUP_ATTR = "_workbench_grad_norm_group"
+
 
 def _fsdp_kwargs(param_dtype: torch.dtype | None) -> dict:
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None

@@ -39,7 +39,7 @@ from workbench.moe.bias_update import (RouterBiasError, check_router_bias, globa
                                        update_router_biases)
 from workbench.moe.dispatch import close_dispatchers
 from workbench.params import num_experts
-from workbench.train import dist_utils as du
+from workbench.parallel import dist_utils as du
 from workbench.train.activation_checkpoint import apply_activation_checkpointing
 from workbench.train.checkpoint import (check_compatible, check_settings, clean_leftovers, export_hf,
                                         load_checkpoint, resolve_checkpoint, run_settings, save_checkpoint,
@@ -129,15 +129,17 @@ class Trainer:
         torch.manual_seed(rc.train.seed)
         self.stream = build_stream(rc.data, rc.train.seed, self.hf_config.vocab_size)
         mesh_sizes = self.mesh.to_dict() if self.mesh is not None else {"dp": 1, "ep": 1}
-        resolved = rc.backend.resolve(self.device, world_size=mesh_sizes["ep"])
+        # Resolved once, with the mesh's ep: the run records the backends the model is then built with.
+        self.backend = rc.backend.resolve(self.device, world_size=mesh_sizes["ep"])
         self.run = _open_run_dir(rc, {"world_size": self.world, "dp": self.dp, "grad_accum": self.accum,
                                       "device": self.device.type, "resolved_mesh": mesh_sizes,
-                                      "resolved_backend": resolved.to_dict()})
+                                      "resolved_backend": self.backend.to_dict()})
 
     def setup(self) -> None:
         rc = self.rc
         torch.manual_seed(rc.train.seed)
-        self.model = build_model(rc, self.hf_config, self.mesh, self.device, model_dtype(rc.model, self.device))
+        self.model = build_model(rc, self.hf_config, self.mesh, self.device, model_dtype(rc.model, self.device),
+                                 self.backend)
         if self.world > 1 and not _is_parallel(self.model):
             # Each rank would train its own copy: refuse rather than report a run that is not one.
             raise RuntimeError(f"the model ({type(self.model).__name__}) was not sharded over the {self.world} "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import zlib
 
 import torch
@@ -10,15 +11,18 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from workbench.backends import BackendConfig
-from workbench.models.auto import default_device
+from workbench.devices import default_device
 from workbench.params import num_experts as config_num_experts
 from workbench.models.hf_io import assemble_tensor, read_tensors
+from workbench.models.sliced_load import disk_rules, init_nonpersistent_buffers, load_rank_slice, plan_rank_read
 from workbench.moe.dispatch import make_dispatcher
 from workbench.moe.experts import GroupedExperts
 from workbench.moe.hf_experts import EngineExperts, engine_experts_modules
 from workbench.moe.layer import MoEBlock
-from workbench.parallel.fsdp import _sum_gradients, apply_fsdp, apply_fsdp_any, decoder_layers
+from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR, _sum_gradients, apply_fsdp, apply_fsdp_any, decoder_layers
 from workbench.parallel.mesh import MeshConfig, MeshError, dense_mesh
+
+log = logging.getLogger(__name__)
 
 
 def _init_random(model: nn.Module, config, seed: int, expert_range: tuple[int, int], device) -> None:
@@ -62,7 +66,8 @@ def _load_local(model: nn.Module, adapter, path, expert_range: tuple[int, int]) 
             target.copy_(value)
 
 
-def _check_mesh_call(mesh) -> None:
+def check_mesh_call(mesh) -> None:
+    """Refuse mesh= without a process group, or of the wrong type (before anything is resolved or built)."""
     if not dist.is_initialized():
         raise RuntimeError("mesh= needs an initialized process group (torchrun, workbench.Cluster, "
                            "or torch.distributed.init_process_group)")
@@ -70,15 +75,28 @@ def _check_mesh_call(mesh) -> None:
         raise TypeError(f"mesh must be a workbench.MeshConfig, got {type(mesh).__name__}")
 
 
+def _check_resolved(backend: BackendConfig, mesh: MeshConfig) -> None:
+    # The builders run what they are given: resolution happens once, in models/auto, with the mesh's ep.
+    if not isinstance(backend, BackendConfig) or not backend.is_resolved():
+        raise ValueError(f"the mesh builders take a resolved BackendConfig, got {backend!r}; pass "
+                         "backend.resolve(default_device(), world_size=mesh.ep)")
+    if backend.dispatcher == "local" and mesh.ep > 1:
+        raise ValueError(f"dispatcher 'local' keeps every token on its rank, but mesh ep={mesh.ep} splits the "
+                         "experts: resolve the BackendConfig with world_size=mesh.ep")
+
+
 def build_parallel_model(adapter, config, backend: BackendConfig, mesh: MeshConfig, checkpoint=None,
                          dtype: torch.dtype | None = None, seed: int = 0, **hf_kwargs):
-    """The engine model sharded over `mesh`: experts split by ep, everything FSDP2-sharded."""
-    _check_mesh_call(mesh)
+    """The engine model sharded over `mesh`: experts split by ep, everything FSDP2-sharded.
+
+    `backend` is already resolved for this rank's device and the mesh's ep (models/auto does it once).
+    """
+    check_mesh_call(mesh)
+    _check_resolved(backend, mesh)
     dtype = dtype or hf_kwargs.pop("torch_dtype", None)
     num_experts = adapter.num_experts(config)
     mesh.validate(dist.get_world_size(), num_experts)
     device = default_device()
-    resolved = backend.resolve(device, world_size=mesh.ep)
     device_mesh = mesh.build(device.type)
     ep_group = device_mesh.get_group("ep")
     rank = dist.get_rank()
@@ -88,8 +106,8 @@ def build_parallel_model(adapter, config, backend: BackendConfig, mesh: MeshConf
         model = adapter.CAUSAL_LM_CLASS._from_config(config, **hf_kwargs)
     # One dispatcher for every MoE layer: dispatchers hold no per-layer state, and symm_mem's
     # symmetric buffers (~1 GiB per rank at 8k tokens x top-8 x 2048) must not be per layer.
-    dispatcher = make_dispatcher(resolved.dispatcher, num_experts, ep_group)
-    adapter.install_engine(model, resolved, lambda n: dispatcher, expert_range)
+    dispatcher = make_dispatcher(backend.dispatcher, num_experts, ep_group)
+    adapter.install_engine(model, backend, lambda n: dispatcher, expert_range)
     model.to_empty(device=device)
     if dtype is not None:
         model.to(dtype)
@@ -170,8 +188,6 @@ def _mark_expert_params(model: nn.Module, device_mesh) -> None:
     adapter's GroupedExperts and the generic path's experts modules are tagged (the latter without
     submodules: a post-expert norm is shared by all experts, replicated over ep).
     """
-    from workbench.train.optim import GRAD_NORM_GROUP_ATTR
-
     ep_group = device_mesh.get_group("ep")
     params = [p for m in model.modules() if isinstance(m, GroupedExperts) for p in m.parameters()]
     params += [p for _, m in engine_experts_modules(model) for p in m.parameters(recurse=False)]
@@ -183,35 +199,44 @@ def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfi
                                  dtype: torch.dtype | None = None, seed: int = 0, **hf_kwargs):
     """A model with v5 fused experts on `mesh`: experts sliced by ep, FSDP2 over dp per decoder layer.
 
-    From a config: built on the meta device, then only this rank's experts are allocated and
-    initialized (models/generic.init_random). From a checkpoint: Transformers loads the model on
-    every rank, which then keeps only its experts.
+    Built on the meta device; then only this rank's experts are allocated, and either initialized
+    (models/generic.init_random) or read from `checkpoint`: its dense tensors and only this rank's
+    experts' slices (models/sliced_load). A disk layout that reader does not know is loaded whole
+    by Transformers on every rank, which then keeps only its experts (one log line says so).
     """
     import transformers
 
     from workbench.models import generic
 
-    _check_mesh_call(mesh)
+    check_mesh_call(mesh)
+    _check_resolved(backend, mesh)
     dtype = dtype or hf_kwargs.pop("torch_dtype", None)
     device = default_device()
-    if checkpoint is None:
-        with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
-    else:
-        model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, config=config, **hf_kwargs)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
     num_experts = generic.num_experts(model, config)
     mesh.validate(dist.get_world_size(), num_experts)
-    resolved = backend.resolve(device, world_size=mesh.ep)
     device_mesh = mesh.build(device.type)
     expert_range = mesh.expert_range(dist.get_rank(), num_experts)
     # One dispatcher for every MoE layer: dispatchers hold no per-layer state.
-    dispatcher = make_dispatcher(resolved.dispatcher, num_experts, device_mesh.get_group("ep"))
-    generic.install(model, resolved, lambda n: dispatcher, expert_range)
-    if checkpoint is None:
-        model.to_empty(device=device)
-        generic.init_random(model, seed)
-    else:
+    dispatcher = make_dispatcher(backend.dispatcher, num_experts, device_mesh.get_group("ep"))
+    generic.install(model, backend, lambda n: dispatcher, expert_range)
+    plan = None if checkpoint is None else plan_rank_read(model, checkpoint, expert_range)
+    if checkpoint is not None and plan is None:
+        rules = disk_rules(config.model_type)
+        log.warning("model_type %r: checkpoint layout not known to the sliced reader (rules %s); Transformers "
+                    "loads the whole checkpoint on every rank, which then keeps its experts", config.model_type,
+                    ", ".join(rules.unknown) or "of the experts")
+        model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, config=config, **hf_kwargs)
+        generic.install(model, backend, lambda n: dispatcher, expert_range)
         model.to(device)
+    else:
+        model.to_empty(device=device)
+        if plan is None:
+            generic.init_random(model, seed)
+        else:
+            init_nonpersistent_buffers(model)
+            model.workbench_checkpoint_read = load_rank_slice(model, checkpoint, plan, expert_range)
     if dtype is not None:
         model.to(dtype)
     model.tie_weights()

@@ -27,12 +27,12 @@ def barrier() -> None:
 
 
 def pick_device(kind: str = "auto") -> torch.device:
-    """This rank's device (`kind` "auto": see `workbench.models.auto.default_device`), made current.
+    """This rank's device (`kind` "auto": see `workbench.devices.default_device`), made current.
 
     "cpu" pins the CPU also where GPUs are visible (a float32 CPU reference on a GPU machine).
     """
     from workbench.config import ConfigError
-    from workbench.models.auto import default_device
+    from workbench.devices import default_device
 
     gloo = initialized() and "nccl" not in str(dist.get_backend()).lower()
     if kind == "cpu":
