@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,13 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "attention": ("sdpa", "te", "auto"),
     "rms_norm": ("torch", "triton", "te", "auto"),
     "linear": ("torch", "te", "auto"),
+    # The engine's Triton kernels, one choice each (torch = the eager reference that runs anywhere):
+    # fused RoPE in Qwen3-MoE's attention, SwiGLU on the experts' packed gate|up rows, the weighted
+    # combine (and its transpose, the dispatch backward), the fused cross-entropy's softmax gradient.
+    "rope": ("torch", "triton", "auto"),
+    "swiglu": ("torch", "triton", "auto"),
+    "combine": ("torch", "triton", "auto"),
+    "cross_entropy": ("torch", "triton", "auto"),
 }
 
 # What to install for each optional backend: the message names the extra and the package.
@@ -51,6 +59,10 @@ AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "attention": ("sdpa", "te"),
     "rms_norm": ("triton", "torch", "te"),
     "linear": ("torch", "te"),
+    "rope": ("triton", "torch"),
+    "swiglu": ("triton", "torch"),
+    "combine": ("triton", "torch"),
+    "cross_entropy": ("triton", "torch"),
 }
 
 
@@ -199,7 +211,9 @@ def availability(field: str, choice: str, device: torch.device | str = "cpu",
     if choice == "te":
         return te_availability(dev)
     if choice == "triton":
-        if not cuda:
+        # TRITON_INTERPRET=1 (tests only) runs the kernels on CPU tensors in Triton's interpreter
+        interpreted = dev.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+        if not (cuda or interpreted):
             return False, f"{field}='triton' needs a CUDA device, got {dev.type}; use 'torch'"
         if not _has_module("triton"):
             return False, f"triton is not installed: {INSTALL_HINT['triton']}"
@@ -243,6 +257,12 @@ class BackendConfig:
     attention: str = "auto"
     rms_norm: str = "auto"
     linear: str = "auto"
+    rope: str = "auto"
+    swiglu: str = "auto"
+    combine: str = "auto"
+    cross_entropy: str = "auto"
+    # The lm_head + cross-entropy computed in chunks without materializing [tokens, vocab] logits
+    # (the model's output then has logits=None when labels are given); `cross_entropy` picks its kernel.
     fused_ce: bool = False
     # Recompute each expert MLP in backward instead of saving its intermediates: -300 MB per MoE
     # layer at 8k tokens x top-8 (Qwen3-30B-A3B shapes) for one more forward of the expert GEMMs.

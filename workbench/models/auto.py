@@ -46,7 +46,8 @@ def _check_backend(backend) -> BackendConfig:
 
 def _install_local(model, adapter, backend: BackendConfig, device):
     """The engine's blocks for one process (a mesh goes through workbench.parallel.build)."""
-    adapter.install_engine(model, backend.resolve(device), LocalDispatcher)
+    resolved = backend.resolve(device)
+    adapter.install_engine(model, resolved, lambda n: LocalDispatcher(n, resolved.combine))
     return model
 
 
@@ -93,7 +94,7 @@ def _generic_from(config, path, backend: BackendConfig, mesh, device, hf_kwargs:
             raise CheckpointError(f"checkpoint {path} does not fit its config ({config.model_type}): missing "
                                   f"tensors {missing[:8]}{'...' if len(missing) > 8 else ''}. Point to a complete "
                                   "checkpoint written by save_pretrained, or fix config.json")
-    generic.install(model, resolved, LocalDispatcher)
+    generic.install(model, resolved, lambda n: LocalDispatcher(n, resolved.combine))
     return model
 
 

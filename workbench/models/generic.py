@@ -15,6 +15,7 @@ import torch.distributed as dist
 import transformers
 from torch import nn
 
+from workbench.models.generic_extras import install_extras
 from workbench.moe.hf_experts import engine_experts_modules, install_engine_experts, is_fused_experts
 from workbench.params import num_experts as config_num_experts
 
@@ -66,15 +67,20 @@ def num_experts(model: nn.Module, config) -> int:
 
 
 def install(model: nn.Module, backend, make_dispatcher, expert_range: tuple[int, int] | None = None) -> int:
-    """Make every fused experts module the engine's; `make_dispatcher(num_experts)` gives each its dispatcher."""
+    """Make every fused experts module the engine's, then the extras `backend` (resolved) selects.
+
+    `make_dispatcher(num_experts)` gives each experts module its dispatcher.
+    """
     total = num_experts(model, model.config)
     modules = fused_experts_modules(model)
     for _, module in modules:
-        install_engine_experts(module, make_dispatcher(total), backend.experts, expert_range or (0, total), total)
-    model.workbench_backend = backend
+        install_engine_experts(module, make_dispatcher(total), backend.experts, expert_range or (0, total), total,
+                               swiglu=backend.swiglu, recompute=backend.expert_recompute)
+    extras = install_extras(model, backend, total)
     log.warning("model_type %r: generic engine path (Transformers' router and attention, the engine's experts "
-                "in %d MoE layers of %d experts, backend %s)", model.config.model_type, len(modules), total,
-                backend.experts)
+                "in %d MoE layers of %d experts, backend %s; %d RMSNorms %s, %d linears %s, fused_ce=%s)",
+                model.config.model_type, len(modules), total, backend.experts, extras["rms_norm"], backend.rms_norm,
+                extras["linear"], backend.linear, backend.fused_ce)
     return len(modules)
 
 
@@ -93,6 +99,10 @@ def init_random(model: nn.Module, seed: int) -> None:
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 torch.manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
                 model._init_weights(module)
+                if type(module).__name__ == "TELinear":  # linear='te': Transformers' init skips non-nn.Linear
+                    module.weight.normal_(0.0, std)
+                    if module.bias is not None:
+                        module.bias.zero_()
             if name not in engine:
                 continue
             first, last = module.workbench_expert_range
