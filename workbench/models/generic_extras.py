@@ -6,7 +6,8 @@
 - fused_ce: the lm_head + cross-entropy in chunks without [tokens, vocab] logits, inside the
   family's own forward, so its aux loss and output stay Transformers'.
 - fp8: TransformerEngine's FP8 region around the forward; attention='sdpa' on CUDA: cuDNN first.
-- rope='triton': Qwen3-MoE's attention applies RoPE with one fused kernel (models/qwen3_attention.py).
+- Qwen3-MoE's own extras: with rope='triton' its attention applies RoPE with one fused kernel
+  (models/qwen3_attention.py); its router computes float32 logits (models/qwen3_router.py).
 
 Experts-side extras (Triton SwiGLU, TE experts, expert_recompute) live in moe/hf_experts.py, the
 Triton combine in the dispatchers.
@@ -252,10 +253,12 @@ def install_extras(model: nn.Module, backend, num_experts: int) -> dict[str, int
         check_fused_ce(model)
         model.get_output_embeddings().__class__ = DeferredLMHead
     from workbench.models.qwen3_attention import use_engine_attention
+    from workbench.models.qwen3_router import use_engine_router
 
     counts = {"rms_norm": len(swap_rms_norms(model, backend.rms_norm)),
               "linear": len(swap_linears(model, backend.linear, num_experts)),
-              "rope": use_engine_attention(model, backend.rope)}
+              "rope": use_engine_attention(model, backend.rope),
+              "float32_router": use_engine_router(model)}
     model.__class__ = engine_lm_class(type(model))
     model.workbench_backend = backend
     return counts
