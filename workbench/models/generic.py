@@ -78,9 +78,11 @@ def install(model: nn.Module, backend, make_dispatcher, expert_range: tuple[int,
                                swiglu=backend.swiglu, recompute=backend.expert_recompute)
     extras = install_extras(model, backend, total)
     log.warning("model_type %r: generic engine path (Transformers' router and attention, the engine's experts "
-                "in %d MoE layers of %d experts, backend %s; %d RMSNorms %s, %d linears %s, fused_ce=%s)",
-                model.config.model_type, len(modules), total, backend.experts, extras["rms_norm"], backend.rms_norm,
-                extras["linear"], backend.linear, backend.fused_ce)
+                "in %d MoE layers of %d experts, backend %s)", model.config.model_type, len(modules), total,
+                backend.experts)
+    log.info("model_type %r extras: %s; swiglu=%s combine=%s cross_entropy=%s fused_ce=%s expert_recompute=%s",
+             model.config.model_type, extras, backend.swiglu, backend.combine, backend.cross_entropy,
+             backend.fused_ce, backend.expert_recompute)
     return len(modules)
 
 

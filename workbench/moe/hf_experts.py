@@ -139,13 +139,13 @@ def _expert_rows_te(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: to
     from workbench.kernels.te_experts import FP8_ROW_ALIGN
 
     layout: ExpertsLayout = module.workbench_layout
+    te = te_common.import_te("experts")  # first: without TE the error names the pip extra
     te_common.check_cuda("experts", x_ND)
     counts = [int(c) for c in tokens_per_expert.tolist()]
     up, down = getattr(module, layout.up_name), module.down_proj
     if sum(counts) == 0:  # keep the weights in the graph so every rank reaches the same parameters
         return x_ND.new_zeros(x_ND.shape) + 0.0 * sum(getattr(module, n).sum() for n in layout.param_names())
     fp8 = te_common.fp8_active()
-    te = te_common.import_te("experts")
     rows_x, rows_counts = (te.Fp8Padding(len(counts), FP8_ROW_ALIGN)(x_ND, counts) if fp8 else (x_ND, counts))
     row_counts_t = torch.tensor(rows_counts, device=x_ND.device)
     h = _te_linear_rows(rows_x, rows_counts, up)
