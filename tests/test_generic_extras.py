@@ -93,6 +93,18 @@ def test_plain_swiglu_read_from_the_module(family, plain):
     assert experts and all(is_plain_swiglu(m) is plain for m in experts)
 
 
+def test_plain_swiglu_probe_without_transformers_default_name(monkeypatch):
+    # a Transformers version that names its default gate differently: the gate's own numbers decide
+    from transformers.integrations import moe as hf_moe
+
+    monkeypatch.delattr(hf_moe, "_default_apply_gate")
+    for family, plain in (("mixtral", True), ("gpt_oss", False)):
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(_config(family))
+        experts = [m for m in model.modules() if hasattr(m, "_apply_gate") and hasattr(m, "gate_up_proj")]
+        assert experts and all(is_plain_swiglu(m) is plain for m in experts), family
+
+
 def test_swiglu_choice_installed_only_on_plain_gates(monkeypatch):
     # On CPU 'auto' resolves to torch; the interpreter script below runs the Triton choice end to end.
     assert BackendConfig().resolve("cpu").swiglu == "torch"

@@ -109,10 +109,19 @@ def is_plain_swiglu(module: nn.Module) -> bool:
     from transformers.integrations import moe as hf_moe
 
     layout = layout_of(module)
-    default = getattr(hf_moe, "_default_apply_gate", None)
-    if not (layout.has_gate and layout.is_concatenated) or default is None:
+    gate = getattr(type(module), "_apply_gate", None)
+    if not (layout.has_gate and layout.is_concatenated and gate is not None and is_silu(getattr(module, "act_fn", None))):
         return False
-    return getattr(type(module), "_apply_gate", None) is default and is_silu(getattr(module, "act_fn", None))
+    if gate is getattr(hf_moe, "_default_apply_gate", None):
+        return True
+    # A version without that name: the gate itself, on values large enough to reach any clamp, must be plain.
+    h = 30 * torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        try:
+            got = gate(module, h)
+        except Exception:
+            return False
+    return isinstance(got, torch.Tensor) and got.shape == (4, 8) and torch.allclose(got, F.silu(h[:, :8]) * h[:, 8:])
 
 
 def _gate(module: nn.Module, h_NI2: torch.Tensor) -> torch.Tensor:
