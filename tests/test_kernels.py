@@ -537,3 +537,18 @@ def test_triton_scaled_equals_torch_mul_by_device_scalar():
         # float32 product, one rounding to the tensor's dtype (torch's bf16 * 0-dim float32 tensor
         # would round the scale to bf16 first)
         torch.testing.assert_close(got, (x.float() * scale).to(dtype), rtol=0, atol=0)
+
+
+def test_kernels_import_no_config_and_no_moe_modules():
+    """Kernels take their choice as arguments (BackendConfig decides upstream): no config, moe or model imports."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "workbench" / "kernels"
+    banned = ("workbench.backends", "workbench.config", "workbench.moe", "workbench.models", "workbench.train")
+    found = []
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):  # function-level imports too
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.name}: {n}" for n in names if n.startswith(banned)]
+    assert not found, found
