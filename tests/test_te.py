@@ -175,7 +175,7 @@ def test_rms_norm_te_kernel(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_experts_te_kernel_uneven_counts(dtype):
-    from workbench.moe.experts import EXPERTS_BACKENDS, experts_loop
+    from workbench.moe.experts import EXPERTS_BACKENDS, experts_loop, packed_gate
 
     g = torch.Generator(device="cuda").manual_seed(12)
     counts = torch.tensor([5, 0, 17, 1, 0, 32, 9, 3], device="cuda")  # uneven, two experts empty
@@ -187,7 +187,7 @@ def test_experts_te_kernel_uneven_counts(dtype):
 
     def run(fn, dt):
         x, gate_up, down = (t.to(dt, copy=True).requires_grad_() for t in (x32, gate_up32, down32))
-        y = fn(x, counts, gate_up, down, F.silu)
+        y = fn(x, counts, gate_up, down, packed_gate(F.silu))
         (y.float() * dy32).sum().backward()
         return y.float(), x.grad.float(), gate_up.grad.float(), down.grad.float()
 

@@ -50,33 +50,29 @@ def grouped_linear_te(x_NK: torch.Tensor, counts: list[int], weight_EMK: torch.T
     return torch.func.functional_call(shell, views, (x_NK, counts))
 
 
-def experts_te(x_ND, tokens_per_expert, gate_up, down, act) -> torch.Tensor:
-    """Expert MLPs with TE's grouped GEMM: gate_up GEMM, SwiGLU, down GEMM (one host sync)."""
-    from workbench.moe.experts import _swiglu_packed, experts_loop
-
+def experts_te(x_ND, tokens_per_expert, gate_up, down, gate) -> torch.Tensor:
+    """Expert MLPs with TE's grouped GEMM: gate_up GEMM, `gate` ([N, 2I] -> [N, I]), down GEMM (one host sync)."""
     te_common.import_te("experts")
     te_common.check_cuda("experts", x_ND)
     counts = [int(c) for c in tokens_per_expert.tolist()]
     if sum(counts) == 0:
-        # Nothing routed here: the loop keeps the weights in the graph with zero gradients.
-        return experts_loop(x_ND, tokens_per_expert, gate_up, down, act)
+        # Nothing routed here: keep the weights in the graph (zero gradients) so every rank reaches them.
+        return x_ND.new_zeros(x_ND.shape) + 0.0 * (gate_up.sum() + down.sum())
     if te_common.fp8_active():
-        return _experts_te_fp8(x_ND, counts, gate_up, down, act)
+        return _experts_te_fp8(x_ND, counts, gate_up, down, gate)
     h_N2I = grouped_linear_te(x_ND, counts, gate_up)
-    return grouped_linear_te(_swiglu_packed(h_N2I, act), counts, down)
+    return grouped_linear_te(gate(h_N2I), counts, down)
 
 
-def _experts_te_fp8(x_ND, counts, gate_up, down, act) -> torch.Tensor:
+def _experts_te_fp8(x_ND, counts, gate_up, down, gate) -> torch.Tensor:
     """FP8 GEMMs need 16-row-aligned groups: pad each expert's rows, compute, drop the padding.
 
     Padded rows are zeros, SwiGLU(0) = 0, so they add nothing to the weight gradients.
     """
-    from workbench.moe.experts import _swiglu_packed
-
     te = te_common.import_te("experts")
     num_experts = len(counts)
     # Both are no-ops when every count is already aligned.
     x_pad, padded = te.Fp8Padding(num_experts, FP8_ROW_ALIGN)(x_ND, counts)
     h_pad = grouped_linear_te(x_pad, padded, gate_up)
-    y_pad = grouped_linear_te(_swiglu_packed(h_pad, act), padded, down)
+    y_pad = grouped_linear_te(gate(h_pad), padded, down)
     return te.Fp8Unpadding(num_experts, FP8_ROW_ALIGN)(y_pad, counts)

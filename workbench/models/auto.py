@@ -49,7 +49,7 @@ def resolve_backend(backend: BackendConfig, mesh, device) -> BackendConfig:
 
 def _install_local(model, adapter, resolved: BackendConfig):
     """The engine's blocks for one process (a mesh goes through workbench.models.mesh_build)."""
-    adapter.install_engine(model, resolved, LocalDispatcher)
+    adapter.install_engine(model, resolved, lambda n: LocalDispatcher(n, resolved.combine))
     return model
 
 
@@ -88,7 +88,7 @@ def _generic_from(config, path, resolved: BackendConfig, mesh, hf_kwargs: dict):
             raise CheckpointError(f"checkpoint {path} does not fit its config ({config.model_type}): missing "
                                   f"tensors {missing[:8]}{'...' if len(missing) > 8 else ''}. Point to a complete "
                                   "checkpoint written by save_pretrained, or fix config.json")
-    generic.install(model, resolved, LocalDispatcher)
+    generic.install(model, resolved, lambda n: LocalDispatcher(n, resolved.combine))
     return model
 
 

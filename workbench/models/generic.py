@@ -16,6 +16,7 @@ import transformers
 from torch import nn
 
 from workbench.models.attention_sinks import select_attention
+from workbench.models.generic_extras import install_extras
 from workbench.moe.hf_experts import engine_experts_modules, install_engine_experts, is_fused_experts
 from workbench.moe.routed_load import load_counters
 from workbench.params import num_experts as config_num_experts
@@ -68,13 +69,17 @@ def num_experts(model: nn.Module, config) -> int:
 
 
 def install(model: nn.Module, backend, make_dispatcher, expert_range: tuple[int, int] | None = None) -> int:
-    """Make every fused experts module the engine's; `make_dispatcher(num_experts)` gives each its dispatcher."""
+    """Make every fused experts module the engine's, then the extras `backend` (resolved) selects.
+
+    `make_dispatcher(num_experts)` gives each experts module its dispatcher.
+    """
     total = num_experts(model, model.config)
     modules = fused_experts_modules(model)
     for _, module in modules:
         install_engine_experts(module, make_dispatcher(total), backend.experts, expert_range or (0, total), total,
-                               gate=backend.gate)
+                               gate=backend.gate, swiglu=backend.swiglu, recompute=backend.expert_recompute)
     select_attention(model, backend.attention)
+    extras = install_extras(model, backend, total)
     model.workbench_backend = backend
     model_type = model.config.model_type
     # One line: an untested family runs too (its experts are v5-fused), but the user should know it is untested.
@@ -83,6 +88,9 @@ def install(model: nn.Module, backend, make_dispatcher, expert_range: tuple[int,
     log.warning("model_type %r: generic engine path (Transformers' router and attention, the engine's experts "
                 "in %d MoE layers of %d experts, backend %s)%s", model_type, len(modules), total, backend.experts,
                 tested)
+    log.info("model_type %r extras: %s; swiglu=%s combine=%s cross_entropy=%s fused_ce=%s expert_recompute=%s",
+             model_type, extras, backend.swiglu, backend.combine, backend.cross_entropy,
+             backend.fused_ce, backend.expert_recompute)
     return len(modules)
 
 
@@ -101,6 +109,10 @@ def init_random(model: nn.Module, seed: int) -> None:
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 torch.manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
                 model._init_weights(module)
+                if type(module).__name__ == "TELinear":  # linear='te': Transformers' init skips non-nn.Linear
+                    module.weight.normal_(0.0, std)
+                    if module.bias is not None:
+                        module.bias.zero_()
             if name not in engine:
                 continue
             first, last = module.workbench_expert_range

@@ -106,7 +106,7 @@ def build_parallel_model(adapter, config, backend: BackendConfig, mesh: MeshConf
         model = adapter.CAUSAL_LM_CLASS._from_config(config, **hf_kwargs)
     # One dispatcher for every MoE layer: dispatchers hold no per-layer state, and symm_mem's
     # symmetric buffers (~1 GiB per rank at 8k tokens x top-8 x 2048) must not be per layer.
-    dispatcher = make_dispatcher(backend.dispatcher, num_experts, ep_group)
+    dispatcher = make_dispatcher(backend.dispatcher, num_experts, ep_group, backend.combine)
     adapter.install_engine(model, backend, lambda n: dispatcher, expert_range)
     model.to_empty(device=device)
     if dtype is not None:
@@ -219,7 +219,7 @@ def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfi
     device_mesh = mesh.build(device.type)
     expert_range = mesh.expert_range(dist.get_rank(), num_experts)
     # One dispatcher for every MoE layer: dispatchers hold no per-layer state.
-    dispatcher = make_dispatcher(backend.dispatcher, num_experts, device_mesh.get_group("ep"))
+    dispatcher = make_dispatcher(backend.dispatcher, num_experts, device_mesh.get_group("ep"), backend.combine)
     generic.install(model, backend, lambda n: dispatcher, expert_range)
     plan = None if checkpoint is None else plan_rank_read(model, checkpoint, expert_range)
     if checkpoint is not None and plan is None:

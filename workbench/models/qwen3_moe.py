@@ -89,7 +89,8 @@ class Qwen3MoeForCausalLM(hf.Qwen3MoeForCausalLM):
         logits = None
         if backend.fused_ce:
             loss = fused_linear_cross_entropy(hidden, self.lm_head.weight, shift_labels(labels),
-                                              num_items_in_batch=num_items)
+                                              num_items_in_batch=num_items,
+                                              use_triton=backend.cross_entropy == "triton")
         else:
             logits = self.lm_head(hidden)
             loss = self.loss_function(logits, labels, self.vocab_size, num_items_in_batch=num_items)
@@ -162,12 +163,12 @@ def install_engine(model: Qwen3MoeForCausalLM, backend: BackendConfig, make_disp
             gate_up = nn.Parameter(gate_up.data[first:last].clone(), requires_grad=gate_up.requires_grad)
             down = nn.Parameter(down.data[first:last].clone(), requires_grad=down.requires_grad)
         experts = GroupedExperts(gate_up, down, old.experts.act_fn, backend.experts, first, config.num_experts,
-                                 recompute=backend.expert_recompute)
+                                 recompute=backend.expert_recompute, swiglu=backend.swiglu)
         router = Qwen3MoeRouter(config, old.gate.weight, backend.gate)
         layer.mlp = MoEBlock(router, experts, make_dispatcher(config.num_experts), config.num_experts)
         blocks.append(layer.mlp)
     swap_rms_norms(model, backend.rms_norm)
-    use_engine_attention(model)
+    use_engine_attention(model, backend.rope)
     swap_linears(model, backend.linear)
     if backend.attention == "te":
         from workbench.kernels.te_attention import use_te_attention

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
@@ -12,29 +11,33 @@ from torch.utils.checkpoint import checkpoint
 
 from workbench.kernels.te_experts import experts_te
 
-# (x_by_expert_ND, tokens_per_expert_E, gate_up_E2IH, down_EHI, act) -> y_by_expert_ND
+# (x_by_expert_ND, tokens_per_expert_E, gate_up_E2IH, down_EHI, gate) -> y_by_expert_ND, where
+# gate maps the packed [N, 2I] = cat(gate, up) rows to [N, I] (packed_gate builds it).
 ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Callable], torch.Tensor]
 
 
-def _is_silu(act: Callable) -> bool:
-    return isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation" or act is F.silu
+def is_silu(act) -> bool:
+    """Whether `act` is exactly SiLU (torch's module or function, or Transformers' SiLUActivation)."""
+    from transformers.activations import SiLUActivation
+
+    return type(act) in (nn.SiLU, SiLUActivation) or act is F.silu
 
 
-def _swiglu_packed(gate_up_N2I: torch.Tensor, act: Callable) -> torch.Tensor:
-    if gate_up_N2I.is_cuda and _is_silu(act) and _triton_available():
+def packed_gate(act: Callable, swiglu: str = "torch") -> Callable[[torch.Tensor], torch.Tensor]:
+    """[N, 2I] = cat(gate, up) -> act(gate) * up; the Triton kernel with swiglu='triton' and a SiLU `act`."""
+    if swiglu not in ("torch", "triton"):
+        raise ValueError(f"swiglu must be a resolved BackendConfig.swiglu, 'torch' or 'triton'; got {swiglu!r}")
+    if swiglu == "triton" and is_silu(act):
         # One fused pass over the [N, 2I] tensor instead of four elementwise kernels.
         from workbench.kernels.swiglu import swiglu_packed_triton
 
-        return swiglu_packed_triton(gate_up_N2I)
-    gate, up = gate_up_N2I.chunk(2, dim=-1)
-    return act(gate) * up
+        return swiglu_packed_triton
 
+    def gate_torch(gate_up_N2I: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up_N2I.chunk(2, dim=-1)
+        return act(gate) * up
 
-@functools.lru_cache(maxsize=1)
-def _triton_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("triton") is not None
+    return gate_torch
 
 
 def experts_loop(x_ND, tokens_per_expert, gate_up, down, act) -> torch.Tensor:
@@ -45,7 +48,7 @@ def experts_loop(x_ND, tokens_per_expert, gate_up, down, act) -> torch.Tensor:
         if count == 0:
             continue
         x_e = x_ND[start:start + count]
-        h_e = _swiglu_packed(F.linear(x_e, gate_up[e]), act)
+        h_e = act(F.linear(x_e, gate_up[e]))
         outputs.append(F.linear(h_e, down[e]))
         start += count
     if not outputs:
@@ -78,7 +81,7 @@ def experts_grouped_mm(x_ND, tokens_per_expert, gate_up, down, act) -> torch.Ten
     gmm = _grouped_mm()
     offsets = torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)
     h_N2I = gmm(x_ND, gate_up.transpose(-2, -1), offs=offsets)
-    h_NI = _swiglu_packed(h_N2I, act)
+    h_NI = act(h_N2I)
     return gmm(h_NI, down.transpose(-2, -1), offs=offsets)
 
 
@@ -99,13 +102,14 @@ class GroupedExperts(nn.Module):
 
     def __init__(self, gate_up_proj: nn.Parameter, down_proj: nn.Parameter, act: Callable,
                  backend: str = "grouped_mm", first_expert: int = 0, num_experts: int | None = None,
-                 recompute: bool = False):
+                 recompute: bool = False, swiglu: str = "torch"):
         super().__init__()
         if backend not in EXPERTS_BACKENDS:
             raise ValueError(f"unknown experts backend {backend!r}; choose one of {list(EXPERTS_BACKENDS)}")
         self.gate_up_proj = gate_up_proj
         self.down_proj = down_proj
         self.act_fn = act
+        self.gate_fn = packed_gate(act, swiglu)
         self.backend = backend
         self.first_expert = first_expert
         self.num_local_experts = gate_up_proj.shape[0]
@@ -118,8 +122,8 @@ class GroupedExperts(nn.Module):
         if self.recompute and torch.is_grad_enabled():
             # Saves only the input rows; the [N, 2I] and [N, I] intermediates are rebuilt in backward.
             return checkpoint(fn, x_by_expert_ND, tokens_per_expert, self.gate_up_proj, self.down_proj,
-                              self.act_fn, use_reentrant=False)
-        return fn(x_by_expert_ND, tokens_per_expert, self.gate_up_proj, self.down_proj, self.act_fn)
+                              self.gate_fn, use_reentrant=False)
+        return fn(x_by_expert_ND, tokens_per_expert, self.gate_up_proj, self.down_proj, self.gate_fn)
 
     def extra_repr(self) -> str:
         last = self.first_expert + self.num_local_experts

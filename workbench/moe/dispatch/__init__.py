@@ -36,24 +36,24 @@ class Dispatcher(Protocol):
         ...
 
 
-def make_dispatcher(name: str, num_experts: int, ep_group=None) -> Dispatcher:
-    """The dispatcher called `name` (a resolved BackendConfig.dispatcher value)."""
+def make_dispatcher(name: str, num_experts: int, ep_group=None, combine: str = "torch") -> Dispatcher:
+    """The dispatcher called `name` (a resolved BackendConfig.dispatcher value); `combine` its kernel."""
     if name == "local":
         if ep_group is not None and ep_group.size() > 1:
             raise ValueError("dispatcher='local' cannot serve expert parallelism (ep > 1); use 'alltoall'")
-        return LocalDispatcher(num_experts)
+        return LocalDispatcher(num_experts, combine)
     if name == "alltoall":
         from workbench.moe.dispatch.alltoall import AllToAllDispatcher
 
-        return AllToAllDispatcher(num_experts, ep_group)
+        return AllToAllDispatcher(num_experts, ep_group, combine)
     if name == "symm_mem":
         from workbench.moe.dispatch.symm_mem import SymmMemDispatcher
 
-        return SymmMemDispatcher(num_experts, ep_group)
+        return SymmMemDispatcher(num_experts, ep_group, combine)
     if name == "deepep":
         from workbench.moe.dispatch.deepep import DeepEPDispatcher
 
-        return DeepEPDispatcher(num_experts, ep_group)
+        return DeepEPDispatcher(num_experts, ep_group, combine)
     raise ValueError(f"unknown dispatcher {name!r}")
 
 
