@@ -73,7 +73,8 @@ def _two_rank_worker(rank, world, ckpt, out):
 
 
 def test_two_ranks_are_one_data_parallel_model_equal_to_one_process(checkpoint, tmp_path):
-    ref = train(str(checkpoint), str(tmp_path / "single"), local_batch=2)  # 2 micro-batches of 2
+    # the global batch in one micro-batch: on dp=2 each rank's aux loss is its share of that batch's aux loss
+    ref = train(str(checkpoint), str(tmp_path / "single"), local_batch=4)
     r0, r1 = run_ranks(_two_rank_worker, 2, str(checkpoint), str(tmp_path / "dp"))
     assert r0["grad_norms"] == r1["grad_norms"]  # one global norm, not each rank's own
     assert r0["params"].keys() == r1["params"].keys() == ref["params"].keys()
