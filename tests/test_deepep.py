@@ -31,7 +31,7 @@ import workbench.backends as backends
 from workbench.backends import BackendConfig, BackendError, availability
 from workbench.moe.dispatch import close_dispatchers, close_live_dispatchers, make_dispatcher
 from workbench.moe.dispatch.deepep import BufferSlot
-from workbench.moe.layer import MoEBlock
+from workbench.moe.hf_experts import EngineExperts, engine_experts_modules
 
 HAS_DEEP_EP = importlib.util.find_spec("deep_ep") is not None
 # Multicast/NVLS off (shared/gpu notes): NCCL, torch symmetric memory and NVSHMEM each have a switch.
@@ -147,8 +147,16 @@ class FakeClosable:
         return held
 
 
+class _Experts(EngineExperts, nn.Module):
+    """An engine experts module holding only its dispatcher (what the close functions look at)."""
+
+    def __init__(self, dispatcher):
+        nn.Module.__init__(self)
+        self.workbench_dispatcher = dispatcher
+
+
 def _blocks(dispatchers) -> nn.Module:
-    return nn.ModuleList([MoEBlock(nn.Identity(), nn.Identity(), d, 8) for d in dispatchers])
+    return nn.ModuleList([_Experts(d) for d in dispatchers])
 
 
 def test_close_dispatchers_on_a_real_model_holding_no_buffer_is_a_no_op():
@@ -156,7 +164,7 @@ def test_close_dispatchers_on_a_real_model_holding_no_buffer_is_a_no_op():
     from tiny_models import tiny_qwen3_moe
 
     model = workbench.AutoModelForCausalLM.from_config(tiny_qwen3_moe(), backend=BackendConfig(), device="cpu")
-    assert any(isinstance(m, MoEBlock) for m in model.modules())
+    assert engine_experts_modules(model)
     assert close_dispatchers(model) == 0
     assert close_dispatchers(model) == 0
 

@@ -69,7 +69,7 @@ def _ep_worker(rank, world, ckpt, mesh_kwargs, save_dir):
     model.save_pretrained(save_dir)
     return {"losses": losses, "expert_range": model.workbench_expert_range, "local_experts": local_experts,
             "experts_read": experts_read, "dense_read": sum(".mlp.experts." not in k for k in keys_read),
-            "dispatcher": type(model.model.layers[0].mlp.dispatcher).__name__}
+            "dispatcher": type(model.model.layers[0].mlp.experts.workbench_dispatcher).__name__}
 
 
 @pytest.fixture(scope="module")

@@ -58,6 +58,15 @@ def has_fused_experts(config) -> bool:
     return False
 
 
+def validate_config(config) -> None:
+    """Refuse routing settings Transformers would fail on deep inside a forward, before any weights are built."""
+    experts = config_num_experts(config)
+    top_k = getattr(config, "num_experts_per_tok", None)
+    if experts and isinstance(top_k, int) and not 1 <= top_k <= experts:
+        raise ValueError(f"num_experts_per_tok={top_k} must be between 1 and num_experts={experts}: lower "
+                         "num_experts_per_tok or add experts")
+
+
 def num_experts(model: nn.Module, config) -> int:
     """Routed experts per MoE layer, read from the experts modules (the config field names differ)."""
     counts = {int(getattr(m, "workbench_num_experts", 0) or getattr(m, "num_experts", 0)

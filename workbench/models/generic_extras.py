@@ -238,13 +238,81 @@ class EngineCausalLM:
             out["logits"] = None  # the item and the attribute: the hidden states are not logits
         return out
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Transformers' save; a model sharded over a mesh gathers its experts first (collective)."""
+        if getattr(self, "workbench_mesh", None) is None:
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        from workbench.models.generic import save_pretrained
+
+        return save_pretrained(self, save_directory, kwargs.get("max_shard_size", "5GB"))
+
+
+class EngineCausalLMSharedAux(EngineCausalLM):
+    """EngineCausalLM for a family with Transformers' standard aux loss: `aux_loss_group` gives rank shares.
+
+    With a data-parallel `aux_loss_group`, the aux loss is this rank's share of the aux loss of the
+    micro-batch across the group (moe/router.load_balancing_loss: counts summed over the group),
+    so shares and gradients add up to the global batch's, as one process computes it.
+    """
+
+    def forward(self, *args, aux_loss_group=None, **kwargs):
+        """EngineCausalLM's forward; `aux_loss_group` (a process group) makes the aux loss this rank's share."""
+        router = kwargs.get("output_router_logits")
+        router = self.config.output_router_logits if router is None else router
+        if aux_loss_group is None or not router:
+            return super().forward(*args, **kwargs)
+        from workbench.moe.router import load_balancing_loss
+
+        coef = self.router_aux_loss_coef
+        self.router_aux_loss_coef = 0.0  # Transformers' own term (this rank's tokens only) adds nothing
+        try:
+            out = super().forward(*args, **kwargs)
+        finally:
+            self.router_aux_loss_coef = coef
+        shared = load_balancing_loss(out.router_logits, self.num_experts, self.num_experts_per_tok,
+                                     kwargs.get("attention_mask"), group=aux_loss_group)
+        out["aux_loss"] = shared
+        if out.loss is not None:
+            out["loss"] = out.loss + coef * shared.to(out.loss.device)
+        return out
+
+
+def _normalized_source(fn) -> str | None:
+    import inspect
+    import re
+
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return None
+    source = re.sub(r'""".*?"""', "", source, flags=re.S)
+    return re.sub(r"\s+", " ", re.sub(r"#.*", "", source))
+
+
+def has_standard_aux_loss(hf_class: type) -> bool:
+    """Whether the family's aux loss is Transformers' Switch-style one (moe/router.load_balancing_loss's formula).
+
+    Read from the family's modeling module: its `load_balancing_loss_func` must be Qwen3-MoE's, the
+    one moe/router reproduces (tests/test_router.py); Mixtral, OLMoE, Qwen2/3/3.5-MoE, GPT-OSS,
+    MiniMax-M2, ERNIE-4.5-MoE share it in 5.24. Families without one (DeepSeek-V3) have no aux loss.
+    """
+    import sys
+
+    from transformers.models.qwen3_moe import modeling_qwen3_moe
+
+    fn = getattr(sys.modules.get(hf_class.__module__), "load_balancing_loss_func", None)
+    ref = modeling_qwen3_moe.load_balancing_loss_func
+    if fn is None:
+        return False
+    return fn is ref or (_normalized_source(fn) is not None and _normalized_source(fn) == _normalized_source(ref))
+
 
 def engine_lm_class(hf_class: type) -> type:
     """A same-named subclass of the Transformers causal LM with the engine's forward (save writes its name)."""
     if issubclass(hf_class, EngineCausalLM):
         return hf_class
-    return type(hf_class.__name__, (EngineCausalLM, hf_class), {"__module__": __name__,
-                                                                "__qualname__": hf_class.__qualname__})
+    mixin = EngineCausalLMSharedAux if has_standard_aux_loss(hf_class) else EngineCausalLM
+    return type(hf_class.__name__, (mixin, hf_class), {"__module__": __name__, "__qualname__": hf_class.__qualname__})
 
 
 def install_extras(model: nn.Module, backend, num_experts: int) -> dict[str, int]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import zlib
 
 import torch
 import torch.distributed as dist
@@ -13,57 +12,13 @@ from torch.distributed.fsdp import fully_shard
 from workbench.backends import BackendConfig
 from workbench.devices import default_device
 from workbench.params import num_experts as config_num_experts
-from workbench.models.hf_io import assemble_tensor, read_tensors
 from workbench.models.sliced_load import disk_rules, init_nonpersistent_buffers, load_rank_slice, plan_rank_read
 from workbench.moe.dispatch import make_dispatcher
-from workbench.moe.experts import GroupedExperts
 from workbench.moe.hf_experts import EngineExperts, engine_experts_modules
-from workbench.moe.layer import MoEBlock
-from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR, _sum_gradients, apply_fsdp, apply_fsdp_any, decoder_layers
+from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR, _sum_gradients, apply_fsdp_any, decoder_layers
 from workbench.parallel.mesh import MeshConfig, MeshError, dense_mesh
 
 log = logging.getLogger(__name__)
-
-
-def _init_random(model: nn.Module, config, seed: int, expert_range: tuple[int, int], device) -> None:
-    """Transformers' init scheme; dense weights equal on every rank, each expert seeded by its id.
-
-    Seeding per (layer, expert) makes an expert's initial weights independent of the mesh.
-    """
-    std = config.initializer_range
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            if isinstance(module, GroupedExperts):
-                for param in (module.gate_up_proj, module.down_proj):
-                    for local, e in enumerate(range(*expert_range)):
-                        key = zlib.crc32(f"{seed}/{name}/{e}".encode())
-                        g = torch.Generator(device=device).manual_seed(key)
-                        param[local].normal_(0.0, std, generator=g)
-                continue
-            is_norm = type(module).__name__.endswith("RMSNorm")
-            for pname, param in module.named_parameters(recurse=False):
-                if is_norm:
-                    param.fill_(1.0)
-                elif pname == "bias":
-                    param.zero_()
-                else:
-                    param.normal_(0.0, std, generator=gen)
-
-
-def _load_local(model: nn.Module, adapter, path, expert_range: tuple[int, int]) -> None:
-    state = model.state_dict()
-    wanted = {name: adapter.disk_keys_for(name, expert_range) for name in state}
-    tensors = read_tensors(path, sorted({k for keys in wanted.values() for k in keys}))
-    with torch.no_grad():
-        for name, target in state.items():
-            value = assemble_tensor(adapter, name, tensors, expert_range)
-            if value.shape != target.shape:
-                from workbench.models.hf_io import CheckpointError
-
-                raise CheckpointError(f"checkpoint {path}: {name} has shape {tuple(value.shape)}, the model "
-                                      f"needs {tuple(target.shape)}; the checkpoint is of another model shape")
-            target.copy_(value)
 
 
 def check_mesh_call(mesh) -> None:
@@ -85,63 +40,16 @@ def _check_resolved(backend: BackendConfig, mesh: MeshConfig) -> None:
                          "experts: resolve the BackendConfig with world_size=mesh.ep")
 
 
-def build_parallel_model(adapter, config, backend: BackendConfig, mesh: MeshConfig, checkpoint=None,
-                         dtype: torch.dtype | None = None, seed: int = 0, **hf_kwargs):
-    """The engine model sharded over `mesh`: experts split by ep, everything FSDP2-sharded.
-
-    `backend` is already resolved for this rank's device and the mesh's ep (models/auto does it once).
-    """
-    check_mesh_call(mesh)
-    _check_resolved(backend, mesh)
-    dtype = dtype or hf_kwargs.pop("torch_dtype", None)
-    num_experts = adapter.num_experts(config)
-    mesh.validate(dist.get_world_size(), num_experts)
-    device = default_device()
-    device_mesh = mesh.build(device.type)
-    ep_group = device_mesh.get_group("ep")
-    rank = dist.get_rank()
-    expert_range = mesh.expert_range(rank, num_experts)
-
-    with torch.device("meta"):
-        model = adapter.CAUSAL_LM_CLASS._from_config(config, **hf_kwargs)
-    # One dispatcher for every MoE layer: dispatchers hold no per-layer state, and symm_mem's
-    # symmetric buffers (~1 GiB per rank at 8k tokens x top-8 x 2048) must not be per layer.
-    dispatcher = make_dispatcher(backend.dispatcher, num_experts, ep_group, backend.combine)
-    adapter.install_engine(model, backend, lambda n: dispatcher, expert_range)
-    model.to_empty(device=device)
-    if dtype is not None:
-        model.to(dtype)
-    model.tie_weights()
-    # Buffers are not parameters: rebuild the rotary tables, zero the expert-load counters.
-    model.model.rotary_emb = type(model.model.rotary_emb)(config=model.config).to(device)
-    for block in model.modules():
-        if isinstance(block, MoEBlock):
-            block.tokens_per_expert.zero_()
-    if checkpoint is None:
-        _init_random(model, config, seed, expert_range, device)
-    else:
-        _load_local(model, adapter, checkpoint, expert_range)
-    if dist.get_world_size() > 1:
-        apply_fsdp(model, device_mesh)
-    if mesh.ep > 1:
-        _mark_expert_params(model, device_mesh)
-    model.workbench_mesh = mesh
-    model.workbench_device_mesh = device_mesh
-    model.workbench_expert_range = expert_range
-    return model
-
-
 def check_mesh_for_model(mesh: MeshConfig, config) -> None:
     """Refuse ep > 1 for a dense model; a MoE model whose experts the engine cannot split is refused at all."""
     if not isinstance(mesh, MeshConfig):
         raise TypeError(f"mesh must be a workbench.MeshConfig, got {type(mesh).__name__}")
     if mesh.ep == 1:
         return
-    from workbench.models import adapter_for
     from workbench.models.generic import has_fused_experts
 
     model_type = getattr(config, "model_type", None)
-    if adapter_for(config) is None and has_fused_experts(config):  # refuses experts it cannot split
+    if has_fused_experts(config):  # refuses experts it cannot split
         return
     if not config_num_experts(config):
         raise MeshError(f"mesh ep={mesh.ep} splits experts, but model_type {model_type!r} has none (a dense "
@@ -149,7 +57,7 @@ def check_mesh_for_model(mesh: MeshConfig, config) -> None:
 
 
 def shard_without_engine(model: nn.Module, mesh: MeshConfig) -> nn.Module:
-    """A Transformers model without an engine adapter on this rank's device, FSDP2-sharded over dp."""
+    """A Transformers model without fused experts on this rank's device, FSDP2-sharded over dp."""
     if not dist.is_initialized():
         raise RuntimeError("mesh= needs an initialized process group (torchrun, workbench.Cluster, "
                            "or torch.distributed.init_process_group)")
@@ -184,13 +92,12 @@ def _mark_expert_params(model: nn.Module, device_mesh) -> None:
     """Tag expert parameters so grad clipping sums their norm over the ep group too.
 
     Under expert parallelism each ep rank holds different experts and FSDP2 shards them only
-    over the expert-data-parallel dim, so their DTensor mesh does not show the ep split. Both the
-    adapter's GroupedExperts and the generic path's experts modules are tagged (the latter without
-    submodules: a post-expert norm is shared by all experts, replicated over ep).
+    over the expert-data-parallel dim, so their DTensor mesh does not show the ep split. The experts
+    modules' own parameters are tagged, not their submodules': a post-expert norm is shared by all
+    experts, replicated over ep.
     """
     ep_group = device_mesh.get_group("ep")
-    params = [p for m in model.modules() if isinstance(m, GroupedExperts) for p in m.parameters()]
-    params += [p for _, m in engine_experts_modules(model) for p in m.parameters(recurse=False)]
+    params = [p for _, m in engine_experts_modules(model) for p in m.parameters(recurse=False)]
     for param in params:
         setattr(param, GRAD_NORM_GROUP_ATTR, ep_group)
 

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from workbench.moe.experts import _grouped_mm, is_silu
 from workbench.moe.routed_load import attach_load_counter, count_routed
 from workbench.moe.router import GATES, balanced_ids
 
@@ -44,6 +43,17 @@ class ExpertsLayout:
         """Every per-expert parameter of the module, `[E, ...]` each."""
         names = (self.up_name, "down_proj")
         return names + tuple(f"{n}_bias" for n in names) if self.has_bias else names
+
+
+def _grouped_mm():
+    return getattr(F, "grouped_mm", None) or torch._grouped_mm
+
+
+def is_silu(act) -> bool:
+    """Whether `act` is exactly SiLU (torch's module or function, or Transformers' SiLUActivation)."""
+    from transformers.activations import SiLUActivation
+
+    return type(act) in (nn.SiLU, SiLUActivation) or act is F.silu
 
 
 def layout_of(module: nn.Module) -> ExpertsLayout:

@@ -320,10 +320,9 @@ def _is_parallel(model: torch.nn.Module) -> bool:
 
 def _expert_load_reader(model: torch.nn.Module):
     """This rank's routed tokens [layers, experts] since the last read (the engine's counters), or None."""
-    from workbench.moe.layer import moe_blocks, pop_expert_load
     from workbench.moe.routed_load import load_counters, pop_routed_load
 
-    reader = pop_expert_load if moe_blocks(model) else pop_routed_load if load_counters(model) else None
+    reader = pop_routed_load if load_counters(model) else None
     if reader is not None:
         reader(model)  # start from zero
     return reader

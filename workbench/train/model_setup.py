@@ -23,7 +23,6 @@ def resolve_mesh(mesh: Any, world_size: int, hf_config: Any):
     world size when it divides the expert count (else ep = 1). An explicit mesh is validated
     against the world and the model: ep > 1 needs experts the engine can split.
     """
-    from workbench.models import adapter_for
     from workbench.models.generic import UnsupportedModelError, has_fused_experts
     from workbench.params import num_experts as config_num_experts
     from workbench.models.mesh_build import check_mesh_for_model
@@ -31,7 +30,7 @@ def resolve_mesh(mesh: Any, world_size: int, hf_config: Any):
 
     experts = config_num_experts(hf_config)
     try:  # a MoE model whose experts the engine cannot run is refused before the run directory exists
-        engine = adapter_for(hf_config) is not None or has_fused_experts(hf_config)
+        engine = has_fused_experts(hf_config)
     except UnsupportedModelError as err:
         raise ConfigError(str(err)) from err
     if mesh is None:
@@ -49,7 +48,7 @@ def resolve_mesh(mesh: Any, world_size: int, hf_config: Any):
 
 def build_model(rc, hf_config: Any, mesh: Any, device: torch.device, dtype: torch.dtype,
                 backend=None) -> torch.nn.Module:
-    """The engine's model, or vanilla Transformers for a family without an adapter; sharded over `mesh`.
+    """The engine's model, or vanilla Transformers for a model without fused experts; sharded over `mesh`.
 
     Every model built with a mesh is FSDP2-sharded over dp (workbench.models.mesh_build), so more
     than one rank always means synchronized data parallelism. `backend`: rc.backend as the trainer

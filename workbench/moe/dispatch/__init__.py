@@ -62,12 +62,10 @@ def _closable(dispatcher) -> bool:
 
 
 def model_dispatchers(model: torch.nn.Module) -> list:
-    """The dispatcher of every MoE layer of `model`: the adapter's MoE blocks and the generic path's experts."""
+    """The dispatcher of every MoE layer of `model` (its engine experts modules), in module order."""
     from workbench.moe.hf_experts import EngineExperts
-    from workbench.moe.layer import MoEBlock
 
-    return [m.dispatcher if isinstance(m, MoEBlock) else m.workbench_dispatcher
-            for m in model.modules() if isinstance(m, (MoEBlock, EngineExperts))]
+    return [m.workbench_dispatcher for m in model.modules() if isinstance(m, EngineExperts)]
 
 
 def close_dispatchers(model: torch.nn.Module) -> int:
@@ -99,19 +97,15 @@ def close_live_dispatchers() -> int:
     import torch.distributed as dist
 
     from workbench.moe.hf_experts import EngineExperts
-    from workbench.moe.layer import MoEBlock
 
     if not (dist.is_available() and dist.is_initialized()):
         return 0
     held = {}
     for obj in gc.get_objects():
         # type(), not isinstance: some live objects (proxies) raise from __class__.
-        if issubclass(type(obj), MoEBlock):
-            dispatcher = obj.dispatcher
-        elif issubclass(type(obj), EngineExperts):  # the generic path's experts modules
-            dispatcher = getattr(obj, "workbench_dispatcher", None)
-        else:
+        if not issubclass(type(obj), EngineExperts):
             continue
+        dispatcher = getattr(obj, "workbench_dispatcher", None)
         if _closable(dispatcher):
             key = getattr(dispatcher, "open_key", None)
             if key is not None:
