@@ -6,7 +6,7 @@
 #   gpt-oss-20b       L8: anchor (recorded as skipped: GPT-OSS refuses sdpa), anchor_flex, anchor_eager_attn
 #                         (115 GiB measured; GPTOSS_EAGER=0 leaves it out), engine, engine_balanced
 #   moonlight-16b-a3b L8: anchor, engine, engine_balanced
-# seq 4096 x batch 2, bf16, warm-up 2 + 5 timed steps. Results JSON and logs under $1 (default ./bench-out).
+# seq 4096 x batch 2, bf16, warm-up 2 + 5 timed steps, the engine with --fused-ce (ENGINE_FLAGS). Results JSON and logs under $1 (default ./bench-out).
 # Usage (repository root, on the device):  WORKBENCH_GIT_COMMIT=<sha> bash benchmarks/gpu_families.sh "$OUT"
 # The same commands at tiny size (CPU, or a GPU preflight):  TINY=1 bash benchmarks/gpu_families.sh /tmp/fam
 # One family only: FAMILIES=gpt_oss (qwen3, gpt_oss, deepseek_v3).
@@ -46,6 +46,9 @@ cat "$LOGS/env.txt"
 
 COMMON=(--layers "$LAYERS" --seq "$SEQ" --batch 2 --warmup "${WARMUP:-2}" --steps "${STEPS:-5}" --out-dir "$RESULTS" --no-html)
 [ "${TINY:-0}" = 1 ] || COMMON+=(--dtype bfloat16)
+# The engine's product settings: the fused linear cross-entropy on the LM head (ENGINE_FLAGS="" drops it).
+read -r -a ENGINE_ARGS <<<"${ENGINE_FLAGS---fused-ce}"
+COMMON+=("${ENGINE_ARGS[@]}")
 status=0
 run_family() {  # preset variants
   local preset=$1 variants=$2 name="$DAY-$DEV-$1-L$LAYERS"

@@ -86,3 +86,45 @@ def bench_two_gpus(run_gpu_ranks, candidate: str, num_tokens=8192, top_k=8, hidd
         sys.exit("--bench needs 2 CUDA GPUs")
     results = run_gpu_ranks(bench_worker, 2, candidate, num_tokens, top_k, hidden, num_experts, iters)
     print_bench(results, num_tokens, top_k, hidden, num_experts, iters)
+
+
+def generic_family_grads(rank: int, world: int, family: str, dispatchers: tuple[str, ...]) -> dict:
+    """Loss and gradients of a tiny generic-path family on DP x EP = world, bf16 on this rank's GPU, per dispatcher.
+
+    The same seed builds the same weights for each dispatcher; each rank takes its own tokens.
+    """
+    import torch
+    from generic_families import tiny_config
+    from torch.distributed.tensor import DTensor
+
+    from workbench import BackendConfig
+    from workbench.models.auto import AutoModelForCausalLM
+    from workbench.moe.dispatch import close_dispatchers
+    from workbench.parallel.mesh import MeshConfig
+
+    cfg = tiny_config(family, hidden_size=64, head_dim=16)  # 128-byte bf16 rows: symm_mem's and DeepEP's multiples
+    ids = torch.randint(0, cfg.vocab_size, (2 * world, 32), generator=torch.Generator().manual_seed(5))
+    mine = ids[2 * rank:2 * rank + 2].cuda()
+    out = {}
+    for name in dispatchers:
+        model = AutoModelForCausalLM.from_config(cfg, mesh=MeshConfig(dp=world, ep=world), seed=3, dtype=torch.bfloat16,
+                                                 backend=BackendConfig(dispatcher=name, experts="grouped_mm"))
+        loss = model(input_ids=mine, labels=mine).loss
+        loss.backward()
+        grads = {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).float().cpu()
+                 for n, p in model.named_parameters() if p.grad is not None}
+        out[name] = {"loss": float(loss), "grads": grads}
+        close_dispatchers(model)
+    return out
+
+
+def check_generic_family_grads(results: list[dict], reference: str, candidate: str) -> None:
+    """The candidate dispatcher's loss and gradients equal the reference's up to bf16 rounding, on every rank."""
+    for rank, r in enumerate(results):
+        a, b = r[reference], r[candidate]
+        assert abs(a["loss"] - b["loss"]) <= 2e-2 * max(abs(a["loss"]), 1.0), (rank, a["loss"], b["loss"])
+        assert a["grads"].keys() == b["grads"].keys()
+        for n, g in a["grads"].items():
+            diff = float((g - b["grads"][n]).abs().max())
+            assert diff <= 5e-2 * max(float(g.abs().max()), 1e-2), \
+                f"rank {rank} {n}: |{candidate} - {reference}| {diff}"

@@ -24,10 +24,14 @@ FAMILIES = {
                         q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, num_key_value_heads=4),
     "glm4_moe": dict(intermediate_size=32, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
                      n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1, partial_rotary_factor=0.5),
+    "minimax_m2": dict(intermediate_size=16, num_local_experts=4, num_experts_per_tok=2),
+    "ernie4_5_moe": dict(intermediate_size=32, moe_intermediate_size=16, moe_num_experts=4, moe_k=2,
+                         moe_num_shared_experts=1, moe_layer_start_index=1, moe_layer_interval=1, use_bias=True),
+    "hunyuan_v1_moe": dict(intermediate_size=16, num_experts=4, moe_topk=2, num_shared_expert=1, use_qk_norm=True),
 }
 
 
 def tiny_config(family: str, **overrides):
-    """A tiny float32 config of `family` from its own Transformers config class."""
-    fields = {**COMMON, **FAMILIES[family], **overrides}
+    """A tiny float32 config of `family` from its own Transformers config class (`overrides` for one not listed)."""
+    fields = {**COMMON, **FAMILIES.get(family, {}), **overrides}
     return transformers.AutoConfig.for_model(family, **fields)

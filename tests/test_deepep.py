@@ -31,7 +31,7 @@ import workbench.backends as backends
 from workbench.backends import BackendConfig, BackendError, availability
 from workbench.moe.dispatch import close_dispatchers, close_live_dispatchers, make_dispatcher
 from workbench.moe.dispatch.deepep import BufferSlot
-from workbench.moe.layer import MoEBlock
+from workbench.moe.hf_experts import EngineExperts, engine_experts_modules
 
 HAS_DEEP_EP = importlib.util.find_spec("deep_ep") is not None
 # Multicast/NVLS off (shared/gpu notes): NCCL, torch symmetric memory and NVSHMEM each have a switch.
@@ -147,8 +147,16 @@ class FakeClosable:
         return held
 
 
+class _Experts(EngineExperts, nn.Module):
+    """An engine experts module holding only its dispatcher (what the close functions look at)."""
+
+    def __init__(self, dispatcher):
+        nn.Module.__init__(self)
+        self.workbench_dispatcher = dispatcher
+
+
 def _blocks(dispatchers) -> nn.Module:
-    return nn.ModuleList([MoEBlock(nn.Identity(), nn.Identity(), d, 8) for d in dispatchers])
+    return nn.ModuleList([_Experts(d) for d in dispatchers])
 
 
 def test_close_dispatchers_on_a_real_model_holding_no_buffer_is_a_no_op():
@@ -156,7 +164,7 @@ def test_close_dispatchers_on_a_real_model_holding_no_buffer_is_a_no_op():
     from tiny_models import tiny_qwen3_moe
 
     model = workbench.AutoModelForCausalLM.from_config(tiny_qwen3_moe(), backend=BackendConfig(), device="cpu")
-    assert any(isinstance(m, MoEBlock) for m in model.modules())
+    assert engine_experts_modules(model)
     assert close_dispatchers(model) == 0
     assert close_dispatchers(model) == 0
 
@@ -277,6 +285,17 @@ def test_deepep_equals_alltoall_forward_and_backward_on_2_gpus():
                 # DeepEP adds the per-rank partial sums in bf16, alltoall in float32.
                 tol = 0.0 if name in ("x_by_expert", "tokens_per_expert") else 2e-2 * max(ref, 1.0)
                 assert diff <= tol, f"{where} {name}: max |deepep - alltoall| = {diff} (reference max {ref})"
+
+
+@pytest.mark.skipif(not HAS_DEEP_EP, reason="deep_ep is not installed (the 'deepep' extra, built for intranode use)")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="deepep on the generic path needs 2 GPUs joined by NVLink")
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3"])
+def test_generic_family_on_deepep_equals_alltoall_on_2_gpus(family):
+    """The generic path's experts modules through DeepEP, DP2 x EP2, bf16; the buffer is freed by close_dispatchers."""
+    from dispatch_compare import check_generic_family_grads, generic_family_grads
+
+    results = run_gpu_ranks(generic_family_grads, 2, family, ("alltoall", "deepep"))
+    check_generic_family_grads(results, "alltoall", "deepep")
 
 
 # ---------------------------------------------------------------- script mode: timing table

@@ -46,7 +46,7 @@ def train_losses(model, cfg, rank: int, world: int, group=None) -> list[float]:
 
 
 def _ep_worker(rank, world, ckpt, mesh_kwargs, save_dir):
-    import workbench.parallel.build as build
+    import workbench.models.mesh_build as build
 
     cfg = transformers.AutoConfig.from_pretrained(ckpt)
     mesh = MeshConfig(**mesh_kwargs)
@@ -69,7 +69,7 @@ def _ep_worker(rank, world, ckpt, mesh_kwargs, save_dir):
     model.save_pretrained(save_dir)
     return {"losses": losses, "expert_range": model.workbench_expert_range, "local_experts": local_experts,
             "experts_read": experts_read, "dense_read": sum(".mlp.experts." not in k for k in keys_read),
-            "dispatcher": type(model.model.layers[0].mlp.dispatcher).__name__}
+            "dispatcher": type(model.model.layers[0].mlp.experts.workbench_dispatcher).__name__}
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +148,7 @@ def test_mesh_validation_messages():
 def _device_worker(rank, world):
     import torch
 
-    from workbench.models.auto import default_device
+    from workbench.devices import default_device
 
     torch.cuda.is_available = lambda: True  # as on a GPU machine (this spawned process only)
     torch.cuda.device_count = lambda: 1

@@ -22,7 +22,8 @@ from workbench.train.model_setup import resolve_mesh
 SHAPE = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=8, max_position_embeddings=64, tie_word_embeddings=False,
              bos_token_id=1, eos_token_id=2, pad_token_id=0)
-FAMILIES = {"llama": {}, "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02)}
+FAMILIES = {"llama": {}, "qwen3": {},
+            "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02)}
 
 
 def tiny_config(family: str):
@@ -38,7 +39,9 @@ def checkpoint(request, tmp_path_factory):
 
 
 def run_config(ckpt: str, out: str, local_batch: int, **overrides) -> RunConfig:
-    return RunConfig.demo(model=ModelConfig(preset=None, path=ckpt), data=DataConfig(kind="synthetic", seq_len=16),
+    # device="cpu", float32: the single-process reference runs like the gloo ranks also on a GPU machine
+    return RunConfig.demo(model=ModelConfig(preset=None, path=ckpt, dtype="float32", device="cpu"),
+                          data=DataConfig(kind="synthetic", seq_len=16),
                           output_dir=out, train__steps=3, train__global_batch_size=4,
                           train__local_batch_size=local_batch, train__lr=1e-2, train__warmup_steps=0,
                           train__save_final_checkpoint=False, **overrides)
@@ -67,14 +70,18 @@ def train(ckpt: str, out: str, local_batch: int, **overrides) -> dict:
             "params": {n: _full(p) for n, p in trainer.model.named_parameters()}}
 
 
-def _two_rank_worker(rank, world, ckpt, out):
-    # ep=1: every rank holds the whole model (a default mesh would split Mixtral's experts)
-    return train(ckpt, out, local_batch=2, mesh=MeshConfig(dp=2, ep=1))
+def _two_rank_worker(rank, world, ckpt, out, mesh):
+    return train(ckpt, out, local_batch=2, mesh=mesh)
 
 
 def test_two_ranks_are_one_data_parallel_model_equal_to_one_process(checkpoint, tmp_path):
-    ref = train(str(checkpoint), str(tmp_path / "single"), local_batch=2)  # 2 micro-batches of 2
-    r0, r1 = run_ranks(_two_rank_worker, 2, str(checkpoint), str(tmp_path / "dp"))
+    # the global batch in one micro-batch: on dp=2 each rank's aux loss is its share of that batch's aux loss
+    ref = train(str(checkpoint), str(tmp_path / "single"), local_batch=4)
+    # A dense model takes the default mesh (dp = world); ep=1 keeps Mixtral whole on each rank (the
+    # default would split its experts).
+    dense = checkpoint.name.startswith(("llama", "qwen3"))
+    mesh = None if dense else MeshConfig(dp=2, ep=1)
+    r0, r1 = run_ranks(_two_rank_worker, 2, str(checkpoint), str(tmp_path / "dp"), mesh)
     assert r0["grad_norms"] == r1["grad_norms"]  # one global norm, not each rank's own
     assert r0["params"].keys() == r1["params"].keys() == ref["params"].keys()
     for name in ref["params"]:

@@ -415,13 +415,13 @@ def test_fused_ce_triton_kernel_matches_hf_in_interpreter():
 def test_fused_ce_triton_refused_on_cpu_without_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     hidden, weight, labels = _ce_inputs(torch.float32)
-    with pytest.raises(BackendError, match="Triton cross-entropy kernel needs a CUDA tensor"):
+    with pytest.raises(BackendError, match="cross_entropy='triton' cannot run here.*needs a CUDA device"):
         fused_linear_cross_entropy(hidden, weight, shift_labels(labels), use_triton=True)
 
 
 _TRITON_COMBINE_SCRIPT = textwrap.dedent("""
 import torch, sys
-from workbench.moe.dispatch.local import permute, sort_by_expert, unpermute, _triton_combine_runs
+from workbench.moe.dispatch.local import permute, sort_by_expert, unpermute
 
 def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
@@ -436,10 +436,9 @@ for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
         ids = torch.softmax(logits, -1).topk(K, -1).indices
         perm, _ = sort_by_expert(ids, E)
         mix = torch.randn(D, D, generator=g).to(device, dtype) / D ** 0.5  # experts stand-in
-        assert _triton_combine_runs(x.detach())
-        rows = permute(x, perm)
+        rows = permute(x, perm, use_triton=True)
         y = rows @ mix
-        out = unpermute(y, w, perm)
+        out = unpermute(y, w, perm, use_triton=True)
         dy = torch.randn(T, D, generator=g).to(device, dtype)
         (out.float() * dy.float()).sum().backward()
         # float64 reference of the same function
@@ -463,7 +462,8 @@ for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
     w = torch.rand(T, K, generator=g).to(device).requires_grad_()
     mix = torch.randn(D, D, generator=g).to(device, dtype) / D ** 0.5
     slot_of_row, row_of_slot = slot_of_row.to(device), row_of_slot.to(device)
-    out = weighted_sum(expand_to_rows(x, slot_of_row // K, row_of_slot, K) @ mix, w, row_of_slot, slot_of_row)
+    out = weighted_sum(expand_to_rows(x, slot_of_row // K, row_of_slot, K, True) @ mix, w, row_of_slot, slot_of_row,
+                       True)
     dy = torch.randn(T, D, generator=g).to(device, dtype)
     (out.float() * dy.float()).sum().backward()
     x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
@@ -537,3 +537,18 @@ def test_triton_scaled_equals_torch_mul_by_device_scalar():
         # float32 product, one rounding to the tensor's dtype (torch's bf16 * 0-dim float32 tensor
         # would round the scale to bf16 first)
         torch.testing.assert_close(got, (x.float() * scale).to(dtype), rtol=0, atol=0)
+
+
+def test_kernels_import_no_config_and_no_moe_modules():
+    """Kernels take their choice as arguments (BackendConfig decides upstream): no config, moe or model imports."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "workbench" / "kernels"
+    banned = ("workbench.backends", "workbench.config", "workbench.moe", "workbench.models", "workbench.train")
+    found = []
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):  # function-level imports too
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.name}: {n}" for n in names if n.startswith(banned)]
+    assert not found, found

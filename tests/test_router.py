@@ -8,7 +8,6 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss
 from tiny_models import tiny_qwen3_moe
 
 import workbench
-from workbench.moe.layer import pop_expert_load
 from workbench.moe.router import balanced_topk, load_balancing_loss, softmax_topk
 
 
@@ -23,6 +22,9 @@ def test_balanced_gate_gives_every_expert_the_same_count(tokens, top_k, experts)
 
 
 def test_balanced_gate_in_the_model_counts_equal():
+    # the generic path's per-layer counters (workbench.moe.routed_load) and its balanced gate
+    from workbench.moe.routed_load import pop_routed_load as pop_expert_load
+
     cfg = tiny_qwen3_moe(num_experts=8, num_experts_per_tok=2)
     model = workbench.AutoModelForCausalLM.from_config(cfg, backend=workbench.BackendConfig(gate="balanced"),
                                                        device="cpu")

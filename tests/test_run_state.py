@@ -71,8 +71,9 @@ def _reader_state_within(path: Path, want: str, timeout: float) -> tuple[dict, f
 
 
 def _finetune_yaml(tmp_path: Path, steps: int, **overrides) -> Path:
+    """A `workbench finetune` config pinned to the CPU in float32: the same run on a GPU machine as here."""
     cfg = tmp_path / "cfg.yaml"
-    _rc(tmp_path, train__steps=steps, **overrides).to_yaml(cfg)
+    _rc(tmp_path, train__steps=steps, model__dtype="float32", model__device="cpu", **overrides).to_yaml(cfg)
     return cfg
 
 

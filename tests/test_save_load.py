@@ -59,7 +59,7 @@ def test_hf_save_loads_into_engine(tmp_path):
     vanilla = transformers.AutoModelForCausalLM.from_config(cfg)
     vanilla.save_pretrained(tmp_path)
     engine = workbench.AutoModelForCausalLM.from_pretrained(tmp_path, device="cpu")
-    assert any(isinstance(m, workbench.moe.layer.MoEBlock) for m in engine.modules())
+    assert workbench.moe.hf_experts.engine_experts_modules(engine)  # the generic engine path
     assert_same_weights(engine, vanilla)
     # And back to disk: the engine writes the file Transformers wrote, tensor for tensor.
     engine.save_pretrained(tmp_path / "again")
@@ -99,4 +99,4 @@ def test_architecture_without_adapter_gets_the_generic_path_or_vanilla_with_a_no
     with caplog.at_level("WARNING", logger="workbench.models.auto"):
         model = workbench.AutoModelForCausalLM.from_config(dense)
     assert type(model) is transformers.LlamaForCausalLM
-    assert "no MoE Workbench adapter for model_type='llama'" in caplog.text
+    assert "no fused experts in model_type='llama'" in caplog.text

@@ -17,7 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dispatch_compare import bench_two_gpus, random_routing, round_trip
+from dispatch_compare import (bench_two_gpus, check_generic_family_grads, generic_family_grads, random_routing,
+                              round_trip)
 from dist_utils import run_ranks  # noqa: E402
 
 from workbench.backends import BackendConfig, BackendError
@@ -116,6 +117,14 @@ def test_symm_mem_equals_alltoall_forward_and_backward_on_2_gpus():
                     tol = (1e-6 if row["config"][-1] == "float32" else 2e-2) * max(ref, 1.0)
                 assert same_shape, f"rank {rank} {row['config']} {name}: shapes differ"
                 assert diff <= tol, f"rank {rank} {row['config']} {name}: max |symm_mem - alltoall| = {diff}"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="symm_mem on the generic path needs 2 CUDA GPUs with NVSHMEM")
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3"])
+def test_generic_family_on_symm_mem_equals_alltoall_on_2_gpus(family):
+    """The generic path's experts modules (family router weights and ids) through symm_mem, DP2 x EP2, bf16."""
+    results = run_gpu_ranks(generic_family_grads, 2, family, ("alltoall", "symm_mem"))
+    check_generic_family_grads(results, "alltoall", "symm_mem")
 
 
 def test_expert_major_order_regroups_received_rows_by_expert_then_source():

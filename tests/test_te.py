@@ -175,7 +175,10 @@ def test_rms_norm_te_kernel(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_experts_te_kernel_uneven_counts(dtype):
-    from workbench.moe.experts import EXPERTS_BACKENDS, experts_loop
+    import transformers
+
+    from workbench.moe.dispatch import make_dispatcher
+    from workbench.moe.hf_experts import expert_rows, install_engine_experts
 
     g = torch.Generator(device="cuda").manual_seed(12)
     counts = torch.tensor([5, 0, 17, 1, 0, 32, 9, 3], device="cuda")  # uneven, two experts empty
@@ -184,28 +187,32 @@ def test_experts_te_kernel_uneven_counts(dtype):
     gate_up32 = 0.05 * torch.randn(8, 2 * 64, 128, device="cuda", generator=g)
     down32 = 0.05 * torch.randn(8, 128, 64, device="cuda", generator=g)
     dy32 = torch.randn(n, 128, device="cuda", generator=g)
+    cfg = tiny_qwen3_moe(hidden_size=128, moe_intermediate_size=64, num_experts=8)
 
-    def run(fn, dt):
-        x, gate_up, down = (t.to(dt, copy=True).requires_grad_() for t in (x32, gate_up32, down32))
-        y = fn(x, counts, gate_up, down, F.silu)
+    def run(backend, dt):
+        experts = transformers.AutoModelForCausalLM.from_config(cfg).model.layers[0].mlp.experts.cuda()
+        experts.gate_up_proj = torch.nn.Parameter(gate_up32.to(dt, copy=True))
+        experts.down_proj = torch.nn.Parameter(down32.to(dt, copy=True))
+        install_engine_experts(experts, make_dispatcher("local", 8), backend, (0, 8), 8)
+        x = x32.to(dt, copy=True).requires_grad_()
+        y = expert_rows(experts, x, counts)
         (y.float() * dy32).sum().backward()
-        return y.float(), x.grad.float(), gate_up.grad.float(), down.grad.float()
+        return y.float(), x.grad.float(), experts.gate_up_proj.grad.float(), experts.down_proj.grad.float()
 
-    ref = run(experts_loop, torch.float32)
-    got = run(EXPERTS_BACKENDS["te"], dtype)
+    ref = run("loop", torch.float32)
+    got = run("te", dtype)
     names = ("y", "dx", "dgate_up", "ddown")
     if dtype == torch.float32:
         for name, a, b in zip(names, got, ref):
             assert rel_err(a, b) < (FP32_OUT if name == "y" else FP32_GRAD), name
     else:
-        base = run(experts_loop, dtype)
+        base = run("loop", dtype)
         for name, a, b, r in zip(names, got, base, ref):
             assert_bf16_close(name, a, b, r)
     for empty in (1, 4):  # TE zeroes the weight gradient of an expert with no rows
         assert got[2][empty].abs().max() == 0 and got[3][empty].abs().max() == 0
 
 
-# ---------------------------------------------------------------- whole model, one TE backend at a time
 
 @pytest.mark.parametrize("case", list(TE_CASES))
 def test_model_float32_matches_torch_backends(case):

@@ -10,12 +10,13 @@ import importlib.util
 
 import pytest
 import torch
-import torch.nn.functional as F
+import transformers
 
 import workbench.backends as backends
 from workbench import BackendConfig, BackendError
 from workbench.kernels import rms_norm
-from workbench.moe.experts import EXPERTS_BACKENDS
+from workbench.moe.dispatch import make_dispatcher
+from workbench.moe.hf_experts import expert_rows, install_engine_experts
 
 TE_FIELDS = ("experts", "attention", "rms_norm", "linear")
 
@@ -43,8 +44,13 @@ def test_te_kernels_without_te_name_the_pip_extra():
     x, w = torch.randn(3, 8), torch.randn(8)
     with pytest.raises(BackendError, match=r"rms_norm='te' needs transformer_engine: pip install 'moe-workbench\[te\]'"):
         rms_norm(x, w, 1e-6, backend="te")
+    cfg = transformers.AutoConfig.for_model("qwen3_moe", hidden_size=8, moe_intermediate_size=4, num_experts=1,
+                                            num_experts_per_tok=1, num_hidden_layers=1, num_attention_heads=2,
+                                            num_key_value_heads=1, head_dim=4, vocab_size=16)
+    experts = transformers.AutoModelForCausalLM.from_config(cfg).model.layers[0].mlp.experts
+    install_engine_experts(experts, make_dispatcher("local", 1), "te", (0, 1), 1)
     with pytest.raises(BackendError, match=r"experts='te' needs transformer_engine: .*moe-workbench\[te\]"):
-        EXPERTS_BACKENDS["te"](x, torch.tensor([3]), torch.randn(1, 4, 8), torch.randn(1, 8, 2), F.silu)
+        expert_rows(experts, x, torch.tensor([3]))
 
 
 def test_auto_resolves_to_torch_paths_without_te(monkeypatch):

@@ -28,12 +28,15 @@ def test_same_config_gives_identical_losses_twice(tmp_path):
 
 def test_grad_accumulation_equals_one_big_batch(tmp_path):
     # The aux loss is a per-micro-batch statistic; without it, 4 x 2 sequences == 1 x 8 exactly.
-    common = dict(model__router_aux_loss_coef=0.0, train__global_batch_size=8)
+    # float32 on the CPU also on a GPU machine ("auto" would pick bf16 on CUDA there)
+    common = dict(model__router_aux_loss_coef=0.0, train__global_batch_size=8, model__dtype="float32",
+                  model__device="cpu")
     big = finetune(_rc(tmp_path, train__local_batch_size=8, **common))["losses"]
     acc = finetune(_rc(tmp_path, train__local_batch_size=2, **common))["losses"]
     assert acc == pytest.approx(big, rel=1e-5)
     # With the aux loss on, the two differ only by the (small) aux term.
-    acc_aux = finetune(_rc(tmp_path, train__local_batch_size=2, train__global_batch_size=8))["losses"]
+    acc_aux = finetune(_rc(tmp_path, train__local_batch_size=2, train__global_batch_size=8, model__dtype="float32",
+                           model__device="cpu"))["losses"]
     assert acc_aux == pytest.approx(big, rel=1e-2) and acc_aux != acc
 
 

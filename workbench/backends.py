@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from workbench.errors import INSTALL_HINT, BackendError
+
 # Choices per field. "auto" is resolved by `BackendConfig.resolve`.
 CHOICES: dict[str, tuple[str, ...]] = {
     "experts": ("loop", "grouped_mm", "te", "auto"),
@@ -20,18 +22,15 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "attention": ("sdpa", "te", "sinks", "auto"),
     "rms_norm": ("torch", "triton", "te", "auto"),
     "linear": ("torch", "te", "auto"),
-    # The experts' activation kernel: Triton SwiGLU on packed gate|up rows, and GPT-OSS's fused
-    # bias + clamped interleaved SwiGLU (kernels/gpt_oss_gate.py); torch = the family's own ops.
+    # The engine's Triton kernels, one choice each (torch = the eager reference that runs anywhere):
+    # fused RoPE in Qwen3-MoE's attention, SwiGLU on the experts' packed gate|up rows (and GPT-OSS's
+    # fused bias + clamped interleaved SwiGLU, kernels/gpt_oss_gate.py: 5.4x Transformers' gate on
+    # 1 x H200, benchmarks/results/2026-12-01-gpt-oss-gate-1xh200.json), the weighted
+    # combine (and its transpose, the dispatch backward), the fused cross-entropy's softmax gradient.
+    "rope": ("torch", "triton", "auto"),
     "swiglu": ("torch", "triton", "auto"),
-}
-
-# What to install for each optional backend: the message names the extra and the package.
-INSTALL_HINT: dict[str, str] = {
-    "te": "pip install 'moe-workbench[te]'  (transformer-engine[pytorch]; needs a CUDA GPU)",
-    "deepep": ("pip install 'moe-workbench[deepep]'  (deep-ep; the PyPI build needs DeepSeek's patched NVSHMEM: "
-               "for intranode EP build DeepEP 1.2.x from source without NVSHMEM; see workbench/moe/dispatch/deepep.py)"),
-    "triton": "pip install triton  (ships with CUDA builds of torch; needs a CUDA GPU)",
-    "liger": "pip install 'moe-workbench[gpu]'  (liger-kernel; needs a CUDA GPU)",
+    "combine": ("torch", "triton", "auto"),
+    "cross_entropy": ("torch", "triton", "auto"),
 }
 
 # TransformerEngine backends run on Ampere or newer (bf16 GEMMs, fused attention); FP8 on Hopper+.
@@ -57,18 +56,15 @@ AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "attention": ("sdpa", "te"),
     "rms_norm": ("triton", "torch", "te"),
     "linear": ("torch", "te"),
-    # Triton first on CUDA; for GPT-OSS's gate to be confirmed by benchmarks/gpt_oss_gate.py
-    # (Transformers' gate: ~8 kernels and ~3x the GEMM output saved; the kernel: one pass, h saved)
+    "rope": ("triton", "torch"),
     "swiglu": ("triton", "torch"),
+    "combine": ("triton", "torch"),
+    "cross_entropy": ("triton", "torch"),
 }
 
 
 # DeepEP's intranode kernels are compiled for these ep group sizes (NVLink peers of one node).
 DEEPEP_EP_SIZES = (2, 4, 8)
-
-
-class BackendError(ValueError):
-    """A backend name that is unknown, uninstalled or unsupported on the device."""
 
 
 def _has_module(name: str) -> bool:
@@ -101,56 +97,16 @@ def _cuda_capability(dev: torch.device) -> tuple[int, int] | None:
     return tuple(torch.cuda.get_device_capability(dev))
 
 
-def _share_torch_cudnn() -> None:
-    """Point TransformerEngine at the cuDNN torch bundles before TE loads one of its own.
-
-    TE dlopens `libcudnn.so` from the system path first. Where the system cuDNN is another version
-    than torch's wheel (the H200 image: 9.14 in /lib vs torch's 9.19), the process ends up with two
-    half-loaded cuDNNs: TE's import fails with an undefined `cudnn::backend` symbol, or, imported
-    first, it makes torch refuse cuDNN ("compiled against 9.19 but found 9.14"). Loading torch's
-    own cuDNN libraries first, and naming their folder in CUDNN_HOME (where TE looks first), gives
-    both one cuDNN. A CUDNN_HOME/CUDNN_PATH the user set is left alone.
-    """
-    import ctypes
-    import glob
-    import os
-
-    if os.environ.get("CUDNN_HOME") or os.environ.get("CUDNN_PATH"):
-        return
-    try:
-        import nvidia.cudnn as bundled  # the nvidia-cudnn wheel CUDA builds of torch depend on
-    except ImportError:
-        return
-    for root in bundled.__path__:
-        libs = sorted(glob.glob(os.path.join(root, "lib", "libcudnn*.so.*")), key=lambda p: ("graph" not in p, p))
-        if not libs:
-            continue
-        for lib in libs:  # libcudnn_graph first: the others resolve symbols against it
-            ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
-        os.environ["CUDNN_HOME"] = root  # TE's library search reads it (process-wide by design)
-        return
-
-
 @functools.lru_cache(maxsize=1)
 def _te_import_error() -> str | None:
     """Why `import transformer_engine.pytorch` fails here (None when it works); asked once."""
+    from workbench.kernels.te_common import import_transformer_engine
+
     try:
         import_transformer_engine()
     except Exception as err:  # a broken install fails with OSError/RuntimeError too, not just ImportError
         return f"{type(err).__name__}: {err}"
     return None
-
-
-def import_transformer_engine():
-    """`transformer_engine.pytorch`, loaded against torch's own cuDNN (see `_share_torch_cudnn`)."""
-    import sys
-
-    if "transformer_engine.pytorch" not in sys.modules and _has_module("transformer_engine"):
-        try:
-            _share_torch_cudnn()
-        except OSError:
-            pass  # a partial wheel: TE's own search then decides, and its error is reported
-    return importlib.import_module("transformer_engine.pytorch")
 
 
 def te_availability(device: torch.device | str = "cpu", fp8: bool = False) -> tuple[bool, str]:
@@ -218,21 +174,22 @@ def availability(field: str, choice: str, device: torch.device | str = "cpu",
     if choice == "alltoall":
         return True, ""
     if choice == "symm_mem":
+        # The ep rule holds on every machine: said first, so a fix made on a laptop holds on the GPU too.
+        if world_size < 2:
+            return False, ("symm_mem dispatch exchanges tokens between ranks and needs expert parallelism "
+                           "(ep >= 2); with ep=1 every expert is local: use 'local' or 'auto'")
         if not cuda:
             return False, f"symm_mem dispatch needs CUDA devices with NVSHMEM, got {dev.type}; use 'alltoall'"
         if not _has_module("torch.distributed._symmetric_memory"):
             return False, "this torch has no torch.distributed._symmetric_memory; use 'alltoall'"
-        if world_size < 2:
-            return False, ("symm_mem dispatch exchanges tokens between ranks and needs expert parallelism "
-                           "(ep >= 2); with ep=1 every expert is local: use 'local' or 'auto'")
         return True, ""
     if choice == "deepep":
+        if world_size < 2:  # first, as for symm_mem
+            return False, "DeepEP exchanges tokens between ep ranks and needs ep >= 2; use 'local' for one rank"
         if not _has_module("deep_ep"):
             return False, f"deep_ep is not installed: {INSTALL_HINT['deepep']}"
         if not cuda:
             return False, f"DeepEP needs CUDA GPUs joined by NVLink, got {dev.type}; use 'alltoall'"
-        if world_size < 2:
-            return False, "DeepEP exchanges tokens between ep ranks and needs ep >= 2; use 'local' for one rank"
         if world_size not in DEEPEP_EP_SIZES:
             return False, (f"DeepEP's intranode kernels run on {', '.join(map(str, DEEPEP_EP_SIZES))} ranks, "
                            f"got {world_size}; use 'alltoall'")
@@ -254,7 +211,12 @@ class BackendConfig:
     attention: str = "auto"
     rms_norm: str = "auto"
     linear: str = "auto"
+    rope: str = "auto"
     swiglu: str = "auto"
+    combine: str = "auto"
+    cross_entropy: str = "auto"
+    # The lm_head + cross-entropy computed in chunks without materializing [tokens, vocab] logits
+    # (the model's output then has logits=None when labels are given); `cross_entropy` picks its kernel.
     fused_ce: bool = False
     # Recompute each expert MLP in backward instead of saving its intermediates: -300 MB per MoE
     # layer at 8k tokens x top-8 (Qwen3-30B-A3B shapes) for one more forward of the expert GEMMs.
@@ -289,6 +251,10 @@ class BackendConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain mapping of every field."""
         return dataclasses.asdict(self)
+
+    def is_resolved(self) -> bool:
+        """Whether every implementation field names a concrete backend (no "auto" left)."""
+        return all(getattr(self, field) != "auto" for field in CHOICES)
 
     def resolve(self, device: torch.device | str = "cpu", world_size: int = 1) -> "BackendConfig":
         """The concrete backends for `device`: "auto" replaced, explicit choices checked."""

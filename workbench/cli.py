@@ -90,7 +90,7 @@ def _run_finetune(args: argparse.Namespace) -> int:
     from workbench.backends import BackendError
     from workbench.config import ConfigError, RunConfig
     from workbench.parallel.launch import report_config_error, run_in_launched_group
-    from workbench.train import dist_utils as du
+    from workbench.parallel import dist_utils as du
     from workbench.train.model_setup import resolve_mesh
 
     # Everything that can be checked from the config, the model's config.json and the launcher's

@@ -21,6 +21,7 @@ TINY_SFT_PATH = DATA_DIR / "tiny_sft.jsonl"
 TOKENIZER_DIR = DATA_DIR / "tokenizer"
 
 DTYPES = ("auto", "float32", "bfloat16")
+DEVICES = ("auto", "cpu", "cuda")
 DATA_KINDS = ("synthetic", "jsonl")
 # "adamw": Triton AdamW on CUDA (torch's fused math, more bandwidth), torch AdamW elsewhere;
 # "adamw_torch": always torch.optim.AdamW (fused on CUDA); "adamw_triton": always TritonAdamW
@@ -82,6 +83,7 @@ class ModelConfig:
     path: str | None = None
     layers: int | None = None
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    device: str = "auto"  # one of DEVICES; auto: this rank's CUDA device, else the CPU
     router_aux_loss_coef: float | None = None  # None = the preset's / checkpoint's value
 
     def __post_init__(self) -> None:
@@ -95,6 +97,8 @@ class ModelConfig:
         _check_int(self.layers, "model.layers", 1, allow_none=True)
         if self.dtype not in DTYPES:
             raise ConfigError(f"model.dtype {self.dtype!r} is not one of {list(DTYPES)}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"model.device {self.device!r} is not one of {list(DEVICES)}")
         if self.router_aux_loss_coef is not None:
             _check_float(self.router_aux_loss_coef, "model.router_aux_loss_coef", 0.0)
 
@@ -186,7 +190,9 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     optimizer: str = "adamw"  # one of OPTIMIZERS
     seed: int = 0
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = False  # recompute each decoder layer in backward (train/activation_checkpoint.py)
+    # Aux-loss-free balancing (DeepSeek-V3): after each step, bias_e += rate * sign(mean load - load_e); 0 = off.
+    router_bias_update_rate: float = 0.0
     checkpoint_every: int | None = None  # steps; None = only at the end
     save_final_checkpoint: bool = True
     export_hf: bool = False  # write a vanilla HF checkpoint (save_pretrained) at the end
@@ -218,6 +224,7 @@ class TrainConfig:
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"train.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         _check_int(self.seed, "train.seed", 0)
+        _check_float(self.router_bias_update_rate, "train.router_bias_update_rate", 0.0)
         _check_int(self.checkpoint_every, "train.checkpoint_every", 1, allow_none=True)
         _check_int(self.log_every, "train.log_every", 1)
         allowed = self.resume_allow_changes

@@ -76,7 +76,7 @@ def read_hf_config(path: Path):
         raise ConfigError(f"{file} must hold a JSON object, got {type(raw).__name__}")
     model_type = raw.get("model_type")
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
-        from workbench.models import ADAPTERS
+        from workbench.models.generic import TESTED_FAMILIES
 
         if model_type is None:
             what = "has no model_type"
@@ -85,7 +85,8 @@ def read_hf_config(path: Path):
             close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING), n=3, cutoff=0.8)
             if close:
                 what += f" (did you mean {' or '.join(map(repr, close))}?)"
-        raise ConfigError(f"{file} {what}. Model families the engine supports: {sorted(ADAPTERS)}; fix "
+        raise ConfigError(f"{file} {what}. Model families the engine supports: every Transformers v5 family with "
+                          f"fused experts (tested: {', '.join(TESTED_FAMILIES)}); fix "
                           "model_type there or point model.path to a checkpoint written by save_pretrained")
     try:
         return AutoConfig.from_pretrained(path)

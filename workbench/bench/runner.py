@@ -18,7 +18,7 @@ import torch.distributed as dist
 from workbench.bench.config import VARIANTS, BenchConfig
 from workbench.config import ConfigError
 from workbench.params import num_experts
-from workbench.train import dist_utils as du
+from workbench.parallel import dist_utils as du
 from workbench.train.metrics import flops_per_token, tflops_per_gpu
 
 

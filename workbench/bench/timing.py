@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from workbench.bench.tokens import global_batch, rank_slice
 from workbench.bench.variant import Prepared
-from workbench.train.dist_utils import collective_device
+from workbench.parallel.dist_utils import collective_device
 from workbench.train.metrics import memory_gib, reset_peak_memory
 
 

@@ -60,7 +60,7 @@ def weight_fingerprint(model: torch.nn.Module) -> float:
             local = p.to_local() if hasattr(p, "to_local") else p
             total += local.detach().double().sum().cpu()
     if dist.is_initialized() and dist.get_world_size() > 1 and _is_partitioned(model):
-        from workbench.train.dist_utils import collective_device
+        from workbench.parallel.dist_utils import collective_device
 
         total = total.to(collective_device())
         dist.all_reduce(total)

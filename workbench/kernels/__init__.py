@@ -11,7 +11,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from workbench.backends import BackendError, availability
+from workbench.errors import BackendError
 from workbench.kernels.cross_entropy import (
     fused_linear_cross_entropy,
     linear_cross_entropy,
@@ -45,8 +45,22 @@ def _checked(kernel: str, table: Mapping[str, Callable], backend: str,
                            "(resolve 'auto' with BackendConfig.resolve first)")
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    ok, why = availability(kernel, backend, device)
-    if not ok:
+    device = torch.device(device)
+    why = None
+    if backend == "triton":
+        from workbench.kernels._triton_util import triton_device_error
+
+        why = triton_device_error(kernel, device)
+    elif backend == "te":
+        from workbench.kernels import te_common
+
+        try:
+            te_common.import_te(kernel)
+        except BackendError as err:
+            why = str(err)
+        else:
+            why = None if device.type == "cuda" else f"TransformerEngine needs a CUDA device, got {device.type}"
+    if why is not None:
         raise BackendError(f"{kernel}={backend!r} cannot run here: {why}")
     return table[backend]
 

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from workbench.backends import BackendError, availability
+from workbench.errors import INSTALL_HINT, BackendError
 
 
 def triton_interpreting() -> bool:
@@ -27,8 +27,19 @@ def check_triton_device(x: torch.Tensor, kernel: str) -> None:
     """Raise BackendError (with what to do) unless `x` can run a Triton kernel."""
     if x.device.type == "cuda" or triton_interpreting():
         return
-    ok, why = availability(kernel, "triton", x.device)
-    raise BackendError(f"{kernel}='triton' cannot run here: {why}")
+    raise BackendError(f"{kernel}='triton' cannot run here: {kernel}='triton' needs a CUDA device, got "
+                       f"{x.device.type}; use 'torch'")
+
+
+def triton_device_error(kernel: str, device: torch.device) -> str | None:
+    """Why the Triton kernels cannot run on `device` (None where they can): CUDA + triton, or the interpreter."""
+    import importlib.util
+
+    if not (device.type == "cuda" or (device.type == "cpu" and triton_interpreting())):
+        return f"{kernel}='triton' needs a CUDA device, got {device.type}; use 'torch'"
+    if importlib.util.find_spec("triton") is None:
+        return f"triton is not installed: {INSTALL_HINT['triton']}"
+    return None
 
 
 def num_programs_for(device: torch.device, rows: int) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from workbench.kernels._triton_util import triton_runs_on
 from workbench.kernels.mm_fp32 import mm_fp32
 
 # Budget for one chunk's logits; sets the default chunk size from the vocab size and logit width.
@@ -92,9 +91,9 @@ def _chunk_torch(h_CD: torch.Tensor, weight_VD: torch.Tensor, y_C: torch.Tensor,
     return loss, grad_CV.to(h_CD.dtype)
 
 
-def _scaled(grad: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """grad * scale in grad's dtype; one Triton pass on CUDA (see triton_cross_entropy.scaled)."""
-    if triton_runs_on(grad) and grad.is_contiguous():
+def _scaled(grad: torch.Tensor, scale: torch.Tensor, use_triton: bool) -> torch.Tensor:
+    """grad * scale in grad's dtype; one Triton pass with `use_triton` (see triton_cross_entropy.scaled)."""
+    if use_triton and grad.is_contiguous():
         from workbench.kernels.triton_cross_entropy import scaled
 
         return scaled(grad, scale.to(grad.device))
@@ -134,14 +133,15 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         if need_dw:
             grad_weight_VD = grad_weight_VD.to(weight_VD.dtype)
         ctx.save_for_backward(grad_hidden_ND, grad_weight_VD)
+        ctx.use_triton = use_triton
         return loss_sum / denom
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
         grad_hidden_ND, grad_weight_VD = ctx.saved_tensors
         scale = grad_loss.to(torch.float32)
-        dh = None if grad_hidden_ND is None else _scaled(grad_hidden_ND, scale)
-        dw = None if grad_weight_VD is None else _scaled(grad_weight_VD, scale)
+        dh = None if grad_hidden_ND is None else _scaled(grad_hidden_ND, scale, ctx.use_triton)
+        dw = None if grad_weight_VD is None else _scaled(grad_weight_VD, scale, ctx.use_triton)
         return dh, dw, None, None, None, None, None
 
 
@@ -154,22 +154,22 @@ def fused_linear_cross_entropy(hidden_ND: torch.Tensor, weight_VD: torch.Tensor,
                                ignore_index: int = -100,
                                num_items_in_batch: torch.Tensor | int | None = None,
                                chunk_size: int | None = None,
-                               use_triton: bool | None = None) -> torch.Tensor:
+                               use_triton: bool = False) -> torch.Tensor:
     """ForCausalLMLoss(lm_head(hidden), ...) over already-shifted labels, without [N, V] logits.
 
     hidden [..., D] and labels [...] (use `shift_labels` on the model's input labels first);
     weight is the lm_head weight [V, D]. Gradients are computed during the forward when any
     input requires grad, so a forward under grad mode costs about as much as forward+backward.
-    `use_triton` None picks the Triton softmax-gradient kernel where it runs (CUDA + triton).
+    `use_triton` runs the Triton softmax-gradient kernel (BackendConfig.cross_entropy='triton',
+    which resolves only where it runs); the caller chooses, the kernel does not look.
     """
     hidden_flat, labels_flat = _flatten_checked(hidden_ND, weight_VD, labels_N, ignore_index)
-    if use_triton is None:
-        use_triton = triton_runs_on(hidden_flat)
-    elif use_triton and not triton_runs_on(hidden_flat):
-        from workbench.backends import BackendError
+    if not isinstance(use_triton, bool):
+        raise TypeError(f"use_triton must be True or False (BackendConfig.cross_entropy == 'triton'); got {use_triton!r}")
+    if use_triton:
+        from workbench.kernels._triton_util import check_triton_device
 
-        raise BackendError("the Triton cross-entropy kernel needs a CUDA tensor and triton installed "
-                           f"(got a {hidden_flat.device.type} tensor); pass use_triton=None or False")
+        check_triton_device(hidden_flat, "cross_entropy")
     if chunk_size is None:
         # the Triton path keeps logits in the model dtype (no float32 chunk), so more tokens fit
         chunk_size = default_chunk_size(weight_VD.shape[0], hidden_flat.element_size() if use_triton else 4)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from workbench.backends import BackendError
+from workbench.errors import BackendError
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

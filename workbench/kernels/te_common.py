@@ -7,16 +7,65 @@ BackendError naming the pip extra only when a TE backend actually runs.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 
 import torch
 
-from workbench.backends import INSTALL_HINT, BackendError
+from workbench.errors import INSTALL_HINT, BackendError
+
+
+def _share_torch_cudnn() -> None:
+    """Point TransformerEngine at the cuDNN torch bundles before TE loads one of its own.
+
+    TE dlopens `libcudnn.so` from the system path first. Where the system cuDNN is another version
+    than torch's wheel (the H200 image: 9.14 in /lib vs torch's 9.19), the process ends up with two
+    half-loaded cuDNNs: TE's import fails with an undefined `cudnn::backend` symbol, or, imported
+    first, it makes torch refuse cuDNN ("compiled against 9.19 but found 9.14"). Loading torch's
+    own cuDNN libraries first, and naming their folder in CUDNN_HOME (where TE looks first), gives
+    both one cuDNN. A CUDNN_HOME/CUDNN_PATH the user set is left alone.
+    """
+    import ctypes
+    import glob
+    import os
+
+    if os.environ.get("CUDNN_HOME") or os.environ.get("CUDNN_PATH"):
+        return
+    try:
+        import nvidia.cudnn as bundled  # the nvidia-cudnn wheel CUDA builds of torch depend on
+    except ImportError:
+        return
+    for root in bundled.__path__:
+        libs = sorted(glob.glob(os.path.join(root, "lib", "libcudnn*.so.*")), key=lambda p: ("graph" not in p, p))
+        if not libs:
+            continue
+        for lib in libs:  # libcudnn_graph first: the others resolve symbols against it
+            ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+        os.environ["CUDNN_HOME"] = root  # TE's library search reads it (process-wide by design)
+        return
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def import_transformer_engine():
+    """`transformer_engine.pytorch`, loaded against torch's own cuDNN (see `_share_torch_cudnn`)."""
+    import sys
+
+    if "transformer_engine.pytorch" not in sys.modules and _has_module("transformer_engine"):
+        try:
+            _share_torch_cudnn()
+        except OSError:
+            pass  # a partial wheel: TE's own search then decides, and its error is reported
+    return importlib.import_module("transformer_engine.pytorch")
 
 
 def import_te(field: str):
     """`transformer_engine.pytorch`, or a BackendError naming the pip extra."""
-    from workbench.backends import import_transformer_engine
-
     try:
         te = import_transformer_engine()
     except Exception as err:  # ImportError, or a broken install (missing CUDA libraries, ABI mismatch)

@@ -1,6 +1,7 @@
 """experts='te': TransformerEngine GroupedLinear GEMMs on the engine's fused expert weights.
 
-The weights stay the engine's: `gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I] are unbound
+moe/hf_experts.py runs the experts with it (gate, biases and FP8 padding there). The weights stay
+the family's: e.g. `gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I] are unbound
 into per-expert views and handed to TE's GroupedLinear for one call, so parameter names, layouts,
 checkpoints and FSDP2 sharding do not change, and TE's per-expert weight gradients flow back into
 the fused tensors through a single UnbindBackward (one stack, not one full-size zero tensor per
@@ -48,35 +49,3 @@ def grouped_linear_te(x_NK: torch.Tensor, counts: list[int], weight_EMK: torch.T
     # functional_call puts the views in place of the meta placeholders for this call only; TE's
     # backward uses the tensors its autograd function saved, never the module's attributes.
     return torch.func.functional_call(shell, views, (x_NK, counts))
-
-
-def experts_te(x_ND, tokens_per_expert, gate_up, down, act) -> torch.Tensor:
-    """Expert MLPs with TE's grouped GEMM: gate_up GEMM, SwiGLU, down GEMM (one host sync)."""
-    from workbench.moe.experts import _swiglu_packed, experts_loop
-
-    te_common.import_te("experts")
-    te_common.check_cuda("experts", x_ND)
-    counts = [int(c) for c in tokens_per_expert.tolist()]
-    if sum(counts) == 0:
-        # Nothing routed here: the loop keeps the weights in the graph with zero gradients.
-        return experts_loop(x_ND, tokens_per_expert, gate_up, down, act)
-    if te_common.fp8_active():
-        return _experts_te_fp8(x_ND, counts, gate_up, down, act)
-    h_N2I = grouped_linear_te(x_ND, counts, gate_up)
-    return grouped_linear_te(_swiglu_packed(h_N2I, act), counts, down)
-
-
-def _experts_te_fp8(x_ND, counts, gate_up, down, act) -> torch.Tensor:
-    """FP8 GEMMs need 16-row-aligned groups: pad each expert's rows, compute, drop the padding.
-
-    Padded rows are zeros, SwiGLU(0) = 0, so they add nothing to the weight gradients.
-    """
-    from workbench.moe.experts import _swiglu_packed
-
-    te = te_common.import_te("experts")
-    num_experts = len(counts)
-    # Both are no-ops when every count is already aligned.
-    x_pad, padded = te.Fp8Padding(num_experts, FP8_ROW_ALIGN)(x_ND, counts)
-    h_pad = grouped_linear_te(x_pad, padded, gate_up)
-    y_pad = grouped_linear_te(_swiglu_packed(h_pad, act), padded, down)
-    return te.Fp8Unpadding(num_experts, FP8_ROW_ALIGN)(y_pad, counts)

@@ -1,11 +1,5 @@
-"""Hugging Face integration: one adapter module per model family."""
+"""Hugging Face integration: every MoE family runs on the generic engine path (workbench.models.generic).
 
-from workbench.models import qwen3_moe
-
-# model_type -> adapter module. Adding a family = adding one file and one entry here.
-ADAPTERS = {qwen3_moe.MODEL_TYPE: qwen3_moe}
-
-
-def adapter_for(config):
-    """The family adapter for a Transformers config, or None for architectures without one."""
-    return ADAPTERS.get(getattr(config, "model_type", None))
+Qwen3-MoE is that path plus its own extras (fused-RoPE attention, float32 router logits:
+models/generic_extras.py), not a second engine.
+"""

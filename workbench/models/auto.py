@@ -1,9 +1,8 @@
-"""`workbench.AutoModelForCausalLM`: Transformers' model with the engine's MoE blocks."""
+"""`workbench.AutoModelForCausalLM`: Transformers' model whose fused experts are the engine's (the generic path)."""
 
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import torch
@@ -11,28 +10,15 @@ import torch.distributed as dist
 import transformers
 
 from workbench.backends import BackendConfig
-from workbench.models import adapter_for, generic
+from workbench.devices import default_device
+from workbench.models import generic
 from workbench.models.hf_io import CheckpointError
+from workbench.models.mesh_build import (build_generic_parallel_model, check_mesh_call,
+                                         check_mesh_for_model, shard_without_engine)
 from workbench.moe.dispatch import LocalDispatcher
 from workbench.moe.hf_experts import check_generic_backend, engine_experts_modules
 
 log = logging.getLogger(__name__)
-
-
-def default_device() -> torch.device:
-    """The device this process would compute on: its local CUDA device, else the CPU.
-
-    LOCAL_RANK is taken modulo the visible devices: a launcher that narrows CUDA_VISIBLE_DEVICES
-    to one GPU per rank (the workbench cluster does) leaves each rank one device, index 0. Ranks of
-    a gloo-only process group compute on the CPU even where GPUs are visible: gloo has no CUDA
-    all-to-all or reduce-scatter (tests/test_expert_parallel.py's gloo ranks, building on the
-    CUDA device of an H200 machine, did not finish in 100 s).
-    """
-    if dist.is_available() and dist.is_initialized() and "nccl" not in str(dist.get_backend()).lower():
-        return torch.device("cpu")
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
-    return torch.device("cpu")
 
 
 def _check_backend(backend) -> BackendConfig:
@@ -44,19 +30,28 @@ def _check_backend(backend) -> BackendConfig:
     return backend
 
 
-def _install_local(model, adapter, backend: BackendConfig, device):
-    """The engine's blocks for one process (a mesh goes through workbench.parallel.build)."""
-    adapter.install_engine(model, backend.resolve(device), LocalDispatcher)
-    return model
+def resolve_backend(backend: BackendConfig, mesh, device) -> BackendConfig:
+    """The one resolution of `backend` for a build: this rank's device, and the mesh's ep (1 without a mesh).
+
+    Every path (generic, vanilla) resolves here, before any model is built; the mesh builder takes
+    the result as it is. On a mesh the model lives on the rank's own device.
+    """
+    if mesh is None:
+        device = torch.device(device) if device is not None else default_device()
+        return backend.resolve(device, world_size=1)
+    check_mesh_call(mesh)
+    rank_device = default_device()
+    if device is not None and torch.device(device).type != rank_device.type:
+        raise ValueError(f"device={device!r} with mesh=: a mesh's ranks build on their own device "
+                         f"({rank_device} for this process group); leave device unset")
+    return backend.resolve(rank_device, world_size=mesh.ep)
 
 
 def _start_vanilla(config, mesh) -> None:
     """Refuse a mesh a model without engine blocks cannot use (before building it), then say what it gets."""
     if mesh is not None:
-        from workbench.parallel.build import check_mesh_for_model
-
         check_mesh_for_model(mesh, config)
-    log.warning("no MoE Workbench adapter for model_type=%r; loading vanilla Transformers%s",
+    log.warning("no fused experts in model_type=%r (no MoE Workbench engine path); loading vanilla Transformers%s",
                 getattr(config, "model_type", None),
                 " (FSDP2 data parallelism over the mesh, no expert parallelism)" if mesh is not None else "")
 
@@ -65,20 +60,15 @@ def _vanilla_on_mesh(model, mesh):
     """A model without engine blocks: as Transformers built it, or FSDP2-sharded over the mesh's dp."""
     if mesh is None:
         return model
-    from workbench.parallel.build import shard_without_engine
-
     return shard_without_engine(model, mesh)
 
 
-def _generic_from(config, path, backend: BackendConfig, mesh, device, hf_kwargs: dict):
+def _generic_from(config, path, resolved: BackendConfig, mesh, hf_kwargs: dict):
     """The generic engine path: Transformers' model whose fused experts modules are the engine's."""
-    device = torch.device(device) if device is not None else default_device()
-    check_generic_backend(backend.resolve(device, world_size=mesh.ep if mesh is not None else 1).experts)
+    generic.validate_config(config)
+    check_generic_backend(resolved.experts)
     if mesh is not None:
-        from workbench.parallel.build import build_generic_parallel_model
-
-        return build_generic_parallel_model(config, backend, mesh, checkpoint=path, **hf_kwargs)
-    resolved = backend.resolve(device)
+        return build_generic_parallel_model(config, resolved, mesh, checkpoint=path, **hf_kwargs)
     seed = hf_kwargs.pop("seed", None)
     if path is None:
         with torch.random.fork_rng(devices=[], enabled=seed is not None):
@@ -86,73 +76,11 @@ def _generic_from(config, path, backend: BackendConfig, mesh, device, hf_kwargs:
                 torch.manual_seed(seed)
             model = transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
     else:
-        model, info = transformers.AutoModelForCausalLM.from_pretrained(path, config=config,
-                                                                        output_loading_info=True, **hf_kwargs)
-        missing = sorted(info.get("missing_keys", []))
-        if missing:
-            raise CheckpointError(f"checkpoint {path} does not fit its config ({config.model_type}): missing "
-                                  f"tensors {missing[:8]}{'...' if len(missing) > 8 else ''}. Point to a complete "
-                                  "checkpoint written by save_pretrained, or fix config.json")
-    generic.install(model, resolved, LocalDispatcher)
-    return model
-
-
-class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
-    """Drop-in for `transformers.AutoModelForCausalLM` whose MoE blocks are the engine's."""
-
-    @classmethod
-    def from_config(cls, config, backend: BackendConfig | None = None, mesh=None, device=None, **hf_kwargs):
-        """Build a randomly initialized model from a Transformers config."""
-        backend = _check_backend(backend)
-        adapter = adapter_for(config)
-        if adapter is None and generic.has_fused_experts(config):
-            return _generic_from(config, None, backend, mesh, device, hf_kwargs)
-        if adapter is None:
-            _start_vanilla(config, mesh)
-            seed = hf_kwargs.pop("seed", None)  # the engine's mesh build takes one: same weights on every rank
-            with torch.random.fork_rng(devices=[], enabled=seed is not None):
-                if seed is not None:
-                    torch.manual_seed(seed)
-                model = transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
-            return _vanilla_on_mesh(model, mesh)
-        adapter.validate_config(config)
-        device = torch.device(device) if device is not None else default_device()
-        backend.resolve(device)  # fail on an unavailable backend before building anything
-        if mesh is not None:
-            from workbench.parallel.build import build_parallel_model
-
-            return build_parallel_model(adapter, config, backend, mesh, checkpoint=None, **hf_kwargs)
-        model = adapter.CAUSAL_LM_CLASS._from_config(config, **hf_kwargs)
-        return _install_local(model, adapter, backend, device)
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, backend: BackendConfig | None = None,
-                        mesh=None, device=None, **hf_kwargs):
-        """Load a Transformers checkpoint (local directory) into the engine."""
-        backend = _check_backend(backend)
-        path = Path(pretrained_model_name_or_path)
-        # A caller's config (e.g. the trainer's, with its overrides) wins over the directory's.
-        config = hf_kwargs.pop("config", None) or transformers.AutoConfig.from_pretrained(path)
-        adapter = adapter_for(config)
-        if adapter is None and generic.has_fused_experts(config):
-            return _generic_from(config, path, backend, mesh, device, hf_kwargs)
-        if adapter is None:
-            _start_vanilla(config, mesh)
-            model = transformers.AutoModelForCausalLM.from_pretrained(path, *model_args, config=config,
-                                                                      **hf_kwargs)
-            return _vanilla_on_mesh(model, mesh)
-        adapter.validate_config(config)
-        device = torch.device(device) if device is not None else default_device()
-        backend.resolve(device)
-        if mesh is not None:
-            from workbench.parallel.build import build_parallel_model
-
-            return build_parallel_model(adapter, config, backend, mesh, checkpoint=path, **hf_kwargs)
         try:
-            model, info = adapter.CAUSAL_LM_CLASS.from_pretrained(path, *model_args, config=config,
-                                                                 output_loading_info=True, **hf_kwargs)
+            model, info = transformers.AutoModelForCausalLM.from_pretrained(path, config=config,
+                                                                            output_loading_info=True, **hf_kwargs)
         except RuntimeError as err:
-            if "mismatched" not in str(err):
+            if "mismatched" not in str(err) and "size mismatch" not in str(err):
                 raise
             raise CheckpointError(
                 f"checkpoint {path} does not fit its config ({config.model_type}): some tensors have the "
@@ -162,39 +90,55 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
         mismatched = [str(m[0]) if isinstance(m, tuple) else str(m) for m in info.get("mismatched_keys", [])]
         if missing or mismatched:
             # Transformers would silently random-init these; a fine-tune from them would be garbage.
-            raise CheckpointError(
-                f"checkpoint {path} does not fit its config ({config.model_type}): "
-                f"missing tensors {missing[:8]}{'...' if len(missing) > 8 else ''}; "
-                f"tensors of the wrong shape (e.g. missing experts) {mismatched[:8]}. "
-                "Point to a complete checkpoint written by save_pretrained, or fix config.json")
-        return _install_local(model, adapter, backend, device)
+            raise CheckpointError(f"checkpoint {path} does not fit its config ({config.model_type}): missing "
+                                  f"tensors {missing[:8]}{'...' if len(missing) > 8 else ''}; tensors of the wrong "
+                                  f"shape (e.g. missing experts) {mismatched[:8]}. Point to a complete "
+                                  "checkpoint written by save_pretrained, or fix config.json")
+    generic.install(model, resolved, lambda n: LocalDispatcher(n, resolved.combine))
+    return model
+
+
+class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
+    """Drop-in for `transformers.AutoModelForCausalLM` whose MoE blocks are the engine's."""
+
+    @classmethod
+    def from_config(cls, config, backend: BackendConfig | None = None, mesh=None, device=None, **hf_kwargs):
+        """Build a randomly initialized model from a Transformers config."""
+        # Resolved once, with the mesh's ep, before anything is built; the builder takes it as it is.
+        resolved = resolve_backend(_check_backend(backend), mesh, device)
+        if generic.has_fused_experts(config):
+            return _generic_from(config, None, resolved, mesh, hf_kwargs)
+        _start_vanilla(config, mesh)
+        seed = hf_kwargs.pop("seed", None)  # the engine's mesh build takes one: same weights on every rank
+        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            model = transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
+        return _vanilla_on_mesh(model, mesh)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, backend: BackendConfig | None = None,
+                        mesh=None, device=None, **hf_kwargs):
+        """Load a Transformers checkpoint (local directory) into the engine."""
+        resolved = resolve_backend(_check_backend(backend), mesh, device)
+        path = Path(pretrained_model_name_or_path)
+        # A caller's config (e.g. the trainer's, with its overrides) wins over the directory's.
+        config = hf_kwargs.pop("config", None) or transformers.AutoConfig.from_pretrained(path)
+        if generic.has_fused_experts(config):
+            return _generic_from(config, path, resolved, mesh, hf_kwargs)
+        _start_vanilla(config, mesh)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, *model_args, config=config, **hf_kwargs)
+        return _vanilla_on_mesh(model, mesh)
 
 
 def save_pretrained(model, out_dir, max_shard_size: str = "5GB") -> None:
     """Write the Transformers layout from any mesh; collective: every rank must call it."""
-    import torch.distributed as dist
-
-    from workbench.models.hf_io import gathered_disk_state, write_hf_checkpoint
-
-    adapter = adapter_for(model.config)
-    if adapter is None and engine_experts_modules(model):
+    if engine_experts_modules(model):
         return generic.save_pretrained(model, out_dir, max_shard_size)
-    if adapter is None:
-        return _save_without_adapter(model, out_dir, max_shard_size)
-    mesh = getattr(model, "workbench_mesh", None)
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    expert_range = getattr(model, "workbench_expert_range", (0, adapter.num_experts(model.config)))
-    owns_experts = mesh is None or rank // mesh.ep == 0  # expert-data-parallel index 0
-    state = gathered_disk_state(model, adapter, expert_range, owns_experts)
-    if rank == 0:
-        config = model.config
-        config.architectures = [adapter.CAUSAL_LM_CLASS.__name__]
-        write_hf_checkpoint(state, config, out_dir, max_shard_size)
-    if dist.is_initialized():
-        dist.barrier()
+    return _save_vanilla(model, out_dir, max_shard_size)
 
 
-def _save_without_adapter(model, out_dir, max_shard_size: str) -> None:
+def _save_vanilla(model, out_dir, max_shard_size: str) -> None:
     """Vanilla Transformers' save of a model the engine did not change, also when FSDP2-sharded.
 
     Transformers' own save_pretrained writes the family's disk layout (its reverse weight

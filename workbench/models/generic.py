@@ -16,14 +16,16 @@ import transformers
 from torch import nn
 
 from workbench.models.attention_sinks import select_attention
+from workbench.models.generic_extras import install_extras
 from workbench.moe.hf_experts import engine_experts_modules, install_engine_experts, is_fused_experts
+from workbench.moe.routed_load import load_counters
 from workbench.params import num_experts as config_num_experts
 
 log = logging.getLogger(__name__)
 
 # Families whose logits and gradients the tests compare with vanilla Transformers (tests/test_generic_families.py).
-TESTED_FAMILIES = ("deepseek_v3", "glm4_moe", "gpt_oss", "mixtral", "olmoe", "qwen2_moe", "qwen3_5_moe_text",
-                   "qwen3_moe")
+TESTED_FAMILIES = ("deepseek_v3", "ernie4_5_moe", "glm4_moe", "gpt_oss", "hunyuan_v1_moe", "minimax_m2", "mixtral",
+                   "olmoe", "qwen2_moe", "qwen3_5_moe_text", "qwen3_moe")
 
 
 class UnsupportedModelError(ValueError):
@@ -56,6 +58,15 @@ def has_fused_experts(config) -> bool:
     return False
 
 
+def validate_config(config) -> None:
+    """Refuse routing settings Transformers would fail on deep inside a forward, before any weights are built."""
+    experts = config_num_experts(config)
+    top_k = getattr(config, "num_experts_per_tok", None)
+    if experts and isinstance(top_k, int) and not 1 <= top_k <= experts:
+        raise ValueError(f"num_experts_per_tok={top_k} must be between 1 and num_experts={experts}: lower "
+                         "num_experts_per_tok or add experts")
+
+
 def num_experts(model: nn.Module, config) -> int:
     """Routed experts per MoE layer, read from the experts modules (the config field names differ)."""
     counts = {int(getattr(m, "workbench_num_experts", 0) or getattr(m, "num_experts", 0)
@@ -67,17 +78,28 @@ def num_experts(model: nn.Module, config) -> int:
 
 
 def install(model: nn.Module, backend, make_dispatcher, expert_range: tuple[int, int] | None = None) -> int:
-    """Make every fused experts module the engine's; `make_dispatcher(num_experts)` gives each its dispatcher."""
+    """Make every fused experts module the engine's, then the extras `backend` (resolved) selects.
+
+    `make_dispatcher(num_experts)` gives each experts module its dispatcher.
+    """
     total = num_experts(model, model.config)
     modules = fused_experts_modules(model)
     for _, module in modules:
         install_engine_experts(module, make_dispatcher(total), backend.experts, expert_range or (0, total), total,
-                               gate=backend.gate, swiglu=backend.swiglu)
+                               gate=backend.gate, swiglu=backend.swiglu, recompute=backend.expert_recompute)
     select_attention(model, backend.attention)
+    extras = install_extras(model, backend, total)
     model.workbench_backend = backend
+    model_type = model.config.model_type
+    # One line: an untested family runs too (its experts are v5-fused), but the user should know it is untested.
+    tested = "" if model_type in TESTED_FAMILIES else (f"; {model_type!r} is not among the families tested against "
+                                                       f"Transformers ({', '.join(TESTED_FAMILIES)})")
     log.warning("model_type %r: generic engine path (Transformers' router and attention, the engine's experts "
-                "in %d MoE layers of %d experts, backend %s)", model.config.model_type, len(modules), total,
-                backend.experts)
+                "in %d MoE layers of %d experts, backend %s)%s", model_type, len(modules), total, backend.experts,
+                tested)
+    log.info("model_type %r extras: %s; swiglu=%s combine=%s cross_entropy=%s fused_ce=%s expert_recompute=%s",
+             model_type, extras, backend.swiglu, backend.combine, backend.cross_entropy,
+             backend.fused_ce, backend.expert_recompute)
     return len(modules)
 
 
@@ -96,6 +118,10 @@ def init_random(model: nn.Module, seed: int) -> None:
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 torch.manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
                 model._init_weights(module)
+                if type(module).__name__ == "TELinear":  # linear='te': Transformers' init skips non-nn.Linear
+                    module.weight.normal_(0.0, std)
+                    if module.bias is not None:
+                        module.bias.zero_()
             if name not in engine:
                 continue
             first, last = module.workbench_expert_range
@@ -107,6 +133,8 @@ def init_random(model: nn.Module, seed: int) -> None:
                 for local, e in enumerate(range(first, last)):
                     g = torch.Generator(device=device).manual_seed(zlib.crc32(f"{seed}/{name}/{pname}/{e}".encode()))
                     param[local].normal_(0.0, std, generator=g)
+        for counter in load_counters(model):  # to_empty left them uninitialized
+            counter.zero_()
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

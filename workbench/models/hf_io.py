@@ -1,18 +1,12 @@
-"""Reading only this rank's tensors from a Transformers checkpoint, and writing one from any mesh."""
+"""Reading chosen tensors from a Transformers safetensors checkpoint; the checkpoint error."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from safetensors import safe_open
-from safetensors.torch import save_file
-from torch.distributed.tensor import DTensor
 
 
 class CheckpointError(ValueError):
@@ -50,67 +44,3 @@ def read_tensors(path: Path, keys: list[str]) -> dict[str, torch.Tensor]:
             for k in file_keys:
                 out[k] = f.get_tensor(k)
     return out
-
-
-def assemble_tensor(adapter, name: str, tensors: dict[str, torch.Tensor], expert_range: tuple[int, int]
-                    ) -> torch.Tensor:
-    """One in-memory tensor from its on-disk pieces."""
-    return adapter.assemble_from_disk(name, tensors, expert_range)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if isinstance(t, DTensor) else t
-
-
-def gathered_disk_state(model, adapter, expert_range: tuple[int, int], owns_experts: bool) -> dict:
-    """Every tensor of the model in Transformers' on-disk layout, gathered onto rank 0.
-
-    Dense tensors come from rank 0; each expert's tensors from the one rank of its ep group
-    that has expert-data-parallel index 0, so nothing is sent twice.
-    """
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    local: dict[str, torch.Tensor] = {}
-    for name, tensor in model.state_dict().items():
-        full = _local(tensor).detach()  # collective for DTensors: every rank runs it in the same order
-        is_expert = adapter.FUSED_KEY.match(name) is not None
-        if (is_expert and owns_experts) or (not is_expert and rank == 0):
-            for k, v in adapter.fused_to_disk(name, full, expert_range[0]).items():
-                local[k] = v.to("cpu").contiguous()
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return local
-    parts = [None] * dist.get_world_size() if rank == 0 else None
-    dist.gather_object(local, parts, dst=0)
-    if rank != 0:
-        return {}
-    merged: dict[str, torch.Tensor] = {}
-    for part in parts:
-        merged.update(part)
-    return merged
-
-
-def write_hf_checkpoint(state: dict[str, torch.Tensor], config, out_dir: Path, max_shard_size: str = "5GB") -> None:
-    """Write sharded safetensors + config atomically: a temp dir beside `out_dir`, then a rename."""
-    from huggingface_hub import split_torch_state_dict_into_shards
-
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        split = split_torch_state_dict_into_shards(state, max_shard_size=max_shard_size)
-        for filename, names in split.filename_to_tensors.items():
-            save_file({n: state[n] for n in names}, tmp / filename, metadata={"format": "pt"})
-        if split.is_sharded:
-            index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
-                     "weight_map": split.tensor_to_filename}
-            (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
-        config.save_pretrained(tmp)
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-            os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

@@ -4,7 +4,7 @@ The engine changes only how RoPE is applied: one Triton kernel per direction for
 of Transformers' cat/neg/mul/add chain (kernels/triton_rope.py). Projections, per-head q/k norms,
 the attention function (sdpa with cuDNN first, TE, eager) and o_proj are Transformers' modules and
 functions, so parameters and state dict keys do not change. With a KV cache (generation), or on a
-device without the kernel, Transformers' own forward runs.
+BackendConfig.rope other than 'triton', Transformers' own forward runs.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from __future__ import annotations
 import torch
 from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 
-from workbench.kernels._triton_util import triton_runs_on
-
 
 class Qwen3MoeEngineAttention(hf.Qwen3MoeAttention):
     """Transformers' Qwen3MoeAttention whose training forward applies RoPE with one fused kernel."""
 
+    workbench_rope = "torch"  # the resolved BackendConfig.rope, set by use_engine_attention
+
     def forward(self, hidden_states, position_embeddings, attention_mask=None, *args, **kwargs):
-        """Transformers' forward; without a cache and where Triton runs, RoPE is the fused kernel."""
+        """Transformers' forward; without a cache and with rope='triton', RoPE is the fused kernel."""
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        if args or cache is not None or not triton_runs_on(hidden_states):
+        if args or cache is not None or self.workbench_rope != "triton":
             return super().forward(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
         from workbench.kernels.triton_rope import apply_rope, supported
 
@@ -50,12 +50,17 @@ class Qwen3MoeEngineAttention(hf.Qwen3MoeAttention):
         return self.o_proj(out), weights
 
 
-def use_engine_attention(model: torch.nn.Module) -> int:
-    """Give every Qwen3MoeAttention of `model` the engine's forward (same module, same parameters)."""
+def use_engine_attention(model: torch.nn.Module, rope: str) -> int:
+    """rope='triton': every Qwen3MoeAttention of `model` gets the fused-RoPE forward (same module, parameters)."""
+    if rope not in ("torch", "triton"):
+        raise ValueError(f"rope must be a resolved BackendConfig.rope, 'torch' or 'triton'; got {rope!r}")
+    if rope == "torch":
+        return 0  # Transformers' own forward is the torch path
     swapped = 0
     for module in model.modules():
         if type(module) is hf.Qwen3MoeAttention:
             # a class swap, not a wrapper: parameter names and state dict keys stay Transformers'
             module.__class__ = Qwen3MoeEngineAttention
+            module.workbench_rope = rope
             swapped += 1
     return swapped

@@ -13,15 +13,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from workbench.moe.experts import _grouped_mm
 from workbench.moe.gpt_oss_experts import gpt_oss_expert_rows, is_gpt_oss_gate
+from workbench.moe.routed_load import attach_load_counter, count_routed
 from workbench.moe.router import GATES, balanced_ids
 
 # The flags' defaults of the decorator (transformers.integrations.moe); 5.17 lacks some of them.
 LAYOUT_DEFAULTS = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
                    "has_post_expert_norm": False}
-GENERIC_BACKENDS = ("loop", "grouped_mm")
+GENERIC_BACKENDS = ("loop", "grouped_mm", "te")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,17 @@ class ExpertsLayout:
         """Every per-expert parameter of the module, `[E, ...]` each."""
         names = (self.up_name, "down_proj")
         return names + tuple(f"{n}_bias" for n in names) if self.has_bias else names
+
+
+def _grouped_mm():
+    return getattr(F, "grouped_mm", None) or torch._grouped_mm
+
+
+def is_silu(act) -> bool:
+    """Whether `act` is exactly SiLU (torch's module or function, or Transformers' SiLUActivation)."""
+    from transformers.activations import SiLUActivation
+
+    return type(act) in (nn.SiLU, SiLUActivation) or act is F.silu
 
 
 def layout_of(module: nn.Module) -> ExpertsLayout:
@@ -100,18 +112,88 @@ def _row_bias(bias_E: torch.Tensor, tokens_per_expert: torch.Tensor, rows: int) 
     return torch.repeat_interleave(bias_E, tokens_per_expert, dim=0, output_size=rows)
 
 
+def is_plain_swiglu(module: nn.Module) -> bool:
+    """Whether the family's gate is Transformers' default one: silu(gate half) * up half, concatenated.
+
+    Read from the module, not the family name: its class keeps the decorator's default `_apply_gate`
+    (a family with its own gate, e.g. GPT-OSS's clamped interleaved one, overrides it) and its
+    activation is SiLU. Only then can the Triton packed SwiGLU replace the gate.
+    """
+    from transformers.integrations import moe as hf_moe
+
+    layout = layout_of(module)
+    gate = getattr(type(module), "_apply_gate", None)
+    if not (layout.has_gate and layout.is_concatenated and gate is not None and is_silu(getattr(module, "act_fn", None))):
+        return False
+    if gate is getattr(hf_moe, "_default_apply_gate", None):
+        return True
+    # A version without that name: the gate itself, on values large enough to reach any clamp, must be plain.
+    h = 30 * torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        try:
+            got = gate(module, h)
+        except Exception:
+            return False
+    return isinstance(got, torch.Tensor) and got.shape == (4, 8) and torch.allclose(got, F.silu(h[:, :8]) * h[:, 8:])
+
+
+def _gate(module: nn.Module, h_NI2: torch.Tensor) -> torch.Tensor:
+    layout: ExpertsLayout = module.workbench_layout
+    if not layout.has_gate:
+        return module.act_fn(h_NI2)
+    if module.workbench_swiglu == "triton" and not module.workbench_gpt_oss_gate:
+        from workbench.kernels.swiglu import swiglu_packed_triton
+
+        return swiglu_packed_triton(h_NI2)  # one pass over [N, 2I] instead of chunk/silu/mul
+    # The family's own gate: GPT-OSS's clamped SwiGLU splits interleaved gate/up columns itself.
+    return module._apply_gate(h_NI2)
+
+
+def _te_linear_rows(x_ND: torch.Tensor, counts: list[int], weight_E: torch.Tensor) -> torch.Tensor:
+    from workbench.kernels.te_experts import grouped_linear_te
+
+    return grouped_linear_te(x_ND, counts, weight_E)  # TE's GroupedLinear takes [E, out, in]: untransposed
+
+
+def _expert_rows_te(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+    """experts='te': TE GroupedLinear GEMMs (FP8 inside fp8_autocast: rows padded to 16 per expert)."""
+    from workbench.kernels import te_common
+    from workbench.kernels.te_experts import FP8_ROW_ALIGN
+
+    layout: ExpertsLayout = module.workbench_layout
+    te = te_common.import_te("experts")  # first: without TE the error names the pip extra
+    te_common.check_cuda("experts", x_ND)
+    counts = [int(c) for c in tokens_per_expert.tolist()]
+    up, down = getattr(module, layout.up_name), module.down_proj
+    if sum(counts) == 0:  # keep the weights in the graph so every rank reaches the same parameters
+        return x_ND.new_zeros(x_ND.shape) + 0.0 * sum(getattr(module, n).sum() for n in layout.param_names())
+    fp8 = te_common.fp8_active()
+    rows_x, rows_counts = (te.Fp8Padding(len(counts), FP8_ROW_ALIGN)(x_ND, counts) if fp8 else (x_ND, counts))
+    row_counts_t = torch.tensor(rows_counts, device=x_ND.device)
+    h = _te_linear_rows(rows_x, rows_counts, up)
+    if layout.has_bias:
+        h = h + _row_bias(getattr(module, f"{layout.up_name}_bias"), row_counts_t, h.shape[0])
+    y = _te_linear_rows(_gate(module, h), rows_counts, down)
+    if layout.has_bias:
+        y = y + _row_bias(module.down_proj_bias, row_counts_t, y.shape[0])
+    if fp8:  # padded rows only ever reach the dropped outputs: no gradient flows from them
+        y = te.Fp8Unpadding(len(counts), FP8_ROW_ALIGN)(y, counts)
+    return module.post_expert_norm(y) if layout.has_post_expert_norm else y
+
+
 def expert_rows(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
     """The experts' outputs for expert-major rows, as the family computes them (bias, gate, norm)."""
     layout: ExpertsLayout = module.workbench_layout
     backend = module.workbench_experts_backend
-    if module.workbench_swiglu == "triton" and is_gpt_oss_gate(module):
+    if backend == "te":
+        return _expert_rows_te(module, x_ND, tokens_per_expert)
+    if module.workbench_swiglu == "triton" and module.workbench_gpt_oss_gate:
         return gpt_oss_expert_rows(module, x_ND, tokens_per_expert, backend)
     rows = x_ND.shape[0]
     h = grouped_linear(x_ND, tokens_per_expert, getattr(module, layout.up_name), layout.is_transposed, backend)
     if layout.has_bias:
         h = h + _row_bias(getattr(module, f"{layout.up_name}_bias"), tokens_per_expert, rows)
-    # The family's own gate: GPT-OSS's clamped SwiGLU splits interleaved gate/up columns itself.
-    h = module._apply_gate(h) if layout.has_gate else module.act_fn(h)
+    h = _gate(module, h)
     y = grouped_linear(h, tokens_per_expert, module.down_proj, layout.is_transposed, backend)
     if layout.has_bias:
         y = y + _row_bias(module.down_proj_bias, tokens_per_expert, rows)
@@ -133,15 +215,21 @@ class EngineExperts:
             # and carry the family's scaling (DeepSeek's routed_scaling_factor, GPT-OSS's top-k
             # softmax), so a step's work and numerics differ from a native step only by the assignment.
             top_k_index = balanced_ids(x_TD.shape[0], top_k_index.shape[-1], self.num_experts, x_TD.device)
+        count_routed(self, top_k_index)  # the expert load of the plots and the router-bias update
         dispatcher = self.workbench_dispatcher
         x_ND, tokens_per_expert, handle = dispatcher.dispatch(x_TD, top_k_index.long(), top_k_weights)
-        y_ND = expert_rows(self, x_ND, tokens_per_expert)
+        if self.workbench_recompute and torch.is_grad_enabled():
+            # Saves only the input rows; the [N, 2I] and [N, I] intermediates are rebuilt in backward.
+            y_ND = checkpoint(expert_rows, self, x_ND, tokens_per_expert, use_reentrant=False)
+        else:
+            y_ND = expert_rows(self, x_ND, tokens_per_expert)
         return dispatcher.combine(y_ND, handle).to(hidden_states.dtype).view_as(hidden_states)
 
     def extra_repr(self) -> str:
         """Which experts this rank holds and the GEMM backend."""
         first, last = self.workbench_expert_range
-        return f"engine experts [{first}, {last}) of {self.num_experts}, backend={self.workbench_experts_backend}"
+        return (f"engine experts [{first}, {last}) of {self.num_experts}, backend={self.workbench_experts_backend}, "
+                f"swiglu={self.workbench_swiglu}" + (", recompute" if self.workbench_recompute else ""))
 
 
 def engine_class(hf_class: type) -> type:
@@ -159,18 +247,24 @@ def check_generic_backend(backend: str) -> None:
 
 
 def install_engine_experts(module: nn.Module, dispatcher, backend: str, expert_range: tuple[int, int],
-                           num_experts: int, gate: str = "native", swiglu: str = "torch") -> nn.Module:
+                           num_experts: int, gate: str = "native", swiglu: str = "torch",
+                           recompute: bool = False) -> nn.Module:
     """Turn a v5 experts module into the engine's in place; keep only experts [first, last).
 
-    `swiglu` (a resolved BackendConfig.swiglu) takes effect only where the engine has a kernel for
-    the family's gate (GPT-OSS's: is_gpt_oss_gate); other gates stay the family's own.
+    `gate` "balanced" is the bench's round-robin assignment. `swiglu` (a resolved
+    BackendConfig.swiglu) takes effect only where the family's gate is plain SwiGLU
+    (is_plain_swiglu) or GPT-OSS's (is_gpt_oss_gate); other gates stay the family's own.
+    `recompute`: BackendConfig.expert_recompute.
     """
     check_generic_backend(backend)
-    if swiglu not in ("torch", "triton"):
-        raise ValueError(f"swiglu must be a resolved BackendConfig.swiglu, 'torch' or 'triton'; got {swiglu!r}")
     if gate not in GATES:
         raise ValueError(f"gate {gate!r} is not one of {list(GATES)}")
+    if swiglu not in ("torch", "triton"):
+        raise ValueError(f"swiglu must be a resolved BackendConfig.swiglu, 'torch' or 'triton'; got {swiglu!r}")
     layout = layout_of(module)
+    if backend == "te" and layout.is_transposed:
+        raise ValueError(f"experts='te' takes untransposed expert weights [E, out, in]; {type(module).__name__} "
+                         "stores them transposed: use experts='grouped_mm'")
     first, last = expert_range
     for name in layout.param_names():
         param = getattr(module, name)
@@ -183,10 +277,14 @@ def install_engine_experts(module: nn.Module, dispatcher, backend: str, expert_r
     module.workbench_layout = layout
     module.workbench_dispatcher = dispatcher
     module.workbench_experts_backend = backend
+    # Triton only where the engine has a kernel for the family's gate (plain SwiGLU, GPT-OSS's).
+    module.workbench_gpt_oss_gate = is_gpt_oss_gate(module)
+    module.workbench_swiglu = swiglu if module.workbench_gpt_oss_gate or is_plain_swiglu(module) else "torch"
+    module.workbench_recompute = recompute
     module.workbench_expert_range = (first, last)
-    module.workbench_swiglu = swiglu if is_gpt_oss_gate(module) else "torch"
     module.workbench_gate = gate  # "balanced": the bench's round-robin assignment (EngineExperts.forward)
     module.num_experts = num_experts
+    attach_load_counter(module, num_experts)
     return module
 
 

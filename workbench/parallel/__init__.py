@@ -1,1 +1,1 @@
-"""Device mesh, FSDP2 sharding, expert-parallel model building, activation checkpointing."""
+"""Device mesh, FSDP2 sharding, process groups and launching (below workbench.models: no model code here)."""

@@ -7,8 +7,14 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from workbench.moe.layer import MoEBlock
 from workbench.parallel.mesh import dense_mesh
+
+# A plain (non-DTensor) parameter whose gradient is a rank-local shard of a larger logical tensor
+# (e.g. this rank's experts under expert parallelism) carries this attribute: the ProcessGroup
+# over which its squared gradient norm must be summed. DTensor parameters need no marker, their
+# mesh says it; a DTensor that is additionally split over a group its mesh does not show (experts
+# sharded by hand over ep, then FSDP over the expert-data-parallel dim) carries the marker too.
+GRAD_NORM_GROUP_ATTR = "_workbench_grad_norm_group"
 
 
 def _fsdp_kwargs(param_dtype: torch.dtype | None) -> dict:
@@ -27,23 +33,6 @@ def _sum_gradients(modules: list[nn.Module]) -> None:
         # is the same reduction the gloo equivalence tests verify.
         module.set_gradient_divide_factor(1.0)
         module.set_force_sum_reduction_for_comms(True)
-
-
-def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None = None,
-               reshard_after_forward: bool = True) -> nn.Module:
-    """Shard each decoder layer (and its experts separately), then the root; gradients summed."""
-    kwargs = _fsdp_kwargs(param_dtype)
-    dense = dense_mesh(mesh)
-    sharded = []
-    for layer in model.model.layers:
-        if isinstance(layer.mlp, MoEBlock):
-            sharded.append(fully_shard(layer.mlp.experts, mesh=mesh["edp"],
-                                       reshard_after_forward=reshard_after_forward, **kwargs))
-        sharded.append(fully_shard(layer, mesh=dense, reshard_after_forward=reshard_after_forward,
-                                   **kwargs))
-    sharded.append(fully_shard(model, mesh=dense, reshard_after_forward=False, **kwargs))
-    _sum_gradients(sharded)
-    return model
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

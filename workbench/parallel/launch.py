@@ -94,7 +94,7 @@ def run_in_launched_group(fn: Callable[[], None], label: str,
     other failure (traceback printed). A rank of a multi-rank group never returns: it leaves with
     os._exit (see above).
     """
-    from workbench.train import dist_utils as du
+    from workbench.parallel import dist_utils as du
 
     created = du.init_from_env()
     multi = du.world_size() > 1

@@ -35,9 +35,12 @@ import torch
 from torch.profiler import record_function
 
 from workbench.config import RunConfig
+from workbench.moe.bias_update import (RouterBiasError, check_router_bias, global_load, keep_router_biases_fp32,
+                                       update_router_biases)
 from workbench.moe.dispatch import close_dispatchers
 from workbench.params import num_experts
-from workbench.train import dist_utils as du
+from workbench.parallel import dist_utils as du
+from workbench.train.activation_checkpoint import apply_activation_checkpointing
 from workbench.train.checkpoint import (check_compatible, check_settings, clean_leftovers, export_hf,
                                         load_checkpoint, resolve_checkpoint, run_settings, save_checkpoint,
                                         verify_checkpoint)
@@ -99,11 +102,15 @@ class Trainer:
         self.rc = rc
         self.callbacks = _Callbacks(callbacks)
         self.rank, self.world = du.rank(), du.world_size()
-        self.device = du.pick_device()
+        self.device = du.pick_device(rc.model.device)
         self.hf_config = rc.model.hf_config()
         rc.data.check_fits(self.hf_config)  # before a seq_len-sized allocation fails far later
         self.mesh = resolve_mesh(rc.mesh, self.world, self.hf_config)
         self.dp = self.mesh.dp if self.mesh is not None else self.world
+        if rc.train.router_bias_update_rate > 0:  # refused before any heavy work (a meta model only)
+            from workbench.models.generic import meta_model
+
+            _router_biases(meta_model(self.hf_config), self.hf_config)
         self.accum = rc.train.accumulation_steps(self.dp)
         self.per_rank = rc.train.global_batch_size // self.dp
         self.resume_ckpt = None
@@ -122,15 +129,17 @@ class Trainer:
         torch.manual_seed(rc.train.seed)
         self.stream = build_stream(rc.data, rc.train.seed, self.hf_config.vocab_size)
         mesh_sizes = self.mesh.to_dict() if self.mesh is not None else {"dp": 1, "ep": 1}
-        resolved = rc.backend.resolve(self.device, world_size=mesh_sizes["ep"])
+        # Resolved once, with the mesh's ep: the run records the backends the model is then built with.
+        self.backend = rc.backend.resolve(self.device, world_size=mesh_sizes["ep"])
         self.run = _open_run_dir(rc, {"world_size": self.world, "dp": self.dp, "grad_accum": self.accum,
                                       "device": self.device.type, "resolved_mesh": mesh_sizes,
-                                      "resolved_backend": resolved.to_dict()})
+                                      "resolved_backend": self.backend.to_dict()})
 
     def setup(self) -> None:
         rc = self.rc
         torch.manual_seed(rc.train.seed)
-        self.model = build_model(rc, self.hf_config, self.mesh, self.device, model_dtype(rc.model, self.device))
+        self.model = build_model(rc, self.hf_config, self.mesh, self.device, model_dtype(rc.model, self.device),
+                                 self.backend)
         if self.world > 1 and not _is_parallel(self.model):
             # Each rank would train its own copy: refuse rather than report a run that is not one.
             raise RuntimeError(f"the model ({type(self.model).__name__}) was not sharded over the {self.world} "
@@ -138,7 +147,10 @@ class Trainer:
                                "workbench.train.model_setup.build_model, please report it")
         self.model.train()
         if rc.train.activation_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # torch's composable checkpoint per decoder layer, not Transformers' (train/activation_checkpoint.py)
+            apply_activation_checkpointing(self.model)
+        if rc.train.router_bias_update_rate > 0:
+            keep_router_biases_fp32(self.model)  # before a resume loads the saved float32 values into it
         self.optimizer = build_optimizer(self.model, rc.train, self.device)
         self.scheduler = build_scheduler(self.optimizer, rc.train)
         self.start_step = 0
@@ -147,6 +159,9 @@ class Trainer:
             self.stream.load_state_dict(state["data"])
             self.start_step = int(state["step"])
         self._expert_load = _expert_load_reader(self.model)
+        self.router_biases = None
+        if rc.train.router_bias_update_rate > 0:
+            self.router_biases = _router_biases(self.model, self.hf_config)
         self.coef = float(getattr(self.hf_config, "router_aux_loss_coef", 0.0) or 0.0)
         self.forward_kwargs: dict[str, Any] = {}
         self.aux_scale = 1.0 / (self.accum * self.world)
@@ -214,17 +229,24 @@ class Trainer:
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
-        _sync(device)
-        t4 = time.perf_counter()
-        loss = ce_global + self.coef * aux_global
         if self._expert_load is not None:
             load = self._expert_load(self.model)
         else:
             load = torch.stack(loads).sum(0) if loads else None
+        if self.router_biases is not None:  # after the step: the next forward routes with the new bias
+            rate = rc.train.router_bias_update_rate
+            update_router_biases(self.router_biases, global_load(load.to(du.collective_device())), rate)
+        _sync(device)
+        t4 = time.perf_counter()
+        loss = ce_global + self.coef * aux_global
+        load = load.cpu() if load is not None else None
         timings = {"step_time_s": t4 - t_start, "forward_s": fwd_s, "backward_s": bwd_s, "optimizer_s": t4 - t3}
+        extra = {}
+        if self.router_biases is not None:  # [layers][experts], a few floats: the bias after this step's update
+            extra["router_bias"] = [b.detach().float().cpu().reshape(-1).tolist() for b in self.router_biases]
         return step_record(step=step, rank=self.rank, loss=loss, grad_norm=grad_norm, lr=lr,
                            tokens=batch.input_ids.numel(), seq_len=rc.data.seq_len, hf_config=self.hf_config,
-                           timings=timings, device=device, expert_load=load, time=time.time())
+                           timings=timings, device=device, expert_load=load, time=time.time(), **extra)
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -297,14 +319,25 @@ def _is_parallel(model: torch.nn.Module) -> bool:
 
 
 def _expert_load_reader(model: torch.nn.Module):
+    """This rank's routed tokens [layers, experts] since the last read (the engine's counters), or None."""
+    from workbench.moe.routed_load import load_counters, pop_routed_load
+
+    reader = pop_routed_load if load_counters(model) else None
+    if reader is not None:
+        reader(model)  # start from zero
+    return reader
+
+
+def _router_biases(model: torch.nn.Module, hf_config) -> list:
+    """The score-correction biases train.router_bias_update_rate updates, one per engine MoE layer."""
+    from workbench.config import ConfigError
+    from workbench.moe.routed_load import load_counters
+
+    counters = len(load_counters(model)) if load_counters(model) else None  # a meta model has no engine yet
     try:
-        from workbench.moe.layer import moe_blocks, pop_expert_load
-    except ImportError:
-        return None
-    if not moe_blocks(model):
-        return None
-    pop_expert_load(model)  # start from zero
-    return pop_expert_load
+        return check_router_bias(model, getattr(hf_config, "model_type", None), counters)
+    except RouterBiasError as err:
+        raise ConfigError(str(err)) from err
 
 
 def finetune(run_config: RunConfig, callbacks: list | None = None) -> dict[str, Any]:

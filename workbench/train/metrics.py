@@ -6,7 +6,8 @@ step, rank, loss (the global batch's loss, equal on every rank), grad_norm (glob
 tflops_per_gpu, mem_peak_gib / mem_now_gib (mem_kind "cuda_allocated": torch allocator bytes,
 peak reset every step; "cpu_rss": process resident set, peak over the process lifetime),
 expert_load ([layers][experts] token counts routed from this rank's tokens), expert_load_cv,
-step_time_s, forward_s, backward_s, optimizer_s (clip + step), time.
+step_time_s, forward_s, backward_s, optimizer_s (clip + step), time; with
+train.router_bias_update_rate > 0 also router_bias ([layers][experts], after the step's update).
 """
 
 from __future__ import annotations

@@ -23,15 +23,14 @@ def resolve_mesh(mesh: Any, world_size: int, hf_config: Any):
     world size when it divides the expert count (else ep = 1). An explicit mesh is validated
     against the world and the model: ep > 1 needs experts the engine can split.
     """
-    from workbench.models import adapter_for
     from workbench.models.generic import UnsupportedModelError, has_fused_experts
     from workbench.params import num_experts as config_num_experts
-    from workbench.parallel.build import check_mesh_for_model
+    from workbench.models.mesh_build import check_mesh_for_model
     from workbench.parallel.mesh import MeshConfig
 
     experts = config_num_experts(hf_config)
     try:  # a MoE model whose experts the engine cannot run is refused before the run directory exists
-        engine = adapter_for(hf_config) is not None or has_fused_experts(hf_config)
+        engine = has_fused_experts(hf_config)
     except UnsupportedModelError as err:
         raise ConfigError(str(err)) from err
     if mesh is None:
@@ -47,20 +46,22 @@ def resolve_mesh(mesh: Any, world_size: int, hf_config: Any):
     return mesh
 
 
-def build_model(rc, hf_config: Any, mesh: Any, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """The engine's model, or vanilla Transformers for a family without an adapter; sharded over `mesh`.
+def build_model(rc, hf_config: Any, mesh: Any, device: torch.device, dtype: torch.dtype,
+                backend=None) -> torch.nn.Module:
+    """The engine's model, or vanilla Transformers for a model without fused experts; sharded over `mesh`.
 
-    Every model built with a mesh is FSDP2-sharded over dp (workbench.parallel.build), so more
-    than one rank always means synchronized data parallelism.
+    Every model built with a mesh is FSDP2-sharded over dp (workbench.models.mesh_build), so more
+    than one rank always means synchronized data parallelism. `backend`: rc.backend as the trainer
+    resolved it for this device and mesh (resolving a resolved config again changes nothing).
     """
     from workbench.models.auto import AutoModelForCausalLM as EngineAuto
 
     if rc.model.path is not None:
-        model = EngineAuto.from_pretrained(rc.model.path, backend=rc.backend, mesh=mesh, device=device,
+        model = EngineAuto.from_pretrained(rc.model.path, backend=backend or rc.backend, mesh=mesh, device=device,
                                            config=hf_config, dtype=dtype)
     else:
         extra = {"seed": rc.train.seed} if mesh is not None else {}
-        model = EngineAuto.from_config(hf_config, backend=rc.backend, mesh=mesh, device=device, dtype=dtype,
+        model = EngineAuto.from_config(hf_config, backend=backend or rc.backend, mesh=mesh, device=device, dtype=dtype,
                                        **extra)
     if mesh is None:
         model = model.to(device=device, dtype=dtype)

@@ -12,13 +12,7 @@ import torch.distributed as dist
 from workbench.backends import BackendError, availability
 from workbench.config import OPTIMIZERS
 from workbench.kernels.adamw import adamw_scalars, adamw_step_
-
-# A plain (non-DTensor) parameter whose gradient is a rank-local shard of a larger logical tensor
-# (e.g. this rank's experts under expert parallelism) carries this attribute: the ProcessGroup
-# over which its squared gradient norm must be summed. DTensor parameters need no marker, their
-# mesh says it; a DTensor that is additionally split over a group its mesh does not show (experts
-# sharded by hand over ep, then FSDP over the expert-data-parallel dim) carries the marker too.
-GRAD_NORM_GROUP_ATTR = "_workbench_grad_norm_group"
+from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR  # noqa: F401 - set by the mesh builders, read here
 
 
 def resolve_optimizer(name: str, device: torch.device | str) -> str:

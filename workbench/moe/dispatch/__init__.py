@@ -36,29 +36,36 @@ class Dispatcher(Protocol):
         ...
 
 
-def make_dispatcher(name: str, num_experts: int, ep_group=None) -> Dispatcher:
-    """The dispatcher called `name` (a resolved BackendConfig.dispatcher value)."""
+def make_dispatcher(name: str, num_experts: int, ep_group=None, combine: str = "torch") -> Dispatcher:
+    """The dispatcher called `name` (a resolved BackendConfig.dispatcher value); `combine` its kernel."""
     if name == "local":
         if ep_group is not None and ep_group.size() > 1:
             raise ValueError("dispatcher='local' cannot serve expert parallelism (ep > 1); use 'alltoall'")
-        return LocalDispatcher(num_experts)
+        return LocalDispatcher(num_experts, combine)
     if name == "alltoall":
         from workbench.moe.dispatch.alltoall import AllToAllDispatcher
 
-        return AllToAllDispatcher(num_experts, ep_group)
+        return AllToAllDispatcher(num_experts, ep_group, combine)
     if name == "symm_mem":
         from workbench.moe.dispatch.symm_mem import SymmMemDispatcher
 
-        return SymmMemDispatcher(num_experts, ep_group)
+        return SymmMemDispatcher(num_experts, ep_group, combine)
     if name == "deepep":
         from workbench.moe.dispatch.deepep import DeepEPDispatcher
 
-        return DeepEPDispatcher(num_experts, ep_group)
+        return DeepEPDispatcher(num_experts, ep_group, combine)
     raise ValueError(f"unknown dispatcher {name!r}")
 
 
 def _closable(dispatcher) -> bool:
     return callable(getattr(dispatcher, "close", None))
+
+
+def model_dispatchers(model: torch.nn.Module) -> list:
+    """The dispatcher of every MoE layer of `model` (its engine experts modules), in module order."""
+    from workbench.moe.hf_experts import EngineExperts
+
+    return [m.workbench_dispatcher for m in model.modules() if isinstance(m, EngineExperts)]
 
 
 def close_dispatchers(model: torch.nn.Module) -> int:
@@ -67,11 +74,8 @@ def close_dispatchers(model: torch.nn.Module) -> int:
     Collective: every rank of each dispatcher's ep group must call it (in the same module order,
     which the same model gives). Dispatchers that hold nothing to free are skipped.
     """
-    from workbench.moe.layer import moe_blocks
-
     closed, seen = 0, set()
-    for block in moe_blocks(model):
-        dispatcher = block.dispatcher
+    for dispatcher in model_dispatchers(model):
         if id(dispatcher) in seen or not _closable(dispatcher):
             continue
         seen.add(id(dispatcher))
@@ -92,17 +96,20 @@ def close_live_dispatchers() -> int:
 
     import torch.distributed as dist
 
-    from workbench.moe.layer import MoEBlock
+    from workbench.moe.hf_experts import EngineExperts
 
     if not (dist.is_available() and dist.is_initialized()):
         return 0
     held = {}
     for obj in gc.get_objects():
         # type(), not isinstance: some live objects (proxies) raise from __class__.
-        if issubclass(type(obj), MoEBlock) and _closable(obj.dispatcher):
-            key = getattr(obj.dispatcher, "open_key", None)
+        if not issubclass(type(obj), EngineExperts):
+            continue
+        dispatcher = getattr(obj, "workbench_dispatcher", None)
+        if _closable(dispatcher):
+            key = getattr(dispatcher, "open_key", None)
             if key is not None:
-                held[key] = obj.dispatcher
+                held[key] = dispatcher
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, sorted(held))
     keys_of_rank = [set(keys or ()) for keys in everyone]
@@ -116,4 +123,4 @@ def close_live_dispatchers() -> int:
 
 
 __all__ = ["Dispatcher", "LocalDispatcher", "Permutation", "close_dispatchers", "close_live_dispatchers",
-           "make_dispatcher", "permute", "sort_by_expert", "unpermute"]
+           "make_dispatcher", "model_dispatchers", "permute", "sort_by_expert", "unpermute"]

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 
-from workbench.moe.dispatch.local import expand_to_rows, weighted_sum
+from workbench.moe.dispatch.local import combine_uses_triton, expand_to_rows, weighted_sum
 
 
 def _all_to_all(x: torch.Tensor, output_splits: list[int], input_splits: list[int], group) -> torch.Tensor:
@@ -44,7 +44,8 @@ class AllToAllHandle:
 class AllToAllDispatcher:
     """Sends each token once to every ep rank owning one of its experts: rank r owns [r*L, (r+1)*L)."""
 
-    def __init__(self, num_experts: int, ep_group):
+    def __init__(self, num_experts: int, ep_group, combine: str = "torch"):
+        self.use_triton = combine_uses_triton(combine)
         self.group = ep_group
         self.ep_size = dist.get_world_size(ep_group)
         self.ep_rank = dist.get_rank(ep_group)
@@ -81,7 +82,7 @@ class AllToAllDispatcher:
         ids_SK = torch.where(on_dest_SK, ids_sent_SK - rank_of_sent[:, None] * L, -1)
         weights_SK = topk_weights_TK.float().index_select(0, token_of_sent) * on_dest_SK
 
-        x_sent = expand_to_rows(x_TD, token_of_sent, home_row_of_slot, P)
+        x_sent = expand_to_rows(x_TD, token_of_sent, home_row_of_slot, P, self.use_triton)
         recv_x = _all_to_all(x_sent, recv_splits, send_splits, self.group)
         recv_w = _all_to_all(weights_SK, recv_splits, send_splits, self.group)
         recv_ids = torch.empty((num_recv, K), dtype=ids_SK.dtype, device=device)
@@ -94,14 +95,16 @@ class AllToAllDispatcher:
         row_of_slot[slot_of_row] = torch.arange(num_rows, device=device)
         tokens_per_local_expert = torch.zeros(L + 1, dtype=torch.int64, device=device).scatter_add_(
             0, keys, torch.ones_like(keys))[:L]
-        x_by_expert = expand_to_rows(recv_x, slot_of_row // K, row_of_slot, K)
+        x_by_expert = expand_to_rows(recv_x, slot_of_row // K, row_of_slot, K, self.use_triton)
         handle = AllToAllHandle(T, send_splits, recv_splits, recv_w, row_of_slot, slot_of_row,
                                 home_row_of_slot, home_slot_of_row)
         return x_by_expert, tokens_per_local_expert, handle
 
     def combine(self, y_by_expert_ND, handle: AllToAllHandle):
         # weighted sum of this rank's experts per received token, sent home, added per token
-        partial_RD = weighted_sum(y_by_expert_ND, handle.recv_weights_RK, handle.row_of_slot, handle.slot_of_row)
+        partial_RD = weighted_sum(y_by_expert_ND, handle.recv_weights_RK, handle.row_of_slot, handle.slot_of_row,
+                                  self.use_triton)
         partial_home_SD = _all_to_all(partial_RD, handle.send_splits, handle.recv_splits, self.group)
         ones_TP = torch.ones(handle.num_tokens, self.ep_size, device=partial_home_SD.device)
-        return weighted_sum(partial_home_SD, ones_TP, handle.home_row_of_slot, handle.home_slot_of_row)
+        return weighted_sum(partial_home_SD, ones_TP, handle.home_row_of_slot, handle.home_slot_of_row,
+                            self.use_triton)

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.backends import DEEPEP_EP_SIZES, INSTALL_HINT, BackendError
-from workbench.moe.dispatch.local import expand_to_rows, weighted_sum
+from workbench.moe.dispatch.local import combine_uses_triton, expand_to_rows, weighted_sum
 
 # Limits of DeepEP 1.2.x's intranode kernels, checked here so that a misfit is a clear error
 # rather than a device-side assert that takes the CUDA context down with it.
@@ -153,7 +153,8 @@ class DeepEPHandle:
 class DeepEPDispatcher:
     """Sends each token once to every ep rank owning one of its experts, through DeepEP's NVLink kernels."""
 
-    def __init__(self, num_experts: int, ep_group=None):
+    def __init__(self, num_experts: int, ep_group=None, combine: str = "torch"):
+        self.use_triton = combine_uses_triton(combine)
         self._deep_ep = import_deep_ep()
         if not torch.cuda.is_available():
             raise BackendError("dispatcher='deepep' needs CUDA GPUs joined by NVLink, and there is no CUDA "
@@ -235,10 +236,11 @@ class DeepEPDispatcher:
         slot_of_row = torch.argsort(keys, stable=True)[:num_rows]
         row_of_slot = torch.full_like(flat_idx, num_rows, dtype=torch.int64)
         row_of_slot[slot_of_row] = torch.arange(num_rows, device=flat_idx.device)
-        x_by_expert = expand_to_rows(recv_x, slot_of_row // top_k, row_of_slot, top_k)
+        x_by_expert = expand_to_rows(recv_x, slot_of_row // top_k, row_of_slot, top_k, self.use_triton)
         tokens_per_local_expert = torch.tensor(ex.recv_counts, dtype=torch.int64).to(self.device)
         return x_by_expert, tokens_per_local_expert, DeepEPHandle(ex, recv_w, slot_of_row, row_of_slot)
 
     def combine(self, y_by_expert_ND, handle: DeepEPHandle):
-        partial_RD = weighted_sum(y_by_expert_ND, handle.recv_weights_RK, handle.row_of_slot, handle.slot_of_row)
+        partial_RD = weighted_sum(y_by_expert_ND, handle.recv_weights_RK, handle.row_of_slot, handle.slot_of_row,
+                                  self.use_triton)
         return _Combine.apply(partial_RD, handle.exchange)

@@ -70,44 +70,46 @@ def gather_slots(y_ND: torch.Tensor, row_of_slot: torch.Tensor) -> torch.Tensor:
 class _ExpandToExperts(torch.autograd.Function):
     """Copy each token to its expert-major rows; the gradient sums each token's rows.
 
-    `row_of_slot` [T*K] may mark slots without a row (see gather_slots).
+    `row_of_slot` [T*K] may mark slots without a row (see gather_slots). `use_triton`: the
+    backward is the Triton combine kernel (BackendConfig.combine='triton').
     """
 
     @staticmethod
-    def forward(ctx, x_TD, token_of_row, row_of_slot, top_k):
+    def forward(ctx, x_TD, token_of_row, row_of_slot, top_k, use_triton):
         ctx.save_for_backward(row_of_slot)
         ctx.top_k = top_k
+        ctx.use_triton = use_triton
         return x_TD.index_select(0, token_of_row)
 
     @staticmethod
     def backward(ctx, grad_ND):
         (row_of_slot,) = ctx.saved_tensors
-        if _triton_combine_runs(grad_ND):
+        if ctx.use_triton:
             # the unweighted combine: one pass over the rows, no [T, K, D] gather
             from workbench.kernels.triton_combine import combine_forward
 
             ones_TK = torch.ones(row_of_slot.numel() // ctx.top_k, ctx.top_k, device=grad_ND.device)
-            return combine_forward(grad_ND, ones_TK, row_of_slot), None, None, None
+            return combine_forward(grad_ND, ones_TK, row_of_slot), None, None, None, None
         grad_TKD = gather_slots(grad_ND, row_of_slot).view(-1, ctx.top_k, grad_ND.shape[-1])
-        return grad_TKD.sum(dim=1), None, None, None
+        return grad_TKD.sum(dim=1), None, None, None, None
 
 
-def permute(x_TD: torch.Tensor, perm: Permutation) -> torch.Tensor:
+def permute(x_TD: torch.Tensor, perm: Permutation, use_triton: bool = False) -> torch.Tensor:
     """Gather token rows into expert-major order (k copies of each token)."""
-    return expand_to_rows(x_TD, perm.token_of_row, perm.row_of_slot, perm.top_k)
+    return expand_to_rows(x_TD, perm.token_of_row, perm.row_of_slot, perm.top_k, use_triton)
 
 
 def expand_to_rows(x_TD: torch.Tensor, token_of_row: torch.Tensor, row_of_slot: torch.Tensor,
-                   top_k: int) -> torch.Tensor:
+                   top_k: int, use_triton: bool = False) -> torch.Tensor:
     """x[token_of_row] with a gather-sum backward; `row_of_slot` may mark slots without a row."""
-    return _ExpandToExperts.apply(x_TD, token_of_row, row_of_slot, top_k)
+    return _ExpandToExperts.apply(x_TD, token_of_row, row_of_slot, top_k, use_triton)
 
 
-def _triton_combine_runs(y_ND: torch.Tensor) -> bool:
-    """Whether the fused Triton combine takes this tensor (CUDA, or the interpreter in tests)."""
-    from workbench.kernels._triton_util import triton_runs_on
-
-    return y_ND.dim() == 2 and triton_runs_on(y_ND)
+def combine_uses_triton(combine: str) -> bool:
+    """Whether a dispatcher built with BackendConfig.combine=`combine` runs the Triton kernels."""
+    if combine not in ("torch", "triton"):
+        raise ValueError(f"combine must be a resolved BackendConfig.combine, 'torch' or 'triton'; got {combine!r}")
+    return combine == "triton"
 
 
 class _WeightedCombine(torch.autograd.Function):
@@ -122,10 +124,10 @@ class _WeightedCombine(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, y_ND, weights_TK, row_of_slot, slot_order):
+    def forward(ctx, y_ND, weights_TK, row_of_slot, slot_order, use_triton):
         num_tokens, top_k = weights_TK.shape
         ctx.save_for_backward(y_ND, weights_TK, row_of_slot, slot_order)
-        ctx.use_triton = _triton_combine_runs(y_ND)
+        ctx.use_triton = use_triton
         if ctx.use_triton:
             from workbench.kernels.triton_combine import combine_forward
 
@@ -143,7 +145,7 @@ class _WeightedCombine(torch.autograd.Function):
             from workbench.kernels.triton_combine import combine_backward
 
             grad_y, grad_w = combine_backward(grad_TD, y_ND, weights_TK, row_of_slot)
-            return grad_y, grad_w, None, None
+            return grad_y, grad_w, None, None, None
         grad_T1D = grad_TD.float().unsqueeze(1)
         grad_y = grad_w = None
         if ctx.needs_input_grad[1]:
@@ -153,16 +155,17 @@ class _WeightedCombine(torch.autograd.Function):
             grad_TKD = (weights_TK.float().unsqueeze(2) * grad_T1D).to(y_ND.dtype)
             # row r of y came from slot slot_order[r]
             grad_y = grad_TKD.view(num_tokens * top_k, grad_TKD.shape[-1]).index_select(0, slot_order)
-        return grad_y, grad_w, None, None
+        return grad_y, grad_w, None, None, None
 
 
 def weighted_sum(y_ND: torch.Tensor, weights_TK: torch.Tensor, row_of_slot: torch.Tensor,
-                 slot_of_row: torch.Tensor) -> torch.Tensor:
+                 slot_of_row: torch.Tensor, use_triton: bool = False) -> torch.Tensor:
     """out[t] = sum_k w[t, k] * y[row_of_slot[t*K + k]] in float32; slots may have no row (gather_slots)."""
-    return _WeightedCombine.apply(y_ND, weights_TK, row_of_slot, slot_of_row)
+    return _WeightedCombine.apply(y_ND, weights_TK, row_of_slot, slot_of_row, use_triton)
 
 
-def unpermute(y_ND: torch.Tensor, weights_TK: torch.Tensor, perm: Permutation) -> torch.Tensor:
+def unpermute(y_ND: torch.Tensor, weights_TK: torch.Tensor, perm: Permutation,
+              use_triton: bool = False) -> torch.Tensor:
     """Each token's weighted sum of its k expert rows (a gather, then a [1,K] x [K,D] product).
 
     In float32: the routing weights' gradient feeds the softmax's, a difference of near-equal
@@ -171,7 +174,7 @@ def unpermute(y_ND: torch.Tensor, weights_TK: torch.Tensor, perm: Permutation) -
     if weights_TK.shape != (perm.num_tokens, perm.top_k):
         raise ValueError(f"routing weights {tuple(weights_TK.shape)} do not match the permutation's "
                          f"({perm.num_tokens}, {perm.top_k})")
-    return weighted_sum(y_ND, weights_TK, perm.row_of_slot, perm.slot_order)
+    return weighted_sum(y_ND, weights_TK, perm.row_of_slot, perm.slot_order, use_triton)
 
 
 @dataclass
@@ -183,12 +186,13 @@ class LocalHandle:
 class LocalDispatcher:
     """Single-rank dispatch: all experts are local, so dispatch is a permutation."""
 
-    def __init__(self, num_experts: int):
+    def __init__(self, num_experts: int, combine: str = "torch"):
         self.num_experts = num_experts
+        self.use_triton = combine_uses_triton(combine)
 
     def dispatch(self, x_TD, topk_ids_TK, topk_weights_TK):
         perm, tokens_per_expert = sort_by_expert(topk_ids_TK, self.num_experts)
-        return permute(x_TD, perm), tokens_per_expert, LocalHandle(perm, topk_weights_TK)
+        return permute(x_TD, perm, self.use_triton), tokens_per_expert, LocalHandle(perm, topk_weights_TK)
 
     def combine(self, y_by_expert_ND, handle: LocalHandle):
-        return unpermute(y_by_expert_ND, handle.topk_weights_TK, handle.perm)
+        return unpermute(y_by_expert_ND, handle.topk_weights_TK, handle.perm, self.use_triton)

@@ -26,7 +26,15 @@ import torch
 import torch.distributed as dist
 
 from workbench.backends import BackendError
-from workbench.moe.dispatch.local import GatherRows, Permutation, inverse_permutation, permute, sort_by_expert, unpermute
+from workbench.moe.dispatch.local import (
+    GatherRows,
+    Permutation,
+    combine_uses_triton,
+    inverse_permutation,
+    permute,
+    sort_by_expert,
+    unpermute,
+)
 
 # Argument names of the op schema this module was written against (torch 2.9 .. 2.13):
 #   symm_mem::all_to_all_vdev(Tensor input, Tensor(a!) out, Tensor in_splits,
@@ -159,7 +167,8 @@ class SymmMemHandle:
 class SymmMemDispatcher:
     """Sends each (token, slot) to the ep rank owning its expert through NVSHMEM symmetric memory."""
 
-    def __init__(self, num_experts: int, ep_group=None):
+    def __init__(self, num_experts: int, ep_group=None, combine: str = "torch"):
+        self.use_triton = combine_uses_triton(combine)
         if not torch.cuda.is_available():
             raise BackendError("dispatcher='symm_mem' needs CUDA devices with NVSHMEM (torch symmetric memory) "
                                "and there is no CUDA device here; use dispatcher='alltoall'")
@@ -207,7 +216,7 @@ class SymmMemDispatcher:
 
     def dispatch(self, x_TD, topk_ids_TK, topk_weights_TK):
         perm, tokens_per_expert_E = sort_by_expert(topk_ids_TK, self.num_experts)
-        x_sorted = permute(x_TD, perm)  # ordered by expert, hence by destination rank
+        x_sorted = permute(x_TD, perm, self.use_triton)  # ordered by expert, hence by destination rank
 
         # The whole [P, E] traffic matrix on every rank, so that every rank takes the same decision
         # about buffer sizes (an error on one rank alone would leave the others waiting).
@@ -244,4 +253,4 @@ class SymmMemDispatcher:
         num_home_rows = handle.perm.num_tokens * handle.perm.top_k
         y_sorted = _SymmMemExchange.apply(y_received, buffers, handle.received_per_rank, handle.sent_per_rank,
                                           num_home_rows)
-        return unpermute(y_sorted, handle.topk_weights_TK, handle.perm)
+        return unpermute(y_sorted, handle.topk_weights_TK, handle.perm, self.use_triton)

@@ -26,10 +26,23 @@ def barrier() -> None:
         dist.barrier()
 
 
-def pick_device() -> torch.device:
-    """This rank's device (see `workbench.models.auto.default_device`), made current."""
-    from workbench.models.auto import default_device
+def pick_device(kind: str = "auto") -> torch.device:
+    """This rank's device (`kind` "auto": see `workbench.devices.default_device`), made current.
 
+    "cpu" pins the CPU also where GPUs are visible (a float32 CPU reference on a GPU machine).
+    """
+    from workbench.config import ConfigError
+    from workbench.devices import default_device
+
+    gloo = initialized() and "nccl" not in str(dist.get_backend()).lower()
+    if kind == "cpu":
+        if initialized() and not gloo:
+            raise ConfigError("model.device='cpu' needs a gloo process group (NCCL has no CPU collectives); "
+                              "use model.device='auto'")
+        return torch.device("cpu")
+    if kind == "cuda" and (not torch.cuda.is_available() or gloo):
+        raise ConfigError("model.device='cuda' needs a CUDA GPU" + (" and an NCCL process group (this one is gloo)"
+                                                                    if gloo else "") + "; use model.device='auto'")
     device = default_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -1,0 +1,276 @@
+"""The engine's extras on the generic path (fused CE, Triton SwiGLU/RMSNorm/combine, TE, expert_recompute).
+
+Each is chosen through BackendConfig; CPU tests compare with vanilla Transformers in float32, and
+where a kernel needs a GPU, check which implementation got installed (the Triton kernels run on CPU
+in Triton's interpreter in a subprocess).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from generic_families import tiny_config
+from test_generic_families import _config, close, randomize
+
+from workbench import BackendConfig
+from workbench.backends import BackendError
+from workbench.models.auto import AutoModelForCausalLM
+from workbench.models.generic_extras import is_standard_rms_norm, swap_rms_norms
+from workbench.moe.dispatch import make_dispatcher
+from workbench.moe.hf_experts import engine_experts_modules, is_plain_swiglu
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+HAS_CUDA = torch.cuda.is_available()
+FUSED_CE_FAMILIES = ["mixtral", "olmoe", "qwen2_moe", "gpt_oss", "deepseek_v3"]
+
+
+def _pair(family: str, backend: BackendConfig):
+    cfg = _config(family)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="eager")
+    randomize(ref)
+    eng = AutoModelForCausalLM.from_config(cfg, backend=backend, device="cpu")
+    eng.load_state_dict(ref.state_dict(), strict=True)
+    return cfg, ref, eng
+
+
+def _step(model, ids, **kwargs):
+    out = model(input_ids=ids, labels=ids, output_router_logits=True, **kwargs)
+    out.loss.backward()
+    return out
+
+
+@pytest.mark.parametrize("family", FUSED_CE_FAMILIES)
+def test_fused_ce_loss_aux_and_grads_equal_transformers(family):
+    cfg, ref, eng = _pair(family, BackendConfig(experts="grouped_mm", fused_ce=True))
+    ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(2))
+    labels = ids.clone()
+    labels[0, :4] = -100  # ignored targets, and num_items_in_batch as the trainer passes it
+    n = torch.tensor(float((labels[:, 1:] != -100).sum()))
+    out_ref = ref(input_ids=ids, labels=labels, output_router_logits=True, num_items_in_batch=n)
+    out_eng = eng(input_ids=ids, labels=labels, output_router_logits=True, num_items_in_batch=n)
+    assert out_eng.logits is None and out_ref.logits is not None  # the [tokens, vocab] logits were never built
+    close(out_eng.loss, out_ref.loss, f"{family} loss (CE + coef * aux)")
+    if getattr(out_ref, "aux_loss", None) is not None:
+        close(out_eng.aux_loss, out_ref.aux_loss, f"{family} aux loss")
+    out_ref.loss.backward()
+    out_eng.loss.backward()
+    grads = dict(eng.named_parameters())
+    for name, p in ref.named_parameters():
+        if p.grad is not None:
+            close(grads[name].grad, p.grad, f"{family} grad {name}")
+    # without labels the model is Transformers' own: logits come back
+    with torch.no_grad():
+        close(eng(input_ids=ids).logits, ref(input_ids=ids).logits, f"{family} logits without labels")
+
+
+def test_fused_ce_refused_where_logits_are_transformed():
+    if "granitemoe" not in transformers.CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no granitemoe")
+    cfg = transformers.AutoConfig.for_model("granitemoe", vocab_size=96, hidden_size=32, intermediate_size=16,
+                                            num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                            num_local_experts=4, num_experts_per_tok=2, logits_scaling=4.0)
+    with pytest.raises(ValueError, match=r"fused_ce=True cannot serve model_type 'granitemoe'.*logits_scaling"):
+        AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(fused_ce=True), device="cpu")
+    # fused_ce=False builds it
+    AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(), device="cpu")
+
+
+@pytest.mark.parametrize("family,plain", [("mixtral", True), ("olmoe", True), ("qwen2_moe", True),
+                                          ("qwen3_moe", True), ("deepseek_v3", True), ("glm4_moe", True),
+                                          ("gpt_oss", False)])
+def test_plain_swiglu_read_from_the_module(family, plain):
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(_config(family))
+    experts = [m for m in model.modules() if hasattr(m, "_apply_gate") and hasattr(m, "gate_up_proj")]
+    assert experts and all(is_plain_swiglu(m) is plain for m in experts)
+
+
+def test_plain_swiglu_probe_without_transformers_default_name(monkeypatch):
+    # a Transformers version that names its default gate differently: the gate's own numbers decide
+    from transformers.integrations import moe as hf_moe
+
+    monkeypatch.delattr(hf_moe, "_default_apply_gate")
+    for family, plain in (("mixtral", True), ("gpt_oss", False)):
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(_config(family))
+        experts = [m for m in model.modules() if hasattr(m, "_apply_gate") and hasattr(m, "gate_up_proj")]
+        assert experts and all(is_plain_swiglu(m) is plain for m in experts), family
+
+
+def test_swiglu_choice_installed_only_on_plain_gates(monkeypatch):
+    # On CPU 'auto' resolves to torch; the interpreter script below runs the Triton choice end to end.
+    assert BackendConfig().resolve("cpu").swiglu == "torch"
+    with pytest.raises(BackendError, match="swiglu='triton' cannot run here"):
+        BackendConfig(swiglu="triton").resolve("cpu")
+    from workbench.moe.hf_experts import install_engine_experts
+
+    for family, want in (("mixtral", "triton"), ("gpt_oss", "torch")):
+        model = transformers.AutoModelForCausalLM.from_config(_config(family))
+        for module in [m for m in model.modules() if hasattr(m, "_apply_gate") and hasattr(m, "gate_up_proj")]:
+            install_engine_experts(module, make_dispatcher("local", 4), "grouped_mm", (0, 4), 4, swiglu="triton")
+            assert module.workbench_swiglu == want, family
+
+
+def test_rms_norm_probe_accepts_standard_and_refuses_variants():
+    with torch.device("meta"):
+        mixtral = transformers.AutoModelForCausalLM.from_config(_config("mixtral"))
+        deepseek = transformers.AutoModelForCausalLM.from_config(_config("deepseek_v3"))
+    standard = [m for model in (mixtral, deepseek) for m in model.modules() if "RMSNorm" in type(m).__name__]
+    assert standard and all(is_standard_rms_norm(m) for m in standard)
+    assert not is_standard_rms_norm(torch.nn.LayerNorm(8, bias=False))  # mean subtraction
+
+    class OnePlus(torch.nn.Module):  # Gemma / Qwen3-Next style: (1 + weight)
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(8))
+            self.variance_epsilon = 1e-6
+
+        def forward(self, x):
+            return (1 + self.weight) * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+
+    class IgnoresEps(OnePlus):
+        def forward(self, x):
+            return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))
+
+    assert not is_standard_rms_norm(OnePlus()) and not is_standard_rms_norm(IgnoresEps())
+    if "qwen3_5_moe_text" in transformers.CONFIG_MAPPING:
+        with torch.device("meta"):
+            q35 = transformers.AutoModelForCausalLM.from_config(_config("qwen3_5_moe_text"))
+        norms = {type(m).__name__: is_standard_rms_norm(m) for m in q35.modules() if "RMSNorm" in type(m).__name__}
+        assert norms and not any(norms.values()), norms  # (1 + weight) and the gated norm keep their forward
+    assert swap_rms_norms(mixtral, "torch") == []  # torch: Transformers' own modules
+
+
+def test_expert_recompute_recomputes_and_equals_transformers():
+    cfg, ref, eng = _pair("mixtral", BackendConfig(experts="grouped_mm", expert_recompute=True))
+    calls = []
+    for _, module in engine_experts_modules(eng):
+        gate = module._apply_gate
+        module._apply_gate = lambda h, gate=gate: calls.append(1) or gate(h)
+    ids = torch.randint(0, cfg.vocab_size, (2, 10), generator=torch.Generator().manual_seed(4))
+    out_ref, out_eng = _step(ref, ids), _step(eng, ids)
+    layers = len(engine_experts_modules(eng))
+    assert len(calls) == 2 * layers  # each layer's experts ran again in backward
+    close(out_eng.loss, out_ref.loss, "loss")
+    grads = dict(eng.named_parameters())
+    for name, p in ref.named_parameters():
+        if p.grad is not None:
+            close(grads[name].grad, p.grad, f"grad {name}")
+
+
+def test_combine_choice_reaches_every_dispatcher():
+    assert make_dispatcher("local", 4).use_triton is False
+    assert make_dispatcher("local", 4, combine="triton").use_triton is True
+    with pytest.raises(ValueError, match="combine must be a resolved BackendConfig.combine"):
+        make_dispatcher("local", 4, combine="auto")
+    _, _, eng = _pair("olmoe", BackendConfig())
+    assert all(m.workbench_dispatcher.use_triton is False for _, m in engine_experts_modules(eng))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None or not HAS_CUDA,
+                    reason="TransformerEngine runs on CUDA GPUs only and is not installed here")
+def test_te_linear_and_experts_on_the_generic_path_match_torch_on_cuda():
+    cfg = tiny_config("mixtral", hidden_size=64, intermediate_size=64, head_dim=16)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="eager").cuda().bfloat16()
+    eng = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts="te", linear="te"), device="cuda")
+    eng.load_state_dict(ref.state_dict())
+    eng.cuda().bfloat16()
+    assert any(type(m).__name__ == "TELinear" for m in eng.modules())
+    ids = torch.randint(0, cfg.vocab_size, (2, 16), device="cuda")
+    with torch.no_grad():
+        a, b = eng(input_ids=ids).logits.float(), ref(input_ids=ids).logits.float()
+    assert ((a - b).norm() / b.norm()).item() < 3e-2
+
+
+_INTERPRETER_SCRIPT = textwrap.dedent("""
+import sys, torch, transformers
+sys.path.insert(0, "tests")
+from test_generic_families import _config, close, randomize
+from workbench import BackendConfig
+from workbench.kernels.rms_norm import RMSNorm
+from workbench.models.auto import AutoModelForCausalLM
+from workbench.moe.hf_experts import engine_experts_modules
+
+resolved = BackendConfig().resolve("cpu")
+assert all(getattr(resolved, f) == "triton" for f in ("rms_norm", "swiglu", "combine", "cross_entropy", "rope"))
+
+def pair(family, backend):
+    cfg = _config(family)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="eager")
+    randomize(ref)
+    eng = AutoModelForCausalLM.from_config(cfg, backend=backend, device="cpu")
+    eng.load_state_dict(ref.state_dict(), strict=True)
+    return cfg, ref, eng
+
+def check(family, ref, eng, ids):
+    out_ref = ref(input_ids=ids, labels=ids, output_router_logits=True)
+    out_eng = eng(input_ids=ids, labels=ids, output_router_logits=True)
+    close(out_eng.loss, out_ref.loss, family + " loss")
+    out_ref.loss.backward(); out_eng.loss.backward()
+    grads = dict(eng.named_parameters())
+    for name, p in ref.named_parameters():
+        if p.grad is not None:
+            close(grads[name].grad, p.grad, family + " grad " + name)
+
+for family in sys.argv[1:]:
+    # 'auto' under the interpreter: every Triton kernel (RMSNorm, SwiGLU, combine, CE) on the generic path
+    cfg, ref, eng = pair(family, BackendConfig(experts="grouped_mm", fused_ce=True))
+    assert sum(isinstance(m, RMSNorm) and m.backend == "triton" for m in eng.modules()) >= 2 * cfg.num_hidden_layers
+    experts = [m for _, m in engine_experts_modules(eng)]
+    assert all(m.workbench_dispatcher.use_triton for m in experts)
+    assert all(m.workbench_swiglu == "triton" for m in experts)  # GPT-OSS: its fused bias + clamped gate
+    ids = torch.randint(0, cfg.vocab_size, (2, 10), generator=torch.Generator().manual_seed(7))
+    check(family, ref, eng, ids)
+    # every choice torch: no Triton kernel may run, although the interpreter would take them
+    import workbench.kernels.triton_combine as tc, workbench.kernels.triton_swiglu as ts
+    import workbench.kernels.triton_rms_norm as tr, workbench.kernels.triton_cross_entropy as tce
+    import workbench.kernels.triton_gpt_oss_gate as tg
+    saved = {}
+    def forbid(mod, name):
+        saved[(mod, name)] = getattr(mod, name)
+        setattr(mod, name, lambda *a, **k: (_ for _ in ()).throw(AssertionError(f"{mod.__name__}.{name} ran")))
+    for mod, name in ((tc, "combine_forward"), (tc, "combine_backward"), (ts, "swiglu_packed"),
+                      (tr, "rms_norm"), (tce, "ce_rows_"), (tce, "scaled"), (tg, "gate"), (tg, "row_bias_")):
+        forbid(mod, name)
+    torch_only = BackendConfig(experts="grouped_mm", fused_ce=True, rms_norm="torch", swiglu="torch", combine="torch",
+                               cross_entropy="torch", rope="torch")
+    cfg, ref, eng = pair(family, torch_only)
+    check(family, ref, eng, ids)
+    for (mod, name), fn in saved.items():
+        setattr(mod, name, fn)
+    print("ok", family)
+
+# Qwen3-MoE's family extra: the fused-RoPE attention, installed by the generic path with rope='triton'
+from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
+from workbench.models import generic
+from workbench.models.qwen3_attention import Qwen3MoeEngineAttention
+from workbench.moe.dispatch import LocalDispatcher
+cfg = _config("qwen3_moe")
+ref = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="eager")
+randomize(ref)
+eng = transformers.AutoModelForCausalLM.from_config(cfg)
+eng.load_state_dict(ref.state_dict())
+resolved = BackendConfig(experts="grouped_mm", fused_ce=True).resolve("cpu")
+generic.install(eng, resolved, lambda n: LocalDispatcher(n, resolved.combine))
+assert all(type(layer.self_attn) is Qwen3MoeEngineAttention for layer in eng.model.layers)
+check("qwen3_moe", ref, eng, torch.randint(0, cfg.vocab_size, (2, 10), generator=torch.Generator().manual_seed(8)))
+print("GENERIC TRITON OK")
+""")
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the kernels in "
+                                           "Triton's CPU interpreter)")
+@pytest.mark.skipif(HAS_CUDA, reason="the interpreter is for CPU machines; CUDA runs the compiled kernels")
+def test_triton_extras_on_the_generic_path_equal_transformers_in_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", _INTERPRETER_SCRIPT, "mixtral", "qwen2_moe", "deepseek_v3", "gpt_oss"],
+                          env=env, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "GENERIC TRITON OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]

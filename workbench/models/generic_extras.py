@@ -1,0 +1,332 @@
+"""The engine's measured extras on the generic path, each chosen by a resolved BackendConfig field.
+
+- rms_norm: the families' RMSNorm modules with standard semantics (weight * x / rms(x), eps) become
+  the engine's RMSNorm (Triton / TE), same `weight` Parameter; variants such as (1 + weight) stay.
+- linear='te': the decoder layers' projections become TE Linears (same Parameters).
+- fused_ce: the lm_head + cross-entropy in chunks without [tokens, vocab] logits, inside the
+  family's own forward, so its aux loss and output stay Transformers'.
+- fp8: TransformerEngine's FP8 region around the forward; attention='sdpa' on CUDA: cuDNN first.
+- Qwen3-MoE's own extras: with rope='triton' its attention applies RoPE with one fused kernel
+  (models/qwen3_attention.py); its router computes float32 logits (models/qwen3_router.py).
+
+Experts-side extras (Triton SwiGLU, TE experts, expert_recompute) live in moe/hf_experts.py, the
+Triton combine in the dispatchers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+# Config fields that transform logits between lm_head and the loss (their families cannot fuse CE).
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_softcapping", "logits_scaling", "logit_scale")
+
+
+def attention_backend(backend, device: torch.device):
+    """SDPA kernel preference for the forward (the backward follows the forward's choice).
+
+    On Hopper, cuDNN's fused attention runs Qwen3-30B-A3B's causal GQA attention 1.75x faster
+    than the flash kernel SDPA picks by default (2.00 vs 3.55 ms fwd+bwd at B2 S4096), so it goes
+    first; the others stay as fallbacks for shapes cuDNN refuses.
+    """
+    if backend is None or backend.attention != "sdpa" or device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+             SDPBackend.MATH]
+    return sdpa_kernel(order, set_priority=True)
+
+
+# ---------------------------------------------------------------- RMSNorm
+
+
+def _eps_of(module: nn.Module) -> float | None:
+    for name in ("variance_epsilon", "eps"):
+        value = getattr(module, name, None)
+        if isinstance(value, float):
+            return value
+    return None
+
+
+def is_standard_rms_norm(module: nn.Module) -> bool:
+    """Whether `module` computes weight * x / sqrt(mean(x^2) + eps) over the last dim, and nothing else.
+
+    Checked on the module itself: one 1-D `weight` parameter, no buffers or children, an eps
+    attribute, and its own forward on random float32 CPU inputs (one scale where eps is negligible,
+    one where it dominates) equal to the formula. Variants ((1 + weight), mean subtraction, another
+    eps) fail the probe and keep their own forward.
+    """
+    params = dict(module.named_parameters(recurse=False))
+    eps = _eps_of(module)
+    if (set(params) != {"weight"} or params["weight"].dim() != 1 or eps is None or list(module.children())
+            or list(module.buffers(recurse=False))):
+        return False
+    width = params["weight"].shape[0]
+    g = torch.Generator().manual_seed(width)
+    weight = 1.0 + 0.5 * torch.randn(width, generator=g)
+    for scale in (1.0, eps ** 0.5):
+        x = scale * torch.randn(3, width, generator=g)
+        want = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+        try:
+            with torch.no_grad():
+                got = torch.func.functional_call(module, {"weight": weight}, (x,))
+        except Exception:  # a forward that needs more than (x,) is not a plain RMSNorm
+            return False
+        if not (isinstance(got, torch.Tensor) and got.shape == want.shape
+                and torch.allclose(got.float(), want, rtol=1e-5, atol=1e-6)):
+            return False
+    return True
+
+
+def swap_rms_norms(model: nn.Module, backend: str) -> list[str]:
+    """Every standard RMSNorm of `model` becomes the engine's RMSNorm(`backend`); names of those swapped.
+
+    backend='torch' swaps nothing: Transformers' own modules are the torch path.
+    """
+    if backend == "torch":
+        return []
+    from workbench.kernels.rms_norm import RMSNorm
+
+    swapped, refused = [], set()
+    for parent_name, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            if "RMSNorm" not in type(child).__name__ and not hasattr(child, "variance_epsilon"):
+                continue  # not norm-like at all: skip the probe
+            if isinstance(child, RMSNorm):
+                continue
+            if not is_standard_rms_norm(child):
+                refused.add(type(child).__name__)
+                continue
+            weight = child.weight
+            norm = RMSNorm(weight.shape[0], _eps_of(child), backend, device="meta")
+            norm.weight = weight
+            setattr(parent, child_name, norm)
+            swapped.append(f"{parent_name}.{child_name}" if parent_name else child_name)
+    if refused:
+        log.warning("rms_norm=%r: %s keep Transformers' forward (not weight * x / rms(x))", backend,
+                    ", ".join(sorted(refused)))
+    return swapped
+
+
+# ---------------------------------------------------------------- TE linear
+
+
+def swap_linears(model: nn.Module, backend: str, num_experts: int) -> list[str]:
+    """linear='te': the decoder layers' nn.Linear projections become TE Linears, same Parameters.
+
+    Left alone: the experts (not nn.Linear), router-shaped layers (num_experts or 1 outputs: routing
+    stays in the model dtype) and widths TE's GEMMs refuse (not multiples of 16); lm_head too (the
+    fused cross-entropy reads its weight directly).
+    """
+    if backend != "te":
+        return []
+    from workbench.kernels.te_linear import to_te_linear
+    from workbench.parallel.fsdp import decoder_layers
+
+    swapped = []
+    for layer in decoder_layers(model):
+        for parent_name, parent in list(layer.named_modules()):
+            for child_name, child in list(parent.named_children()):
+                if type(child) is not nn.Linear or child.out_features in (num_experts, 1):
+                    continue
+                if child.in_features % 16 or child.out_features % 16:
+                    continue
+                setattr(parent, child_name, to_te_linear(child))
+                swapped.append(f"{parent_name}.{child_name}")
+    return swapped
+
+
+# ---------------------------------------------------------------- fused cross-entropy
+
+
+class DeferredLMHead(nn.Linear):
+    """The lm_head; while the fused cross-entropy runs it hands the hidden states on unchanged."""
+
+    workbench_defer = False
+    workbench_last = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """F.linear, or (inside the fused loss forward) the hidden states themselves."""
+        if not self.workbench_defer:
+            return super().forward(hidden)
+        self.workbench_last = hidden
+        return hidden
+
+
+def check_fused_ce(model: nn.Module) -> None:
+    """Refuse fused_ce for a model whose logits are more than lm_head(hidden) (before any step)."""
+    head = model.get_output_embeddings()
+    config = model.config
+    what = None
+    if type(head) not in (nn.Linear, DeferredLMHead):
+        what = f"its output embedding is a {type(head).__name__}, not an nn.Linear"
+    elif head.bias is not None:
+        what = "its lm_head has a bias"
+    else:
+        for field in LOGIT_TRANSFORMS:
+            value = getattr(config, field, None)
+            if value not in (None, 1, 1.0, 0, 0.0):
+                what = f"its config sets {field}={value} (logits are transformed before the loss)"
+    if what is not None:
+        raise ValueError(f"BackendConfig.fused_ce=True cannot serve model_type {config.model_type!r}: {what}; "
+                         "set fused_ce=False")
+
+
+def _fused_loss(head: DeferredLMHead, use_triton: bool):
+    from workbench.kernels.cross_entropy import fused_linear_cross_entropy, shift_labels as shifted
+
+    def loss(logits, labels, vocab_size=None, num_items_in_batch=None, ignore_index=-100, shift_labels=None,
+             **kwargs):
+        if logits is not head.workbench_last:
+            raise RuntimeError("fused_ce: the model changed the logits between lm_head and its loss; this family "
+                               "cannot use BackendConfig.fused_ce=True")
+        targets = shifted(labels, ignore_index) if shift_labels is None else shift_labels
+        return fused_linear_cross_entropy(logits, head.weight, targets.to(logits.device), ignore_index=ignore_index,
+                                          num_items_in_batch=num_items_in_batch, use_triton=use_triton)
+
+    return loss
+
+
+@contextlib.contextmanager
+def _deferred_logits(model: nn.Module, use_triton: bool):
+    head = model.get_output_embeddings()
+    had_own = "_loss_function" in vars(model)
+    own = vars(model).get("_loss_function")
+    head.workbench_defer = True
+    model.loss_function = _fused_loss(head, use_triton)
+    try:
+        yield
+    finally:
+        head.workbench_defer = False
+        head.workbench_last = None
+        if had_own:
+            model.loss_function = own
+        else:
+            del model._loss_function
+
+
+class EngineCausalLM:
+    """Mixin in front of Transformers' causal LM class: its forward inside the engine's extras."""
+
+    workbench_backend = None
+
+    def forward(self, *args, **kwargs):
+        """Transformers' forward; with labels and fused_ce, the loss skips the logits (they come back None)."""
+        backend = self.workbench_backend
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if backend.fp8 and ids is not None and ids.numel() % 16:
+            raise ValueError(f"fp8=True needs batch x sequence divisible by 16 (TransformerEngine's FP8 "
+                             f"GEMMs take the token count as a leading dimension); got {tuple(ids.shape)}")
+        fused = backend.fused_ce and kwargs.get("labels") is not None
+        if fused and kwargs.get("logits_to_keep"):
+            raise ValueError("logits_to_keep cannot be combined with labels under fused_ce=True")
+        from workbench.kernels.te_common import fp8_autocast
+
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(attention_backend(backend, self.device))
+            stack.enter_context(fp8_autocast(backend.fp8))
+            if fused:
+                stack.enter_context(_deferred_logits(self, backend.cross_entropy == "triton"))
+            out = super().forward(*args, **kwargs)
+        if fused:
+            out["logits"] = None  # the item and the attribute: the hidden states are not logits
+        return out
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Transformers' save; a model sharded over a mesh gathers its experts first (collective)."""
+        if getattr(self, "workbench_mesh", None) is None:
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        from workbench.models.generic import save_pretrained
+
+        return save_pretrained(self, save_directory, kwargs.get("max_shard_size", "5GB"))
+
+
+class EngineCausalLMSharedAux(EngineCausalLM):
+    """EngineCausalLM for a family with Transformers' standard aux loss: `aux_loss_group` gives rank shares.
+
+    With a data-parallel `aux_loss_group`, the aux loss is this rank's share of the aux loss of the
+    micro-batch across the group (moe/router.load_balancing_loss: counts summed over the group),
+    so shares and gradients add up to the global batch's, as one process computes it.
+    """
+
+    def forward(self, *args, aux_loss_group=None, **kwargs):
+        """EngineCausalLM's forward; `aux_loss_group` (a process group) makes the aux loss this rank's share."""
+        router = kwargs.get("output_router_logits")
+        router = self.config.output_router_logits if router is None else router
+        if aux_loss_group is None or not router:
+            return super().forward(*args, **kwargs)
+        from workbench.moe.router import load_balancing_loss
+
+        coef = self.router_aux_loss_coef
+        self.router_aux_loss_coef = 0.0  # Transformers' own term (this rank's tokens only) adds nothing
+        try:
+            out = super().forward(*args, **kwargs)
+        finally:
+            self.router_aux_loss_coef = coef
+        shared = load_balancing_loss(out.router_logits, self.num_experts, self.num_experts_per_tok,
+                                     kwargs.get("attention_mask"), group=aux_loss_group)
+        out["aux_loss"] = shared
+        if out.loss is not None:
+            out["loss"] = out.loss + coef * shared.to(out.loss.device)
+        return out
+
+
+def _normalized_source(fn) -> str | None:
+    import inspect
+    import re
+
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return None
+    source = re.sub(r'""".*?"""', "", source, flags=re.S)
+    return re.sub(r"\s+", " ", re.sub(r"#.*", "", source))
+
+
+def has_standard_aux_loss(hf_class: type) -> bool:
+    """Whether the family's aux loss is Transformers' Switch-style one (moe/router.load_balancing_loss's formula).
+
+    Read from the family's modeling module: its `load_balancing_loss_func` must be Qwen3-MoE's, the
+    one moe/router reproduces (tests/test_router.py); Mixtral, OLMoE, Qwen2/3/3.5-MoE, GPT-OSS,
+    MiniMax-M2, ERNIE-4.5-MoE share it in 5.24. Families without one (DeepSeek-V3) have no aux loss.
+    """
+    import sys
+
+    from transformers.models.qwen3_moe import modeling_qwen3_moe
+
+    fn = getattr(sys.modules.get(hf_class.__module__), "load_balancing_loss_func", None)
+    ref = modeling_qwen3_moe.load_balancing_loss_func
+    if fn is None:
+        return False
+    return fn is ref or (_normalized_source(fn) is not None and _normalized_source(fn) == _normalized_source(ref))
+
+
+def engine_lm_class(hf_class: type) -> type:
+    """A same-named subclass of the Transformers causal LM with the engine's forward (save writes its name)."""
+    if issubclass(hf_class, EngineCausalLM):
+        return hf_class
+    mixin = EngineCausalLMSharedAux if has_standard_aux_loss(hf_class) else EngineCausalLM
+    return type(hf_class.__name__, (mixin, hf_class), {"__module__": __name__, "__qualname__": hf_class.__qualname__})
+
+
+def install_extras(model: nn.Module, backend, num_experts: int) -> dict[str, int]:
+    """Apply every extra `backend` (resolved) selects to `model`; how many modules each changed."""
+    if backend.fused_ce:
+        check_fused_ce(model)
+        model.get_output_embeddings().__class__ = DeferredLMHead
+    from workbench.models.qwen3_attention import use_engine_attention
+    from workbench.models.qwen3_router import use_engine_router
+
+    counts = {"rms_norm": len(swap_rms_norms(model, backend.rms_norm)),
+              "linear": len(swap_linears(model, backend.linear, num_experts)),
+              "rope": use_engine_attention(model, backend.rope),
+              "float32_router": use_engine_router(model)}
+    model.__class__ = engine_lm_class(type(model))
+    model.workbench_backend = backend
+    return counts

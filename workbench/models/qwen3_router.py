@@ -1,0 +1,36 @@
+"""Qwen3-MoE's router with float32 logits: the family's extra on the generic path.
+
+In bf16 the router's gradient is a small difference of large terms (softmax, top-k
+renormalization); float32 logits (moe/router.router_logits: bf16 products, float32 sums) keep it
+close to a float32 model where Transformers' bf16 logits were 18% off. Float32 models compute the
+same numbers as Transformers. The class is a subclass of Transformers' router, so the model's own
+output recording still captures `router_logits` and Transformers computes the aux loss.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
+
+from workbench.moe.router import router_logits, softmax_topk
+
+
+class Qwen3MoeEngineRouter(hf.Qwen3MoeTopKRouter):
+    """Transformers' Qwen3MoeTopKRouter whose logits are computed in float32."""
+
+    def forward(self, hidden_states: torch.Tensor):
+        """(router logits [T, E] float32, top-k weights [T, K], top-k ids [T, K]) as Transformers returns them."""
+        x_TD = hidden_states.reshape(-1, self.hidden_dim)
+        logits_TE = router_logits(x_TD, self.weight)
+        weights_TK, ids_TK = softmax_topk(logits_TE, self.top_k, self.norm_topk_prob)
+        return logits_TE, weights_TK, ids_TK
+
+
+def use_engine_router(model: torch.nn.Module) -> int:
+    """Every Qwen3MoeTopKRouter of `model` computes float32 logits (a class swap: same parameters)."""
+    swapped = 0
+    for module in model.modules():
+        if type(module) is hf.Qwen3MoeTopKRouter:
+            module.__class__ = Qwen3MoeEngineRouter
+            swapped += 1
+    return swapped

@@ -1,0 +1,62 @@
+"""Activation checkpointing per decoder layer, for every model the trainer builds (engine, generic, vanilla).
+
+Why torch's composable `checkpoint(module)` rather than Transformers' `gradient_checkpointing_enable`:
+- It does what it says under FSDP2 and EP. Transformers 5.24's call, made after fully_shard as the
+  trainer did, left Mixtral's layers unrecomputed on a DP2 x EP2 mesh (no replay in backward:
+  tests/test_generic_features.py counts them; DeepSeek-V3's were replayed), where the checkpoint
+  sits (`forward` or `__call__`) differs between Transformers versions, and 5.24 deprecates the call.
+  torch's API is one behaviour on 5.17 and 5.24 alike.
+- It registers hooks and leaves the module tree alone: parameter names stay Transformers' (a
+  `checkpoint_wrapper` module would insert `_checkpoint_wrapped_module.` into every name that the
+  generic path's expert gather, grad-norm tags and checkpoints read). FSDP2 registers its
+  pre-forward hook first and its post-forward hook last, so its unshard/reshard stay outside the
+  recomputed region whether the checkpoint is applied before or after fully_shard; FSDP2's pre-
+  forward skips the unshard during recompute (its pre-backward hook did it).
+- `early_stop=False`: the backward replays the WHOLE layer forward, so every collective inside it
+  (the expert-parallel all-to-alls of dispatch and combine) runs again, in the same order, on
+  every rank, instead of stopping wherever this rank's last saved tensor happens to be. (A torch
+  without the option stops after the layer's last saved tensor; on the generic path that is past
+  the combine's all-to-all, whose weighted sum saves the expert rows, so both still replay.)
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+def _has_early_stop() -> bool:
+    """Whether this torch's composable checkpoint takes `early_stop` (probed on a throwaway module)."""
+    from torch.distributed._composable import checkpoint
+
+    try:
+        checkpoint(nn.Identity(), early_stop=False)
+    except ValueError:  # "Unexpected keyword arguments: early_stop"
+        return False
+    return True
+
+
+def checkpointed_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers (classes named in `_no_split_modules`), also after fully_shard renamed their class."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return [m for m in model.modules()
+            if m is not model and any(cls.__name__ in names for cls in type(m).__mro__)]
+
+
+def apply_activation_checkpointing(model: nn.Module) -> int:
+    """Recompute each decoder layer's activations in backward; returns how many layers. Idempotent."""
+    from torch.distributed._composable import checkpoint
+
+    kwargs = {"early_stop": False} if _has_early_stop() else {}  # older torch: see the module docstring
+    layers = checkpointed_layers(model)
+    if not layers:
+        raise ValueError(f"train.activation_checkpointing: {type(model).__name__} names no decoder layer class "
+                         "in _no_split_modules, so there is no layer to checkpoint; set it to false")
+    for layer in layers:
+        if getattr(layer, "workbench_activation_checkpoint", False):
+            continue
+        checkpoint(layer, **kwargs)
+        layer.workbench_activation_checkpoint = True
+    # A KV cache filled in forward would be filled again by the replay (DeepSeek-V3's MLA then saw 2S keys):
+    # Transformers' own checkpointing turns the cache off too.
+    model.config.use_cache = False
+    return len(layers)
