@@ -105,18 +105,20 @@ def test_plain_swiglu_probe_without_transformers_default_name(monkeypatch):
         assert experts and all(is_plain_swiglu(m) is plain for m in experts), family
 
 
-def test_swiglu_choice_installed_only_on_plain_gates(monkeypatch):
+def test_swiglu_choice_installed_only_on_gates_with_a_kernel(monkeypatch):
     # On CPU 'auto' resolves to torch; the interpreter script below runs the Triton choice end to end.
     assert BackendConfig().resolve("cpu").swiglu == "torch"
     with pytest.raises(BackendError, match="swiglu='triton' cannot run here"):
         BackendConfig(swiglu="triton").resolve("cpu")
     from workbench.moe.hf_experts import install_engine_experts
 
-    for family, want in (("mixtral", "triton"), ("gpt_oss", "torch")):
+    # mixtral: the plain SwiGLU kernel; gpt_oss: its own fused gate kernel, never the plain one
+    for family, gpt_oss_gate in (("mixtral", False), ("gpt_oss", True)):
         model = transformers.AutoModelForCausalLM.from_config(_config(family))
         for module in [m for m in model.modules() if hasattr(m, "_apply_gate") and hasattr(m, "gate_up_proj")]:
             install_engine_experts(module, make_dispatcher("local", 4), "grouped_mm", (0, 4), 4, swiglu="triton")
-            assert module.workbench_swiglu == want, family
+            assert module.workbench_swiglu == "triton", family
+            assert module.workbench_gpt_oss_gate is gpt_oss_gate, family
 
 
 def test_rms_norm_probe_accepts_standard_and_refuses_variants():

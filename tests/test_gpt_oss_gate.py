@@ -180,11 +180,11 @@ def test_the_gate_is_detected_from_the_class_not_the_model_type():
     mixtral = transformers.AutoModelForCausalLM.from_config(tiny_config("mixtral"))
     experts = [m for m in mixtral.modules() if is_fused_experts(m)]
     assert experts and not any(is_gpt_oss_gate(m) for m in mixtral.modules())
-    # swiglu='triton' reaches only a gate the engine has a kernel for; mixtral's stays its own
+    # swiglu='triton' on mixtral is the plain SwiGLU kernel, never GPT-OSS's gate
     install_engine_experts(experts[0], None, "grouped_mm", (0, 4), 4, swiglu="triton")
-    assert experts[0].workbench_swiglu == "torch"
+    assert experts[0].workbench_swiglu == "triton" and not experts[0].workbench_gpt_oss_gate
     module = install_engine_experts(_experts(), None, "grouped_mm", (0, 11), 11, swiglu="triton")
-    assert module.workbench_swiglu == "triton" and is_gpt_oss_gate(module)
+    assert module.workbench_swiglu == "triton" and module.workbench_gpt_oss_gate
     with pytest.raises(ValueError, match="resolved BackendConfig.swiglu"):
         install_engine_experts(_experts(), None, "grouped_mm", (0, 11), 11, swiglu="auto")
 
