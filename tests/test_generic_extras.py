@@ -105,18 +105,20 @@ def test_plain_swiglu_probe_without_transformers_default_name(monkeypatch):
         assert experts and all(is_plain_swiglu(m) is plain for m in experts), family
 
 
-def test_swiglu_choice_installed_only_on_plain_gates(monkeypatch):
+def test_swiglu_choice_installed_only_on_gates_with_a_kernel(monkeypatch):
     # On CPU 'auto' resolves to torch; the interpreter script below runs the Triton choice end to end.
     assert BackendConfig().resolve("cpu").swiglu == "torch"
     with pytest.raises(BackendError, match="swiglu='triton' cannot run here"):
         BackendConfig(swiglu="triton").resolve("cpu")
     from workbench.moe.hf_experts import install_engine_experts
 
-    for family, want in (("mixtral", "triton"), ("gpt_oss", "torch")):
+    # mixtral: the plain SwiGLU kernel; gpt_oss: its own fused gate kernel, never the plain one
+    for family, gpt_oss_gate in (("mixtral", False), ("gpt_oss", True)):
         model = transformers.AutoModelForCausalLM.from_config(_config(family))
         for module in [m for m in model.modules() if hasattr(m, "_apply_gate") and hasattr(m, "gate_up_proj")]:
             install_engine_experts(module, make_dispatcher("local", 4), "grouped_mm", (0, 4), 4, swiglu="triton")
-            assert module.workbench_swiglu == want, family
+            assert module.workbench_swiglu == "triton", family
+            assert module.workbench_gpt_oss_gate is gpt_oss_gate, family
 
 
 def test_rms_norm_probe_accepts_standard_and_refuses_variants():
@@ -226,18 +228,19 @@ for family in sys.argv[1:]:
     assert sum(isinstance(m, RMSNorm) and m.backend == "triton" for m in eng.modules()) >= 2 * cfg.num_hidden_layers
     experts = [m for _, m in engine_experts_modules(eng)]
     assert all(m.workbench_dispatcher.use_triton for m in experts)
-    assert all(m.workbench_swiglu == ("torch" if family == "gpt_oss" else "triton") for m in experts)
+    assert all(m.workbench_swiglu == "triton" for m in experts)  # GPT-OSS: its fused bias + clamped gate
     ids = torch.randint(0, cfg.vocab_size, (2, 10), generator=torch.Generator().manual_seed(7))
     check(family, ref, eng, ids)
     # every choice torch: no Triton kernel may run, although the interpreter would take them
     import workbench.kernels.triton_combine as tc, workbench.kernels.triton_swiglu as ts
     import workbench.kernels.triton_rms_norm as tr, workbench.kernels.triton_cross_entropy as tce
+    import workbench.kernels.triton_gpt_oss_gate as tg
     saved = {}
     def forbid(mod, name):
         saved[(mod, name)] = getattr(mod, name)
         setattr(mod, name, lambda *a, **k: (_ for _ in ()).throw(AssertionError(f"{mod.__name__}.{name} ran")))
     for mod, name in ((tc, "combine_forward"), (tc, "combine_backward"), (ts, "swiglu_packed"),
-                      (tr, "rms_norm"), (tce, "ce_rows_"), (tce, "scaled")):
+                      (tr, "rms_norm"), (tce, "ce_rows_"), (tce, "scaled"), (tg, "gate"), (tg, "row_bias_")):
         forbid(mod, name)
     torch_only = BackendConfig(experts="grouped_mm", fused_ce=True, rms_norm="torch", swiglu="torch", combine="torch",
                                cross_entropy="torch", rope="torch")

@@ -23,7 +23,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rms_norm": ("torch", "triton", "te", "auto"),
     "linear": ("torch", "te", "auto"),
     # The engine's Triton kernels, one choice each (torch = the eager reference that runs anywhere):
-    # fused RoPE in Qwen3-MoE's attention, SwiGLU on the experts' packed gate|up rows, the weighted
+    # fused RoPE in Qwen3-MoE's attention, SwiGLU on the experts' packed gate|up rows (and GPT-OSS's
+    # fused bias + clamped interleaved SwiGLU, kernels/gpt_oss_gate.py: 5.4x Transformers' gate on
+    # 1 x H200, benchmarks/results/2026-12-01-gpt-oss-gate-1xh200.json), the weighted
     # combine (and its transpose, the dispatch backward), the fused cross-entropy's softmax gradient.
     "rope": ("torch", "triton", "auto"),
     "swiglu": ("torch", "triton", "auto"),

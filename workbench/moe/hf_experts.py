@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from workbench.moe.gpt_oss_experts import gpt_oss_expert_rows, is_gpt_oss_gate
 from workbench.moe.routed_load import attach_load_counter, count_routed
 from workbench.moe.router import GATES, balanced_ids
 
@@ -140,7 +141,7 @@ def _gate(module: nn.Module, h_NI2: torch.Tensor) -> torch.Tensor:
     layout: ExpertsLayout = module.workbench_layout
     if not layout.has_gate:
         return module.act_fn(h_NI2)
-    if module.workbench_swiglu == "triton":
+    if module.workbench_swiglu == "triton" and not module.workbench_gpt_oss_gate:
         from workbench.kernels.swiglu import swiglu_packed_triton
 
         return swiglu_packed_triton(h_NI2)  # one pass over [N, 2I] instead of chunk/silu/mul
@@ -186,6 +187,8 @@ def expert_rows(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.
     backend = module.workbench_experts_backend
     if backend == "te":
         return _expert_rows_te(module, x_ND, tokens_per_expert)
+    if module.workbench_swiglu == "triton" and module.workbench_gpt_oss_gate:
+        return gpt_oss_expert_rows(module, x_ND, tokens_per_expert, backend)
     rows = x_ND.shape[0]
     h = grouped_linear(x_ND, tokens_per_expert, getattr(module, layout.up_name), layout.is_transposed, backend)
     if layout.has_bias:
@@ -250,7 +253,8 @@ def install_engine_experts(module: nn.Module, dispatcher, backend: str, expert_r
 
     `gate` "balanced" is the bench's round-robin assignment. `swiglu` (a resolved
     BackendConfig.swiglu) takes effect only where the family's gate is plain SwiGLU
-    (is_plain_swiglu); other gates stay the family's own. `recompute`: BackendConfig.expert_recompute.
+    (is_plain_swiglu) or GPT-OSS's (is_gpt_oss_gate); other gates stay the family's own.
+    `recompute`: BackendConfig.expert_recompute.
     """
     check_generic_backend(backend)
     if gate not in GATES:
@@ -273,7 +277,9 @@ def install_engine_experts(module: nn.Module, dispatcher, backend: str, expert_r
     module.workbench_layout = layout
     module.workbench_dispatcher = dispatcher
     module.workbench_experts_backend = backend
-    module.workbench_swiglu = swiglu if is_plain_swiglu(module) else "torch"
+    # Triton only where the engine has a kernel for the family's gate (plain SwiGLU, GPT-OSS's).
+    module.workbench_gpt_oss_gate = is_gpt_oss_gate(module)
+    module.workbench_swiglu = swiglu if module.workbench_gpt_oss_gate or is_plain_swiglu(module) else "torch"
     module.workbench_recompute = recompute
     module.workbench_expert_range = (first, last)
     module.workbench_gate = gate  # "balanced": the bench's round-robin assignment (EngineExperts.forward)
