@@ -18,7 +18,7 @@ MACHINE_REASON = {"symm_mem": "needs CUDA devices with NVSHMEM", "deepep": "deep
 
 
 def _configs():
-    return {"qwen3_moe (adapter)": tiny_qwen3_moe(), "mixtral (generic)": tiny_config("mixtral")}
+    return {"qwen3_moe": tiny_qwen3_moe(), "mixtral": tiny_config("mixtral")}
 
 
 def _refusals_worker(rank, world, checkpoints):
@@ -52,7 +52,7 @@ def test_symm_mem_and_deepep_on_an_ep2_mesh_fail_only_for_what_the_machine_lacks
     # The old code resolved with world_size=1 before looking at the mesh: "needs ep >= 2" on an ep=2 mesh.
     checkpoints = {}
     for name, config in _configs().items():
-        path = tmp_path / name.split()[0]
+        path = tmp_path / name
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
         checkpoints[name] = str(path)
     for result in run_ranks(_refusals_worker, 2, checkpoints, timeout=300):
@@ -82,28 +82,28 @@ def test_the_vanilla_path_resolves_the_same_way():
 
 
 def _builders_worker(rank, world):
-    from workbench.models import qwen3_moe as adapter
-    from workbench.models.mesh_build import build_generic_parallel_model, build_parallel_model
+    from workbench.models.mesh_build import build_generic_parallel_model
     from workbench.parallel.mesh import MeshConfig
 
     mesh = MeshConfig(dp=2, ep=2)
-    messages = []
-    for build in (lambda b: build_generic_parallel_model(tiny_config("mixtral"), b, mesh),
-                  lambda b: build_parallel_model(adapter, tiny_qwen3_moe(), b, mesh)):
-        for backend in (BackendConfig(), BackendConfig().resolve("cpu", world_size=1)):
+    messages = {}
+    for name, config in _configs().items():
+        for how, backend in (("unresolved", BackendConfig()), ("local", BackendConfig().resolve("cpu", world_size=1))):
             try:
-                build(backend)
-                messages.append("built")
+                build_generic_parallel_model(config, backend, mesh)
+                messages[(name, how)] = "built"
             except ValueError as err:
-                messages.append(str(err))
+                messages[(name, how)] = str(err)
     return messages
 
 
 def test_mesh_builders_take_a_resolved_config_and_do_not_resolve_again():
+    # The builder refuses what models/auto should have resolved (with the mesh's ep), for every family.
     for messages in run_ranks(_builders_worker, 2, timeout=300):
-        unresolved_generic, local_generic, unresolved_adapter, local_adapter = messages
-        assert "take a resolved BackendConfig" in unresolved_generic and "resolved" in unresolved_adapter
-        assert "world_size=mesh.ep" in local_generic and "world_size=mesh.ep" in local_adapter
+        assert set(messages) == {(name, how) for name in _configs() for how in ("unresolved", "local")}
+        for name in _configs():
+            assert "take a resolved BackendConfig" in messages[(name, "unresolved")], messages
+            assert "world_size=mesh.ep" in messages[(name, "local")], messages
 
 
 @pytest.mark.parametrize("dispatcher", ["symm_mem", "deepep"])

@@ -45,19 +45,59 @@ def train_losses(model, cfg, rank: int, world: int, group=None) -> list[float]:
     return losses
 
 
-def _ep_worker(rank, world, ckpt, mesh_kwargs, save_dir):
-    import workbench.models.mesh_build as build
+class _RecordingFile:
+    """A safetensors file that notes each tensor read from it (a header's shape is not a read)."""
 
+    def __init__(self, file, reads: list):
+        self._file, self._reads = file, reads
+
+    def get_tensor(self, key):
+        self._reads.append(key)
+        return self._file.get_tensor(key)
+
+    def get_slice(self, key):
+        return _RecordingSlice(self._file.get_slice(key), key, self._reads)
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+
+class _RecordingSlice:
+    """A safetensors slice whose indexing (the read) is noted; get_shape reads only the header."""
+
+    def __init__(self, part, key: str, reads: list):
+        self._part, self._key, self._reads = part, key, reads
+
+    def __getitem__(self, index):
+        self._reads.append(self._key)
+        return self._part[index]
+
+    def __getattr__(self, name):
+        return getattr(self._part, name)
+
+
+def _record_checkpoint_reads() -> list[str]:
+    """Note every disk key the sliced reader (models/sliced_load) reads in this spawned process."""
+    from contextlib import contextmanager
+
+    import workbench.models.sliced_load as sliced_load
+
+    reads: list[str] = []
+    real_open = sliced_load.safe_open
+
+    @contextmanager
+    def recording_open(*args, **kwargs):
+        with real_open(*args, **kwargs) as file:
+            yield _RecordingFile(file, reads)
+
+    sliced_load.safe_open = recording_open  # this spawned process only
+    return reads
+
+
+def _ep_worker(rank, world, ckpt, mesh_kwargs, save_dir):
     cfg = transformers.AutoConfig.from_pretrained(ckpt)
     mesh = MeshConfig(**mesh_kwargs)
-    keys_read = []
-    real_read = build.read_tensors
-
-    def recording_read(path, keys):
-        keys_read.extend(keys)
-        return real_read(path, keys)
-
-    build.read_tensors = recording_read  # this spawned process only
+    keys_read = _record_checkpoint_reads()
     model = workbench.AutoModelForCausalLM.from_pretrained(ckpt, mesh=mesh,
                                                            backend=workbench.BackendConfig(experts="grouped_mm"))
     experts_read = sorted({int(k.split(".mlp.experts.")[1].split(".")[0]) for k in keys_read if ".mlp.experts." in k})
@@ -69,6 +109,7 @@ def _ep_worker(rank, world, ckpt, mesh_kwargs, save_dir):
     model.save_pretrained(save_dir)
     return {"losses": losses, "expert_range": model.workbench_expert_range, "local_experts": local_experts,
             "experts_read": experts_read, "dense_read": sum(".mlp.experts." not in k for k in keys_read),
+            "reads": len(keys_read), "read_stats": model.workbench_checkpoint_read,
             "dispatcher": type(model.model.layers[0].mlp.experts.workbench_dispatcher).__name__}
 
 
@@ -97,6 +138,8 @@ def test_dp2_ep2_equals_one_process(checkpoint, tmp_path):
     # ... and read only its own experts' tensors from the checkpoint (plus the dense ones).
     assert results[0]["experts_read"] == [0, 1, 2, 3] and results[1]["experts_read"] == [4, 5, 6, 7]
     assert all(r["dense_read"] > 0 for r in results)
+    # the recorder saw every tensor the sliced reader says it read (no read went around it)
+    assert all(r["reads"] == r["read_stats"].tensors for r in results)
     assert results[0]["dispatcher"] == "AllToAllDispatcher"
     for r in results:
         torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref), rtol=1e-5, atol=0)
@@ -126,6 +169,7 @@ def test_dp2_ep1_fsdp_only_equals_one_process(checkpoint, tmp_path):
     ref = single_process_run(cfg, path, tmp_path / "single")
     results = run_ranks(_ep_worker, 2, str(path), {"dp": 2, "ep": 1}, str(tmp_path / "dp"))
     assert results[0]["dispatcher"] == "LocalDispatcher"
+    assert all(r["experts_read"] == list(range(8)) for r in results)  # ep=1: every rank holds every expert
     for r in results:
         torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref), rtol=1e-5, atol=0)
 

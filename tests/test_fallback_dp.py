@@ -1,4 +1,4 @@
-"""Models without an engine adapter on 2 gloo ranks, FSDP2 data parallelism: dense Llama, Mixtral (generic path, ep=1).
+"""FSDP2 data parallelism only (ep=1) on 2 gloo ranks: dense Llama (vanilla Transformers), Mixtral (generic path).
 
 Each rank takes different sequences of the global batch; the run must equal one process taking
 the whole global batch (as grad_accum micro-batches of the same size), and both ranks must hold

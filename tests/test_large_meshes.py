@@ -31,6 +31,7 @@ def test_large_mesh_equals_one_process(checkpoint, tmp_path, world, ep):
     for rank, r in enumerate(results):
         first = (rank % ep) * per_rank
         assert r["expert_range"] == (first, first + per_rank)
+        assert r["experts_read"] == list(range(first, first + per_rank))  # its experts only, from the checkpoint
         torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref), rtol=1e-5, atol=0)
 
 

@@ -81,7 +81,7 @@ def test_checkpoint_missing_expert_tensors_is_an_error(tmp_path):
         workbench.AutoModelForCausalLM.from_pretrained(tmp_path, device="cpu")
 
 
-def test_architecture_without_adapter_gets_the_generic_path_or_vanilla_with_a_notice(caplog):
+def test_fused_experts_get_the_generic_path_and_a_dense_model_vanilla_with_a_notice(caplog):
     from workbench.moe.hf_experts import engine_experts_modules
 
     cfg = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,

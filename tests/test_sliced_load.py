@@ -9,7 +9,6 @@ from dist_utils import run_ranks
 from generic_families import tiny_config
 from safetensors.torch import load_file, save_file
 
-from workbench import BackendConfig
 
 EPS = torch.finfo(torch.float32).eps
 FAMILIES = ["qwen3_moe", "mixtral", "gpt_oss", "deepseek_v3"]
@@ -28,15 +27,9 @@ def _save_vanilla(family: str, path) -> str:
 
 def _build(path: str, mesh_kwargs: dict):
     from workbench.models.auto import AutoModelForCausalLM
-    from workbench.models.mesh_build import build_generic_parallel_model
     from workbench.parallel.mesh import MeshConfig
 
-    mesh = MeshConfig(**mesh_kwargs)
-    config = transformers.AutoConfig.from_pretrained(path)
-    if config.model_type == "qwen3_moe":  # its adapter answers from_pretrained: the generic builder directly
-        return build_generic_parallel_model(config, BackendConfig().resolve("cpu", world_size=mesh.ep), mesh,
-                                            checkpoint=path)
-    return AutoModelForCausalLM.from_pretrained(path, mesh=mesh)
+    return AutoModelForCausalLM.from_pretrained(path, mesh=MeshConfig(**mesh_kwargs))
 
 
 def _load_worker(rank, world, path, mesh_kwargs, tokens):
