@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from cuda_timing import cuda_event_ms  # benchmarks/ is this script's folder, first on sys.path
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -50,14 +51,7 @@ def cuda_ms(fn, reps: int = REPS) -> float:
             fn()
             times.append(1e3 * (time.perf_counter() - t))
         return statistics.median(times)
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return cuda_event_ms(fn, reps)
 
 
 def inputs(seed: int = 0):

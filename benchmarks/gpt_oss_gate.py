@@ -13,10 +13,10 @@ against the float32 torch reference (whole expert_rows: against the bf16 torch p
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 
 import torch
+from cuda_timing import cuda_event_ms  # benchmarks/ is this script's folder, first on sys.path
 
 
 def timed(fn, iters: int = 20, warmup: int = 3) -> tuple[float, float]:
@@ -26,15 +26,8 @@ def timed(fn, iters: int = 20, warmup: int = 3) -> tuple[float, float]:
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 2**30
+    ms = cuda_event_ms(fn, iters)
+    return ms, (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -12,24 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
 import torch
-
-
-def cuda_ms(fn, reps: int) -> float:
-    """Median milliseconds of `fn()` by CUDA events."""
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from cuda_timing import cuda_event_ms  # benchmarks/ is this script's folder, first on sys.path
 
 
 def ce_microbench(tokens: int, hidden: int, vocab: int) -> dict:
@@ -47,7 +34,7 @@ def ce_microbench(tokens: int, hidden: int, vocab: int) -> dict:
         step()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        out[f"{name}_ms"] = cuda_ms(step, 5)
+        out[f"{name}_ms"] = cuda_event_ms(step, 5)
         out[f"{name}_extra_peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
         h.grad = w.grad = None
     return out

@@ -13,13 +13,13 @@ and a refusal there would make attention='auto' unusable for them.
 
 from __future__ import annotations
 
-import copy
 import warnings
 
 import torch
 from torch import nn
 
 from workbench.kernels import te_common
+from workbench.kernels.attention_interface import use_attention_implementation
 
 TE_ATTENTION = "workbench_te"
 # Attribute on each attention module: why its last call fell back to SDPA (None: it ran TE).
@@ -109,13 +109,4 @@ def use_te_attention(model: nn.Module) -> None:
     caller's config object, so switching the implementation in place would also switch every
     other model built from that config (a benchmark's anchor, a reference model in a test).
     """
-    name = register_te_attention()
-    shared = model.config
-    own = copy.deepcopy(shared)
-    for module in model.modules():
-        if getattr(module, "config", None) is shared:
-            module.config = own
-    model.set_attn_implementation(name)
-    if model.config._attn_implementation != name:
-        raise RuntimeError(f"{type(model).__name__} did not accept attn_implementation={name!r}; "
-                           "it does not use Transformers' AttentionInterface")
+    use_attention_implementation(model, register_te_attention())

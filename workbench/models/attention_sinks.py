@@ -24,12 +24,13 @@ document attends only to itself on every path.
 
 from __future__ import annotations
 
-import copy
 import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from workbench.kernels.attention_interface import use_attention_implementation
 
 SINK_ATTENTION = "workbench_sinks"
 # Families whose attention='auto' on the generic path is this function: those whose parity with Transformers'
@@ -343,16 +344,7 @@ def use_sink_attention(model: nn.Module) -> None:
     Transformers builds models around the caller's config object: switching it in place would also switch
     every other model built from that config (a reference model in a test, a benchmark's anchor).
     """
-    name = register_sink_attention()
-    shared = model.config
-    own = copy.deepcopy(shared)
-    for module in model.modules():
-        if getattr(module, "config", None) is shared:
-            module.config = own
-    model.set_attn_implementation(name)
-    if model.config._attn_implementation != name:
-        raise RuntimeError(f"{type(model).__name__} did not accept attn_implementation={name!r}; "
-                           "it does not use Transformers' AttentionInterface")
+    use_attention_implementation(model, register_sink_attention())
 
 
 def select_attention(model: nn.Module, attention: str) -> str | None:
