@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from pathlib import Path
 
 import torch
@@ -15,20 +14,11 @@ from workbench.bench.config import VariantSpec
 from workbench.bench.tokens import label_count
 from workbench.bench.variant import Prepared, adamw
 from workbench.train.optim import describe_optimizer
-from workbench.parallel.mesh import dense_mesh
 
 
 def variant_backend(spec: VariantSpec, backend: BackendConfig) -> BackendConfig:
     """The launch's engine backends with this variant's gate and overrides applied."""
     return dataclasses.replace(backend, gate=spec.gate, **dict(spec.backend))
-
-
-def takes_aux_loss_group(model: torch.nn.Module) -> bool:
-    """Whether the model's forward returns this rank's share of a global aux loss (`aux_loss_group=`)."""
-    try:
-        return "aux_loss_group" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def build_engine(spec: VariantSpec, checkpoint: Path, backend: BackendConfig, mesh, lr: float, rows_per_rank: int,
@@ -40,21 +30,19 @@ def build_engine(spec: VariantSpec, checkpoint: Path, backend: BackendConfig, me
     model = workbench.AutoModelForCausalLM.from_pretrained(checkpoint, backend=backend, mesh=mesh, dtype=dtype)
     model.train()
     world = dist.get_world_size()
-    group = dense_mesh(model.workbench_device_mesh).get_group() if world > 1 else None
     # Gradients are summed over ranks (FSDP divide factor 1): each rank's loss is its token sum
     # over the GLOBAL count, so the per-rank losses add up to the global mean.
     num_items = torch.tensor(float(label_count(rows_per_rank * world, seq)), device=device)
     # The family's own aux loss, with the coefficient Transformers adds it with (0 where it has none).
     coef = float(getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0)
-    # The Qwen3 adapter computes the aux loss over the dp group and returns this rank's share; a
-    # Transformers family (the generic path) returns the aux loss of this rank's rows, so its share
-    # of the mean over ranks is aux / world (summed gradients then give the mean's gradient).
-    extra = {"aux_loss_group": group} if takes_aux_loss_group(model) else {}
-    aux_share = 1.0 if extra else 1.0 / world
+    # The anchor's convention (FSDP-averaged grads of each rank's local mean incl. its local aux):
+    # the engine's aux is that of this rank's rows (no `aux_loss_group`, whose global statistic is
+    # the Trainer's, not the anchor's) and its share of the mean over ranks is aux / world.
+    aux_share = 1.0 / world
 
     def forward(ids: torch.Tensor):
         out = model(input_ids=ids, labels=ids, num_items_in_batch=num_items, output_router_logits=True,
-                    use_cache=False, **extra)
+                    use_cache=False)
         ce, aux = family_losses(out, coef)
         aux = aux * aux_share
         return ce + coef * aux, ce, aux
@@ -63,10 +51,9 @@ def build_engine(spec: VariantSpec, checkpoint: Path, backend: BackendConfig, me
     optimizer = adamw(model, lr, device, engine=True)
     setup = {
         "library": "workbench", "backend": resolved, "mesh": mesh.to_dict(), "gate": spec.gate,
-        "path": "adapter" if extra else "generic",
+        "path": "generic",
         "attention": getattr(model.config, "_attn_implementation", None),
-        "aux_loss": f"{model.config.model_type}'s own, coef {coef:g}"
-                    + (" (global over dp)" if extra else " (per rank)"),
+        "aux_loss": f"{model.config.model_type}'s own, coef {coef:g} (per rank, as the anchor)",
         "fsdp": "workbench.parallel.apply_fsdp (summed grads)" if world > 1 else "none (one rank)",
         "optimizer": describe_optimizer(optimizer), "activation_checkpointing": False, "dtype": str(dtype),
     }

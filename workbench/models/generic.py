@@ -17,6 +17,7 @@ from torch import nn
 
 from workbench.models.attention_sinks import select_attention
 from workbench.models.generic_extras import install_extras
+from workbench.models.phase_labels import label_phases
 from workbench.moe.hf_experts import engine_experts_modules, install_engine_experts, is_fused_experts
 from workbench.moe.routed_load import load_counters
 from workbench.params import num_experts as config_num_experts
@@ -89,6 +90,7 @@ def install(model: nn.Module, backend, make_dispatcher, expert_range: tuple[int,
                                gate=backend.gate, swiglu=backend.swiglu, recompute=backend.expert_recompute)
     select_attention(model, backend.attention)
     extras = install_extras(model, backend, total)
+    extras["phase_labels"] = label_phases(model)
     model.workbench_backend = backend
     model_type = model.config.model_type
     # One line: an untested family runs too (its experts are v5-fused), but the user should know it is untested.

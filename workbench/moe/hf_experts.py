@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
 from workbench.moe.gpt_oss_experts import gpt_oss_expert_rows, is_gpt_oss_gate
@@ -217,13 +218,18 @@ class EngineExperts:
             top_k_index = balanced_ids(x_TD.shape[0], top_k_index.shape[-1], self.num_experts, x_TD.device)
         count_routed(self, top_k_index)  # the expert load of the plots and the router-bias update
         dispatcher = self.workbench_dispatcher
-        x_ND, tokens_per_expert, handle = dispatcher.dispatch(x_TD, top_k_index.long(), top_k_weights)
-        if self.workbench_recompute and torch.is_grad_enabled():
-            # Saves only the input rows; the [N, 2I] and [N, I] intermediates are rebuilt in backward.
-            y_ND = checkpoint(expert_rows, self, x_ND, tokens_per_expert, use_reentrant=False)
-        else:
-            y_ND = expert_rows(self, x_ND, tokens_per_expert)
-        return dispatcher.combine(y_ND, handle).to(hidden_states.dtype).view_as(hidden_states)
+        # The profiler's phases (train/profile.py); about a microsecond each with no profiler running.
+        with record_function("workbench.dispatch"):
+            x_ND, tokens_per_expert, handle = dispatcher.dispatch(x_TD, top_k_index.long(), top_k_weights)
+        with record_function("workbench.experts"):
+            if self.workbench_recompute and torch.is_grad_enabled():
+                # Saves only the input rows; the [N, 2I] and [N, I] intermediates are rebuilt in backward.
+                y_ND = checkpoint(expert_rows, self, x_ND, tokens_per_expert, use_reentrant=False)
+            else:
+                y_ND = expert_rows(self, x_ND, tokens_per_expert)
+        with record_function("workbench.combine"):
+            y_TD = dispatcher.combine(y_ND, handle)
+        return y_TD.to(hidden_states.dtype).view_as(hidden_states)
 
     def extra_repr(self) -> str:
         """Which experts this rank holds and the GEMM backend."""
