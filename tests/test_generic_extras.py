@@ -18,7 +18,7 @@ import pytest
 import torch
 import transformers
 from generic_families import tiny_config
-from test_generic_families import _config, close, randomize
+from test_generic_families import _config, close, close_grads, randomize
 
 from workbench import BackendConfig
 from workbench.backends import BackendError
@@ -62,10 +62,7 @@ def test_fused_ce_loss_aux_and_grads_equal_transformers(family):
         close(out_eng.aux_loss, out_ref.aux_loss, f"{family} aux loss")
     out_ref.loss.backward()
     out_eng.loss.backward()
-    grads = dict(eng.named_parameters())
-    for name, p in ref.named_parameters():
-        if p.grad is not None:
-            close(grads[name].grad, p.grad, f"{family} grad {name}")
+    close_grads(ref, eng, family)
     # without labels the model is Transformers' own: logits come back
     with torch.no_grad():
         close(eng(input_ids=ids).logits, ref(input_ids=ids).logits, f"{family} logits without labels")
@@ -162,10 +159,7 @@ def test_expert_recompute_recomputes_and_equals_transformers():
     layers = len(engine_experts_modules(eng))
     assert len(calls) == 2 * layers  # each layer's experts ran again in backward
     close(out_eng.loss, out_ref.loss, "loss")
-    grads = dict(eng.named_parameters())
-    for name, p in ref.named_parameters():
-        if p.grad is not None:
-            close(grads[name].grad, p.grad, f"grad {name}")
+    close_grads(ref, eng, "")
 
 
 def test_combine_choice_reaches_every_dispatcher():
@@ -195,32 +189,22 @@ def test_te_linear_and_experts_on_the_generic_path_match_torch_on_cuda():
 _INTERPRETER_SCRIPT = textwrap.dedent("""
 import sys, torch, transformers
 sys.path.insert(0, "tests")
-from test_generic_families import _config, close, randomize
+from test_generic_families import _config, close, close_grads, randomize
 from workbench import BackendConfig
 from workbench.kernels.rms_norm import RMSNorm
-from workbench.models.auto import AutoModelForCausalLM
 from workbench.moe.hf_experts import engine_experts_modules
 
 resolved = BackendConfig().resolve("cpu")
 assert all(getattr(resolved, f) == "triton" for f in ("rms_norm", "swiglu", "combine", "cross_entropy", "rope"))
 
-def pair(family, backend):
-    cfg = _config(family)
-    ref = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="eager")
-    randomize(ref)
-    eng = AutoModelForCausalLM.from_config(cfg, backend=backend, device="cpu")
-    eng.load_state_dict(ref.state_dict(), strict=True)
-    return cfg, ref, eng
+from test_generic_extras import _pair as pair
 
 def check(family, ref, eng, ids):
     out_ref = ref(input_ids=ids, labels=ids, output_router_logits=True)
     out_eng = eng(input_ids=ids, labels=ids, output_router_logits=True)
     close(out_eng.loss, out_ref.loss, family + " loss")
     out_ref.loss.backward(); out_eng.loss.backward()
-    grads = dict(eng.named_parameters())
-    for name, p in ref.named_parameters():
-        if p.grad is not None:
-            close(grads[name].grad, p.grad, family + " grad " + name)
+    close_grads(ref, eng, family)
 
 for family in sys.argv[1:]:
     # 'auto' under the interpreter: every Triton kernel (RMSNorm, SwiGLU, combine, CE) on the generic path

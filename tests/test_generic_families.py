@@ -42,6 +42,14 @@ def close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     assert diff <= tol, f"{what}: max |diff| {diff:.3g} > {tol:.3g}"
 
 
+def close_grads(ref, eng, what: str) -> None:
+    """Every gradient of the engine twin equal to the reference's (`close`), by parameter name."""
+    grads = dict(eng.named_parameters())
+    for name, p in ref.named_parameters():
+        if p.grad is not None:
+            close(grads[name].grad, p.grad, f"{what} grad {name}")
+
+
 def _pair(family: str, backend: str):
     cfg = _config(family)
     ref = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="eager", dtype=torch.float32)
@@ -69,10 +77,7 @@ def test_logits_and_gradients_equal_vanilla_transformers(family, backend):
     close(out_eng.logits, out_ref.logits, f"{family} logits")
     out_ref.loss.backward()
     out_eng.loss.backward()
-    grads = dict(eng.named_parameters())
-    for name, p in ref.named_parameters():
-        if p.grad is not None:
-            close(grads[name].grad, p.grad, f"{family} grad {name}")
+    close_grads(ref, eng, family)
 
 
 def test_gpt_oss_biases_and_clamp_are_exercised():
