@@ -43,12 +43,28 @@ def _flatten_checked(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.T
         raise TypeError(f"hidden and weight must share a dtype (as lm_head needs); got {hidden.dtype} "
                         f"and {weight.dtype}")
     labels_N = labels.reshape(-1)
-    bad = ((labels_N < 0) & (labels_N != ignore_index)) | (labels_N >= V)
+    check_label_range(labels_N, V, ignore_index)
+    return hidden.reshape(-1, D), labels_N
+
+
+def check_label_range(labels_N: torch.Tensor, vocab_size: int, ignore_index: int) -> None:
+    """Refuse a label outside [0, V) that is not ignore_index, without a host sync on an accelerator.
+
+    On the CPU the check reads the labels (free there) and names the first bad one. On a device a
+    read would drain its queue every step, so the check is an asynchronous device assert instead:
+    a bad label then fails the step at the next sync with torch's device-side assert (the trainer
+    has already checked the tokenizer against the vocab size on the host, train/data.build_stream).
+    """
+    bad = ((labels_N < 0) & (labels_N != ignore_index)) | (labels_N >= vocab_size)
+    message = (f"a label is outside [0, {vocab_size}) and is not ignore_index={ignore_index}; "
+               "check the tokenizer's vocab size against the model's")
+    if labels_N.device.type != "cpu":
+        torch._assert_async(~bad.any(), message)
+        return
     if bool(bad.any()):
         first = int(labels_N[bad][0])
-        raise ValueError(f"label {first} is outside [0, {V}) and is not ignore_index={ignore_index}; "
+        raise ValueError(f"label {first} is outside [0, {vocab_size}) and is not ignore_index={ignore_index}; "
                          "check the tokenizer's vocab size against the model's")
-    return hidden.reshape(-1, D), labels_N
 
 
 def _denominator(labels_N: torch.Tensor, ignore_index: int,

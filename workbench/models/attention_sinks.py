@@ -254,14 +254,54 @@ def pick_kernel(device: torch.device, sliding_window: int | None, packed: bool) 
     return choice
 
 
+def flash_sequences(position_ids: torch.Tensor | None, batch: int, seq: int, device) -> tuple[torch.Tensor, int]:
+    """The rows' documents as the varlen kernel takes them: cu_seqlens int32 [docs + 1] and a length bound.
+
+    Without position_ids every row is one document: built on the device, no host sync. With them the
+    document count (a shape) is read once; the kernels then take `seq` as the bound on a document's
+    length instead of reading the true maximum (flash only sizes its grid by it: the extra query
+    blocks of shorter documents exit at once and the results are the same).
+    """
+    if position_ids is None:
+        return torch.arange(0, batch * seq + 1, seq, dtype=torch.int32, device=device), seq
+    starts = document_starts(position_ids, batch, seq, device).flatten()
+    n_docs = int(starts.sum())  # the one host read: the kernels' sequence count is a shape
+    first = torch.nonzero_static(starts, size=n_docs).flatten()
+    return F.pad(first, (0, 1), value=batch * seq).to(torch.int32), seq
+
+
+def _starts_of(cu_seqlens: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
+    """Bool [B, S]: True at each document's first token, from cu_seqlens (no host read)."""
+    starts = torch.zeros(batch * seq, dtype=torch.bool, device=cu_seqlens.device)
+    return starts.scatter_(0, cu_seqlens[:-1].long(), True).view(batch, seq)
+
+
+def _check_sequences(sequences, batch: int, seq: int) -> None:
+    cu, max_len = sequences
+    if not (isinstance(cu, torch.Tensor) and cu.dim() == 1 and batch + 1 <= cu.numel() <= batch * seq + 1):
+        raise ValueError(f"cu_seq_lens_q must be a 1-D tensor of documents + 1 offsets (rows start documents, so "
+                         f"between {batch + 1} and {batch * seq + 1} entries for {batch} rows of {seq}); got "
+                         f"{tuple(cu.shape) if isinstance(cu, torch.Tensor) else type(cu).__name__}")
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or not 1 <= max_len <= seq:
+        raise ValueError(f"max_length_q must be an int in [1, {seq}] (the longest document, or {seq} as a bound); "
+                         f"got {max_len!r}")
+
+
 def sink_attention(q, k, v, sinks, scaling: float, sliding_window: int | None = None,
-                   position_ids: torch.Tensor | None = None, kernel: str | None = None) -> torch.Tensor:
-    """Causal (optionally windowed, packed) attention with sinks on fused kernels: [B, H, S, D] -> [B, S, H, D]."""
+                   position_ids: torch.Tensor | None = None, kernel: str | None = None,
+                   sequences: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
+    """Causal (optionally windowed, packed) attention with sinks on fused kernels: [B, H, S, D] -> [B, S, H, D].
+
+    `sequences`: (cu_seqlens, max_len) of the rows' documents (flash_sequences), which then take the
+    place of position_ids; without them they are derived from position_ids here.
+    """
     b, h, s, d = q.shape
-    starts = document_starts(position_ids, b, s, q.device)
-    # one host sync per call: document boundaries decide the kernel's sequences
-    n_docs = int(starts.sum()) if position_ids is not None else b
-    packed = n_docs != b
+    if sequences is None:
+        sequences = flash_sequences(position_ids, b, s, q.device)
+    _check_sequences(sequences, b, s)
+    cu, max_len = sequences
+    packed = cu.numel() - 1 != b  # each row starts a document: more documents than rows means packing
+    starts = _starts_of(cu, b, s) if packed else None
     kernel = kernel or pick_kernel(q.device, sliding_window, packed)
     if kernel == "reference":
         return reference_attention(q, k, v, sinks, scaling, dense_mask(s, s, sliding_window, starts, None, q.device))
@@ -277,19 +317,16 @@ def sink_attention(q, k, v, sinks, scaling: float, sliding_window: int | None = 
         with sdpa_kernel(order, set_priority=True):
             return sdpa_extra_dim(q, k, v, sinks, scaling)
     if kernel == "cpu":
-        allowed = dense_mask(s, s, sliding_window, starts if packed else None, None, q.device)
+        allowed = dense_mask(s, s, sliding_window, starts, None, q.device)
         n_rep = h // k.shape[1]
         runner = _CpuFlash(allowed, scaling, q.dtype)
         out = _SinkAttention.apply(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), sinks, runner)
         return out.transpose(1, 2).contiguous()
     if kernel != "flash":
         raise ValueError(f"unknown sink attention kernel {kernel!r}; choose one of {list(KERNELS)}")
-    first = starts.flatten().nonzero().flatten()
-    cu = torch.cat([first, first.new_tensor([b * s])]).to(torch.int32)
-    max_len = int((cu[1:] - cu[:-1]).max()) if packed else s
     if max_len < 2:  # flash lays out lse differently for single-token queries (its decode path)
         return reference_attention(q, k, v, sinks, scaling, dense_mask(s, s, sliding_window, starts, None, q.device))
-    runner = _FlashVarlen(cu, max_len, scaling, sliding_window)
+    runner = _FlashVarlen(cu.to(device=q.device, dtype=torch.int32), max_len, scaling, sliding_window)
     # Transformers hands [B, H, S, D]; the varlen kernel takes [B*S, H, D] (a copy only where RoPE made q/k new)
     q_t, k_t, v_t = (t.transpose(1, 2).reshape(b * s, t.shape[1], d) for t in (q, k, v))
     out = _SinkAttention.apply(q_t, k_t, v_t, sinks, runner)
@@ -306,17 +343,44 @@ def sink_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
     if not getattr(module, "is_causal", True) or kwargs.get("is_causal") is False:
         raise ValueError("attention 'workbench_sinks' is causal only; this module is not causal")
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    # Transformers' packed-sequence kwargs (FlashAttentionKwargs); EngineCausalLM passes them so that the
+    # documents are found once per forward, not once per layer
+    sequences = None
+    if kwargs.get("cu_seq_lens_q") is not None:
+        sequences = (kwargs["cu_seq_lens_q"], kwargs.get("max_length_q") or query.shape[2])
     reason = _fallback_reason(query, key, value, attention_mask, dropout)
     if reason is None:
-        return sink_attention(query, key, value, s_aux, scaling, sliding_window, position_ids), None
+        return sink_attention(query, key, value, s_aux, scaling, sliding_window, position_ids,
+                              sequences=sequences), None
     warnings.warn(f"attention 'workbench_sinks' runs Transformers' eager math for this call: {reason}", stacklevel=2)
     q_len, kv_len = query.shape[2], key.shape[2]
     # Transformers detects packed documents only without a padding mask and with q_len == kv_len (no cache)
-    starts = (document_starts(position_ids, query.shape[0], q_len, query.device)
-              if attention_mask is None and q_len == kv_len else None)
+    starts = None
+    if attention_mask is None and q_len == kv_len:
+        starts = (document_starts(position_ids, query.shape[0], q_len, query.device) if sequences is None
+                  else _starts_of(sequences[0], query.shape[0], q_len))
     allowed = dense_mask(q_len, kv_len, sliding_window, starts, attention_mask, query.device)
     out = reference_attention(query, key, value, s_aux, scaling, allowed, dropout, module.training)
     return out, None
+
+
+def forward_sequences(model: nn.Module, args: tuple, kwargs: dict) -> dict:
+    """Transformers' packed-sequence kwargs for one forward of a "workbench_sinks" model, or {} where not wanted.
+
+    Found once per forward (flash_sequences: no host read without position_ids, one with them) and
+    handed to every layer, instead of each layer finding them from position_ids, which Transformers
+    fills in (an arange) when the caller gave none.
+    """
+    if getattr(model.config, "_attn_implementation", None) != SINK_ATTENTION or len(args) > 1:
+        return {}
+    if any(kwargs.get(k) is not None for k in ("cu_seq_lens_q", "attention_mask", "past_key_values")):
+        return {}
+    x = kwargs.get("input_ids", args[0] if args else None)
+    x = kwargs.get("inputs_embeds") if x is None else x
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        return {}
+    cu, max_len = flash_sequences(kwargs.get("position_ids"), x.shape[0], x.shape[1], x.device)
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_len, "max_length_k": max_len}
 
 
 def register_sink_attention() -> str:

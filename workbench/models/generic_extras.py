@@ -233,7 +233,9 @@ class EngineCausalLM:
             stack.enter_context(fp8_autocast(backend.fp8))
             if fused:
                 stack.enter_context(_deferred_logits(self, backend.cross_entropy == "triton"))
-            out = super().forward(*args, **kwargs)
+            from workbench.models.attention_sinks import forward_sequences
+
+            out = super().forward(*args, **kwargs, **forward_sequences(self, args, kwargs))
         if fused:
             out["logits"] = None  # the item and the attribute: the hidden states are not logits
         return out
