@@ -15,6 +15,7 @@ from workbench.bench.config import VariantSpec
 from workbench.bench.tokens import label_count
 from workbench.bench.variant import Prepared, adamw
 from workbench.train.optim import describe_optimizer
+from workbench.train.precision import resolve_precision
 from workbench.parallel.mesh import dense_mesh
 
 
@@ -32,8 +33,9 @@ def takes_aux_loss_group(model: torch.nn.Module) -> bool:
 
 
 def build_engine(spec: VariantSpec, checkpoint: Path, backend: BackendConfig, mesh, lr: float, rows_per_rank: int,
-                 seq: int, device: torch.device, dtype: torch.dtype) -> Prepared:
-    """The engine sharded over `mesh`, its loss normalized by the global token count."""
+                 seq: int, device: torch.device, dtype: torch.dtype, precision: str = "auto",
+                 seed: int = 0) -> Prepared:
+    """The engine sharded over `mesh`, its loss normalized by the global token count; AdamW in `precision`."""
     import workbench
 
     backend = variant_backend(spec, backend)
@@ -60,7 +62,7 @@ def build_engine(spec: VariantSpec, checkpoint: Path, backend: BackendConfig, me
         return ce + coef * aux, ce, aux
 
     resolved = model.workbench_backend.to_dict() if model.workbench_backend is not None else backend.to_dict()
-    optimizer = adamw(model, lr, device, engine=True)
+    optimizer = adamw(model, lr, device, engine=True, precision=precision, seed=seed)
     setup = {
         "library": "workbench", "backend": resolved, "mesh": mesh.to_dict(), "gate": spec.gate,
         "path": "adapter" if extra else "generic",
@@ -69,5 +71,6 @@ def build_engine(spec: VariantSpec, checkpoint: Path, backend: BackendConfig, me
                     + (" (global over dp)" if extra else " (per rank)"),
         "fsdp": "workbench.parallel.apply_fsdp (summed grads)" if world > 1 else "none (one rank)",
         "optimizer": describe_optimizer(optimizer), "activation_checkpointing": False, "dtype": str(dtype),
+        "precision": resolve_precision(precision, model.parameters()),
     }
     return Prepared(model, optimizer, forward, "sum", setup)
