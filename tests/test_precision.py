@@ -269,3 +269,38 @@ def test_bad_precision_values_are_refused():
         TritonAdamW([w], precision="fp16")
     with pytest.raises(ValueError, match="seed must be an integer"):
         TritonAdamW([w], precision="bf16_sr", seed=-1)
+
+
+# ---------------------------------------------------------------- FSDP2 shards
+
+
+def _sharded_steps(rank, world):
+    return {precision: _sharded_run(world, precision) for precision in ("bf16_sr", "fp32_master")}
+
+
+def _sharded_run(world, precision):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 7, bias=False), torch.nn.Linear(7, 5, bias=False)).bfloat16()
+    grads = [torch.randn_like(p) for p in model.parameters()]
+    if world > 1:
+        fully_shard(model, mesh=init_device_mesh("cpu", (world,)))  # dim-0 shards, 7 and 5 rows: uneven
+    opt = make_adamw([{"params": list(model.parameters()), "weight_decay": 0.0}], "adamw", torch.device("cpu"),
+                     1e-5, precision=precision, seed=3)
+    for _ in range(3):
+        for p, g in zip(model.parameters(), grads):
+            p.grad = g if world == 1 else torch.distributed.tensor.distribute_tensor(g, p.device_mesh, p.placements)
+        opt.step()
+    return [p.full_tensor() if world > 1 else p.detach().clone() for p in model.parameters()]
+
+
+def test_fsdp2_shards_update_as_the_whole_tensor():
+    from dist_utils import run_ranks
+
+    (whole,) = run_ranks(_sharded_steps, 1)
+    # the SR bits hash global element indices: a shard rounds as the unsharded tensor does
+    for got in run_ranks(_sharded_steps, 2):
+        for precision in whole:
+            assert all(torch.equal(a, b) for a, b in zip(got[precision], whole[precision])), precision
