@@ -184,7 +184,8 @@ _KERNEL_SCRIPT = textwrap.dedent("""
     from workbench.kernels.adamw import SRKeys, adamw_scalars, torch_adamw_step_
     from workbench.kernels.triton_adamw import triton_adamw_step_
     torch.manual_seed(0)
-    for n, base, wd in ((1, 0, 0.0), (4097, 0, 1e-2), (1000, 3 * 2 ** 32 + 5, 0.0)):
+    # bases past 2**32, and one whose first block straddles it (two high words in one block)
+    for n, base, wd in ((1, 0, 0.0), (4097, 0, 1e-2), (1000, 3 * 2 ** 32 + 5, 0.0), (3000, 2 ** 32 - 500, 0.0)):
         p = (0.02 * torch.randn(n)).bfloat16()
         tensors = (p, torch.randn(n).bfloat16(), (0.1 * torch.randn(n)).bfloat16(), torch.rand(n).bfloat16())
         s = adamw_scalars(3, 1e-5, 0.9, 0.95, 1e-8, wd)

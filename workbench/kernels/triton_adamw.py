@@ -64,19 +64,26 @@ def _store(ptr, offs, x, mask, ROUND_BY_HAND: tl.constexpr):
 
 @triton.jit
 def _mix32(x):
-    # lowbias32 on uint32 (wrapping multiplies), as stochastic_round.mix32
+    # lowbias32 on uint32 (wrapping multiplies, logical shifts), as stochastic_round.mix32; the
+    # multipliers are uint32 tensors so no Triton version promotes x to a signed type
     x = x ^ (x >> 16)
-    x = x * 0x7FEB352D
+    x = x * tl.full(x.shape, 0x7FEB352D, tl.uint32)
     x = x ^ (x >> 15)
-    x = x * 0x846CA68B
+    x = x * tl.full(x.shape, 0x846CA68B, tl.uint32)
     return x ^ (x >> 16)
 
 
 @triton.jit
-def _sr_bf16(x, key_bits, idx):
-    # stochastic_round.stochastic_round_bf16 with random_bits(key, ...) of the global element index idx
+def _sr_bf16(x, key_bits, idx, start, BLOCK: tl.constexpr):
+    # stochastic_round.stochastic_round_bf16 with random_bits(key, ...) of the global element index
+    # idx. The high-word hash is one of two per block (a block spans at most two 2**32 ranges):
+    # two scalar hashes instead of one per element.
     key = key_bits.to(tl.int32).to(tl.uint32, bitcast=True)
-    hi = _mix32((idx >> 32).to(tl.uint32) ^ key)
+    hi_a = (start >> 32).to(tl.uint32)
+    hi_b = ((start + (BLOCK - 1)) >> 32).to(tl.uint32)
+    hash_a = _mix32(hi_a ^ key)
+    hash_b = _mix32(hi_b ^ key)
+    hi = tl.where((idx >> 32).to(tl.uint32) == hi_a, hash_a, hash_b)
     bits = _mix32((idx & 0xFFFFFFFF).to(tl.uint32) ^ hi)
     u = x.to(tl.uint32, bitcast=True)
     u = (u + (bits & 0xFFFF)) & 0xFFFF0000
@@ -84,10 +91,11 @@ def _sr_bf16(x, key_bits, idx):
 
 
 @triton.jit
-def _store_rounded(ptr, offs, x, mask, key_bits, idx, SR: tl.constexpr, ROUND_BY_HAND: tl.constexpr):
+def _store_rounded(ptr, offs, x, mask, key_bits, idx, start, SR: tl.constexpr, ROUND_BY_HAND: tl.constexpr,
+                   BLOCK: tl.constexpr):
     if SR:
         if ptr.dtype.element_ty == tl.bfloat16:
-            x = _sr_bf16(x, key_bits, idx)  # exactly representable: the store below does not round
+            x = _sr_bf16(x, key_bits, idx, start, BLOCK)  # exactly representable: the store below does not round
     _store(ptr, offs, x, mask, ROUND_BY_HAND)
 
 
@@ -120,10 +128,11 @@ def _adamw_kernel(P, G, M, V, n_elements, beta1_bits, omb1_bits, beta2_bits, omb
         v = beta2.to(tl.float32) * v + omb2.to(tl.float32) * g * g
         denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps.to(tl.float32)
     p = p - tl.div_rn(step_size * m, denom)
+    start = base.to(tl.int64) + tl.program_id(0).to(tl.int64) * BLOCK
     idx = base.to(tl.int64) + offs
-    _store_rounded(P, offs, p, mask, key_p, idx, SR, ROUND_BY_HAND)
-    _store_rounded(M, offs, m, mask, key_m, idx, SR, ROUND_BY_HAND)
-    _store_rounded(V, offs, v, mask, key_v, idx, SR, ROUND_BY_HAND)
+    _store_rounded(P, offs, p, mask, key_p, idx, start, SR, ROUND_BY_HAND, BLOCK)
+    _store_rounded(M, offs, m, mask, key_m, idx, start, SR, ROUND_BY_HAND, BLOCK)
+    _store_rounded(V, offs, v, mask, key_v, idx, start, SR, ROUND_BY_HAND, BLOCK)
 
 
 def _bits(x: float) -> int:
