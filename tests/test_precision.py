@@ -203,6 +203,14 @@ _KERNEL_SCRIPT = textwrap.dedent("""
         triton_adamw_step_(*c, s, sr=keys)
         triton_adamw_step_(*d, s)
         assert all(torch.equal(x, y) for x, y in zip(c, d))
+        # fp32_master: float32 master and moments, bf16 grad, the bf16 parameter written in the same pass
+        master = [tensors[0].float(), tensors[1], tensors[2].float(), tensors[3].float()]
+        c, d = [t.clone() for t in master], [t.clone() for t in master]
+        out_c, out_d = tensors[0].clone(), tensors[0].clone()
+        torch_adamw_step_(*c, s, out=out_c)
+        triton_adamw_step_(*d, s, out=out_d)
+        assert all(torch.equal(x, y) for x, y in zip(c, d)) and torch.equal(out_c, out_d)
+        assert torch.equal(out_c, c[0].bfloat16())
     print("SR KERNEL OK")
 """)
 

@@ -60,11 +60,13 @@ def kernel_supports(*tensors: torch.Tensor) -> bool:
 
 
 def torch_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-                      scalars: dict[str, float], precise: bool = False, sr: SRKeys | None = None) -> None:
+                      scalars: dict[str, float], precise: bool = False, sr: SRKeys | None = None,
+                      out: torch.Tensor | None = None) -> None:
     """The kernel's update in torch ops, in place: float32 math (float64 where `precise`).
 
     With `sr`, bf16 tensors get the float32 results rounded stochastically (stochastic_round.py)
-    instead of to nearest; other dtypes are stored as usual.
+    instead of to nearest; other dtypes are stored as usual. `out` also receives the new
+    parameter, rounded to nearest (fp32_master: `param` is the master copy, `out` the bf16 one).
     """
     s = scalars
     wide = torch.float64 if precise else torch.float32
@@ -86,17 +88,21 @@ def torch_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Te
         if key is not None and dst.dtype == torch.bfloat16:
             value = stochastic_round_bf16(value, random_bits(key, sr.base, value.numel(), value.device))
         dst.copy_(value)
+    if out is not None:
+        out.copy_(p)
 
 
 def adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-                scalars: dict[str, float], precise: bool = False, sr: SRKeys | None = None) -> str:
+                scalars: dict[str, float], precise: bool = False, sr: SRKeys | None = None,
+                out: torch.Tensor | None = None) -> str:
     """Update one tensor in place with the Triton kernel where it can run, else torch ops; says which."""
     if param.numel() == 0:
         return "empty"
-    if kernel_supports(param, grad, exp_avg, exp_avg_sq):
+    extra = () if out is None else (out,)
+    if kernel_supports(param, grad, exp_avg, exp_avg_sq, *extra):
         from workbench.kernels.triton_adamw import triton_adamw_step_
 
-        triton_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise, sr)
+        triton_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise, sr, out)
         return "triton"
-    torch_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise, sr)
+    torch_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise, sr, out)
     return "torch"

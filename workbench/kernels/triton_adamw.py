@@ -3,7 +3,8 @@
 torch's fused AdamW (aten/src/ATen/native/cuda/fused_adam_utils.cuh) walks every tensor in small
 multi_tensor_apply chunks and reaches about half the HBM bandwidth of an H200. This kernel reads
 param, grad, exp_avg and exp_avg_sq of one contiguous tensor in large blocks (int64 offsets) and
-writes param, exp_avg and exp_avg_sq back: 14 bytes per bf16 element, nothing else.
+writes param, exp_avg and exp_avg_sq back: 14 bytes per bf16 element, nothing else (fp32_master:
+float32 master and moments, plus the bf16 parameter written in the same pass: 28 bytes).
 
 Numerics follow torch's CUDA functor, computed in float32 and stored in each tensor's dtype:
     p = p - (lr * wd) * p                              (only when lr * wd != 0)
@@ -101,9 +102,9 @@ def _store_rounded(ptr, offs, x, mask, key_bits, idx, start, SR: tl.constexpr, R
 
 @triton.jit(do_not_specialize=["beta1_bits", "omb1_bits", "beta2_bits", "omb2_bits", "lr_wd_bits", "eps_bits",
                                "step_size", "bc2_sqrt", "key_p", "key_m", "key_v", "base"])
-def _adamw_kernel(P, G, M, V, n_elements, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits, eps_bits,
+def _adamw_kernel(P, G, M, V, OUT, n_elements, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits, eps_bits,
                   step_size, bc2_sqrt, key_p, key_m, key_v, base, HAS_WD: tl.constexpr, PRECISE: tl.constexpr,
-                  SR: tl.constexpr, ROUND_BY_HAND: tl.constexpr, BLOCK: tl.constexpr):
+                  SR: tl.constexpr, HAS_OUT: tl.constexpr, ROUND_BY_HAND: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_elements
     p = tl.load(P + offs, mask=mask, other=0.0).to(tl.float32)
@@ -133,6 +134,8 @@ def _adamw_kernel(P, G, M, V, n_elements, beta1_bits, omb1_bits, beta2_bits, omb
     _store_rounded(P, offs, p, mask, key_p, idx, start, SR, ROUND_BY_HAND, BLOCK)
     _store_rounded(M, offs, m, mask, key_m, idx, start, SR, ROUND_BY_HAND, BLOCK)
     _store_rounded(V, offs, v, mask, key_v, idx, start, SR, ROUND_BY_HAND, BLOCK)
+    if HAS_OUT:  # fp32_master: P is the float32 master, OUT the bf16 parameter (one pass, no extra copy)
+        _store(OUT, offs, p, mask, ROUND_BY_HAND)
 
 
 def _bits(x: float) -> int:
@@ -146,10 +149,10 @@ def _i32(key: int) -> int:
 
 def triton_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
                        exp_avg_sq: torch.Tensor, scalars: dict[str, float], precise: bool = False,
-                       sr: SRKeys | None = None) -> None:
+                       sr: SRKeys | None = None, out: torch.Tensor | None = None) -> None:
     """One AdamW update of one contiguous tensor, in place (scalars from `adamw_scalars`; `sr`: bf16 stores
-    rounded stochastically, as workbench.kernels.adamw.torch_adamw_step_)."""
-    tensors = (param, grad, exp_avg, exp_avg_sq)
+    rounded stochastically; `out`: also gets the new parameter; as workbench.kernels.adamw.torch_adamw_step_)."""
+    tensors = (param, grad, exp_avg, exp_avg_sq) + (() if out is None else (out,))
     if not kernel_supports(*tensors):
         got = [(tuple(t.shape), t.dtype, str(t.device), t.is_contiguous()) for t in tensors]
         raise ValueError("the Triton AdamW kernel needs contiguous float32/bf16/fp16 tensors of one size on one "
@@ -163,8 +166,9 @@ def triton_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.T
     guard = torch.cuda.device(param.device) if param.device.type == "cuda" else contextlib.nullcontext()
     with guard:
         _adamw_kernel[(triton.cdiv(n, BLOCK),)](
-            param, grad, exp_avg, exp_avg_sq, n, _bits(s["beta1"]), _bits(s["omb1"]), _bits(s["beta2"]),
-            _bits(s["omb2"]), _bits(s["lr_wd"]), _bits(s["eps"]), s["step_size"], s["bc2_sqrt"],
+            param, grad, exp_avg, exp_avg_sq, param if out is None else out, n, _bits(s["beta1"]),
+            _bits(s["omb1"]), _bits(s["beta2"]), _bits(s["omb2"]), _bits(s["lr_wd"]), _bits(s["eps"]), s["step_size"], s["bc2_sqrt"],
             _i32(keys.param), _i32(keys.exp_avg), _i32(keys.exp_avg_sq), keys.base,
-            HAS_WD=s["lr_wd"] != 0, PRECISE=bool(precise), SR=sr is not None, ROUND_BY_HAND=triton_interpreting(), BLOCK=BLOCK,
+            HAS_WD=s["lr_wd"] != 0, PRECISE=bool(precise), SR=sr is not None, HAS_OUT=out is not None,
+            ROUND_BY_HAND=triton_interpreting(), BLOCK=BLOCK,
             num_warps=NUM_WARPS, enable_fp_fusion=False)

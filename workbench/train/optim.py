@@ -215,11 +215,10 @@ class TritonAdamW(torch.optim.Optimizer):
                         self._bases[p] = element_base(p)
                     base, salt = self._bases[p]
                     sr = SRKeys.make(self.seed, step, index, base, salt)
-                target = _local(state["master"]) if master else _local(p)
+                # fp32_master: the master is updated and the bf16 parameter written from it (to nearest)
+                target, out = (_local(state["master"]), _local(p)) if master else (_local(p), None)
                 path = adamw_step_(target, _local(p.grad), _local(state["exp_avg"]),
-                                   _local(state["exp_avg_sq"]), scalars, self.precise, sr)
-                if master:
-                    _local(p).copy_(target)  # round to nearest: the bf16 compute copy
+                                   _local(state["exp_avg_sq"]), scalars, self.precise, sr, out)
                 self.updates[path] += 1
         return loss
 

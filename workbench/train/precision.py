@@ -6,13 +6,15 @@
                  stochastically (unbiased: E[round(x)] = x), so small updates survive on
                  average. Same memory and optimizer bandwidth as bf16 (14 bytes per element).
     fp32_master  float32 master weights and states in the optimizer, bf16 params for compute,
-                 copied after each step: +8 bytes per parameter, +10 bytes of traffic per element.
+                 written from it in the same kernel pass: +8 bytes per parameter, and 28 bytes of
+                 optimizer traffic per element instead of 14.
     auto         bf16_sr: it tracks a float32 reference at lr 1e-5 (tests/test_precision.py)
                  at bf16's cost. With optimizer "adamw_torch" (no SR, no master copy) it is bf16.
 
 States stay bf16 in bf16_sr: their updates are relative (beta * m + (1 - beta) * g), far above a
 bf16 ulp, and they are rounded stochastically too, so no bias accumulates; float32 states would
-cost 4 bytes per parameter more for no measured gain. On float32 weights every mode is plain
+cost 4 bytes per parameter more for no gain the test can see (bf16_sr already keeps the whole
+reference update there). On float32 weights every mode is plain
 float32 (float32 weights are their own master; nothing is rounded to bf16): a no-op, not an
 error, so one config runs on a CPU (float32 by default) and a GPU (bf16). Only bf16 tensors are
 rounded stochastically; fp16 ones round to nearest (or use fp32_master).
