@@ -180,10 +180,11 @@ def test_fp32_master_keeps_float32_weights_and_moments():
 # ---------------------------------------------------------------- (c) Triton kernel == torch reference
 
 _KERNEL_SCRIPT = textwrap.dedent("""
-    import torch
+    import sys, torch
     from workbench.kernels.adamw import SRKeys, adamw_scalars, torch_adamw_step_
     from workbench.kernels.triton_adamw import triton_adamw_step_
     torch.manual_seed(0)
+    torch.set_default_device(sys.argv[1])
     # bases past 2**32, and one whose first block straddles it (two high words in one block)
     for n, base, wd in ((1, 0, 0.0), (4097, 0, 1e-2), (1000, 3 * 2 ** 32 + 5, 0.0), (3000, 2 ** 32 - 500, 0.0)):
         p = (0.02 * torch.randn(n)).bfloat16()
@@ -215,10 +216,12 @@ _KERNEL_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_triton_sr_kernel_equals_the_torch_reference_bit_for_bit():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-c", _KERNEL_SCRIPT], env=env, cwd=Path(__file__).resolve().parents[1],
-                          capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the compiled Triton kernel needs a CUDA GPU"))])
+def test_triton_sr_kernel_equals_the_torch_reference_bit_for_bit(device):
+    env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else dict(os.environ)
+    proc = subprocess.run([sys.executable, "-c", _KERNEL_SCRIPT, device], env=env,
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "SR KERNEL OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
