@@ -15,6 +15,7 @@ import torch
 from dist_utils import run_ranks
 
 from workbench.bench import BenchConfig
+from workbench.bench.config import VariantSpec
 from workbench.bench.readme import BEGIN, END, replace_section, table, write_readme
 from workbench.config import ConfigError
 from workbench.parallel.mesh import MeshConfig
@@ -398,3 +399,43 @@ def test_bad_variant_spec(kwargs, match):
 
     with pytest.raises(ConfigError, match=match):
         VariantSpec(**{"kind": "anchor", "help": "x", **kwargs})
+
+
+def _precision_rows(rank, world, out_dir):
+    from workbench.bench import run_bench
+
+    cfg = BenchConfig(preset="tiny", seq=16, batch=2, warmup=0, steps=2, dtype="bfloat16", precision="fp32_master",
+                      variants=("anchor", "engine", "engine_bf16", "engine_bf16_sr", "engine_fp32_master"),
+                      out_dir=out_dir, html=False, fail_fast=True)
+    return run_bench(cfg)
+
+
+def test_precision_variants_reach_the_engine_optimizer(tmp_path):
+    (result,) = run_ranks(_precision_rows, 1, str(tmp_path), timeout=180)
+    rows = {r["name"]: r for r in result["variants"]}
+    assert all(r["status"] == "ok" for r in rows.values())
+    # each row's own mode; the plain engine row takes the launch's --precision; the anchor stays torch's bf16 AdamW
+    for name, mode in (("engine", "fp32_master"), ("engine_bf16", "bf16"), ("engine_bf16_sr", "bf16_sr"),
+                       ("engine_fp32_master", "fp32_master")):
+        assert rows[name]["setup"]["precision"] == mode
+    assert rows["engine_bf16_sr"]["setup"]["optimizer"].endswith("precision bf16_sr")
+    assert rows["engine_fp32_master"]["setup"]["optimizer"].endswith("precision fp32_master")
+    assert rows["anchor"]["setup"]["optimizer"].startswith("torch.optim.AdamW")
+    # the same first step (same weights and tokens); the modes differ only in how the update is stored
+    first = rows["engine_bf16"]["loss"][0]
+    assert all(rows[n]["loss"][0] == pytest.approx(first, abs=1e-6) for n in ("engine_bf16_sr", "engine_fp32_master"))
+
+
+def test_precision_flag_and_bad_values():
+    from workbench.bench.cli import add_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert config_from_args(parser.parse_args(["--precision", "bf16_sr"])).precision == "bf16_sr"
+    assert config_from_args(parser.parse_args([])).precision == "auto"
+    with pytest.raises(ConfigError, match="bench precision must be one of"):
+        BenchConfig(precision="fp16")
+    with pytest.raises(ConfigError, match="variant precision 'fp16'"):
+        VariantSpec("engine", "x", precision="fp16")
+    with pytest.raises(ConfigError, match="on an engine variant"):
+        VariantSpec("anchor", "x", precision="bf16")

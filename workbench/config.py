@@ -26,6 +26,8 @@ DATA_KINDS = ("synthetic", "jsonl")
 # "adamw": Triton AdamW on CUDA (torch's fused math, more bandwidth), torch AdamW elsewhere;
 # "adamw_torch": always torch.optim.AdamW (fused on CUDA); "adamw_triton": always TritonAdamW
 OPTIMIZERS = ("adamw", "adamw_torch", "adamw_triton")
+# How a bf16 model's weights are updated (workbench.train.precision); on float32 weights every one is plain float32.
+PRECISIONS = ("auto", "bf16", "bf16_sr", "fp32_master")
 
 
 class ConfigError(ValueError):
@@ -170,7 +172,7 @@ class DataConfig:
 # optimizer's update and the data position in the checkpoint depend on them. train.optimizer is
 # not one: torch's and the Triton AdamW share their state and may be swapped on resume.
 RESUME_FIELDS = ("train.steps", "train.warmup_steps", "train.lr", "train.min_lr_ratio", "train.global_batch_size",
-                 "train.weight_decay", "train.betas",
+                 "train.weight_decay", "train.betas", "train.precision",
                  "data.kind", "data.path", "data.tokenizer", "data.seq_len", "data.pack", "data.max_length")
 
 
@@ -189,6 +191,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.95)
     optimizer: str = "adamw"  # one of OPTIMIZERS
+    # one of PRECISIONS: "bf16" rounds each update to nearest (loses most at lr 1e-5), "bf16_sr" rounds
+    # it stochastically, "fp32_master" keeps float32 weights in the optimizer; "auto" = bf16_sr
+    precision: str = "auto"
     seed: int = 0
     activation_checkpointing: bool = False  # recompute each decoder layer in backward (train/activation_checkpoint.py)
     # Aux-loss-free balancing (DeepSeek-V3): after each step, bias_e += rate * sign(mean load - load_e); 0 = off.
@@ -223,6 +228,11 @@ class TrainConfig:
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"train.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.optimizer == "adamw_torch" and self.precision in ("bf16_sr", "fp32_master"):
+            raise ConfigError(f"train.precision={self.precision!r} needs the workbench AdamW: set train.optimizer "
+                              "to 'adamw' (or 'adamw_triton'), or train.precision to 'bf16'")
         _check_int(self.seed, "train.seed", 0)
         _check_float(self.router_bias_update_rate, "train.router_bias_update_rate", 0.0)
         _check_int(self.checkpoint_every, "train.checkpoint_every", 1, allow_none=True)

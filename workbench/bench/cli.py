@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from workbench.backends import CHOICES
+from workbench.config import PRECISIONS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-recompute", action="store_true",
                    help="engine: recompute expert MLPs in backward (less activation memory)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
+    p.add_argument("--precision", default="auto", choices=PRECISIONS,
+                   help="engine AdamW precision (train.precision) where the variant sets none; "
+                        "engine_bf16 / engine_bf16_sr / engine_fp32_master time each mode")
     p.add_argument("--out-dir", help="results directory (default: <runs>/bench, <runs> being "
                    "$WORKBENCH_RUNS_DIR or ~/moe-workbench/runs; '' writes nothing; the repository's "
                    "published results: benchmarks/results)")
@@ -71,7 +75,7 @@ def config_from_args(args: argparse.Namespace):
     out = {} if args.out_dir is None else {"out_dir": args.out_dir or None}
     return BenchConfig(preset=args.preset, layers=args.layers, seq=args.seq, batch=args.batch, warmup=args.warmup,
                        steps=args.steps, lr=args.lr, seed=args.seed, variants=args.variants, mesh=mesh,
-                       backend=backend, dtype=args.dtype, name=args.name, command=command.strip(),
+                       backend=backend, dtype=args.dtype, precision=args.precision, name=args.name, command=command.strip(),
                        html=not args.no_html, fail_fast=args.fail_fast, **out)
 
 

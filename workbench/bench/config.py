@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.backends import BackendConfig
-from workbench.config import PRESETS, ConfigError
+from workbench.config import PRECISIONS, PRESETS, ConfigError
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class VariantSpec:
     backend: tuple[tuple[str, str | bool], ...] = ()  # engine only: BackendConfig fields this variant sets
     attn_implementation: str = "sdpa"  # anchor only: Transformers' attention ("sdpa", "eager", "flex_attention")
     cuda_reason: str = ""  # why a needs_cuda variant is skipped elsewhere ("" = the cuDNN SDPA reason)
+    precision: str | None = None  # engine only: train.precision of its AdamW; None = the launch's BenchConfig.precision
 
     def __post_init__(self) -> None:
         from workbench.backends import CHOICES
@@ -36,6 +37,8 @@ class VariantSpec:
                               f"{list(ANCHOR_ATTENTION)}")
         if self.sdpa_backend is not None and self.attn_implementation != "sdpa":
             raise ConfigError(f"variant sdpa_backend={self.sdpa_backend!r} needs attn_implementation='sdpa'")
+        if self.precision is not None and (self.kind != "engine" or self.precision not in PRECISIONS):
+            raise ConfigError(f"variant precision {self.precision!r} must be one of {PRECISIONS}, on an engine variant")
         for key, value in self.backend:
             ok = (value in CHOICES[key] and key != "gate") if key in CHOICES else (
                 key in ("fused_ce", "expert_recompute", "fp8") and isinstance(value, bool))
@@ -78,6 +81,12 @@ VARIANTS: dict[str, VariantSpec] = {
     "engine_symm_mem": VariantSpec("engine", "engine, symm_mem (NVSHMEM all_to_all_vdev) dispatcher",
                                    backend=(("dispatcher", "symm_mem"),)),
     "engine_deepep": VariantSpec("engine", "engine, DeepEP dispatcher", backend=(("dispatcher", "deepep"),)),
+    # train.precision per row (workbench.train.precision): tokens/s and memory of each mode in one launch
+    "engine_bf16": VariantSpec("engine", "engine, pure bf16 AdamW (round to nearest: loses small updates)",
+                               precision="bf16"),
+    "engine_bf16_sr": VariantSpec("engine", "engine, bf16 AdamW with stochastic rounding", precision="bf16_sr"),
+    "engine_fp32_master": VariantSpec("engine", "engine, float32 master weights and moments, bf16 compute",
+                                      precision="fp32_master"),
 }
 DEFAULT_VARIANTS = ("anchor", "engine", "engine_balanced", "anchor_cudnn")
 
@@ -110,6 +119,7 @@ class BenchConfig:
     mesh: Any = None  # workbench.MeshConfig; None = dp = world, ep = world when it divides the experts
     backend: BackendConfig = field(default_factory=BackendConfig)  # the engine's; gate set per variant
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    precision: str = "auto"  # the engine's train.precision where its variant sets none (the anchor: torch AdamW, bf16)
     out_dir: str | None = field(default_factory=default_out_dir)  # None: write nothing
     name: str | None = None  # results file stem; None = <date>-<device>
     command: str | None = None  # recorded in the JSON; None = this process's argv
@@ -142,6 +152,8 @@ class BenchConfig:
             raise ConfigError(f"bench backend must be a workbench.BackendConfig, got {type(self.backend).__name__}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ConfigError(f"bench dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"bench precision must be one of {PRECISIONS}, got {self.precision!r}")
         if isinstance(self.out_dir, os.PathLike):
             object.__setattr__(self, "out_dir", os.fspath(self.out_dir))
         if self.out_dir is not None and (not isinstance(self.out_dir, str) or not self.out_dir):

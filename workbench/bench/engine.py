@@ -14,6 +14,7 @@ from workbench.bench.config import VariantSpec
 from workbench.bench.tokens import label_count
 from workbench.bench.variant import Prepared, adamw
 from workbench.train.optim import describe_optimizer
+from workbench.train.precision import resolve_precision
 
 
 def variant_backend(spec: VariantSpec, backend: BackendConfig) -> BackendConfig:
@@ -22,8 +23,9 @@ def variant_backend(spec: VariantSpec, backend: BackendConfig) -> BackendConfig:
 
 
 def build_engine(spec: VariantSpec, checkpoint: Path, backend: BackendConfig, mesh, lr: float, rows_per_rank: int,
-                 seq: int, device: torch.device, dtype: torch.dtype) -> Prepared:
-    """The engine sharded over `mesh`, its loss normalized by the global token count."""
+                 seq: int, device: torch.device, dtype: torch.dtype, precision: str = "auto",
+                 seed: int = 0) -> Prepared:
+    """The engine sharded over `mesh`, its loss normalized by the global token count; AdamW in `precision`."""
     import workbench
 
     backend = variant_backend(spec, backend)
@@ -48,7 +50,7 @@ def build_engine(spec: VariantSpec, checkpoint: Path, backend: BackendConfig, me
         return ce + coef * aux, ce, aux
 
     resolved = model.workbench_backend.to_dict() if model.workbench_backend is not None else backend.to_dict()
-    optimizer = adamw(model, lr, device, engine=True)
+    optimizer = adamw(model, lr, device, engine=True, precision=precision, seed=seed)
     setup = {
         "library": "workbench", "backend": resolved, "mesh": mesh.to_dict(), "gate": spec.gate,
         "path": "generic",
@@ -56,5 +58,6 @@ def build_engine(spec: VariantSpec, checkpoint: Path, backend: BackendConfig, me
         "aux_loss": f"{model.config.model_type}'s own, coef {coef:g} (per rank, as the anchor)",
         "fsdp": "workbench.parallel.apply_fsdp (summed grads)" if world > 1 else "none (one rank)",
         "optimizer": describe_optimizer(optimizer), "activation_checkpointing": False, "dtype": str(dtype),
+        "precision": resolve_precision(precision, model.parameters()),
     }
     return Prepared(model, optimizer, forward, "sum", setup)

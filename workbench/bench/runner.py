@@ -121,7 +121,8 @@ def run_variant(name: str, cfg: BenchConfig, hf_config, mesh, checkpoint: Path |
         if spec.kind == "anchor":
             prep = build_anchor(spec, hf_config, cfg.seed, cfg.lr, device, dtype)
         else:
-            prep = build_engine(spec, checkpoint, cfg.backend, mesh, cfg.lr, cfg.batch, cfg.seq, device, dtype)
+            prep = build_engine(spec, checkpoint, cfg.backend, mesh, cfg.lr, cfg.batch, cfg.seq, device, dtype,
+                                precision=spec.precision or cfg.precision, seed=cfg.seed)
         row["init_fingerprint"] = weight_fingerprint(prep.model)
         du.barrier()
         row["build_s"] = time.perf_counter() - t0

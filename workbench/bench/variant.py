@@ -28,9 +28,11 @@ class Prepared:
     context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
 
-def adamw(model: torch.nn.Module, lr: float, device: torch.device, engine: bool = False) -> torch.optim.Optimizer:
+def adamw(model: torch.nn.Module, lr: float, device: torch.device, engine: bool = False,
+          precision: str = "auto", seed: int = 0) -> torch.optim.Optimizer:
     """AdamW with one param group per DTensor mesh: torch's (fused on CUDA) for the anchor, as the
-    issue prescribes; for the engine the optimizer its trainer uses ("adamw": Triton on CUDA).
+    issue prescribes; for the engine the optimizer its trainer uses ("adamw": Triton on CUDA) in
+    train.precision `precision` (the anchor's torch AdamW: plain bf16).
 
     Fused/foreach kernels take one list per group; under expert parallelism the experts live on
     another mesh than the dense weights, and DTensor refuses lists that mix meshes.
@@ -42,7 +44,8 @@ def adamw(model: torch.nn.Module, lr: float, device: torch.device, engine: bool 
         if p.requires_grad:
             mesh = getattr(p, "device_mesh", None)
             groups[id(mesh) if mesh is not None else None].append(p)
-    return make_adamw([{"params": ps} for ps in groups.values()], "adamw" if engine else "adamw_torch", device, lr)
+    return make_adamw([{"params": ps} for ps in groups.values()], "adamw" if engine else "adamw_torch", device, lr,
+                      precision=precision, seed=seed)
 
 
 def weight_fingerprint(model: torch.nn.Module) -> float:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 import struct
+from typing import NamedTuple
 
 import torch
 
 from workbench.kernels._triton_util import triton_interpreting
+from workbench.kernels.stochastic_round import STREAMS, random_bits, sr_key, stochastic_round_bf16
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -33,6 +35,21 @@ def adamw_scalars(step: int, lr: float, beta1: float, beta2: float, eps: float,
             "bc2_sqrt": _f32(math.sqrt(1.0 - beta2 ** float(step)))}
 
 
+class SRKeys(NamedTuple):
+    """Stochastic-rounding keys of one tensor's AdamW step (one per stored tensor) and its element base."""
+
+    param: int
+    exp_avg: int
+    exp_avg_sq: int
+    base: int = 0
+
+    @classmethod
+    def make(cls, seed: int, step: int, param_index: int, base: int = 0, salt: int = 0) -> "SRKeys":
+        """The keys of parameter `param_index` at optimizer step `step` (see stochastic_round.sr_key)."""
+        keys = {name: sr_key(seed, step, param_index, stream, salt) for name, stream in STREAMS.items()}
+        return cls(base=base, **keys)
+
+
 def kernel_supports(*tensors: torch.Tensor) -> bool:
     """Whether the Triton kernel can update these (param, grad, exp_avg, exp_avg_sq) tensors."""
     first = tensors[0]
@@ -43,8 +60,14 @@ def kernel_supports(*tensors: torch.Tensor) -> bool:
 
 
 def torch_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-                      scalars: dict[str, float], precise: bool = False) -> None:
-    """The kernel's update in torch ops, in place: float32 math (float64 where `precise`)."""
+                      scalars: dict[str, float], precise: bool = False, sr: SRKeys | None = None,
+                      out: torch.Tensor | None = None) -> None:
+    """The kernel's update in torch ops, in place: float32 math (float64 where `precise`).
+
+    With `sr`, bf16 tensors get the float32 results rounded stochastically (stochastic_round.py)
+    instead of to nearest; other dtypes are stored as usual. `out` also receives the new
+    parameter, rounded to nearest (fp32_master: `param` is the master copy, `out` the bf16 one).
+    """
     s = scalars
     wide = torch.float64 if precise else torch.float32
     p, m, v = param.to(torch.float32), exp_avg.to(wide), exp_avg_sq.to(wide)
@@ -60,20 +83,26 @@ def torch_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Te
     root = v.to(torch.float64).sqrt().to(torch.float32)
     denom = ((root / torch.full_like(root, s["bc2_sqrt"])).to(wide) + s["eps"]).to(torch.float32)
     p = p - (m * s["step_size"]) / denom
-    param.copy_(p)
-    exp_avg.copy_(m)
-    exp_avg_sq.copy_(v)
+    for dst, value, key in ((param, p, None if sr is None else sr.param), (exp_avg, m, None if sr is None else sr.exp_avg),
+                            (exp_avg_sq, v, None if sr is None else sr.exp_avg_sq)):
+        if key is not None and dst.dtype == torch.bfloat16:
+            value = stochastic_round_bf16(value, random_bits(key, sr.base, value.numel(), value.device))
+        dst.copy_(value)
+    if out is not None:
+        out.copy_(p)
 
 
 def adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-                scalars: dict[str, float], precise: bool = False) -> str:
+                scalars: dict[str, float], precise: bool = False, sr: SRKeys | None = None,
+                out: torch.Tensor | None = None) -> str:
     """Update one tensor in place with the Triton kernel where it can run, else torch ops; says which."""
     if param.numel() == 0:
         return "empty"
-    if kernel_supports(param, grad, exp_avg, exp_avg_sq):
+    extra = () if out is None else (out,)
+    if kernel_supports(param, grad, exp_avg, exp_avg_sq, *extra):
         from workbench.kernels.triton_adamw import triton_adamw_step_
 
-        triton_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise)
+        triton_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise, sr, out)
         return "triton"
-    torch_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise)
+    torch_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise, sr, out)
     return "torch"

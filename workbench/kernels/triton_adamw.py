@@ -3,7 +3,8 @@
 torch's fused AdamW (aten/src/ATen/native/cuda/fused_adam_utils.cuh) walks every tensor in small
 multi_tensor_apply chunks and reaches about half the HBM bandwidth of an H200. This kernel reads
 param, grad, exp_avg and exp_avg_sq of one contiguous tensor in large blocks (int64 offsets) and
-writes param, exp_avg and exp_avg_sq back: 14 bytes per bf16 element, nothing else.
+writes param, exp_avg and exp_avg_sq back: 14 bytes per bf16 element, nothing else (fp32_master:
+float32 master and moments, plus the bf16 parameter written in the same pass: 28 bytes).
 
 Numerics follow torch's CUDA functor, computed in float32 and stored in each tensor's dtype:
     p = p - (lr * wd) * p                              (only when lr * wd != 0)
@@ -18,6 +19,10 @@ first three lines and the `+ eps` in double (its scalars are doubles) and rounds
 so rarely one bf16 ulp). Square root and divisions are IEEE-rounded (`sqrt_rn`, `div_rn`) as in
 CUDA C++ by default, and FMA contraction is off, so the kernel equals the torch-op version in
 workbench.kernels.adamw bit for bit, compiled or in the interpreter.
+
+With stochastic rounding (train.precision "bf16_sr") each bf16 store adds 16 bits of a counter-
+based hash of (key, global element index) before truncating (stochastic_round.py): the same bits
+as the torch-op version, so the two stay equal bit for bit; float32/fp16 tensors round as usual.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import triton
 import triton.language as tl
 
 from workbench.kernels._triton_util import triton_interpreting
-from workbench.kernels.adamw import kernel_supports
+from workbench.kernels.adamw import SRKeys, kernel_supports
 
 # 8 elements per thread, one 16-byte load per bf16 tensor. The square root and the two divisions
 # are IEEE-rounded instruction sequences, not single instructions: small programs keep enough
@@ -58,11 +63,48 @@ def _store(ptr, offs, x, mask, ROUND_BY_HAND: tl.constexpr):
     tl.store(ptr + offs, x.to(ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _mix32(x):
+    # lowbias32 on uint32 (wrapping multiplies, logical shifts), as stochastic_round.mix32; the
+    # multipliers are uint32 tensors so no Triton version promotes x to a signed type
+    x = x ^ (x >> 16)
+    x = x * tl.full(x.shape, 0x7FEB352D, tl.uint32)
+    x = x ^ (x >> 15)
+    x = x * tl.full(x.shape, 0x846CA68B, tl.uint32)
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _sr_bf16(x, key_bits, idx, start, BLOCK: tl.constexpr):
+    # stochastic_round.stochastic_round_bf16 with random_bits(key, ...) of the global element index
+    # idx. The high-word hash is one of two per block (a block spans at most two 2**32 ranges):
+    # two scalar hashes instead of one per element.
+    key = key_bits.to(tl.int32).to(tl.uint32, bitcast=True)
+    hi_a = (start >> 32).to(tl.uint32)
+    hi_b = ((start + (BLOCK - 1)) >> 32).to(tl.uint32)
+    hash_a = _mix32(hi_a ^ key)
+    hash_b = _mix32(hi_b ^ key)
+    hi = tl.where((idx >> 32).to(tl.uint32) == hi_a, hash_a, hash_b)
+    bits = _mix32((idx & 0xFFFFFFFF).to(tl.uint32) ^ hi)
+    u = x.to(tl.uint32, bitcast=True)
+    u = (u + (bits & 0xFFFF)) & 0xFFFF0000
+    return tl.where(x != x, x, u.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _store_rounded(ptr, offs, x, mask, key_bits, idx, start, SR: tl.constexpr, ROUND_BY_HAND: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    if SR:
+        if ptr.dtype.element_ty == tl.bfloat16:
+            x = _sr_bf16(x, key_bits, idx, start, BLOCK)  # exactly representable: the store below does not round
+    _store(ptr, offs, x, mask, ROUND_BY_HAND)
+
+
 @triton.jit(do_not_specialize=["beta1_bits", "omb1_bits", "beta2_bits", "omb2_bits", "lr_wd_bits", "eps_bits",
-                               "step_size", "bc2_sqrt"])
-def _adamw_kernel(P, G, M, V, n_elements, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits, eps_bits,
-                  step_size, bc2_sqrt, HAS_WD: tl.constexpr, PRECISE: tl.constexpr,
-                  ROUND_BY_HAND: tl.constexpr, BLOCK: tl.constexpr):
+                               "step_size", "bc2_sqrt", "key_p", "key_m", "key_v", "base"])
+def _adamw_kernel(P, G, M, V, OUT, n_elements, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits, eps_bits,
+                  step_size, bc2_sqrt, key_p, key_m, key_v, base, HAS_WD: tl.constexpr, PRECISE: tl.constexpr,
+                  SR: tl.constexpr, HAS_OUT: tl.constexpr, ROUND_BY_HAND: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_elements
     p = tl.load(P + offs, mask=mask, other=0.0).to(tl.float32)
@@ -87,19 +129,30 @@ def _adamw_kernel(P, G, M, V, n_elements, beta1_bits, omb1_bits, beta2_bits, omb
         v = beta2.to(tl.float32) * v + omb2.to(tl.float32) * g * g
         denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps.to(tl.float32)
     p = p - tl.div_rn(step_size * m, denom)
-    _store(P, offs, p, mask, ROUND_BY_HAND)
-    _store(M, offs, m, mask, ROUND_BY_HAND)
-    _store(V, offs, v, mask, ROUND_BY_HAND)
+    start = base.to(tl.int64) + tl.program_id(0).to(tl.int64) * BLOCK
+    idx = base.to(tl.int64) + offs
+    _store_rounded(P, offs, p, mask, key_p, idx, start, SR, ROUND_BY_HAND, BLOCK)
+    _store_rounded(M, offs, m, mask, key_m, idx, start, SR, ROUND_BY_HAND, BLOCK)
+    _store_rounded(V, offs, v, mask, key_v, idx, start, SR, ROUND_BY_HAND, BLOCK)
+    if HAS_OUT:  # fp32_master: P is the float32 master, OUT the bf16 parameter (one pass, no extra copy)
+        _store(OUT, offs, p, mask, ROUND_BY_HAND)
 
 
 def _bits(x: float) -> int:
     return struct.unpack("<q", struct.pack("<d", x))[0]
 
 
+def _i32(key: int) -> int:
+    # a uint32 key as the int32 of its bits (one argument type whatever the value; bitcast back in the kernel)
+    return key - (1 << 32) if key >= 1 << 31 else key
+
+
 def triton_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
-                       exp_avg_sq: torch.Tensor, scalars: dict[str, float], precise: bool = False) -> None:
-    """One AdamW update of one contiguous tensor, in place (scalars from `adamw_scalars`)."""
-    tensors = (param, grad, exp_avg, exp_avg_sq)
+                       exp_avg_sq: torch.Tensor, scalars: dict[str, float], precise: bool = False,
+                       sr: SRKeys | None = None, out: torch.Tensor | None = None) -> None:
+    """One AdamW update of one contiguous tensor, in place (scalars from `adamw_scalars`; `sr`: bf16 stores
+    rounded stochastically; `out`: also gets the new parameter; as workbench.kernels.adamw.torch_adamw_step_)."""
+    tensors = (param, grad, exp_avg, exp_avg_sq) + (() if out is None else (out,))
     if not kernel_supports(*tensors):
         got = [(tuple(t.shape), t.dtype, str(t.device), t.is_contiguous()) for t in tensors]
         raise ValueError("the Triton AdamW kernel needs contiguous float32/bf16/fp16 tensors of one size on one "
@@ -108,11 +161,14 @@ def triton_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.T
     if n == 0:
         return
     s = scalars
+    keys = sr if sr is not None else SRKeys(0, 0, 0, 0)
     # Triton launches on the current device: make it the tensors' one
     guard = torch.cuda.device(param.device) if param.device.type == "cuda" else contextlib.nullcontext()
     with guard:
         _adamw_kernel[(triton.cdiv(n, BLOCK),)](
-            param, grad, exp_avg, exp_avg_sq, n, _bits(s["beta1"]), _bits(s["omb1"]), _bits(s["beta2"]),
-            _bits(s["omb2"]), _bits(s["lr_wd"]), _bits(s["eps"]), s["step_size"], s["bc2_sqrt"],
-            HAS_WD=s["lr_wd"] != 0, PRECISE=bool(precise), ROUND_BY_HAND=triton_interpreting(), BLOCK=BLOCK,
+            param, grad, exp_avg, exp_avg_sq, param if out is None else out, n, _bits(s["beta1"]),
+            _bits(s["omb1"]), _bits(s["beta2"]), _bits(s["omb2"]), _bits(s["lr_wd"]), _bits(s["eps"]), s["step_size"], s["bc2_sqrt"],
+            _i32(keys.param), _i32(keys.exp_avg), _i32(keys.exp_avg_sq), keys.base,
+            HAS_WD=s["lr_wd"] != 0, PRECISE=bool(precise), SR=sr is not None, HAS_OUT=out is not None,
+            ROUND_BY_HAND=triton_interpreting(), BLOCK=BLOCK,
             num_warps=NUM_WARPS, enable_fp_fusion=False)

@@ -11,8 +11,10 @@ import torch.distributed as dist
 
 from workbench.backends import BackendError, availability
 from workbench.config import OPTIMIZERS
-from workbench.kernels.adamw import adamw_scalars, adamw_step_
+from workbench.kernels.adamw import SRKeys, adamw_scalars, adamw_step_
+from workbench.kernels.stochastic_round import element_base
 from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR  # noqa: F401 - set by the mesh builders, read here
+from workbench.train.precision import OPTIMIZER_PRECISIONS, needs_workbench_adamw, resolve_precision
 
 
 def resolve_optimizer(name: str, device: torch.device | str) -> str:
@@ -39,12 +41,27 @@ def build_optimizer(model: torch.nn.Module, train_cfg, device: torch.device) -> 
               {"params": no_decay, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
     return make_adamw(groups, getattr(train_cfg, "optimizer", "adamw"), device, lr=train_cfg.lr,
-                      betas=train_cfg.betas)
+                      betas=train_cfg.betas, precision=getattr(train_cfg, "precision", "auto"), seed=train_cfg.seed)
 
 
 def make_adamw(param_groups: list[dict], name: str, device: torch.device, lr: float,
-               betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.Optimizer:
-    """The AdamW `name` resolves to on `device`: TritonAdamW, or torch's (fused on CUDA)."""
+               betas: tuple[float, float] = (0.9, 0.999), precision: str = "auto",
+               seed: int = 0) -> torch.optim.Optimizer:
+    """The AdamW `name` resolves to on `device`: TritonAdamW, or torch's (fused on CUDA).
+
+    `precision` (train.precision, see workbench.train.precision) "bf16_sr" and "fp32_master" on a
+    bf16 model need TritonAdamW: it is used for "adamw" on every device (its torch-op path on CPU).
+    With "adamw_torch", "auto" is what torch's AdamW does (bf16: round to nearest).
+    """
+    mode = resolve_precision(precision, [p for g in param_groups for p in g["params"]])
+    if precision == "auto" and name == "adamw_torch" and mode != "fp32":
+        mode = "bf16"
+    if needs_workbench_adamw(mode):
+        if name == "adamw_torch":
+            raise ValueError(f"train.precision={precision!r} ({mode}) needs the workbench AdamW; use "
+                             "optimizer 'adamw' or 'adamw_triton', or precision 'bf16'")
+        resolve_optimizer(name, device)  # refuses adamw_triton where it cannot run
+        return TritonAdamW(param_groups, lr=lr, betas=betas, precision=mode, seed=seed)
     if resolve_optimizer(name, device) == "adamw_triton":
         return TritonAdamW(param_groups, lr=lr, betas=betas)
     kwargs = {"fused": True} if torch.device(device).type == "cuda" else {"foreach": False}
@@ -54,7 +71,7 @@ def make_adamw(param_groups: list[dict], name: str, device: torch.device, lr: fl
 def describe_optimizer(optimizer: torch.optim.Optimizer) -> str:
     """How an optimizer from `make_adamw` is named in results files."""
     if isinstance(optimizer, TritonAdamW):
-        return "workbench TritonAdamW (same math as torch's fused AdamW)"
+        return f"workbench TritonAdamW (same math as torch's fused AdamW), precision {optimizer.precision}"
     kind = "fused=True" if optimizer.defaults.get("fused") else "foreach=False"
     return f"torch.optim.AdamW({kind})"
 
@@ -84,10 +101,22 @@ class TritonAdamW(torch.optim.Optimizer):
     gets the same math in torch ops (`updates` counts both paths). `precise=True` computes the moments and the weight decay in
     float64 as torch's functor does (bit-exact with it), the default in float32 (at most one
     float32 ulp apart).
+
+    `precision` (workbench.train.precision) acts on bf16/fp16 parameters only: "bf16" stores the
+    float32 results rounded to nearest, "bf16_sr" rounds bf16 ones stochastically with bits hashed
+    from (`seed`, step, parameter index in param_groups order, element index: global for FSDP2
+    dim-0 shards), so a run and its resume draw the same bits; "fp32_master" keeps a float32
+    "master" copy and float32 moments in the state (saved by DCP like the others), updates it and
+    copies it into the parameter.
     """
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2, *, precise: bool = False) -> None:
+                 eps: float = 1e-8, weight_decay: float = 1e-2, *, precise: bool = False,
+                 precision: str = "bf16", seed: int = 0) -> None:
+        if precision not in OPTIMIZER_PRECISIONS:
+            raise ValueError(f"TritonAdamW precision must be one of {OPTIMIZER_PRECISIONS}, got {precision!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         if isinstance(lr, torch.Tensor) or not 0.0 <= lr:
             raise ValueError(f"lr must be a float >= 0, got {lr!r}")
         if not (len(betas) == 2 and all(0.0 <= b < 1.0 for b in betas)):
@@ -99,23 +128,47 @@ class TritonAdamW(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, **_torch_adamw_options())
         super().__init__(params, defaults)
         self.precise = bool(precise)
+        self.precision, self.seed = precision, seed
         self._steps: dict[torch.Tensor, int] = {}
+        self._bases: dict[torch.Tensor, tuple[int, int]] = {}  # element_base per parameter
         self.updates: Counter[str] = Counter()  # tensor updates by path: "triton", "torch", "empty"
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self.__dict__.setdefault("_steps", {})
         self.__dict__.setdefault("precise", False)
+        self.__dict__.setdefault("precision", "bf16")
+        self.__dict__.setdefault("seed", 0)
+        self.__dict__.setdefault("_bases", {})
         self.__dict__.setdefault("updates", Counter())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """torch's load, then step counters back on the host (a torch fused AdamW keeps them on the GPU)."""
+        """torch's load, then step counters back on the host (a torch fused AdamW keeps them on the GPU).
+
+        torch casts every loaded state tensor to its parameter's dtype: the float32 master copy and
+        moments of fp32_master would come back bf16, so the saved dtypes are put back after it.
+        """
+        kept = self._saved_dtype_states(state_dict)
         super().load_state_dict(state_dict)
+        for p, key, value in kept:
+            self.state[p][key] = value.to(device=p.device)
         self._steps.clear()  # re-read from state["step"] once, at the next step
         for state in self.state.values():
             step = state.get("step")
             if step is not None and not (isinstance(step, torch.Tensor) and step.device.type == "cpu"):
                 state["step"] = torch.tensor(float(step), dtype=torch.float32)
+
+    def _saved_dtype_states(self, state_dict: dict[str, Any]) -> list[tuple[torch.Tensor, str, torch.Tensor]]:
+        """(param, key, saved tensor) for state tensors whose dtype differs from their parameter's."""
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        out = []
+        for pid, p in zip(saved_ids, params):
+            for key, value in state_dict["state"].get(pid, {}).items():
+                if (key != "step" and isinstance(value, torch.Tensor) and value.is_floating_point()
+                        and value.dtype != p.dtype):
+                    out.append((p, key, value))
+        return out
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -124,6 +177,7 @@ class TritonAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        index = -1  # the parameter's position over all groups: part of its stochastic-rounding key
         for group in self.param_groups:
             if group.get("amsgrad") or group.get("maximize"):
                 raise ValueError("TritonAdamW implements plain AdamW: amsgrad and maximize must be False "
@@ -132,15 +186,20 @@ class TritonAdamW(torch.optim.Optimizer):
             lr = float(group["lr"])
             scalars_by_step: dict[int, dict[str, float]] = {}
             for p in group["params"]:
+                index += 1
                 if p.grad is None:
                     continue
                 if p.grad.is_sparse:
                     raise RuntimeError("TritonAdamW does not support sparse gradients")
                 state = self.state[p]
+                master = self.precision == "fp32_master" and p.dtype != torch.float32
                 if not state:
                     state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    dtype = torch.float32 if master else p.dtype
+                    state["exp_avg"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
+                    if master:
+                        state["master"] = p.detach().to(torch.float32, copy=True)
                 step = self._steps.get(p)
                 if step is None:  # fresh state or just loaded: the only read of the counter
                     step = int(state["step"].item())
@@ -150,8 +209,16 @@ class TritonAdamW(torch.optim.Optimizer):
                 if step not in scalars_by_step:  # usually one step count per group
                     scalars_by_step[step] = adamw_scalars(step, lr, beta1, beta2, group["eps"], group["weight_decay"])
                 scalars = scalars_by_step[step]
-                path = adamw_step_(_local(p), _local(p.grad), _local(state["exp_avg"]),
-                                   _local(state["exp_avg_sq"]), scalars, self.precise)
+                sr = None
+                if self.precision == "bf16_sr" and p.dtype == torch.bfloat16:
+                    if p not in self._bases:
+                        self._bases[p] = element_base(p)
+                    base, salt = self._bases[p]
+                    sr = SRKeys.make(self.seed, step, index, base, salt)
+                # fp32_master: the master is updated and the bf16 parameter written from it (to nearest)
+                target, out = (_local(state["master"]), _local(p)) if master else (_local(p), None)
+                path = adamw_step_(target, _local(p.grad), _local(state["exp_avg"]),
+                                   _local(state["exp_avg_sq"]), scalars, self.precise, sr, out)
                 self.updates[path] += 1
         return loss
 
