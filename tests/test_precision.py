@@ -316,3 +316,10 @@ def test_fsdp2_shards_update_as_the_whole_tensor():
     for got in run_ranks(_sharded_steps, 2):
         for precision in whole:
             assert all(torch.equal(a, b) for a, b in zip(got[precision], whole[precision])), precision
+
+
+def test_a_resume_may_not_be_allowed_to_change_the_precision():
+    # Allowing it would get past the settings check and then fail inside DCP on the missing master weights.
+    with pytest.raises(ConfigError, match="train.precision cannot change on resume"):
+        TrainConfig(resume_allow_changes=("train.precision",))
+    assert TrainConfig(resume_allow_changes=("train.lr",)).resume_allow_changes == ("train.lr",)

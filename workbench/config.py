@@ -242,6 +242,12 @@ class TrainConfig:
                 or set(allowed) - set(RESUME_FIELDS)):
             raise ConfigError(f"train.resume_allow_changes must be a list of names from {list(RESUME_FIELDS)}, "
                               f"got {allowed!r}")
+        if "train.precision" in allowed:
+            # fp32_master keeps float32 master weights in the optimizer state and the others do not: the
+            # checkpoint's optimizer state cannot be read as another mode's.
+            raise ConfigError("train.precision cannot change on resume (its optimizer state differs between modes); "
+                              "keep the checkpoint's precision, or start a new run from the exported model "
+                              "(train.export_hf) with another one")
         object.__setattr__(self, "resume_allow_changes", tuple(allowed))
         for name in ("activation_checkpointing", "save_final_checkpoint", "export_hf"):
             if not isinstance(getattr(self, name), bool):
