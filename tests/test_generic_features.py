@@ -319,3 +319,20 @@ def test_close_dispatchers_frees_the_generic_paths_dispatcher_once():
     for _, m in engine_experts_modules(model):
         m.workbench_dispatcher = held  # build.py shares one dispatcher between the MoE layers
     assert close_dispatchers(model) == 1 and held.closes == 1
+
+
+def test_a_bf16_model_keeps_the_router_bias_values_of_its_checkpoint(tmp_path):
+    """One process: the trainer's cast to bf16 keeps e_score_correction_bias float32, values included."""
+    from workbench.config import TINY_VOCAB_SIZE
+
+    model = transformers.AutoModelForCausalLM.from_config(_config("deepseek_v3", vocab_size=TINY_VOCAB_SIZE))
+    for bias in router_biases(model):
+        bias.copy_(torch.tensor([0.1234567, -0.7654321, 0.3333333, 1.0e-3]))  # none representable in bf16
+    want = [b.clone() for b in router_biases(model)]
+    model.save_pretrained(tmp_path / "m")
+    rc = _rc(str(tmp_path / "m"), str(tmp_path / "runs"), train__steps=1, train__lr=0.0)
+    trainer, _, _ = _fit(rc.with_overrides({"model.dtype": "bfloat16"}))
+    got = router_biases(trainer.model)
+    assert [b.dtype for b in got] == [torch.float32] * len(want)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w), (g, w)

@@ -154,3 +154,29 @@ def test_a_rule_the_reader_cannot_follow_falls_back_to_transformers_with_one_log
         assert [m for m in r["log"] if "not known to the sliced reader" in m and "PrefixChange" in m], r["log"]
         first, last = r["range"]
         assert torch.equal(r["down"], want[r["key"]][first:last])
+
+
+def _bf16_bias_worker(rank, world, path):
+    from workbench.models.auto import AutoModelForCausalLM
+    from workbench.moe.bias_update import router_biases
+    from workbench.parallel.mesh import MeshConfig
+
+    model = AutoModelForCausalLM.from_pretrained(path, mesh=MeshConfig(dp=2, ep=2), dtype=torch.bfloat16)
+    return [(b.dtype, b.detach().clone()) for b in router_biases(model)]
+
+
+def test_a_bf16_model_on_a_mesh_keeps_the_router_bias_float32_with_its_values(tmp_path):
+    """Transformers keeps e_score_correction_bias float32 in a bf16 model; a plain .to(bf16) rounded it."""
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config("deepseek_v3"))
+    biases = [m.e_score_correction_bias for m in model.modules() if hasattr(m, "e_score_correction_bias")]
+    with torch.no_grad():
+        for b in biases:
+            b.copy_(torch.randn(b.shape, generator=torch.Generator().manual_seed(3)))
+    path = str(tmp_path / "ckpt")
+    model.save_pretrained(path)
+    want = [b.clone() for b in biases]
+    assert want and all(not torch.equal(w, w.bfloat16().float()) for w in want)  # values bf16 cannot hold
+    for biases in run_ranks(_bf16_bias_worker, 2, path, timeout=300):
+        assert len(biases) == len(want)
+        for (dtype, got), w in zip(biases, want):
+            assert dtype == torch.float32 and torch.equal(got, w)

@@ -56,7 +56,7 @@ def build_engine(spec: VariantSpec, checkpoint: Path, backend: BackendConfig, me
         "path": "generic",
         "attention": getattr(model.config, "_attn_implementation", None),
         "aux_loss": f"{model.config.model_type}'s own, coef {coef:g} (per rank, as the anchor)",
-        "fsdp": "workbench.parallel.apply_fsdp (summed grads)" if world > 1 else "none (one rank)",
+        "fsdp": "workbench.models.mesh_build.apply_fsdp_generic (summed grads)" if world > 1 else "none (one rank)",
         "optimizer": describe_optimizer(optimizer), "activation_checkpointing": False, "dtype": str(dtype),
         "precision": resolve_precision(precision, model.parameters()),
     }

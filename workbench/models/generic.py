@@ -70,7 +70,7 @@ def validate_config(config) -> None:
 
 def num_experts(model: nn.Module, config) -> int:
     """Routed experts per MoE layer, read from the experts modules (the config field names differ)."""
-    counts = {int(getattr(m, "workbench_num_experts", 0) or getattr(m, "num_experts", 0)
+    counts = {int(getattr(m, "num_experts", 0)
                   or m.down_proj.shape[0]) for _, m in fused_experts_modules(model)}
     if len(counts) != 1:
         raise UnsupportedModelError(f"model_type {config.model_type!r}: experts modules with different expert "

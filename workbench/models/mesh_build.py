@@ -13,6 +13,7 @@ from workbench.backends import BackendConfig
 from workbench.devices import default_device
 from workbench.params import num_experts as config_num_experts
 from workbench.models.sliced_load import disk_rules, init_nonpersistent_buffers, load_rank_slice, plan_rank_read
+from workbench.moe.bias_update import cast_keeping_router_biases
 from workbench.moe.dispatch import make_dispatcher
 from workbench.moe.hf_experts import EngineExperts, engine_experts_modules
 from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR, _sum_gradients, apply_fsdp_any, decoder_layers
@@ -77,12 +78,18 @@ def shard_without_engine(model: nn.Module, mesh: MeshConfig) -> nn.Module:
 def apply_fsdp_generic(model: nn.Module, device_mesh) -> nn.Module:
     """FSDP2 per decoder layer over dp, each engine experts module over the expert-data-parallel dim."""
     dense = dense_mesh(device_mesh)
-    sharded = []
+    sharded, experts_sharded = [], 0
     for layer in reversed(decoder_layers(model)):  # innermost first
         for module in layer.modules():
             if isinstance(module, EngineExperts):
                 sharded.append(fully_shard(module, mesh=device_mesh["edp"]))
+                experts_sharded += 1
         sharded.append(fully_shard(layer, mesh=dense))
+    total = len(engine_experts_modules(model))
+    if experts_sharded != total:
+        # The root's dense-mesh shard would treat each ep rank's different experts as one replicated tensor.
+        raise RuntimeError(f"{type(model).__name__}: {total - experts_sharded} of {total} experts modules lie outside "
+                           "the decoder layers FSDP2 shards one by one; expert parallelism cannot shard them")
     sharded.append(fully_shard(model, mesh=dense, reshard_after_forward=False))
     _sum_gradients(sharded)
     return model
@@ -145,7 +152,7 @@ def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfi
             init_nonpersistent_buffers(model)
             model.workbench_checkpoint_read = load_rank_slice(model, checkpoint, plan, expert_range)
     if dtype is not None:
-        model.to(dtype)
+        cast_keeping_router_biases(model, dtype)
     model.tie_weights()
     if dist.get_world_size() > 1:
         apply_fsdp_generic(model, device_mesh)

@@ -245,6 +245,12 @@ def load_rank_slice(model: nn.Module, path: Path, plan: dict[str, Source], exper
 
 def init_nonpersistent_buffers(model: nn.Module) -> None:
     """Recompute buffers no checkpoint holds (rotary tables) after `to_empty`, as Transformers' init does."""
+    from workbench.moe.hf_experts import EngineExperts
+    from workbench.moe.routed_load import load_counters
+
     for module in model.modules():
-        if getattr(module, "_non_persistent_buffers_set", None):
+        # Experts modules' only such buffer is the engine's load counter: their weights come from the checkpoint.
+        if getattr(module, "_non_persistent_buffers_set", None) and not isinstance(module, EngineExperts):
             model._init_weights(module)
+    for counter in load_counters(model):  # to_empty left them uninitialized
+        counter.zero_()

@@ -49,6 +49,22 @@ def check_router_bias(model: nn.Module, model_type: str | None, num_layers: int 
     return biases
 
 
+def cast_keeping_router_biases(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """`model.to(dtype)` with each score-correction bias kept float32, values included.
+
+    Transformers keeps it float32 in a bf16 model (`_keep_in_fp32_modules_strict`); a plain
+    `.to(bfloat16)` would round the loaded or initialized values, so the routing would differ
+    from Transformers' model of the same weights.
+    """
+    saved = [b.detach().float().clone() for b in router_biases(model)]  # module order, as router_biases gives
+    model.to(dtype)
+    keep_router_biases_fp32(model)
+    with torch.no_grad():
+        for bias, value in zip(router_biases(model), saved, strict=True):
+            bias.copy_(value)
+    return model
+
+
 def keep_router_biases_fp32(model: nn.Module) -> None:
     """Make each score-correction bias float32 again after a `model.to(bfloat16)`.
 

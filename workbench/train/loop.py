@@ -110,7 +110,7 @@ class Trainer:
         if rc.train.router_bias_update_rate > 0:  # refused before any heavy work (a meta model only)
             from workbench.models.generic import meta_model
 
-            _router_biases(meta_model(self.hf_config), self.hf_config)
+            _router_biases(meta_model(self.hf_config), self.hf_config, meta=True)
         self.accum = rc.train.accumulation_steps(self.dp)
         self.per_rank = rc.train.global_batch_size // self.dp
         self.resume_ckpt = None
@@ -328,13 +328,17 @@ def _expert_load_reader(model: torch.nn.Module):
     return reader
 
 
-def _router_biases(model: torch.nn.Module, hf_config) -> list:
+def _router_biases(model: torch.nn.Module, hf_config, meta: bool = False) -> list:
     """The score-correction biases train.router_bias_update_rate updates, one per engine MoE layer."""
     from workbench.config import ConfigError
     from workbench.moe.routed_load import load_counters
 
-    counters = len(load_counters(model)) if load_counters(model) else None  # a meta model has no engine yet
+    counters = len(load_counters(model)) if not meta else None  # a meta model has no engine yet
     try:
+        if not meta and not counters:
+            raise RouterBiasError(f"train.router_bias_update_rate needs the engine's expert counts, and this "
+                                  f"{getattr(hf_config, 'model_type', None)!r} model runs without the engine's "
+                                  "experts; set train.router_bias_update_rate to 0")
         return check_router_bias(model, getattr(hf_config, "model_type", None), counters)
     except RouterBiasError as err:
         raise ConfigError(str(err)) from err

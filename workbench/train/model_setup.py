@@ -64,5 +64,7 @@ def build_model(rc, hf_config: Any, mesh: Any, device: torch.device, dtype: torc
         model = EngineAuto.from_config(hf_config, backend=backend or rc.backend, mesh=mesh, device=device, dtype=dtype,
                                        **extra)
     if mesh is None:
-        model = model.to(device=device, dtype=dtype)
+        from workbench.moe.bias_update import cast_keeping_router_biases
+
+        model = cast_keeping_router_biases(model.to(device=device), dtype)
     return model
