@@ -139,36 +139,36 @@ def init_random(model: nn.Module, seed: int) -> None:
             counter.zero_()
 
 
-def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every tensor of the unsharded model on the CPU (experts gathered over ep); collective."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+def full_state_dict(model: nn.Module, to_rank0_only: bool = False) -> dict[str, torch.Tensor]:
+    """Every tensor of the unsharded model on the CPU (experts gathered over ep); collective.
+
+    One tensor at a time: each is unsharded (and its experts gathered over ep) on the device,
+    copied to the CPU and freed before the next, so no rank ever holds the whole model on its
+    GPU. With `to_rank0_only` the other ranks return an empty dict (they only take part).
+    """
     from torch.distributed.tensor import DTensor
 
-    sharded = any(isinstance(p, DTensor) for p in model.parameters())
-    if sharded:
-        # Without cpu_offload every rank gets the full tensors (with it, only rank 0): the ep gather needs all.
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    else:
-        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    device_mesh = getattr(model, "workbench_device_mesh", None)
     mesh = getattr(model, "workbench_mesh", None)
-    if mesh is None or mesh.ep == 1:
-        return {k: v.detach().cpu() for k, v in state.items()}
-    group = device_mesh.get_group("ep")
-    backend_device = next(model.parameters()).device
-    for name, module in engine_experts_modules(model):
-        for pname in module.workbench_layout.param_names():
-            key = f"{name}.{pname}"
-            local = state[key].to(backend_device).contiguous()
-            parts = [torch.empty_like(local) for _ in range(mesh.ep)]
-            dist.all_gather(parts, local, group=group)
-            state[key] = torch.cat(parts)
-    return {k: v.detach().cpu() for k, v in state.items()}
+    ep_group = model.workbench_device_mesh.get_group("ep") if mesh is not None and mesh.ep > 1 else None
+    expert_keys = {f"{name}.{pname}" for name, module in engine_experts_modules(model)
+                   for pname in module.workbench_layout.param_names()}
+    keep = not to_rank0_only or not dist.is_initialized() or dist.get_rank() == 0
+    state = {}
+    for key, value in model.state_dict().items():  # the same keys in the same order on every rank
+        full = value.full_tensor() if isinstance(value, DTensor) else value.detach()
+        if ep_group is not None and key in expert_keys:
+            parts = [torch.empty_like(full) for _ in range(mesh.ep)]
+            dist.all_gather(parts, full.contiguous(), group=ep_group)
+            full = torch.cat(parts)
+        if keep:
+            state[key] = full.detach().cpu()
+        del full
+    return state
 
 
 def save_pretrained(model: nn.Module, out_dir, max_shard_size: str = "5GB") -> None:
     """Transformers' own save of the unsharded model from any mesh; collective: every rank calls it."""
-    state = full_state_dict(model)
+    state = full_state_dict(model, to_rank0_only=True)
     if not dist.is_initialized() or dist.get_rank() == 0:
         twin = meta_model(model.config)  # Transformers' class: fully_shard renamed the live one
         twin.load_state_dict(state, assign=True, strict=True)
