@@ -1,11 +1,10 @@
-"""Reading chosen tensors from a Transformers safetensors checkpoint; the checkpoint error."""
+"""Which file of a Transformers safetensors checkpoint holds each tensor; the checkpoint error."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import torch
 from safetensors import safe_open
 
 
@@ -25,22 +24,3 @@ def checkpoint_key_files(path: Path) -> dict[str, Path]:
                               "point to a directory written by save_pretrained")
     with safe_open(single, framework="pt") as f:
         return {k: single for k in f.keys()}
-
-
-def read_tensors(path: Path, keys: list[str]) -> dict[str, torch.Tensor]:
-    """Read exactly `keys` (and nothing else) from the checkpoint at `path`."""
-    where = checkpoint_key_files(path)
-    missing = [k for k in keys if k not in where]
-    if missing:
-        raise CheckpointError(f"checkpoint {path} is missing tensors {missing[:8]}"
-                              f"{'...' if len(missing) > 8 else ''}; point to a complete checkpoint "
-                              "written by save_pretrained, or fix config.json")
-    by_file: dict[Path, list[str]] = {}
-    for k in keys:
-        by_file.setdefault(where[k], []).append(k)
-    out = {}
-    for file, file_keys in by_file.items():
-        with safe_open(file, framework="pt") as f:
-            for k in file_keys:
-                out[k] = f.get_tensor(k)
-    return out
