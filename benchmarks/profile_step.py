@@ -89,6 +89,7 @@ def adamw_in_model(step, opt, configs: str) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="qwen3-30b-a3b", help="a workbench preset (workbench.config.PRESETS)")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--batch", type=int, default=2)
@@ -110,7 +111,7 @@ def main() -> None:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     result: dict = {"args": vars(args), "device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    config = preset_config("qwen3-30b-a3b", args.layers)
+    config = preset_config(args.preset, args.layers)
     if not args.no_ce_bench:
         result["ce_microbench"] = ce_microbench(args.batch * args.seq, config.hidden_size, config.vocab_size)
         print("ce:", json.dumps(result["ce_microbench"]), flush=True)

@@ -124,6 +124,8 @@ def test_rms_norm_probe_accepts_standard_and_refuses_variants():
         deepseek = transformers.AutoModelForCausalLM.from_config(_config("deepseek_v3"))
     standard = [m for model in (mixtral, deepseek) for m in model.modules() if "RMSNorm" in type(m).__name__]
     assert standard and all(is_standard_rms_norm(m) for m in standard)
+    with torch.device("meta"):  # a model built under a default device (users write `with torch.device("cuda")`)
+        assert all(is_standard_rms_norm(m) for m in standard)
     assert not is_standard_rms_norm(torch.nn.LayerNorm(8, bias=False))  # mean subtraction
 
     class OnePlus(torch.nn.Module):  # Gemma / Qwen3-Next style: (1 + weight)

@@ -503,6 +503,12 @@ assert rel_err(rope(x, cos, sin), ref) < 1e-6
 # whole engine model (fused RoPE, combine, CE kernels in the interpreter) against Transformers, float32
 cfg = tiny_qwen3_moe(head_dim=16)
 hf_model, engine = build_pair(cfg, "grouped_mm", 5)
+if device != "cpu":  # backends resolve for the device a model is built on: build the engine there
+    import workbench
+    state = engine.state_dict()
+    engine = workbench.AutoModelForCausalLM.from_config(cfg, backend=workbench.BackendConfig(experts="grouped_mm"),
+                                                        device=device)
+    engine.load_state_dict(state)
 assert all(type(l.self_attn) is Qwen3MoeEngineAttention for l in engine.model.layers)
 hf_model.to(device), engine.to(device)
 ids, labels = (t.to(device) for t in fresh_batch(cfg, 6))

@@ -68,10 +68,11 @@ def is_standard_rms_norm(module: nn.Module) -> bool:
             or list(module.buffers(recurse=False))):
         return False
     width = params["weight"].shape[0]
+    # CPU tensors named explicitly: a model built under `with torch.device("cuda")` must probe the same way
     g = torch.Generator().manual_seed(width)
-    weight = 1.0 + 0.5 * torch.randn(width, generator=g)
+    weight = 1.0 + 0.5 * torch.randn(width, generator=g, device="cpu")
     for scale in (1.0, eps ** 0.5):
-        x = scale * torch.randn(3, width, generator=g)
+        x = scale * torch.randn(3, width, generator=g, device="cpu")
         want = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
         try:
             with torch.no_grad():
