@@ -106,3 +106,24 @@ def test_records_from_end_reads_backward_across_chunks(tmp_path):
     assert list(records_from_end(path, chunk_bytes=4)) == []
     path.write_text('{"rank": 0, "step": 1}\ngarbled\n{"rank": 0, "step": 2}\n')
     assert [r["step"] for r in records_from_end(path, chunk_bytes=5)] == [2, 1]
+
+
+def test_gap_filler_adds_only_missing_records_and_waits_for_the_file_to_grow(tmp_path):
+    from workbench.cluster.records import GapFiller
+
+    path = tmp_path / "metrics.jsonl"
+    records = [_record(rank, step) for step in range(1, 6) for rank in (0, 1)]
+    lines = [json.dumps(r).ljust(300) + "\n" for r in records]
+    path.write_text("".join(lines[:8]))  # steps 1-4 of both ranks on disk so far
+    store = RecordStore(world_size=2)
+    store.add([records[0], records[1], records[6]], "stream")  # rank 0 and 1 step 1; rank 0 step 4
+    gaps = GapFiller(store, path)
+    new = gaps.fill({0: 5, 1: 1})  # rank 0 published 5 records, rank 1 one
+    assert [(r["rank"], r["step"]) for r in new] == [(0, 2), (0, 3)]
+    assert gaps.fill({0: 5, 1: 1}) == []  # step 5 is not written yet
+    path.write_text("".join(lines[:7] + [lines[8]]))  # same size: not scanned again (a file that grows is)
+    assert gaps.fill({0: 5, 1: 1}) == []
+    _write(path, records)
+    assert [(r["rank"], r["step"]) for r in gaps.fill({0: 5, 1: 1})] == [(0, 5)]
+    assert store.count(0) == 5 and store.count(1) == 1 and store.sources == {"stream": 3, "disk": 3}
+    assert gaps.fill({0: 5, 1: 1}) == [] and GapFiller(store, tmp_path / "none").fill({1: 9}) == []

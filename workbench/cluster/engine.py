@@ -193,12 +193,13 @@ class StreamCallback:
     records not published before with their sequence range (`first_seq`..`last_seq`, counting this
     rank's records from 1). A client that missed messages between two polls sees the gap in the
     range and reads those records from metrics.jsonl, which the trainer appends before on_step.
-    The expert-load matrix stays only on the records `carries_expert_load` picks. Records that
-    come within `min_interval_s` of the last message wait for the next one (several records can
-    arrive at once, and on_step may be called several times in a row); `on_end` sends the rest.
+    The expert-load matrix stays only on the records `carries_expert_load` picks. Each on_step
+    publishes at once by default (the trainer may call it several times in a row; the client
+    reads the ones a later message replaced from disk). With `min_interval_s`, records that come
+    sooner after the last message wait for the next on_step; `on_end` sends what is left.
     """
 
-    def __init__(self, min_interval_s: float = 0.1, load_every: int = 10,
+    def __init__(self, min_interval_s: float = 0.0, load_every: int = 10,
                  publish: Callable[[dict], None] | None = None) -> None:
         if load_every < 1:
             raise ValueError(f"load_every must be >= 1 step, got {load_every}")
@@ -257,7 +258,7 @@ class StopFileCallback:
 
 
 def run_finetune(config: dict, target: str = "workbench.train:finetune", load_every: int = 10,
-                 min_interval_s: float = 0.1) -> dict:
+                 min_interval_s: float = 0.0) -> dict:
     """Engine entry of `Cluster.finetune`: run the trainer with the stream and stop callbacks.
 
     `target` names the function ("module:attr") called as fn(run_config, callbacks=[...]).

@@ -92,6 +92,39 @@ class RecordStore:
             return dict(self._sources)
 
 
+class GapFiller:
+    """Reads into a store the published records it lacks, from the end of metrics.jsonl."""
+
+    def __init__(self, store: RecordStore, metrics_path: str | os.PathLike) -> None:
+        self.store = store
+        self.metrics_path = metrics_path
+        self._unfilled_at: int | None = None  # file size at the last scan that found too few
+
+    def fill(self, published: dict[int, int]) -> list[dict]:
+        """Add the missing records of each rank (published[rank] records were sent); returns them."""
+        missing = {r: n - self.store.count(r) for r, n in published.items() if n > self.store.count(r)}
+        if not missing:
+            return []
+        try:
+            size = os.stat(self.metrics_path).st_size
+        except OSError:
+            return []
+        if size == self._unfilled_at:
+            return []  # scanned already: the records were not written (yet)
+        found: list[dict] = []
+        for record in records_from_end(self.metrics_path):
+            rank, step = record.get("rank"), record.get("step")
+            if rank in missing and isinstance(step, int) and (rank, step) not in self.store:
+                found.append(record)
+                missing[rank] -= 1
+                if missing[rank] <= 0:
+                    del missing[rank]
+                    if not missing:
+                        break
+        self._unfilled_at = size if missing else None
+        return self.store.add(found[::-1], "disk")
+
+
 def records_from_end(path: str | os.PathLike, chunk_bytes: int = 2**20) -> Iterator[dict]:
     """The complete records of a metrics.jsonl, last first, read backward in chunks.
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from workbench.cluster import engine as engine_code
-from workbench.cluster.records import RecordStore, records_from_end
+from workbench.cluster.records import GapFiller, RecordStore
 from workbench.train.liveness import DIED, pid_alive
 from workbench.train.run_dir import RunDir, default_runs_dir, new_run_id
 
@@ -64,14 +64,15 @@ class Run:
     """A training run: `status`, `done`, `progress`, `stop()`, `wait()`, `metrics`, live stream."""
 
     def __init__(self, path: str | os.PathLike, *, cluster: Any = None, results: list | None = None,
-                 poll_interval: float = 0.1, world_size: int | None = None) -> None:
+                 poll_interval: float = 0.1) -> None:
         self.path = Path(path)
         self.run_id = self.path.name
         self._run_dir = RunDir(self.path)
         self._cluster = cluster
         self._results = results or []  # one AsyncResult per rank, index == rank
-        self._store = RecordStore(world_size if world_size is not None else (len(self._results) or None))
+        self._store = RecordStore(len(self._results) or None)  # from_dir: the ranks on disk
         self._published: dict[int, int] = {}  # per rank: records the engine says it has sent
+        self._gaps = GapFiller(self._store, self._run_dir.metrics_path)
         self._errors: dict[int, str] = {}
         self._dead_ranks: set[int] = set()  # ranks whose engine died: the likely root cause
         self._subscribers: list[Callable[[list[dict]], None]] = []
@@ -186,22 +187,8 @@ class Run:
         return self._store.add(records[skip:], "stream")
 
     def _fill_gaps(self) -> list[dict]:
-        """Read from metrics.jsonl the records ranks published that never arrived (overwritten between polls)."""
-        missing = {r: n - self._store.count(r) for r, n in self._published.items() if n > self._store.count(r)}
-        if not missing:
-            return []
-        found: list[dict] = []
-        for record in records_from_end(self._run_dir.metrics_path):
-            rank, step = record.get("rank"), record.get("step")
-            if rank in missing and isinstance(step, int) and (rank, step) not in self._store:
-                found.append(record)
-                missing[rank] -= 1
-                if missing[rank] <= 0:
-                    del missing[rank]
-                    if not missing:
-                        break
-        # Still missing (not on disk yet): the next poll, or the end of the run, looks again.
-        return self._store.add(found[::-1], "disk")
+        """The records ranks published that never arrived (replaced between polls), from metrics.jsonl."""
+        return self._gaps.fill(self._published)
 
     def _fail(self, rank: int, traceback: str, died: bool = False) -> None:
         with self._lock:
