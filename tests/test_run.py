@@ -79,6 +79,55 @@ def test_run_streams_every_step_from_both_ranks(cluster, tmp_path):
         reopened.stop()
 
 
+def _delivered_once(run: Run, live: list[tuple[int, int]], steps: int) -> None:
+    expected = {(rank, step) for rank in (0, 1) for step in range(1, steps + 1)}
+    assert sorted(live) == sorted(expected)  # subscribers saw each (rank, step) exactly once
+    assert sorted((r["rank"], r["step"]) for r in run.records) == sorted(expected)
+    assert sum(run.delivery.values()) == len(expected), run.delivery
+
+
+def test_each_record_crosses_the_data_channel_once(cluster, tmp_path):
+    from stream_spy import read_tap
+
+    steps = 12
+    run = cluster.finetune(_demo(tmp_path, train__steps=steps, train__save_final_checkpoint=False),
+                           target="tests.stream_spy:finetune_tapped")
+    live: list[tuple[int, int]] = []
+    run.on_metrics(lambda records: live.extend((r["rank"], r["step"]) for r in records))
+    run.wait(timeout=300)
+    _delivered_once(run, live, steps)
+    for rank, ar in enumerate(run._results):
+        result = ar.get()
+        assert "records" not in result and result["published"] == steps  # the end resends nothing
+        messages = read_tap(run.path, rank)
+        sent = [s for m in messages for s in m["steps"]]
+        assert sent == list(range(1, steps + 1)), messages  # every record once, in order
+        assert [(m["first"], m["last"]) for m in messages] == \
+            [(m["first"], m["first"] + len(m["steps"]) - 1) for m in messages]
+        assert sum(m["loads"] for m in messages) == 3  # steps 1, 11 and the last, 12
+        per_step = sum(m["bytes"] for m in messages) / steps
+        print(f"\nrank {rank}: {len(messages)} messages, {per_step:.0f} bytes per step")
+    assert run.records[-1]["step"] == steps and run.records[-1]["expert_load"]  # the plots' heatmap
+    assert run._store.held_loads() == 2
+    df = run.metrics  # from metrics.jsonl: every step's matrix
+    assert df["expert_load"].map(len).gt(0).all() and len(df) == 2 * steps
+
+
+def test_records_the_notebook_missed_come_from_disk_once(cluster, tmp_path):
+    from stream_spy import read_tap
+
+    steps = 10
+    run = cluster.finetune(_demo(tmp_path, train__steps=steps, train__save_final_checkpoint=False),
+                           target="tests.stream_spy:finetune_dropping", poll_interval=1.0)
+    live: list[tuple[int, int]] = []
+    run.on_metrics(lambda records: live.extend((r["rank"], r["step"]) for r in records))
+    run.wait(timeout=300)
+    _delivered_once(run, live, steps)
+    assert run.delivery.get("disk", 0) >= 2 * 3, run.delivery  # records 3..5 of each rank never came live
+    for rank in (0, 1):
+        assert any(m["dropped"] for m in read_tap(run.path, rank))
+
+
 def test_stop_halts_within_one_step_and_checkpoint_resumes(cluster, tmp_path):
     run = cluster.finetune(_demo(tmp_path, train__steps=500))
     _wait_for_step(run, 2)

@@ -241,6 +241,20 @@ def test_live_plots_draw_real_records(tiny_run_dir):
     assert traces and len(plots.records) == 3
 
 
+def test_live_plots_draw_the_runs_own_records(tiny_run_dir):
+    from workbench.cluster import Run
+
+    run = Run.from_dir(tiny_run_dir)
+    plots = LivePlots(run)
+    assert plots._records == {}  # no second copy of the run's records
+    assert plots.records == run.records and [r["step"] for r in plots.records] == [1, 2, 3]
+    tokens = [t for t in plots.figure.data if t.type == "scatter" and t.showlegend]
+    assert list(tokens[0].x) == [1, 2, 3]
+    heat = [t for t in plots.figure.data if t.type == "heatmap"][0]
+    assert list(map(list, heat.z)) == live_series(run.records)["expert_load"]["z"]
+    assert "step 3" in plots.figure.layout.annotations[4].text
+
+
 def test_live_plots_png(tiny_run_dir, tmp_path):
     pytest.importorskip("matplotlib", reason="the PNG fallback needs matplotlib (the lab extra)")
     from workbench.train.run_dir import RunDir

@@ -12,7 +12,7 @@ import socket
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 STOP_FILE = "stop_requested"
 
@@ -177,46 +177,69 @@ def rank_info(backend: str) -> dict[str, Any]:
     }
 
 
-class StreamCallback:
-    """Publishes this rank's step records to the notebook through ipyparallel's data channel.
+def carries_expert_load(step: int, total_steps: int | None, every: int) -> bool:
+    """Whether the published record of `step` keeps its [layers][experts] matrix: steps 1, 1+every, ... and the last.
 
-    `publish_data` keeps only the latest value per key on the client, so each message carries a
-    sequence number and the last `history` records: a client that polls less often than the
-    trainer steps still sees every record (it merges by (rank, step)), and a gap in `seq` larger
-    than `history` is filled from metrics.jsonl.
+    A rule of the step alone, so every rank sends the matrices of the same steps and the client can
+    sum them over ranks; metrics.jsonl keeps the matrix of every step.
+    """
+    return (step - 1) % every == 0 or (total_steps is not None and step == total_steps)
+
+
+class StreamCallback:
+    """Publishes each of this rank's step records once to the notebook over ipyparallel's data channel.
+
+    `publish_data` keeps only the latest value per key on the client, so a message carries the
+    records not published before with their sequence range (`first_seq`..`last_seq`, counting this
+    rank's records from 1). A client that missed messages between two polls sees the gap in the
+    range and reads those records from metrics.jsonl, which the trainer appends before on_step.
+    The expert-load matrix stays only on the records `carries_expert_load` picks. Each on_step
+    publishes at once by default (the trainer may call it several times in a row; the client
+    reads the ones a later message replaced from disk). With `min_interval_s`, records that come
+    sooner after the last message wait for the next on_step; `on_end` sends what is left.
     """
 
-    def __init__(self, history: int = 64, min_interval_s: float = 0.0) -> None:
-        self.history = history
+    def __init__(self, min_interval_s: float = 0.0, load_every: int = 10,
+                 publish: Callable[[dict], None] | None = None) -> None:
+        if load_every < 1:
+            raise ValueError(f"load_every must be >= 1 step, got {load_every}")
         self.min_interval_s = min_interval_s
-        self.records: list[dict] = []
-        self.seq = 0
-        self._last_publish = 0.0
-        self._published_seq = 0
+        self.load_every = load_every
+        self._publish_fn = publish
+        self.total_steps: int | None = None
+        self.pending: list[dict] = []
+        self.seq = 0  # records seen
+        self.published = 0  # records handed to the channel (or dropped when there is none)
+        self._last_publish = float("-inf")
 
-    def _publish(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_publish < self.min_interval_s:
-            return
-        try:
-            from ipyparallel.datapub import publish_data
-        except ImportError:
-            return
-        try:
-            publish_data({"seq": self.seq, "records": self.records[-self.history:]})
-        except Exception:  # not inside an engine (e.g. torchrun): streaming is optional
-            return
-        self._last_publish = now
-        self._published_seq = self.seq
+    def on_start(self, info: dict) -> None:
+        self.total_steps = info.get("total_steps")
 
     def on_step(self, record: dict) -> None:
-        self.records.append(dict(record))
         self.seq += 1
+        record = dict(record)
+        if not carries_expert_load(int(record.get("step", self.seq)), self.total_steps, self.load_every):
+            record.pop("expert_load", None)
+        self.pending.append(record)
         self._publish()
 
     def on_end(self, status: dict) -> None:
-        if self._published_seq != self.seq:
-            self._publish(force=True)
+        self._publish(force=True)
+
+    def _publish(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.pending or (not force and now - self._last_publish < self.min_interval_s):
+            return
+        message = {"first_seq": self.published + 1, "last_seq": self.seq, "records": self.pending}
+        # Sent or not, these records are done here: they are on disk, and the range tells the client.
+        self.pending, self.published, self._last_publish = [], self.seq, now
+        try:
+            publish = self._publish_fn
+            if publish is None:
+                from ipyparallel.datapub import publish_data as publish
+            publish(message)
+        except Exception:  # not inside an engine (e.g. torchrun): streaming is optional
+            return
 
 
 class StopFileCallback:
@@ -234,11 +257,13 @@ class StopFileCallback:
         return self.stop_file.exists()
 
 
-def run_finetune(config: dict, target: str = "workbench.train:finetune",
-                 history: int = 64) -> dict:
+def run_finetune(config: dict, target: str = "workbench.train:finetune", load_every: int = 10,
+                 min_interval_s: float = 0.0) -> dict:
     """Engine entry of `Cluster.finetune`: run the trainer with the stream and stop callbacks.
 
     `target` names the function ("module:attr") called as fn(run_config, callbacks=[...]).
+    Returns {"rank", "status", "published"}: the records went out over the data channel, and
+    `published` counts them so the client can read any it missed from metrics.jsonl.
     Raises with this rank's traceback attached so the notebook can say which rank failed.
     """
     import importlib
@@ -246,7 +271,7 @@ def run_finetune(config: dict, target: str = "workbench.train:finetune",
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
-    stream = StreamCallback(history=history)
+    stream = StreamCallback(min_interval_s=min_interval_s, load_every=load_every)
     try:
         from workbench.config import RunConfig
 
@@ -267,7 +292,7 @@ def run_finetune(config: dict, target: str = "workbench.train:finetune",
                 pass
         raise RankFailure(rank, remote_traceback) from err
     stream.on_end(status if isinstance(status, dict) else {})
-    return {"rank": rank, "status": status, "records": stream.records, "seq": stream.seq}
+    return {"rank": rank, "status": status, "published": stream.seq}
 
 
 class RankFailure(RuntimeError):

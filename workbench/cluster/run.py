@@ -1,9 +1,10 @@
 """`Run`: the notebook's handle on one training run across the ranks of a `Cluster`.
 
 The engines run `workbench.train.finetune` through `apply_async` (one task per rank) and publish
-their step records over ipyparallel's data channel; a watcher thread here merges them by
-(rank, step), notices failed ranks and dead engines, and feeds subscribers (live plots, the
-progress bar). The run directory on disk stays the record of truth after the kernel is gone.
+each step record once over ipyparallel's data channel; a watcher thread here keeps them in the
+run's one `RecordStore`, reads the records it missed between polls from metrics.jsonl, notices
+failed ranks and dead engines, and feeds subscribers (live plots, the progress bar). The run
+directory on disk stays the record of truth after the kernel is gone.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from workbench.cluster import engine as engine_code
+from workbench.cluster.records import GapFiller, RecordStore
 from workbench.train.liveness import DIED, pid_alive
 from workbench.train.run_dir import RunDir, default_runs_dir, new_run_id
 
@@ -68,9 +70,9 @@ class Run:
         self._run_dir = RunDir(self.path)
         self._cluster = cluster
         self._results = results or []  # one AsyncResult per rank, index == rank
-        self._records: dict[tuple[int, int], dict] = {}
-        self._sources: dict[str, int] = {}  # how many records came by stream / result / disk
-        self._last_seq: dict[int, int] = {}
+        self._store = RecordStore(len(self._results) or None)  # from_dir: the ranks on disk
+        self._published: dict[int, int] = {}  # per rank: records the engine says it has sent
+        self._gaps = GapFiller(self._store, self._run_dir.metrics_path)
         self._errors: dict[int, str] = {}
         self._dead_ranks: set[int] = set()  # ranks whose engine died: the likely root cause
         self._subscribers: list[Callable[[list[dict]], None]] = []
@@ -88,8 +90,12 @@ class Run:
     # -- construction ----------------------------------------------------------------------
     @classmethod
     def launch(cls, cluster: Any, run_config: Any, *, target: str = "workbench.train:finetune",
-               history: int = 64) -> "Run":
-        """Send the run to every rank (non-blocking) and start watching it."""
+               load_every: int = 10, poll_interval: float = 0.1) -> "Run":
+        """Send the run to every rank (non-blocking) and start watching it.
+
+        Every `load_every` steps (and the last) the ranks send their expert-load matrices with the
+        record; the watcher looks at the ranks every `poll_interval` seconds.
+        """
         from workbench.config import RunConfig
 
         if not isinstance(run_config, RunConfig):
@@ -109,11 +115,11 @@ class Run:
         config = run_config.to_dict()
         try:
             results = [cluster.client[cluster.engine_id(rank)].apply_async(
-                engine_code.run_finetune, config, target, history) for rank in range(cluster.world_size)]
+                engine_code.run_finetune, config, target, load_every) for rank in range(cluster.world_size)]
         except KeyError:  # an engine left the controller since ensure_process_group: say which rank
             cluster.check_ranks()
             raise
-        run = cls(path, cluster=cluster, results=results)
+        run = cls(path, cluster=cluster, results=results, poll_interval=poll_interval)
         run._sent_config = config
         run._engine_pids = cluster.local_engine_pids()
         run._watcher = threading.Thread(target=run._watch, name=f"run-watcher-{run.run_id}",
@@ -127,9 +133,7 @@ class Run:
         process is gone without recording an end has state "died"."""
         run = cls(RunDir.open(path).path)
         run._state = run._run_dir.read_checked_status().get("state", "unknown")
-        for record in run._run_dir.read_metrics():
-            if "rank" in record and "step" in record:
-                run._records[(int(record["rank"]), int(record["step"]))] = record
+        run._store.add(run._run_dir.read_metrics(), "disk")
         if run._state in ENDED_STATES:
             run._done.set()
         return run
@@ -141,7 +145,8 @@ class Run:
     def _watch(self) -> None:
         while not self._done.is_set():
             try:
-                self._poll()
+                with self._lock:  # on_metrics takes its backlog under it: no record twice, none missed
+                    self._poll()
             except Exception as err:  # never let the watcher die silently
                 self._errors.setdefault(-1, f"run watcher error: {type(err).__name__}: {err}")
             time.sleep(self.poll_interval)
@@ -160,38 +165,30 @@ class Run:
                     else:
                         self._fail(rank, _describe_remote_error(err))
                 else:
-                    new += self._merge(result.get("records", []) if isinstance(result, dict) else [],
-                                       "result")
+                    if isinstance(result, dict) and isinstance(result.get("published"), int):
+                        self._published[rank] = max(self._published.get(rank, 0), result["published"])
         for rank, pid in self._engine_pids.items():
             if pid and rank not in self._errors and not pid_alive(pid) and not self._results[rank].ready():
                 self._fail(rank, f"the engine process of rank {rank} (pid {pid}) died", died=True)
+        new += self._fill_gaps()
         if new:
             self._notify(new)
         self._update_state()
 
     def _take_stream(self, rank: int, data: dict) -> list[dict]:
-        seq = data.get("seq")
-        if seq is None or seq <= self._last_seq.get(rank, 0):
+        """The records of rank's latest message that are new here (ipyparallel keeps only the latest)."""
+        last = data.get("last_seq")
+        seen = self._published.get(rank, 0)
+        if not isinstance(last, int) or last <= seen:
             return []
         records = data.get("records", [])
-        gap = seq - self._last_seq.get(rank, 0) > len(records)
-        self._last_seq[rank] = seq
-        new = self._merge(records, "stream")
-        if gap:  # more steps than the published ring holds passed between two polls
-            new += self._merge([r for r in self._run_dir.read_metrics() if r.get("rank") == rank],
-                               "disk")
-        return new
+        skip = max(0, seen + 1 - int(data.get("first_seq", 1)))  # only after a resent range
+        self._published[rank] = last
+        return self._store.add(records[skip:], "stream")
 
-    def _merge(self, records: list[dict], source: str) -> list[dict]:
-        new = []
-        with self._lock:
-            for record in records:
-                key = (int(record.get("rank", 0)), int(record.get("step", 0)))
-                if key not in self._records:
-                    self._records[key] = record
-                    new.append(record)
-            self._sources[source] = self._sources.get(source, 0) + len(new)
-        return sorted(new, key=lambda r: (r.get("step", 0), r.get("rank", 0)))
+    def _fill_gaps(self) -> list[dict]:
+        """The records ranks published that never arrived (replaced between polls), from metrics.jsonl."""
+        return self._gaps.fill(self._published)
 
     def _fail(self, rank: int, traceback: str, died: bool = False) -> None:
         with self._lock:
@@ -238,8 +235,9 @@ class Run:
                 pass
 
     def _finish(self) -> None:
+        new = self._fill_gaps()
         self._done.set()
-        self._notify([])  # subscribers (progress bar, plots) see the final state
+        self._notify(new)  # subscribers (progress bar, plots) see the final state
         self._settled.set()
 
     def _notify(self, records: list[dict]) -> None:
@@ -291,29 +289,36 @@ class Run:
 
     @property
     def last_step(self) -> int | None:
-        with self._lock:
-            return max((s for _, s in self._records), default=None)
+        return self._store.last_step()
 
     @property
     def records(self) -> list[dict]:
-        """Every step record received so far from every rank, ordered by (step, rank)."""
-        with self._lock:
-            return [self._records[k] for k in sorted(self._records, key=lambda k: (k[1], k[0]))]
+        """Every step record received so far from every rank, ordered by (step, rank).
+
+        The expert-load matrix is only on the latest step every rank has one for (and newer ones):
+        the plots show that one; `metrics` and metrics.jsonl have every step's.
+        """
+        return self._store.records()
 
     @property
     def metrics(self):
-        """A pandas DataFrame of every step from every rank (the trainer's field names)."""
+        """A pandas DataFrame of every step from every rank (the trainer's field names), read
+        from metrics.jsonl with every step's expert-load matrix; the streamed records without a
+        run directory."""
         import pandas as pd
 
-        if self._done.is_set() and self.path.is_dir():
-            self._merge(self._run_dir.read_metrics(), "disk")  # anything the stream never delivered
-        return pd.DataFrame(self.records)
+        if not self._run_dir.metrics_path.exists():
+            return pd.DataFrame(self.records)
+        by_key = {(int(r["rank"]), int(r["step"])): r for r in self._run_dir.read_metrics()
+                  if "rank" in r and "step" in r}
+        for record in self.records:  # a record streamed but not (yet) readable on disk
+            by_key.setdefault((int(record["rank"]), int(record["step"])), record)
+        return pd.DataFrame([by_key[k] for k in sorted(by_key, key=lambda k: (k[1], k[0]))])
 
     @property
     def delivery(self) -> dict[str, int]:
-        """How many records arrived live ("stream"), with the final result, or from disk."""
-        with self._lock:
-            return dict(self._sources)
+        """How many records arrived live ("stream") or were read from metrics.jsonl ("disk")."""
+        return self._store.sources
 
     @property
     def error(self) -> RankError | None:

@@ -18,8 +18,9 @@ COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e3
 class LivePlots:
     """Tokens/s and TFLOP/s per GPU, memory per rank, loss, and expert load per layer, live.
 
-    `attach(run)` subscribes to `Run.on_metrics`; `update(records)` is what the stream calls and
-    can be fed any list of step records (e.g. a finished run directory's metrics.jsonl).
+    `attach(run)` subscribes to `Run.on_metrics` and then draws the run's own records (the run's
+    one store; no copy here). Without a run, `update(records)` can be fed any list of step
+    records (e.g. a finished run directory's metrics.jsonl), which the plots then keep.
     """
 
     def __init__(self, run: Any = None, height: int = 620) -> None:
@@ -54,15 +55,19 @@ class LivePlots:
         self._unsubscribe = run.on_metrics(self.update)
 
     def update(self, records: Iterable[dict]) -> None:
-        """Merge new step records (by rank and step) and redraw."""
+        """Redraw; without an attached run, first merge `records` (by rank and step) into the plots' own."""
         with self._lock:
-            for r in records:
-                if "rank" in r and "step" in r:
-                    self._records[(int(r["rank"]), int(r["step"]))] = r
+            if self.run is None:
+                for r in records:
+                    if "rank" in r and "step" in r:
+                        self._records[(int(r["rank"]), int(r["step"]))] = r
             self._redraw()
 
     @property
     def records(self) -> list[dict]:
+        """The records drawn: the attached run's, else those given to `update`."""
+        if self.run is not None:
+            return self.run.records
         with self._lock:
             return [self._records[k] for k in sorted(self._records, key=lambda k: (k[1], k[0]))]
 
