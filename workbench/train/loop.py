@@ -135,16 +135,21 @@ class Trainer:
                                       "device": self.device.type, "resolved_mesh": mesh_sizes,
                                       "resolved_backend": self.backend.to_dict()})
 
-    def setup(self) -> None:
+    def setup(self, model: torch.nn.Module | None = None) -> None:
+        """Build the model from the run config (or take `model`, prebuilt and sharded), optimizer, schedule."""
         rc = self.rc
         torch.manual_seed(rc.train.seed)
-        self.model = build_model(rc, self.hf_config, self.mesh, self.device, model_dtype(rc.model, self.device),
-                                 self.backend)
+        if model is None:
+            model = build_model(rc, self.hf_config, self.mesh, self.device, model_dtype(rc.model, self.device),
+                                self.backend)
+            where = "workbench.train.model_setup.build_model, please report it"
+        else:
+            where = "the caller of Trainer.setup(model): shard it (FSDP2) before handing it over"
+        self.model = model
         if self.world > 1 and not _is_parallel(self.model):
             # Each rank would train its own copy: refuse rather than report a run that is not one.
             raise RuntimeError(f"the model ({type(self.model).__name__}) was not sharded over the {self.world} "
-                               "ranks, so its gradients would not be synchronized; this is a bug in "
-                               "workbench.train.model_setup.build_model, please report it")
+                               f"ranks, so its gradients would not be synchronized; this is a bug in {where}")
         self.model.train()
         if rc.train.activation_checkpointing:
             # torch's composable checkpoint per decoder layer, not Transformers' (train/activation_checkpoint.py)
@@ -162,6 +167,7 @@ class Trainer:
         self.router_biases = None
         if rc.train.router_bias_update_rate > 0:
             self.router_biases = _router_biases(self.model, self.hf_config)
+        self._records: list[dict[str, Any]] = []  # finished steps not yet collected
         self.coef = float(getattr(self.hf_config, "router_aux_loss_coef", 0.0) or 0.0)
         self.forward_kwargs: dict[str, Any] = {}
         self.aux_scale = 1.0 / (self.accum * self.world)
@@ -173,7 +179,16 @@ class Trainer:
 
     # -- one step ---------------------------------------------------------------------------
 
-    def train_step(self, step: int) -> dict[str, Any]:
+    def train_step(self, step: int) -> None:
+        """Queue optimizer step `step` (1-based); its record comes from `collect`."""
+        self._records.append(self._step(step))
+
+    def collect(self, wait: bool = False) -> list[dict[str, Any]]:
+        """The records of the steps that have finished, in step order (wait=True: of every queued step)."""
+        records, self._records = self._records, []
+        return records
+
+    def _step(self, step: int) -> dict[str, Any]:
         rc, device = self.rc, self.device
         reset_peak_memory(device)
         t_start = time.perf_counter()
@@ -244,15 +259,37 @@ class Trainer:
         extra = {}
         if self.router_biases is not None:  # [layers][experts], a few floats: the bias after this step's update
             extra["router_bias"] = [b.detach().float().cpu().reshape(-1).tolist() for b in self.router_biases]
-        return step_record(step=step, rank=self.rank, loss=loss, grad_norm=grad_norm, lr=lr,
-                           tokens=batch.input_ids.numel(), seq_len=rc.data.seq_len, hf_config=self.hf_config,
-                           timings=timings, device=device, expert_load=load, time=time.time(), **extra)
+        record = step_record(step=step, rank=self.rank, loss=loss, grad_norm=grad_norm, lr=lr,
+                             tokens=batch.input_ids.numel(), seq_len=rc.data.seq_len, hf_config=self.hf_config,
+                             timings=timings, device=device, expert_load=load, time=time.time(), **extra)
+        record["peak_mem_gib"] = record["mem_peak_gib"]  # the bench's name for it (TRAINER_API)
+        return record
+
 
     # -- the run ----------------------------------------------------------------------------
 
     def save(self, step: int) -> Path:
         return save_checkpoint(self.run.checkpoints_dir, step, self.model, self.optimizer, self.scheduler,
                                self.stream.state_dict(), self.hf_config, run_settings(self.rc))
+
+    def _publish(self, records: list[dict[str, Any]], losses: list[float], status_base: dict[str, Any],
+                 printed: bool) -> None:
+        """Hand collected records to metrics.jsonl, the callbacks, the status and (the last one) stdout."""
+        if not records:
+            return
+        total = self.rc.train.steps
+        losses.extend(r["loss"] for r in records)
+        self.run.append_metrics(records)  # one O_APPEND write per rank per collect
+        for record in records:
+            self.callbacks.call("on_step", record)
+        if self.rank == 0:
+            record = records[-1]
+            if printed:
+                print(f"step {record['step']:>4}/{total}  loss {record['loss']:.4f}  "
+                      f"tokens/s/gpu {record['tokens_per_s_per_gpu']:,.0f}  "
+                      f"tflops/gpu {record['tflops_per_gpu']:.3f}  grad_norm {record['grad_norm']:.3f}",
+                      flush=True)
+            self.run.write_status("running", step=record["step"], loss=record["loss"], **status_base)
 
     def fit(self) -> dict[str, Any]:
         rc, total = self.rc, self.rc.train.steps
@@ -272,19 +309,14 @@ class Trainer:
             if stop:
                 state, step = "stopped", step - 1
                 break
-            record = self.train_step(step)
-            losses.append(record["loss"])
-            self.run.append_metrics([record])  # one O_APPEND write per rank per step
-            self.callbacks.call("on_step", record)
-            if self.rank == 0:
-                if step % rc.train.log_every == 0 or step == total:
-                    print(f"step {step:>4}/{total}  loss {record['loss']:.4f}  "
-                          f"tokens/s/gpu {record['tokens_per_s_per_gpu']:,.0f}  "
-                          f"tflops/gpu {record['tflops_per_gpu']:.3f}  grad_norm {record['grad_norm']:.3f}",
-                          flush=True)
-                self.run.write_status("running", step=step, loss=record["loss"], **status_base)
-            if rc.train.checkpoint_every and step % rc.train.checkpoint_every == 0 and step < total:
+            self.train_step(step)
+            log = step % rc.train.log_every == 0 or step == total
+            ckpt = bool(rc.train.checkpoint_every and step % rc.train.checkpoint_every == 0 and step < total)
+            # Waiting drains the device queue: only where a line is printed or a checkpoint follows
+            self._publish(self.collect(wait=log or ckpt), losses, status_base, printed=log)
+            if ckpt:
                 last_ckpt = self.save(step)
+        self._publish(self.collect(wait=True), losses, status_base, printed=False)  # before any save below
         if state == "stopped" or rc.train.save_final_checkpoint:
             if step > self.start_step or last_ckpt is None:
                 last_ckpt = self.save(step)
