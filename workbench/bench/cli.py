@@ -22,8 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, help="decoder layers (default: the preset's)")
     p.add_argument("--seq", type=int, default=128, help="sequence length")
     p.add_argument("--batch", type=int, default=2, help="local batch: sequences per rank per step")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
-    p.add_argument("--steps", type=int, default=3, help="timed steps")
+    p.add_argument("--warmup", type=int, default=2, help="untimed trainer steps first, in every round")
+    p.add_argument("--steps", type=int, default=30, help="timed trainer steps per variant, split over the rounds")
+    p.add_argument("--rounds", type=int, default=2, help="rounds: variants in order, then reversed, ... "
+                   "(ABC CBA ...); each round builds every variant afresh")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
@@ -74,7 +76,7 @@ def config_from_args(args: argparse.Namespace):
     command = launcher + "workbench bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
     out = {} if args.out_dir is None else {"out_dir": args.out_dir or None}
     return BenchConfig(preset=args.preset, layers=args.layers, seq=args.seq, batch=args.batch, warmup=args.warmup,
-                       steps=args.steps, lr=args.lr, seed=args.seed, variants=args.variants, mesh=mesh,
+                       steps=args.steps, rounds=args.rounds, lr=args.lr, seed=args.seed, variants=args.variants, mesh=mesh,
                        backend=backend, dtype=args.dtype, precision=args.precision, name=args.name, command=command.strip(),
                        html=not args.no_html, fail_fast=args.fail_fast, **out)
 
