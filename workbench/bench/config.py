@@ -126,7 +126,8 @@ class BenchConfig:
     batch: int = 2  # local batch: sequences per rank per step
     warmup: int = 2  # trainer steps run but not timed, in every round (each round builds the variant afresh)
     steps: int = 30  # timed steps of each variant, split over the rounds
-    rounds: int = 2  # variants run in order, then reversed, ... (ABC CBA ...): drift hits every variant alike
+    # variants run in order, then reversed, ... (ABC CBA ...): drift hits every variant alike; None = 2 (1 for one step)
+    rounds: int | None = None
     lr: float = 3e-4
     seed: int = 0
     variants: tuple[str, ...] = DEFAULT_VARIANTS
@@ -149,6 +150,8 @@ class BenchConfig:
         _check_int(self.batch, "batch", 1)
         _check_int(self.warmup, "warmup", 0)
         _check_int(self.steps, "steps", 1)
+        if self.rounds is None:
+            object.__setattr__(self, "rounds", min(2, self.steps))
         _check_int(self.rounds, "rounds", 1)
         if self.rounds > self.steps:
             raise ConfigError(f"BenchConfig.rounds ({self.rounds}) exceeds steps ({self.steps}): every round needs a "

@@ -85,7 +85,15 @@ def _side(row: dict[str, Any]) -> dict[str, Any]:
             "median_step_s": row["median_step_s"], **{k: row[k] for k in SPREAD if k in row}}
 
 
-REFERENCE_RULE = "the best ok anchor row: the fastest anchor variant that ran (tokens/s per GPU)"
+REFERENCE_RULE = ("the best ok anchor row of plain Transformers: the fastest anchor variant that ran without "
+                  "Liger kernels (tokens/s per GPU); anchor_liger is compared beside it")
+
+
+def _is_liger(row: dict[str, Any]) -> bool:
+    from workbench.bench.config import VARIANTS
+
+    spec = VARIANTS.get(row.get("name"))
+    return spec is not None and spec.liger
 
 
 def reference_anchor(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -94,7 +102,7 @@ def reference_anchor(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     ok = [r for r in anchors if r.get("status") == "ok"]
     if not ok:
         return None
-    best = max(ok, key=lambda r: r["tokens_per_s_per_gpu"])  # max keeps the first of equals: registry order
+    best = max([r for r in ok if not _is_liger(r)] or ok, key=lambda r: r["tokens_per_s_per_gpu"])  # max keeps the first of equals: registry order
     return {"variant": best["name"], "rule": REFERENCE_RULE, "setup": best.get("setup", {}),
             **{k: best[k] for k in METRICS},
             "not_run": [{"variant": r["name"], "status": r["status"], "reason": r.get("reason", "")}
