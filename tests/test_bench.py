@@ -617,3 +617,22 @@ def test_engine_adamw_torch_and_anchor_liger_specs():
         VariantSpec("anchor", "x", optimizer="adamw_torch")
     with pytest.raises(ConfigError, match="an anchor variant only"):
         VariantSpec("engine", "x", liger=True)
+
+
+def _live_after_bench(rank, world):
+    import gc
+
+    from workbench.bench import run_bench
+
+    cfg = BenchConfig(preset="tiny", seq=16, batch=2, warmup=1, steps=2, variants=("anchor", "engine", "engine_adamw_torch"),
+                      out_dir=None, html=False, fail_fast=True)
+    run_bench(cfg)
+    gc.collect()
+    live = [type(o).__name__ for o in gc.get_objects()
+            if isinstance(o, (torch.nn.Module, torch.optim.Optimizer)) and type(o).__name__.endswith(("ForCausalLM", "AdamW"))]
+    return live
+
+
+def test_every_round_frees_its_model_and_optimizer():
+    """A variant's Trainer, model and optimizer are gone when the next one builds (GPU memory between rows)."""
+    assert run_ranks(_live_after_bench, 1, timeout=120) == [[]]
