@@ -26,6 +26,8 @@ def liger_refusal(hf_config: Any) -> str | None:
         from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
     except ImportError as err:
         return f"liger-kernel is not installed ({err}): {INSTALL_HINT}"
+    except Exception as err:  # noqa: BLE001 - e.g. a liger-kernel built for another Transformers: a skip, not a crash
+        return f"liger-kernel does not import with this Transformers ({type(err).__name__}: {err})"
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
         return f"liger-kernel has no kernels for model_type {model_type!r}"
@@ -38,13 +40,13 @@ def _snapshot() -> dict[str, dict[str, Any]]:
 
 
 def _restore(saved: dict[str, dict[str, Any]]) -> None:
+    # Names added meanwhile stay (submodules imported during the row, lazy-import caches): only what
+    # the apply function replaced matters to later rows.
     for name, before in saved.items():
         mod = sys.modules.get(name)
         if mod is None:
             continue
         now = vars(mod)
-        for key in [k for k in now if k not in before]:
-            delattr(mod, key)
         for key, value in before.items():
             if now.get(key, _MISSING) is not value:
                 setattr(mod, key, value)
