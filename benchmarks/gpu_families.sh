@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Issue 14 device run on 1 x H200: one `workbench bench` launch per family, the engine (generic path)
-# against the Transformers v5 anchor from the same initial weights and tokens; speedups are against
-# each launch's best anchor row that ran (named in the JSON as reference_anchor and in the table).
-#   qwen3-30b-a3b     L8: anchor, engine, engine_balanced
+# Device run on 1 x H200: one `workbench bench` launch per family, every row timed through the product's
+# step (Trainer.train_step), the engine (generic path) against the Transformers v5 anchor and the v5 +
+# Liger anchor from the same initial weights and tokens, variants in alternating rounds (ABC CBA);
+# speedups are against each launch's best plain-Transformers anchor row that ran (reference_anchor).
+#   qwen3-30b-a3b     L8: anchor, anchor_liger, engine, engine_balanced
 #   gpt-oss-20b       L8: anchor (recorded as skipped: GPT-OSS refuses sdpa), anchor_flex, anchor_eager_attn
-#                         (115 GiB measured; GPTOSS_EAGER=0 leaves it out), engine, engine_balanced
-#   moonlight-16b-a3b L8: anchor, engine, engine_balanced
-# seq 4096 x batch 2, bf16, warm-up 2 + 5 timed steps, the engine with --fused-ce (ENGINE_FLAGS). Results JSON and logs under $1 (default ./bench-out).
+#                         (115 GiB measured; GPTOSS_EAGER=0 leaves it out), anchor_liger, engine, engine_balanced
+#   moonlight-16b-a3b L8: anchor, anchor_liger, engine, engine_balanced
+# seq 4096 x batch 2, bf16, 2 rounds of warm-up 2 + 5 timed steps (STEPS=10 in all; ROUNDS, WARMUP), the
+# engine with --fused-ce (ENGINE_FLAGS). Results JSON and logs under $1 (default ./bench-out); liger-kernel
+# from the carried wheels (.whl/, installed into /tmp/site when present). About 1.5-2 min per family.
 # Usage (repository root, on the device):  WORKBENCH_GIT_COMMIT=<sha> bash benchmarks/gpu_families.sh "$OUT"
 # The same commands at tiny size (CPU, or a GPU preflight):  TINY=1 bash benchmarks/gpu_families.sh /tmp/fam
 # One family only: FAMILIES=gpt_oss (qwen3, gpt_oss, deepseek_v3).
@@ -17,6 +20,10 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if compgen -G ".whl/*.whl" >/dev/null; then  # carried wheels (liger-kernel): a private site dir
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl &&
+    export PYTHONPATH="/tmp/site:$PYTHONPATH"
+fi
 OUT="${1:-$PWD/bench-out}"
 PY="${PYTHON:-python3}"
 # The launches' initial checkpoint (10-15 GB at L8) goes in a folder of this script's own, emptied after each.
@@ -33,7 +40,7 @@ else
 fi
 GPTOSS_VARIANTS="anchor,anchor_flex"
 [ "${GPTOSS_EAGER:-1}" = 1 ] && GPTOSS_VARIANTS="$GPTOSS_VARIANTS,anchor_eager_attn"
-GPTOSS_VARIANTS="$GPTOSS_VARIANTS,engine,engine_balanced"
+GPTOSS_VARIANTS="$GPTOSS_VARIANTS,anchor_liger,engine,engine_balanced"
 
 {
   date -Is
@@ -44,7 +51,8 @@ GPTOSS_VARIANTS="$GPTOSS_VARIANTS,engine,engine_balanced"
 } >"$LOGS/env.txt" 2>&1
 cat "$LOGS/env.txt"
 
-COMMON=(--layers "$LAYERS" --seq "$SEQ" --batch 2 --warmup "${WARMUP:-2}" --steps "${STEPS:-5}" --out-dir "$RESULTS" --no-html)
+COMMON=(--layers "$LAYERS" --seq "$SEQ" --batch 2 --warmup "${WARMUP:-2}" --steps "${STEPS:-10}" --rounds "${ROUNDS:-2}"
+        --out-dir "$RESULTS" --no-html)
 [ "${TINY:-0}" = 1 ] || COMMON+=(--dtype bfloat16)
 # The engine's product settings: the fused linear cross-entropy on the LM head (ENGINE_FLAGS="" drops it).
 read -r -a ENGINE_ARGS <<<"${ENGINE_FLAGS---fused-ce}"
@@ -62,9 +70,9 @@ run_family() {  # preset variants
 }
 for family in ${FAMILIES:-qwen3 gpt_oss deepseek_v3}; do  # FAMILIES="gpt_oss" runs one
   case "$family" in
-    qwen3) run_family "$QWEN" "anchor,engine,engine_balanced" ;;
+    qwen3) run_family "$QWEN" "anchor,anchor_liger,engine,engine_balanced" ;;
     gpt_oss) run_family "$GPTOSS" "$GPTOSS_VARIANTS" ;;
-    deepseek_v3) run_family "$MOON" "anchor,engine,engine_balanced" ;;
+    deepseek_v3) run_family "$MOON" "anchor,anchor_liger,engine,engine_balanced" ;;
     *) echo "unknown family $family (qwen3, gpt_oss, deepseek_v3)"; status=2 ;;
   esac
 done

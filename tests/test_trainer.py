@@ -316,3 +316,29 @@ def test_all_ranks_stop_together_on_a_non_finite_loss(tmp_path):
     ckpt = _nan_head_checkpoint(tmp_path / "nan-model")
     errors = run_ranks(_diverge_worker, 2, str(tmp_path), ckpt, timeout=120)
     assert errors[0] and errors[0] == errors[1] and errors[0].startswith("step 1: the loss is nan"), errors
+
+
+# -- the step API the bench times: setup(model), train_step(step), collect(wait) ---------------
+
+
+def test_setup_takes_a_prebuilt_model_and_collect_returns_the_records(tmp_path):
+    import torch
+    import transformers
+
+    from workbench.train.loop import Trainer
+
+    rc = _rc(tmp_path, model__dtype="float32", model__device="cpu")
+    trainer = Trainer(rc)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(trainer.hf_config)  # vanilla Transformers
+    before = model.lm_head.weight.detach().clone()
+    trainer.setup(model=model)
+    assert trainer.model is model
+    assert trainer.train_step(1) is None
+    trainer.train_step(2)
+    records = trainer.collect(wait=True)
+    assert [r["step"] for r in records] == [1, 2] and trainer.collect(wait=True) == []
+    for key in ("loss", "grad_norm", "tokens", "step_time_s", "forward_s", "backward_s", "optimizer_s",
+                "peak_mem_gib"):
+        assert all(isinstance(r[key], float | int) for r in records), key
+    assert not torch.equal(model.lm_head.weight, before)  # the given model was trained

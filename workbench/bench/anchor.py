@@ -1,7 +1,8 @@
-"""The anchor: vanilla Transformers v5, FSDP2 per decoder layer, as a user would write it."""
+"""The anchor: vanilla Transformers v5 (FSDP2 per decoder layer on several ranks), trained by the Trainer."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from pathlib import Path
 
@@ -9,8 +10,6 @@ import torch
 import torch.distributed as dist
 
 from workbench.bench.config import VariantSpec
-from workbench.bench.variant import Prepared, adamw
-from workbench.train.optim import describe_optimizer
 
 CUDNN_REASON = "torch's cuDNN SDPA backend needs an NVIDIA GPU"
 # Flags of Transformers' PreTrainedModel saying whether a family runs an attention implementation.
@@ -67,53 +66,37 @@ def save_init_checkpoint(hf_config, seed: int, device: torch.device, dtype: torc
         dist.barrier()
 
 
-def _sdpa_context(backend: str | None):
+def _sdpa_context(backend: str | None) -> contextlib.AbstractContextManager:
     if backend is None:
-        import contextlib
-
-        return contextlib.nullcontext
+        return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    chosen = {"cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
-    return lambda: sdpa_kernel(chosen)
+    return sdpa_kernel({"cudnn": SDPBackend.CUDNN_ATTENTION}[backend])
 
 
-def family_losses(out, coef: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cross-entropy, aux) of a Transformers output whose loss is CE + coef * aux.
+def build_anchor(spec: VariantSpec, hf_config, seed: int, device: torch.device, dtype: torch.dtype,
+                 stack: contextlib.ExitStack) -> tuple[torch.nn.Module, dict]:
+    """The anchor on this rank, ready for Trainer.setup(model=...): seeded model, FSDP2 per decoder layer.
 
-    Families without an aux loss (DeepSeek-V3: its routing is balanced by a bias) give aux 0.
+    `stack` holds what must stay on while it trains (Liger's patch of Transformers, a forced SDPA
+    backend). More than one rank: workbench's FSDP2 wrap of a Transformers model (per decoder layer
+    + root, gradients summed, as the Trainer's loss normalization needs: the plain fully_shard
+    default averages them); a user's Trainer run of a vanilla Transformers model gets the same.
     """
-    aux = getattr(out, "aux_loss", None)
-    if aux is None:
-        return out.loss, out.loss.new_zeros(())
-    aux = aux.to(out.loss.device)
-    return out.loss - coef * aux, aux
-
-
-def build_anchor(spec: VariantSpec, hf_config, seed: int, lr: float, device: torch.device,
-                 dtype: torch.dtype) -> Prepared:
-    """The anchor variant on this rank: seeded model, plain FSDP2 over all ranks, AdamW."""
-    from torch.distributed.fsdp import fully_shard
-
     model = build_hf_model(hf_config, seed, device, dtype, spec.experts_implementation, spec.attn_implementation)
-    model.train()
+    setup: dict = {"library": "transformers", "experts_implementation": spec.experts_implementation,
+                   "attention": spec.attn_implementation + (f" ({spec.sdpa_backend} forced)" if spec.sdpa_backend else ""),
+                   "dtype": str(dtype)}
+    if spec.liger:
+        from workbench.bench.liger import liger_patched
+
+        setup.update(stack.enter_context(liger_patched(model)))  # before sharding: it patches modules in place
     world = dist.get_world_size() if dist.is_initialized() else 1
     if world > 1:
-        for layer in model.model.layers:
-            fully_shard(layer)
-        fully_shard(model)
-    coef = float(getattr(hf_config, "router_aux_loss_coef", 0.0) or 0.0)
+        from workbench.models.mesh_build import shard_without_engine
+        from workbench.parallel.mesh import MeshConfig
 
-    def forward(ids: torch.Tensor):
-        out = model(input_ids=ids, labels=ids, output_router_logits=True, use_cache=False)
-        ce, aux = family_losses(out, coef)
-        return out.loss, ce, aux
-
-    optimizer = adamw(model, lr, device)
-    setup = {
-        "library": "transformers", "experts_implementation": spec.experts_implementation,
-        "attention": spec.attn_implementation + (f" ({spec.sdpa_backend} forced)" if spec.sdpa_backend else ""),
-        "fsdp": "fully_shard per decoder layer + root, defaults" if world > 1 else "none (one rank)",
-        "optimizer": describe_optimizer(optimizer), "activation_checkpointing": False, "dtype": str(dtype),
-    }
-    return Prepared(model, optimizer, forward, "mean", setup, _sdpa_context(spec.sdpa_backend))
+        model = shard_without_engine(model, MeshConfig(dp=world, ep=1))
+    setup["fsdp"] = "fully_shard per decoder layer + root, summed grads" if world > 1 else "none (one rank)"
+    stack.enter_context(_sdpa_context(spec.sdpa_backend))
+    return model, setup

@@ -22,8 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, help="decoder layers (default: the preset's)")
     p.add_argument("--seq", type=int, default=128, help="sequence length")
     p.add_argument("--batch", type=int, default=2, help="local batch: sequences per rank per step")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
-    p.add_argument("--steps", type=int, default=3, help="timed steps")
+    p.add_argument("--warmup", type=int, default=2, help="untimed trainer steps first, in every round")
+    p.add_argument("--steps", type=int, default=30, help="timed trainer steps per variant, split over the rounds")
+    p.add_argument("--rounds", type=int, help="rounds: variants in order, then reversed, ... (ABC CBA ...); "
+                   "each round builds every variant afresh (default: 2, or 1 with --steps 1)")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
@@ -49,9 +51,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failing variant")
     p.add_argument("--ranks", type=int, help="spawn this many local ranks (GPUs, else gloo CPU ranks)")
     p.add_argument("--readme-table", action="store_true",
-                   help="print the README performance table from --results-dir (no benchmark runs)")
-    p.add_argument("--write", metavar="README", help="with --readme-table: replace the table between "
-                   "<!-- bench-table --> and <!-- /bench-table --> in this file")
+                   help="print the README performance table (the latest launch per setup) from --results-dir "
+                        "(no benchmark runs)")
+    p.add_argument("--history-table", action="store_true",
+                   help="print the dated history table (benchmarks/HISTORY.md) from --results-dir instead")
+    p.add_argument("--write", metavar="FILE", help="with --readme-table / --history-table: replace the table "
+                   "between <!-- bench-table --> and <!-- /bench-table --> in this file")
     p.add_argument("--results-dir", default="benchmarks/results", help="where --readme-table reads")
     p.add_argument("--include-cpu", action="store_true", help="with --readme-table: keep CPU runs")
     p.add_argument("--html", metavar="RESULT_JSON", help="(re)write the HTML plot of a results file and exit")
@@ -74,7 +79,7 @@ def config_from_args(args: argparse.Namespace):
     command = launcher + "workbench bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
     out = {} if args.out_dir is None else {"out_dir": args.out_dir or None}
     return BenchConfig(preset=args.preset, layers=args.layers, seq=args.seq, batch=args.batch, warmup=args.warmup,
-                       steps=args.steps, lr=args.lr, seed=args.seed, variants=args.variants, mesh=mesh,
+                       steps=args.steps, rounds=args.rounds, lr=args.lr, seed=args.seed, variants=args.variants, mesh=mesh,
                        backend=backend, dtype=args.dtype, precision=args.precision, name=args.name, command=command.strip(),
                        html=not args.no_html, fail_fast=args.fail_fast, **out)
 
@@ -113,12 +118,13 @@ def run(args: argparse.Namespace) -> int:
     from workbench.backends import BackendError
     from workbench.config import ConfigError
 
-    if args.readme_table:
-        from workbench.bench.readme import table, write_readme
+    if args.readme_table or args.history_table:
+        from workbench.bench.readme import history_table, table, write_readme
 
+        history = args.history_table
         try:
-            text = (write_readme(Path(args.write), Path(args.results_dir), args.include_cpu) if args.write
-                    else table(Path(args.results_dir), args.include_cpu))
+            text = (write_readme(Path(args.write), Path(args.results_dir), args.include_cpu, history=history)
+                    if args.write else (history_table if history else table)(Path(args.results_dir), args.include_cpu))
         except (OSError, ValueError) as err:
             print(f"workbench bench --readme-table: {err}", file=sys.stderr)
             return 2

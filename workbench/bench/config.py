@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.backends import BackendConfig
-from workbench.config import PRECISIONS, PRESETS, ConfigError
+from workbench.config import OPTIMIZERS, PRECISIONS, PRESETS, ConfigError
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,8 @@ class VariantSpec:
     attn_implementation: str = "sdpa"  # anchor only: Transformers' attention ("sdpa", "eager", "flex_attention")
     cuda_reason: str = ""  # why a needs_cuda variant is skipped elsewhere ("" = the cuDNN SDPA reason)
     precision: str | None = None  # engine only: train.precision of its AdamW; None = the launch's BenchConfig.precision
+    optimizer: str = "adamw"  # engine only: train.optimizer ("adamw": Triton on CUDA); every anchor runs torch's fused AdamW
+    liger: bool = False  # anchor only: Liger kernels patched onto the Transformers model (workbench.bench.liger)
 
     def __post_init__(self) -> None:
         from workbench.backends import CHOICES
@@ -39,6 +41,10 @@ class VariantSpec:
             raise ConfigError(f"variant sdpa_backend={self.sdpa_backend!r} needs attn_implementation='sdpa'")
         if self.precision is not None and (self.kind != "engine" or self.precision not in PRECISIONS):
             raise ConfigError(f"variant precision {self.precision!r} must be one of {PRECISIONS}, on an engine variant")
+        if self.optimizer not in OPTIMIZERS or (self.kind != "engine" and self.optimizer != "adamw"):
+            raise ConfigError(f"variant optimizer {self.optimizer!r} must be one of {OPTIMIZERS}, on an engine variant")
+        if self.liger and self.kind != "anchor":
+            raise ConfigError("variant liger=True patches a Transformers model: an anchor variant only")
         for key, value in self.backend:
             ok = (value in CHOICES[key] and key != "gate") if key in CHOICES else (
                 key in ("fused_ce", "expert_recompute", "fp8") and isinstance(value, bool))
@@ -48,6 +54,7 @@ class VariantSpec:
 
 # Transformers' attention implementations an anchor may use (all ship with torch; flash_attention_2 is not installed).
 ANCHOR_ATTENTION = ("sdpa", "eager", "flex_attention")
+LIGER_CUDA_REASON = "Liger's Triton kernels need a CUDA GPU (liger-kernel imports on CPU but cannot run there)"
 FLEX_REASON = ("Transformers' flex_attention anchor is measured on CUDA only (on CPU it compiles through inductor, "
                "and GPT-OSS's attention sinks refuse it there)")
 
@@ -63,6 +70,9 @@ VARIANTS: dict[str, VariantSpec] = {
     "anchor_batched_mm": VariantSpec("anchor", "the anchor with batched_mm experts (gathers each token's "
                                      "expert weights: small models only)",
                                      experts_implementation="batched_mm"),
+    "anchor_liger": VariantSpec("anchor", "the anchor with Liger kernels (fused linear CE, RMSNorm, RoPE, SwiGLU "
+                                "experts where liger-kernel has them for the family)", liger=True, needs_cuda=True,
+                                cuda_reason=LIGER_CUDA_REASON),
     "engine": VariantSpec("engine", "MoE Workbench engine, native router", gate="native"),
     "engine_balanced": VariantSpec("engine", "MoE Workbench engine, balanced gate", gate="balanced"),
     "anchor_cudnn": VariantSpec("anchor", "the anchor with torch's cuDNN SDPA backend forced",
@@ -82,13 +92,17 @@ VARIANTS: dict[str, VariantSpec] = {
                                    backend=(("dispatcher", "symm_mem"),)),
     "engine_deepep": VariantSpec("engine", "engine, DeepEP dispatcher", backend=(("dispatcher", "deepep"),)),
     # train.precision per row (workbench.train.precision): tokens/s and memory of each mode in one launch
+    # torch's fused AdamW (as the anchors) on the engine: isolates what the optimizer kernel adds
+    "engine_adamw_torch": VariantSpec("engine", "engine with torch's fused AdamW (bf16, as the anchor)",
+                                      optimizer="adamw_torch", precision="bf16"),
     "engine_bf16": VariantSpec("engine", "engine, pure bf16 AdamW (round to nearest: loses small updates)",
                                precision="bf16"),
     "engine_bf16_sr": VariantSpec("engine", "engine, bf16 AdamW with stochastic rounding", precision="bf16_sr"),
     "engine_fp32_master": VariantSpec("engine", "engine, float32 master weights and moments, bf16 compute",
                                       precision="fp32_master"),
 }
-DEFAULT_VARIANTS = ("anchor", "engine", "engine_balanced", "anchor_cudnn")
+# the fair rows of issue 15 beside the anchor (anchor_cudnn measured equal to it: 38,523 vs 38,568)
+DEFAULT_VARIANTS = ("anchor", "anchor_liger", "engine", "engine_balanced", "engine_adamw_torch")
 
 
 def default_out_dir() -> str:
@@ -111,8 +125,10 @@ class BenchConfig:
     layers: int | None = None  # None = the preset's depth
     seq: int = 128
     batch: int = 2  # local batch: sequences per rank per step
-    warmup: int = 1  # steps run but not timed
-    steps: int = 3  # timed steps
+    warmup: int = 2  # trainer steps run but not timed, in every round (each round builds the variant afresh)
+    steps: int = 30  # timed steps of each variant, split over the rounds
+    # variants run in order, then reversed, ... (ABC CBA ...): drift hits every variant alike; None = 2 (1 for one step)
+    rounds: int | None = None
     lr: float = 3e-4
     seed: int = 0
     variants: tuple[str, ...] = DEFAULT_VARIANTS
@@ -135,6 +151,12 @@ class BenchConfig:
         _check_int(self.batch, "batch", 1)
         _check_int(self.warmup, "warmup", 0)
         _check_int(self.steps, "steps", 1)
+        if self.rounds is None:
+            object.__setattr__(self, "rounds", min(2, self.steps))
+        _check_int(self.rounds, "rounds", 1)
+        if self.rounds > self.steps:
+            raise ConfigError(f"BenchConfig.rounds ({self.rounds}) exceeds steps ({self.steps}): every round needs a "
+                              "timed step; lower rounds or raise steps")
         _check_int(self.seed, "seed", 0)
         if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not 0 < self.lr < math.inf:
             raise ConfigError(f"BenchConfig.lr must be a positive number (and finite), got {self.lr!r}")

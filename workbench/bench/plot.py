@@ -13,12 +13,12 @@ def figure(result: dict[str, Any]):
 
     rows = [r for r in result["variants"] if r.get("status") == "ok"]
     fig = make_subplots(rows=2, cols=2, subplot_titles=(
-        "loss per step (cross-entropy + aux)", "step time per timed step (s)",
+        "loss per step, first round (cross-entropy + aux)", "step time per timed step, rounds combined (s)",
         "tokens/s per GPU (median step)", "peak memory per rank (GiB)"))
     for r in rows:
         fig.add_scatter(x=list(range(len(r["loss"]))), y=r["loss"], name=r["name"], legendgroup=r["name"],
                         mode="lines+markers", row=1, col=1)
-        fig.add_scatter(x=list(range(r["warmup"], r["warmup"] + len(r["step_time_s"]))), y=r["step_time_s"],
+        fig.add_scatter(x=list(range(len(r["step_time_s"]))), y=r["step_time_s"],
                         name=r["name"], legendgroup=r["name"], showlegend=False, mode="lines+markers", row=1, col=2)
     names = [r["name"] for r in rows]
     fig.add_bar(x=names, y=[r["tokens_per_s_per_gpu"] for r in rows], showlegend=False, row=2, col=1)
@@ -28,7 +28,7 @@ def figure(result: dict[str, Any]):
                             f"{cfg['preset']} L{cfg['layers']}, seq {cfg['seq']}, batch {cfg['batch']}",
                       height=800)
     fig.update_xaxes(title_text="step", row=1, col=1)
-    fig.update_xaxes(title_text="step", row=1, col=2)
+    fig.update_xaxes(title_text="timed step (round 1, then round 2, ...)", row=1, col=2)
     return fig
 
 

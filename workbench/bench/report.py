@@ -13,7 +13,10 @@ from typing import Any
 
 import torch
 
-SCHEMA = "workbench.bench/1"
+# /2: every variant timed through workbench.train.loop.Trainer.train_step, in alternating rounds, with
+# p10/p90; /1: the bench's own training loop (still read by the README and history tables).
+SCHEMA = "workbench.bench/2"
+SCHEMAS = ("workbench.bench/1", SCHEMA)
 METRICS = ("tokens_per_s_per_gpu", "tflops_per_gpu", "peak_mem_gib")
 SAME_INIT_RTOL = 1e-6
 
@@ -74,12 +77,23 @@ def device_slug(info: dict[str, Any]) -> str:
     return f"{info['count']}x{name.strip('-') or info['type']}"
 
 
+SPREAD = ("tokens_per_s_per_gpu_p10", "tokens_per_s_per_gpu_p90", "p10_step_s", "p90_step_s")
+
+
 def _side(row: dict[str, Any]) -> dict[str, Any]:
     return {"variant": row["name"], **{k: row[k] for k in METRICS}, "mem_kind": row["mem_kind"],
-            "median_step_s": row["median_step_s"]}
+            "median_step_s": row["median_step_s"], **{k: row[k] for k in SPREAD if k in row}}
 
 
-REFERENCE_RULE = "the best ok anchor row: the fastest anchor variant that ran (tokens/s per GPU)"
+REFERENCE_RULE = ("the best ok anchor row of plain Transformers: the fastest anchor variant that ran without "
+                  "Liger kernels (tokens/s per GPU); anchor_liger is compared beside it")
+
+
+def _is_liger(row: dict[str, Any]) -> bool:
+    from workbench.bench.config import VARIANTS
+
+    spec = VARIANTS.get(row.get("name"))
+    return spec is not None and spec.liger
 
 
 def reference_anchor(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -88,7 +102,7 @@ def reference_anchor(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     ok = [r for r in anchors if r.get("status") == "ok"]
     if not ok:
         return None
-    best = max(ok, key=lambda r: r["tokens_per_s_per_gpu"])  # max keeps the first of equals: registry order
+    best = max([r for r in ok if not _is_liger(r)] or ok, key=lambda r: r["tokens_per_s_per_gpu"])  # max keeps the first of equals: registry order
     return {"variant": best["name"], "rule": REFERENCE_RULE, "setup": best.get("setup", {}),
             **{k: best[k] for k in METRICS},
             "not_run": [{"variant": r["name"], "status": r["status"], "reason": r.get("reason", "")}
@@ -105,8 +119,11 @@ def comparisons(rows: list[dict[str, Any]], world: int, layers: int, seq: int, b
     out = []
     for engine in (r for r in ok if r["kind"] == "engine"):
         for anchor in anchors:
-            n = min(len(anchor["ce"]), len(engine["ce"]))
-            diffs = [abs(a - b) for a, b in zip(anchor["ce"][:n], engine["ce"][:n])]
+            # the Trainer's global loss (CE + coef x aux) per step; on several ranks the anchor's aux loss
+            # is a per-rank mean and the engine's a global-batch statistic (aux_loss_group), so only
+            # the CE parts are equal there
+            n = min(len(anchor["loss"]), len(engine["loss"]))
+            diffs = [abs(a - b) for a, b in zip(anchor["loss"][:n], engine["loss"][:n])]
             fa, fe = anchor.get("init_fingerprint"), engine.get("init_fingerprint")
             same_init = fa is not None and fe is not None and abs(fa - fe) <= SAME_INIT_RTOL * max(1.0, abs(fa))
             out.append({
@@ -116,14 +133,14 @@ def comparisons(rows: list[dict[str, Any]], world: int, layers: int, seq: int, b
                 "tflops_ratio": engine["tflops_per_gpu"] / anchor["tflops_per_gpu"] if anchor["tflops_per_gpu"] else None,
                 "mem_ratio": engine["peak_mem_gib"] / anchor["peak_mem_gib"] if anchor["peak_mem_gib"] else None,
                 "same_init": same_init,
-                "ce_step0_abs_diff": diffs[0] if diffs else None,
-                "ce_max_abs_diff": max(diffs) if diffs else None,
+                "loss_step0_abs_diff": diffs[0] if diffs else None,
+                "loss_max_abs_diff": max(diffs) if diffs else None,
             })
     return out
 
 
 def build_result(cfg, rows, *, hf_config, world: int, device: torch.device, mesh, dtype: torch.dtype,
-                 started: float, flops_per_token: float) -> dict[str, Any]:
+                 started: float, flops_per_token: float, order: list[str] | None = None) -> dict[str, Any]:
     """The whole JSON record of one launch."""
     from workbench.bench.floor import step_floor
     from workbench.params import num_experts
@@ -142,6 +159,8 @@ def build_result(cfg, rows, *, hf_config, world: int, device: torch.device, mesh
                   "vocab": hf_config.vocab_size, "flops_per_token": flops_per_token,
                   "floor": step_floor(hf_config, cfg.seq, cfg.batch, world)},
         "variants": rows,
+        # the variants in the order they ran, one entry per round (ABC CBA ...)
+        "order": list(order or []),
         "reference_anchor": reference_anchor(rows),
         "comparisons": comparisons(rows, world, layers, cfg.seq, cfg.batch),
     }
@@ -150,14 +169,15 @@ def build_result(cfg, rows, *, hf_config, world: int, device: torch.device, mesh
 def format_table(result: dict[str, Any]) -> str:
     """Plain-text table of every variant, then the engine/anchor ratios."""
     ref_name = (result.get("reference_anchor") or {}).get("variant")
-    lines = [f"{'variant':<18} {'status':<8} {'tokens/s/gpu':>13} {'TFLOP/s/gpu':>12} {'peak GiB':>9} "
+    lines = [f"{'variant':<18} {'status':<8} {'tokens/s/gpu':>13} {'p10-p90':>15} {'TFLOP/s/gpu':>12} {'peak GiB':>9} "
              f"{'step ms':>9} {'fwd/bwd/opt ms':>18} {'loss[0]':>9} {'loss[-1]':>9}"]
     for r in result["variants"]:
         if r["status"] != "ok":
             lines.append(f"{r['name']:<18} {r['status']:<8} {r.get('reason', '')}")
             continue
         phases = "/".join(f"{r[k] * 1e3:.0f}" for k in ("median_forward_s", "median_backward_s", "median_optimizer_s"))
-        lines.append(f"{r['name']:<18} {'ok':<8} {r['tokens_per_s_per_gpu']:>13,.0f} {r['tflops_per_gpu']:>12.2f} "
+        spread = f"{r['tokens_per_s_per_gpu_p10']:,.0f}-{r['tokens_per_s_per_gpu_p90']:,.0f}"
+        lines.append(f"{r['name']:<18} {'ok':<8} {r['tokens_per_s_per_gpu']:>13,.0f} {spread:>15} {r['tflops_per_gpu']:>12.2f} "
                      f"{r['peak_mem_gib']:>9.2f} {r['median_step_s'] * 1e3:>9.1f} {phases:>18} "
                      f"{r['loss'][0]:>9.4f} {r['loss'][-1]:>9.4f}"
                      + ("  <- reference anchor" if r["name"] == ref_name else ""))
@@ -172,8 +192,10 @@ def format_table(result: dict[str, Any]) -> str:
         mem = f"{c['mem_ratio']:.2f}" if c["mem_ratio"] is not None else "n/a"
         lines.append(f"{c['engine']['variant']} / {c['anchor']['variant']}: {c['ratio']:.2f}x tokens/s, "
                      f"{mem}x peak memory, same init {c['same_init']}, "
-                     f"|ce diff| step0 {c['ce_step0_abs_diff']:.2e} max {c['ce_max_abs_diff']:.2e}"
+                     f"|loss diff| step0 {c['loss_step0_abs_diff']:.2e} max {c['loss_max_abs_diff']:.2e}"
                      + (" (reference anchor)" if c.get("reference") else ""))
+    if result.get("order"):
+        lines.append("run order (alternating rounds): " + " ".join(result["order"]))
     mem_kind = next((r["mem_kind"] for r in result["variants"] if r["status"] == "ok"), None)
     if mem_kind == "cpu_rss":
         lines.append("peak memory on CPU is the process's peak RSS over its lifetime (not per variant)")

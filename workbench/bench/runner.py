@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workbench.bench.config import VARIANTS, BenchConfig
+from workbench.bench.config import VARIANTS, BenchConfig, VariantSpec
 from workbench.config import ConfigError
 from workbench.params import num_experts
 from workbench.parallel import dist_utils as du
@@ -90,23 +90,20 @@ def _shared_tmpdir(base: str | None) -> Path:
     return Path(du.broadcast_object(path))
 
 
-def run_variant(name: str, cfg: BenchConfig, hf_config, mesh, checkpoint: Path | None, device: torch.device,
-                dtype: torch.dtype) -> dict[str, Any]:
-    """Build, train and time one variant; its row for the results (status ok/skipped/failed)."""
-    from workbench.bench.anchor import CUDNN_REASON, attention_refusal, build_anchor
-    from workbench.bench.engine import build_engine
-    from workbench.bench.timing import run_steps
-    from workbench.bench.variant import weight_fingerprint
+def _skip_reason(spec: VariantSpec, cfg: BenchConfig, hf_config, mesh, device: torch.device) -> str | None:
+    """Why a variant cannot run here (recorded as skipped, never built); None when it can."""
+    from workbench.bench.anchor import CUDNN_REASON, attention_refusal
 
-    spec = VARIANTS[name]
-    row: dict[str, Any] = {"name": name, "kind": spec.kind, "help": spec.help,
-                           "gate": spec.gate if spec.kind == "engine" else "native"}
     if spec.needs_cuda and device.type != "cuda":
-        return {**row, "status": "skipped", "reason": spec.cuda_reason or CUDNN_REASON}
+        return spec.cuda_reason or CUDNN_REASON
     if spec.kind == "anchor":
         refused = attention_refusal(hf_config, spec.attn_implementation)
         if refused is not None:  # e.g. GPT-OSS and sdpa: recorded, not built
-            return {**row, "status": "skipped", "reason": refused}
+            return refused
+        if spec.liger:
+            from workbench.bench.liger import liger_refusal
+
+            return liger_refusal(hf_config)
     if spec.kind == "engine" and spec.backend:
         from workbench.backends import BackendError
         from workbench.bench.engine import variant_backend
@@ -114,44 +111,77 @@ def run_variant(name: str, cfg: BenchConfig, hf_config, mesh, checkpoint: Path |
         try:
             variant_backend(spec, cfg.backend).resolve(device, world_size=mesh.ep)
         except BackendError as err:  # an extra that is not installed here is a skip, not a failure
-            return {**row, "status": "skipped", "reason": str(err)}
-    prep = None
-    try:
-        t0 = time.perf_counter()
-        if spec.kind == "anchor":
-            prep = build_anchor(spec, hf_config, cfg.seed, cfg.lr, device, dtype)
-        else:
-            prep = build_engine(spec, checkpoint, cfg.backend, mesh, cfg.lr, cfg.batch, cfg.seq, device, dtype,
-                                precision=spec.precision or cfg.precision, seed=cfg.seed)
-        row["init_fingerprint"] = weight_fingerprint(prep.model)
-        du.barrier()
-        row["build_s"] = time.perf_counter() - t0
-        row["setup"] = prep.setup
-        measured = run_steps(prep, warmup=cfg.warmup, steps=cfg.steps, seed=cfg.seed, batch=cfg.batch, seq=cfg.seq,
-                             vocab_size=hf_config.vocab_size, device=device)
-    except Exception as err:  # noqa: BLE001 - one failing variant must not lose the others' numbers
-        if cfg.fail_fast:
-            raise
-        traceback.print_exc()
-        return {**row, "status": "failed", "reason": f"{type(err).__name__}: {err}"}
-    finally:
-        if prep is not None and spec.kind == "engine":
-            from workbench.moe.dispatch import close_dispatchers
+            return str(err)
+    return None
 
-            close_dispatchers(prep.model)  # collective: every rank leaves run_variant here
-        del prep
-        _free(device)
-    coef = float(getattr(hf_config, "router_aux_loss_coef", 0.0) or 0.0)
+
+def _row(name: str, spec: VariantSpec) -> dict[str, Any]:
+    return {"name": name, "kind": spec.kind, "help": spec.help, "gate": spec.gate if spec.kind == "engine" else "native"}
+
+
+def _finish(row: dict[str, Any], rounds: list[list[dict]], cfg: BenchConfig, hf_config, world: int) -> dict[str, Any]:
+    """A variant's ok row from its records of every round."""
+    from workbench.bench.timing import combine_rounds
+
+    measured = combine_rounds(rounds, cfg.warmup, world)
     tokens = cfg.batch * cfg.seq
-    median = measured["median_step_s"]
     row.update(measured)
+
+    def tps(seconds: float) -> float:
+        return tokens / seconds if seconds > 0 else 0.0
+
     row.update({
-        "status": "ok", "warmup": cfg.warmup, "steps": cfg.steps, "tokens_per_step_per_gpu": tokens,
-        "loss": [c + coef * a for c, a in zip(measured["ce"], measured["aux"])],
-        "tokens_per_s_per_gpu": tokens / median if median > 0 else 0.0,
-        "tflops_per_gpu": tflops_per_gpu(hf_config, cfg.seq, tokens, median),
+        "status": "ok", "warmup": cfg.warmup, "steps": len(measured["step_time_s"]), "rounds": len(rounds),
+        "tokens_per_step_per_gpu": tokens,
+        "tokens_per_s_per_gpu": tps(measured["median_step_s"]),
+        # p10 of the throughput is the p90 of the step time (the slow end), and the other way round
+        "tokens_per_s_per_gpu_p10": tps(measured["p90_step_s"]), "tokens_per_s_per_gpu_p90": tps(measured["p10_step_s"]),
+        "tflops_per_gpu": tflops_per_gpu(hf_config, cfg.seq, tokens, measured["median_step_s"]),
     })
     return row
+
+
+def run_variants(cfg: BenchConfig, hf_config, mesh, tmp: Path, device: torch.device, dtype: torch.dtype,
+                 world: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every variant in alternating rounds (ABC CBA ...); the rows (in cfg.variants order) and the run order."""
+    from workbench.bench.timing import round_orders, split_steps
+    from workbench.bench.trainer_run import train_round
+
+    rows = {name: _row(name, VARIANTS[name]) for name in cfg.variants}
+    for name, row in rows.items():
+        reason = _skip_reason(VARIANTS[name], cfg, hf_config, mesh, device)
+        if reason is not None:
+            row.update(status="skipped", reason=reason)
+    records: dict[str, list[list[dict]]] = {name: [] for name in cfg.variants}
+    order: list[str] = []
+    for r, (names, n) in enumerate(zip(round_orders(cfg.variants, cfg.rounds), split_steps(cfg.steps, cfg.rounds))):
+        for name in names:
+            row = rows[name]
+            if "status" in row:  # skipped, or failed in an earlier round
+                continue
+            order.append(name)
+            out = None
+            try:
+                out = train_round(name, VARIANTS[name], cfg, hf_config, checkpoint=tmp / "init", runs_dir=tmp / "runs",
+                                  world=world, device=device, dtype=dtype, timed_steps=n, round_index=r,
+                                  fingerprint=r == 0)
+            except Exception as err:  # noqa: BLE001 - one failing variant must not lose the others' numbers
+                if cfg.fail_fast:
+                    raise
+                traceback.print_exc()
+                row.update(status="failed", reason=f"{type(err).__name__}: {err}", failed_round=r)
+            _free(device)  # here, not in a handler: a live traceback would keep the failed variant's tensors
+            if out is None:
+                continue
+            if r == 0:
+                row.update(init_fingerprint=out["init_fingerprint"], build_s=out["build_s"], setup=out["setup"])
+            records[name].append(out["records"])
+            if du.rank() == 0:
+                print(f"bench: round {r + 1}/{cfg.rounds} {name}: {n} timed steps", flush=True)
+    for name, row in rows.items():
+        if "status" not in row:
+            _finish(row, records[name], cfg, hf_config, world)
+    return [rows[name] for name in cfg.variants], order
 
 
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
@@ -175,28 +205,27 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         cfg.backend.resolve(device, world_size=mesh.ep)
         dtype = _dtype(cfg, device)
         started = time.time()
-        needs_ckpt = any(VARIANTS[v].kind == "engine" for v in cfg.variants)
-        tmp = _shared_tmpdir(os.environ.get("WORKBENCH_BENCH_TMP")) if needs_ckpt else None
-        rows = []
+        # The shared initial checkpoint (engine variants) and the Trainer's run directories
+        tmp = _shared_tmpdir(os.environ.get("WORKBENCH_BENCH_TMP"))
         try:
-            if tmp is not None:
+            if any(VARIANTS[v].kind == "engine" for v in cfg.variants):
                 from workbench.bench.anchor import save_init_checkpoint
 
-                save_init_checkpoint(hf_config, cfg.seed, device, dtype, tmp)
+                save_init_checkpoint(hf_config, cfg.seed, device, dtype, tmp / "init")
                 _free(device)
-            for name in cfg.variants:
-                row = run_variant(name, cfg, hf_config, mesh, tmp, device, dtype)
-                rows.append(row)
-                if rank == 0:
+            rows, order = run_variants(cfg, hf_config, mesh, tmp, device, dtype, world)
+            if rank == 0:
+                for row in rows:
                     status = row["status"] if row["status"] != "ok" else (
-                        f"{row['tokens_per_s_per_gpu']:,.0f} tokens/s/gpu, {row['peak_mem_gib']:.2f} GiB peak")
-                    print(f"bench: {name}: {status} {row.get('reason', '')}", flush=True)
+                        f"{row['tokens_per_s_per_gpu']:,.0f} tokens/s/gpu (p10-p90 {row['tokens_per_s_per_gpu_p10']:,.0f}"
+                        f"-{row['tokens_per_s_per_gpu_p90']:,.0f}), {row['peak_mem_gib']:.2f} GiB peak")
+                    print(f"bench: {row['name']}: {status} {row.get('reason', '')}", flush=True)
         finally:
             du.barrier()
-            if tmp is not None and rank == 0:
+            if rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
         result = build_result(cfg, rows, hf_config=hf_config, world=world, device=device, mesh=mesh, dtype=dtype,
-                              started=started, flops_per_token=flops_per_token(hf_config, cfg.seq))
+                              started=started, flops_per_token=flops_per_token(hf_config, cfg.seq), order=order)
         if rank == 0:
             print(format_table(result), flush=True)
             if cfg.out_dir is not None:

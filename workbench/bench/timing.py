@@ -1,100 +1,78 @@
-"""Run a prepared variant: warm-up steps, timed steps with device events, peak memory, losses."""
+"""The run order of a launch (alternating rounds) and the statistics of the Trainer's step records."""
 
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from workbench.bench.tokens import global_batch, rank_slice
-from workbench.bench.variant import Prepared
 from workbench.parallel.dist_utils import collective_device
-from workbench.train.metrics import memory_gib, reset_peak_memory
+
+PHASES = ("step_time_s", "forward_s", "backward_s", "optimizer_s")
 
 
-class _Marks:
-    """Points in a step: CUDA events on GPU (no host sync between phases), host clock on CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def mark(self):
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def seconds(self, a, b) -> float:
-        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+def round_orders(names: list[str] | tuple[str, ...], rounds: int) -> list[list[str]]:
+    """Variants per round: in order, reversed, in order, ... (ABC CBA ABC): a slow drift of the machine
+    (clocks, temperature, allocator state) then weighs on every variant alike."""
+    return [list(names) if r % 2 == 0 else list(reversed(names)) for r in range(rounds)]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def split_steps(steps: int, rounds: int) -> list[int]:
+    """Timed steps per round, as even as they go (the first rounds take the remainder)."""
+    base, extra = divmod(steps, rounds)
+    return [base + (1 if r < extra else 0) for r in range(rounds)]
 
 
-def run_steps(prep: Prepared, *, warmup: int, steps: int, seed: int, batch: int, seq: int, vocab_size: int,
-              device: torch.device) -> dict[str, Any]:
-    """Train `warmup + steps` steps on the shared synthetic batches; time the last `steps`.
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100) with linear interpolation between the closest ranks."""
+    if not values:
+        raise ValueError("percentile of no values")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
-    Every step ends with a device synchronize, so a step's time is its whole work; losses are
-    read only after the loop (no extra host syncs inside a step).
+
+def _peak(record: dict[str, Any]) -> float:
+    return float(record.get("peak_mem_gib", record.get("mem_peak_gib", 0.0)))
+
+
+def combine_rounds(rounds: list[list[dict[str, Any]]], warmup: int, world: int) -> dict[str, Any]:
+    """One variant's numbers from this rank's records of every round (collective over the ranks).
+
+    The first `warmup` records of each round are not timed. A step's time is the slowest rank's;
+    the peak memory is each rank's highest over the timed steps; the losses are the Trainer's
+    global ones (equal on every rank). The loss curve is the first round's (every round starts from
+    the same weights and tokens).
     """
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    marks = _Marks(device)
-    phases: list[tuple[float, float, float, float]] = []
-    ce_parts, aux_parts = [], []
-    _sync(device)
-    for step in range(warmup + steps):
-        if step == warmup:
-            _sync(device)
-            reset_peak_memory(device)
-        ids = rank_slice(global_batch(step, seed, batch * world, seq, vocab_size), rank, world).to(device)
-        t0 = marks.mark()
-        with prep.context():
-            objective, ce, aux = prep.forward(ids)
-            t1 = marks.mark()
-            objective.backward()
-        t2 = marks.mark()
-        prep.optimizer.step()
-        prep.optimizer.zero_grad(set_to_none=True)
-        t3 = marks.mark()
-        _sync(device)
-        if step >= warmup:
-            phases.append((marks.seconds(t0, t3), marks.seconds(t0, t1), marks.seconds(t1, t2), marks.seconds(t2, t3)))
-        ce_parts.append(ce.detach().float().reshape(()))
-        aux_parts.append(aux.detach().float().reshape(()))
-        del objective, ce, aux
-    peak, _, mem_kind = memory_gib(device)
-    return _reduce(prep.reduce, phases, ce_parts, aux_parts, peak, mem_kind, world)
-
-
-def _reduce(kind: str, phases, ce_parts, aux_parts, peak: float, mem_kind: str, world: int) -> dict[str, Any]:
-    """Combine ranks: slowest rank per step, global loss per step, every rank's peak memory."""
+    timed = [recs[warmup:] for recs in rounds]
+    counts = [len(t) for t in timed]
+    if not all(counts):
+        raise RuntimeError(f"a round returned no timed step records (counts per round {counts}, warmup {warmup})")
     cdev = collective_device()
-    losses = torch.stack([torch.stack(ce_parts), torch.stack(aux_parts)]).double().to(cdev)
-    times = torch.tensor(phases, dtype=torch.float64, device=cdev)
+    times = torch.tensor([[float(r[k]) for k in PHASES] for t in timed for r in t], dtype=torch.float64, device=cdev)
     peaks = torch.zeros(world, dtype=torch.float64, device=cdev)
-    peaks[dist.get_rank() if dist.is_initialized() else 0] = peak
+    peaks[dist.get_rank() if dist.is_initialized() else 0] = max(_peak(r) for t in timed for r in t)
     if dist.is_initialized() and world > 1:
-        dist.all_reduce(losses)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
         dist.all_reduce(peaks)
-    if kind == "mean":
-        losses = losses / world
-    times, peaks, losses = times.cpu(), peaks.cpu(), losses.cpu()
-    step_times = times[:, 0].tolist()
-    median = statistics.median(step_times)
+    times, peaks = times.cpu(), peaks.cpu()
+    step = times[:, 0].tolist()
+    per_round, at = [], 0
+    for n in counts:
+        per_round.append(step[at:at + n])
+        at += n
+    median = statistics.median(step)
     return {
-        "step_time_s": step_times, "median_step_s": median,
-        "median_forward_s": statistics.median(times[:, 1].tolist()),
-        "median_backward_s": statistics.median(times[:, 2].tolist()),
-        "median_optimizer_s": statistics.median(times[:, 3].tolist()),
-        "ce": losses[0].tolist(), "aux": losses[1].tolist(),
-        "peak_mem_gib_per_rank": peaks.tolist(), "peak_mem_gib": float(peaks.max()), "mem_kind": mem_kind,
+        "step_time_s": step, "round_step_time_s": per_round,
+        "median_step_s": median, "p10_step_s": percentile(step, 10), "p90_step_s": percentile(step, 90),
+        **{f"median_{k}": statistics.median(times[:, i].tolist()) for i, k in enumerate(PHASES) if i},
+        "loss": [float(r["loss"]) for r in rounds[0]],
+        "round_loss": [[float(r["loss"]) for r in recs] for recs in rounds],
+        "grad_norm": [float(r["grad_norm"]) for r in rounds[0]],
+        "peak_mem_gib_per_rank": peaks.tolist(), "peak_mem_gib": float(peaks.max()),
+        "mem_kind": rounds[0][0].get("mem_kind"),
     }

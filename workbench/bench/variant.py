@@ -1,51 +1,8 @@
-"""What a built variant hands the timing loop: model, optimizer and its loss convention."""
+"""The same-initial-weights check every variant's row carries."""
 
 from __future__ import annotations
 
-import contextlib
-from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any, Callable
-
 import torch
-
-
-@dataclass
-class Prepared:
-    """A built variant on this rank.
-
-    `forward(ids)` returns (objective, ce_part, aux_part) for this rank's rows. `reduce` says how
-    the per-rank parts combine into the global batch's value: "mean" for the anchor (each rank's
-    loss is its local mean; FSDP averages gradients), "sum" for the engine (each rank's loss is
-    normalized by the global token count; gradients are summed).
-    """
-
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    forward: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-    reduce: str
-    setup: dict[str, Any] = field(default_factory=dict)
-    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-
-
-def adamw(model: torch.nn.Module, lr: float, device: torch.device, engine: bool = False,
-          precision: str = "auto", seed: int = 0) -> torch.optim.Optimizer:
-    """AdamW with one param group per DTensor mesh: torch's (fused on CUDA) for the anchor, as the
-    issue prescribes; for the engine the optimizer its trainer uses ("adamw": Triton on CUDA) in
-    train.precision `precision` (the anchor's torch AdamW: plain bf16).
-
-    Fused/foreach kernels take one list per group; under expert parallelism the experts live on
-    another mesh than the dense weights, and DTensor refuses lists that mix meshes.
-    """
-    from workbench.train.optim import make_adamw
-
-    groups: dict[Any, list] = defaultdict(list)
-    for p in model.parameters():
-        if p.requires_grad:
-            mesh = getattr(p, "device_mesh", None)
-            groups[id(mesh) if mesh is not None else None].append(p)
-    return make_adamw([{"params": ps} for ps in groups.values()], "adamw" if engine else "adamw_torch", device, lr,
-                      precision=precision, seed=seed)
 
 
 def weight_fingerprint(model: torch.nn.Module) -> float:

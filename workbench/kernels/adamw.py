@@ -61,12 +61,14 @@ def kernel_supports(*tensors: torch.Tensor) -> bool:
 
 def torch_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
                       scalars: dict[str, float], precise: bool = False, sr: SRKeys | None = None,
-                      out: torch.Tensor | None = None) -> None:
+                      out: torch.Tensor | None = None, skip: torch.Tensor | None = None) -> None:
     """The kernel's update in torch ops, in place: float32 math (float64 where `precise`).
 
     With `sr`, bf16 tensors get the float32 results rounded stochastically (stochastic_round.py)
     instead of to nearest; other dtypes are stored as usual. `out` also receives the new
     parameter, rounded to nearest (fp32_master: `param` is the master copy, `out` the bf16 one).
+    `skip`: a scalar tensor (torch's `found_inf`); where it is nonzero every tensor keeps its value,
+    decided on the device (no host read).
     """
     s = scalars
     wide = torch.float64 if precise else torch.float32
@@ -87,22 +89,32 @@ def torch_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Te
                             (exp_avg_sq, v, None if sr is None else sr.exp_avg_sq)):
         if key is not None and dst.dtype == torch.bfloat16:
             value = stochastic_round_bf16(value, random_bits(key, sr.base, value.numel(), value.device))
-        dst.copy_(value)
+        dst.copy_(_unless(skip, dst, value))
     if out is not None:
-        out.copy_(p)
+        out.copy_(_unless(skip, out, p))
+
+
+def _unless(skip: torch.Tensor | None, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """`new`, or `old` where the skip flag is set (the old value comes back exactly: a widening cast)."""
+    if skip is None:
+        return new
+    return torch.where(skip.to(new.device) != 0, old.to(new.dtype), new)
 
 
 def adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
                 scalars: dict[str, float], precise: bool = False, sr: SRKeys | None = None,
-                out: torch.Tensor | None = None) -> str:
-    """Update one tensor in place with the Triton kernel where it can run, else torch ops; says which."""
+                out: torch.Tensor | None = None, skip: torch.Tensor | None = None) -> str:
+    """Update one tensor in place with the Triton kernel where it can run, else torch ops; says which.
+
+    `skip`: a float32 scalar tensor on the tensors' device; nonzero leaves every tensor unchanged.
+    """
     if param.numel() == 0:
         return "empty"
     extra = () if out is None else (out,)
     if kernel_supports(param, grad, exp_avg, exp_avg_sq, *extra):
         from workbench.kernels.triton_adamw import triton_adamw_step_
 
-        triton_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise, sr, out)
+        triton_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise, sr, out, skip)
         return "triton"
-    torch_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise, sr, out)
+    torch_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise, sr, out, skip)
     return "torch"

@@ -1,9 +1,11 @@
 """The non-finite guard: a step whose loss or gradient norm is NaN/inf never reaches the weights.
 
-The trainer calls `check_finite` after backward and before `optimizer.step()`, with values
-already reduced over all ranks, so every rank takes the same decision and raises together (no
-rank is left waiting in a collective). Nothing is saved for the failing step: the latest
-checkpoint stays the last good one.
+The values are reduced over all ranks, so every rank takes the same decision and raises together
+(no rank is left waiting in a collective). The trainer decides on the device (a sticky flag the
+optimizer reads: workbench.train.step_stats.SkipFlag) and raises when it reads the step back, with
+`non_finite_error`; for an optimizer that cannot skip on the device it calls `check_finite` before
+`optimizer.step()`. Nothing is saved for the failing step or after it: the latest checkpoint stays
+the last good one.
 """
 
 from __future__ import annotations
@@ -70,3 +72,15 @@ def check_finite(v: StepValues) -> None:
         raise NonFiniteError(f"step {v.step}: the gradient norm is {v.grad_norm} while the loss "
                              f"({v.ce_loss + aux_term:.4f}) is finite: the backward pass overflowed; "
                              f"{_lr_advice(v)}.{applied}")
+
+
+def non_finite_error(v: StepValues) -> NonFiniteError:
+    """The error `check_finite` raises for `v`, a step the device found non-finite."""
+    try:
+        check_finite(v)
+    except NonFiniteError as err:
+        return err
+    # the device and the host test the same quantities: only a value that changed on its way here lands here
+    return NonFiniteError(f"step {v.step}: the device found a non-finite loss, aux loss or gradient norm (read "
+                          f"back: loss {v.ce_loss}, aux loss {v.aux_loss}, gradient norm {v.grad_norm}); "
+                          f"{_lr_advice(v)}. The weights were not updated from step {v.step} on.")

@@ -18,8 +18,14 @@ per-rank mean, divided by grad_accum x world. The aux loss is a statistic of eac
 so runs with different local batch sizes differ in it; the cross-entropy part is the same for
 any split.
 
-A step whose global loss, aux loss or gradient norm is not finite stops the run before
-`optimizer.step()` (workbench.train.guard): it never reaches the weights or a checkpoint.
+Host syncs. `train_step` queues a step and returns: its loss sums, token count, grad norm,
+non-finite flag and expert load stay on the device and come back with the step's record from
+`collect` (workbench.train.step_stats). `fit` waits for the device only on logging and checkpoint
+steps and at the end; on other steps a record arrives once the next step has started.
+
+A step whose global loss, aux loss or gradient norm is not finite never reaches the weights or a
+checkpoint (workbench.train.guard): a sticky device flag makes the optimizer skip it and every
+later step, and the next `collect(wait=True)` (before any checkpoint) raises naming it.
 """
 
 from __future__ import annotations
@@ -35,8 +41,8 @@ import torch
 from torch.profiler import record_function
 
 from workbench.config import RunConfig
-from workbench.moe.bias_update import (RouterBiasError, check_router_bias, global_load, keep_router_biases_fp32,
-                                       update_router_biases)
+from workbench.models.attention_sinks import SINK_ATTENTION, forward_sequences
+from workbench.moe.bias_update import global_load, keep_router_biases_fp32, update_router_biases
 from workbench.moe.dispatch import close_dispatchers
 from workbench.params import num_experts
 from workbench.parallel import dist_utils as du
@@ -44,55 +50,17 @@ from workbench.train.activation_checkpoint import apply_activation_checkpointing
 from workbench.train.checkpoint import (check_compatible, check_settings, clean_leftovers, export_hf,
                                         load_checkpoint, resolve_checkpoint, run_settings, save_checkpoint,
                                         verify_checkpoint)
-from workbench.train.data import Batch, build_stream
-from workbench.train.guard import StepValues, check_finite
-from workbench.train.metrics import expert_load_from_router_logits, reset_peak_memory, step_record
-from workbench.train.model_setup import build_model, model_dtype, resolve_mesh
-from workbench.train.optim import build_optimizer, build_scheduler, clip_grad_norm
+from workbench.train.data import IGNORE_INDEX, Batch, build_stream
+from workbench.train.guard import NonFiniteError, StepValues, check_finite, non_finite_error
 from workbench.train.liveness import Heartbeat, record_termination
-from workbench.train.run_dir import RunDir, default_runs_dir, new_run_id, private_files
-
-
-class _Callbacks:
-    """Calls optional hooks on user callback objects."""
-
-    def __init__(self, callbacks: list | None) -> None:
-        self.items = list(callbacks or [])
-
-    def call(self, name: str, arg: Any) -> None:
-        for cb in self.items:
-            fn = getattr(cb, name, None)
-            if fn is not None:
-                fn(arg)
-
-    def should_stop(self) -> bool:
-        return any(bool(cb.should_stop()) for cb in self.items if hasattr(cb, "should_stop"))
-
-
-def _open_run_dir(rc: RunConfig, extra: dict[str, Any]) -> RunDir:
-    """Rank 0 creates the run directory; every rank gets it (or rank 0's error)."""
-    result: Any = None
-    if du.rank() == 0:
-        try:
-            runs_dir = Path(rc.output_dir).expanduser() if rc.output_dir else default_runs_dir()
-            config = {**rc.to_dict(), **extra}
-            config["run_id"] = rc.run_id or new_run_id()
-            result = str(RunDir.create(runs_dir, config["run_id"], config).path)
-        except Exception as err:  # noqa: BLE001 - re-raised on every rank below
-            result = err
-    result = du.broadcast_object(result)
-    if isinstance(result, BaseException):
-        raise result
-    return RunDir(Path(result))
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _micro_batches(batch: Batch, size: int) -> list[Batch]:
-    return [batch.slice(i, i + size) for i in range(0, len(batch), size)]
+from workbench.train.loop_support import (Callbacks, accepts, all_reduce, expert_load_reader, is_parallel,
+                                          micro_batches, open_run_dir, router_biases_to_update)
+from workbench.train.metrics import memory_gib, reset_peak_memory, step_record
+from workbench.train.model_setup import build_model, model_dtype, resolve_mesh
+from workbench.train.optim import build_optimizer, build_scheduler, clip_grad_norm, set_skip_flag
+from workbench.train.run_dir import private_files
+from workbench.train.step_stats import (Clock, PendingStep, SkipFlag, StatsLayout, StepQueue, routed_counts,
+                                        to_device)
 
 
 class Trainer:
@@ -100,7 +68,7 @@ class Trainer:
 
     def __init__(self, rc: RunConfig, callbacks: list | None = None) -> None:
         self.rc = rc
-        self.callbacks = _Callbacks(callbacks)
+        self.callbacks = Callbacks(callbacks)
         self.rank, self.world = du.rank(), du.world_size()
         self.device = du.pick_device(rc.model.device)
         self.hf_config = rc.model.hf_config()
@@ -110,7 +78,7 @@ class Trainer:
         if rc.train.router_bias_update_rate > 0:  # refused before any heavy work (a meta model only)
             from workbench.models.generic import meta_model
 
-            _router_biases(meta_model(self.hf_config), self.hf_config, meta=True)
+            router_biases_to_update(meta_model(self.hf_config), self.hf_config, meta=True)
         self.accum = rc.train.accumulation_steps(self.dp)
         self.per_rank = rc.train.global_batch_size // self.dp
         self.resume_ckpt = None
@@ -131,20 +99,25 @@ class Trainer:
         mesh_sizes = self.mesh.to_dict() if self.mesh is not None else {"dp": 1, "ep": 1}
         # Resolved once, with the mesh's ep: the run records the backends the model is then built with.
         self.backend = rc.backend.resolve(self.device, world_size=mesh_sizes["ep"])
-        self.run = _open_run_dir(rc, {"world_size": self.world, "dp": self.dp, "grad_accum": self.accum,
+        self.run = open_run_dir(rc, {"world_size": self.world, "dp": self.dp, "grad_accum": self.accum,
                                       "device": self.device.type, "resolved_mesh": mesh_sizes,
                                       "resolved_backend": self.backend.to_dict()})
 
-    def setup(self) -> None:
+    def setup(self, model: torch.nn.Module | None = None) -> None:
+        """Build the model from the run config (or take `model`, prebuilt and sharded), optimizer, schedule."""
         rc = self.rc
         torch.manual_seed(rc.train.seed)
-        self.model = build_model(rc, self.hf_config, self.mesh, self.device, model_dtype(rc.model, self.device),
-                                 self.backend)
-        if self.world > 1 and not _is_parallel(self.model):
+        if model is None:
+            model = build_model(rc, self.hf_config, self.mesh, self.device, model_dtype(rc.model, self.device),
+                                self.backend)
+            where = "workbench.train.model_setup.build_model, please report it"
+        else:
+            where = "the caller of Trainer.setup(model): shard it (FSDP2) before handing it over"
+        self.model = model
+        if self.world > 1 and not is_parallel(self.model):
             # Each rank would train its own copy: refuse rather than report a run that is not one.
             raise RuntimeError(f"the model ({type(self.model).__name__}) was not sharded over the {self.world} "
-                               "ranks, so its gradients would not be synchronized; this is a bug in "
-                               "workbench.train.model_setup.build_model, please report it")
+                               f"ranks, so its gradients would not be synchronized; this is a bug in {where}")
         self.model.train()
         if rc.train.activation_checkpointing:
             # torch's composable checkpoint per decoder layer, not Transformers' (train/activation_checkpoint.py)
@@ -158,14 +131,21 @@ class Trainer:
             state = load_checkpoint(self.resume_ckpt, self.model, self.optimizer, self.scheduler)
             self.stream.load_state_dict(state["data"])
             self.start_step = int(state["step"])
-        self._expert_load = _expert_load_reader(self.model)
+        self._expert_load = expert_load_reader(self.model)
         self.router_biases = None
         if rc.train.router_bias_update_rate > 0:
-            self.router_biases = _router_biases(self.model, self.hf_config)
+            self.router_biases = router_biases_to_update(self.model, self.hf_config)
+        self._clock = Clock(self.device)
+        self._queue = StepQueue(self._clock, self.world)  # queued steps not yet collected
+        self._queued = self.start_step
+        self._skip = SkipFlag(self.device)
+        self._device_skip = set_skip_flag(self.optimizer, self._skip.found_inf)
+        config = getattr(self.model, "config", None)
+        self._host_sequences = getattr(config, "_attn_implementation", None) == SINK_ATTENTION
         self.coef = float(getattr(self.hf_config, "router_aux_loss_coef", 0.0) or 0.0)
         self.forward_kwargs: dict[str, Any] = {}
         self.aux_scale = 1.0 / (self.accum * self.world)
-        if self.world > 1 and _accepts(self.model, "aux_loss_group"):
+        if self.world > 1 and accepts(self.model, "aux_loss_group"):
             import torch.distributed as dist
 
             self.forward_kwargs["aux_loss_group"] = dist.group.WORLD  # dp spans the whole world
@@ -173,60 +153,64 @@ class Trainer:
 
     # -- one step ---------------------------------------------------------------------------
 
-    def train_step(self, step: int) -> dict[str, Any]:
-        rc, device = self.rc, self.device
+    def train_step(self, step: int) -> None:
+        """Queue optimizer step `step` (1-based) on the device, without a host sync; `collect` gives its record."""
+        rc, device, clock = self.rc, self.device, self._clock
         reset_peak_memory(device)
-        t_start = time.perf_counter()
+        pending = PendingStep(step=step, host={}, start=clock.mark())
+        self._queue.started(pending.start)
         start = self.rank * self.per_rank
         batch = self.stream.next_batch(rc.train.global_batch_size, start, start + self.per_rank)
-        micro = _micro_batches(batch, rc.train.local_batch_size)
-        (global_tokens,) = du.all_reduce_sum([float(batch.num_loss_tokens())])
-        num_items = torch.tensor(max(1.0, global_tokens), device=device)
-        ce_sum, aux_sum, fwd_s, bwd_s = 0.0, 0.0, 0.0, 0.0
+        micro = micro_batches(batch, rc.train.local_batch_size)
+        # The global loss-token count divides the loss: summed on the device, read by no one on the host
+        loss_tokens = to_device((batch.labels[:, 1:] != IGNORE_INDEX).sum().to(torch.float64), device)
+        loss_tokens = all_reduce(loss_tokens)
+        num_items = loss_tokens.clamp_min(1.0).to(torch.float32)
+        ce_sum = torch.zeros((), dtype=torch.float64, device=device)
+        aux_sum = torch.zeros((), dtype=torch.float64, device=device)
         loads = []
         for i, mb in enumerate(micro):
-            mb = mb.to(device)
+            extra = self._sequences(mb)  # from the host's position_ids, before the copy
+            mb = Batch(*(to_device(t, device) for t in (mb.input_ids, mb.labels, mb.position_ids)))
             last = i == len(micro) - 1
             if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2: reduce once per step
                 self.model.set_requires_gradient_sync(last)
-            t0 = time.perf_counter()
+            t0 = clock.mark()
             with record_function("workbench.forward"):
                 out = self.model(input_ids=mb.input_ids, labels=mb.labels, position_ids=mb.position_ids,
                                  output_router_logits=True, num_items_in_batch=num_items, use_cache=False,
-                                 **self.forward_kwargs)
+                                 **self.forward_kwargs, **extra)
                 aux = out.aux_loss if getattr(out, "aux_loss", None) is not None else None
                 ce = out.loss - self.coef * aux if aux is not None else out.loss
                 objective = ce
                 if aux is not None:
                     objective = objective + self.coef * aux * self.aux_scale
-            _sync(device)
-            t1 = time.perf_counter()
+            t1 = clock.mark()
             with record_function("workbench.backward"):
                 objective.backward()
-            _sync(device)
-            t2 = time.perf_counter()
-            fwd_s += t1 - t0
-            bwd_s += t2 - t1
-            ce_sum += float(ce.detach())
-            aux_sum += float(aux.detach()) * self.aux_scale if aux is not None else 0.0
+            pending.phases += [("forward_s", t0, t1), ("backward_s", t1, clock.mark())]
+            ce_sum += ce.detach().to(torch.float64)
+            if aux is not None:
+                aux_sum += aux.detach().to(torch.float64) * self.aux_scale
             if self._expert_load is None and getattr(out, "router_logits", None):
-                loads.append(expert_load_from_router_logits(out.router_logits, self.hf_config.num_experts_per_tok,
-                                                            num_experts(self.hf_config)))
-        t3 = time.perf_counter()
+                loads.append(routed_counts(out.router_logits, self.hf_config.num_experts_per_tok,
+                                           num_experts(self.hf_config)))
+        t3 = clock.mark()
         with record_function("workbench.optimizer"):
-            # The norm is computed even with clipping off: the guard below needs it.
+            # The norm is computed even with clipping off: the guard needs it.
             grad_norm = clip_grad_norm(self.model.parameters(), rc.train.clip_grad_norm)
+            # One reduction gives every rank the same global values, so all ranks skip (and raise) together.
+            ce_global, aux_global = all_reduce(torch.stack([ce_sum, aux_sum])).to(device).unbind()
+            bad = self._skip.update(step, [ce_global, self.coef * aux_global, grad_norm])
             lr = self.optimizer.param_groups[0]["lr"]
-            # One reduction gives every rank the same global values, so all ranks pass or raise together.
-            ce_global, aux_global, bad_norm = du.all_reduce_sum(
-                [ce_sum, aux_sum, 0.0 if math.isfinite(grad_norm) else 1.0])
-            check_finite(StepValues(
-                step=step, first_step=step == self.start_step + 1,
-                resumed_from=str(self.resume_ckpt) if self.resume_ckpt is not None else None,
-                ce_loss=ce_global, aux_loss=aux_global, aux_coef=self.coef, grad_norm=grad_norm,
-                grad_norm_finite=bad_norm == 0.0, lr=lr, train_lr=rc.train.lr,
-                clip_grad_norm=rc.train.clip_grad_norm))
-            self.optimizer.step()
+            pending.host.update(lr=lr, tokens=batch.input_ids.numel(), first_step=step == self.start_step + 1)
+            if not self._device_skip:
+                # torch's single-tensor/foreach AdamW (adamw_torch on the CPU) has no found_inf: the only
+                # way to keep a non-finite step off its weights is to look first (on the CPU, where it
+                # runs, the read waits for nothing)
+                values = {"ce": float(ce_global), "aux": float(aux_global), "grad_norm": float(grad_norm)}
+                check_finite(self._guard_values(step, pending.host, values))
+            self.optimizer.step()  # skipped on the device once the flag is set (optimizer.found_inf)
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         if self._expert_load is not None:
@@ -234,25 +218,108 @@ class Trainer:
         else:
             load = torch.stack(loads).sum(0) if loads else None
         if self.router_biases is not None:  # after the step: the next forward routes with the new bias
-            rate = rc.train.router_bias_update_rate
-            update_router_biases(self.router_biases, global_load(load.to(du.collective_device())), rate)
-        _sync(device)
-        t4 = time.perf_counter()
-        loss = ce_global + self.coef * aux_global
-        load = load.cpu() if load is not None else None
-        timings = {"step_time_s": t4 - t_start, "forward_s": fwd_s, "backward_s": bwd_s, "optimizer_s": t4 - t3}
+            # A skipped step leaves the biases too: a load of zeros moves no bias (sign(0) = 0)
+            kept = torch.where(self._skip.found_inf.to(load.device) > 0, torch.zeros_like(load), load)
+            update_router_biases(self.router_biases, global_load(kept.to(du.collective_device())),
+                                 rc.train.router_bias_update_rate)
+        pending.phases.append(("optimizer_s", t3, clock.mark()))
+        scalars = {"ce": ce_global, "aux": aux_global, "grad_norm": grad_norm, "bad": bad,
+                   "skipping": self._skip.found_inf, "first_bad": self._skip.first_bad, "loss_tokens": loss_tokens}
+        layout = StatsLayout(tuple(load.shape) if load is not None else (),
+                             tuple(b.numel() for b in self.router_biases or ()))
+        pending.queue_copy(layout, layout.pack(scalars, load, self.router_biases), clock)
+        peak, now, kind = memory_gib(device)  # the allocator's counters: host-side, no wait
+        pending.host.update(mem_peak_gib=peak, mem_now_gib=now, mem_kind=kind, time=time.time())
+        self._queue.push(pending)
+        self._queued = step
+
+    def _guard_values(self, step: int, host: dict[str, Any], values: dict[str, float]) -> StepValues:
+        rc = self.rc
+        return StepValues(step=step, first_step=host["first_step"],
+                          resumed_from=str(self.resume_ckpt) if self.resume_ckpt is not None else None,
+                          ce_loss=values["ce"], aux_loss=values["aux"], aux_coef=self.coef,
+                          grad_norm=values["grad_norm"], grad_norm_finite=math.isfinite(values["grad_norm"]),
+                          lr=host["lr"], train_lr=rc.train.lr, clip_grad_norm=rc.train.clip_grad_norm)
+
+    def _sequences(self, mb: Batch) -> dict[str, Any]:
+        """GPT-OSS sink attention's documents from the host's position_ids (no device read for their count)."""
+        if not self._host_sequences:
+            return {}
+        found = forward_sequences(self.model, (), {"input_ids": mb.input_ids, "position_ids": mb.position_ids})
+        return {k: to_device(v, self.device) if isinstance(v, torch.Tensor) else v for k, v in found.items()}
+
+    def collect(self, wait: bool = False) -> list[dict[str, Any]]:
+        """The records of the steps whose device work has finished, in step order (wait=True: every queued step).
+
+        Raises the non-finite guard's error for the first step whose global loss, aux loss or grad norm
+        was not finite (that step and all later ones left the weights as they were). Under more than one
+        rank it is raised only with wait=True, at the same step on every rank.
+        """
+        records, error = self._collect(wait)
+        if error is not None:
+            raise error
+        return records
+
+    def _collect(self, wait: bool) -> tuple[list[dict[str, Any]], NonFiniteError | None]:
+        """(records ready now, the guard's error or None); the records are those before any bad step."""
+        ready, bad = self._queue.ready(wait)
+        records = [self._record(pending, values, seconds) for pending, values, seconds in ready]
+        if bad is None:
+            return records, None
+        pending, values = bad
+        forget = getattr(self.optimizer, "forget_skipped_steps", None)
+        if forget is not None:  # TritonAdamW counts steps on the host (torch's fused AdamW restores its own)
+            forget(self._queued - pending.step + 1)
+        return records, non_finite_error(self._guard_values(int(values["first_bad"]), pending.host, values))
+
+    def _record(self, pending: PendingStep, values: dict[str, Any], step_time: float) -> dict[str, Any]:
+        host = pending.host
+        timings = {"step_time_s": step_time, "forward_s": 0.0, "backward_s": 0.0, "optimizer_s": 0.0,
+                   **pending.phase_seconds(self._clock)}
         extra = {}
-        if self.router_biases is not None:  # [layers][experts], a few floats: the bias after this step's update
-            extra["router_bias"] = [b.detach().float().cpu().reshape(-1).tolist() for b in self.router_biases]
-        return step_record(step=step, rank=self.rank, loss=loss, grad_norm=grad_norm, lr=lr,
-                           tokens=batch.input_ids.numel(), seq_len=rc.data.seq_len, hf_config=self.hf_config,
-                           timings=timings, device=device, expert_load=load, time=time.time(), **extra)
+        if values["router_bias"] is not None:  # [layers][experts]: the bias after this step's update
+            extra["router_bias"] = values["router_bias"]
+        load = torch.tensor(values["expert_load"]) if values["expert_load"] is not None else None
+        record = step_record(step=pending.step, rank=self.rank, loss=values["ce"] + self.coef * values["aux"],
+                             grad_norm=values["grad_norm"], lr=host["lr"], tokens=host["tokens"],
+                             seq_len=self.rc.data.seq_len, hf_config=self.hf_config, timings=timings,
+                             device=self.device, expert_load=load, time=host["time"], **extra)
+        # memory as it was at the end of the step's queueing (step_record reads it now)
+        record.update(mem_peak_gib=host["mem_peak_gib"], mem_now_gib=host["mem_now_gib"], mem_kind=host["mem_kind"])
+        record["peak_mem_gib"] = record["mem_peak_gib"]  # the bench's name for it (TRAINER_API)
+        return record
 
     # -- the run ----------------------------------------------------------------------------
 
     def save(self, step: int) -> Path:
         return save_checkpoint(self.run.checkpoints_dir, step, self.model, self.optimizer, self.scheduler,
                                self.stream.state_dict(), self.hf_config, run_settings(self.rc))
+
+    def _publish_or_raise(self, wait: bool, losses: list[float], status_base: dict[str, Any], printed: bool) -> None:
+        """Publish the collected records, then raise the guard's error if a step was not finite."""
+        records, error = self._collect(wait)
+        self._publish(records, losses, status_base, printed)
+        if error is not None:
+            raise error
+
+    def _publish(self, records: list[dict[str, Any]], losses: list[float], status_base: dict[str, Any],
+                 printed: bool) -> None:
+        """Hand collected records to metrics.jsonl, the callbacks, the status and (the last one) stdout."""
+        if not records:
+            return
+        total = self.rc.train.steps
+        losses.extend(r["loss"] for r in records)
+        self.run.append_metrics(records)  # one O_APPEND write per rank per collect
+        for record in records:
+            self.callbacks.call("on_step", record)
+        if self.rank == 0:
+            record = records[-1]
+            if printed:
+                print(f"step {record['step']:>4}/{total}  loss {record['loss']:.4f}  "
+                      f"tokens/s/gpu {record['tokens_per_s_per_gpu']:,.0f}  "
+                      f"tflops/gpu {record['tflops_per_gpu']:.3f}  grad_norm {record['grad_norm']:.3f}",
+                      flush=True)
+            self.run.write_status("running", step=record["step"], loss=record["loss"], **status_base)
 
     def fit(self) -> dict[str, Any]:
         rc, total = self.rc, self.rc.train.steps
@@ -266,25 +333,26 @@ class Trainer:
             "num_params": sum(p.numel() for p in self.model.parameters()),
         })
         losses: list[float] = []
-        state, step, last_ckpt = "completed", self.start_step, None
+        state, step, last_ckpt, waited = "completed", self.start_step, None, True
         for step in range(self.start_step + 1, total + 1):
-            stop = du.broadcast_flag(self.callbacks.should_stop() if self.rank == 0 else False)
-            if stop:
+            # Polled where the last step waited for the device anyway (the flag is a collective read, a
+            # host sync under NCCL): every logging or checkpoint step, the same steps on every rank.
+            if waited and du.broadcast_flag(self.callbacks.should_stop() if self.rank == 0 else False):
                 state, step = "stopped", step - 1
                 break
-            record = self.train_step(step)
-            losses.append(record["loss"])
-            self.run.append_metrics([record])  # one O_APPEND write per rank per step
-            self.callbacks.call("on_step", record)
-            if self.rank == 0:
-                if step % rc.train.log_every == 0 or step == total:
-                    print(f"step {step:>4}/{total}  loss {record['loss']:.4f}  "
-                          f"tokens/s/gpu {record['tokens_per_s_per_gpu']:,.0f}  "
-                          f"tflops/gpu {record['tflops_per_gpu']:.3f}  grad_norm {record['grad_norm']:.3f}",
-                          flush=True)
-                self.run.write_status("running", step=step, loss=record["loss"], **status_base)
-            if rc.train.checkpoint_every and step % rc.train.checkpoint_every == 0 and step < total:
-                last_ckpt = self.save(step)
+            try:
+                self.train_step(step)
+            except NonFiniteError:  # the host check of an optimizer that cannot skip on the device
+                self._publish(self._collect(wait=True)[0], losses, status_base, printed=False)
+                raise
+            log = step % rc.train.log_every == 0 or step == total
+            ckpt = bool(rc.train.checkpoint_every and step % rc.train.checkpoint_every == 0 and step < total)
+            # Waiting drains the device queue: only where a line is printed or a checkpoint follows
+            waited = log or ckpt or self.callbacks.every_step()
+            self._publish_or_raise(waited, losses, status_base, printed=log)
+            if ckpt:
+                last_ckpt = self.save(step)  # after a wait that passed the guard: no step in it was non-finite
+        self._publish_or_raise(True, losses, status_base, printed=False)  # before any save below
         if state == "stopped" or rc.train.save_final_checkpoint:
             if step > self.start_step or last_ckpt is None:
                 last_ckpt = self.save(step)
@@ -299,49 +367,6 @@ class Trainer:
                                   checkpoint=result["checkpoint"], **status_base)
         self.callbacks.call("on_end", result)
         return result
-
-
-def _accepts(model: torch.nn.Module, name: str) -> bool:
-    import inspect
-
-    try:
-        return name in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _is_parallel(model: torch.nn.Module) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:
-        return False
-    return any(isinstance(p, DTensor) for p in model.parameters())
-
-
-def _expert_load_reader(model: torch.nn.Module):
-    """This rank's routed tokens [layers, experts] since the last read (the engine's counters), or None."""
-    from workbench.moe.routed_load import load_counters, pop_routed_load
-
-    reader = pop_routed_load if load_counters(model) else None
-    if reader is not None:
-        reader(model)  # start from zero
-    return reader
-
-
-def _router_biases(model: torch.nn.Module, hf_config, meta: bool = False) -> list:
-    """The score-correction biases train.router_bias_update_rate updates, one per engine MoE layer."""
-    from workbench.config import ConfigError
-    from workbench.moe.routed_load import load_counters
-
-    counters = len(load_counters(model)) if not meta else None  # a meta model has no engine yet
-    try:
-        if not meta and not counters:
-            raise RouterBiasError(f"train.router_bias_update_rate needs the engine's expert counts, and this "
-                                  f"{getattr(hf_config, 'model_type', None)!r} model runs without the engine's "
-                                  "experts; set train.router_bias_update_rate to 0")
-        return check_router_bias(model, getattr(hf_config, "model_type", None), counters)
-    except RouterBiasError as err:
-        raise ConfigError(str(err)) from err
 
 
 def finetune(run_config: RunConfig, callbacks: list | None = None) -> dict[str, Any]:

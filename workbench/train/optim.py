@@ -132,6 +132,16 @@ class TritonAdamW(torch.optim.Optimizer):
         self._steps: dict[torch.Tensor, int] = {}
         self._bases: dict[torch.Tensor, tuple[int, int]] = {}  # element_base per parameter
         self.updates: Counter[str] = Counter()  # tensor updates by path: "triton", "torch", "empty"
+        # A float32 device scalar, as torch's fused AdamW takes it: 1 skips every update (set_skip_flag)
+        self.found_inf: torch.Tensor | None = None
+
+    def forget_skipped_steps(self, n: int) -> None:
+        """Take back `n` counted steps that `found_inf` skipped (the counts live on the host, unlike torch's fused ones)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be an integer >= 0, got {n!r}")
+        for p, step in list(self._steps.items()):
+            self._steps[p] = max(0, step - n)
+            self.state[p]["step"].fill_(float(self._steps[p]))
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -141,6 +151,7 @@ class TritonAdamW(torch.optim.Optimizer):
         self.__dict__.setdefault("seed", 0)
         self.__dict__.setdefault("_bases", {})
         self.__dict__.setdefault("updates", Counter())
+        self.__dict__.setdefault("found_inf", None)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's load, then step counters back on the host (a torch fused AdamW keeps them on the GPU).
@@ -218,7 +229,7 @@ class TritonAdamW(torch.optim.Optimizer):
                 # fp32_master: the master is updated and the bf16 parameter written from it (to nearest)
                 target, out = (_local(state["master"]), _local(p)) if master else (_local(p), None)
                 path = adamw_step_(target, _local(p.grad), _local(state["exp_avg"]),
-                                   _local(state["exp_avg_sq"]), scalars, self.precise, sr, out)
+                                   _local(state["exp_avg_sq"]), scalars, self.precise, sr, out, self.found_inf)
                 self.updates[path] += 1
         return loss
 
@@ -293,16 +304,37 @@ def total_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
     return torch.sqrt(torch.stack([s.to(device) for s in squares]).sum())
 
 
-def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float | None) -> float:
-    """Scale all grads so their global norm is at most `max_norm`; return the norm before clipping.
+def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor:
+    """Scale all grads so their global norm is at most `max_norm`; return the norm before clipping (a device scalar).
 
-    The norm is computed with max_norm=None too (the trainer's non-finite guard needs it); a
-    non-finite norm clips nothing: the guard stops the step instead.
+    torch's rule, on the device (no host read): grads times min(1, max_norm / (norm + 1e-6)). The
+    norm is computed with max_norm=None too (the trainer's non-finite guard needs it); a non-finite
+    norm clips nothing (its coefficient would turn every grad into NaN): the guard skips the step.
     """
     params = [p for p in params if p.grad is not None]
-    norm = float(total_grad_norm(params))
-    if max_norm is not None and math.isfinite(norm) and norm > max_norm:
-        coef = max_norm / (norm + 1e-6)
-        for p in params:
-            p.grad.mul_(coef)
+    norm = total_grad_norm(params)
+    if max_norm is None or not params:
+        return norm
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    coef = torch.where(torch.isfinite(coef), coef, torch.ones_like(coef))
+    by_kind: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+    for p in params:
+        g = _local(p.grad)  # every shard times the same global coefficient
+        by_kind[(g.device, g.dtype)].append(g)
+    for (device, _), grads in by_kind.items():
+        torch._foreach_mul_(grads, coef.to(device))
     return norm
+
+
+def set_skip_flag(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> bool:
+    """Make `optimizer` skip its update while `found_inf` (a float32 device scalar) is 1; whether it can.
+
+    TritonAdamW and torch's fused Adam/AdamW read the flag on the device (torch's fused path also
+    restores its step counts). Other optimizers cannot: the trainer then checks on the host.
+    """
+    fused = isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) and all(
+        g.get("fused") for g in optimizer.param_groups)
+    if not (isinstance(optimizer, TritonAdamW) or fused):
+        return False
+    optimizer.found_inf = found_inf
+    return True

@@ -85,6 +85,9 @@ def phase_breakdown(events: Any, device_type: str, steps: int) -> dict[str, Any]
 class ProfilerCallback:
     """Starts torch.profiler at on_start, steps it with the trainer, writes results per rank."""
 
+    # the trainer then waits for every step, so profiler steps line up with the trainer's
+    collect_every_step = True
+
     def __init__(self, skip_steps: int = 1, profile_steps: int | None = None) -> None:
         self.skip_steps, self.profile_steps = skip_steps, profile_steps
         self.profiler = None

@@ -1,0 +1,107 @@
+"""One round of one variant: its RunConfig, `Trainer(rc)`, `setup(model=...)`, `train_step`, `collect`.
+
+Every variant runs the product's training step (workbench.train.loop.Trainer: clipping, schedule,
+the non-finite guard, metrics and the data stream) on the same synthetic tokens (the bench's seq,
+batch and seed). The engine variants load the launch's shared initial checkpoint; the anchors are
+vanilla Transformers models from the same seed (workbench.bench.anchor) handed to the Trainer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.bench.config import BenchConfig, VariantSpec
+from workbench.config import DataConfig, ModelConfig, RunConfig, TrainConfig
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+
+
+def run_config(name: str, spec: VariantSpec, cfg: BenchConfig, *, checkpoint: Path | None, runs_dir: Path,
+               world: int, dtype: torch.dtype, steps: int, round_index: int) -> RunConfig:
+    """The RunConfig a variant's round trains with: synthetic data, clip 1.0 and the default schedule."""
+    from workbench.bench.engine import variant_backend
+    from workbench.parallel.mesh import MeshConfig
+
+    if spec.kind == "engine":
+        model = ModelConfig(preset=None, path=str(checkpoint), dtype=_DTYPE_NAMES[dtype])
+        mesh, backend = cfg.mesh, variant_backend(spec, cfg.backend)
+        optimizer, precision = spec.optimizer, spec.precision or cfg.precision
+    else:  # a prebuilt Transformers model: dp over every rank (workbench.bench.anchor shards it so)
+        model = ModelConfig(preset=cfg.preset, layers=cfg.layers, dtype=_DTYPE_NAMES[dtype])
+        mesh = MeshConfig(dp=world, ep=1) if world > 1 else None
+        backend = cfg.backend
+        optimizer, precision = "adamw_torch", "bf16"  # torch's AdamW (fused on CUDA), plain bf16: what users run
+    train = TrainConfig(steps=steps, global_batch_size=cfg.batch * world, local_batch_size=cfg.batch, lr=cfg.lr,
+                        seed=cfg.seed, optimizer=optimizer, precision=precision, save_final_checkpoint=False,
+                        log_every=steps)
+    return RunConfig(model=model, mesh=mesh, backend=backend, data=DataConfig(kind="synthetic", seq_len=cfg.seq),
+                     train=train, output_dir=str(runs_dir), run_id=f"{name}-round{round_index}")
+
+
+def train_round(name: str, spec: VariantSpec, cfg: BenchConfig, hf_config, *, checkpoint: Path | None,
+                runs_dir: Path, world: int, device: torch.device, dtype: torch.dtype, timed_steps: int,
+                round_index: int, fingerprint: bool) -> dict[str, Any]:
+    """Build the variant, train `cfg.warmup + timed_steps` trainer steps; this rank's records and setup.
+
+    Frees the model, optimizer and Trainer before returning (the next variant needs the memory).
+    """
+    from workbench.bench.anchor import build_anchor
+    from workbench.bench.variant import weight_fingerprint
+    from workbench.moe.dispatch import close_dispatchers
+    from workbench.parallel import dist_utils as du
+    from workbench.train.loop import Trainer
+    from workbench.train.optim import describe_optimizer
+
+    steps = cfg.warmup + timed_steps
+    rc = run_config(name, spec, cfg, checkpoint=checkpoint, runs_dir=runs_dir, world=world, dtype=dtype, steps=steps,
+                    round_index=round_index)
+    out: dict[str, Any] = {}
+    trainer = None
+    with contextlib.ExitStack() as stack:  # the anchor's Liger patch and SDPA backend stay on for its steps only
+        try:
+            t0 = time.perf_counter()
+            trainer = Trainer(rc)
+            if spec.kind == "anchor":
+                model, setup = build_anchor(spec, hf_config, cfg.seed, device, dtype, stack)
+                trainer.setup(model=model)
+                del model
+            else:
+                trainer.setup()
+                resolved = getattr(trainer.model, "workbench_backend", None)
+                setup = {"library": "workbench", "backend": (resolved or trainer.backend).to_dict(),
+                         "mesh": trainer.mesh.to_dict() if trainer.mesh is not None else {"dp": 1, "ep": 1},
+                         "gate": spec.gate, "path": "generic",
+                         "attention": getattr(trainer.model.config, "_attn_implementation", None),
+                         "fsdp": "workbench.models.mesh_build (summed grads)" if world > 1 else "none (one rank)",
+                         "dtype": str(dtype)}
+            setup.update({"step": "workbench.train.loop.Trainer.train_step", "train.optimizer": rc.train.optimizer,
+                          "optimizer": describe_optimizer(trainer.optimizer), "precision": _precision(rc, trainer.model),
+                          "clip_grad_norm": rc.train.clip_grad_norm, "schedule":
+                          f"warmup {rc.train.warmup_steps} + cosine to {rc.train.min_lr_ratio} x lr over {steps} steps",
+                          "activation_checkpointing": rc.train.activation_checkpointing})
+            if fingerprint:
+                out["init_fingerprint"] = weight_fingerprint(trainer.model)
+            du.barrier()
+            out["build_s"] = time.perf_counter() - t0
+            out["setup"] = setup
+            for step in range(1, steps + 1):
+                trainer.train_step(step)
+            out["records"] = trainer.collect(wait=True)
+        finally:
+            if trainer is not None and getattr(trainer, "model", None) is not None and spec.kind == "engine":
+                close_dispatchers(trainer.model)  # collective: every rank leaves the round here
+            del trainer
+    return out
+
+
+def _precision(rc: RunConfig, model: torch.nn.Module) -> str:
+    """The train.precision mode the optimizer runs (make_adamw's rule: torch's AdamW on bf16 is plain bf16)."""
+    from workbench.train.precision import resolve_precision
+
+    mode = resolve_precision(rc.train.precision, model.parameters())
+    return "bf16" if rc.train.optimizer == "adamw_torch" and mode != "fp32" else mode
