@@ -373,8 +373,12 @@ def finetune(run_config: RunConfig, callbacks: list | None = None) -> dict[str, 
     """Run one fine-tuning job on this rank; returns {"state", "run_id", "run_dir", "losses", ...}.
 
     Callbacks are objects with any of: on_start(info), on_step(record) (every step, every rank,
-    that rank's record), on_end(result), should_stop() (polled on rank 0 at each step boundary;
-    all ranks stop together, after a checkpoint, with status "stopped"). On an exception the
+    that rank's record, once, in step order; the trainer reads the device only on logging and
+    checkpoint steps (train.log_every, train.checkpoint_every), so in between a record arrives when
+    the next step has started, or with the next logging step), on_end(result), should_stop()
+    (polled on rank 0 at the step boundaries after such a read; all ranks stop together, after a
+    checkpoint, with status "stopped"); `collect_every_step = True` on a callback makes every
+    step a read (the profiler's). On an exception the
     status becomes "failed" with the traceback and the exception is re-raised. While it runs,
     rank 0 keeps a heartbeat in status.json so that readers can tell a killed run ("died");
     everything it writes is private to the user (directories 0700, files 0600).
