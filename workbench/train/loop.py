@@ -55,12 +55,11 @@ from workbench.train.guard import NonFiniteError, StepValues, check_finite, non_
 from workbench.train.liveness import Heartbeat, record_termination
 from workbench.train.loop_support import (Callbacks, accepts, all_reduce, expert_load_reader, is_parallel,
                                           micro_batches, open_run_dir, router_biases_to_update)
-from workbench.train.metrics import memory_gib, reset_peak_memory, step_record
+from workbench.train.metrics import expert_load_from_router_logits, memory_gib, reset_peak_memory, step_record
 from workbench.train.model_setup import build_model, model_dtype, resolve_mesh
 from workbench.train.optim import build_optimizer, build_scheduler, clip_grad_norm, set_skip_flag
 from workbench.train.run_dir import private_files
-from workbench.train.step_stats import (Clock, PendingStep, SkipFlag, StatsLayout, StepQueue, routed_counts,
-                                        to_device)
+from workbench.train.step_stats import Clock, PendingStep, SkipFlag, StatsLayout, StepQueue, to_device
 
 
 class Trainer:
@@ -193,8 +192,8 @@ class Trainer:
             if aux is not None:
                 aux_sum += aux.detach().to(torch.float64) * self.aux_scale
             if self._expert_load is None and getattr(out, "router_logits", None):
-                loads.append(routed_counts(out.router_logits, self.hf_config.num_experts_per_tok,
-                                           num_experts(self.hf_config)))
+                loads.append(expert_load_from_router_logits(out.router_logits, self.hf_config.num_experts_per_tok,
+                                                            num_experts(self.hf_config)))
         t3 = clock.mark()
         with record_function("workbench.optimizer"):
             # The norm is computed even with clipping off: the guard needs it.
