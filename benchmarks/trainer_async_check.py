@@ -68,8 +68,8 @@ def main() -> None:
 
     records = trainer.collect(wait=True)
     for r in records:
-        print(f"  step {r['step']}: loss {r['loss']:.4f} grad_norm {r['grad_norm']:.3f} step {r['step_time_s'] * 1e3:.1f} ms "
-              f"(fwd {r['forward_s'] * 1e3:.1f} bwd {r['backward_s'] * 1e3:.1f} opt {r['optimizer_s'] * 1e3:.1f})")
+        print(f"  step {r['step']}: loss {r['loss']:.4f} grad_norm {r['grad_norm']:.3f} "
+              f"step {r['step_time_s'] * 1e3:.1f} ms (fwd {r['forward_s'] * 1e3:.1f} bwd {r['backward_s'] * 1e3:.1f} opt {r['optimizer_s'] * 1e3:.1f})")
 
     from test_trainer_async import check_skip
 

@@ -280,3 +280,22 @@ def test_the_run_fails_naming_the_first_bad_step_with_no_checkpoint_after_it(tmp
     assert not checkpoints.exists() or not any(checkpoints.iterdir()), list(checkpoints.iterdir())
     with pytest.raises(Exception):
         resolve_checkpoint(run.path)
+
+
+def test_stop_is_polled_after_the_steps_that_read_the_device(tmp_path):
+    """should_stop is asked where the trainer waited anyway (a collective read): every log_every steps here."""
+    from workbench.train import finetune
+
+    class StopAtOnce:
+        def __init__(self):
+            self.asked = []
+
+        def on_step(self, record):
+            self.asked.append(record["step"])
+
+        def should_stop(self):
+            return bool(self.asked)
+
+    ckpt = _saved("qwen3_moe", tmp_path / "m")
+    out = finetune(_rc(ckpt, str(tmp_path / "runs"), train__steps=9, train__log_every=3), callbacks=[StopAtOnce()])
+    assert out["state"] == "stopped" and out["step"] == 3 and len(out["losses"]) == 3

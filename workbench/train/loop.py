@@ -55,12 +55,11 @@ from workbench.train.guard import NonFiniteError, StepValues, check_finite, non_
 from workbench.train.liveness import Heartbeat, record_termination
 from workbench.train.loop_support import (Callbacks, accepts, all_reduce, expert_load_reader, is_parallel,
                                           micro_batches, open_run_dir, router_biases_to_update)
-from workbench.train.metrics import memory_gib, reset_peak_memory, step_record
+from workbench.train.metrics import expert_load_from_router_logits, memory_gib, reset_peak_memory, step_record
 from workbench.train.model_setup import build_model, model_dtype, resolve_mesh
 from workbench.train.optim import build_optimizer, build_scheduler, clip_grad_norm, set_skip_flag
 from workbench.train.run_dir import private_files
-from workbench.train.step_stats import (Clock, PendingStep, SkipFlag, StatsLayout, StepQueue, routed_counts,
-                                        to_device)
+from workbench.train.step_stats import Clock, PendingStep, SkipFlag, StatsLayout, StepQueue, to_device
 
 
 class Trainer:
@@ -193,8 +192,8 @@ class Trainer:
             if aux is not None:
                 aux_sum += aux.detach().to(torch.float64) * self.aux_scale
             if self._expert_load is None and getattr(out, "router_logits", None):
-                loads.append(routed_counts(out.router_logits, self.hf_config.num_experts_per_tok,
-                                           num_experts(self.hf_config)))
+                loads.append(expert_load_from_router_logits(out.router_logits, self.hf_config.num_experts_per_tok,
+                                                            num_experts(self.hf_config)))
         t3 = clock.mark()
         with record_function("workbench.optimizer"):
             # The norm is computed even with clipping off: the guard needs it.
@@ -373,8 +372,12 @@ def finetune(run_config: RunConfig, callbacks: list | None = None) -> dict[str, 
     """Run one fine-tuning job on this rank; returns {"state", "run_id", "run_dir", "losses", ...}.
 
     Callbacks are objects with any of: on_start(info), on_step(record) (every step, every rank,
-    that rank's record), on_end(result), should_stop() (polled on rank 0 at each step boundary;
-    all ranks stop together, after a checkpoint, with status "stopped"). On an exception the
+    that rank's record, once, in step order; the trainer reads the device only on logging and
+    checkpoint steps (train.log_every, train.checkpoint_every), so in between a record arrives when
+    the next step has started, or with the next logging step), on_end(result), should_stop()
+    (polled on rank 0 at the step boundaries after such a read; all ranks stop together, after a
+    checkpoint, with status "stopped"); `collect_every_step = True` on a callback makes every
+    step a read (the profiler's). On an exception the
     status becomes "failed" with the traceback and the exception is re-raised. While it runs,
     rank 0 keeps a heartbeat in status.json so that readers can tell a killed run ("died");
     everything it writes is private to the user (directories 0700, files 0600).

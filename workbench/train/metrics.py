@@ -79,11 +79,13 @@ def expert_load_cv(load: torch.Tensor | list) -> float:
 
 
 def expert_load_from_router_logits(router_logits: tuple | list, top_k: int, num_experts: int) -> torch.Tensor:
-    """Tokens per expert `[layers, experts]` from HF router logits (for vanilla HF models)."""
+    """Tokens per expert `[layers, experts]` from HF router logits (for vanilla HF models), on their device."""
     rows = []
     for logits in router_logits:
-        ids = torch.topk(logits.detach().float(), top_k, dim=-1).indices.flatten()
-        rows.append(torch.bincount(ids.cpu(), minlength=num_experts))
+        ids = torch.topk(logits.detach().float(), top_k, dim=-1).indices.reshape(-1)
+        # scatter_add into a fixed size, where the data is: no host read (bincount's size needs max(ids))
+        rows.append(torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(
+            0, ids, torch.ones_like(ids)))
     return torch.stack(rows) if rows else torch.zeros(0, num_experts, dtype=torch.long)
 
 

@@ -136,7 +136,7 @@ class TritonAdamW(torch.optim.Optimizer):
         self.found_inf: torch.Tensor | None = None
 
     def forget_skipped_steps(self, n: int) -> None:
-        """Take back `n` counted steps that `found_inf` skipped (the counts live on the host, unlike torch's fused ones)."""
+        """Take back `n` counted steps that `found_inf` skipped (host counts, unlike torch's fused ones)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"n must be an integer >= 0, got {n!r}")
         for p, step in list(self._steps.items()):

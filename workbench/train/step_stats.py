@@ -102,17 +102,6 @@ class StatsLayout:
         return out
 
 
-def routed_counts(router_logits: tuple | list, top_k: int, num_experts: int) -> torch.Tensor:
-    """Tokens per expert `[layers, experts]` from Transformers' router logits, counted on their device."""
-    rows = []
-    for logits in router_logits:
-        ids = torch.topk(logits.detach().float(), top_k, dim=-1).indices.reshape(-1)
-        # scatter_add into a fixed size: bincount's output size would need a read of max(ids)
-        rows.append(torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(
-            0, ids, torch.ones_like(ids)))
-    return torch.stack(rows)
-
-
 class SkipFlag:
     """The sticky non-finite flag on the device, and the first step that set it."""
 
