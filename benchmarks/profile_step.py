@@ -51,7 +51,7 @@ def adamw_microbench(numel: int = 1 << 28) -> dict:
         p.grad = torch.randn_like(p)
         opt = make([p])
         opt.step()
-        ms = cuda_ms(opt.step, 10)
+        ms = cuda_event_ms(opt.step, 10)
         out[f"{name}_ms"], out[f"{name}_tb_s"] = ms, 14 * numel / ms / 1e9
         del p, opt
         torch.cuda.empty_cache()
@@ -73,11 +73,11 @@ def adamw_in_model(step, opt, configs: str) -> list[dict]:
         for item in configs.split(","):
             kernel.BLOCK, kernel.NUM_WARPS = (int(x) for x in item.split("x"))
             step()  # compiles this configuration
-            step_ms = cuda_ms(step, 3)
+            step_ms = cuda_event_ms(step, 3)
             for group in opt.param_groups:
                 for p in group["params"]:
                     p.grad = torch.randn_like(p)
-            alone = cuda_ms(opt.step, 5)
+            alone = cuda_event_ms(opt.step, 5)
             rows.append({"block": kernel.BLOCK, "warps": kernel.NUM_WARPS, "step_ms": step_ms, "alone_ms": alone,
                          "alone_tb_s": 14 * numel / alone / 1e9})
             opt.zero_grad(set_to_none=True)
@@ -149,7 +149,7 @@ def main() -> None:
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    result["step_ms"] = cuda_ms(step, 5)
+    result["step_ms"] = cuda_event_ms(step, 5)
     result["tokens_per_s"] = args.batch * args.seq / result["step_ms"] * 1e3
     result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     print(f"step {result['step_ms']:.1f} ms, {result['tokens_per_s']:,.0f} tokens/s, peak {result['peak_gib']:.1f} GiB",
