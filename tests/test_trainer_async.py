@@ -283,7 +283,11 @@ def test_the_run_fails_naming_the_first_bad_step_with_no_checkpoint_after_it(tmp
 
 
 def test_stop_is_polled_after_the_steps_that_read_the_device(tmp_path):
-    """should_stop is asked where the trainer waited anyway (a collective read): every log_every steps here."""
+    """should_stop is asked where the trainer waited anyway (a collective read): every log_every steps here.
+
+    The logging step 3 is read once step 4 is queued behind it (the device never idles for a log
+    line), so the first poll that sees a record comes before step 5: the run stops after step 4.
+    """
     from workbench.train import finetune
 
     class StopAtOnce:
@@ -298,4 +302,48 @@ def test_stop_is_polled_after_the_steps_that_read_the_device(tmp_path):
 
     ckpt = _saved("qwen3_moe", tmp_path / "m")
     out = finetune(_rc(ckpt, str(tmp_path / "runs"), train__steps=9, train__log_every=3), callbacks=[StopAtOnce()])
-    assert out["state"] == "stopped" and out["step"] == 3 and len(out["losses"]) == 3
+    assert out["state"] == "stopped" and out["step"] == 4 and len(out["losses"]) == 4
+
+
+def test_a_logging_read_waits_only_through_its_step():
+    """`ready(wait=True, through=k)` blocks on marks up to step k's end; the newer step stays queued on the device."""
+    import torch
+
+    from workbench.train.step_stats import Clock, PendingStep, StatsLayout, StepQueue
+
+    class Device(Clock):
+        """A device that has run up to tick `passed` (marks are ticks); wait() runs it on to a mark."""
+
+        def __init__(self):
+            super().__init__(torch.device("cpu"))
+            self.ticks, self.passed, self.waited = 0, 0, []
+
+        def mark(self):
+            self.ticks += 1
+            return self.ticks
+
+        def done(self, mark):
+            return mark <= self.passed
+
+        def wait(self, mark):
+            self.waited.append(mark)
+            self.passed = max(self.passed, mark)
+
+    clock = Device()
+    queue = StepQueue(clock, world=1)
+    starts = {}
+    for step in (1, 2, 3):
+        pending = PendingStep(step=step, host={}, start=clock.mark())
+        starts[step] = pending.start
+        queue.started(pending.start)
+        stats = StatsLayout().pack({name: torch.zeros((), dtype=torch.float64) for name in
+                                    ("ce", "aux", "grad_norm", "bad", "skipping", "first_bad", "loss_tokens")},
+                                   None, None)
+        pending.queue_copy(StatsLayout(), stats, clock)
+        queue.push(pending)
+    ready, bad = queue.ready(True, through=2)
+    assert bad is None and [p.step for p, _, _ in ready] == [1, 2]
+    assert max(clock.waited) == starts[3]  # step 2 ends where step 3 starts: nothing of step 3 waited for
+    assert [p.step for p in queue.items] == [3]
+    ready, _ = queue.ready(True)
+    assert [p.step for p, _, _ in ready] == [3]

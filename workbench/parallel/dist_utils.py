@@ -76,7 +76,7 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 
 def broadcast_flag(flag: bool, src: int = 0) -> bool:
     """A boolean decided on `src`, the same on every rank."""
-    if not initialized():
+    if not initialized() or dist.get_world_size() == 1:  # nothing to agree on: no collective (a host sync on GPU)
         return flag
     t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=collective_device())
     dist.broadcast(t, src=src)

@@ -259,9 +259,9 @@ class Trainer:
             raise error
         return records
 
-    def _collect(self, wait: bool) -> tuple[list[dict[str, Any]], NonFiniteError | None]:
+    def _collect(self, wait: bool, through: int | None = None) -> tuple[list[dict[str, Any]], NonFiniteError | None]:
         """(records ready now, the guard's error or None); the records are those before any bad step."""
-        ready, bad = self._queue.ready(wait)
+        ready, bad = self._queue.ready(wait, through)
         records = [self._record(pending, values, seconds) for pending, values, seconds in ready]
         if bad is None:
             return records, None
@@ -294,9 +294,10 @@ class Trainer:
         return save_checkpoint(self.run.checkpoints_dir, step, self.model, self.optimizer, self.scheduler,
                                self.stream.state_dict(), self.hf_config, run_settings(self.rc))
 
-    def _publish_or_raise(self, wait: bool, losses: list[float], status_base: dict[str, Any], printed: bool) -> None:
+    def _publish_or_raise(self, wait: bool, losses: list[float], status_base: dict[str, Any], printed: bool,
+                          through: int | None = None) -> None:
         """Publish the collected records, then raise the guard's error if a step was not finite."""
-        records, error = self._collect(wait)
+        records, error = self._collect(wait, through)
         self._publish(records, losses, status_base, printed)
         if error is not None:
             raise error
@@ -332,7 +333,7 @@ class Trainer:
             "num_params": sum(p.numel() for p in self.model.parameters()),
         })
         losses: list[float] = []
-        state, step, last_ckpt, waited = "completed", self.start_step, None, True
+        state, step, last_ckpt, waited, log_due = "completed", self.start_step, None, True, None
         for step in range(self.start_step + 1, total + 1):
             # Polled where the last step waited for the device anyway (the flag is a collective read, a
             # host sync under NCCL): every logging or checkpoint step, the same steps on every rank.
@@ -346,12 +347,23 @@ class Trainer:
                 raise
             log = step % rc.train.log_every == 0 or step == total
             ckpt = bool(rc.train.checkpoint_every and step % rc.train.checkpoint_every == 0 and step < total)
-            # Waiting drains the device queue: only where a line is printed or a checkpoint follows
-            waited = log or ckpt or self.callbacks.every_step()
-            self._publish_or_raise(waited, losses, status_base, printed=log)
+            if step == total:  # the wait after the loop reads it
+                log_due = step
+                break
+            # Waiting drains the device queue: only where a checkpoint follows or a callback asks for it.
+            # A logging step's line is printed one step late, once the next step is queued behind it, so
+            # the device never idles while the host reads (with log_every=1 too).
+            waited = ckpt or self.callbacks.every_step()
+            if waited or log_due is not None:
+                self._publish_or_raise(True, losses, status_base, printed=log_due is not None or log,
+                                       through=None if waited else log_due)
+                waited = True
+            else:
+                self._publish_or_raise(False, losses, status_base, printed=False)
+            log_due = step if log and not ckpt and not self.callbacks.every_step() else None
             if ckpt:
                 last_ckpt = self.save(step)  # after a wait that passed the guard: no step in it was non-finite
-        self._publish_or_raise(True, losses, status_base, printed=False)  # before any save below
+        self._publish_or_raise(True, losses, status_base, printed=log_due is not None)  # before any save below
         if state == "stopped" or rc.train.save_final_checkpoint:
             if step > self.start_step or last_ckpt is None:
                 last_ckpt = self.save(step)
@@ -372,9 +384,10 @@ def finetune(run_config: RunConfig, callbacks: list | None = None) -> dict[str, 
     """Run one fine-tuning job on this rank; returns {"state", "run_id", "run_dir", "losses", ...}.
 
     Callbacks are objects with any of: on_start(info), on_step(record) (every step, every rank,
-    that rank's record, once, in step order; the trainer reads the device only on logging and
-    checkpoint steps (train.log_every, train.checkpoint_every), so in between a record arrives when
-    the next step has started, or with the next logging step), on_end(result), should_stop()
+    that rank's record, once, in step order; the trainer waits for the device only before a
+    checkpoint (train.checkpoint_every) and for a logging step's record (train.log_every), which it
+    reads once the next step is queued behind it; in between a record arrives when the next step has
+    started, or with the next read), on_end(result), should_stop()
     (polled on rank 0 at the step boundaries after such a read; all ranks stop together, after a
     checkpoint, with status "stopped"); `collect_every_step = True` on a callback makes every
     step a read (the profiler's). On an exception the

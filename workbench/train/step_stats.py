@@ -169,26 +169,30 @@ class StepQueue:
         """Queue a step whose stats copy is queued."""
         self.items.append(pending)
 
-    def ready(self, wait: bool) -> tuple[list[tuple[PendingStep, dict[str, Any], float]], tuple | None]:
+    def ready(self, wait: bool, through: int | None = None
+              ) -> tuple[list[tuple[PendingStep, dict[str, Any], float]], tuple | None]:
         """([(step, host values, step seconds)] ready now, (step, values) of the first skipped step or None).
 
         Without `wait` a step is ready once the next one has started on the device (its time needs that
         start), so records come one step late. A skipped step is reported under more than one rank only
         with `wait` (at the same step on every rank: a rank that saw it early must not leave the others
-        waiting in a collective); it and every later step are dropped.
+        waiting in a collective); it and every later step are dropped. `through`: wait only for the
+        steps up to that one (later ones are taken if they have finished), so the device keeps the
+        newest step queued while the host reads the one before.
         """
         out = []
         while self.items:
             pending = self.items[0]
             last = pending.next_start is None
             mark = pending.end if last else pending.next_start
-            if wait:
+            waited = wait and (through is None or pending.step <= through)
+            if waited:
                 self.clock.wait(mark)
             elif last or not self.clock.done(mark):
                 break
             values = pending.layout.unpack(pending.stats.tolist())
             if values["skipping"]:
-                if not wait and self.world > 1:
+                if not waited and self.world > 1:
                     break
                 self.items.clear()
                 return out, (pending, values)
