@@ -16,6 +16,7 @@ from torch import nn
 from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
+from workbench.kernels.gpt_oss_gate import expert_row_bias
 from workbench.moe.gpt_oss_experts import gpt_oss_expert_rows, is_gpt_oss_gate
 from workbench.moe.routed_load import attach_load_counter, count_routed
 from workbench.moe.router import GATES, balanced_ids
@@ -109,10 +110,6 @@ def grouped_linear(x_ND: torch.Tensor, tokens_per_expert: torch.Tensor, weight_E
     return torch.cat(outputs, dim=0)
 
 
-def _row_bias(bias_E: torch.Tensor, tokens_per_expert: torch.Tensor, rows: int) -> torch.Tensor:
-    return torch.repeat_interleave(bias_E, tokens_per_expert, dim=0, output_size=rows)
-
-
 def is_plain_swiglu(module: nn.Module) -> bool:
     """Whether the family's gate is Transformers' default one: silu(gate half) * up half, concatenated.
 
@@ -173,10 +170,10 @@ def _expert_rows_te(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: to
     row_counts_t = torch.tensor(rows_counts, device=x_ND.device)
     h = _te_linear_rows(rows_x, rows_counts, up)
     if layout.has_bias:
-        h = h + _row_bias(getattr(module, f"{layout.up_name}_bias"), row_counts_t, h.shape[0])
+        h = h + expert_row_bias(getattr(module, f"{layout.up_name}_bias"), row_counts_t, h.shape[0])
     y = _te_linear_rows(_gate(module, h), rows_counts, down)
     if layout.has_bias:
-        y = y + _row_bias(module.down_proj_bias, row_counts_t, y.shape[0])
+        y = y + expert_row_bias(module.down_proj_bias, row_counts_t, y.shape[0])
     if fp8:  # padded rows only ever reach the dropped outputs: no gradient flows from them
         y = te.Fp8Unpadding(len(counts), FP8_ROW_ALIGN)(y, counts)
     return module.post_expert_norm(y) if layout.has_post_expert_norm else y
@@ -193,11 +190,11 @@ def expert_rows(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.
     rows = x_ND.shape[0]
     h = grouped_linear(x_ND, tokens_per_expert, getattr(module, layout.up_name), layout.is_transposed, backend)
     if layout.has_bias:
-        h = h + _row_bias(getattr(module, f"{layout.up_name}_bias"), tokens_per_expert, rows)
+        h = h + expert_row_bias(getattr(module, f"{layout.up_name}_bias"), tokens_per_expert, rows)
     h = _gate(module, h)
     y = grouped_linear(h, tokens_per_expert, module.down_proj, layout.is_transposed, backend)
     if layout.has_bias:
-        y = y + _row_bias(module.down_proj_bias, tokens_per_expert, rows)
+        y = y + expert_row_bias(module.down_proj_bias, tokens_per_expert, rows)
     if layout.has_post_expert_norm:
         y = module.post_expert_norm(y)
     return y
