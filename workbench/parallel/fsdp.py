@@ -36,9 +36,14 @@ def _sum_gradients(modules: list[nn.Module]) -> None:
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks of a Transformers model: the classes it names in `_no_split_modules`."""
+    """The repeated blocks of a Transformers model: the classes it names in `_no_split_modules`.
+
+    Matched along each module's class hierarchy, so a layer is still found after fully_shard
+    swapped its class for a subclass (FSDPQwen3MoeDecoderLayer).
+    """
     names = set(getattr(model, "_no_split_modules", None) or ())
-    return [m for m in model.modules() if m is not model and type(m).__name__ in names]
+    return [m for m in model.modules()
+            if m is not model and any(cls.__name__ in names for cls in type(m).__mro__)]
 
 
 def apply_fsdp_any(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None = None,
