@@ -323,3 +323,19 @@ def test_bf16_on_cuda_matches_transformers_grouped_mm(family):
     torch.testing.assert_close(out_eng.loss.float(), out_ref.loss.float(), rtol=2e-2, atol=2e-2)
     out_eng.loss.backward()
     assert all(p.grad is None or torch.isfinite(p.grad).all() for p in eng.parameters())
+
+
+def test_the_fused_experts_check_builds_one_meta_model_per_config(monkeypatch):
+    """Equal configs share one meta build; a changed field is asked again (the key is taken per call)."""
+    from workbench.models import generic
+
+    generic._has_fused_experts.cache_clear()  # other tests in this process may have asked already
+    builds = []
+    real = generic.meta_model
+    monkeypatch.setattr(generic, "meta_model", lambda cfg: builds.append(cfg.num_hidden_layers) or real(cfg))
+    cfg = _config("mixtral", num_hidden_layers=3)
+    assert generic.has_fused_experts(cfg) and generic.has_fused_experts(_config("mixtral", num_hidden_layers=3))
+    assert builds == [3]
+    cfg.num_hidden_layers = 1
+    assert generic.has_fused_experts(cfg)
+    assert builds == [3, 1]

@@ -7,6 +7,7 @@ layout, so state dicts and Transformers' own save/load conversions are unchanged
 
 from __future__ import annotations
 
+import functools
 import logging
 import zlib
 
@@ -44,8 +45,35 @@ def fused_experts_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if is_fused_experts(m)]
 
 
+class _SameConfig:
+    """A config as a cache key: its class and every field (PretrainedConfig defines == but no hash)."""
+
+    __slots__ = ("config", "key")
+
+    def __init__(self, config) -> None:
+        self.config = config
+        self.key = (type(config), config.to_json_string(use_diff=False))
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _SameConfig) and self.key == other.key
+
+
 def has_fused_experts(config) -> bool:
-    """Whether `config`'s model holds v5 fused experts modules; a MoE model without them is refused."""
+    """Whether `config`'s model holds v5 fused experts modules; a MoE model without them is refused.
+
+    A pure function of the config's class and fields: a memo of the answer (not of the config,
+    which may change: the key is taken at each call) spares the builders and the trainer's mesh
+    checks one meta build each for an equal config.
+    """
+    return _has_fused_experts(_SameConfig(config))
+
+
+@functools.lru_cache(maxsize=32)
+def _has_fused_experts(same: _SameConfig) -> bool:
+    config = same.config
     model = meta_model(config)
     if fused_experts_modules(model):
         return True
