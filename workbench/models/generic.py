@@ -106,16 +106,19 @@ def num_experts(model: nn.Module, config) -> int:
     return counts.pop()
 
 
-def install(model: nn.Module, backend, make_dispatcher, expert_range: tuple[int, int] | None = None) -> int:
+def install(model: nn.Module, backend, make_dispatcher, expert_range: tuple[int, int] | None = None,
+            device: torch.device | None = None) -> int:
     """Make every fused experts module the engine's, then the extras `backend` (resolved) selects.
 
-    `make_dispatcher(num_experts)` gives each experts module its dispatcher.
+    `make_dispatcher(num_experts)` gives each experts module its dispatcher; `device`: the one
+    `backend` was resolved for (None: where the weights are now).
     """
     total = num_experts(model, model.config)
     modules = fused_experts_modules(model)
     for _, module in modules:
         install_engine_experts(module, make_dispatcher(total), backend.experts, expert_range or (0, total), total,
-                               gate=backend.gate, swiglu=backend.swiglu, recompute=backend.expert_recompute)
+                               gate=backend.gate, swiglu=backend.swiglu, recompute=backend.expert_recompute,
+                               device=device)
     select_attention(model, backend.attention)
     extras = install_extras(model, backend, total)
     extras["phase_labels"] = label_phases(model)

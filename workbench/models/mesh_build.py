@@ -126,7 +126,7 @@ def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfi
     expert_range = mesh.expert_range(dist.get_rank(), num_experts)
     # One dispatcher for every MoE layer: dispatchers hold no per-layer state.
     dispatcher = make_dispatcher(backend.dispatcher, num_experts, device_mesh.get_group("ep"), backend.combine)
-    generic.install(model, backend, lambda n: dispatcher, expert_range)
+    generic.install(model, backend, lambda n: dispatcher, expert_range, device)
     plan = None if checkpoint is None else plan_rank_read(model, checkpoint, expert_range)
     if checkpoint is not None and plan is None:
         rules = disk_rules(config.model_type)
@@ -134,7 +134,7 @@ def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfi
                     "loads the whole checkpoint on every rank, which then keeps its experts", config.model_type,
                     ", ".join(rules.unknown) or "of the experts")
         model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, config=config, **hf_kwargs)
-        generic.install(model, backend, lambda n: dispatcher, expert_range)
+        generic.install(model, backend, lambda n: dispatcher, expert_range, device)
         model.to(device)
     else:
         model.to_empty(device=device)
