@@ -6,7 +6,6 @@ import logging
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import transformers
 
 from workbench.backends import BackendConfig
@@ -16,7 +15,7 @@ from workbench.models.hf_io import CheckpointError
 from workbench.models.mesh_build import (build_generic_parallel_model, check_mesh_call,
                                          check_mesh_for_model, shard_without_engine)
 from workbench.moe.dispatch import LocalDispatcher
-from workbench.moe.hf_experts import check_generic_backend, engine_experts_modules
+from workbench.moe.hf_experts import check_generic_backend
 
 log = logging.getLogger(__name__)
 
@@ -138,31 +137,4 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
 
 def save_pretrained(model, out_dir, max_shard_size: str = "5GB") -> None:
     """Write the Transformers layout from any mesh; collective: every rank must call it."""
-    if engine_experts_modules(model):
-        return generic.save_pretrained(model, out_dir, max_shard_size)
-    return _save_vanilla(model, out_dir, max_shard_size)
-
-
-def _save_vanilla(model, out_dir, max_shard_size: str) -> None:
-    """Vanilla Transformers' save of a model the engine did not change, also when FSDP2-sharded.
-
-    Transformers' own save_pretrained writes the family's disk layout (its reverse weight
-    conversion); a sharded model is gathered first and saved through an unsharded twin, since
-    fully_shard renames the class (FSDPLlamaForCausalLM) that save_pretrained records.
-    """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from torch.distributed.tensor import DTensor
-
-    if not any(isinstance(p, DTensor) for p in model.parameters()):
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            model.save_pretrained(out_dir, max_shard_size=max_shard_size)
-    else:
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if dist.get_rank() == 0:
-            with torch.device("meta"):
-                twin = transformers.AutoModelForCausalLM.from_config(model.config)
-            twin.load_state_dict(state, assign=True)  # strict: a missing tensor must fail, not save meta
-            twin.tie_weights()
-            twin.save_pretrained(out_dir, max_shard_size=max_shard_size)
-    if dist.is_initialized():
-        dist.barrier()
+    generic.save_pretrained(model, out_dir, max_shard_size)

@@ -198,12 +198,25 @@ def full_state_dict(model: nn.Module, to_rank0_only: bool = False) -> dict[str, 
 
 
 def save_pretrained(model: nn.Module, out_dir, max_shard_size: str = "5GB") -> None:
-    """Transformers' own save of the unsharded model from any mesh; collective: every rank calls it."""
-    state = full_state_dict(model, to_rank0_only=True)
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        twin = meta_model(model.config)  # Transformers' class: fully_shard renamed the live one
-        twin.load_state_dict(state, assign=True, strict=True)
-        twin.tie_weights()
-        twin.save_pretrained(out_dir, max_shard_size=max_shard_size)
+    """Transformers' own save of the unsharded model from any mesh, engine or vanilla; collective.
+
+    Transformers' save_pretrained writes the family's disk layout (its reverse weight conversion).
+    A model the engine did not change and that is not sharded is saved as it is; any other goes
+    through full_state_dict into a twin of Transformers' class (the engine and fully_shard
+    renamed the live one's, which save_pretrained records), written by rank 0.
+    """
+    from torch.distributed.tensor import DTensor
+
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    if not engine_experts_modules(model) and not any(isinstance(p, DTensor) for p in model.parameters()):
+        if rank0:
+            model.save_pretrained(out_dir, max_shard_size=max_shard_size)
+    else:
+        state = full_state_dict(model, to_rank0_only=True)
+        if rank0:
+            twin = meta_model(model.config)
+            twin.load_state_dict(state, assign=True, strict=True)  # a missing tensor fails, not saves meta
+            twin.tie_weights()
+            twin.save_pretrained(out_dir, max_shard_size=max_shard_size)
     if dist.is_initialized():
         dist.barrier()
