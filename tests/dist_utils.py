@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import tempfile
 import time
 import traceback
@@ -13,11 +12,7 @@ from multiprocessing.connection import wait
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from workbench.parallel.launch import free_port
 
 
 def _worker(rank: int, world: int, port: int, store_file: str, backend: str, env: dict, fn, args, conn) -> None:

@@ -262,3 +262,40 @@ def test_triton_extras_on_the_generic_path_equal_transformers_in_interpreter():
     proc = subprocess.run([sys.executable, "-c", _INTERPRETER_SCRIPT, "mixtral", "qwen2_moe", "deepseek_v3", "gpt_oss"],
                           env=env, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "GENERIC TRITON OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def _shared_aux_worker(rank, world):
+    import torch.distributed as dist
+    from transformers.models.mixtral import modeling_mixtral
+
+    cfg = tiny_config("mixtral", router_aux_loss_coef=0.1)
+    torch.manual_seed(3)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg)
+    randomize(ref)
+    eng = AutoModelForCausalLM.from_config(cfg, device="cpu")
+    eng.load_state_dict(ref.state_dict())
+    ids = torch.randint(0, cfg.vocab_size, (2 * world, 12), generator=torch.Generator().manual_seed(1))
+    mine = ids[2 * rank:2 * rank + 2]
+    calls = []
+    real = modeling_mixtral.load_balancing_loss_func
+    # Noted in this spawned process only: how often Transformers' own aux loss runs in the engine's forward.
+    modeling_mixtral.load_balancing_loss_func = lambda *a, **k: calls.append(1) or real(*a, **k)
+    out = eng(input_ids=mine, labels=mine, output_router_logits=True, aux_loss_group=dist.group.WORLD)
+    engine_calls = len(calls)
+    with torch.no_grad():
+        whole = ref(input_ids=ids, output_router_logits=True).aux_loss  # one process, the global batch
+        ce = ref(input_ids=mine, labels=mine).loss
+    return {"calls": engine_calls, "aux": out.aux_loss.detach(), "whole": whole, "loss": out.loss.detach(),
+            "ce": ce, "router_logits": len(out.router_logits), "layers": cfg.num_hidden_layers}
+
+
+def test_shared_aux_loss_is_computed_once_and_adds_up_to_transformers():
+    """With aux_loss_group the engine computes the group's aux loss only, not Transformers' per-rank one too."""
+    from dist_utils import run_ranks
+
+    results = run_ranks(_shared_aux_worker, 2, timeout=120)
+    assert [r["calls"] for r in results] == [0, 0]
+    assert all(r["router_logits"] == r["layers"] for r in results)
+    close(sum(r["aux"] for r in results), results[0]["whole"], "rank shares vs one process's aux loss")
+    for r in results:
+        close(r["loss"], r["ce"] + 0.1 * r["aux"], "loss = CE + coef * this rank's share")

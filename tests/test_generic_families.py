@@ -11,7 +11,7 @@ from generic_families import FAMILIES, tiny_config
 from workbench import BackendConfig
 from workbench.models.auto import AutoModelForCausalLM
 from workbench.models.generic import UnsupportedModelError
-from workbench.moe.hf_experts import engine_experts_modules, grouped_mm_ok
+from workbench.moe.hf_experts import engine_experts_modules, grouped_mm_dtypes, grouped_mm_ok
 
 EPS = torch.finfo(torch.float32).eps
 GENERIC = list(FAMILIES)  # qwen3_moe too: the generic path plus its own extras
@@ -70,7 +70,7 @@ def test_logits_and_gradients_equal_vanilla_transformers(family, backend):
     assert all(m.workbench_experts_backend == backend for _, m in experts)
     # the tiny widths are multiples of 8: grouped_mm runs for real, not its loop fallback
     x = torch.zeros(4, cfg.hidden_size)
-    assert grouped_mm_ok(x, experts[0][1].down_proj.transpose(-2, -1))
+    assert grouped_mm_ok(x, experts[0][1].down_proj.transpose(-2, -1), grouped_mm_dtypes("cpu"))
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=g)
     out_ref, out_eng = ref(input_ids=ids, labels=ids), eng(input_ids=ids, labels=ids)
@@ -100,7 +100,8 @@ def test_odd_widths_fall_back_to_the_loop_and_stay_exact():
     randomize(ref)
     eng = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts="grouped_mm"), device="cpu")
     eng.load_state_dict(ref.state_dict())
-    assert not grouped_mm_ok(torch.zeros(1, 36), engine_experts_modules(eng)[0][1].down_proj.transpose(-2, -1))
+    experts = engine_experts_modules(eng)[0][1]
+    assert not grouped_mm_ok(torch.zeros(1, 36), experts.down_proj.transpose(-2, -1), experts.workbench_grouped_mm_dtypes)
     ids = torch.randint(0, cfg.vocab_size, (2, 9))
     close(eng(input_ids=ids).logits, ref(input_ids=ids).logits, "odd-width logits")
 
@@ -323,3 +324,36 @@ def test_bf16_on_cuda_matches_transformers_grouped_mm(family):
     torch.testing.assert_close(out_eng.loss.float(), out_ref.loss.float(), rtol=2e-2, atol=2e-2)
     out_eng.loss.backward()
     assert all(p.grad is None or torch.isfinite(p.grad).all() for p in eng.parameters())
+
+
+def test_the_fused_experts_check_builds_one_meta_model_per_config(monkeypatch):
+    """Equal configs share one meta build; a changed field is asked again (the key is taken per call)."""
+    from workbench.models import generic
+
+    generic._has_fused_experts.cache_clear()  # other tests in this process may have asked already
+    builds = []
+    real = generic.meta_model
+    monkeypatch.setattr(generic, "meta_model", lambda cfg: builds.append(cfg.num_hidden_layers) or real(cfg))
+    cfg = _config("mixtral", num_hidden_layers=3)
+    assert generic.has_fused_experts(cfg) and generic.has_fused_experts(_config("mixtral", num_hidden_layers=3))
+    assert builds == [3]
+    cfg.num_hidden_layers = 1
+    assert generic.has_fused_experts(cfg)
+    assert builds == [3, 1]
+
+
+def test_grouped_mm_dtypes_are_decided_once_at_install_and_passed_down():
+    """Which dtypes grouped_mm takes is the device's, decided at install; the GEMMs only read the decision."""
+    from workbench.moe.hf_experts import grouped_linear
+
+    cfg = _config("mixtral")
+    grouped = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts="grouped_mm"), device="cpu")
+    loop = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts="loop"), device="cpu")
+    assert {m.workbench_grouped_mm_dtypes for _, m in engine_experts_modules(grouped)} == {(torch.float32, torch.bfloat16)}
+    assert {m.workbench_grouped_mm_dtypes for _, m in engine_experts_modules(loop)} == {()}
+    g = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(10, 16, generator=g), torch.randn(4, 8, 16, generator=g)
+    counts = torch.tensor([3, 0, 7, 0])
+    # float32 rows with a bf16-only decision (a CUDA device's) take the loop: the same numbers
+    close(grouped_linear(x, counts, weight, False, (torch.bfloat16,)),
+          grouped_linear(x, counts, weight, False, (torch.float32,)), "loop vs grouped_mm rows")

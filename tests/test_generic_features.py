@@ -192,6 +192,23 @@ def test_router_bias_update_rate_is_validated_and_refused_without_a_bias(tmp_pat
     assert not (tmp_path / "runs").exists()  # refused before the run directory
 
 
+def test_router_bias_update_refuses_a_model_without_the_engines_expert_counts(tmp_path):
+    """A prebuilt vanilla DeepSeek-V3 has the bias but not the engine's counters: the update cannot see the load."""
+    import inspect
+
+    from workbench.train.loop import Trainer
+
+    if "model" not in inspect.signature(Trainer.setup).parameters:
+        pytest.skip("Trainer.setup takes no prebuilt model in this tree (TRAINER_API)")
+    ckpt = _saved("deepseek_v3", tmp_path / "m")
+    trainer = Trainer(_rc(ckpt, str(tmp_path / "runs"), train__router_bias_update_rate=0.01))
+    vanilla = transformers.AutoModelForCausalLM.from_pretrained(ckpt)  # Transformers' experts: no counters
+    assert router_biases(vanilla) and not engine_experts_modules(vanilla)
+    with pytest.raises(ConfigError, match=r"router_bias_update_rate needs the engine's expert counts.*'deepseek_v3'"
+                                          r".*set train.router_bias_update_rate to 0"):
+        trainer.setup(model=vanilla)
+
+
 def test_bias_update_lowers_overloaded_experts_and_raises_idle_ones():
     biases = [torch.zeros(4), torch.full((1, 4), 0.5)]  # a buffer [E], and ernie4_5_moe's [1, E]
     load = torch.tensor([[10, 0, 2, 4], [3, 3, 3, 3]])  # layer 0: mean 4

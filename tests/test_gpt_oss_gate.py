@@ -239,7 +239,7 @@ def test_gpt_oss_experts_torch_kernels_equal_vanilla(monkeypatch):
     import workbench.moe.hf_experts as hf_experts
 
     def torch_kernels(module, x_ND, tokens_per_expert):
-        return gpt_oss_expert_rows(module, x_ND, tokens_per_expert, module.workbench_experts_backend, kernel="torch")
+        return gpt_oss_expert_rows(module, x_ND, tokens_per_expert, kernel="torch")
 
     monkeypatch.setattr(hf_experts, "expert_rows", torch_kernels)
     _compare_with_vanilla(cfg, ref, eng)

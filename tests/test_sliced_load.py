@@ -180,3 +180,21 @@ def test_a_bf16_model_on_a_mesh_keeps_the_router_bias_float32_with_its_values(tm
         assert len(biases) == len(want)
         for (dtype, got), w in zip(biases, want):
             assert dtype == torch.float32 and torch.equal(got, w)
+
+
+def test_one_parse_of_the_checkpoint_index_per_load(tmp_path, monkeypatch):
+    """plan_rank_read parses which file holds each key; the read reuses that map instead of parsing again."""
+    import workbench.models.sliced_load as sliced_load
+    from workbench.models.auto import AutoModelForCausalLM
+
+    path = _save_vanilla("mixtral", tmp_path / "ckpt")
+    want = load_file(f"{path}/model.safetensors")
+    model = AutoModelForCausalLM.from_config(tiny_config("mixtral"), device="cpu")
+    parses = []
+    real = sliced_load.checkpoint_key_files
+    monkeypatch.setattr(sliced_load, "checkpoint_key_files", lambda p: parses.append(p) or real(p))
+    plan = sliced_load.plan_rank_read(model, path, (0, 4))
+    sliced_load.load_rank_slice(model, path, plan, (0, 4))
+    assert len(parses) == 1, parses
+    key = "model.layers.0.mlp.experts.down_proj"
+    assert torch.equal(model.state_dict()[key][2], want["model.layers.0.block_sparse_moe.experts.2.w2.weight"])

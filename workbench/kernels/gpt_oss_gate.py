@@ -32,14 +32,15 @@ def row_segments(tokens_per_expert: torch.Tensor, rows: int) -> Segments:
     return Segments(tokens_per_expert, ids, offsets)
 
 
-def _row_bias(bias_EC: torch.Tensor, seg: Segments, rows: int) -> torch.Tensor:
-    return torch.repeat_interleave(bias_EC, seg.tokens_per_expert, dim=0, output_size=rows)
+def expert_row_bias(bias_EC: torch.Tensor, tokens_per_expert: torch.Tensor, rows: int) -> torch.Tensor:
+    """bias[expert of each row] for `rows` expert-major rows, [rows, C] (no host sync: output_size given)."""
+    return torch.repeat_interleave(bias_EC, tokens_per_expert, dim=0, output_size=rows)
 
 
 def gpt_oss_gate_torch(h_N2I: torch.Tensor, bias_E2I: torch.Tensor, seg: Segments, alpha: float,
                        limit: float) -> torch.Tensor:
     """Reference: h + bias[expert], then GptOssExperts._apply_gate's ops (gate/up interleaved)."""
-    gate_up = h_N2I + _row_bias(bias_E2I, seg, h_N2I.shape[0])
+    gate_up = h_N2I + expert_row_bias(bias_E2I, seg.tokens_per_expert, h_N2I.shape[0])
     gate, up = gate_up[..., ::2], gate_up[..., 1::2]
     gate = gate.clamp(min=None, max=limit)
     up = up.clamp(min=-limit, max=limit)
@@ -56,7 +57,7 @@ def gpt_oss_gate_triton(h_N2I: torch.Tensor, bias_E2I: torch.Tensor, seg: Segmen
 
 def add_row_bias_torch(y_NC: torch.Tensor, bias_EC: torch.Tensor, seg: Segments) -> torch.Tensor:
     """Reference: y + bias[expert of each row] (materializes the repeated bias)."""
-    return y_NC + _row_bias(bias_EC, seg, y_NC.shape[0])
+    return y_NC + expert_row_bias(bias_EC, seg.tokens_per_expert, y_NC.shape[0])
 
 
 def add_row_bias_triton(y_NC: torch.Tensor, bias_EC: torch.Tensor, seg: Segments) -> torch.Tensor:

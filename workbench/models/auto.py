@@ -6,7 +6,6 @@ import logging
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import transformers
 
 from workbench.backends import BackendConfig
@@ -16,7 +15,7 @@ from workbench.models.hf_io import CheckpointError
 from workbench.models.mesh_build import (build_generic_parallel_model, check_mesh_call,
                                          check_mesh_for_model, shard_without_engine)
 from workbench.moe.dispatch import LocalDispatcher
-from workbench.moe.hf_experts import check_generic_backend, engine_experts_modules
+from workbench.moe.hf_experts import check_generic_backend
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +35,19 @@ def resolve_backend(backend: BackendConfig, mesh, device) -> BackendConfig:
     Every path (generic, vanilla) resolves here, before any model is built; the mesh builder takes
     the result as it is. On a mesh the model lives on the rank's own device.
     """
+    return backend.resolve(build_device(mesh, device), world_size=1 if mesh is None else mesh.ep)
+
+
+def build_device(mesh, device) -> torch.device:
+    """Where the model will run: `device` (default_device() if unset), or with a mesh the rank's own device."""
     if mesh is None:
-        device = torch.device(device) if device is not None else default_device()
-        return backend.resolve(device, world_size=1)
+        return torch.device(device) if device is not None else default_device()
     check_mesh_call(mesh)
     rank_device = default_device()
     if device is not None and torch.device(device).type != rank_device.type:
         raise ValueError(f"device={device!r} with mesh=: a mesh's ranks build on their own device "
                          f"({rank_device} for this process group); leave device unset")
-    return backend.resolve(rank_device, world_size=mesh.ep)
+    return rank_device
 
 
 def _start_vanilla(config, mesh) -> None:
@@ -63,7 +66,7 @@ def _vanilla_on_mesh(model, mesh):
     return shard_without_engine(model, mesh)
 
 
-def _generic_from(config, path, resolved: BackendConfig, mesh, hf_kwargs: dict):
+def _generic_from(config, path, resolved: BackendConfig, mesh, device, hf_kwargs: dict):
     """The generic engine path: Transformers' model whose fused experts modules are the engine's."""
     generic.validate_config(config)
     check_generic_backend(resolved.experts)
@@ -94,7 +97,8 @@ def _generic_from(config, path, resolved: BackendConfig, mesh, hf_kwargs: dict):
                                   f"tensors {missing[:8]}{'...' if len(missing) > 8 else ''}; tensors of the wrong "
                                   f"shape (e.g. missing experts) {mismatched[:8]}. Point to a complete "
                                   "checkpoint written by save_pretrained, or fix config.json")
-    generic.install(model, resolved, lambda n: LocalDispatcher(n, resolved.combine))
+    # The device `resolved` was resolved for: the experts' grouped_mm dtypes are decided for it.
+    generic.install(model, resolved, lambda n: LocalDispatcher(n, resolved.combine), device=build_device(None, device))
     return model
 
 
@@ -107,7 +111,7 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
         # Resolved once, with the mesh's ep, before anything is built; the builder takes it as it is.
         resolved = resolve_backend(_check_backend(backend), mesh, device)
         if generic.has_fused_experts(config):
-            return _generic_from(config, None, resolved, mesh, hf_kwargs)
+            return _generic_from(config, None, resolved, mesh, device, hf_kwargs)
         _start_vanilla(config, mesh)
         seed = hf_kwargs.pop("seed", None)  # the engine's mesh build takes one: same weights on every rank
         with torch.random.fork_rng(devices=[], enabled=seed is not None):
@@ -125,7 +129,7 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
         # A caller's config (e.g. the trainer's, with its overrides) wins over the directory's.
         config = hf_kwargs.pop("config", None) or transformers.AutoConfig.from_pretrained(path)
         if generic.has_fused_experts(config):
-            return _generic_from(config, path, resolved, mesh, hf_kwargs)
+            return _generic_from(config, path, resolved, mesh, device, hf_kwargs)
         _start_vanilla(config, mesh)
         model = transformers.AutoModelForCausalLM.from_pretrained(path, *model_args, config=config, **hf_kwargs)
         return _vanilla_on_mesh(model, mesh)
@@ -133,31 +137,4 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
 
 def save_pretrained(model, out_dir, max_shard_size: str = "5GB") -> None:
     """Write the Transformers layout from any mesh; collective: every rank must call it."""
-    if engine_experts_modules(model):
-        return generic.save_pretrained(model, out_dir, max_shard_size)
-    return _save_vanilla(model, out_dir, max_shard_size)
-
-
-def _save_vanilla(model, out_dir, max_shard_size: str) -> None:
-    """Vanilla Transformers' save of a model the engine did not change, also when FSDP2-sharded.
-
-    Transformers' own save_pretrained writes the family's disk layout (its reverse weight
-    conversion); a sharded model is gathered first and saved through an unsharded twin, since
-    fully_shard renames the class (FSDPLlamaForCausalLM) that save_pretrained records.
-    """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from torch.distributed.tensor import DTensor
-
-    if not any(isinstance(p, DTensor) for p in model.parameters()):
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            model.save_pretrained(out_dir, max_shard_size=max_shard_size)
-    else:
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if dist.get_rank() == 0:
-            with torch.device("meta"):
-                twin = transformers.AutoModelForCausalLM.from_config(model.config)
-            twin.load_state_dict(state, assign=True)  # strict: a missing tensor must fail, not save meta
-            twin.tie_weights()
-            twin.save_pretrained(out_dir, max_shard_size=max_shard_size)
-    if dist.is_initialized():
-        dist.barrier()
+    generic.save_pretrained(model, out_dir, max_shard_size)

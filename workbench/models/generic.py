@@ -7,6 +7,7 @@ layout, so state dicts and Transformers' own save/load conversions are unchanged
 
 from __future__ import annotations
 
+import functools
 import logging
 import zlib
 
@@ -44,8 +45,35 @@ def fused_experts_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if is_fused_experts(m)]
 
 
+class _SameConfig:
+    """A config as a cache key: its class and every field (PretrainedConfig defines == but no hash)."""
+
+    __slots__ = ("config", "key")
+
+    def __init__(self, config) -> None:
+        self.config = config
+        self.key = (type(config), config.to_json_string(use_diff=False))
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _SameConfig) and self.key == other.key
+
+
 def has_fused_experts(config) -> bool:
-    """Whether `config`'s model holds v5 fused experts modules; a MoE model without them is refused."""
+    """Whether `config`'s model holds v5 fused experts modules; a MoE model without them is refused.
+
+    A pure function of the config's class and fields: a memo of the answer (not of the config,
+    which may change: the key is taken at each call) spares the builders and the trainer's mesh
+    checks one meta build each for an equal config.
+    """
+    return _has_fused_experts(_SameConfig(config))
+
+
+@functools.lru_cache(maxsize=32)
+def _has_fused_experts(same: _SameConfig) -> bool:
+    config = same.config
     model = meta_model(config)
     if fused_experts_modules(model):
         return True
@@ -78,16 +106,19 @@ def num_experts(model: nn.Module, config) -> int:
     return counts.pop()
 
 
-def install(model: nn.Module, backend, make_dispatcher, expert_range: tuple[int, int] | None = None) -> int:
+def install(model: nn.Module, backend, make_dispatcher, expert_range: tuple[int, int] | None = None,
+            device: torch.device | None = None) -> int:
     """Make every fused experts module the engine's, then the extras `backend` (resolved) selects.
 
-    `make_dispatcher(num_experts)` gives each experts module its dispatcher.
+    `make_dispatcher(num_experts)` gives each experts module its dispatcher; `device`: the one
+    `backend` was resolved for (None: where the weights are now).
     """
     total = num_experts(model, model.config)
     modules = fused_experts_modules(model)
     for _, module in modules:
         install_engine_experts(module, make_dispatcher(total), backend.experts, expert_range or (0, total), total,
-                               gate=backend.gate, swiglu=backend.swiglu, recompute=backend.expert_recompute)
+                               gate=backend.gate, swiglu=backend.swiglu, recompute=backend.expert_recompute,
+                               device=device)
     select_attention(model, backend.attention)
     extras = install_extras(model, backend, total)
     extras["phase_labels"] = label_phases(model)
@@ -167,12 +198,25 @@ def full_state_dict(model: nn.Module, to_rank0_only: bool = False) -> dict[str, 
 
 
 def save_pretrained(model: nn.Module, out_dir, max_shard_size: str = "5GB") -> None:
-    """Transformers' own save of the unsharded model from any mesh; collective: every rank calls it."""
-    state = full_state_dict(model, to_rank0_only=True)
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        twin = meta_model(model.config)  # Transformers' class: fully_shard renamed the live one
-        twin.load_state_dict(state, assign=True, strict=True)
-        twin.tie_weights()
-        twin.save_pretrained(out_dir, max_shard_size=max_shard_size)
+    """Transformers' own save of the unsharded model from any mesh, engine or vanilla; collective.
+
+    Transformers' save_pretrained writes the family's disk layout (its reverse weight conversion).
+    A model the engine did not change and that is not sharded is saved as it is; any other goes
+    through full_state_dict into a twin of Transformers' class (the engine and fully_shard
+    renamed the live one's, which save_pretrained records), written by rank 0.
+    """
+    from torch.distributed.tensor import DTensor
+
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    if not engine_experts_modules(model) and not any(isinstance(p, DTensor) for p in model.parameters()):
+        if rank0:
+            model.save_pretrained(out_dir, max_shard_size=max_shard_size)
+    else:
+        state = full_state_dict(model, to_rank0_only=True)
+        if rank0:
+            twin = meta_model(model.config)
+            twin.load_state_dict(state, assign=True, strict=True)  # a missing tensor fails, not saves meta
+            twin.tie_weights()
+            twin.save_pretrained(out_dir, max_shard_size=max_shard_size)
     if dist.is_initialized():
         dist.barrier()

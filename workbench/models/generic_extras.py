@@ -16,6 +16,7 @@ Triton combine in the dispatchers.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 
 import torch
@@ -250,13 +251,62 @@ class EngineCausalLM:
         return save_pretrained(self, save_directory, kwargs.get("max_shard_size", "5GB"))
 
 
+class RouterLogitSink:
+    """Where the router hooks put one forward's router logits (None between forwards: nothing is kept)."""
+
+    def __init__(self) -> None:
+        self.logits: list[torch.Tensor] | None = None
+
+
+def _router_logit_specs(model: nn.Module) -> list[tuple[type, int]]:
+    """(module class, output index) that Transformers records as `router_logits` (its `_can_record_outputs`)."""
+    specs = (getattr(model.base_model, "_can_record_outputs", None) or {}).get("router_logits")
+    out = []
+    for spec in specs if isinstance(specs, list) else [specs] if specs is not None else []:
+        if isinstance(spec, type):
+            out.append((spec, 1))  # Transformers' index for a bare class outside hidden_states
+        elif isinstance(getattr(spec, "target_class", None), type) and getattr(spec, "layer_name", None) is None:
+            out.append((spec.target_class, int(spec.index)))
+    return out
+
+
+def _record_router_logits(sink: RouterLogitSink, index: int, module, args, output) -> None:
+    if sink.logits is not None:
+        sink.logits.append(output[index] if isinstance(output, tuple) else output)
+
+
+def attach_router_logit_hooks(model: nn.Module) -> int:
+    """Record each router's logits into `model.workbench_router_sink` while it collects; how many routers.
+
+    The modules are the ones Transformers' own output recording hooks (the same class and output
+    index), so the logits are those its aux loss would read.
+    """
+    sink = RouterLogitSink()
+    specs = _router_logit_specs(model)
+    routers = 0
+    for module in model.base_model.modules():
+        index = next((i for cls, i in specs if isinstance(module, cls)), None)
+        if index is not None:
+            module.register_forward_hook(functools.partial(_record_router_logits, sink, index))
+            routers += 1
+    if not routers:
+        raise RuntimeError(f"model_type {model.config.model_type!r}: no router module found from Transformers' "
+                           f"_can_record_outputs['router_logits'] ({specs}); the shared aux loss needs them")
+    model.workbench_router_sink = sink
+    return routers
+
+
 class EngineCausalLMSharedAux(EngineCausalLM):
     """EngineCausalLM for a family with Transformers' standard aux loss: `aux_loss_group` gives rank shares.
 
     With a data-parallel `aux_loss_group`, the aux loss is this rank's share of the aux loss of the
     micro-batch across the group (moe/router.load_balancing_loss: counts summed over the group),
-    so shares and gradients add up to the global batch's, as one process computes it.
+    so shares and gradients add up to the global batch's, as one process computes it. It is
+    computed once: Transformers' forward runs without output_router_logits (so it computes no
+    aux loss of its own), and the router hooks (attach_router_logit_hooks) record the logits.
     """
+
+    workbench_router_sink: RouterLogitSink | None = None
 
     def forward(self, *args, aux_loss_group=None, **kwargs):
         """EngineCausalLM's forward; `aux_loss_group` (a process group) makes the aux loss this rank's share."""
@@ -266,17 +316,19 @@ class EngineCausalLMSharedAux(EngineCausalLM):
             return super().forward(*args, **kwargs)
         from workbench.moe.router import load_balancing_loss
 
-        coef = self.router_aux_loss_coef
-        self.router_aux_loss_coef = 0.0  # Transformers' own term (this rank's tokens only) adds nothing
+        sink = self.workbench_router_sink
+        sink.logits = []
         try:
-            out = super().forward(*args, **kwargs)
+            out = super().forward(*args, **{**kwargs, "output_router_logits": False})
+            logits = tuple(sink.logits)
         finally:
-            self.router_aux_loss_coef = coef
-        shared = load_balancing_loss(out.router_logits, self.num_experts, self.num_experts_per_tok,
+            sink.logits = None  # a recompute in backward (activation checkpointing) records nothing
+        shared = load_balancing_loss(logits, self.num_experts, self.num_experts_per_tok,
                                      kwargs.get("attention_mask"), group=aux_loss_group)
+        out["router_logits"] = logits
         out["aux_loss"] = shared
         if out.loss is not None:
-            out["loss"] = out.loss + coef * shared.to(out.loss.device)
+            out["loss"] = out.loss + self.router_aux_loss_coef * shared.to(out.loss.device)
         return out
 
 
@@ -331,5 +383,7 @@ def install_extras(model: nn.Module, backend, num_experts: int) -> dict[str, int
               "rope": use_engine_attention(model, backend.rope),
               "float32_router": use_engine_router(model)}
     model.__class__ = engine_lm_class(type(model))
+    if isinstance(model, EngineCausalLMSharedAux) and model.workbench_router_sink is None:
+        counts["router_hooks"] = attach_router_logit_hooks(model)
     model.workbench_backend = backend
     return counts

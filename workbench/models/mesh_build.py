@@ -7,7 +7,6 @@ import logging
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import fully_shard
 
 from workbench.backends import BackendConfig
 from workbench.devices import default_device
@@ -16,7 +15,7 @@ from workbench.models.sliced_load import disk_rules, init_nonpersistent_buffers,
 from workbench.moe.bias_update import cast_keeping_router_biases
 from workbench.moe.dispatch import make_dispatcher
 from workbench.moe.hf_experts import EngineExperts, engine_experts_modules
-from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR, _sum_gradients, apply_fsdp_any, decoder_layers
+from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR, apply_fsdp_any, decoder_layers
 from workbench.parallel.mesh import MeshConfig, MeshError, dense_mesh
 
 log = logging.getLogger(__name__)
@@ -77,22 +76,15 @@ def shard_without_engine(model: nn.Module, mesh: MeshConfig) -> nn.Module:
 
 def apply_fsdp_generic(model: nn.Module, device_mesh) -> nn.Module:
     """FSDP2 per decoder layer over dp, each engine experts module over the expert-data-parallel dim."""
-    dense = dense_mesh(device_mesh)
-    sharded, experts_sharded = [], 0
-    for layer in reversed(decoder_layers(model)):  # innermost first
-        for module in layer.modules():
-            if isinstance(module, EngineExperts):
-                sharded.append(fully_shard(module, mesh=device_mesh["edp"]))
-                experts_sharded += 1
-        sharded.append(fully_shard(layer, mesh=dense))
+    inside = sum(isinstance(m, EngineExperts) for layer in decoder_layers(model) for m in layer.modules())
     total = len(engine_experts_modules(model))
-    if experts_sharded != total:
+    if inside != total:
         # The root's dense-mesh shard would treat each ep rank's different experts as one replicated tensor.
-        raise RuntimeError(f"{type(model).__name__}: {total - experts_sharded} of {total} experts modules lie outside "
+        raise RuntimeError(f"{type(model).__name__}: {total - inside} of {total} experts modules lie outside "
                            "the decoder layers FSDP2 shards one by one; expert parallelism cannot shard them")
-    sharded.append(fully_shard(model, mesh=dense, reshard_after_forward=False))
-    _sum_gradients(sharded)
-    return model
+    edp = device_mesh["edp"]
+    return apply_fsdp_any(model, device_mesh,
+                          inner=lambda layer: [(m, edp) for m in layer.modules() if isinstance(m, EngineExperts)])
 
 
 def _mark_expert_params(model: nn.Module, device_mesh) -> None:
@@ -134,7 +126,7 @@ def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfi
     expert_range = mesh.expert_range(dist.get_rank(), num_experts)
     # One dispatcher for every MoE layer: dispatchers hold no per-layer state.
     dispatcher = make_dispatcher(backend.dispatcher, num_experts, device_mesh.get_group("ep"), backend.combine)
-    generic.install(model, backend, lambda n: dispatcher, expert_range)
+    generic.install(model, backend, lambda n: dispatcher, expert_range, device)
     plan = None if checkpoint is None else plan_rank_read(model, checkpoint, expert_range)
     if checkpoint is not None and plan is None:
         rules = disk_rules(config.model_type)
@@ -142,7 +134,7 @@ def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfi
                     "loads the whole checkpoint on every rank, which then keeps its experts", config.model_type,
                     ", ".join(rules.unknown) or "of the experts")
         model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, config=config, **hf_kwargs)
-        generic.install(model, backend, lambda n: dispatcher, expert_range)
+        generic.install(model, backend, lambda n: dispatcher, expert_range, device)
         model.to(device)
     else:
         model.to_empty(device=device)

@@ -55,6 +55,14 @@ class Source:
 
 
 @dataclass(frozen=True)
+class ReadPlan:
+    """What this rank reads: the disk source per state-dict name, and the file of each disk key (parsed once)."""
+
+    sources: dict[str, Source]
+    where: dict[str, Path]
+
+
+@dataclass(frozen=True)
 class ReadStats:
     """What one rank read from the checkpoint (bytes of the tensors it got, experts counted apart)."""
 
@@ -102,7 +110,7 @@ def _unique_tensors(model: nn.Module) -> list[list[str]]:
     return list(groups.values())
 
 
-def plan_rank_read(model: nn.Module, path: Path, expert_range: tuple[int, int]) -> dict[str, Source] | None:
+def plan_rank_read(model: nn.Module, path: Path, expert_range: tuple[int, int]) -> ReadPlan | None:
     """Per state-dict name of `model` (engine experts installed), its disk source; None: a layout unknown here.
 
     Raises CheckpointError for a tensor the family's rules say must be on disk but that is missing or
@@ -136,7 +144,7 @@ def plan_rank_read(model: nn.Module, path: Path, expert_range: tuple[int, int]) 
         plan[names[0]] = source
     num_experts = {int(m.num_experts) for _, m in engine_experts_modules(model)}.pop()
     _check_every_expert(path, where, plan, num_experts)
-    return plan
+    return ReadPlan(plan, where)
 
 
 def _check_every_expert(path: Path, where: dict[str, Path], plan: dict[str, Source], num_experts: int) -> None:
@@ -183,11 +191,10 @@ def _per_expert_source(name: str, rules: DiskRules, on_disk: set[str]) -> Source
     return None
 
 
-def read_rank_tensors(path: Path, plan: dict[str, Source], expert_range: tuple[int, int]
+def read_rank_tensors(path: Path, read_plan: ReadPlan, expert_range: tuple[int, int]
                       ) -> tuple[dict[str, torch.Tensor], ReadStats]:
     """This rank's tensors per planned name (experts [first, last) only), and what reading them took."""
-    path = Path(path)
-    where = checkpoint_key_files(path)
+    plan, where = read_plan.sources, read_plan.where  # the key -> file map plan_rank_read parsed
     first, last = expert_range
     wanted: list[str] = []
     for source in plan.values():
@@ -226,8 +233,7 @@ def read_rank_tensors(path: Path, plan: dict[str, Source], expert_range: tuple[i
     return out, ReadStats(tensors=count, bytes=total, expert_bytes=expert_bytes)
 
 
-def load_rank_slice(model: nn.Module, path: Path, plan: dict[str, Source], expert_range: tuple[int, int]
-                    ) -> ReadStats:
+def load_rank_slice(model: nn.Module, path: Path, plan: ReadPlan, expert_range: tuple[int, int]) -> ReadStats:
     """Fill `model` (allocated, engine experts installed) with this rank's tensors of the checkpoint."""
     tensors, stats = read_rank_tensors(path, plan, expert_range)
     state = model.state_dict(keep_vars=True)
@@ -235,7 +241,7 @@ def load_rank_slice(model: nn.Module, path: Path, plan: dict[str, Source], exper
         for name, value in tensors.items():
             target = state[name]
             if value.shape != target.shape:
-                disk = ", ".join(plan[name].keys)
+                disk = ", ".join(plan.sources[name].keys)
                 raise CheckpointError(f"checkpoint {path}: {name} (from {disk}) has shape {tuple(value.shape)} for "
                                       f"experts {list(expert_range)}, the model needs {tuple(target.shape)}; the "
                                       "checkpoint is of another model shape")

@@ -35,12 +35,13 @@ def is_gpt_oss_gate(module: nn.Module) -> bool:
 
 
 def gpt_oss_expert_rows(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor,
-                        backend: str, kernel: str = "triton") -> torch.Tensor:
+                        kernel: str = "triton") -> torch.Tensor:
     """GPT-OSS experts on expert-major rows with the `kernel` ("torch" or "triton") bias and gate."""
     from workbench.moe.hf_experts import grouped_linear
 
     seg = row_segments(tokens_per_expert, x_ND.shape[0])
-    h = grouped_linear(x_ND, tokens_per_expert, module.gate_up_proj, True, backend)
+    dtypes = module.workbench_grouped_mm_dtypes  # decided at install (moe/hf_experts)
+    h = grouped_linear(x_ND, tokens_per_expert, module.gate_up_proj, True, dtypes)
     act = gpt_oss_gate(h, module.gate_up_proj_bias, seg, module.alpha, module.limit, backend=kernel)
-    y = grouped_linear(act, tokens_per_expert, module.down_proj, True, backend)
+    y = grouped_linear(act, tokens_per_expert, module.down_proj, True, dtypes)
     return add_row_bias(y, module.down_proj_bias, seg, backend=kernel)

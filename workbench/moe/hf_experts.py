@@ -16,6 +16,7 @@ from torch import nn
 from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
+from workbench.kernels.gpt_oss_gate import expert_row_bias
 from workbench.moe.gpt_oss_experts import gpt_oss_expert_rows, is_gpt_oss_gate
 from workbench.moe.routed_load import attach_load_counter, count_routed
 from workbench.moe.router import GATES, balanced_ids
@@ -79,23 +80,33 @@ def _weight_KN(weight_E: torch.Tensor, transposed: bool) -> torch.Tensor:
     return weight_E if transposed else weight_E.transpose(-2, -1)
 
 
-def grouped_mm_ok(x_ND: torch.Tensor, weight_EKN: torch.Tensor) -> bool:
-    """Whether torch's grouped GEMM takes these operands (dtype, device, 16-byte row strides)."""
+def grouped_mm_dtypes(device: torch.device | str) -> tuple[torch.dtype, ...]:
+    """The dtypes torch's grouped GEMM takes on `device`; () where it cannot run there. Asked once, at install."""
+    device = torch.device(device)
     if not (hasattr(F, "grouped_mm") or hasattr(torch, "_grouped_mm")):
-        return False
-    allowed = (torch.bfloat16,) if x_ND.device.type == "cuda" else (torch.float32, torch.bfloat16)
-    if x_ND.dtype not in allowed or weight_EKN.dtype != x_ND.dtype:
-        return False
-    if x_ND.device.type == "cuda" and torch.cuda.get_device_capability(x_ND.device)[0] < 8:
+        return ()
+    if device.type == "cuda":
+        # Its CUDA kernels take bf16 on sm >= 8.0 (other dtypes reach a fallback that syncs with the host).
+        return (torch.bfloat16,) if torch.cuda.get_device_capability(device)[0] >= 8 else ()
+    return (torch.float32, torch.bfloat16)
+
+
+def grouped_mm_ok(x_ND: torch.Tensor, weight_EKN: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> bool:
+    """Whether torch's grouped GEMM takes these operands: a dtype of `dtypes` (grouped_mm_dtypes), 16-byte rows."""
+    if x_ND.dtype not in dtypes or weight_EKN.dtype != x_ND.dtype:
         return False
     return all((w * x_ND.element_size()) % 16 == 0 for w in weight_EKN.shape[1:])
 
 
 def grouped_linear(x_ND: torch.Tensor, tokens_per_expert: torch.Tensor, weight_E: torch.Tensor,
-                   transposed: bool, backend: str) -> torch.Tensor:
-    """Rows of expert e times its weight, for expert-major rows (`tokens_per_expert` rows each)."""
+                   transposed: bool, dtypes: tuple[torch.dtype, ...]) -> torch.Tensor:
+    """Rows of expert e times its weight, for expert-major rows (`tokens_per_expert` rows each).
+
+    `dtypes`: what grouped_mm takes on the device (the module's workbench_grouped_mm_dtypes; ()
+    for experts='loop'); operands it does not take run the per-expert loop.
+    """
     weight_EKN = _weight_KN(weight_E, transposed)
-    if backend == "grouped_mm" and grouped_mm_ok(x_ND, weight_EKN):
+    if grouped_mm_ok(x_ND, weight_EKN, dtypes):
         offsets = torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)  # end offsets, as torch wants
         return _grouped_mm()(x_ND, weight_EKN, offs=offsets)
     outputs, start = [], 0
@@ -107,10 +118,6 @@ def grouped_linear(x_ND: torch.Tensor, tokens_per_expert: torch.Tensor, weight_E
         # Keep the weight in the graph so every rank's backward reaches the same parameters.
         return x_ND.new_zeros(x_ND.shape[0], weight_EKN.shape[-1]) + 0.0 * weight_EKN.sum()
     return torch.cat(outputs, dim=0)
-
-
-def _row_bias(bias_E: torch.Tensor, tokens_per_expert: torch.Tensor, rows: int) -> torch.Tensor:
-    return torch.repeat_interleave(bias_E, tokens_per_expert, dim=0, output_size=rows)
 
 
 def is_plain_swiglu(module: nn.Module) -> bool:
@@ -173,10 +180,10 @@ def _expert_rows_te(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: to
     row_counts_t = torch.tensor(rows_counts, device=x_ND.device)
     h = _te_linear_rows(rows_x, rows_counts, up)
     if layout.has_bias:
-        h = h + _row_bias(getattr(module, f"{layout.up_name}_bias"), row_counts_t, h.shape[0])
+        h = h + expert_row_bias(getattr(module, f"{layout.up_name}_bias"), row_counts_t, h.shape[0])
     y = _te_linear_rows(_gate(module, h), rows_counts, down)
     if layout.has_bias:
-        y = y + _row_bias(module.down_proj_bias, row_counts_t, y.shape[0])
+        y = y + expert_row_bias(module.down_proj_bias, row_counts_t, y.shape[0])
     if fp8:  # padded rows only ever reach the dropped outputs: no gradient flows from them
         y = te.Fp8Unpadding(len(counts), FP8_ROW_ALIGN)(y, counts)
     return module.post_expert_norm(y) if layout.has_post_expert_norm else y
@@ -189,15 +196,16 @@ def expert_rows(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.
     if backend == "te":
         return _expert_rows_te(module, x_ND, tokens_per_expert)
     if module.workbench_swiglu == "triton" and module.workbench_gpt_oss_gate:
-        return gpt_oss_expert_rows(module, x_ND, tokens_per_expert, backend)
+        return gpt_oss_expert_rows(module, x_ND, tokens_per_expert)
     rows = x_ND.shape[0]
-    h = grouped_linear(x_ND, tokens_per_expert, getattr(module, layout.up_name), layout.is_transposed, backend)
+    dtypes = module.workbench_grouped_mm_dtypes
+    h = grouped_linear(x_ND, tokens_per_expert, getattr(module, layout.up_name), layout.is_transposed, dtypes)
     if layout.has_bias:
-        h = h + _row_bias(getattr(module, f"{layout.up_name}_bias"), tokens_per_expert, rows)
+        h = h + expert_row_bias(getattr(module, f"{layout.up_name}_bias"), tokens_per_expert, rows)
     h = _gate(module, h)
-    y = grouped_linear(h, tokens_per_expert, module.down_proj, layout.is_transposed, backend)
+    y = grouped_linear(h, tokens_per_expert, module.down_proj, layout.is_transposed, dtypes)
     if layout.has_bias:
-        y = y + _row_bias(module.down_proj_bias, tokens_per_expert, rows)
+        y = y + expert_row_bias(module.down_proj_bias, tokens_per_expert, rows)
     if layout.has_post_expert_norm:
         y = module.post_expert_norm(y)
     return y
@@ -254,13 +262,15 @@ def check_generic_backend(backend: str) -> None:
 
 def install_engine_experts(module: nn.Module, dispatcher, backend: str, expert_range: tuple[int, int],
                            num_experts: int, gate: str = "native", swiglu: str = "torch",
-                           recompute: bool = False) -> nn.Module:
+                           recompute: bool = False, device: torch.device | str | None = None) -> nn.Module:
     """Turn a v5 experts module into the engine's in place; keep only experts [first, last).
 
     `gate` "balanced" is the bench's round-robin assignment. `swiglu` (a resolved
     BackendConfig.swiglu) takes effect only where the family's gate is plain SwiGLU
     (is_plain_swiglu) or GPT-OSS's (is_gpt_oss_gate); other gates stay the family's own.
-    `recompute`: BackendConfig.expert_recompute.
+    `recompute`: BackendConfig.expert_recompute. `device`: where the experts will run (the one
+    BackendConfig was resolved for; None: where their weights are now); grouped_mm's dtypes there
+    are decided here, once, not per GEMM.
     """
     check_generic_backend(backend)
     if gate not in GATES:
@@ -283,6 +293,8 @@ def install_engine_experts(module: nn.Module, dispatcher, backend: str, expert_r
     module.workbench_layout = layout
     module.workbench_dispatcher = dispatcher
     module.workbench_experts_backend = backend
+    run_on = device if device is not None else getattr(module, layout.up_name).device
+    module.workbench_grouped_mm_dtypes = grouped_mm_dtypes(run_on) if backend == "grouped_mm" else ()
     # Triton only where the engine has a kernel for the family's gate (plain SwiGLU, GPT-OSS's).
     module.workbench_gpt_oss_gate = is_gpt_oss_gate(module)
     module.workbench_swiglu = swiglu if module.workbench_gpt_oss_gate or is_plain_swiglu(module) else "torch"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable, Iterable
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -36,23 +38,34 @@ def _sum_gradients(modules: list[nn.Module]) -> None:
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks of a Transformers model: the classes it names in `_no_split_modules`."""
+    """The repeated blocks of a Transformers model: the classes it names in `_no_split_modules`.
+
+    Matched along each module's class hierarchy, so a layer is still found after fully_shard
+    swapped its class for a subclass (FSDPQwen3MoeDecoderLayer).
+    """
     names = set(getattr(model, "_no_split_modules", None) or ())
-    return [m for m in model.modules() if m is not model and type(m).__name__ in names]
+    return [m for m in model.modules()
+            if m is not model and any(cls.__name__ in names for cls in type(m).__mro__)]
 
 
 def apply_fsdp_any(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None = None,
-                   reshard_after_forward: bool = True) -> nn.Module:
-    """Shard any Transformers causal LM (no engine blocks) per decoder layer, then the root, over dp.
+                   reshard_after_forward: bool = True,
+                   inner: Callable[[nn.Module], Iterable[tuple[nn.Module, DeviceMesh]]] | None = None) -> nn.Module:
+    """Shard a Transformers causal LM per decoder layer, then the root, over dp; gradients summed.
 
-    Experts of a model without the engine's MoE blocks stay inside their layer's shard: they are
+    `inner(layer)`: the (module, mesh) pairs inside a layer sharded before it, each over its own
+    mesh (the engine's experts over the expert-data-parallel dim: models/mesh_build). Without it,
+    experts of a model without the engine's blocks stay inside their layer's shard: they are
     replicated data-parallel parameters like any other, so plain FSDP2 over dp is exact for them.
     """
-    kwargs = _fsdp_kwargs(param_dtype)
+    kwargs = dict(reshard_after_forward=reshard_after_forward, **_fsdp_kwargs(param_dtype))
     dense = dense_mesh(mesh)
+    sharded = []
     # Innermost first: fully_shard needs a nested block sharded before the block around it.
-    sharded = [fully_shard(layer, mesh=dense, reshard_after_forward=reshard_after_forward, **kwargs)
-               for layer in reversed(decoder_layers(model))]
-    sharded.append(fully_shard(model, mesh=dense, reshard_after_forward=False, **kwargs))
+    for layer in reversed(decoder_layers(model)):
+        for module, module_mesh in (inner(layer) if inner is not None else ()):
+            sharded.append(fully_shard(module, mesh=module_mesh, **kwargs))
+        sharded.append(fully_shard(layer, mesh=dense, **kwargs))
+    sharded.append(fully_shard(model, mesh=dense, **{**kwargs, "reshard_after_forward": False}))
     _sum_gradients(sharded)
     return model

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from workbench.parallel.fsdp import decoder_layers
+
 
 def _has_early_stop() -> bool:
     """Whether this torch's composable checkpoint takes `early_stop` (probed on a throwaway module)."""
@@ -35,19 +37,12 @@ def _has_early_stop() -> bool:
     return True
 
 
-def checkpointed_layers(model: nn.Module) -> list[nn.Module]:
-    """The decoder layers (classes named in `_no_split_modules`), also after fully_shard renamed their class."""
-    names = set(getattr(model, "_no_split_modules", None) or ())
-    return [m for m in model.modules()
-            if m is not model and any(cls.__name__ in names for cls in type(m).__mro__)]
-
-
 def apply_activation_checkpointing(model: nn.Module) -> int:
     """Recompute each decoder layer's activations in backward; returns how many layers. Idempotent."""
     from torch.distributed._composable import checkpoint
 
     kwargs = {"early_stop": False} if _has_early_stop() else {}  # older torch: see the module docstring
-    layers = checkpointed_layers(model)
+    layers = decoder_layers(model)  # also after fully_shard swapped their class
     if not layers:
         raise ValueError(f"train.activation_checkpointing: {type(model).__name__} names no decoder layer class "
                          "in _no_split_modules, so there is no layer to checkpoint; set it to false")

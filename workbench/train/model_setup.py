@@ -9,11 +9,16 @@ import torch
 from workbench.config import ConfigError
 
 
+def resolve_dtype_name(dtype: str, device_type: str) -> str:
+    """The dtype a model.dtype setting trains in on `device_type`: "auto" is bfloat16 on CUDA, float32 elsewhere."""
+    if dtype == "auto":
+        return "bfloat16" if device_type == "cuda" else "float32"
+    return dtype
+
+
 def model_dtype(model_cfg, device: torch.device) -> torch.dtype:
-    """bfloat16 on CUDA and float32 on CPU for dtype="auto"."""
-    if model_cfg.dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, model_cfg.dtype)
+    """model.dtype as the torch dtype the model is built in on `device` (resolve_dtype_name's rule)."""
+    return getattr(torch, resolve_dtype_name(model_cfg.dtype, device.type))
 
 
 def resolve_mesh(mesh: Any, world_size: int, hf_config: Any):

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench.params import ParamCounts, head_dims, is_mla, moe_layer_flags, param_counts  # noqa: F401 (re-exported)
+from workbench.train.model_setup import resolve_dtype_name
 
 GIB = float(1 << 30)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -83,12 +84,11 @@ def _per_token_layer(cfg: Any, counts: ParamCounts, is_moe: bool) -> int:
 
 
 def resolve_dtype(dtype: str, device_type: str) -> str:
-    """What dtype="auto" trains in on `device_type` (bfloat16 on CUDA, float32 on CPU)."""
-    if dtype == "auto":
-        return "bfloat16" if device_type == "cuda" else "float32"
-    if dtype not in DTYPE_BYTES:
+    """What `dtype` trains in on `device_type` (the trainer's rule: train/model_setup), of the sizes known here."""
+    name = resolve_dtype_name(dtype, device_type)
+    if name not in DTYPE_BYTES:
         raise ValueError(f"dtype {dtype!r} is not one of {['auto', *DTYPE_BYTES]}")
-    return dtype
+    return name
 
 
 def estimate_memory(cfg: Any, dp: int, ep: int, *, seq_len: int, local_batch: int, dtype: str = "auto",
