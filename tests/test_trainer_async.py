@@ -239,6 +239,97 @@ def test_triton_adamw_kernel_skips_on_the_flag_in_the_interpreter():
     assert proc.returncode == 0 and "SKIP OK" in proc.stdout, proc.stdout + proc.stderr
 
 
+# -- clipping inside the optimizer's update ------------------------------------------------------------------
+
+
+def check_fused_clip(make, device="cpu", grad_dtype=torch.float32) -> None:
+    """clip_grad_norm(..., optimizer) leaves the grads and the update clips them: the same weights and
+    states as clipping the grads first (float32 grads: the same product, so bit for bit)."""
+    from workbench.train.optim import clip_grad_norm
+
+    runs = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(5, 3, device=device, dtype=grad_dtype)),
+                  torch.nn.Parameter(torch.randn(7, device=device, dtype=grad_dtype))]
+        opt = make(params)
+        for step in range(3):
+            g = torch.Generator().manual_seed(step)
+            for p in params:
+                p.grad = (4 * torch.randn(p.shape, generator=g)).to(device=device, dtype=grad_dtype)
+            before = [p.grad.clone() for p in params]
+            norm = clip_grad_norm(params, 0.5, opt if fused else None)
+            assert float(norm) > 0.5  # the clip acts
+            assert all(torch.equal(p.grad, b) for p, b in zip(params, before)) == fused  # fused: grads untouched
+            opt.step()
+        runs.append(([p.detach().clone() for p in params], [_state(opt, p) for p in params]))
+    (w0, s0), (w1, s1) = runs
+    for a, b in zip(w0, w1):
+        torch.testing.assert_close(a, b, rtol=0, atol=0) if grad_dtype == torch.float32 else \
+            torch.testing.assert_close(a, b)
+    for a, b in zip(s0, s1):
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], rtol=0, atol=0) if grad_dtype == torch.float32 else \
+                torch.testing.assert_close(a[key], b[key])
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32_master"])
+def test_triton_adamw_torch_path_applies_the_clip_coefficient(precision, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    check_fused_clip(lambda ps: TritonAdamW(ps, lr=0.1, precision=precision))
+
+
+def test_torch_fused_adamw_applies_the_clip_coefficient_as_its_grad_scale():
+    # torch divides by grad_scale (the AMP unscale): 1 / coef, so a rounding apart from clipping first
+    from workbench.train.optim import clip_grad_norm
+
+    torch.manual_seed(0)
+    ps = [torch.nn.Parameter(torch.randn(6, 4)) for _ in range(2)]
+    qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+    a, b = torch.optim.AdamW(ps, lr=0.1, fused=True), torch.optim.AdamW(qs, lr=0.1, fused=True)
+    for step in range(3):
+        for p, q in zip(ps, qs):
+            p.grad = 4 * torch.randn_like(p)
+            q.grad = p.grad.clone()
+        clip_grad_norm(ps, 0.5)
+        clip_grad_norm(qs, 0.5, b)
+        assert b.grad_scale is not None and float(b.grad_scale) > 1
+        a.step()
+        b.step()
+    for p, q in zip(ps, qs):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    clip_grad_norm(qs, None, b)  # clipping off: no scale left behind from the last step
+    assert b.grad_scale is None
+
+
+def test_an_optimizer_without_a_fused_coefficient_gets_clipped_grads():
+    from workbench.train.optim import clip_grad_norm
+
+    p = torch.nn.Parameter(torch.ones(4))
+    p.grad = torch.full((4,), 3.0)
+    opt = torch.optim.AdamW([p], foreach=False)
+    clip_grad_norm([p], 1.0, opt)
+    torch.testing.assert_close(p.grad.norm(), torch.tensor(1.0), rtol=1e-5, atol=0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is for CPU CI")
+def test_triton_adamw_kernel_applies_the_clip_coefficient_in_the_interpreter():
+    pytest.importorskip("triton")
+    script = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, "tests")
+        from test_trainer_async import check_fused_clip
+        from workbench.train.optim import TritonAdamW
+        opts = []
+        check_fused_clip(lambda ps: opts.append(TritonAdamW(ps, lr=0.1)) or opts[-1])
+        assert opts[-1].updates["triton"] > 0 and opts[-1].updates["torch"] == 0, opts[-1].updates
+        print("CLIP OK")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "TRITON_INTERPRET": "1"},
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "CLIP OK" in proc.stdout, proc.stdout + proc.stderr
+
+
 def _diverging(tmp_path, optimizer, **overrides):
     # lr 1e6: step 1 is finite, step 2's backward overflows (grad norm nan) while its loss is finite
     return _rc(_saved("qwen3_moe", tmp_path / "m"), str(tmp_path / "runs"), train__lr=1e6,

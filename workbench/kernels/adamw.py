@@ -61,19 +61,25 @@ def kernel_supports(*tensors: torch.Tensor) -> bool:
 
 def torch_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
                       scalars: dict[str, float], precise: bool = False, sr: SRKeys | None = None,
-                      out: torch.Tensor | None = None, skip: torch.Tensor | None = None) -> None:
+                      out: torch.Tensor | None = None, skip: torch.Tensor | None = None,
+                      grad_coef: torch.Tensor | None = None) -> None:
     """The kernel's update in torch ops, in place: float32 math (float64 where `precise`).
 
     With `sr`, bf16 tensors get the float32 results rounded stochastically (stochastic_round.py)
     instead of to nearest; other dtypes are stored as usual. `out` also receives the new
     parameter, rounded to nearest (fp32_master: `param` is the master copy, `out` the bf16 one).
     `skip`: a scalar tensor (torch's `found_inf`); where it is nonzero every tensor keeps its value,
-    decided on the device (no host read).
+    decided on the device (no host read). `grad_coef`: a float32 scalar tensor the gradient is
+    multiplied by in float32 first (gradient clipping's coefficient, applied here instead of in a
+    separate pass over every gradient).
     """
     s = scalars
     wide = torch.float64 if precise else torch.float32
     p, m, v = param.to(torch.float32), exp_avg.to(wide), exp_avg_sq.to(wide)
-    g = grad.to(wide)
+    g = grad.to(torch.float32)
+    if grad_coef is not None:
+        g = g * grad_coef.to(g.device)
+    g = g.to(wide)
     if s["lr_wd"] != 0:
         pw = p.to(wide)
         p = (pw - s["lr_wd"] * pw).to(torch.float32)
@@ -103,10 +109,12 @@ def _unless(skip: torch.Tensor | None, old: torch.Tensor, new: torch.Tensor) -> 
 
 def adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
                 scalars: dict[str, float], precise: bool = False, sr: SRKeys | None = None,
-                out: torch.Tensor | None = None, skip: torch.Tensor | None = None) -> str:
+                out: torch.Tensor | None = None, skip: torch.Tensor | None = None,
+                grad_coef: torch.Tensor | None = None) -> str:
     """Update one tensor in place with the Triton kernel where it can run, else torch ops; says which.
 
     `skip`: a float32 scalar tensor on the tensors' device; nonzero leaves every tensor unchanged.
+    `grad_coef`: a float32 scalar tensor on that device multiplying the gradient (clipping).
     """
     if param.numel() == 0:
         return "empty"
@@ -114,7 +122,7 @@ def adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, 
     if kernel_supports(param, grad, exp_avg, exp_avg_sq, *extra):
         from workbench.kernels.triton_adamw import triton_adamw_step_
 
-        triton_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise, sr, out, skip)
+        triton_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise, sr, out, skip, grad_coef)
         return "triton"
-    torch_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise, sr, out, skip)
+    torch_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise, sr, out, skip, grad_coef)
     return "torch"

@@ -134,6 +134,8 @@ class TritonAdamW(torch.optim.Optimizer):
         self.updates: Counter[str] = Counter()  # tensor updates by path: "triton", "torch", "empty"
         # A float32 device scalar, as torch's fused AdamW takes it: 1 skips every update (set_skip_flag)
         self.found_inf: torch.Tensor | None = None
+        # A float32 device scalar every gradient is multiplied by inside the update (clip_grad_norm's)
+        self.grad_coef: torch.Tensor | None = None
 
     def forget_skipped_steps(self, n: int) -> None:
         """Take back `n` counted steps that `found_inf` skipped (host counts, unlike torch's fused ones)."""
@@ -152,6 +154,7 @@ class TritonAdamW(torch.optim.Optimizer):
         self.__dict__.setdefault("_bases", {})
         self.__dict__.setdefault("updates", Counter())
         self.__dict__.setdefault("found_inf", None)
+        self.__dict__.setdefault("grad_coef", None)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's load, then step counters back on the host (a torch fused AdamW keeps them on the GPU).
@@ -229,7 +232,8 @@ class TritonAdamW(torch.optim.Optimizer):
                 # fp32_master: the master is updated and the bf16 parameter written from it (to nearest)
                 target, out = (_local(state["master"]), _local(p)) if master else (_local(p), None)
                 path = adamw_step_(target, _local(p.grad), _local(state["exp_avg"]),
-                                   _local(state["exp_avg_sq"]), scalars, self.precise, sr, out, self.found_inf)
+                                   _local(state["exp_avg_sq"]), scalars, self.precise, sr, out, self.found_inf,
+                                   self.grad_coef)
                 self.updates[path] += 1
         return loss
 
@@ -304,19 +308,27 @@ def total_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
     return torch.sqrt(torch.stack([s.to(device) for s in squares]).sum())
 
 
-def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor:
+def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float | None,
+                   optimizer: torch.optim.Optimizer | None = None) -> torch.Tensor:
     """Scale all grads so their global norm is at most `max_norm`; return the norm before clipping (a device scalar).
 
     torch's rule, on the device (no host read): grads times min(1, max_norm / (norm + 1e-6)). The
     norm is computed with max_norm=None too (the trainer's non-finite guard needs it); a non-finite
     norm clips nothing (its coefficient would turn every grad into NaN): the guard skips the step.
+    With an `optimizer` that can apply the coefficient inside its update (set_grad_coef), the
+    grads are left as they are and the next `optimizer.step()` clips them (one pass over the
+    gradients fewer: a read and a write of each).
     """
     params = [p for p in params if p.grad is not None]
     norm = total_grad_norm(params)
     if max_norm is None or not params:
+        if optimizer is not None:
+            set_grad_coef(optimizer, None)
         return norm
     coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-    coef = torch.where(torch.isfinite(coef), coef, torch.ones_like(coef))
+    coef = torch.where(torch.isfinite(coef), coef, torch.ones_like(coef)).to(torch.float32)
+    if optimizer is not None and set_grad_coef(optimizer, coef):
+        return norm
     by_kind: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     for p in params:
         g = _local(p.grad)  # every shard times the same global coefficient
@@ -326,15 +338,34 @@ def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float | None)
     return norm
 
 
+def _fused_torch_adam(optimizer: torch.optim.Optimizer) -> bool:
+    return isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) and all(
+        g.get("fused") for g in optimizer.param_groups)
+
+
+def set_grad_coef(optimizer: torch.optim.Optimizer, coef: torch.Tensor | None) -> bool:
+    """Make `optimizer`'s next step multiply every gradient by `coef` (a float32 device scalar; None: by 1).
+
+    TritonAdamW multiplies in its kernel; torch's fused Adam/AdamW divides by its `grad_scale`
+    (the AMP unscale), so it gets 1 / coef. Other optimizers cannot: False, and the caller scales
+    the gradients itself.
+    """
+    if isinstance(optimizer, TritonAdamW):
+        optimizer.grad_coef = coef
+        return True
+    if _fused_torch_adam(optimizer):
+        optimizer.grad_scale = None if coef is None else torch.reciprocal(coef)
+        return True
+    return False
+
+
 def set_skip_flag(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> bool:
     """Make `optimizer` skip its update while `found_inf` (a float32 device scalar) is 1; whether it can.
 
     TritonAdamW and torch's fused Adam/AdamW read the flag on the device (torch's fused path also
     restores its step counts). Other optimizers cannot: the trainer then checks on the host.
     """
-    fused = isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) and all(
-        g.get("fused") for g in optimizer.param_groups)
-    if not (isinstance(optimizer, TritonAdamW) or fused):
+    if not (isinstance(optimizer, TritonAdamW) or _fused_torch_adam(optimizer)):
         return False
     optimizer.found_inf = found_inf
     return True
