@@ -168,6 +168,10 @@ def full_state_dict(model: nn.Module, to_rank0_only: bool = False) -> dict[str, 
 
 def save_pretrained(model: nn.Module, out_dir, max_shard_size: str = "5GB") -> None:
     """Transformers' own save of the unsharded model from any mesh; collective: every rank calls it."""
+    if getattr(model, "workbench_lora", None) is not None:  # LoRA: the merged model, its adapter beside it
+        from workbench.models.lora_export import save_lora_model
+
+        return save_lora_model(model, out_dir, max_shard_size)
     state = full_state_dict(model, to_rank0_only=True)
     if not dist.is_initialized() or dist.get_rank() == 0:
         twin = meta_model(model.config)  # Transformers' class: fully_shard renamed the live one

@@ -109,6 +109,16 @@ def grouped_linear(x_ND: torch.Tensor, tokens_per_expert: torch.Tensor, weight_E
     return torch.cat(outputs, dim=0)
 
 
+def expert_linear(module: nn.Module, weight: str, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor,
+                  backend: str) -> torch.Tensor:
+    """grouped_linear of fused weight `weight` of `module`, plus its LoRA rows where it has adapters."""
+    from workbench.moe.lora_experts import lora_rows
+
+    y = grouped_linear(x_ND, tokens_per_expert, getattr(module, weight), module.workbench_layout.is_transposed, backend)
+    delta = lora_rows(module, weight, x_ND, tokens_per_expert, backend)
+    return y if delta is None else y + delta
+
+
 def _row_bias(bias_E: torch.Tensor, tokens_per_expert: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.repeat_interleave(bias_E, tokens_per_expert, dim=0, output_size=rows)
 
@@ -191,11 +201,11 @@ def expert_rows(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.
     if module.workbench_swiglu == "triton" and module.workbench_gpt_oss_gate:
         return gpt_oss_expert_rows(module, x_ND, tokens_per_expert, backend)
     rows = x_ND.shape[0]
-    h = grouped_linear(x_ND, tokens_per_expert, getattr(module, layout.up_name), layout.is_transposed, backend)
+    h = expert_linear(module, layout.up_name, x_ND, tokens_per_expert, backend)
     if layout.has_bias:
         h = h + _row_bias(getattr(module, f"{layout.up_name}_bias"), tokens_per_expert, rows)
     h = _gate(module, h)
-    y = grouped_linear(h, tokens_per_expert, module.down_proj, layout.is_transposed, backend)
+    y = expert_linear(module, "down_proj", h, tokens_per_expert, backend)
     if layout.has_bias:
         y = y + _row_bias(module.down_proj_bias, tokens_per_expert, rows)
     if layout.has_post_expert_norm:

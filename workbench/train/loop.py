@@ -47,7 +47,7 @@ from workbench.train.checkpoint import (check_compatible, check_settings, clean_
 from workbench.train.data import Batch, build_stream
 from workbench.train.guard import StepValues, check_finite
 from workbench.train.metrics import expert_load_from_router_logits, reset_peak_memory, step_record
-from workbench.train.model_setup import build_model, model_dtype, resolve_mesh
+from workbench.train.model_setup import build_model, check_lora, model_dtype, resolve_mesh
 from workbench.train.optim import build_optimizer, build_scheduler, clip_grad_norm
 from workbench.train.liveness import Heartbeat, record_termination
 from workbench.train.run_dir import RunDir, default_runs_dir, new_run_id, private_files
@@ -106,6 +106,7 @@ class Trainer:
         self.hf_config = rc.model.hf_config()
         rc.data.check_fits(self.hf_config)  # before a seq_len-sized allocation fails far later
         self.mesh = resolve_mesh(rc.mesh, self.world, self.hf_config)
+        check_lora(rc, self.hf_config)  # a LoRA target the model lacks: refused before any heavy work (lora hook)
         self.dp = self.mesh.dp if self.mesh is not None else self.world
         if rc.train.router_bias_update_rate > 0:  # refused before any heavy work (a meta model only)
             from workbench.models.generic import meta_model
