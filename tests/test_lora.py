@@ -193,3 +193,41 @@ def test_finetune_with_lora_trains_only_the_adapters(tmp_path):
     assert (hf / "adapter" / "adapter_config.json").is_file()
     merged = transformers.AutoModelForCausalLM.from_pretrained(hf)
     assert merged.config.model_type == "qwen3_moe"
+
+
+def test_lora_checkpoint_holds_only_adapters_and_resumes_exactly(tmp_path):
+    from workbench.train.checkpoint import list_checkpoints, read_dcp_metadata
+    from workbench.train.loop import finetune
+
+    def rc(run_id, **kw):
+        return RunConfig.demo(output_dir=str(tmp_path / "runs"), run_id=run_id, data__seq_len=64, train__steps=5,
+                              train__global_batch_size=4, train__local_batch_size=2, train__warmup_steps=1,
+                              train__lr=1e-2, **kw).with_overrides({"lora.rank": 4})
+
+    full = finetune(rc("full", train__checkpoint_every=3))
+    ckpt = list_checkpoints(tmp_path / "runs" / "full" / "checkpoints")[0]
+    keys = set(read_dcp_metadata(ckpt).state_dict_metadata)
+    model_keys = {k for k in keys if k.startswith("model.")}
+    assert model_keys and all("lora_" in k for k in model_keys), sorted(model_keys)[:5]  # no frozen base tensor
+    assert any(k.startswith("optim.state.") and "lora_" in k for k in keys)
+    resumed = finetune(rc("resumed", train__resume_from=str(ckpt)))
+    assert resumed["losses"] == full["losses"][3:]  # bit for bit: adapters, their Adam moments, lr, data
+
+
+def test_memory_estimate_counts_the_adapters_the_engine_builds():
+    from workbench.models.lora_targets import adapter_counts
+    from workbench.ui.memory import estimate_memory
+
+    cfg = _config("deepseek_v3")
+    lora = LoraConfig(rank=4, targets=("attention", "experts", "shared_experts", "dense_mlp"))
+    model = AutoModelForCausalLM.from_config(cfg, seed=0, lora=lora)
+    adapters = sum(p.numel() for _, p in adapter_parameters(model))
+    base = sum(p.numel() for p in model.parameters()) - adapters
+    dense, experts, _ = adapter_counts(cfg, lora)
+    assert dense + experts == adapters
+    full = estimate_memory(cfg, 1, 1, seq_len=64, local_batch=1, dtype="float32")
+    with_lora = estimate_memory(cfg, 1, 1, seq_len=64, local_batch=1, dtype="float32", lora=lora)
+    # the frozen base keeps only its float32 weights; the adapters param + grad + two AdamW moments
+    assert full.sharded_state == pytest.approx(base * 16, rel=1e-6)
+    assert with_lora.sharded_state == pytest.approx(base * 4 + adapters * 16, rel=1e-6)
+    assert with_lora.activations > full.activations  # each adapter's x @ A

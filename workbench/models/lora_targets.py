@@ -94,3 +94,25 @@ def check_lora_targets(config, lora) -> LoraPlan:
     plan = plan_lora(meta_model(config), lora.targets)
     check_plan(plan, getattr(config, "model_type", None))
     return plan
+
+
+def adapter_counts(config, lora) -> tuple[int, int, int]:
+    """(dense adapter parameters, routed-expert adapter parameters, adapted modules per token path) of `lora`.
+
+    Counted on the meta model: r * (in + out) per nn.Linear, E * r * (in + out) per fused expert weight.
+    The third number is how many adapters one token passes through (each routed copy counted once per
+    expert weight), for the rank-wide activations they keep.
+    """
+    from workbench.models.generic import meta_model
+
+    model = meta_model(config)
+    plan = plan_lora(model, lora.targets)
+    dense = sum(lora.rank * (m.in_features + m.out_features) for m in map(model.get_submodule, plan.linears))
+    experts = 0
+    top_k = getattr(config, "num_experts_per_tok", None) or 1
+    for name, weights in plan.experts:
+        module = model.get_submodule(name)
+        for w in weights:
+            e, d1, d2 = getattr(module, w).shape
+            experts += e * lora.rank * (d1 + d2)
+    return dense, experts, len(plan.linears) + top_k * sum(len(w) for _, w in plan.experts)
