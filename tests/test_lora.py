@@ -231,3 +231,16 @@ def test_memory_estimate_counts_the_adapters_the_engine_builds():
     assert full.sharded_state == pytest.approx(base * 16, rel=1e-6)
     assert with_lora.sharded_state == pytest.approx(base * 4 + adapters * 16, rel=1e-6)
     assert with_lora.activations > full.activations  # each adapter's x @ A
+
+
+def test_dropout_acts_on_adapter_inputs_in_training_only():
+    cfg = _config("qwen3_moe")
+    ids = torch.randint(0, cfg.vocab_size, (2, 9))
+    models = [AutoModelForCausalLM.from_config(cfg, seed=0, lora=LoraConfig(rank=4, dropout=p)) for p in (0.0, 0.5)]
+    for m in models:
+        randomize_adapters(m)
+        m.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(models[1](ids).logits, models[0](ids).logits, rtol=1e-5, atol=1e-6)
+        models[1].train()
+        assert (models[1](ids).logits - models[0](ids).logits).abs().max() > 1e-3

@@ -47,7 +47,8 @@ def test_lora_dp2_ep2_equals_one_process(tmp_path):
         torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref), rtol=1e-5, atol=0)
     assert ref[-1] < ref[0]
     # The adapter written from the sharded run (experts gathered over ep) equals the single process's.
-    a, b = load_file(tmp_path / "single" / "adapter_model.safetensors"), load_file(tmp_path / "ep" / "adapter_model.safetensors")
+    a = load_file(tmp_path / "single" / "adapter_model.safetensors")
+    b = load_file(tmp_path / "ep" / "adapter_model.safetensors")
     assert set(a) == set(b)
     for k in a:  # AdamW steps on gradients summed over ranks in another order (as in test_expert_parallel)
         torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=2e-4, msg=lambda m, k=k: f"{k}: {m}")

@@ -213,14 +213,16 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         return {}
     for name in plan.linears:
         module = model.get_submodule(name)
-        delta = (tensors[f"{name}.lora_B.weight"].float() @ tensors[f"{name}.lora_A.weight"].float()) * module.lora_scaling
+        b_OR, a_RI = tensors[f"{name}.lora_B.weight"].float(), tensors[f"{name}.lora_A.weight"].float()
+        delta = (b_OR @ a_RI) * module.lora_scaling
         key = f"{name}.weight"
         state[key] = (state[key].float() + delta).to(state[key].dtype)
     for name, weights in plan.experts:
         module = model.get_submodule(name)
         for weight in weights:
             name_a, name_b = adapter_names(weight)
-            delta = expert_delta(module, weight, tensors[f"{name}.{name_a}"].float(), tensors[f"{name}.{name_b}"].float())
+            a_EIR, b_ERO = tensors[f"{name}.{name_a}"].float(), tensors[f"{name}.{name_b}"].float()
+            delta = expert_delta(module, weight, a_EIR, b_ERO)
             key = f"{name}.{weight}"
             state[key] = (state[key].float() + delta).to(state[key].dtype)
     return state
