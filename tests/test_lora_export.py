@@ -7,11 +7,12 @@ import json
 import pytest
 import torch
 import transformers
+from generic_families import FAMILIES, tiny_config
 from safetensors.torch import load_file
 from test_lora import _config, randomize_adapters
 
 from workbench import AutoModelForCausalLM
-from workbench.config import LoraConfig
+from workbench.config import LORA_TARGETS, LoraConfig
 from workbench.models.lora_export import save_lora_adapter, save_merged, save_vllm_adapter
 
 TARGETS = {"qwen3_moe": ("attention", "experts"), "mixtral": ("attention", "experts"),
@@ -104,3 +105,28 @@ def test_save_pretrained_of_a_lora_model_writes_merged_and_adapter(tmp_path):
     ids = torch.randint(0, cfg.vocab_size, (2, 9))
     torch.testing.assert_close(_logits(merged, ids), _logits(model, ids), rtol=1e-5, atol=1e-5)
     assert (tmp_path / "out" / "adapter" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_round_trips_through_peft_and_the_merged_export(family, tmp_path):
+    # Every target the family has (shared experts, dense layers, linear attention where present).
+    peft = pytest.importorskip("peft", reason="pip install peft")
+    from workbench.models.generic import meta_model
+    from workbench.models.lora_targets import plan_lora
+
+    cfg = tiny_config(family)
+    targets = tuple(t for t, n in plan_lora(meta_model(cfg), LORA_TARGETS).by_target if n)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "base")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "base", device="cpu",
+                                                 lora=LoraConfig(rank=4, targets=targets)).eval()
+    randomize_adapters(model, std=0.1)
+    save_lora_adapter(model, tmp_path / "adapter")
+    save_merged(model, tmp_path / "merged")
+    peft_model = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base"),
+                                                tmp_path / "adapter").eval()
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    ids = torch.randint(0, cfg.vocab_size, (2, 9))
+    want = _logits(model, ids)
+    torch.testing.assert_close(_logits(peft_model, ids), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(_logits(merged, ids), want, rtol=1e-5, atol=1e-5)
