@@ -17,6 +17,7 @@ from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
 from workbench.moe.gpt_oss_experts import gpt_oss_expert_rows, is_gpt_oss_gate
+from workbench.moe.lora_experts import lora_rows
 from workbench.moe.routed_load import attach_load_counter, count_routed
 from workbench.moe.router import GATES, balanced_ids
 
@@ -112,8 +113,6 @@ def grouped_linear(x_ND: torch.Tensor, tokens_per_expert: torch.Tensor, weight_E
 def expert_linear(module: nn.Module, weight: str, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor,
                   backend: str) -> torch.Tensor:
     """grouped_linear of fused weight `weight` of `module`, plus its LoRA rows where it has adapters."""
-    from workbench.moe.lora_experts import lora_rows
-
     y = grouped_linear(x_ND, tokens_per_expert, getattr(module, weight), module.workbench_layout.is_transposed, backend)
     delta = lora_rows(module, weight, x_ND, tokens_per_expert, backend)
     return y if delta is None else y + delta
