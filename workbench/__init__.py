@@ -14,6 +14,10 @@ __version__ = "0.1.0"
 # the UI ipywidgets/plotly; `import workbench` stays light (the engine ranks never load the UI).
 _LAZY = {
     "RunConfig": "workbench.config",
+    "LoraConfig": "workbench.config",
+    "save_lora_adapter": "workbench.models.lora_export",
+    "save_vllm_adapter": "workbench.models.lora_export",
+    "save_merged": "workbench.models.lora_export",
     "finetune": "workbench.train.loop",
     "Cluster": "workbench.cluster",
     "Run": "workbench.cluster",

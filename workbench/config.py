@@ -267,6 +267,62 @@ class TrainConfig:
         return accum
 
 
+# What LoRA can adapt (workbench/models/lora_targets.py finds each in a model): the attention projections
+# (MLA's too), the routed experts' fused gate/up and down weights, shared experts, the MLPs of dense
+# layers, and the router's gate where it is an nn.Linear.
+LORA_TARGETS = ("attention", "experts", "shared_experts", "dense_mlp", "router")
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """LoRA fine-tuning: frozen base weights, low-rank adapters (B zero-initialized) on `targets`.
+
+    The section's presence turns LoRA on (RunConfig.lora None = full fine-tuning); `--set lora.rank=16`
+    adds it. The update of a weight W is (alpha / rank) * A @ B; dropout acts on the adapters' input.
+    """
+
+    rank: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    targets: tuple[str, ...] = ("attention", "experts")
+
+    def __post_init__(self) -> None:
+        _check_int(self.rank, "lora.rank", 1)
+        _check_float(self.alpha, "lora.alpha", 0.0)
+        if self.alpha == 0:
+            raise ConfigError("lora.alpha must be > 0 (0 scales every adapter to nothing); the usual is 2 x rank")
+        _check_float(self.dropout, "lora.dropout", 0.0, 1.0)
+        if self.dropout == 1:
+            raise ConfigError("lora.dropout must be < 1 (1 drops every adapter input)")
+        targets = (self.targets,) if isinstance(self.targets, str) else self.targets
+        if not isinstance(targets, (tuple, list)) or not targets or not all(isinstance(t, str) for t in targets):
+            raise ConfigError(f"lora.targets must be a non-empty list from {list(LORA_TARGETS)}, got {self.targets!r}")
+        unknown = [t for t in targets if t not in LORA_TARGETS]
+        if unknown:
+            raise ConfigError(f"lora.targets {unknown} unknown; choose from {list(LORA_TARGETS)}")
+        if len(set(targets)) != len(targets):
+            raise ConfigError(f"lora.targets lists a target twice: {list(targets)}")
+        object.__setattr__(self, "alpha", float(self.alpha))
+        object.__setattr__(self, "dropout", float(self.dropout))
+        object.__setattr__(self, "targets", tuple(targets))
+
+    @property
+    def scaling(self) -> float:
+        """The factor of every adapter's output: alpha / rank (PEFT's, without rsLoRA)."""
+        return self.alpha / self.rank
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain YAML-able mapping."""
+        return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout, "targets": list(self.targets)}
+
+
+def _lora_from_dict(data: Any):
+    if data is None or isinstance(data, LoraConfig):
+        return data
+    _check_keys(LoraConfig, data, "lora")
+    return LoraConfig(**data)
+
+
 def _mesh_from_dict(data: Any):
     if data is None:
         return None
@@ -287,6 +343,7 @@ class RunConfig:
     backend: BackendConfig = field(default_factory=BackendConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    lora: LoraConfig | None = None  # None = full fine-tuning
     output_dir: str | None = None  # runs directory; None = workbench.train.run_dir.default_runs_dir()
     run_id: str | None = None
 
@@ -295,6 +352,8 @@ class RunConfig:
                           ("train", TrainConfig)):
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(f"RunConfig.{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
+        if self.lora is not None and not isinstance(self.lora, LoraConfig):
+            raise ConfigError(f"RunConfig.lora must be a LoraConfig or None, got {type(self.lora).__name__}")
         if self.mesh is not None and not hasattr(self.mesh, "validate"):
             raise ConfigError(f"RunConfig.mesh must be a MeshConfig or None, got {self.mesh!r}")
         if self.output_dir is not None and not isinstance(self.output_dir, (str, os.PathLike)):
@@ -316,6 +375,7 @@ class RunConfig:
         train["betas"] = list(train["betas"])
         return {"model": dataclasses.asdict(self.model), "mesh": mesh, "backend": self.backend.to_dict(),
                 "data": dataclasses.asdict(self.data), "train": train,
+                "lora": None if self.lora is None else self.lora.to_dict(),
                 "output_dir": self.output_dir, "run_id": self.run_id}
 
     @classmethod
@@ -331,6 +391,7 @@ class RunConfig:
             _check_keys(BackendConfig, data["backend"], "backend")
             kwargs["backend"] = BackendConfig(**data["backend"])
         kwargs["mesh"] = _mesh_from_dict(data.get("mesh"))
+        kwargs["lora"] = _lora_from_dict(data.get("lora"))
         for key in ("output_dir", "run_id"):
             if key in data:
                 kwargs[key] = data[key]

@@ -66,12 +66,16 @@ def _vanilla_on_mesh(model, mesh):
     return shard_without_engine(model, mesh)
 
 
-def _generic_from(config, path, resolved: BackendConfig, mesh, device, hf_kwargs: dict):
+def _generic_from(config, path, resolved: BackendConfig, mesh, device, hf_kwargs: dict, lora=None):
     """The generic engine path: Transformers' model whose fused experts modules are the engine's."""
     generic.validate_config(config)
     check_generic_backend(resolved.experts)
+    if lora is not None:
+        from workbench.models.lora_targets import check_lora_targets
+
+        check_lora_targets(config, lora)  # a target the family lacks is refused before any weights exist
     if mesh is not None:
-        return build_generic_parallel_model(config, resolved, mesh, checkpoint=path, **hf_kwargs)
+        return build_generic_parallel_model(config, resolved, mesh, checkpoint=path, lora=lora, **hf_kwargs)
     seed = hf_kwargs.pop("seed", None)
     if path is None:
         with torch.random.fork_rng(devices=[], enabled=seed is not None):
@@ -99,19 +103,31 @@ def _generic_from(config, path, resolved: BackendConfig, mesh, device, hf_kwargs
                                   "checkpoint written by save_pretrained, or fix config.json")
     # The device `resolved` was resolved for: the experts' grouped_mm dtypes are decided for it.
     generic.install(model, resolved, lambda n: LocalDispatcher(n, resolved.combine), device=build_device(None, device))
+    if lora is not None:
+        from workbench.models.lora import apply_lora
+
+        apply_lora(model, lora, seed or 0)
     return model
+
+
+def _refuse_vanilla_lora(config, lora) -> None:
+    if lora is not None:
+        raise ValueError(f"lora= runs on the engine's path; model_type {getattr(config, 'model_type', None)!r} has "
+                         "no v5 fused experts (a dense model): use PEFT on it directly")
 
 
 class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
     """Drop-in for `transformers.AutoModelForCausalLM` whose MoE blocks are the engine's."""
 
     @classmethod
-    def from_config(cls, config, backend: BackendConfig | None = None, mesh=None, device=None, **hf_kwargs):
-        """Build a randomly initialized model from a Transformers config."""
+    def from_config(cls, config, backend: BackendConfig | None = None, mesh=None, device=None, lora=None,
+                    **hf_kwargs):
+        """Build a randomly initialized model from a Transformers config (`lora`: a workbench LoraConfig)."""
         # Resolved once, with the mesh's ep, before anything is built; the builder takes it as it is.
         resolved = resolve_backend(_check_backend(backend), mesh, device)
         if generic.has_fused_experts(config):
-            return _generic_from(config, None, resolved, mesh, device, hf_kwargs)
+            return _generic_from(config, None, resolved, mesh, device, hf_kwargs, lora)
+        _refuse_vanilla_lora(config, lora)
         _start_vanilla(config, mesh)
         seed = hf_kwargs.pop("seed", None)  # the engine's mesh build takes one: same weights on every rank
         with torch.random.fork_rng(devices=[], enabled=seed is not None):
@@ -122,14 +138,15 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, backend: BackendConfig | None = None,
-                        mesh=None, device=None, **hf_kwargs):
-        """Load a Transformers checkpoint (local directory) into the engine."""
+                        mesh=None, device=None, lora=None, **hf_kwargs):
+        """Load a Transformers checkpoint (local directory) into the engine (`lora`: a workbench LoraConfig)."""
         resolved = resolve_backend(_check_backend(backend), mesh, device)
         path = Path(pretrained_model_name_or_path)
         # A caller's config (e.g. the trainer's, with its overrides) wins over the directory's.
         config = hf_kwargs.pop("config", None) or transformers.AutoConfig.from_pretrained(path)
         if generic.has_fused_experts(config):
-            return _generic_from(config, path, resolved, mesh, device, hf_kwargs)
+            return _generic_from(config, path, resolved, mesh, device, hf_kwargs, lora)
+        _refuse_vanilla_lora(config, lora)
         _start_vanilla(config, mesh)
         model = transformers.AutoModelForCausalLM.from_pretrained(path, *model_args, config=config, **hf_kwargs)
         return _vanilla_on_mesh(model, mesh)

@@ -207,6 +207,10 @@ def save_pretrained(model: nn.Module, out_dir, max_shard_size: str = "5GB") -> N
     """
     from torch.distributed.tensor import DTensor
 
+    if getattr(model, "workbench_lora", None) is not None:  # LoRA: the merged model, its adapter beside it
+        from workbench.models.lora_export import save_lora_model
+
+        return save_lora_model(model, out_dir, max_shard_size)
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     if not engine_experts_modules(model) and not any(isinstance(p, DTensor) for p in model.parameters()):
         if rank0:

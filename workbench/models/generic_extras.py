@@ -243,8 +243,8 @@ class EngineCausalLM:
         return out
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """Transformers' save; a model sharded over a mesh gathers its experts first (collective)."""
-        if getattr(self, "workbench_mesh", None) is None:
+        """Transformers' save; a model sharded over a mesh gathers its experts first (collective); LoRA: merged."""
+        if getattr(self, "workbench_mesh", None) is None and getattr(self, "workbench_lora", None) is None:
             return super().save_pretrained(save_directory, *args, **kwargs)
         from workbench.models.generic import save_pretrained
 

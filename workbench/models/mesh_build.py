@@ -102,7 +102,7 @@ def _mark_expert_params(model: nn.Module, device_mesh) -> None:
 
 
 def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfig, checkpoint=None,
-                                 dtype: torch.dtype | None = None, seed: int = 0, **hf_kwargs):
+                                 dtype: torch.dtype | None = None, seed: int = 0, lora=None, **hf_kwargs):
     """A model with v5 fused experts on `mesh`: experts sliced by ep, FSDP2 over dp per decoder layer.
 
     Built on the meta device; then only this rank's experts are allocated, and either initialized
@@ -143,6 +143,10 @@ def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfi
         else:
             init_nonpersistent_buffers(model)
             model.workbench_checkpoint_read = load_rank_slice(model, checkpoint, plan, expert_range)
+    if lora is not None:  # after the base weights, before the cast and FSDP2: adapters shard with their layer
+        from workbench.models.lora import apply_lora
+
+        apply_lora(model, lora, seed)
     if dtype is not None:
         cast_keeping_router_biases(model, dtype)
     model.tie_weights()

@@ -37,11 +37,10 @@ def is_gpt_oss_gate(module: nn.Module) -> bool:
 def gpt_oss_expert_rows(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor,
                         kernel: str = "triton") -> torch.Tensor:
     """GPT-OSS experts on expert-major rows with the `kernel` ("torch" or "triton") bias and gate."""
-    from workbench.moe.hf_experts import grouped_linear
+    from workbench.moe.hf_experts import expert_linear
 
     seg = row_segments(tokens_per_expert, x_ND.shape[0])
-    dtypes = module.workbench_grouped_mm_dtypes  # decided at install (moe/hf_experts)
-    h = grouped_linear(x_ND, tokens_per_expert, module.gate_up_proj, True, dtypes)
+    h = expert_linear(module, "gate_up_proj", x_ND, tokens_per_expert)  # with its LoRA rows, if any
     act = gpt_oss_gate(h, module.gate_up_proj_bias, seg, module.alpha, module.limit, backend=kernel)
-    y = grouped_linear(act, tokens_per_expert, module.down_proj, True, dtypes)
+    y = expert_linear(module, "down_proj", act, tokens_per_expert)
     return add_row_bias(y, module.down_proj_bias, seg, backend=kernel)

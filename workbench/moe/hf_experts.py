@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from workbench.kernels.gpt_oss_gate import expert_row_bias
 from workbench.moe.gpt_oss_experts import gpt_oss_expert_rows, is_gpt_oss_gate
+from workbench.moe.lora_experts import lora_rows
 from workbench.moe.routed_load import attach_load_counter, count_routed
 from workbench.moe.router import GATES, balanced_ids
 
@@ -120,6 +121,14 @@ def grouped_linear(x_ND: torch.Tensor, tokens_per_expert: torch.Tensor, weight_E
     return torch.cat(outputs, dim=0)
 
 
+def expert_linear(module: nn.Module, weight: str, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+    """grouped_linear of fused weight `weight` of `module`, plus its LoRA rows where it has adapters."""
+    dtypes = module.workbench_grouped_mm_dtypes  # decided at install
+    y = grouped_linear(x_ND, tokens_per_expert, getattr(module, weight), module.workbench_layout.is_transposed, dtypes)
+    delta = lora_rows(module, weight, x_ND, tokens_per_expert, dtypes)
+    return y if delta is None else y + delta
+
+
 def is_plain_swiglu(module: nn.Module) -> bool:
     """Whether the family's gate is Transformers' default one: silu(gate half) * up half, concatenated.
 
@@ -198,12 +207,11 @@ def expert_rows(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.
     if module.workbench_swiglu == "triton" and module.workbench_gpt_oss_gate:
         return gpt_oss_expert_rows(module, x_ND, tokens_per_expert)
     rows = x_ND.shape[0]
-    dtypes = module.workbench_grouped_mm_dtypes
-    h = grouped_linear(x_ND, tokens_per_expert, getattr(module, layout.up_name), layout.is_transposed, dtypes)
+    h = expert_linear(module, layout.up_name, x_ND, tokens_per_expert)
     if layout.has_bias:
         h = h + expert_row_bias(getattr(module, f"{layout.up_name}_bias"), tokens_per_expert, rows)
     h = _gate(module, h)
-    y = grouped_linear(h, tokens_per_expert, module.down_proj, layout.is_transposed, dtypes)
+    y = expert_linear(module, "down_proj", h, tokens_per_expert)
     if layout.has_bias:
         y = y + expert_row_bias(module.down_proj_bias, tokens_per_expert, rows)
     if layout.has_post_expert_norm:

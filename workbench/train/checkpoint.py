@@ -112,10 +112,22 @@ def _quiet_dcp():
         yield
 
 
+def _state_options(model: torch.nn.Module):
+    """LoRA: only the trainable tensors (adapters) and their optimizer state; the frozen base is rebuilt."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    if getattr(model, "workbench_lora", None) is None:
+        return None
+    # The frozen base comes back from the run's model source (preset + seed, or model.path) on resume;
+    # strict=False lets load_state_dict skip exactly those frozen keys (dcp.load already fails on a
+    # missing adapter).
+    return StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
 def _model_optim_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_state_options(model))
     return {"model": model_sd, "optim": optim_sd}
 
 
@@ -358,7 +370,8 @@ def load_checkpoint(ckpt: str | Path, model: torch.nn.Module, optimizer: torch.o
     # The optimizer state brings the saved hyper-parameters back; this run's are the ones
     # check_settings let through (equal, or accepted in train.resume_allow_changes).
     hyper = [{k: group[k] for k in _OPTIMIZER_HYPER if k in group} for group in optimizer.param_groups]
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=_state_options(model))
     for group, ours in zip(optimizer.param_groups, hyper):
         group.update(ours)
     trainer_state = read_json(ckpt / TRAINER_STATE_FILE, ckpt)

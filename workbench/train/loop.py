@@ -56,7 +56,7 @@ from workbench.train.liveness import Heartbeat, record_termination
 from workbench.train.loop_support import (Callbacks, accepts, all_reduce, expert_load_reader, is_parallel,
                                           micro_batches, open_run_dir, router_biases_to_update)
 from workbench.train.metrics import expert_load_from_router_logits, memory_gib, reset_peak_memory, step_record
-from workbench.train.model_setup import build_model, model_dtype, resolve_mesh
+from workbench.train.model_setup import build_model, check_lora, model_dtype, resolve_mesh
 from workbench.train.optim import build_optimizer, build_scheduler, clip_grad_norm, set_skip_flag
 from workbench.train.run_dir import private_files
 from workbench.train.step_stats import Clock, PendingStep, SkipFlag, StatsLayout, StepQueue, to_device
@@ -73,6 +73,7 @@ class Trainer:
         self.hf_config = rc.model.hf_config()
         rc.data.check_fits(self.hf_config)  # before a seq_len-sized allocation fails far later
         self.mesh = resolve_mesh(rc.mesh, self.world, self.hf_config)
+        check_lora(rc, self.hf_config)  # a LoRA target the model lacks: refused before any heavy work (lora hook)
         self.dp = self.mesh.dp if self.mesh is not None else self.world
         if rc.train.router_bias_update_rate > 0:  # refused before any heavy work (a meta model only)
             from workbench.models.generic import meta_model

@@ -51,6 +51,19 @@ def resolve_mesh(mesh: Any, world_size: int, hf_config: Any):
     return mesh
 
 
+def check_lora(rc, hf_config: Any) -> None:
+    """Refuse rc.lora on a model without the engine's experts, or naming a target the model lacks (meta model only)."""
+    if getattr(rc, "lora", None) is None:
+        return
+    from workbench.models.generic import has_fused_experts
+    from workbench.models.lora_targets import check_lora_targets
+
+    if not has_fused_experts(hf_config):
+        raise ConfigError(f"lora runs on the engine's path; model_type {hf_config.model_type!r} has no v5 fused "
+                          "experts (a dense model): drop the lora section")
+    check_lora_targets(hf_config, rc.lora)
+
+
 def build_model(rc, hf_config: Any, mesh: Any, device: torch.device, dtype: torch.dtype,
                 backend=None) -> torch.nn.Module:
     """The engine's model, or vanilla Transformers for a model without fused experts; sharded over `mesh`.
@@ -61,11 +74,15 @@ def build_model(rc, hf_config: Any, mesh: Any, device: torch.device, dtype: torc
     """
     from workbench.models.auto import AutoModelForCausalLM as EngineAuto
 
+    lora = getattr(rc, "lora", None)
+    # LoRA: the adapters are seeded by train.seed on every path (the base weights as before).
+    lora_kwargs = {"lora": lora, "seed": rc.train.seed} if lora is not None else {}
     if rc.model.path is not None:
         model = EngineAuto.from_pretrained(rc.model.path, backend=backend or rc.backend, mesh=mesh, device=device,
-                                           config=hf_config, dtype=dtype)
+                                           config=hf_config, dtype=dtype, **lora_kwargs)
     else:
-        extra = {"seed": rc.train.seed} if mesh is not None else {}
+        extra = {"seed": rc.train.seed} if mesh is not None or lora is not None else {}
+        extra.update(lora_kwargs)
         model = EngineAuto.from_config(hf_config, backend=backend or rc.backend, mesh=mesh, device=device, dtype=dtype,
                                        **extra)
     if mesh is None:

@@ -21,6 +21,12 @@ The estimate (bytes on one rank, b = bytes per element of the training dtype):
     logits          = tokens * V * (b + 8)                   # logits, fp32 upcast and fp32 grad
                       (0 with the fused linear cross-entropy)
 
+With LoRA (`lora=`, a workbench LoraConfig) the base is frozen: it keeps only its weights
+(dense / dp + experts / (ep * edp)) * b, the adapters (A, B per target, counted on the meta model:
+models/lora_targets.adapter_counts) keep param + grad + AdamW's two moments, / dp like the base;
+a gathered layer needs no gradient buffer (2 layers, not 3; the root's embeddings once), and each
+adapter a token passes keeps its r-wide x @ A in the activations.
+
 Parameters are counted per family (workbench.params): GPT-OSS's biases, DeepSeek-V3's shared
 experts and dense first layers. Against facts.md's measured Transformers anchors (Qwen3-30B-A3B,
 bf16, seq 4096, batch 2) it lands within 5%: 1 GPU 8 layers 62.2 vs 59.6 GiB, 2 GPUs FSDP2
@@ -92,8 +98,9 @@ def resolve_dtype(dtype: str, device_type: str) -> str:
 
 
 def estimate_memory(cfg: Any, dp: int, ep: int, *, seq_len: int, local_batch: int, dtype: str = "auto",
-                    device_type: str = "cuda", activation_checkpointing: bool = False, fused_ce: bool = False) -> MemoryEstimate:
-    """Estimated memory of one rank training `cfg` on a dp x ep mesh (documented above)."""
+                    device_type: str = "cuda", activation_checkpointing: bool = False, fused_ce: bool = False,
+                    lora=None) -> MemoryEstimate:
+    """Estimated memory of one rank training `cfg` on a dp x ep mesh (documented above; `lora`: LoRA's)."""
     if dp < 1 or ep < 1 or dp % ep:
         raise ValueError(f"need dp >= 1 and ep dividing dp, got dp={dp}, ep={ep}")
     counts = param_counts(cfg)
@@ -101,19 +108,30 @@ def estimate_memory(cfg: Any, dp: int, ep: int, *, seq_len: int, local_batch: in
         raise ValueError(f"ep={ep} does not divide the model's {counts.num_experts} experts")
     b = DTYPE_BYTES[resolve_dtype(dtype, device_type)]
     edp = dp // ep
-    sharded = (counts.dense / dp + counts.experts / (ep * edp)) * 4 * b
+    per_param = 4 * b  # param + grad + AdamW's two moments
+    adapters = lora_adapters = 0
+    if lora is not None:
+        from workbench.models.lora_targets import adapter_counts
+
+        dense_adapters, expert_adapters, lora_adapters = adapter_counts(cfg, lora)
+        adapters = (dense_adapters + expert_adapters) / dp * 4 * b
+        per_param = b  # the frozen base: its weights only
+    sharded = (counts.dense / dp + counts.experts / (ep * edp)) * per_param + adapters
     gathered = 0.0
     if dp > 1:
         mlp = counts.router_per_layer + counts.shared_per_layer + counts.experts_per_layer / ep
         if counts.moe_layers < counts.layers:  # the largest gathered layer may be a dense one
             mlp = max(mlp, counts.dense_mlp_per_layer)
         layer = counts.attention_per_layer + mlp
-        gathered = b * (2 * (counts.embed + counts.lm_head) + 3 * layer)
+        root, layers = (1, 2) if lora is not None else (2, 3)  # a frozen base gathers no gradient
+        gathered = b * (root * (counts.embed + counts.lm_head) + layers * layer)
     per_layer = [_per_token_layer(cfg, counts, is_moe) for is_moe in moe_layer_flags(cfg)]
     tokens = seq_len * local_batch
     if activation_checkpointing:
         activations = tokens * b * (counts.layers * counts.hidden + max(per_layer))
     else:
         activations = tokens * b * sum(per_layer)
+    if lora is not None:
+        activations += tokens * b * lora.rank * lora_adapters  # x @ A of each adapter a token passes
     logits = 0.0 if fused_ce else tokens * cfg.vocab_size * (b + 8)
     return MemoryEstimate(sharded_state=sharded, gathered=gathered, activations=activations, logits=logits)

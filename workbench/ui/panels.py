@@ -116,7 +116,7 @@ class MeshPanel:
         self.details = W.HTML()
         self._cfg: Any = None
         self._training = dict(seq_len=128, local_batch=4, dtype="auto", activation_checkpointing=False,
-                              fused_ce=False)
+                              fused_ce=False, lora=None)
         self._listeners: list[Callable[[], None]] = []
         self.mesh.observe(lambda _: self._changed(), "value")
         self.widget = W.VBox([W.HTML(f"<b>Mesh</b> ({world_size} ranks, {device_type})"), self.mesh, self.details])
@@ -139,7 +139,7 @@ class MeshPanel:
         self._changed()
 
     def set_training(self, **training: Any) -> None:
-        """seq_len, local_batch, dtype, activation_checkpointing, fused_ce for the memory estimate."""
+        """seq_len, local_batch, dtype, activation_checkpointing, fused_ce, lora for the memory estimate."""
         self._training.update(training)
         self._changed()
 
@@ -154,7 +154,8 @@ class MeshPanel:
         t = self._training
         return estimate_memory(self._cfg, mesh.dp, mesh.ep, seq_len=t["seq_len"], local_batch=t["local_batch"],
                                dtype=t["dtype"], device_type=self.device_type,
-                               activation_checkpointing=t["activation_checkpointing"], fused_ce=t["fused_ce"])
+                               activation_checkpointing=t["activation_checkpointing"], fused_ce=t["fused_ce"],
+                               lora=t.get("lora"))
 
     def _changed(self) -> None:
         option = self.mesh.value

@@ -7,7 +7,8 @@ from typing import Any, Callable
 
 import ipywidgets as W
 
-from workbench.config import DATA_KINDS, ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig
+from workbench.config import (DATA_KINDS, LORA_TARGETS, ConfigError, DataConfig, LoraConfig, ModelConfig, RunConfig,
+                              TrainConfig)
 
 
 class RunPanel:
@@ -28,6 +29,12 @@ class RunPanel:
         self.data_path = W.Text(placeholder="jsonl file (empty: the shipped tiny SFT set)", description="path")
         self.activation_checkpointing = W.Checkbox(value=False, description="activation checkpointing")
         self.save_checkpoint = W.Checkbox(value=True, description="save final checkpoint")
+        # LoRA (RunConfig.lora): off = full fine-tuning
+        self.lora = W.Checkbox(value=False, description="LoRA")
+        self.lora_rank = W.BoundedIntText(value=16, min=1, max=4096, description="rank")
+        self.lora_alpha = W.BoundedFloatText(value=32.0, min=1e-6, max=1e6, description="alpha")
+        self.lora_targets = W.SelectMultiple(options=list(LORA_TARGETS), value=("attention", "experts"),
+                                             description="targets", rows=len(LORA_TARGETS))
         self.runs_dir = W.Text(value=runs_dir or "", placeholder="runs directory (empty: default)",
                                description="runs dir")
         self.start_button = W.Button(description="Start", button_style="success", icon="play")
@@ -39,13 +46,15 @@ class RunPanel:
         self._changed_listeners: list[Callable[[], None]] = []
         self.start_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
-        for w in (self.seq_len, self.local_batch, self.activation_checkpointing):
+        for w in (self.seq_len, self.local_batch, self.activation_checkpointing, self.lora, self.lora_rank,
+                  self.lora_targets):
             w.observe(lambda _: self._notify_changed(), "value")
         self.widget = W.VBox([
             W.HTML("<b>Run</b>"),
             W.HBox([self.steps, self.lr]), W.HBox([self.global_batch, self.local_batch]),
             W.HBox([self.seq_len, self.data_kind]), self.data_path,
-            W.HBox([self.activation_checkpointing, self.save_checkpoint]), self.runs_dir,
+            W.HBox([self.activation_checkpointing, self.save_checkpoint]),
+            W.HBox([self.lora, self.lora_rank, self.lora_alpha]), self.lora_targets, self.runs_dir,
             W.HBox([self.start_button, self.stop_button]), self.progress, self.status])
 
     def on_run(self, fn: Callable[[Any], None]) -> None:
@@ -62,8 +71,19 @@ class RunPanel:
 
     def training(self) -> dict[str, Any]:
         """What the memory estimate needs from this panel."""
+        try:
+            lora = self.lora_config()
+        except ConfigError:
+            lora = None  # run_config() says what is wrong
         return {"seq_len": self.seq_len.value, "local_batch": self.local_batch.value,
-                "activation_checkpointing": self.activation_checkpointing.value}
+                "activation_checkpointing": self.activation_checkpointing.value, "lora": lora}
+
+    def lora_config(self) -> LoraConfig | None:
+        """The LoRA section the LoRA widgets describe, None when LoRA is off."""
+        if not self.lora.value:
+            return None
+        return LoraConfig(rank=self.lora_rank.value, alpha=float(self.lora_alpha.value),
+                          targets=tuple(self.lora_targets.value))
 
     def run_config(self) -> RunConfig:
         """The RunConfig all panels describe (ConfigError / MeshError / BackendError say what is wrong)."""
@@ -75,7 +95,7 @@ class RunPanel:
                             warmup_steps=min(2, self.steps.value - 1) if self.steps.value > 1 else 0,
                             activation_checkpointing=self.activation_checkpointing.value,
                             save_final_checkpoint=self.save_checkpoint.value)
-        kwargs: dict[str, Any] = {"data": data, "train": train,
+        kwargs: dict[str, Any] = {"data": data, "train": train, "lora": self.lora_config(),
                                   "output_dir": self.runs_dir.value.strip() or None}
         kwargs["model"] = self.model.model_config() if self.model is not None else ModelConfig()
         if self.mesh is not None:

@@ -1,0 +1,82 @@
+"""LoRA on the fused routed experts: grouped low-rank GEMMs beside the base grouped GEMM.
+
+Per fused weight W (`gate_up_proj` / `up_proj`, `down_proj`) of an engine experts module, two
+adapters live on the module itself: A `[E, in, r]` and B `[E, r, out]` (B zero-initialized), named
+`<weight>_lora_A` / `<weight>_lora_B`. The rows of expert e get `scaling * (x @ A[e]) @ B[e]` added to
+their `x @ W[e]`: the same expert-major rows and tokens_per_expert as the base GEMM, no per-expert
+weight W + A @ B is ever formed. The update is on the fused output columns, so a family's layout
+(concatenated or interleaved gate/up, biases added after) is the base weight's own. Under expert
+parallelism the adapters hold the same experts [first, last) as the base weights and are sharded
+with them (FSDP2 over the expert-data-parallel dim, grad norm summed over ep).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def adapter_names(weight: str) -> tuple[str, str]:
+    """The (A, B) parameter names of the adapters of fused weight `weight`."""
+    return f"{weight}_lora_A", f"{weight}_lora_B"
+
+
+def in_out(module: nn.Module, weight: str) -> tuple[int, int]:
+    """(in, out) features of fused weight `weight`: stored [E, in, out] if transposed, else [E, out, in]."""
+    shape = getattr(module, weight).shape
+    return (shape[1], shape[2]) if module.workbench_layout.is_transposed else (shape[2], shape[1])
+
+
+def add_expert_adapters(module: nn.Module, name: str, weights: tuple[str, ...], rank: int, scaling: float,
+                        dropout: float, seed: int) -> list[str]:
+    """Give engine experts module `module` (full name `name`) adapters on `weights`; return their names.
+
+    Each expert's A is seeded by (seed, module, weight, global expert id): the adapters do not
+    depend on how the experts are split over ranks. A is PEFT's default (kaiming-uniform, bound
+    1/sqrt(in)); B is zero, so the model starts equal to the base.
+    """
+    first, last = module.workbench_expert_range
+    base = getattr(module, weights[0])
+    added = []
+    for weight in weights:
+        fan_in, fan_out = in_out(module, weight)
+        a = torch.empty(last - first, fan_in, rank, device=base.device, dtype=base.dtype)
+        bound = 1.0 / math.sqrt(fan_in)
+        with torch.no_grad():
+            for local, e in enumerate(range(first, last)):
+                g = torch.Generator(device=base.device).manual_seed(
+                    zlib.crc32(f"{seed}/{name}/{weight}/lora_A/{e}".encode()))
+                a[local].uniform_(-bound, bound, generator=g)
+        b = torch.zeros(last - first, rank, fan_out, device=base.device, dtype=base.dtype)
+        name_a, name_b = adapter_names(weight)
+        setattr(module, name_a, nn.Parameter(a))
+        setattr(module, name_b, nn.Parameter(b))
+        added += [name_a, name_b]
+    module.workbench_lora = {"weights": tuple(weights), "rank": rank, "scaling": scaling, "dropout": dropout}
+    return added
+
+
+def lora_rows(module: nn.Module, weight: str, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor,
+              dtypes: tuple[torch.dtype, ...]) -> torch.Tensor | None:
+    """scaling * (x @ A[e]) @ B[e] for expert-major rows, or None where `weight` has no adapters."""
+    from workbench.moe.hf_experts import grouped_linear
+
+    lora = getattr(module, "workbench_lora", None)
+    if lora is None or weight not in lora["weights"]:
+        return None
+    name_a, name_b = adapter_names(weight)
+    if lora["dropout"]:
+        x_ND = F.dropout(x_ND, lora["dropout"], module.training)
+    # A is [E, in, r] and B [E, r, out]: the transposed ([E, K, N]) layout grouped_mm takes as it is.
+    xa_NR = grouped_linear(x_ND, tokens_per_expert, getattr(module, name_a), True, dtypes)
+    return grouped_linear(xa_NR, tokens_per_expert, getattr(module, name_b), True, dtypes) * lora["scaling"]
+
+
+def expert_delta(module: nn.Module, weight: str, a_E: torch.Tensor, b_E: torch.Tensor) -> torch.Tensor:
+    """The update of fused weight `weight` in its stored layout: scaling * A @ B (transposed if [E, out, in])."""
+    delta = torch.bmm(a_E, b_E) * module.workbench_lora["scaling"]  # [E, in, out]
+    return delta if module.workbench_layout.is_transposed else delta.transpose(1, 2)
