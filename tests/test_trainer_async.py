@@ -438,3 +438,13 @@ def test_a_logging_read_waits_only_through_its_step():
     assert [p.step for p in queue.items] == [3]
     ready, _ = queue.ready(True)
     assert [p.step for p, _, _ in ready] == [3]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled Triton kernel and torch's CUDA fused AdamW need a GPU")
+@pytest.mark.parametrize("make", [lambda ps: TritonAdamW(ps, lr=0.1), lambda ps: torch.optim.AdamW(ps, lr=0.1, fused=True)],
+                         ids=["triton_adamw", "torch_fused_adamw"])
+def test_on_cuda_the_skip_flag_and_the_clip_coefficient_act_in_the_compiled_kernels(make):
+    pytest.importorskip("triton")
+    check_skip(make, device="cuda")
+    if isinstance(make([torch.nn.Parameter(torch.zeros(1, device="cuda"))]), TritonAdamW):
+        check_fused_clip(make, device="cuda")  # torch's grad_scale divides: a rounding apart, tested on the CPU
