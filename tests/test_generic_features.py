@@ -62,6 +62,24 @@ def test_activation_checkpointing_replays_each_layer_with_equal_gradients(family
         assert _rel_diff(grads[name].grad, p.grad) <= 64 * EPS, name
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the engine sets an SDPA preference only on CUDA")
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_activation_checkpointing_on_cuda_replays_with_the_same_attention_kernel(family):
+    # Found on an H200: the replay outside the forward's sdpa_kernel preference picked flash instead of
+    # cuDNN and torch's checkpoint refused the differently shaped saved tensors.
+    cfg = _config(family)
+    models = [AutoModelForCausalLM.from_config(cfg, device="cuda", dtype=torch.bfloat16, seed=0) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    apply_activation_checkpointing(models[1])
+    ids = torch.randint(0, cfg.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0)).cuda()
+    for model in models:
+        model.train()
+        model(input_ids=ids, labels=ids).loss.backward()
+    grads = dict(models[1].named_parameters())
+    for name, p in models[0].named_parameters():
+        assert _rel_diff(grads[name].grad.float(), p.grad.float()) <= 2e-2, name
+
+
 def _ac_worker(rank, world, family):
     from torch.distributed.tensor import DTensor
 

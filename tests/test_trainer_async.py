@@ -331,7 +331,8 @@ def test_triton_adamw_kernel_applies_the_clip_coefficient_in_the_interpreter():
 
 
 def _diverging(tmp_path, optimizer, **overrides):
-    # lr 1e6: step 1 is finite, step 2's backward overflows (grad norm nan) while its loss is finite
+    # lr 1e6: step 1 is finite, step 2 is not (its gradient norm, and with torch 2.11 / transformers 5.17
+    # its loss too: the tests below match the step, not which value overflowed first)
     return _rc(_saved("qwen3_moe", tmp_path / "m"), str(tmp_path / "runs"), train__lr=1e6,
                train__optimizer=optimizer, train__clip_grad_norm=1.0, **overrides)
 
@@ -346,7 +347,7 @@ def test_a_non_finite_step_and_all_later_ones_leave_weights_and_optimizer_state(
     states = [_state(trainer.optimizer, p) for p in params]
     for step in (2, 3, 4):  # queued without a look: the device flag skips 2 and, sticky, 3 and 4
         trainer.train_step(step)
-    with pytest.raises(NonFiniteError, match=r"^step 2: the gradient norm is nan while the loss"):
+    with pytest.raises(NonFiniteError, match=r"^step 2: "):
         trainer.collect(wait=True)
     for p, w, s in zip(params, weights, states):
         assert torch.equal(p.detach(), w)
@@ -362,7 +363,7 @@ def test_the_run_fails_naming_the_first_bad_step_with_no_checkpoint_after_it(tmp
 
     # a checkpoint is due at step 3; the device flag of step 2 is only read when step 3 waits, before the save
     rc = _diverging(tmp_path, optimizer, run_id="fail", train__steps=5, train__checkpoint_every=3)
-    with pytest.raises(NonFiniteError, match=r"^step 2: the gradient norm is nan"):
+    with pytest.raises(NonFiniteError, match=r"^step 2: "):
         finetune(rc)
     run = RunDir.open(tmp_path / "runs" / "fail")
     assert [m["step"] for m in run.read_metrics()] == [1]

@@ -17,10 +17,18 @@ Why torch's composable `checkpoint(module)` rather than Transformers' `gradient_
   every rank, instead of stopping wherever this rank's last saved tensor happens to be. (A torch
   without the option stops after the layer's last saved tensor; on the generic path that is past
   the combine's all-to-all, whose weighted sum saves the expert rows, so both still replay.)
+- The replay runs inside the SDPA kernel preference the engine's forward sets (models/generic_extras
+  attention_backend: cuDNN first on CUDA). The backward is outside that forward's `with`, so
+  without it the replay picked flash attention, whose saved tensors (logsumexp [B,H,S] and a philox
+  state) differ from cuDNN's ([B,H,S,1]): torch's checkpoint stopped with "Recomputed values ...
+  have different metadata" (Qwen3-30B-A3B on an H200).
 """
 
 from __future__ import annotations
 
+import contextlib
+
+import torch
 from torch import nn
 
 from workbench.parallel.fsdp import decoder_layers
@@ -37,11 +45,22 @@ def _has_early_stop() -> bool:
     return True
 
 
+def replay_contexts(model: nn.Module):
+    """`context_fn` for torch's checkpoint: (nothing around the forward, the forward's attention choice around the replay)."""
+    from workbench.models.generic_extras import attention_backend
+
+    backend = getattr(model, "workbench_backend", None)
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    return lambda: (contextlib.nullcontext(), attention_backend(backend, device))
+
+
 def apply_activation_checkpointing(model: nn.Module) -> int:
     """Recompute each decoder layer's activations in backward; returns how many layers. Idempotent."""
     from torch.distributed._composable import checkpoint
 
     kwargs = {"early_stop": False} if _has_early_stop() else {}  # older torch: see the module docstring
+    kwargs["context_fn"] = replay_contexts(model)
     layers = decoder_layers(model)  # also after fully_shard swapped their class
     if not layers:
         raise ValueError(f"train.activation_checkpointing: {type(model).__name__} names no decoder layer class "
