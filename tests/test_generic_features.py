@@ -68,7 +68,7 @@ def test_activation_checkpointing_on_cuda_replays_with_the_same_attention_kernel
     # Found on an H200: the replay outside the forward's sdpa_kernel preference picked flash instead of
     # cuDNN and torch's checkpoint refused the differently shaped saved tensors.
     cfg = _config(family)
-    models = [AutoModelForCausalLM.from_config(cfg, device="cuda", dtype=torch.bfloat16, seed=0) for _ in range(2)]
+    models = [AutoModelForCausalLM.from_config(cfg, device="cuda", dtype=torch.bfloat16, seed=0).cuda() for _ in range(2)]
     models[1].load_state_dict(models[0].state_dict())
     apply_activation_checkpointing(models[1])
     ids = torch.randint(0, cfg.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0)).cuda()
