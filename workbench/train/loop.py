@@ -45,6 +45,7 @@ from workbench.train.checkpoint import (check_compatible, check_settings, clean_
                                         load_checkpoint, resolve_checkpoint, run_settings, save_checkpoint,
                                         verify_checkpoint)
 from workbench.train.data import Batch, build_stream
+from workbench.train.data_eval import eval_metrics
 from workbench.train.guard import StepValues, check_finite
 from workbench.train.metrics import expert_load_from_router_logits, reset_peak_memory, step_record
 from workbench.train.model_setup import build_model, model_dtype, resolve_mesh
@@ -274,6 +275,7 @@ class Trainer:
                 state, step = "stopped", step - 1
                 break
             record = self.train_step(step)
+            record.update(eval_metrics(self, step))  # data.eval_every: eval_loss / eval_accuracy on this step
             losses.append(record["loss"])
             self.run.append_metrics([record])  # one O_APPEND write per rank per step
             self.callbacks.call("on_step", record)
