@@ -90,3 +90,20 @@ def test_rank_0_tokenizes_and_every_rank_maps_the_same_cache(tmp_path):
     r0, r1 = run_ranks(_two_rank_build, 2, cfg.__dict__)
     assert r0 == r1
     assert len(list((tmp_path / "cache").iterdir())) == 1
+
+
+def test_live_plots_draw_eval_loss_from_the_records(tmp_path):
+    pytest.importorskip("plotly")
+    from workbench.train.run_dir import RunDir
+    from workbench.ui.plots import LivePlots
+    from workbench.ui.series import live_series
+
+    finetune(_rc(tmp_path, run_id="plots", train__steps=4, train__save_final_checkpoint=False))
+    records = RunDir.open(tmp_path / "runs" / "plots").read_metrics()
+    series = live_series(records)
+    assert series["eval_loss"] == ([2, 4], [r["eval_loss"] for r in records if r["step"] in (2, 4)])
+    plots = LivePlots()
+    plots.update(records)
+    (trace,) = [t for t in plots.figure.data if t.name == "eval loss"]
+    assert list(trace.x) == [2, 4] and list(trace.y) == series["eval_loss"][1]
+    assert plots.save_png(tmp_path / "live.png").stat().st_size > 10_000
