@@ -207,6 +207,15 @@ def test_config_validation_and_overrides(tmp_path):
                                           "data.eval_every": 5})
     assert rc.data.data_files == ["a.parquet", "b.parquet"] and rc.data.columns == {"prompt": "q"}
     assert RunConfig.from_yaml(rc.to_yaml()).data == rc.data
+    import argparse
+
+    from workbench.cli import _overrides
+
+    sets = ["data.kind=datasets", "data.data_files=[a.parquet]", "data.columns={prompt: q, completion: a}",
+            "data.eval_fraction=0.1", "data.eval_every=5", "data.assistant_only_loss=false"]
+    cli = RunConfig.demo().with_overrides(_overrides(argparse.Namespace(set=sets)))
+    assert cli.data.columns == {"prompt": "q", "completion": "a"} and cli.data.data_files == ["a.parquet"]
+    assert cli.data.assistant_only_loss is False and cli.data.eval_every == 5
 
 
 def test_model_folder_tokenizer_is_used(tmp_path):

@@ -36,13 +36,13 @@ def evaluate(model: torch.nn.Module, sequences, local_batch_size: int, device: t
                 batch.labels.fill_(IGNORE_INDEX)
             batch = batch.to(device)
             out = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False)
-            logits = out.logits[:, :-1].float()
-            targets = batch.labels[:, 1:]
-            keep = targets != IGNORE_INDEX
-            ce_sum += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                            ignore_index=IGNORE_INDEX, reduction="sum"))
-            correct += float(((logits.argmax(-1) == targets) & keep).sum())
-            count += float(keep.sum())
+            for row in range(len(batch)):  # float32 logits one sequence at a time: [S, vocab], not [B, S, vocab]
+                logits = out.logits[row, :-1].float()
+                targets = batch.labels[row, 1:]
+                keep = targets != IGNORE_INDEX
+                ce_sum += float(F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum"))
+                correct += float(((logits.argmax(-1) == targets) & keep).sum())
+                count += float(keep.sum())
     finally:
         model.train(was_training)
     ce_sum, correct, count = du.all_reduce_sum([ce_sum, correct, count])
