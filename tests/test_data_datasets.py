@@ -19,7 +19,8 @@ ROWS = {
                                {"role": "assistant", "content": f"yes, {i + 2}"}] for i in range(N)]},
     "prompt_completion": {"prompt": [f"what is {i} plus 1?" for i in range(N)],
                           "completion": [f"{i} plus 1 is {i + 1}." for i in range(N)]},
-    "instruction": {"instruction": [f"count to {i}" for i in range(N)], "input": ["" if i % 2 else "fast" for i in range(N)],
+    "instruction": {"instruction": [f"count to {i}" for i in range(N)],
+                    "input": ["" if i % 2 else "fast" for i in range(N)],
                     "output": [" ".join(str(k) for k in range(i + 1)) for i in range(N)]},
     "text": {"text": [f"the number {i} comes after {i - 1} and before {i + 1}." for i in range(N)]},
 }
@@ -229,3 +230,15 @@ def test_model_folder_tokenizer_is_used(tmp_path):
     assert resolve_tokenizer_dir(cfg, None) == TOKENIZER_DIR
     own = DataConfig(kind="jsonl", tokenizer=str(TOKENIZER_DIR))
     assert resolve_tokenizer_dir(own, str(folder)) == TOKENIZER_DIR
+
+
+def test_studio_run_panel_builds_a_datasets_config(tmp_path):
+    pytest.importorskip("ipywidgets")
+    from workbench.ui.run_panel import RunPanel
+
+    panel = RunPanel(None)
+    panel.data_kind.value = "datasets"
+    panel.data_path.value = str(tmp_path / "rows.parquet")
+    assert panel.run_config().data.data_files == str(tmp_path / "rows.parquet")
+    panel.data_path.value = str(tmp_path / "saved")
+    assert panel.run_config().data.path == str(tmp_path / "saved") and panel.run_config().data.data_files is None

@@ -224,10 +224,6 @@ class DataConfig:
     def example_max_length(self) -> int:
         return self.max_length or self.seq_len
 
-    @property
-    def has_eval(self) -> bool:
-        return self.kind == "datasets" and bool(self.eval_fraction or self.eval_files)
-
 
 _DATASETS_ONLY = ("data_files", "split", "format", "columns", "assistant_only_loss", "cache_dir", "eval_fraction",
                   "eval_files", "eval_every")

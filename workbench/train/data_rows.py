@@ -16,7 +16,7 @@ OPTIONAL_FIELDS = {"input"}  # instruction rows may leave out the input
 
 
 def resolve_columns(fmt: str, columns: dict[str, str] | None, present: list[str], where: str) -> tuple[str, dict]:
-    """(format, {field: column}) for a dataset with columns `present`; refuses missing columns, listing those present."""
+    """(format, {field: column}) for a dataset with `present` columns; refuses missing ones, listing those present."""
     columns = dict(columns or {})
 
     def mapping(name: str) -> dict[str, str]:
