@@ -242,3 +242,14 @@ def test_studio_run_panel_builds_a_datasets_config(tmp_path):
     assert panel.run_config().data.data_files == str(tmp_path / "rows.parquet")
     panel.data_path.value = str(tmp_path / "saved")
     assert panel.run_config().data.path == str(tmp_path / "saved") and panel.run_config().data.data_files is None
+
+
+def test_without_datasets_the_error_says_how_to_install(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "datasets", None)  # what `import datasets` sees where it is not installed
+    (tmp_path / "x.parquet").write_bytes(b"")
+    with pytest.raises(DataError, match="pip install datasets"):
+        build_stream(_cfg(tmp_path, data_files=str(tmp_path / "x.parquet")), seed=0, vocab_size=TINY_VOCAB_SIZE)
+    synthetic = build_stream(DataConfig(kind="synthetic"), seed=0, vocab_size=TINY_VOCAB_SIZE)
+    assert synthetic.next_batch(2).input_ids.shape == (2, 128)  # synthetic data needs no datasets

@@ -133,12 +133,22 @@ def _first_bad_json_line(path: Path) -> str:
     return f"{path}: could not be read as JSON lines"
 
 
+def require_datasets():
+    """The `datasets` module, or a DataError saying how to install it (the data kinds that read files need it)."""
+    try:
+        import datasets
+    except ImportError:
+        raise DataError("reading data files needs the `datasets` library (data.kind 'jsonl' and 'datasets'): "
+                        "pip install datasets") from None
+    return datasets
+
+
 def read_jsonl_rows(path: str | Path, max_length: int) -> list[tuple[int, dict]]:
     """(line number, row) pairs read through `datasets.load_dataset("json")` from a local file.
 
     Every line must be UTF-8 and within `max_row_bytes(max_length)`; both are checked before parsing.
     """
-    import datasets
+    datasets = require_datasets()
 
     path = Path(path).expanduser()
     if not path.is_file():

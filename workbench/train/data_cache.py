@@ -22,20 +22,12 @@ import torch
 from workbench.config import DATA_FILE_BUILDERS
 from workbench.parallel import dist_utils as du
 from workbench.train.data import (IGNORE_INDEX, Batch, DataError, check_vocab, iter_packed, load_tokenizer,
-                                  pad_sequence_into, pad_token_id)
-from workbench.train.data_rows import masked, resolve_columns, tokenize_row, tokenize_texts
+                                  pad_sequence_into, pad_token_id, require_datasets)
+from workbench.train.data_rows import resolve_columns, tokenize_row, tokenize_texts
 
 CACHE_VERSION = 1
 ARRAYS = ("input_ids", "labels", "position_ids")
 _NOT_TOKENIZER = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
-
-
-def _datasets():
-    try:
-        import datasets
-    except ImportError:
-        raise DataError("data.kind='datasets' needs the `datasets` library: pip install datasets") from None
-    return datasets
 
 
 class MappedSequences:
@@ -115,7 +107,7 @@ def cache_root(cfg, runs_dir: str | None) -> Path:
 
 def load_sources(cfg, files: list[Path], work: Path, field: str) -> list[tuple[str, Any]]:
     """(name for errors, Dataset) per local file, or the one save_to_disk folder / named dataset."""
-    datasets = _datasets()
+    datasets = require_datasets()
     out = []
     if files:
         _check_exist(files, field)
@@ -156,7 +148,7 @@ def load_sources(cfg, files: list[Path], work: Path, field: str) -> list[tuple[s
 
 def tokenize_source(cfg, tokenizer, name: str, ds, work: Path, index: int):
     """The Dataset of (input_ids, labels) per row, written by datasets' map into the build folder."""
-    datasets = _datasets()
+    datasets = require_datasets()
     if len(ds) == 0:
         raise DataError(f"{name}: the split {cfg.split!r} has no rows")
     fmt, cols = resolve_columns(cfg.format, cfg.columns, list(ds.column_names), name)
@@ -245,7 +237,7 @@ def _holdout(n: int, fraction: float, where: str) -> tuple[np.ndarray, np.ndarra
 
 def build_cache(cfg, tokenizer_dir: Path, vocab_size: int, folder: Path) -> None:
     """Tokenize and pack into `folder` (written beside it, then renamed into place)."""
-    datasets = _datasets()
+    datasets = require_datasets()
     tmp = folder.parent / f".tmp-{folder.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     work = tmp / "work"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.config import ROW_FIELDS
-from workbench.train.data import IGNORE_INDEX, DataError, tokenize_messages
+from workbench.train.data import DataError, tokenize_messages
 
 OPTIONAL_FIELDS = {"input"}  # instruction rows may leave out the input
 
@@ -97,7 +97,3 @@ def tokenize_texts(tokenizer, texts: list[Any], wheres: list[str]) -> list[list[
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     return [ids + eos for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
-
-def masked(labels: list[int]) -> bool:
-    """Whether no label of an example enters the loss."""
-    return all(t == IGNORE_INDEX for t in labels)
