@@ -110,6 +110,10 @@ def test_packing_and_eval_holdout(tmp_path):
     docs = lambda s: int((s.slice(0, len(s)).position_ids == 0).logical_and(  # noqa: E731
         s.slice(0, len(s)).labels != IGNORE_INDEX).sum())
     assert len(train) < 9 and docs(train) == 9 and docs(held) == 3  # 12 rows: 9 packed for training, 3 held out
+    own = _save(tmp_path, {"text": ROWS["text"]["text"][:5]}, "csv", name="eval")["data_files"]
+    cfg = _cfg(tmp_path, pack=True, eval_files=[own], eval_every=1, **_save(tmp_path, ROWS["text"], "parquet"))
+    stream = build_stream(cfg, seed=0, vocab_size=TINY_VOCAB_SIZE)
+    assert docs(stream.sequences) == 12 and docs(stream.eval_sequences) == 5  # eval rows from their own file
 
 
 def test_cache_is_hit_on_the_second_build(tmp_path, monkeypatch):
@@ -253,3 +257,13 @@ def test_without_datasets_the_error_says_how_to_install(tmp_path, monkeypatch):
         build_stream(_cfg(tmp_path, data_files=str(tmp_path / "x.parquet")), seed=0, vocab_size=TINY_VOCAB_SIZE)
     synthetic = build_stream(DataConfig(kind="synthetic"), seed=0, vocab_size=TINY_VOCAB_SIZE)
     assert synthetic.next_batch(2).input_ids.shape == (2, 128)  # synthetic data needs no datasets
+
+
+def test_two_builds_of_one_key_keep_the_first(tmp_path):
+    cfg = _cfg(tmp_path, **_save(tmp_path, ROWS["text"], "parquet"))
+    folder = tmp_path / "cache" / data_cache.cache_key(cfg, TOKENIZER_DIR)
+    folder.parent.mkdir(parents=True)
+    data_cache.build_cache(cfg, TOKENIZER_DIR, TINY_VOCAB_SIZE, folder)
+    data_cache.build_cache(cfg, TOKENIZER_DIR, TINY_VOCAB_SIZE, folder)  # a run that raced the first one
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # its leftovers are gone
+    assert len(data_cache.MappedSequences(folder / "train")) == N

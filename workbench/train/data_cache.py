@@ -279,7 +279,12 @@ def build_cache(cfg, tokenizer_dir: Path, vocab_size: int, folder: Path) -> None
         shutil.rmtree(work)
         (tmp / "meta.json").write_text(json.dumps({"tokenizer_len": len(tokenizer), "tokenizer": str(tokenizer_dir),
                                                    "format": fmt, "pad_id": pad}))
-        os.replace(tmp, folder)
+        try:
+            os.replace(tmp, folder)
+        except OSError:
+            if not (folder / "meta.json").exists():
+                raise
+            # another run built the same key meanwhile: its cache holds the same tokens, keep it
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
