@@ -263,7 +263,10 @@ def test_two_builds_of_one_key_keep_the_first(tmp_path):
     cfg = _cfg(tmp_path, **_save(tmp_path, ROWS["text"], "parquet"))
     folder = tmp_path / "cache" / data_cache.cache_key(cfg, TOKENIZER_DIR)
     folder.parent.mkdir(parents=True)
+    dead = folder.parent / f".tmp-{folder.name}-{2**22 + 12345}"  # over Linux's pid_max: no such process
+    (dead / "work").mkdir(parents=True)
     data_cache.build_cache(cfg, TOKENIZER_DIR, TINY_VOCAB_SIZE, folder)
+    assert not dead.exists()  # a killed build's leftovers are removed
     data_cache.build_cache(cfg, TOKENIZER_DIR, TINY_VOCAB_SIZE, folder)  # a run that raced the first one
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # its leftovers are gone
     assert len(data_cache.MappedSequences(folder / "train")) == N
