@@ -107,3 +107,27 @@ def test_live_plots_draw_eval_loss_from_the_records(tmp_path):
     (trace,) = [t for t in plots.figure.data if t.name == "eval loss"]
     assert list(trace.x) == [2, 4] and list(trace.y) == series["eval_loss"][1]
     assert plots.save_png(tmp_path / "live.png").stat().st_size > 10_000
+
+
+def _two_rank_eval(rank, world, rc_dict):
+    from workbench.train.data_eval import evaluate
+    from workbench.train.loop import Trainer
+
+    trainer = Trainer(RunConfig.from_dict(rc_dict))
+    trainer.setup()
+    held = trainer.stream.eval_sequences
+    got = evaluate(trainer.model, held, 2, trainer.device)
+    b = held.slice(0, len(held))
+    with torch.no_grad():  # every rank runs the same whole-set forward (a sharded model's collectives need it)
+        trainer.model.eval()
+        out = trainer.model(input_ids=b.input_ids, labels=b.labels, position_ids=b.position_ids,
+                            output_router_logits=False, use_cache=False)
+    return len(held), got["eval_loss"], float(out.loss)
+
+
+def test_two_rank_eval_covers_every_row_once(tmp_path):
+    # 5 eval rows (one per sequence) in rounds of 2 ranks x 2: the last round's second rank runs a masked stand-in
+    rc = _rc(tmp_path, data=_data(tmp_path, eval_fraction=0.125, pack=False))
+    (n, got, direct), again = run_ranks(_two_rank_eval, 2, rc.to_dict())
+    assert again == (n, got, direct) and n % 4 != 0
+    assert got == pytest.approx(direct, rel=1e-5)
