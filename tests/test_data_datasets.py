@@ -270,3 +270,13 @@ def test_two_builds_of_one_key_keep_the_first(tmp_path):
     data_cache.build_cache(cfg, TOKENIZER_DIR, TINY_VOCAB_SIZE, folder)  # a run that raced the first one
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # its leftovers are gone
     assert len(data_cache.MappedSequences(folder / "train")) == N
+
+
+def test_long_text_documents_are_cut_without_a_length_warning(tmp_path, capfd, caplog):
+    long = " ".join(f"w{i}" for i in range(1500))  # over the tokenizer's model_max_length
+    cfg = _cfg(tmp_path, seq_len=64, **_save(tmp_path, {"text": [long]}, "parquet"))
+    seqs = build_stream(cfg, seed=0, vocab_size=TINY_VOCAB_SIZE).sequences
+    b = seqs.slice(0, len(seqs))
+    assert len(seqs) > 1 and (b.position_ids[:, 0] == 0).all()  # pieces of seq_len, each restarting positions
+    logged = capfd.readouterr().err + caplog.text
+    assert "longer than the specified maximum" not in logged

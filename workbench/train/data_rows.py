@@ -90,10 +90,13 @@ def tokenize_row(tokenizer, fmt: str, cols: dict[str, str], row: dict[str, Any],
 
 
 def tokenize_texts(tokenizer, texts: list[Any], wheres: list[str]) -> list[list[int]]:
-    """Token ids of plain-text rows (continued pretraining), each ending in the eos token."""
+    """Token ids of plain-text rows (continued pretraining), each ending in the eos token.
+
+    verbose=False: a document longer than the model's max length is expected here (it is cut into pieces).
+    """
     for text, where in zip(texts, wheres):
         if not isinstance(text, str):
             raise DataError(f"{where}: text column must hold strings, got {type(text).__name__}")
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    return [ids + eos for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    return [ids + eos for ids in tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]]
 
