@@ -19,7 +19,7 @@ pytest.importorskip("ipyparallel")
 pytest.importorskip("plotly")
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-NAMES = ["01_quickstart", "02_mesh_explorer", "03_backend_shootout", "04_profiling", "05_how_routing_works",
+NAMES = ["01_quickstart", "02_mesh_explorer", "03_backend_shootout", "04_profiling", "05_how_routing_works", "06_your_data",
          "07_two_families"]
 CELL_TIMEOUT_S = 240
 

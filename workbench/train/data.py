@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 IGNORE_INDEX = -100
@@ -55,7 +56,12 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentenc
                    "vocab.txt", "*.tiktoken")
 
 
-def load_tokenizer(path: str | Path):
+def has_tokenizer_files(path: Path) -> bool:
+    """Whether a folder holds something AutoTokenizer can build a tokenizer from."""
+    return path.is_dir() and any(any(path.glob(name)) for name in TOKENIZER_FILES)
+
+
+def load_tokenizer(path: str | Path, require_template: bool = True):
     """A local tokenizer directory (no hub access)."""
     from transformers import AutoTokenizer
 
@@ -66,12 +72,12 @@ def load_tokenizer(path: str | Path):
         raise DataError(f"tokenizer directory {path} does not exist; {hint}")
     if not path.is_dir():
         raise DataError(f"tokenizer path {path} is not a directory; {hint}")
-    if not any(any(path.glob(name)) for name in TOKENIZER_FILES):
+    if not has_tokenizer_files(path):
         present = sorted(p.name for p in path.iterdir())[:8]
         raise DataError(f"tokenizer directory {path} has no tokenizer files (looked for "
                         f"{', '.join(TOKENIZER_FILES)}; found {present or 'nothing'}); {hint}")
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    if not getattr(tok, "chat_template", None):
+    if require_template and not getattr(tok, "chat_template", None):
         raise DataError(f"tokenizer {path} has no chat template; SFT rows are rendered through it")
     return tok
 
@@ -127,12 +133,22 @@ def _first_bad_json_line(path: Path) -> str:
     return f"{path}: could not be read as JSON lines"
 
 
+def require_datasets():
+    """The `datasets` module, or a DataError saying how to install it (the data kinds that read files need it)."""
+    try:
+        import datasets
+    except ImportError:
+        raise DataError("reading data files needs the `datasets` library (data.kind 'jsonl' and 'datasets'): "
+                        "pip install datasets") from None
+    return datasets
+
+
 def read_jsonl_rows(path: str | Path, max_length: int) -> list[tuple[int, dict]]:
     """(line number, row) pairs read through `datasets.load_dataset("json")` from a local file.
 
     Every line must be UTF-8 and within `max_row_bytes(max_length)`; both are checked before parsing.
     """
-    import datasets
+    datasets = require_datasets()
 
     path = Path(path).expanduser()
     if not path.is_file():
@@ -222,35 +238,43 @@ def load_sft_examples(path: str | Path, tokenizer, max_length: int) -> list[tupl
     return examples
 
 
-def pack_examples(examples: list[tuple[list[int], list[int]]], seq_len: int, pad_id: int,
-                  pack: bool = True) -> Batch:
-    """Fixed-length sequences: greedy packing in file order (or one example per sequence).
+def iter_packed(examples, seq_len: int, pack: bool = True):
+    """(ids, labels, position_ids) lists per sequence: greedy packing in order (or one example each).
 
     position_ids restart at 0 for every example, which makes Transformers' mask block-diagonal
-    (no attention across packed examples); padding gets label -100.
+    (no attention across packed examples). Sequences come unpadded (at most seq_len long).
     """
-    seqs: list[tuple[list[int], list[int], list[int]]] = []
     cur: tuple[list[int], list[int], list[int]] = ([], [], [])
     for ids, labels in examples:
         if cur[0] and (not pack or len(cur[0]) + len(ids) > seq_len):
-            seqs.append(cur)
+            yield cur
             cur = ([], [], [])
         cur[0].extend(ids)
         cur[1].extend(labels)
         cur[2].extend(range(len(ids)))
     if cur[0]:
-        seqs.append(cur)
+        yield cur
+
+
+def pad_sequence_into(out_ids, out_labels, out_pos, ids: list[int], labels: list[int], pos: list[int],
+                      pad_id: int) -> None:
+    """Write one packed sequence into numpy rows of fixed width; padding gets label -100 and its own positions."""
+    k, seq_len = len(ids), out_ids.shape[-1]
+    out_ids[:k], out_ids[k:] = ids, pad_id
+    out_labels[:k], out_labels[k:] = labels, IGNORE_INDEX
+    out_pos[:k] = pos
+    out_pos[k:] = np.arange(seq_len - k)  # padding is its own "document"
+
+
+def pack_examples(examples: list[tuple[list[int], list[int]]], seq_len: int, pad_id: int,
+                  pack: bool = True) -> Batch:
+    """Fixed-length sequences `[n, seq_len]` from `iter_packed`, in memory."""
+    seqs = list(iter_packed(examples, seq_len, pack))
     n = len(seqs)
-    input_ids = torch.full((n, seq_len), pad_id, dtype=torch.long)
-    labels_t = torch.full((n, seq_len), IGNORE_INDEX, dtype=torch.long)
-    position_ids = torch.zeros((n, seq_len), dtype=torch.long)
+    arrays = [np.empty((n, seq_len), dtype=np.int64) for _ in range(3)]
     for i, (ids, labels, pos) in enumerate(seqs):
-        k = len(ids)
-        input_ids[i, :k] = torch.tensor(ids)
-        labels_t[i, :k] = torch.tensor(labels)
-        position_ids[i, :k] = torch.tensor(pos)
-        position_ids[i, k:] = torch.arange(seq_len - k)  # padding is its own "document"
-    return Batch(input_ids, labels_t, position_ids)
+        pad_sequence_into(*(a[i] for a in arrays), ids, labels, pos, pad_id)
+    return Batch(*(torch.from_numpy(a) for a in arrays))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,8 +284,10 @@ def pack_examples(examples: list[tuple[list[int], list[int]]], seq_len: int, pad
 class TokenStream:
     """Deterministic, resumable source of global batches (same on every rank)."""
 
-    def __init__(self, sequences: Batch | None, *, seed: int, seq_len: int, vocab_size: int | None = None) -> None:
-        self.sequences = sequences
+    def __init__(self, sequences: Batch | None, *, seed: int, seq_len: int, vocab_size: int | None = None,
+                 eval_sequences=None) -> None:
+        self.sequences = sequences  # a Batch, or anything with len() and .slice() (data_cache.MappedSequences)
+        self.eval_sequences = eval_sequences  # held-out sequences for eval (kind="datasets"), or None
         self.seed = seed
         self.seq_len = seq_len
         self.vocab_size = vocab_size
@@ -311,15 +337,43 @@ class TokenStream:
         self.consumed = int(state["consumed"])
 
 
-def build_stream(data_cfg, seed: int, vocab_size: int) -> TokenStream:
-    """The TokenStream for a DataConfig: tokenizes and packs JSONL data up front."""
+def build_stream(data_cfg, seed: int, vocab_size: int, model_path: str | None = None,
+                 runs_dir: str | None = None) -> TokenStream:
+    """The TokenStream for a DataConfig: JSONL tokenized in memory, `datasets` through the on-disk cache."""
     if data_cfg.kind == "synthetic":
         return TokenStream(None, seed=seed, seq_len=data_cfg.seq_len, vocab_size=vocab_size)
-    tokenizer = load_tokenizer(data_cfg.resolved_tokenizer)
-    if len(tokenizer) > vocab_size:
-        raise DataError(f"tokenizer {data_cfg.resolved_tokenizer} has {len(tokenizer)} tokens but the model's "
-                        f"vocab_size is {vocab_size}; use a matching tokenizer/model")
+    tokenizer_dir = resolve_tokenizer_dir(data_cfg, model_path)
+    if data_cfg.kind == "datasets":
+        from workbench.train.data_cache import build_cached
+
+        train, held_out = build_cached(data_cfg, tokenizer_dir, vocab_size, runs_dir)
+        return TokenStream(train, seed=seed, seq_len=data_cfg.seq_len, eval_sequences=held_out)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    check_vocab(len(tokenizer), tokenizer_dir, vocab_size)
     examples = load_sft_examples(data_cfg.resolved_path, tokenizer, data_cfg.example_max_length)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    sequences = pack_examples(examples, data_cfg.seq_len, pad_id, data_cfg.pack)
+    sequences = pack_examples(examples, data_cfg.seq_len, pad_token_id(tokenizer), data_cfg.pack)
     return TokenStream(sequences, seed=seed, seq_len=data_cfg.seq_len)
+
+
+def resolve_tokenizer_dir(data_cfg, model_path: str | None) -> Path:
+    """data.tokenizer, else the model folder's own tokenizer (and chat template), else the shipped one."""
+    if data_cfg.tokenizer:
+        return data_cfg.resolved_tokenizer
+    if model_path and has_tokenizer_files(Path(model_path).expanduser()):
+        return Path(model_path).expanduser()
+    return data_cfg.resolved_tokenizer
+
+
+def check_vocab(tokenizer_len: int, tokenizer_dir: Path, vocab_size: int) -> None:
+    """Refuse a tokenizer with ids the model's embedding does not have."""
+    if tokenizer_len > vocab_size:
+        raise DataError(f"tokenizer {tokenizer_dir} has {tokenizer_len} tokens but the model's "
+                        f"vocab_size is {vocab_size}; use a matching tokenizer/model")
+
+
+def pad_token_id(tokenizer) -> int:
+    """The id padding uses: pad, else eos, else 0 (padding carries label -100, so its id is never trained)."""
+    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if tid is not None:
+            return int(tid)
+    return 0

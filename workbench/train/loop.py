@@ -51,6 +51,7 @@ from workbench.train.checkpoint import (check_compatible, check_settings, clean_
                                         load_checkpoint, resolve_checkpoint, run_settings, save_checkpoint,
                                         verify_checkpoint)
 from workbench.train.data import IGNORE_INDEX, Batch, build_stream
+from workbench.train.data_eval import eval_metrics
 from workbench.train.guard import NonFiniteError, StepValues, check_finite, non_finite_error
 from workbench.train.liveness import Heartbeat, record_termination
 from workbench.train.loop_support import (Callbacks, accepts, all_reduce, expert_load_reader, is_parallel,
@@ -95,7 +96,8 @@ class Trainer:
             for leftover in clean_leftovers(self.resume_ckpt):
                 print(f"removed {leftover}: a save that never finished", flush=True)
         torch.manual_seed(rc.train.seed)
-        self.stream = build_stream(rc.data, rc.train.seed, self.hf_config.vocab_size)
+        self.stream = build_stream(rc.data, rc.train.seed, self.hf_config.vocab_size, model_path=rc.model.path,
+                                   runs_dir=rc.output_dir)
         mesh_sizes = self.mesh.to_dict() if self.mesh is not None else {"dp": 1, "ep": 1}
         # Resolved once, with the mesh's ep: the run records the backends the model is then built with.
         self.backend = rc.backend.resolve(self.device, world_size=mesh_sizes["ep"])
@@ -137,6 +139,7 @@ class Trainer:
             self.router_biases = router_biases_to_update(self.model, self.hf_config)
         self._clock = Clock(self.device)
         self._queue = StepQueue(self._clock, self.world)  # queued steps not yet collected
+        self._eval_by_step: dict[int, dict[str, float]] = {}  # eval keys waiting for their step's record
         self._queued = self.start_step
         self._skip = SkipFlag(self.device)
         self._device_skip = set_skip_flag(self.optimizer, self._skip.found_inf)
@@ -310,6 +313,8 @@ class Trainer:
         if not records:
             return
         total = self.rc.train.steps
+        for record in records:
+            record.update(self._eval_by_step.pop(record["step"], {}))
         losses.extend(r["loss"] for r in records)
         self.run.append_metrics(records)  # one O_APPEND write per rank per collect
         for record in records:
@@ -347,6 +352,11 @@ class Trainer:
             except NonFiniteError:  # the host check of an optimizer that cannot skip on the device
                 self._publish(self._collect(wait=True)[0], losses, status_base, printed=False)
                 raise
+            # data.eval_every: eval_loss / eval_accuracy of the weights after this step, merged into its
+            # record when that is collected (the eval reads its loss: a wait, on eval steps only)
+            evaluated = eval_metrics(self, step)
+            if evaluated:
+                self._eval_by_step[step] = evaluated
             log = step % rc.train.log_every == 0 or step == total
             ckpt = bool(rc.train.checkpoint_every and step % rc.train.checkpoint_every == 0 and step < total)
             if step == total:  # the wait after the loop reads it

@@ -95,6 +95,10 @@ class LivePlots:
             self.figure.add_trace(go.Scatter(x=[], y=[], mode="lines+markers", name="loss", showlegend=False,
                                              line=dict(color="#444")), row=2, col=1)
             self._traces[("loss", 0)] = len(self.figure.data) - 1
+        if ("eval_loss", 0) not in self._traces and data["eval_loss"][0]:
+            self.figure.add_trace(go.Scatter(x=[], y=[], mode="lines+markers", name="eval loss", showlegend=False,
+                                             line=dict(color="#d62728", dash="dash")), row=2, col=1)
+            self._traces[("eval_loss", 0)] = len(self.figure.data) - 1
         with self.figure.batch_update():
             for (metric, rank), index in indices.items():
                 steps, values = data["per_rank"][metric][rank]
@@ -102,6 +106,9 @@ class LivePlots:
             if ("loss", 0) in self._traces:
                 trace = self.figure.data[self._traces[("loss", 0)]]
                 trace.x, trace.y = data["loss"]
+            if ("eval_loss", 0) in self._traces:
+                trace = self.figure.data[self._traces[("eval_loss", 0)]]
+                trace.x, trace.y = data["eval_loss"]
             load = data["expert_load"]
             if load["z"]:
                 heat = self.figure.data[self._heatmap]

@@ -40,7 +40,10 @@ def _matplotlib_png(series: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("step")
         ax.legend(fontsize=8)
     ax = fig.add_subplot(grid[1, 0])
-    ax.plot(*series["loss"], marker="o", color="#444")
+    ax.plot(*series["loss"], marker="o", color="#444", label="loss")
+    if series.get("eval_loss", ([], []))[0]:
+        ax.plot(*series["eval_loss"], marker="s", linestyle="--", color="#d62728", label="eval loss")
+        ax.legend(fontsize=8)
     ax.set_title("loss")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("step")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import html
+from pathlib import Path
 from typing import Any, Callable
 
 import ipywidgets as W
 
-from workbench.config import (DATA_KINDS, LORA_TARGETS, ConfigError, DataConfig, LoraConfig, ModelConfig, RunConfig,
-                              TrainConfig)
+from workbench.config import (DATA_FILE_BUILDERS, DATA_KINDS, LORA_TARGETS, ConfigError, DataConfig, LoraConfig,
+                              ModelConfig, RunConfig, TrainConfig)
 
 
 class RunPanel:
@@ -26,7 +27,8 @@ class RunPanel:
         self.local_batch = W.BoundedIntText(value=4, min=1, max=1 << 20, description="local batch")
         self.lr = W.FloatText(value=3e-3, description="lr")
         self.data_kind = W.Dropdown(options=list(DATA_KINDS), value="jsonl", description="data")
-        self.data_path = W.Text(placeholder="jsonl file (empty: the shipped tiny SFT set)", description="path")
+        self.data_path = W.Text(placeholder="jsonl file (empty: the shipped tiny SFT set); datasets: a parquet/"
+                                            "json/csv file or a save_to_disk folder", description="path")
         self.activation_checkpointing = W.Checkbox(value=False, description="activation checkpointing")
         self.save_checkpoint = W.Checkbox(value=True, description="save final checkpoint")
         # LoRA (RunConfig.lora): off = full fine-tuning
@@ -87,9 +89,12 @@ class RunPanel:
 
     def run_config(self) -> RunConfig:
         """The RunConfig all panels describe (ConfigError / MeshError / BackendError say what is wrong)."""
-        path = self.data_path.value.strip() or None
-        data = DataConfig(kind=self.data_kind.value, seq_len=self.seq_len.value, pack=True,
-                          path=path if self.data_kind.value == "jsonl" else None)
+        path, kind = self.data_path.value.strip() or None, self.data_kind.value
+        where: dict[str, Any] = {"path": path if kind == "jsonl" else None}
+        if kind == "datasets":  # a file with a known extension is data_files, anything else a folder or name
+            is_file = path is not None and Path(path).suffix.lower() in DATA_FILE_BUILDERS
+            where = {"data_files": path} if is_file else {"path": path}
+        data = DataConfig(kind=kind, seq_len=self.seq_len.value, pack=True, **where)
         train = TrainConfig(steps=self.steps.value, global_batch_size=self.global_batch.value,
                             local_batch_size=self.local_batch.value, lr=float(self.lr.value),
                             warmup_steps=min(2, self.steps.value - 1) if self.steps.value > 1 else 0,

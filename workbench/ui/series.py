@@ -14,6 +14,7 @@ def live_series(records: list[dict]) -> dict[str, Any]:
     """Per-rank lines, the loss line and the latest expert-load matrix from step records.
 
     Returns {"per_rank": {metric: {rank: (steps, values)}}, "loss": (steps, values),
+    "eval_loss": (steps, values) of the steps that ran eval (data.eval_every),
     "expert_load": {"step", "z": [layer][expert] load / uniform load, summed over ranks}}.
     The expert load uses the latest step that every rank has reported.
     """
@@ -25,10 +26,12 @@ def live_series(records: list[dict]) -> dict[str, Any]:
                 steps, values = per_rank[metric].setdefault(int(r["rank"]), ([], []))
                 steps.append(int(r["step"]))
                 values.append(float(r[metric]))
-    loss_by_step: dict[int, float] = {}
-    for r in ordered:  # every rank reports the global loss; take the lowest rank's
-        if r.get("loss") is not None and int(r["step"]) not in loss_by_step:
-            loss_by_step[int(r["step"])] = float(r["loss"])
+    global_by_step: dict[str, dict[int, float]] = {"loss": {}, "eval_loss": {}}
+    for r in ordered:  # every rank reports the global (eval) loss; take the lowest rank's
+        for key, by_step in global_by_step.items():
+            if r.get(key) is not None and int(r["step"]) not in by_step:
+                by_step[int(r["step"])] = float(r[key])
+    loss_by_step, eval_by_step = global_by_step["loss"], global_by_step["eval_loss"]
     ranks = {int(r["rank"]) for r in ordered}
     load = {"step": None, "z": []}
     by_step: dict[int, list[dict]] = {}
@@ -40,7 +43,7 @@ def live_series(records: list[dict]) -> dict[str, Any]:
         step = max(complete)
         load = {"step": step, "z": expert_load_matrix([r["expert_load"] for r in by_step[step]])}
     return {"per_rank": per_rank, "loss": (list(loss_by_step), list(loss_by_step.values())),
-            "expert_load": load}
+            "eval_loss": (list(eval_by_step), list(eval_by_step.values())), "expert_load": load}
 
 
 def expert_load_matrix(loads: list[list[list[float]]]) -> list[list[float]]:
