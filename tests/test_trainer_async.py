@@ -222,21 +222,22 @@ def test_optimizer_without_a_device_flag_is_refused():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is for CPU CI")
-def test_triton_adamw_kernel_skips_on_the_flag_in_the_interpreter():
+@pytest.mark.parametrize("check", ["check_skip", "check_fused_clip"])
+def test_triton_adamw_kernel_honours_the_skip_flag_and_the_clip_coefficient_in_the_interpreter(check):
     pytest.importorskip("triton")
-    script = textwrap.dedent("""
+    script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, "tests")
-        from test_trainer_async import check_skip
+        from test_trainer_async import {check}
         from workbench.train.optim import TritonAdamW
         opts = []
-        check_skip(lambda ps: opts.append(TritonAdamW(ps, lr=0.1)) or opts[-1])
-        assert opts[0].updates["triton"] > 0 and opts[0].updates["torch"] == 0, opts[0].updates
-        print("SKIP OK")
+        {check}(lambda ps: opts.append(TritonAdamW(ps, lr=0.1)) or opts[-1])
+        assert all(o.updates["triton"] > 0 and o.updates["torch"] == 0 for o in opts), [o.updates for o in opts]
+        print("KERNEL OK")
     """)
     proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "TRITON_INTERPRET": "1"},
                           cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and "SKIP OK" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "KERNEL OK" in proc.stdout, proc.stdout + proc.stderr
 
 
 # -- clipping inside the optimizer's update ------------------------------------------------------------------
@@ -310,24 +311,6 @@ def test_an_optimizer_without_a_fused_coefficient_gets_clipped_grads():
     opt = torch.optim.AdamW([p], foreach=False)
     clip_grad_norm([p], 1.0, opt)
     torch.testing.assert_close(p.grad.norm(), torch.tensor(1.0), rtol=1e-5, atol=0)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is for CPU CI")
-def test_triton_adamw_kernel_applies_the_clip_coefficient_in_the_interpreter():
-    pytest.importorskip("triton")
-    script = textwrap.dedent("""
-        import sys
-        sys.path.insert(0, "tests")
-        from test_trainer_async import check_fused_clip
-        from workbench.train.optim import TritonAdamW
-        opts = []
-        check_fused_clip(lambda ps: opts.append(TritonAdamW(ps, lr=0.1)) or opts[-1])
-        assert opts[-1].updates["triton"] > 0 and opts[-1].updates["torch"] == 0, opts[-1].updates
-        print("CLIP OK")
-    """)
-    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "TRITON_INTERPRET": "1"},
-                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and "CLIP OK" in proc.stdout, proc.stdout + proc.stderr
 
 
 def _diverging(tmp_path, optimizer, **overrides):

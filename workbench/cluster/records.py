@@ -8,10 +8,11 @@ reading metrics.jsonl backward from its end, only as far as the missing records 
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from typing import Iterator
+
+from workbench.train.run_index import parse_record
 
 LOAD_KEY = "expert_load"
 
@@ -152,17 +153,7 @@ def records_from_end(path: str | os.PathLike, chunk_bytes: int = 2**20) -> Itera
                 at_end = False
             head = lines.pop(0) if start > 0 else b""
             for line in reversed(lines):
-                record = _parse(line)
+                record = parse_record(line)
                 if record is not None:
                     yield record
 
-
-def _parse(line: bytes) -> dict | None:
-    line = line.strip()
-    if not line:
-        return None
-    try:
-        obj = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    return obj if isinstance(obj, dict) else None
