@@ -23,7 +23,7 @@ from workbench import BackendConfig
 from workbench.backends import te_availability
 from workbench.models.attention_sinks import SINK_ATTENTION
 from workbench.models.auto import AutoModelForCausalLM
-from workbench.train.data import IGNORE_INDEX, Batch
+from workbench.train.data import IGNORE_INDEX, Batch, pack_examples
 
 LENGTHS = (7, 12, 5)  # three documents of different lengths in one row of 24
 EPS = {torch.float32: torch.finfo(torch.float32).eps, torch.bfloat16: 2.0 ** -8}
@@ -248,3 +248,16 @@ def test_trainer_packed_batch_per_document_loss_equals_unpacked(family, tmp_path
     with torch.no_grad():
         checked = check_engine_loss_per_document(trainer.model, batch, trainer._sequences, f"trainer/{family}")
     assert checked == len(docs) >= 4
+
+
+@pytest.mark.parametrize("family,attention", [("qwen3_moe", "sdpa"), ("gpt_oss", "sinks")])
+def test_packed_plain_text_takes_no_loss_across_documents(family, attention):
+    """Documents trained on every token (plain text): the packed row's loss has no term predicting a document's
+    first token from the previous document (pack_examples masks each document's first label)."""
+    model = _engine(family, attention)
+    docs = _documents(model.config.vocab_size, seed=3)
+    batch = pack_examples([(d.tolist(), d.tolist()) for d in docs], seq_len=sum(LENGTHS) + 3, pad_id=0)
+    assert len(batch) == 1 and (batch.position_ids[0] == 0).sum() == len(docs) + 1  # + the padding's own
+    with torch.no_grad():
+        assert check_engine_loss_per_document(model, batch, lambda b: {}, f"{family}/text") == len(docs)
+    assert batch.num_loss_tokens() == sum(n - 1 for n in LENGTHS)
