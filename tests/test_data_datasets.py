@@ -107,8 +107,9 @@ def test_packing_and_eval_holdout(tmp_path):
     cfg = _cfg(tmp_path, pack=True, eval_fraction=0.25, eval_every=1, **_save(tmp_path, ROWS["text"], "parquet"))
     stream = build_stream(cfg, seed=0, vocab_size=TINY_VOCAB_SIZE)
     train, held = stream.sequences, stream.eval_sequences
-    docs = lambda s: int((s.slice(0, len(s)).position_ids == 0).logical_and(  # noqa: E731
-        s.slice(0, len(s)).labels != IGNORE_INDEX).sum())
+    # a document starts at position 0 and trains on its next token (a packed one's own first label is -100)
+    docs = lambda s: int((s.slice(0, len(s)).position_ids[:, :-1] == 0).logical_and(  # noqa: E731
+        s.slice(0, len(s)).labels[:, 1:] != IGNORE_INDEX).sum())
     assert len(train) < 9 and docs(train) == 9 and docs(held) == 3  # 12 rows: 9 packed for training, 3 held out
     own = _save(tmp_path, {"text": ROWS["text"]["text"][:5]}, "csv", name="eval")["data_files"]
     cfg = _cfg(tmp_path, pack=True, eval_files=[own], eval_every=1, **_save(tmp_path, ROWS["text"], "parquet"))

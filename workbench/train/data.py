@@ -242,13 +242,17 @@ def iter_packed(examples, seq_len: int, pack: bool = True):
     """(ids, labels, position_ids) lists per sequence: greedy packing in order (or one example each).
 
     position_ids restart at 0 for every example, which makes Transformers' mask block-diagonal
-    (no attention across packed examples). Sequences come unpadded (at most seq_len long).
+    (no attention across packed examples). A packed example's first label is -100: the shifted loss would
+    otherwise predict it from the previous example's last token (a row's first label is never a target).
+    Sequences come unpadded (at most seq_len long).
     """
     cur: tuple[list[int], list[int], list[int]] = ([], [], [])
     for ids, labels in examples:
         if cur[0] and (not pack or len(cur[0]) + len(ids) > seq_len):
             yield cur
             cur = ([], [], [])
+        if cur[0] and len(labels):  # not the row's first example: its first token is no target
+            labels = [IGNORE_INDEX, *labels[1:]]
         cur[0].extend(ids)
         cur[1].extend(labels)
         cur[2].extend(range(len(ids)))

@@ -25,7 +25,8 @@ from workbench.train.data import (IGNORE_INDEX, Batch, DataError, check_vocab, i
                                   pad_sequence_into, pad_token_id, require_datasets)
 from workbench.train.data_rows import resolve_columns, tokenize_row, tokenize_texts
 
-CACHE_VERSION = 1
+# 2: a packed document's first label is -100 (data.iter_packed); caches of 1 still hold it as a target
+CACHE_VERSION = 2
 ARRAYS = ("input_ids", "labels", "position_ids")
 _NOT_TOKENIZER = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
 
