@@ -299,17 +299,16 @@ class Trainer:
         return save_checkpoint(self.run.checkpoints_dir, step, self.model, self.optimizer, self.scheduler,
                                self.stream.state_dict(), self.hf_config, run_settings(self.rc))
 
-    def _publish_or_raise(self, wait: bool, losses: list[float], status_base: dict[str, Any], printed: bool,
+    def _publish_or_raise(self, wait: bool, losses: list[float], status_base: dict[str, Any],
                           through: int | None = None) -> None:
         """Publish the collected records, then raise the guard's error if a step was not finite."""
         records, error = self._collect(wait, through)
-        self._publish(records, losses, status_base, printed)
+        self._publish(records, losses, status_base)
         if error is not None:
             raise error
 
-    def _publish(self, records: list[dict[str, Any]], losses: list[float], status_base: dict[str, Any],
-                 printed: bool) -> None:
-        """Hand collected records to metrics.jsonl, the callbacks, the status and (the last one) stdout."""
+    def _publish(self, records: list[dict[str, Any]], losses: list[float], status_base: dict[str, Any]) -> None:
+        """Hand collected records to metrics.jsonl, the callbacks, the status and (logging steps') stdout."""
         if not records:
             return
         total = self.rc.train.steps
@@ -320,12 +319,13 @@ class Trainer:
         for record in records:
             self.callbacks.call("on_step", record)
         if self.rank == 0:
+            for record in records:  # each logging step's line once, whenever its record arrives
+                if record["step"] % self.rc.train.log_every == 0 or record["step"] == total:
+                    print(f"step {record['step']:>4}/{total}  loss {record['loss']:.4f}  "
+                          f"tokens/s/gpu {record['tokens_per_s_per_gpu']:,.0f}  "
+                          f"tflops/gpu {record['tflops_per_gpu']:.3f}  grad_norm {record['grad_norm']:.3f}",
+                          flush=True)
             record = records[-1]
-            if printed:
-                print(f"step {record['step']:>4}/{total}  loss {record['loss']:.4f}  "
-                      f"tokens/s/gpu {record['tokens_per_s_per_gpu']:,.0f}  "
-                      f"tflops/gpu {record['tflops_per_gpu']:.3f}  grad_norm {record['grad_norm']:.3f}",
-                      flush=True)
             self.run.write_status("running", step=record["step"], loss=record["loss"], **status_base)
 
     def fit(self) -> dict[str, Any]:
@@ -350,7 +350,7 @@ class Trainer:
             try:
                 self.train_step(step)
             except NonFiniteError:  # the host check of an optimizer that cannot skip on the device
-                self._publish(self._collect(wait=True)[0], losses, status_base, printed=False)
+                self._publish(self._collect(wait=True)[0], losses, status_base)
                 raise
             # data.eval_every: eval_loss / eval_accuracy of the weights after this step, merged into its
             # record when that is collected (the eval reads its loss: a wait, on eval steps only)
@@ -360,22 +360,20 @@ class Trainer:
             log = step % rc.train.log_every == 0 or step == total
             ckpt = bool(rc.train.checkpoint_every and step % rc.train.checkpoint_every == 0 and step < total)
             if step == total:  # the wait after the loop reads it
-                log_due = step
                 break
             # Waiting drains the device queue: only where a checkpoint follows or a callback asks for it.
             # A logging step's line is printed one step late, once the next step is queued behind it, so
             # the device never idles while the host reads (with log_every=1 too).
             waited = ckpt or self.callbacks.every_step()
             if waited or log_due is not None:
-                self._publish_or_raise(True, losses, status_base, printed=log_due is not None or log,
-                                       through=None if waited else log_due)
+                self._publish_or_raise(True, losses, status_base, through=None if waited else log_due)
                 waited = True
             else:
-                self._publish_or_raise(False, losses, status_base, printed=False)
+                self._publish_or_raise(False, losses, status_base)
             log_due = step if log and not ckpt and not self.callbacks.every_step() else None
             if ckpt:
                 last_ckpt = self.save(step)  # after a wait that passed the guard: no step in it was non-finite
-        self._publish_or_raise(True, losses, status_base, printed=log_due is not None)  # before any save below
+        self._publish_or_raise(True, losses, status_base)  # before any save below
         if state == "stopped" or rc.train.save_final_checkpoint:
             if step > self.start_step or last_ckpt is None:
                 last_ckpt = self.save(step)
