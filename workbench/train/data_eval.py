@@ -56,8 +56,4 @@ def eval_metrics(trainer: Any, step: int) -> dict[str, float]:
     every, held = rc.data.eval_every, getattr(trainer.stream, "eval_sequences", None)
     if held is None or not every or (step % every and step != rc.train.steps):
         return {}
-    metrics = evaluate(trainer.model, held, rc.train.local_batch_size, trainer.device)
-    if trainer.rank == 0:
-        print(f"step {step:>4}/{rc.train.steps}  eval_loss {metrics['eval_loss']:.4f}  "
-              f"eval_accuracy {metrics['eval_accuracy']:.4f}", flush=True)
-    return metrics
+    return evaluate(trainer.model, held, rc.train.local_batch_size, trainer.device)

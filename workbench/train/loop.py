@@ -325,6 +325,9 @@ class Trainer:
                           f"tokens/s/gpu {record['tokens_per_s_per_gpu']:,.0f}  "
                           f"tflops/gpu {record['tflops_per_gpu']:.3f}  grad_norm {record['grad_norm']:.3f}",
                           flush=True)
+                if "eval_loss" in record:  # after its step's line, if any (the record arrives one step late)
+                    print(f"step {record['step']:>4}/{total}  eval_loss {record['eval_loss']:.4f}  "
+                          f"eval_accuracy {record['eval_accuracy']:.4f}", flush=True)
             record = records[-1]
             self.run.write_status("running", step=record["step"], loss=record["loss"], **status_base)
 
