@@ -55,7 +55,7 @@ def train_round(name: str, spec: VariantSpec, cfg: BenchConfig, hf_config, *, ch
     from workbench.moe.dispatch import close_dispatchers
     from workbench.parallel import dist_utils as du
     from workbench.train.loop import Trainer
-    from workbench.train.optim import describe_optimizer
+    from workbench.train.optim import adamw_precision, describe_optimizer
 
     steps = cfg.warmup + timed_steps
     rc = run_config(name, spec, cfg, checkpoint=checkpoint, runs_dir=runs_dir, world=world, dtype=dtype, steps=steps,
@@ -80,7 +80,7 @@ def train_round(name: str, spec: VariantSpec, cfg: BenchConfig, hf_config, *, ch
                          "fsdp": "workbench.models.mesh_build (summed grads)" if world > 1 else "none (one rank)",
                          "dtype": str(dtype)}
             setup.update({"step": "workbench.train.loop.Trainer.train_step", "train.optimizer": rc.train.optimizer,
-                          "optimizer": describe_optimizer(trainer.optimizer), "precision": _precision(rc, trainer.model),
+                          "optimizer": describe_optimizer(trainer.optimizer), "precision": adamw_precision(rc.train.precision, rc.train.optimizer, list(trainer.model.parameters())),
                           "clip_grad_norm": rc.train.clip_grad_norm, "schedule":
                           f"warmup {rc.train.warmup_steps} + cosine to {rc.train.min_lr_ratio} x lr over {steps} steps",
                           "activation_checkpointing": rc.train.activation_checkpointing})
@@ -98,10 +98,3 @@ def train_round(name: str, spec: VariantSpec, cfg: BenchConfig, hf_config, *, ch
             del trainer
     return out
 
-
-def _precision(rc: RunConfig, model: torch.nn.Module) -> str:
-    """The train.precision mode the optimizer runs (make_adamw's rule: torch's AdamW on bf16 is plain bf16)."""
-    from workbench.train.precision import resolve_precision
-
-    mode = resolve_precision(rc.train.precision, model.parameters())
-    return "bf16" if rc.train.optimizer == "adamw_torch" and mode != "fp32" else mode

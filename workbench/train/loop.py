@@ -367,13 +367,10 @@ class Trainer:
             # Waiting drains the device queue: only where a checkpoint follows or a callback asks for it.
             # A logging step's line is printed one step late, once the next step is queued behind it, so
             # the device never idles while the host reads (with log_every=1 too).
-            waited = ckpt or self.callbacks.every_step()
-            if waited or log_due is not None:
-                self._publish_or_raise(True, losses, status_base, through=None if waited else log_due)
-                waited = True
-            else:
-                self._publish_or_raise(False, losses, status_base)
-            log_due = step if log and not ckpt and not self.callbacks.every_step() else None
+            drain = ckpt or self.callbacks.every_step()
+            waited = drain or log_due is not None
+            self._publish_or_raise(waited, losses, status_base, through=None if drain else log_due)
+            log_due = step if log and not drain else None
             if ckpt:
                 last_ckpt = self.save(step)  # after a wait that passed the guard: no step in it was non-finite
         self._publish_or_raise(True, losses, status_base)  # before any save below

@@ -44,6 +44,14 @@ def build_optimizer(model: torch.nn.Module, train_cfg, device: torch.device) -> 
                       betas=train_cfg.betas, precision=getattr(train_cfg, "precision", "auto"), seed=train_cfg.seed)
 
 
+def adamw_precision(precision: str, name: str, params) -> str:
+    """The train.precision mode AdamW `name` runs `params` in ("auto" with torch's AdamW on bf16 is plain bf16)."""
+    mode = resolve_precision(precision, params)
+    if precision == "auto" and name == "adamw_torch" and mode != "fp32":
+        mode = "bf16"
+    return mode
+
+
 def make_adamw(param_groups: list[dict], name: str, device: torch.device, lr: float,
                betas: tuple[float, float] = (0.9, 0.999), precision: str = "auto",
                seed: int = 0) -> torch.optim.Optimizer:
@@ -53,9 +61,7 @@ def make_adamw(param_groups: list[dict], name: str, device: torch.device, lr: fl
     bf16 model need TritonAdamW: it is used for "adamw" on every device (its torch-op path on CPU).
     With "adamw_torch", "auto" is what torch's AdamW does (bf16: round to nearest).
     """
-    mode = resolve_precision(precision, [p for g in param_groups for p in g["params"]])
-    if precision == "auto" and name == "adamw_torch" and mode != "fp32":
-        mode = "bf16"
+    mode = adamw_precision(precision, name, [p for g in param_groups for p in g["params"]])
     if needs_workbench_adamw(mode):
         if name == "adamw_torch":
             raise ValueError(f"train.precision={precision!r} ({mode}) needs the workbench AdamW; use "
