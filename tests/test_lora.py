@@ -212,6 +212,13 @@ def test_lora_checkpoint_holds_only_adapters_and_resumes_exactly(tmp_path):
     assert any(k.startswith("optim.state.") and "lora_" in k for k in keys)
     resumed = finetune(rc("resumed", train__resume_from=str(ckpt)))
     assert resumed["losses"] == full["losses"][3:]  # bit for bit: adapters, their Adam moments, lr, data
+    # another alpha (the adapters' scale) fits every tensor's shape: refused unless the run accepts it
+    from workbench.train.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match=r"lora\.alpha: checkpoint 32(\.0)? vs this run 2\.0"):
+        finetune(rc("alpha", train__resume_from=str(ckpt)).with_overrides({"lora.alpha": 2.0}))
+    accepted = rc("alpha2", train__resume_from=str(ckpt), train__resume_allow_changes=["lora.alpha"])
+    assert finetune(accepted.with_overrides({"lora.alpha": 2.0}))["state"] == "completed"
 
 
 def test_memory_estimate_counts_the_adapters_the_engine_builds():

@@ -249,7 +249,7 @@ RESUME_FIELDS = ("train.steps", "train.warmup_steps", "train.lr", "train.min_lr_
                  "train.weight_decay", "train.betas", "train.precision",
                  "data.kind", "data.path", "data.tokenizer", "data.seq_len", "data.pack", "data.max_length",
                  "data.data_files", "data.split", "data.format", "data.columns", "data.assistant_only_loss",
-                 "data.eval_fraction", "data.eval_files")
+                 "data.eval_fraction", "data.eval_files", "lora.rank", "lora.alpha", "lora.dropout", "lora.targets")
 
 
 @dataclass(frozen=True)

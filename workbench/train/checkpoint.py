@@ -285,7 +285,7 @@ def run_settings(rc: Any) -> dict[str, Any]:
     out = {}
     for name in RESUME_FIELDS:
         section, field = name.split(".")
-        value = getattr(getattr(rc, section), field)
+        value = getattr(getattr(rc, section), field, None)  # lora: None when the run has no LoRA section
         out[name] = list(value) if isinstance(value, tuple) else value
     return out
 
