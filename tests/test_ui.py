@@ -78,12 +78,13 @@ def test_backend_choices_from_rank_records_name_the_rank():
     panel = BackendPanel(infos, "cpu", 2)
     button = panel.rows["experts"].buttons["grouped_mm"]
     assert button.disabled and "old torch" in button.tooltip
-    assert "rank 1: old torch" in panel.rows["experts"].reasons.value
+    assert ("experts=grouped_mm", "rank 1: old torch") in panel.rows["experts"].reasons
+    assert "rank 1: old torch" in panel.unavailable.value and "<details" in panel.unavailable.value
     assert "auto = <b>loop</b>" in panel.rows["experts"].auto.value
     with pytest.raises(ValueError, match="unavailable"):
         panel.rows["experts"].value = "grouped_mm"
     panel.rows["experts"].value = "loop"
-    panel.rows["gate"].value = "balanced"
+    panel.balanced_gate.value = True
     assert panel.backend_config() == BackendConfig(experts="loop", gate="balanced")
     panel.expert_recompute.value = True
     assert panel.backend_config() == BackendConfig(experts="loop", gate="balanced", expert_recompute=True)
@@ -228,8 +229,11 @@ def test_live_plots_draw_real_records(tiny_run_dir):
     plots.update(records[1:])
     traces = {(t.name, tuple(t.x)): t for t in plots.figure.data if t.type == "scatter"}
     tokens = [t for t in plots.figure.data if t.type == "scatter" and t.showlegend]
-    assert len(tokens) == 1 and list(tokens[0].x) == [1, 2, 3]
-    assert list(tokens[0].y) == [r["tokens_per_s_per_gpu"] for r in records]
+    # The line holds the steps after the warm-up step 1; step 1 is a marker of its own.
+    assert len(tokens) == 1 and list(tokens[0].x) == [2, 3]
+    assert list(tokens[0].y) == [r["tokens_per_s_per_gpu"] for r in records[1:]]
+    warm = [t for t in plots.figure.data if t.name == "warm-up step, rank 0" and t.xaxis == "x"][0]
+    assert list(warm.x) == [1] and list(warm.y) == [records[0]["tokens_per_s_per_gpu"]]
     loss = [t for t in plots.figure.data if t.name == "loss"][0]
     assert list(loss.y) == [r["loss"] for r in records]
     heat = [t for t in plots.figure.data if t.type == "heatmap"][0]
@@ -249,7 +253,7 @@ def test_live_plots_draw_the_runs_own_records(tiny_run_dir):
     assert plots._records == {}  # no second copy of the run's records
     assert plots.records == run.records and [r["step"] for r in plots.records] == [1, 2, 3]
     tokens = [t for t in plots.figure.data if t.type == "scatter" and t.showlegend]
-    assert list(tokens[0].x) == [1, 2, 3]
+    assert list(tokens[0].x) == [2, 3]
     heat = [t for t in plots.figure.data if t.type == "heatmap"][0]
     assert list(map(list, heat.z)) == live_series(run.records)["expert_load"]["z"]
     assert "step 3" in plots.figure.layout.annotations[4].text
@@ -316,7 +320,7 @@ def test_studio_runs_and_profiles_on_a_cluster(cluster, tmp_path):
     assert [studio.tabs.get_title(i) for i in range(4)] == ["Setup", "Live", "Compare", "Profile"]
     assert [o.mesh.ep for _, o in studio.mesh.mesh.options] == [1, 2]
     assert studio.backend.rows["dispatcher"].buttons["local"].disabled  # default mesh ep=2
-    assert "rank 0:" in studio.backend.rows["experts"].reasons.value  # te unavailable, from cluster.info()
+    assert "rank 0:" in studio.backend.unavailable.value  # te unavailable, from cluster.info()
     studio.run_panel.global_batch.value = 3
     with pytest.raises(ConfigError, match="multiple"):
         studio.run_config()
