@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -51,6 +52,9 @@ class LivePlots:
         self._records: dict[tuple[int, int], dict] = {}
         self._lock = threading.RLock()
         self._unsubscribe = None
+        self.min_redraw_s = 0.5
+        self._last_redraw = 0.0
+        self._pending: threading.Timer | None = None
         self.run = None
         self.title = W.HTML("<b>Live</b>: no run yet")
         self.widget = W.VBox([self.title, self.smoothing, self.figure])
@@ -68,12 +72,35 @@ class LivePlots:
         self._unsubscribe = run.on_metrics(self.update)
 
     def update(self, records: Iterable[dict]) -> None:
-        """Redraw; without an attached run, first merge `records` (by rank and step) into the plots' own."""
+        """Redraw; without an attached run, first merge `records` (by rank and step) into the plots' own.
+
+        While an attached run goes, redraws come at most every `min_redraw_s` (each one sends every
+        line to the browser: at the watcher's 10 per second a fast run kept the page busy); the
+        last records are drawn when the run ends, or `min_redraw_s` after they came.
+        """
         with self._lock:
             if self.run is None:
                 for r in records:
                     if "rank" in r and "step" in r:
                         self._records[(int(r["rank"]), int(r["step"]))] = r
+            elif not getattr(self.run, "done", True):
+                wait = self._last_redraw + self.min_redraw_s - time.monotonic()
+                if wait > 0:
+                    if self._pending is None:
+                        self._pending = threading.Timer(wait, self._flush)
+                        self._pending.daemon = True
+                        self._pending.start()
+                    return
+            if self._pending is not None:
+                self._pending.cancel()
+                self._pending = None
+            self._last_redraw = time.monotonic()
+            self._redraw()
+
+    def _flush(self) -> None:
+        with self._lock:
+            self._pending = None
+            self._last_redraw = time.monotonic()
             self._redraw()
 
     @property

@@ -51,7 +51,7 @@ class RunPanel:
                                      tooltip="start the run the Setup tab describes")
         self.stop_button = W.Button(description="Stop", button_style="danger", icon="stop", disabled=True,
                                     layout=fit_layout(), tooltip="stop at the next step boundary (checkpoints first)")
-        self.buttons = W.HBox([self.start_button, self.stop_button])
+        self.buttons = wrap_row([self.start_button, self.stop_button])
         self.status = W.HTML()
         self.progress = W.Box()
         self.run = None

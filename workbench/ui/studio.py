@@ -11,6 +11,7 @@ from workbench.ui.logic import device_of
 from workbench.ui.panels import BackendPanel, MeshPanel, ModelPanel
 from workbench.ui.plots import CompareRuns, LivePlots
 from workbench.ui.profile import ProfilePanel
+from workbench.ui.resize import FigureFit
 from workbench.ui.run_panel import RunPanel
 from workbench.ui.summary import SummaryStrip
 
@@ -69,7 +70,11 @@ class Studio:
         for i, title in enumerate(("Setup", "Live", "Compare", "Profile")):
             self.tabs.set_title(i, title)
         header = W.HTML(f"<h3 style='margin:4px 0'>MoE Workbench Studio</h3>{self._cluster_line(device)}")
-        self.widget = W.VBox([header, self.tabs])
+        # The figures are drawn in hidden tabs: their width follows the Studio's, not plotly's guess.
+        self.fit = FigureFit()
+        for figure in (self.live.figure, self.compare.figure, self.profiler.figure):
+            self.fit.fit(figure, margin_px=48)
+        self.widget = W.VBox([header, self.tabs, self.fit])
 
     def _cluster_line(self, device: str) -> str:
         if self.cluster is None:
