@@ -285,6 +285,9 @@ class CompareRuns:
                                                  legendgroup=label, showlegend=col == 1, mode="lines+markers",
                                                  line=dict(color=color)), row=1, col=col)
         summary = summarize(frame)
-        self.table.value = summary.to_html(float_format=lambda v: f"{v:,.4g}", border=0)
+        table = summary.to_html(float_format=lambda v: f"{v:,.4g}", border=0)
+        cell = "style='padding:2px 10px;text-align:right;white-space:nowrap'"
+        self.table.value = ("<div style='overflow-x:auto;font-size:12px'>"
+                            + table.replace("<td>", f"<td {cell}>").replace("<th>", f"<th {cell}>") + "</div>")
         self._show_empty(None)
         return summary

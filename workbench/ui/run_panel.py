@@ -69,6 +69,10 @@ class RunPanel:
             wrap_row([self.lora, self.lora_rank, self.lora_alpha, self.lora_targets]), self.runs_dir,
             self.buttons, self.progress, self.status])
 
+    def _say(self, text: str) -> None:
+        # Paths and run ids are long unbroken words: let them break rather than run out of the tab.
+        self.status.value = f"<div style='overflow-wrap:anywhere'>{text}</div>"
+
     def on_run(self, fn: Callable[[Any], None]) -> None:
         """Call fn(run) for every run this panel starts (e.g. LivePlots.attach)."""
         self._listeners.append(fn)
@@ -125,19 +129,19 @@ class RunPanel:
     def start(self, config: RunConfig | None = None):
         """Start `config` (default: the panels' config) on the cluster; returns the Run or None."""
         if self.cluster is None:
-            self.status.value = "<span style='color:#b00020'>no cluster: RunPanel(cluster=...)</span>"
+            self._say("<span style='color:#b00020'>no cluster: RunPanel(cluster=...)</span>")
             return None
         if self.run is not None and not self.run.done:
-            self.status.value = "a run is in progress; stop it first"
+            self._say("a run is in progress; stop it first")
             return None
         try:
             config = config or self.run_config()
             run = self.cluster.finetune(config)
         except (ConfigError, ValueError, TypeError, RuntimeError, FileExistsError) as err:
-            self.status.value = f"<span style='color:#b00020'>{html.escape(str(err))}</span>"
+            self._say(f"<span style='color:#b00020'>{html.escape(str(err))}</span>")
             return None
         self.run = run
-        self.status.value = f"run <code>{html.escape(run.run_id)}</code> in {html.escape(str(run.path))}"
+        self._say(f"run <code>{html.escape(run.run_id)}</code> in {html.escape(str(run.path))}")
         self.progress.children = [ProgressLine(run).widget]
         self.start_button.disabled, self.stop_button.disabled = True, False  # one run at a time
         run.on_metrics(lambda _: self._on_progress())
@@ -153,10 +157,10 @@ class RunPanel:
             text = f"run <code>{html.escape(self.run.run_id)}</code> {state}"
             if error is not None:
                 text += f": rank {error.rank} failed<pre>{html.escape(error.traceback[-1500:])}</pre>"
-            self.status.value = text
+            self._say(text)
 
     def stop(self) -> None:
         """Ask the run to stop at the next step boundary (it checkpoints first)."""
         if self.run is not None and not self.run.done:
             self.run.stop(wait=False)
-            self.status.value = f"stopping <code>{html.escape(self.run.run_id)}</code> at the next step"
+            self._say(f"stopping <code>{html.escape(self.run.run_id)}</code> at the next step")

@@ -69,7 +69,8 @@ class Studio:
                                     self.profiler.widget], layout=W.Layout(width="100%"))
         for i, title in enumerate(("Setup", "Live", "Compare", "Profile")):
             self.tabs.set_title(i, title)
-        header = W.HTML(f"<h3 style='margin:4px 0'>MoE Workbench Studio</h3>{self._cluster_line(device)}")
+        header = W.HTML(f"<h3 style='margin:4px 0'>MoE Workbench Studio</h3><div style='overflow-wrap:anywhere'>"
+                        f"{self._cluster_line(device)}</div>")
         # The figures are drawn in hidden tabs: their width follows the Studio's, not plotly's guess.
         self.fit = FigureFit()
         for figure in (self.live.figure, self.compare.figure, self.profiler.figure):

@@ -17,6 +17,7 @@ test.setTimeout(175000);
 const T0 = Date.now();
 const mark = (what: string) => console.log(`studio.spec: ${what} at ${((Date.now() - T0) / 1000).toFixed(1)} s`);
 test.use({
+  autoGoto: false, // openLab: Galata's own start-up wait is 15 s, which a loaded 2-core machine can exceed
   viewport: { width: 1280, height: 1000 },
   actionTimeout: 30000,
   waitForApplication: async ({ baseURL }, use) => {
@@ -120,8 +121,23 @@ function runState(runDir: string): string {
   return JSON.parse(fs.readFileSync(path.join(runDir, 'status.json'), 'utf8')).state;
 }
 
-test('studio tabs before, during and after a run on a 2-rank cluster', async ({ page }) => {
+async function openLab(page: IJupyterLabPageFixture, tmpPath: string) {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await page.goto(`tree/${tmpPath}`);
+      return;
+    } catch (err) {
+      // The page keeps loading meanwhile; a second goto finds its assets cached.
+      if (attempt === 3 || !String(err).includes('Timed out waiting for condition')) throw err;
+      mark(`JupyterLab not started after 15 s (attempt ${attempt}), loading it again`);
+    }
+  }
+}
+
+test('studio tabs before, during and after a run on a 2-rank cluster', async ({ page, tmpPath }) => {
   fs.mkdirSync(ARTIFACTS, { recursive: true });
+  await openLab(page, tmpPath);
+  mark('lab ready');
   const runsDir = fs.mkdtempSync(path.join(os.tmpdir(), 'mwb-studio-runs-'));
   await page.notebook.createNew();
   const source = [
