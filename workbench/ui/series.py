@@ -55,7 +55,10 @@ def warmup_step(records: list[dict]) -> int | None:
     return min(steps) if len(steps) > 1 else None
 
 
-def split_warmup(steps: list[int], values: list[float], warmup: int | None) -> tuple[tuple[list, list], tuple[list, list]]:
+Line = tuple[list, list]  # (steps, values)
+
+
+def split_warmup(steps: list[int], values: list[float], warmup: int | None) -> tuple[Line, Line]:
     """((steady steps, values), (warm-up steps, values)) of one line."""
     steady = [(s, v) for s, v in zip(steps, values) if s != warmup]
     warm = [(s, v) for s, v in zip(steps, values) if s == warmup]

@@ -61,7 +61,8 @@ class Studio:
         self.live.smoothing.observe(lambda change: self.strip.set_smoothing(float(change["new"])), "value")
         self.mesh.set_model(self.model.hf_config())
         self._training_changed()
-        setup = W.HBox([_column([self.model.widget, self.mesh.widget], "420px"), _column([self.backend.widget], "480px")],
+        setup = W.HBox([_column([self.model.widget, self.mesh.widget], "420px"),
+                        _column([self.backend.widget], "480px")],
                        layout=W.Layout(flex_flow="row wrap", width="100%"))
         live = W.VBox([self.run_panel.buttons, self.run_panel.progress, self.run_panel.status, self.strip.widget,
                        self.live.widget])
