@@ -481,6 +481,19 @@ def test_setup_labels_take_the_width_of_their_text():
     assert all(r.layout.flex_flow == "row wrap" for r in rows)  # rows wrap on a narrow notebook
 
 
+def test_progress_bars_cut_nothing_off(tiny_run_dir):
+    from workbench.cluster import Run
+    from workbench.ui.summary import ProgressLine
+
+    run = Run.from_dir(tiny_run_dir)
+    bar, label = run.progress.children  # the Run's own bar (run.progress in a notebook)
+    assert bar.description == "" and label.layout.width == "auto" and run.progress.layout.flex_flow == "row wrap"
+    assert label.value.startswith("completed at step 3/3")
+    line = ProgressLine(run)  # the Studio's: an HTML line that wraps
+    assert line.bar.value == 3 and line.widget.layout.flex_flow == "row wrap"
+    assert "completed at step 3/3 in " in line.label.value
+
+
 def test_figures_follow_the_width_the_browser_reports():
     from workbench.ui.resize import FigureFit
 
