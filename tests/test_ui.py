@@ -445,6 +445,8 @@ def test_profile_tab_before_the_first_profile():
     assert panel.results.layout.display == "none" and panel.empty.layout.display != "none"
     assert panel.button.description == "Profile" and not panel.button.disabled
     assert len(panel.figure.data) == 0 and not panel.figure.layout.title.text
+    panel.button.click()  # no cluster: the reason shows in the tab, not only in the kernel log
+    assert "needs a cluster" in panel.status.value and not panel.button.disabled
 
 
 def test_balanced_gate_is_a_benchmark_setting():
@@ -587,6 +589,9 @@ def test_run_panel_stop_button_stops_the_run(cluster, tmp_path):
     assert "stopped" in panel.status.value and panel.stop_button.disabled and not panel.start_button.disabled
     assert bar_value(panel) == status["step"]
     assert max(live.series()["loss"][0]) == status["step"]
+    # Redraws are throttled while the run goes; the last records are drawn once it ends.
+    (loss,) = [t for t in live.figure.data if t.name == "loss"]
+    assert max(loss.x) == status["step"]
 
 
 def bar_value(panel) -> int:

@@ -52,7 +52,7 @@ class LivePlots:
         self._records: dict[tuple[int, int], dict] = {}
         self._lock = threading.RLock()
         self._unsubscribe = None
-        self.min_redraw_s = 0.5
+        self.min_redraw_s = 1.0
         self._last_redraw = 0.0
         self._pending: threading.Timer | None = None
         self.run = None
@@ -74,7 +74,7 @@ class LivePlots:
     def update(self, records: Iterable[dict]) -> None:
         """Redraw; without an attached run, first merge `records` (by rank and step) into the plots' own.
 
-        While an attached run goes, redraws come at most every `min_redraw_s` (each one sends every
+        While an attached run goes, redraws come at most every `min_redraw_s` (1 s; each one sends every
         line to the browser: at the watcher's 10 per second a fast run kept the page busy); the
         last records are drawn when the run ends, or `min_redraw_s` after they came.
         """

@@ -12,6 +12,7 @@ from typing import Any
 import ipywidgets as W
 import plotly.graph_objects as go
 
+from workbench.config import ConfigError
 from workbench.ui.plots import COLORS
 
 PROFILE_TARGET = "workbench.train.profile:profile_finetune"
@@ -98,11 +99,18 @@ class ProfilePanel:
         self.run = None
         self.profiles: list[dict] = []
         self._listeners: list[Any] = []
-        self.button.on_click(lambda _: self.profile())
+        self.button.on_click(lambda _: self._clicked())
         self.results = W.VBox([self.figure, self.links, self.top], layout=W.Layout(display="none"))
         self.widget = W.VBox([W.HTML("<b>Profile</b>: torch.profiler on every rank (first step skipped)"),
                               W.HBox([self.steps, self.button], layout=W.Layout(flex_flow="row wrap")), self.status,
                               self.empty, self.results])
+
+    def _clicked(self) -> None:
+        try:
+            self.profile()
+        except (ConfigError, ValueError, TypeError, RuntimeError, FileExistsError) as err:  # say it in the tab
+            self.button.disabled = False
+            self.status.value = f"<span style='color:#b00020'>{html.escape(str(err))}</span>"
 
     def on_run(self, fn: Any) -> None:
         """Call fn(run) for every profiled run this panel starts."""
