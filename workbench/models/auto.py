@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -78,7 +79,10 @@ def _generic_from(config, path, resolved: BackendConfig, mesh, device, hf_kwargs
         return build_generic_parallel_model(config, resolved, mesh, checkpoint=path, lora=lora, **hf_kwargs)
     seed = hf_kwargs.pop("seed", None)
     if path is None:
-        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+        # On the device it was asked for: its backends were resolved for that device, and a GPU
+        # initializes a 30B-class model in seconds where the CPU takes minutes.
+        where = torch.device(device) if device is not None else contextlib.nullcontext()
+        with torch.random.fork_rng(devices=[], enabled=seed is not None), where:
             if seed is not None:
                 torch.manual_seed(seed)
             model = transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)

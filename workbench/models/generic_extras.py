@@ -312,8 +312,10 @@ class EngineCausalLMSharedAux(EngineCausalLM):
         """EngineCausalLM's forward; `aux_loss_group` (a process group) makes the aux loss this rank's share."""
         router = kwargs.get("output_router_logits")
         router = self.config.output_router_logits if router is None else router
-        if aux_loss_group is None or not router:
+        if not router:
             return super().forward(*args, **kwargs)
+        # One process too: Transformers' own aux loss (5.17) counts experts with bincount, whose output
+        # size is read on the host: one device sync per MoE layer in every forward.
         from workbench.moe.router import load_balancing_loss
 
         sink = self.workbench_router_sink
