@@ -10,13 +10,14 @@ is a *sum* over its tokens divided by the GLOBAL number of loss tokens in the wh
 (all micro-batches, all ranks), so the per-rank contributions add up to exactly the mean over
 the global batch. Gradients are therefore SUMMED over ranks, never averaged: FSDP2 uses a
 gradient divide factor of 1 (workbench.parallel.fsdp) for the engine's models and for any other
-Transformers model alike (every model on more than one rank is sharded). The router aux loss:
-the engine's model takes `aux_loss_group` and then returns this rank's share of the aux loss of
-the micro-batch across all ranks (shares add up to the global micro-batch's aux loss), so it is
-divided by grad_accum only. A model without that argument (vanilla Transformers) gives a
-per-rank mean, divided by grad_accum x world. The aux loss is a statistic of each micro-batch,
-so runs with different local batch sizes differ in it; the cross-entropy part is the same for
-any split.
+Transformers model alike (every model on more than one rank is sharded). The router aux loss
+comes apart from the cross-entropy (models/router_aux.forward_loss_parts: the forward runs
+without router logits, so its loss is the cross-entropy alone, and the aux loss is computed once
+from the recorded router logits), for the engine's models and vanilla Transformers alike. It is
+this rank's share of the aux loss of the micro-batch across all ranks (shares add up to the
+global micro-batch's aux loss), so it is divided by grad_accum only. The aux loss is a statistic
+of each micro-batch, so runs with different local batch sizes differ in it; the cross-entropy
+part is the same for any split. Each record has loss = ce_loss + router_aux_loss_coef x aux_loss.
 
 Host syncs. `train_step` queues a step and returns: its loss sums, token count, grad norm,
 non-finite flag and expert load stay on the device and come back with the step's record from
@@ -42,6 +43,7 @@ from torch.profiler import record_function
 
 from workbench.config import RunConfig
 from workbench.models.attention_sinks import SINK_ATTENTION, forward_sequences
+from workbench.models.router_aux import ensure_router_logit_hooks, forward_loss_parts
 from workbench.moe.bias_update import global_load, keep_router_biases_fp32, update_router_biases
 from workbench.moe.dispatch import close_dispatchers
 from workbench.params import num_experts
@@ -54,7 +56,7 @@ from workbench.train.data import IGNORE_INDEX, Batch, build_stream
 from workbench.train.data_eval import eval_metrics
 from workbench.train.guard import NonFiniteError, StepValues, check_finite, non_finite_error
 from workbench.train.liveness import Heartbeat, record_termination
-from workbench.train.loop_support import (Callbacks, accepts, all_reduce, expert_load_reader, is_parallel,
+from workbench.train.loop_support import (Callbacks, all_reduce, expert_load_reader, is_parallel,
                                           micro_batches, open_run_dir, router_biases_to_update)
 from workbench.train.metrics import expert_load_from_router_logits, memory_gib, reset_peak_memory, step_record
 from workbench.train.model_setup import build_model, check_lora, model_dtype, resolve_mesh
@@ -146,13 +148,15 @@ class Trainer:
         config = getattr(self.model, "config", None)
         self._host_sequences = getattr(config, "_attn_implementation", None) == SINK_ATTENTION
         self.coef = float(getattr(self.hf_config, "router_aux_loss_coef", 0.0) or 0.0)
-        self.forward_kwargs: dict[str, Any] = {}
-        self.aux_scale = 1.0 / (self.accum * self.world)
-        if self.world > 1 and accepts(self.model, "aux_loss_group"):
+        ensure_router_logit_hooks(self.model)  # the aux loss comes from them, on any model with one
+        self._aux_group = None
+        if self.world > 1:
             import torch.distributed as dist
 
-            self.forward_kwargs["aux_loss_group"] = dist.group.WORLD  # dp spans the whole world
-            self.aux_scale = 1.0 / self.accum
+            self._aux_group = dist.group.WORLD  # dp spans the whole world
+        # Each micro-batch's aux loss is this rank's share of the global micro-batch's: the shares add
+        # up over ranks, and the mean over micro-batches divides by grad_accum.
+        self.aux_scale = 1.0 / self.accum
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -180,14 +184,12 @@ class Trainer:
                 self.model.set_requires_gradient_sync(last)
             t0 = clock.mark()
             with record_function("workbench.forward"):
-                out = self.model(input_ids=mb.input_ids, labels=mb.labels, position_ids=mb.position_ids,
-                                 output_router_logits=True, num_items_in_batch=num_items, use_cache=False,
-                                 **self.forward_kwargs, **extra)
-                aux = out.aux_loss if getattr(out, "aux_loss", None) is not None else None
-                ce = out.loss - self.coef * aux if aux is not None else out.loss
-                objective = ce
-                if aux is not None:
-                    objective = objective + self.coef * aux * self.aux_scale
+                # the cross-entropy and the aux loss come apart (models/router_aux): each is computed once
+                parts = forward_loss_parts(self.model, self.model, dict(
+                    input_ids=mb.input_ids, labels=mb.labels, position_ids=mb.position_ids,
+                    num_items_in_batch=num_items, use_cache=False, **extra), group=self._aux_group)
+                ce, aux = parts.ce, parts.aux
+                objective = ce if aux is None else ce + self.coef * aux * self.aux_scale
             t1 = clock.mark()
             with record_function("workbench.backward"):
                 objective.backward()
@@ -195,8 +197,8 @@ class Trainer:
             ce_sum += ce.detach().to(torch.float64)
             if aux is not None:
                 aux_sum += aux.detach().to(torch.float64) * self.aux_scale
-            if self._expert_load is None and getattr(out, "router_logits", None):
-                loads.append(expert_load_from_router_logits(out.router_logits, self.hf_config.num_experts_per_tok,
+            if self._expert_load is None and parts.router_logits:
+                loads.append(expert_load_from_router_logits(parts.router_logits, self.hf_config.num_experts_per_tok,
                                                             num_experts(self.hf_config)))
         t3 = clock.mark()
         with record_function("workbench.optimizer"):
@@ -290,6 +292,7 @@ class Trainer:
                              device=self.device, expert_load=load, time=host["time"], **extra)
         # memory as it was at the end of the step's queueing (step_record reads it now)
         record.update(mem_peak_gib=host["mem_peak_gib"], mem_now_gib=host["mem_now_gib"], mem_kind=host["mem_kind"])
+        record.update(ce_loss=values["ce"], aux_loss=values["aux"])  # the global parts of `loss`
         record["peak_mem_gib"] = record["mem_peak_gib"]  # the bench's name for it (TRAINER_API)
         return record
 
