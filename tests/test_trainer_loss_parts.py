@@ -19,10 +19,11 @@ COEF = 1e6  # coef x aux ~ 1e6: one float32 ulp there is 0.06, the cross-entropy
 
 
 def _rc(tmp_path, **overrides) -> RunConfig:
+    base = dict(train__steps=1, train__global_batch_size=2, train__local_batch_size=2,
+                train__save_final_checkpoint=False)
     return RunConfig.demo(model=ModelConfig(preset="tiny", dtype="float32", device="cpu", router_aux_loss_coef=COEF),
                           data=DataConfig(kind="synthetic", seq_len=16), output_dir=str(tmp_path / "runs"),
-                          train__steps=1, train__global_batch_size=2, train__local_batch_size=2,
-                          train__save_final_checkpoint=False, **overrides)
+                          **{**base, **overrides})
 
 
 def _first_batch(trainer: Trainer):
@@ -87,3 +88,40 @@ def test_drop_in_loss_is_ce_plus_coef_aux_as_transformers_returns_it(tmp_path):
         plain = trainer.model(**kwargs, output_router_logits=False)
     assert plain.aux_loss is None
     torch.testing.assert_close(out.loss, plain.loss + COEF * out.aux_loss, rtol=1e-6, atol=0)
+
+
+def _vanilla_first_record(tmp: str, local_batch: int) -> dict:
+    """One step of a vanilla Transformers model through the Trainer (FSDP2 over dp on more than one rank)."""
+    import torch.distributed as dist
+
+    from workbench.models.mesh_build import shard_without_engine
+    from workbench.parallel.mesh import MeshConfig
+
+    trainer = Trainer(_rc_path(tmp, local_batch))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(trainer.hf_config)
+    if dist.is_initialized():
+        model = shard_without_engine(model, MeshConfig(dp=dist.get_world_size(), ep=1))
+    trainer.setup(model=model)
+    return _first_record(trainer)
+
+
+def _rc_path(tmp: str, local_batch: int) -> RunConfig:
+    from pathlib import Path
+
+    return _rc(Path(tmp), train__global_batch_size=4, train__local_batch_size=local_batch)
+
+
+def _vanilla_rank(rank, world, tmp):
+    return _vanilla_first_record(tmp, local_batch=2)
+
+
+def test_vanilla_model_on_two_ranks_has_the_global_batch_aux_loss(tmp_path):
+    """Each rank's aux loss is its share of the global micro-batch's, as for the engine's model: 2 ranks of 2
+    sequences give one process's 4 (a per-rank mean, the old convention for vanilla models, does not)."""
+    from dist_utils import run_ranks
+
+    ref = _vanilla_first_record(str(tmp_path / "one"), local_batch=4)
+    r0, r1 = run_ranks(_vanilla_rank, 2, str(tmp_path / "two"), timeout=180)
+    assert r0["aux_loss"] == r1["aux_loss"] == pytest.approx(ref["aux_loss"], rel=1e-5)
+    assert r0["ce_loss"] == pytest.approx(ref["ce_loss"], rel=1e-5)
