@@ -71,10 +71,8 @@ def micro_batches(batch: Batch, size: int) -> list[Batch]:
 
 def is_parallel(model: torch.nn.Module) -> bool:
     """Whether any parameter of `model` is a DTensor (sharded over the mesh)."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:
-        return False
+    from torch.distributed.tensor import DTensor
+
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
