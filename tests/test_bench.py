@@ -103,8 +103,8 @@ def test_two_ranks_schema_and_same_init(two_rank_result):
         assert "tokens_per_s_per_gpu_p10" in c["engine"] and "tokens_per_s_per_gpu_p90" in c["anchor"]
         assert c["ratio"] == pytest.approx(c["engine"]["tokens_per_s_per_gpu"] / c["anchor"]["tokens_per_s_per_gpu"])
         assert c["same_init"] is True
-    # Same weights and tokens in fp32. The Trainer's losses: on 2 ranks the anchor's aux loss is each rank's
-    # mean, the engine's the global batch's (aux_loss_group), so the whole losses differ by coef x that gap only.
+    # Same weights and tokens in fp32. The Trainer's losses: on 2 ranks too both aux losses are the global
+    # batch's (models/router_aux.forward_loss_parts), so the whole losses differ by float32 rounding only.
     native = comps[0]
     assert native["loss_step0_abs_diff"] < 1e-3 and native["loss_max_abs_diff"] < 5e-3
     # The balanced gate routes differently, so its loss is its own (but from the same init).
@@ -334,8 +334,8 @@ def test_deepseek_v3_one_rank_generic_path():
 
 
 def test_mixtral_two_ranks_ep2_losses_equal_the_anchor():
-    """DP2 x EP2 on gloo through the Trainer: the same start; the whole losses differ only by the aux loss's
-    convention (the anchor's is each rank's mean, the engine's the global batch's: coef 0.02 x a small gap)."""
+    """DP2 x EP2 on gloo through the Trainer: the same start; the whole losses agree (both aux losses are
+    the global batch's: the Trainer computes either model's, models/router_aux.forward_loss_parts)."""
     results = run_ranks(_family_bench, 2, "tiny-mixtral", ("anchor", "engine", "engine_balanced"), 32, 3,
                         timeout=180)
     result = results[0]

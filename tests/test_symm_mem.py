@@ -9,6 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+# Shape suffixes: P ep ranks, L local experts.
+
 # Script mode: import workbench from this checkout and the test helpers beside this file.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))

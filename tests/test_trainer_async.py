@@ -15,6 +15,7 @@ from dist_utils import run_ranks
 from generic_families import tiny_config
 
 from workbench.config import DataConfig, ModelConfig, RunConfig
+from workbench.models.router_aux import forward_loss_parts
 from workbench.train.guard import NonFiniteError
 from workbench.train.host_syncs import HostSyncRecorder
 from workbench.train.loop import Trainer
@@ -132,11 +133,11 @@ def test_records_equal_a_synchronous_reference_step(tmp_path):
         items = torch.tensor(float((batch.labels[:, 1:] != -100).sum()))
         ce_sum, aux_sum = 0.0, 0.0
         for mb in (batch.slice(0, 2), batch.slice(2, 4)):
-            out = ref.model(input_ids=mb.input_ids, labels=mb.labels, position_ids=mb.position_ids,
-                            output_router_logits=True, num_items_in_batch=items, use_cache=False)
-            ce = out.loss - ref.coef * out.aux_loss
-            (ce + ref.coef * out.aux_loss / 2).backward()
-            ce_sum, aux_sum = ce_sum + float(ce.detach()), aux_sum + float(out.aux_loss.detach()) / 2
+            parts = forward_loss_parts(ref.model, ref.model, dict(
+                input_ids=mb.input_ids, labels=mb.labels, position_ids=mb.position_ids, num_items_in_batch=items,
+                use_cache=False))
+            (parts.ce + ref.coef * parts.aux / 2).backward()
+            ce_sum, aux_sum = ce_sum + float(parts.ce.detach()), aux_sum + float(parts.aux.detach()) / 2
         norm = float(torch.nn.utils.clip_grad_norm_(ref.model.parameters(), 0.5))
         ref.optimizer.step()
         ref.scheduler.step()

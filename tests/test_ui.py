@@ -119,7 +119,7 @@ def test_memory_estimate_hand_count_and_measured_anchors():
     assert estimate_memory(cfg, 4, 4, seq_len=4096, local_batch=2).total < est.total
     small = estimate_memory(cfg, 4, 2, seq_len=4096, local_batch=2, activation_checkpointing=True, fused_ce=True)
     assert small.logits == 0 and small.activations < est.activations / 4
-    # facts.md: Transformers on H200, bf16, seq 4096, batch 2 (peak GiB measured).
+    # Transformers on the H200, bf16, seq 4096, batch 2: peak GiB measured by the bench's anchor.
     for layers, dp, measured in ((8, 1, 59.6), (8, 2, 46.3), (16, 2, 72.1)):
         e = estimate_memory(preset_config("qwen3-30b-a3b", layers), dp, 1, seq_len=4096, local_batch=2,
                             dtype="bfloat16")

@@ -40,7 +40,7 @@ from workbench.kernels.adamw import SRKeys, kernel_supports
 # 8 elements per thread, one 16-byte load per bf16 tensor. The square root and the two divisions
 # are IEEE-rounded instruction sequences, not single instructions: small programs keep enough
 # loads in flight around them. On H200 over the L8 model's tensors (benchmarks/adamw_sweep.py):
-# 4.19 TB/s vs 3.68 at 4096 x 8 warps; in the training step 30.3 -> 22.4 ms (NOTES item 12).
+# 4.19 TB/s vs 3.68 at 4096 x 8 warps; in the training step 30.3 -> 22.4 ms (benchmarks/NOTES.md item 12).
 BLOCK = 1024
 NUM_WARPS = 4
 

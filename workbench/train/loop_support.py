@@ -69,22 +69,10 @@ def micro_batches(batch: Batch, size: int) -> list[Batch]:
     return [batch.slice(i, i + size) for i in range(0, len(batch), size)]
 
 
-def accepts(model: torch.nn.Module, name: str) -> bool:
-    """Whether `model.forward` takes an argument `name`."""
-    import inspect
-
-    try:
-        return name in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def is_parallel(model: torch.nn.Module) -> bool:
     """Whether any parameter of `model` is a DTensor (sharded over the mesh)."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:
-        return False
+    from torch.distributed.tensor import DTensor
+
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
