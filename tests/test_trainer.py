@@ -9,7 +9,7 @@ import pytest
 from workbench.config import ConfigError, RunConfig
 from workbench.train import finetune
 from workbench.train.data import DataError
-from workbench.train.run_dir import RunDir
+from workbench.runs.run_dir import RunDir
 
 
 def _rc(tmp_path, **overrides):
@@ -313,7 +313,7 @@ def _diverge_worker(rank, world, tmp, ckpt):
 
 
 def test_all_ranks_stop_together_on_a_non_finite_loss(tmp_path):
-    from dist_utils import run_ranks
+    from launch_utils import run_ranks
 
     ckpt = _nan_head_checkpoint(tmp_path / "nan-model")
     errors = run_ranks(_diverge_worker, 2, str(tmp_path), ckpt, timeout=120)

@@ -8,6 +8,7 @@ from typing import Any, Iterable
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from workbench.backends import BackendError, availability
 from workbench.config import OPTIMIZERS
@@ -270,10 +271,6 @@ def build_scheduler(optimizer: torch.optim.Optimizer, train_cfg) -> torch.optim.
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:
-        return False
     return isinstance(t, DTensor)
 
 
