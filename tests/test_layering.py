@@ -130,6 +130,10 @@ def test_shared_helpers_have_one_definition():
     found = _top_level_definitions()
     assert {name: found[name] for name in ONE_HOME} == {name: [home] for name, home in ONE_HOME.items()}
     assert not {name: found[name] for name in TWIN_NAMES if found[name]}
+    # free_port's body written inline elsewhere (the bench and a test once did): one place picks ports.
+    picks = "getsockname" + "()[1]"
+    sources = [*(ROOT / "workbench").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+    assert sorted(str(p.relative_to(ROOT)) for p in sources if picks in p.read_text()) == ["workbench/parallel/launch.py"]
 
 
 def test_test_helpers_shadow_no_workbench_module():

@@ -14,7 +14,7 @@ from workbench.backends import BackendError, availability
 from workbench.config import OPTIMIZERS
 from workbench.kernels.adamw import SRKeys, adamw_scalars, adamw_step_
 from workbench.kernels.stochastic_round import element_base
-from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR  # noqa: F401 - set by the mesh builders, read here
+from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR  # set by the mesh builders, read here
 from workbench.train.precision import OPTIMIZER_PRECISIONS, needs_workbench_adamw, resolve_precision
 
 
