@@ -291,7 +291,7 @@ def _shared_aux_worker(rank, world):
 
 def test_shared_aux_loss_is_computed_once_and_adds_up_to_transformers():
     """With aux_loss_group the engine computes the group's aux loss only, not Transformers' per-rank one too."""
-    from dist_utils import run_ranks
+    from launch_utils import run_ranks
 
     results = run_ranks(_shared_aux_worker, 2, timeout=120)
     assert [r["calls"] for r in results] == [0, 0]

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from dispatch_compare import (bench_two_gpus, check_generic_family_grads, generic_family_grads, random_routing,
                               round_trip)
-from dist_utils import run_ranks  # noqa: E402
+from launch_utils import run_ranks  # noqa: E402
 
 from workbench.backends import BackendConfig, BackendError
 from workbench.moe.dispatch import make_dispatcher

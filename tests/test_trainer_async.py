@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from dist_utils import run_ranks
+from launch_utils import run_ranks
 from generic_families import tiny_config
 
 from workbench.config import DataConfig, ModelConfig, RunConfig
@@ -157,7 +157,7 @@ def test_records_equal_a_synchronous_reference_step(tmp_path):
 
 
 def test_fit_publishes_every_step_once_in_order_when_it_waits_only_at_the_end(tmp_path):
-    from workbench.train.run_dir import RunDir
+    from workbench.runs.run_dir import RunDir
 
     ckpt = _saved("qwen3_moe", tmp_path / "m")
     seen = []
@@ -361,7 +361,7 @@ def test_a_non_finite_step_and_all_later_ones_leave_weights_and_optimizer_state(
 def test_the_run_fails_naming_the_first_bad_step_with_no_checkpoint_after_it(tmp_path, optimizer, monkeypatch):
     from workbench.train import finetune
     from workbench.train.checkpoint import resolve_checkpoint
-    from workbench.train.run_dir import RunDir
+    from workbench.runs.run_dir import RunDir
 
     setup = Trainer.setup
 

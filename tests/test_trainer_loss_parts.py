@@ -119,7 +119,7 @@ def _vanilla_rank(rank, world, tmp):
 def test_vanilla_model_on_two_ranks_has_the_global_batch_aux_loss(tmp_path):
     """Each rank's aux loss is its share of the global micro-batch's, as for the engine's model: 2 ranks of 2
     sequences give one process's 4 (a per-rank mean, the old convention for vanilla models, does not)."""
-    from dist_utils import run_ranks
+    from launch_utils import run_ranks
 
     ref = _vanilla_first_record(str(tmp_path / "one"), local_batch=4)
     r0, r1 = run_ranks(_vanilla_rank, 2, str(tmp_path / "two"), timeout=180)

@@ -220,7 +220,7 @@ def tiny_run_dir(tmp_path_factory):
 
 
 def test_live_plots_draw_real_records(tiny_run_dir):
-    from workbench.train.run_dir import RunDir
+    from workbench.runs.run_dir import RunDir
 
     records = RunDir.open(tiny_run_dir).read_metrics()
     plots = LivePlots()
@@ -257,7 +257,7 @@ def test_live_plots_draw_the_runs_own_records(tiny_run_dir):
 
 def test_live_plots_png(tiny_run_dir, tmp_path):
     pytest.importorskip("matplotlib", reason="the PNG fallback needs matplotlib (the lab extra)")
-    from workbench.train.run_dir import RunDir
+    from workbench.runs.run_dir import RunDir
 
     plots = LivePlots()
     plots.update(RunDir.open(tiny_run_dir).read_metrics())
@@ -385,7 +385,7 @@ def test_profile_on_cuda_uses_kernel_times(tmp_path):
     phases = prof["phases_ms"]
     assert {"router", "dispatch", "experts", "combine"} <= set(phases) and all(v > 0 for v in phases.values())
     # Kernel time inside the MoE phases cannot exceed the wall time of a step.
-    from workbench.train.run_dir import RunDir
+    from workbench.runs.run_dir import RunDir
 
     steps = [r for r in RunDir.open(result["run_dir"]).read_metrics() if r["step"] > 1]
     step_ms = 1000 * sum(r["step_time_s"] for r in steps) / len(steps)

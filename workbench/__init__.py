@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.backends import BackendConfig, BackendError
-from workbench.models.auto import AutoModelForCausalLM, CheckpointError, save_pretrained
+from workbench.errors import CheckpointError
+from workbench.models.auto import AutoModelForCausalLM, save_pretrained
 from workbench.parallel.mesh import MeshConfig, MeshError
 
 __version__ = "0.1.0"

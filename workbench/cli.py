@@ -147,7 +147,7 @@ def _demo_rank(config_dict: dict) -> None:
 def _run_demo(args: argparse.Namespace) -> int:
     import torch
     from workbench.config import RunConfig
-    from workbench.train.run_dir import default_runs_dir, new_run_id
+    from workbench.runs.run_dir import default_runs_dir, new_run_id
 
     world = args.ranks or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
     if world < 1:
@@ -171,7 +171,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 def _record_rank_failure(run_path: str, exits: list) -> None:
     """The launcher saw ranks fail: make status.json say which and how (a killed rank 0 cannot)."""
-    from workbench.train.run_dir import RunDir
+    from workbench.runs.run_dir import RunDir
 
     if not os.path.isfile(os.path.join(run_path, "status.json")):
         return  # the run never got a directory; the ranks' errors are on stderr
@@ -195,7 +195,7 @@ def _runs_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_runs(args: argparse.Namespace) -> int:
-    from workbench.train.run_dir import default_runs_dir, list_runs
+    from workbench.runs.run_dir import default_runs_dir, list_runs
 
     runs_dir = args.runs_dir or str(default_runs_dir())
     if not os.path.isdir(os.path.expanduser(runs_dir)):

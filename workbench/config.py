@@ -118,7 +118,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     lora: LoraConfig | None = None  # None = full fine-tuning
-    output_dir: str | None = None  # runs directory; None = workbench.train.run_dir.default_runs_dir()
+    output_dir: str | None = None  # runs directory; None = workbench.runs.run_dir.default_runs_dir()
     run_id: str | None = None
 
     def __post_init__(self) -> None:

@@ -12,7 +12,7 @@ import threading
 import pytest
 import tornado.httpclient
 
-from workbench.train.run_dir import RunDir
+from workbench.runs.run_dir import RunDir
 
 pytest.importorskip("moe_workbench_lab", reason="install it: pip install -e extensions/moe_workbench_lab")
 from moe_workbench_lab.handlers import SETTINGS_KEY  # noqa: E402
@@ -136,7 +136,7 @@ async def test_corrupt_and_half_written_runs_are_unreadable_not_500(jp_fetch, se
 async def test_a_running_run_whose_process_is_gone_reads_as_died(jp_fetch, served_run):
     runs_dir, run_id = served_run
     # A process records itself as the run's owner, then vanishes without recording an end (SIGKILL).
-    code = ("import os, signal, sys; from workbench.train.run_dir import RunDir; "
+    code = ("import os, signal, sys; from workbench.runs.run_dir import RunDir; "
             "RunDir.open(sys.argv[1]).write_status('running', step=2); os.kill(os.getpid(), signal.SIGKILL)")
     done = subprocess.run([sys.executable, "-c", code, str(runs_dir / run_id)], timeout=60)
     assert done.returncode == -signal.SIGKILL

@@ -11,8 +11,8 @@ import transformers
 
 from workbench.backends import BackendConfig
 from workbench.devices import default_device
+from workbench.errors import CheckpointError
 from workbench.models import generic
-from workbench.models.hf_io import CheckpointError
 from workbench.models.mesh_build import (build_generic_parallel_model, check_mesh_call,
                                          check_mesh_for_model, shard_without_engine)
 from workbench.moe.dispatch import LocalDispatcher

@@ -54,14 +54,14 @@ from workbench.train.checkpoint import (check_compatible, check_settings, clean_
 from workbench.train.data import IGNORE_INDEX, Batch, build_stream
 from workbench.train.data_eval import eval_metrics
 from workbench.train.guard import NonFiniteError, check_finite
-from workbench.train.liveness import Heartbeat, record_termination
+from workbench.runs.liveness import Heartbeat, record_termination
 from workbench.train.loop_records import StepRecords
 from workbench.train.loop_support import (Callbacks, all_reduce, expert_load_reader, is_parallel,
                                           micro_batches, open_run_dir, router_biases_to_update)
 from workbench.train.metrics import expert_load_from_router_logits, memory_gib, reset_peak_memory
 from workbench.train.model_setup import build_model, check_lora, model_dtype, resolve_mesh
 from workbench.train.optim import build_optimizer, build_scheduler, clip_grad_norm, set_skip_flag
-from workbench.train.run_dir import private_files
+from workbench.runs.run_dir import private_files
 from workbench.train.step_stats import Clock, PendingStep, SkipFlag, StatsLayout, StepQueue, to_device
 
 

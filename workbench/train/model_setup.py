@@ -16,9 +16,9 @@ def resolve_dtype_name(dtype: str, device_type: str) -> str:
     return dtype
 
 
-def model_dtype(model_cfg, device: torch.device) -> torch.dtype:
-    """model.dtype as the torch dtype the model is built in on `device` (resolve_dtype_name's rule)."""
-    return getattr(torch, resolve_dtype_name(model_cfg.dtype, device.type))
+def model_dtype(settings, device: torch.device) -> torch.dtype:
+    """`settings.dtype` (a ModelConfig's or BenchConfig's) as the torch dtype built on `device` (resolve_dtype_name)."""
+    return getattr(torch, resolve_dtype_name(settings.dtype, device.type))
 
 
 def resolve_mesh(mesh: Any, world_size: int, hf_config: Any):

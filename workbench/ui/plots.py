@@ -156,7 +156,7 @@ class CompareRuns:
         """List the run directories under runs_dir in the picker (newest first)."""
         if self.runs_dir is None:
             return
-        from workbench.train.run_dir import list_runs
+        from workbench.runs.run_dir import list_runs
 
         self.picker.options = [(f"{r['id']}  {r.get('state', '?')}  {r.get('backends') or ''}"[:120], r["path"])
                                for r in list_runs(self.runs_dir) if r.get("readable")]

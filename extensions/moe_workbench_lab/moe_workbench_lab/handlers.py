@@ -25,18 +25,18 @@ SETTINGS_KEY = "moe_workbench_settings"
 
 
 def _run_dir_module():
-    """workbench.train.run_dir, or None if the workbench package is not installed here."""
+    """workbench.runs.run_dir, or None if the workbench package is not installed here."""
     try:
-        from workbench.train import run_dir
+        from workbench.runs import run_dir
     except ImportError:
         return None
     return run_dir
 
 
 def _run_index_module():
-    """workbench.train.run_index; 503 if the workbench package is not installed here."""
+    """workbench.runs.run_index; 503 if the workbench package is not installed here."""
     try:
-        from workbench.train import run_index
+        from workbench.runs import run_index
     except ImportError:
         raise web.HTTPError(503, "the workbench package is not importable on the server") from None
     return run_index
@@ -148,7 +148,7 @@ class RunMetricsHandler(WorkbenchHandler):
             raise web.HTTPError(400, (
                 f"fields {', '.join(unheld)} are not served: the server keeps only the plotted "
                 f"fields ({', '.join(run_index.series_fields)}); read the others in a notebook with "
-                f"workbench.train.run_dir.RunDir({str(path)!r}).read_metrics()"))
+                f"workbench.runs.run_dir.RunDir({str(path)!r}).read_metrics()"))
         rank_arg = self.get_query_argument("rank", "")
         try:
             answer = await asyncio.to_thread(run_index.metrics, root, real / index.METRICS_FILE)

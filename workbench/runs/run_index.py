@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from workbench.train.liveness import checked_status
-from workbench.train.run_dir import CONFIG_FILE, METRICS_FILE, STATUS_FILE
+from workbench.runs.liveness import checked_status
+from workbench.runs.run_dir import CONFIG_FILE, METRICS_FILE, STATUS_FILE
 
 SPARK_KEYS = ("tokens_per_s_per_gpu", "loss")
 # The fields of the last rank-0 record a summary shows (a record may also hold large matrices).
