@@ -153,3 +153,30 @@ def test_bad_set_item_is_a_config_error(item, message):
 
     with pytest.raises(ConfigError, match=message):
         _overrides(build_parser().parse_args(["finetune", "cfg.yaml", "--set", item]))
+
+
+def test_help_and_runs_import_neither_torch_nor_transformers(tmp_path):
+    # torch + Transformers take seconds to import: `workbench --help` waited ~4 s for them (issue 18 item 10)
+    script = (
+        "import sys\n"
+        "from workbench.cli import main\n"
+        "for argv in (['--help'], ['finetune', '--help'], ['demo', '--help'], ['runs', '--help']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        f"main(['runs', {str(tmp_path)!r}])\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'workbench.bench') if m in sys.modules))\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "HEAVY []" in proc.stdout.splitlines(), proc.stdout
+    assert "usage: workbench [-h] {finetune,demo,runs,bench}" in proc.stdout
+
+
+def test_bench_arguments_still_come_with_its_subcommand():
+    from workbench.cli import build_parser
+
+    args = build_parser(argv=["bench", "--preset", "tiny"]).parse_args(["bench", "--preset", "tiny"])
+    assert args.preset == "tiny" and args.command == "bench"

@@ -12,7 +12,9 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from workbench.bench import cli as bench_cli
+# Nothing heavy at module level: `workbench --help` and `workbench runs` must not wait seconds for
+# torch and Transformers. Each subcommand imports what it needs when it runs (or, for `bench`,
+# when its own arguments are added).
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,21 @@ def _run_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- bench -----------------------------------------------------------------------------------
+
+
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    from workbench.bench import cli as bench_cli  # its choices come from the backends (torch)
+
+    bench_cli.add_arguments(p)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from workbench.bench import cli as bench_cli
+
+    return bench_cli.run(args)
+
+
 SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand("finetune", "fine-tune from a RunConfig YAML (standalone or under torchrun)",
                _finetune_args, _run_finetune),
@@ -227,23 +244,35 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand("runs", "list the runs in a runs directory with their state (running, completed, failed, died)",
                _runs_args, _run_runs),
     Subcommand("bench", "Transformers v5 anchor vs the engine, timed in one launch (see benchmarks/)",
-               bench_cli.add_arguments, bench_cli.run),
+               _bench_args, _run_bench),
 )
 
 
-def build_parser(subcommands: tuple[Subcommand, ...] = SUBCOMMANDS) -> argparse.ArgumentParser:
+def _chosen(argv: list[str], subcommands: tuple[Subcommand, ...]) -> str | None:
+    """The subcommand `argv` names (the top level takes no option but --help), or None."""
+    names = {cmd.name for cmd in subcommands}
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first if first in names else None
+
+
+def build_parser(subcommands: tuple[Subcommand, ...] = SUBCOMMANDS,
+                 argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; given `argv`, only the subcommand it names gets its arguments (and their imports)."""
     parser = argparse.ArgumentParser(prog="workbench", description="MoE Workbench: fine-tune MoE LLMs")
     sub = parser.add_subparsers(dest="command", required=True)
+    chosen = None if argv is None else _chosen(argv, subcommands)
     for cmd in subcommands:
         p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
-        cmd.add_arguments(p)
+        if argv is None or cmd.name == chosen:
+            cmd.add_arguments(p)
         p.set_defaults(_run=cmd.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `workbench` console script."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv=argv).parse_args(argv)
     return int(args._run(args) or 0)
 
 
