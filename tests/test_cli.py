@@ -70,7 +70,8 @@ def terminal_run(tmp_path_factory):
     runs = tmp_path_factory.mktemp("terminal-runs")
     rows = runs.parent / "rows.parquet"
     datasets.Dataset.from_dict({"prompt": [f"what is {i} plus {i % 5}?" for i in range(40)],
-                                "completion": [f"{i} plus {i % 5} is {i + i % 5}." for i in range(40)]}).to_parquet(rows)
+                                "completion": [f"{i} plus {i % 5} is {i + i % 5}." for i in range(40)]}
+                               ).to_parquet(rows)
     cfg = runs.parent / "terminal.yaml"
     data = DataConfig(kind="datasets", data_files=str(rows), seq_len=64, eval_fraction=0.2, eval_every=2,
                       cache_dir=str(runs.parent / "cache"))
@@ -109,7 +110,7 @@ def test_finetune_on_a_terminal_draws_a_progress_bar_then_a_summary(terminal_run
     assert re.search(r"100%\|.*\| 4/4 \[\d\d:\d\d<00:00", last), last
     assert re.search(r"loss \d\.\d{4} \| [\d,]+ tok/s/gpu \| [\d.e-]+ TFLOP/s/gpu \| peak [\d.]+ GiB \| eval \d", last)
     assert any(re.search(r"\| [123]/4 \[\d\d:\d\d<\d\d:\d\d", f) for f in frames), frames  # an ETA while it runs
-    metrics = [json.loads(l) for l in (runs / "tty" / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (runs / "tty" / "metrics.jsonl").read_text().splitlines()]
     summary = out[out.index(f"run completed: {runs / 'tty'}"):].splitlines()
     assert f"final {metrics[-1]['loss']:.4f}" in summary[3]
     assert summary[4] == f"  eval loss     {metrics[-1]['eval_loss']:.4f} at step 4"
@@ -121,7 +122,7 @@ def test_runs_lists_model_mesh_state_and_figures(terminal_run):
     assert proc.returncode == 0, proc.stderr
     header, line = proc.stdout.splitlines()
     assert header.split() == ["RUN", "MODEL", "MESH", "STATE", "STEP", "TOK/S/GPU", "LOSS", "DETAIL"]
-    last = [json.loads(l) for l in (runs / "tty" / "metrics.jsonl").read_text().splitlines()][-1]
+    last = [json.loads(line) for line in (runs / "tty" / "metrics.jsonl").read_text().splitlines()][-1]
     assert line.split() == ["tty", "tiny", "dp1", "ep1", "completed", "4/4", f"{last['tokens_per_s_per_gpu']:,.0f}",
                             f"{last['loss']:.4f}"]
 
@@ -134,7 +135,8 @@ def test_show_prints_the_summary_the_figures_per_step_and_a_png(terminal_run, tm
     assert proc.returncode == 0, proc.stderr
     summary = out[out.index("run completed:"):].strip().splitlines()
     assert proc.stdout.splitlines()[:len(summary)] == summary  # the summary finetune printed
-    plots = {l.split()[0]: l for l in proc.stdout.splitlines() if l.startswith("  ") and "(steps 1-4)" in l}
+    plots = {line.split()[0]: line for line in proc.stdout.splitlines()
+             if line.startswith("  ") and "(steps 1-4)" in line}
     assert set(plots) == {"loss", "tokens/s/gpu", "TFLOP/s/gpu", "peak"}, proc.stdout
     assert re.search(r"loss +[▁-█]{4}  ", plots["loss"]), plots["loss"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"plots         {png}" in proc.stdout
@@ -259,7 +261,8 @@ def test_help_and_runs_import_neither_torch_nor_transformers(tmp_path):
     script = (
         "import sys\n"
         "from workbench.cli import main\n"
-        "for argv in (['--help'], ['finetune', '--help'], ['demo', '--help'], ['runs', '--help'], ['show', '--help']):\n"
+        "for argv in (['--help'], ['finetune', '--help'], ['demo', '--help'], ['runs', '--help'],\n"
+        "             ['show', '--help']):\n"
         "    try:\n"
         "        main(argv)\n"
         "    except SystemExit:\n"

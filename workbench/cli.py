@@ -55,6 +55,9 @@ def _overrides(args: argparse.Namespace) -> dict:
     return out
 
 
+PROGRESS = ("auto", "bar", "lines")  # --progress: auto is a bar on a terminal, lines elsewhere
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, help="optimizer steps (overrides train.steps)")
     p.add_argument("--output-dir", help="runs directory (default: $WORKBENCH_RUNS_DIR or ~/moe-workbench/runs)")
@@ -62,9 +65,6 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--progress", choices=PROGRESS, default="auto",
                    help="bar: a progress bar with ETA and the live figures; lines: one line per logging step "
                         "(auto, the default: a bar when stdout is a terminal, else lines)")
-
-
-PROGRESS = ("auto", "bar", "lines")
 
 
 def _wants_bar(args: argparse.Namespace) -> bool:
