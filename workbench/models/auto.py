@@ -123,11 +123,11 @@ def _seeded_generic(config, resolved: BackendConfig, device, seed: int, hf_kwarg
     from workbench.moe.bias_update import cast_keeping_router_biases
 
     dtype = hf_kwargs.pop("dtype", None) or hf_kwargs.pop("torch_dtype", None)
-    where = build_device(None, device)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
-    generic.install(model, resolved, lambda n: LocalDispatcher(n, resolved.combine), device=where)
-    model.to_empty(device=where)
+    generic.install(model, resolved, lambda n: LocalDispatcher(n, resolved.combine), device=build_device(None, device))
+    # On `device` (the trainer's: where the mesh build would draw too), else the CPU, as Transformers builds
+    model.to_empty(device=torch.device(device) if device is not None else torch.device("cpu"))
     generic.init_random(model, seed)
     if lora is not None:
         from workbench.models.lora import apply_lora
