@@ -95,7 +95,9 @@ class StepRecords:
         for record in records:
             self.callbacks.call("on_step", record)
         if self.rank == 0:
-            for record in records:  # each logging step's line once, whenever its record arrives
+            # a callback that draws a progress bar (workbench.train.progress_bar) has the terminal instead
+            bar = any(getattr(cb, "prints_step_lines", False) for cb in self.callbacks.items)
+            for record in () if bar else records:  # each logging step's line once, whenever its record arrives
                 if record["step"] % self.rc.train.log_every == 0 or record["step"] == total:
                     print(f"step {record['step']:>4}/{total}  loss {record['loss']:.4f}  "
                           f"tokens/s/gpu {record['tokens_per_s_per_gpu']:,.0f}  "

@@ -81,7 +81,7 @@ def build_model(rc, hf_config: Any, mesh: Any, device: torch.device, dtype: torc
         model = EngineAuto.from_pretrained(rc.model.path, backend=backend or rc.backend, mesh=mesh, device=device,
                                            config=hf_config, dtype=dtype, **lora_kwargs)
     else:
-        extra = {"seed": rc.train.seed} if mesh is not None or lora is not None else {}
+        extra = {"seed": rc.train.seed}  # seeded builds give the same weights on any world size
         extra.update(lora_kwargs)
         model = EngineAuto.from_config(hf_config, backend=backend or rc.backend, mesh=mesh, device=device, dtype=dtype,
                                        **extra)
