@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import tornado.httpclient
@@ -142,6 +143,21 @@ async def test_metrics_serve_eval_loss_and_accuracy(jp_fetch, served_run):
          "eval_accuracy": pytest.approx(r["eval_accuracy"])} for r in evals]
     default = await _get_json(jp_fetch, "runs", run_id, "metrics")  # the fields the run view asks for
     assert sum("eval_loss" in r for r in default["records"]) == sum("eval_loss" in r for r in records)
+
+
+async def test_plotly_bundle_is_served_for_the_slim_figures_loader(jp_fetch):
+    plotly = pytest.importorskip("plotly")
+    from workbench.ui.slim_figure import BUNDLE_ROUTE, loader_esm
+
+    route = BUNDLE_ROUTE.format(version=plotly.__version__)
+    assert route in loader_esm()
+    # Public like JupyterLab's static files: the page's import() must load it without the token.
+    response = await jp_fetch(*route.split("/"), headers={"Authorization": ""})
+    bundle = (Path(plotly.__file__).parent / "package_data" / "widgetbundle.js").read_bytes()
+    assert response.body == bundle and response.headers["Content-Type"].startswith("text/javascript")
+    with pytest.raises(tornado.httpclient.HTTPClientError) as info:  # another plotly's script: not this one
+        await jp_fetch("moe-workbench", "plotly", "0.0.1", "widgetbundle.js")
+    assert info.value.code == 404
 
 
 async def test_corrupt_and_half_written_runs_are_unreadable_not_500(jp_fetch, served_run):
