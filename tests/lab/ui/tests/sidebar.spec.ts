@@ -6,7 +6,7 @@ const RUN_ID = process.env.MWB_UI_RUN_ID || '';
 // tests/lab/make_run.py names its run (RunConfig.name) and turns eval on (data.eval_every=1, 3 steps).
 const RUN_NAME = 'lab test · eval on';
 
-/** Pairs of an SVG's title / legend texts whose rendered boxes intersect (each as "a | b"). */
+/** Pairs of an SVG's title / legend texts closer than 4 px (touching reads as one run of text). */
 async function overlappingTexts(chart: import('@playwright/test').Locator): Promise<string[]> {
   return chart.evaluate((svg: SVGSVGElement) => {
     const texts = [...svg.querySelectorAll('text.mwb-chart-title, text.mwb-legend')] as SVGTextElement[];
@@ -14,7 +14,8 @@ async function overlappingTexts(chart: import('@playwright/test').Locator): Prom
     const hits: string[] = [];
     boxes.forEach((p, i) =>
       boxes.slice(i + 1).forEach(q => {
-        const apart = p.b.x + p.b.width <= q.b.x || q.b.x + q.b.width <= p.b.x ||
+        const gap = 4;
+        const apart = p.b.x + p.b.width + gap <= q.b.x || q.b.x + q.b.width + gap <= p.b.x ||
           p.b.y + p.b.height <= q.b.y || q.b.y + q.b.height <= p.b.y;
         if (!apart) {
           hits.push(`${p.label} | ${q.label}`);
