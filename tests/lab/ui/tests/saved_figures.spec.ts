@@ -57,4 +57,10 @@ test('workbench figures render and a notebook saved with their widget state stay
     true
   ]);
   expect(text.length).toBeLessThan(1024 * 1024);
+
+  // Reopened after a kernel shutdown (the new kernel knows none of these figures): drawn from the saved state.
+  await page.notebook.close();
+  await page.kernel.shutdownAll();
+  await page.notebook.openByPath(`${tmpPath}/${name}`);
+  await expect(page.locator('.jp-OutputArea-output .js-plotly-plot')).toHaveCount(3, { timeout: 60000 });
 });
