@@ -71,7 +71,7 @@ def _assert_saved_small(nb, path: Path) -> None:
     nbformat.write(nb, path)
     states = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     figures = [m["state"] for m in states.values() if m["model_name"] == "AnyModel"]
-    assert len(figures) >= 3, "the Studio's live, compare and profile figures"
+    assert figures, "the Studio shows its plots as plotly FigureWidgets"
     assert all("moe-workbench/plotly/" in f["_esm"] and len(f["_esm"]) < 2000 for f in figures)
     assert path.stat().st_size < 2**20, f"{path.name} saved {path.stat().st_size / 2**20:.1f} MB"
 
