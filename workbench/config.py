@@ -120,6 +120,7 @@ class RunConfig:
     lora: LoraConfig | None = None  # None = full fine-tuning
     output_dir: str | None = None  # runs directory; None = workbench.runs.run_dir.default_runs_dir()
     run_id: str | None = None
+    name: str | None = None  # a label for the run in the lab sidebar and comparisons (run_id stays the folder)
 
     def __post_init__(self) -> None:
         for name, cls in (("model", ModelConfig), ("backend", BackendConfig), ("data", DataConfig),
@@ -137,6 +138,9 @@ class RunConfig:
         if self.run_id is not None and (not isinstance(self.run_id, str) or not self.run_id
                                         or "/" in self.run_id or self.run_id in (".", "..")):
             raise ConfigError(f"run_id must be a plain directory name, got {self.run_id!r}")
+        if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()
+                                      or len(self.name) > 200):
+            raise ConfigError(f"name must be a non-empty string of at most 200 characters, got {self.name!r}")
 
     # -- conversions --------------------------------------------------------------------------
 
@@ -150,7 +154,7 @@ class RunConfig:
         return {"model": dataclasses.asdict(self.model), "mesh": mesh, "backend": self.backend.to_dict(),
                 "data": dataclasses.asdict(self.data), "train": train,
                 "lora": None if self.lora is None else self.lora.to_dict(),
-                "output_dir": self.output_dir, "run_id": self.run_id}
+                "output_dir": self.output_dir, "run_id": self.run_id, "name": self.name}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
@@ -166,7 +170,7 @@ class RunConfig:
             kwargs["backend"] = BackendConfig(**data["backend"])
         kwargs["mesh"] = _mesh_from_dict(data.get("mesh"))
         kwargs["lora"] = lora_from_dict(data.get("lora"))
-        for key in ("output_dir", "run_id"):
+        for key in ("output_dir", "run_id", "name"):
             if key in data:
                 kwargs[key] = data[key]
         return cls(**kwargs)

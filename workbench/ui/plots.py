@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from workbench.ui.series import LIVE_PANELS, live_series
+from workbench.ui.slim_figure import figure_widget
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 
@@ -28,7 +29,7 @@ class LivePlots:
         base = make_subplots(rows=2, cols=3, subplot_titles=[*titles[:3], titles[3], "expert load (x uniform)"],
                              specs=[[{}, {}, {}], [{}, {"colspan": 2}, None]], horizontal_spacing=0.07,
                              vertical_spacing=0.14)
-        self.figure = go.FigureWidget(base)
+        self.figure = figure_widget(base)
         self.figure.update_layout(height=height, margin=dict(l=40, r=20, t=60, b=40), showlegend=True,
                                   legend=dict(orientation="h", y=1.12, x=0), template="plotly_white")
         self.figure.add_trace(go.Heatmap(z=[[0]], colorscale="RdBu_r", zmid=1.0, name="expert load",
@@ -134,7 +135,7 @@ class CompareRuns:
                  runs_dir: str | Path | None = None, height: int = 420) -> None:
         base = make_subplots(rows=1, cols=3, subplot_titles=["tokens/s per GPU", "step time (s)", "loss"],
                              horizontal_spacing=0.07)
-        self.figure = go.FigureWidget(base)
+        self.figure = figure_widget(base)
         self.figure.update_layout(height=height, template="plotly_white", margin=dict(l=40, r=20, t=60, b=40),
                                   legend=dict(orientation="h", y=1.18, x=0))
         self.table = W.HTML()

@@ -13,6 +13,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from workbench.ui.plots import COLORS
+from workbench.ui.slim_figure import figure_widget
 
 PROFILE_TARGET = "workbench.train.profile:profile_finetune"
 # Traces bigger than this (gzipped) are offered by path only: a data URI that size stalls the browser.
@@ -85,7 +86,7 @@ class ProfilePanel:
         self.steps = W.BoundedIntText(value=steps, min=1, max=100, description="steps")
         self.button = W.Button(description="Profile", icon="tachometer", button_style="info")
         self.status = W.HTML()
-        self.figure = go.FigureWidget(breakdown_figure([]))
+        self.figure = figure_widget(breakdown_figure([]))
         self.links = W.HTML()
         self.top = W.HTML()
         self.run = None
