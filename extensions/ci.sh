@@ -3,7 +3,8 @@
 #   PYTHON=/path/to/venv/bin/python extensions/ci.sh
 # Steps: Debian chromium (apt-get, if missing) -> pip install the extension (npm install + build
 # through hatch-jupyter-builder) -> check both extension lists -> server tests -> Galata UI test
-# in headless chromium. Screenshots land in artifacts/ (lab-sidebar.png, lab-run-view.png).
+# in headless chromium. Screenshots land in artifacts/ (lab-sidebar.png, lab-run-view.png,
+# lab-run-view-step-time.png).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,7 +41,7 @@ step "server tests (pytest-jupyter)"
 step "UI test data: a run directory, a corrupt one, notebooks"
 WORK="$(mktemp -d /tmp/mwb-ui.XXXXXX)"
 export WORKBENCH_RUNS_DIR="$WORK/runs"
-# A real `workbench demo` run (2 CPU ranks) for the sidebar to list.
+# A real `workbench finetune` run (2 CPU ranks, named, eval on) for the sidebar to list.
 MWB_UI_RUN_ID="$("$PYTHON" tests/lab/make_run.py "$WORKBENCH_RUNS_DIR" | tail -n 1)"
 export MWB_UI_RUN_ID
 mkdir -p "$WORKBENCH_RUNS_DIR/00000000-000000-bad0"

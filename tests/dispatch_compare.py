@@ -10,6 +10,8 @@ import torch.distributed as dist
 
 from workbench.moe.dispatch import make_dispatcher
 
+# Shape suffixes: T tokens, D hidden, K top-k.
+
 
 def random_routing(num_tokens: int, num_experts: int, top_k: int, generator, device):
     """Distinct top-k ids per token from a skewed expert popularity (uneven counts), softmax weights."""

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dispatch_compare import random_routing, round_trip
-from dist_utils import run_ranks
+from launch_utils import run_ranks
 
 
 def _inputs(world: int, T: int, E: int, K: int, D: int):

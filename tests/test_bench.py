@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_utils import run_ranks
+from launch_utils import run_ranks
 
 from workbench.bench import BenchConfig
 from workbench.bench.config import VariantSpec
@@ -103,8 +103,8 @@ def test_two_ranks_schema_and_same_init(two_rank_result):
         assert "tokens_per_s_per_gpu_p10" in c["engine"] and "tokens_per_s_per_gpu_p90" in c["anchor"]
         assert c["ratio"] == pytest.approx(c["engine"]["tokens_per_s_per_gpu"] / c["anchor"]["tokens_per_s_per_gpu"])
         assert c["same_init"] is True
-    # Same weights and tokens in fp32. The Trainer's losses: on 2 ranks the anchor's aux loss is each rank's
-    # mean, the engine's the global batch's (aux_loss_group), so the whole losses differ by coef x that gap only.
+    # Same weights and tokens in fp32. The Trainer's losses: on 2 ranks too both aux losses are the global
+    # batch's (models/router_aux.forward_loss_parts), so the whole losses differ by float32 rounding only.
     native = comps[0]
     assert native["loss_step0_abs_diff"] < 1e-3 and native["loss_max_abs_diff"] < 5e-3
     # The balanced gate routes differently, so its loss is its own (but from the same init).
@@ -200,6 +200,21 @@ def test_mesh_that_does_not_fit_is_refused_before_spawning():
         launch(BenchConfig(mesh=MeshConfig(dp=3, ep=1), out_dir=None), 2)
 
 
+def test_bench_mesh_and_dtype_are_the_trainers():
+    from workbench.bench.runner import bench_mesh
+    from workbench.train.model_setup import model_dtype, resolve_mesh
+
+    cfg = BenchConfig(out_dir=None)
+    hf = cfg.hf_config()
+    assert bench_mesh(cfg, 2, hf) == resolve_mesh(None, 2, hf) == MeshConfig(dp=2, ep=2)
+    assert bench_mesh(cfg, 1, hf) == MeshConfig(dp=1, ep=1)  # the engine rows always build on a mesh
+    # A mesh that does not fit is refused in the trainer's words.
+    with pytest.raises(ConfigError, match=r"mesh MeshConfig\(dp=2, ep=2, cp=1, tp=1\) does not fit this run"):
+        bench_mesh(BenchConfig(mesh=MeshConfig(dp=2, ep=2), out_dir=None), 4, hf)
+    assert model_dtype(cfg, torch.device("cpu")) == torch.float32
+    assert model_dtype(BenchConfig(dtype="bfloat16", out_dir=None), torch.device("cpu")) == torch.bfloat16
+
+
 def test_cli_bad_input_exit_code(capsys):
     from workbench.bench.cli import main
 
@@ -212,12 +227,12 @@ def test_cli_bad_input_exit_code(capsys):
 def test_param_counts_match_the_model():
     import transformers
 
-    from workbench.bench.floor import param_counts, step_floor
+    from workbench.bench.floor import step_floor
     from workbench.config import preset_config
 
     cfg = preset_config("tiny", layers=3)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
-    assert param_counts(cfg)["total"] == sum(p.numel() for p in model.parameters())
+    assert step_floor(cfg, seq=128, batch=2, world=1)["params_total"] == sum(p.numel() for p in model.parameters())
     big = preset_config("qwen3-30b-a3b", layers=16)
     floor = step_floor(big, seq=4096, batch=2, world=2)
     assert floor["flops_per_token"] == pytest.approx(8.92e9, rel=5e-3)
@@ -334,8 +349,8 @@ def test_deepseek_v3_one_rank_generic_path():
 
 
 def test_mixtral_two_ranks_ep2_losses_equal_the_anchor():
-    """DP2 x EP2 on gloo through the Trainer: the same start; the whole losses differ only by the aux loss's
-    convention (the anchor's is each rank's mean, the engine's the global batch's: coef 0.02 x a small gap)."""
+    """DP2 x EP2 on gloo through the Trainer: the same start; the whole losses agree (both aux losses are
+    the global batch's: the Trainer computes either model's, models/router_aux.forward_loss_parts)."""
     results = run_ranks(_family_bench, 2, "tiny-mixtral", ("anchor", "engine", "engine_balanced"), 32, 3,
                         timeout=180)
     result = results[0]
@@ -581,7 +596,9 @@ def test_liger_refusals(monkeypatch):
         assert liger_refusal(cfg) is None
         assert "no kernels for model_type 'not_a_family'" in liger_refusal(other)
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers.monkey_patch", None)  # as if not installed
-    assert "pip install liger-kernel" in liger_refusal(cfg)
+    from workbench.errors import INSTALL_HINT
+
+    assert INSTALL_HINT["liger"] in liger_refusal(cfg)  # the one liger hint: the package's [gpu] extra
 
 
 def test_liger_patch_stays_inside_its_row():

@@ -3,11 +3,12 @@
 import os
 
 import pytest
-from dist_utils import run_ranks
+from launch_utils import run_ranks
+from save_faults import fail_save_at
 
 from workbench.config import RunConfig
 from workbench.train import finetune
-from workbench.train.checkpoint import FAULT_ENV, CheckpointError, list_checkpoints, resolve_checkpoint
+from workbench.train.checkpoint import CheckpointError, list_checkpoints, resolve_checkpoint
 
 
 def _rc(tmp_path, **overrides):
@@ -35,13 +36,13 @@ def test_resume_from_a_run_directory_uses_its_latest_checkpoint(tmp_path):
 
 
 def test_failure_mid_save_leaves_previous_checkpoint_loadable(tmp_path, monkeypatch):
-    monkeypatch.setenv(FAULT_ENV, "checkpoint_mid_save:4")
-    with pytest.raises(RuntimeError, match="failing on purpose"):
-        finetune(_rc(tmp_path, run_id="crash", train__steps=6, train__checkpoint_every=2))
+    with monkeypatch.context() as patch:
+        fail_save_at(patch, step=4, fault="error")
+        with pytest.raises(RuntimeError, match="failing on purpose"):
+            finetune(_rc(tmp_path, run_id="crash", train__steps=6, train__checkpoint_every=2))
     root = tmp_path / "runs" / "crash" / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == [".tmp-step-00000004", "step-00000002"]
     assert resolve_checkpoint(tmp_path / "runs" / "crash").name == "step-00000002"
-    monkeypatch.delenv(FAULT_ENV)
     # The interrupted save is ignored; resuming from the run continues from step 2 and can save 4.
     reference = finetune(_rc(tmp_path, run_id="ref", train__steps=6, train__checkpoint_every=2))
     out = finetune(_rc(tmp_path, run_id="again", train__steps=6, train__checkpoint_every=2,
@@ -66,6 +67,24 @@ def test_resume_from_another_model_shape_is_refused_before_training(tmp_path):
 def test_resume_from_a_path_without_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         finetune(_rc(tmp_path, train__resume_from=str(tmp_path)))
+
+
+def test_one_checkpoint_error_for_loading_weights_and_resuming(tmp_path):
+    import workbench
+    from workbench.models.hf_io import checkpoint_key_files
+
+    # `except workbench.CheckpointError` catches a refused resume and a refused from_pretrained alike.
+    with pytest.raises(workbench.CheckpointError, match="no complete checkpoint"):
+        resolve_checkpoint(tmp_path)
+    with pytest.raises(workbench.CheckpointError, match="no model.safetensors"):
+        checkpoint_key_files(tmp_path)
+
+
+def test_no_environment_variable_breaks_a_save(tmp_path, monkeypatch):
+    # The fault injection of the tests is theirs (tests/save_faults.py): the product reads no such variable.
+    monkeypatch.setenv("WORKBENCH_FAULT_INJECT", "checkpoint_mid_save")
+    finetune(_rc(tmp_path, run_id="plain", train__steps=1, train__checkpoint_every=1))
+    assert [c.name for c in list_checkpoints(tmp_path / "runs" / "plain" / "checkpoints")] == ["step-00000001"]
 
 
 # -- two gloo ranks -----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from workbench.train import finetune
 from workbench.train.loop import Trainer
 from workbench.train.checkpoint import CheckpointError, list_checkpoints, resolve_checkpoint
 from workbench.train.manifest import write_manifest
-from workbench.train.run_dir import RunDir
+from workbench.runs.run_dir import RunDir
 from workbench.train.safe_load import read_dcp_metadata
 
 
@@ -201,7 +201,7 @@ def _two_rank_resume(rank, world, config):
 
 
 def test_two_ranks_both_refuse_a_damaged_shard(tmp_path):
-    from dist_utils import run_ranks
+    from launch_utils import run_ranks
 
     saved = _rc(tmp_path, run_id="two", output_dir=str(tmp_path / "saved"))
     run_ranks(_two_rank_resume, 2, saved.to_dict())

@@ -69,6 +69,13 @@ def test_start_stop_leaves_no_process_and_sets_rank_environment():
         ranks_plus_one = [cluster.client[cluster.engine_id(r)].apply_async(_allreduce_sum, r + 1.0)
                           for r in range(2)]
         assert [ar.get(timeout=30) for ar in ranks_plus_one] == [3.0, 3.0]
+        # The mpi/slurm/ssh way in: rank 0's engine picks the port (workbench's free_port, shipped by value).
+        cluster.master_port = None
+        cluster._init_process_group()
+        envs = cluster.view.apply_async(engine_code.engine_environment).get(timeout=30)
+        assert {e["MASTER_PORT"] for e in envs} == {str(cluster.master_port)}
+        again = [cluster.client[cluster.engine_id(r)].apply_async(_allreduce_sum, 2.0) for r in range(2)]
+        assert [ar.get(timeout=30) for ar in again] == [4.0, 4.0]
         pids = _all_pids(cluster)
         assert len(pids) >= 3 and all(_alive(p) for p in pids)
     finally:

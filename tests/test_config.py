@@ -166,3 +166,13 @@ def test_clip_grad_norm_zero_is_refused_and_none_turns_clipping_off():
     with pytest.raises(ConfigError, match=r"clip_grad_norm must be > 0 .*null"):
         TrainConfig(clip_grad_norm=0.0)
     assert TrainConfig(clip_grad_norm=None).clip_grad_norm is None
+
+
+def test_run_name_round_trips_and_is_checked(tmp_path):
+    # `--set name=...` (with_overrides) names a run for the lab sidebar; run_id stays the folder
+    rc = RunConfig.demo().with_overrides({"name": "grouped_mm + balanced"})
+    assert rc.name == "grouped_mm + balanced" and rc.to_dict()["name"] == rc.name
+    assert RunConfig.from_yaml(rc.to_yaml()) == rc and RunConfig.demo().name is None
+    for bad in ("", "  ", 3, "x" * 201):
+        with pytest.raises(ConfigError, match="name must be a non-empty string"):
+            RunConfig(name=bad)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from dist_utils import run_ranks
+from launch_utils import run_ranks
 
 datasets = pytest.importorskip("datasets")
 
@@ -94,7 +94,7 @@ def test_rank_0_tokenizes_and_every_rank_maps_the_same_cache(tmp_path):
 
 def test_live_plots_draw_eval_loss_from_the_records(tmp_path):
     pytest.importorskip("plotly")
-    from workbench.train.run_dir import RunDir
+    from workbench.runs.run_dir import RunDir
     from workbench.ui.plots import LivePlots
     from workbench.ui.series import live_series
 

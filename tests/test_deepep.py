@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dispatch_compare import bench_two_gpus, random_routing, round_trip
-from dist_utils import run_ranks  # noqa: E402
+from launch_utils import run_ranks  # noqa: E402
 
 import workbench.backends as backends
 from workbench.backends import BackendConfig, BackendError, availability

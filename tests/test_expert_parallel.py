@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import transformers
-from dist_utils import run_ranks
+from launch_utils import run_ranks
 from safetensors.torch import load_file
 from tiny_models import tiny_qwen3_moe
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from dist_utils import run_ranks
+from launch_utils import run_ranks
 
 from workbench.config import ConfigError, DataConfig, ModelConfig, RunConfig
 from workbench.parallel.mesh import MeshConfig

@@ -291,7 +291,7 @@ def _shared_aux_worker(rank, world):
 
 def test_shared_aux_loss_is_computed_once_and_adds_up_to_transformers():
     """With aux_loss_group the engine computes the group's aux loss only, not Transformers' per-rank one too."""
-    from dist_utils import run_ranks
+    from launch_utils import run_ranks
 
     results = run_ranks(_shared_aux_worker, 2, timeout=120)
     assert [r["calls"] for r in results] == [0, 0]
@@ -299,3 +299,38 @@ def test_shared_aux_loss_is_computed_once_and_adds_up_to_transformers():
     close(sum(r["aux"] for r in results), results[0]["whole"], "rank shares vs one process's aux loss")
     for r in results:
         close(r["loss"], r["ce"] + 0.1 * r["aux"], "loss = CE + coef * this rank's share")
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_one_process_aux_loss_is_the_engines_and_equals_transformers(family, monkeypatch):
+    """Without a group too, the engine computes the aux loss (Transformers' own counts experts with bincount
+    in 5.17: a host sync per layer) and gets Transformers' value."""
+    import importlib
+
+    cfg = tiny_config(family, router_aux_loss_coef=0.1)
+    torch.manual_seed(3)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg)
+    randomize(ref)
+    eng = AutoModelForCausalLM.from_config(cfg, device="cpu")
+    eng.load_state_dict(ref.state_dict())
+    ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = ref(input_ids=ids, labels=ids, output_router_logits=True)
+    modeling = importlib.import_module(type(ref).__module__)
+    calls = []
+    real = modeling.load_balancing_loss_func
+    monkeypatch.setattr(modeling, "load_balancing_loss_func", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out = eng(input_ids=ids, labels=ids, output_router_logits=True)
+    assert calls == []
+    assert len(out.router_logits) == cfg.num_hidden_layers
+    close(out.aux_loss.detach(), want.aux_loss, "engine aux vs Transformers'")
+    close(out.loss.detach(), want.loss, "loss = CE + coef * aux")
+
+
+def test_from_config_builds_on_the_device_it_resolved_for():
+    """device= is where the model is built (its backends are resolved for it): 'meta' stands in for a GPU here.
+
+    Built on the CPU instead, a CUDA-resolved model ran its Triton RMSNorm on CPU tensors and failed.
+    """
+    model = AutoModelForCausalLM.from_config(tiny_config("qwen3_moe"), device="meta")
+    assert {p.device.type for p in model.parameters()} == {"meta"}

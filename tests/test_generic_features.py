@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from dist_utils import run_ranks
+from launch_utils import run_ranks
 from generic_families import tiny_config
 
 from workbench import BackendConfig

@@ -20,6 +20,8 @@ from workbench.models.auto import AutoModelForCausalLM
 from workbench.moe.gpt_oss_experts import gpt_oss_expert_rows, is_gpt_oss_gate
 from workbench.moe.hf_experts import engine_experts_modules, install_engine_experts, is_fused_experts
 
+# Shape suffixes: N routed rows, D hidden.
+
 gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 EPS = torch.finfo(torch.float32).eps

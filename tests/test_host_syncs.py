@@ -73,7 +73,7 @@ def test_generic_forward_backward_issues_no_engine_sync(family):
     cfg, model = _model(family)
     ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
     with HostSyncRecorder(depth=8) as rec:
-        # as `workbench bench` calls it (bench/engine.py): the family's aux loss, no cache
+        # as `workbench bench` calls it (its rows run the trainer step): the family's aux loss, no cache
         out = model(input_ids=ids, labels=ids, num_items_in_batch=torch.tensor(24.0), output_router_logits=True,
                     use_cache=False)
         aux = getattr(out, "aux_loss", None)

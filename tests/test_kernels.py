@@ -30,6 +30,8 @@ from workbench.kernels import (
     swiglu_packed,
 )
 
+# Shape suffixes: B batch, S sequence, D hidden, V vocab.
+
 HAS_CUDA = torch.cuda.is_available()
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_cuda_triton = pytest.mark.skipif(not (HAS_CUDA and HAS_TRITON),

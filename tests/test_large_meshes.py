@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from dist_utils import run_ranks
+from launch_utils import run_ranks
 from test_expert_parallel import _ep_worker, single_process_run
 from tiny_models import tiny_qwen3_moe
 

@@ -1,4 +1,5 @@
-"""The workbench's core packages import each other without cycles: kernels < moe < parallel < models < train.
+"""The workbench's core packages import each other without cycles: kernels < moe < parallel < models < train;
+runs (a run's files) imports none of them.
 
 Imports are read from the source (top-level and inside functions alike: a lazy import is still a
 dependency), so a cycle hidden behind a function-level import fails here too.
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("kernels", "moe", "parallel", "models", "train")
+PACKAGES = ("kernels", "moe", "parallel", "models", "train", "runs")
 # The qwen3 engineer's part of issue 14 item 4 (kernels import no moe / config modules): until it
 # lands, kernels/te_experts.py imports workbench.moe.
 def _imported_modules(path: Path) -> set[str]:
@@ -95,3 +96,50 @@ def test_each_package_imports_alone_in_a_fresh_interpreter(package):
     proc = subprocess.run([sys.executable, "-c", code, f"workbench.{package}", *modules], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_run_files_are_shared_persistence_below_the_trainer():
+    # The trainer, the cluster, the Studio and the lab's server read runs: workbench.runs, not the trainer.
+    files = sorted((ROOT / "workbench" / "runs").glob("*.py"))
+    assert files, "workbench/runs is missing"
+    for path in files:
+        others = {m for m in _imported_modules(path) if not m.startswith("workbench.runs")}
+        assert not others, f"{path.relative_to(ROOT)} imports {sorted(others)}"
+    assert not (ROOT / "workbench" / "cluster" / "progress.py").exists(), "the run's progress bar is UI (workbench/ui)"
+
+
+def _top_level_definitions() -> dict[str, list[str]]:
+    """Top-level function and class name -> the workbench files defining it."""
+    found: dict[str, list[str]] = defaultdict(list)
+    for path in sorted((ROOT / "workbench").rglob("*.py")):
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                found[node.name].append(str(path.relative_to(ROOT)))
+    return found
+
+
+# Helpers that had twins (issue 19 item 2): one definition each, which every caller imports.
+ONE_HOME = {"CheckpointError": "workbench/errors.py", "free_port": "workbench/parallel/launch.py",
+            "resolve_mesh": "workbench/train/model_setup.py", "resolve_dtype_name": "workbench/train/model_setup.py",
+            "param_counts": "workbench/params.py"}
+# Private re-writes of workbench/parallel/dist_utils' rank(), world_size(), barrier() and of the dtype rule.
+TWIN_NAMES = ("_rank", "_world", "_world_size", "_barrier", "_dtype")
+
+
+def test_shared_helpers_have_one_definition():
+    found = _top_level_definitions()
+    assert {name: found[name] for name in ONE_HOME} == {name: [home] for name, home in ONE_HOME.items()}
+    assert not {name: found[name] for name in TWIN_NAMES if found[name]}
+    # free_port's body written inline elsewhere (the bench and a test once did): one place picks ports.
+    picks = "getsockname" + "()[1]"
+    sources = [*(ROOT / "workbench").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+    assert sorted(str(p.relative_to(ROOT)) for p in sources if picks in p.read_text()) == ["workbench/parallel/launch.py"]
+
+
+def test_test_helpers_shadow_no_workbench_module():
+    # tests/ is on sys.path first: a helper named like a workbench module (dist_utils) reads as that module.
+    ours = {p.stem for p in (ROOT / "workbench").rglob("*.py")}
+    helpers = {p.stem for p in (ROOT / "tests").glob("*.py") if not p.stem.startswith(("test_", "conftest"))}
+    assert not helpers & ours, sorted(helpers & ours)
+    engines = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "workbench").rglob("engine.py"))
+    assert len(engines) == 1, f"'engine' names more than one module: {engines}"

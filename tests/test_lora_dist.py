@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 import transformers
-from dist_utils import run_ranks
+from launch_utils import run_ranks
 from safetensors.torch import load_file
 from test_expert_parallel import train_losses
 from tiny_models import tiny_qwen3_moe

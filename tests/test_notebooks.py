@@ -62,6 +62,20 @@ def _have(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+def _assert_saved_small(nb, path: Path) -> None:
+    """Saved with its widget state (as nbclient stores it), the notebook stays under 1 MB.
+
+    Each plotly FigureWidget's state once held plotly's whole 5 MB script (15.6 MB for the
+    quickstart); workbench.ui.slim_figure's figures hold a loader of ~1 KB instead.
+    """
+    nbformat.write(nb, path)
+    states = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    figures = [m["state"] for m in states.values() if m["model_name"] == "AnyModel"]
+    assert figures, "the Studio shows its plots as plotly FigureWidgets"
+    assert all("moe-workbench/plotly/" in f["_esm"] and len(f["_esm"]) < 2000 for f in figures)
+    assert path.stat().st_size < 2**20, f"{path.name} saved {path.stat().st_size / 2**20:.1f} MB"
+
+
 def test_quickstart_with_env_parameters(tmp_path, monkeypatch):
     png, metrics = tmp_path / "live.png", tmp_path / "metrics.jsonl"
     env = {"WORKBENCH_STEPS": "3", "WORKBENCH_METRICS_OUT": str(metrics)}
@@ -69,6 +83,7 @@ def test_quickstart_with_env_parameters(tmp_path, monkeypatch):
         env["WORKBENCH_PLOT_PNG"] = str(png)
     nb, seconds = _execute("01_quickstart", tmp_path, monkeypatch, **env)
     assert "ok: 6 (rank, step) records" in _text(nb.cells[-1])
+    _assert_saved_small(nb, tmp_path / "01_quickstart.ipynb")
     if "WORKBENCH_PLOT_PNG" in env:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(metrics.read_text().splitlines()) == 6

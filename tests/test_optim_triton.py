@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_utils import run_ranks
+from launch_utils import run_ranks
 
 from workbench.backends import BackendError
 from workbench.config import ConfigError, RunConfig, TrainConfig

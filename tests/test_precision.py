@@ -309,7 +309,7 @@ def _sharded_run(world, precision):
 
 
 def test_fsdp2_shards_update_as_the_whole_tensor():
-    from dist_utils import run_ranks
+    from launch_utils import run_ranks
 
     (whole,) = run_ranks(_sharded_steps, 1)
     # the SR bits hash global element indices: a shard rounds as the unsharded tensor does

@@ -196,7 +196,7 @@ def test_killed_engine_fails_the_run_within_10s_and_restart_recovers(cluster, tm
 
 
 def test_progress_eta_formatting():
-    from workbench.cluster.progress import estimate_eta, format_eta
+    from workbench.ui.progress import estimate_eta, format_eta
 
     assert format_eta(None) == "?" and format_eta(65) == "1:05" and format_eta(3723) == "1:02:03"
     # The median ignores the slow first step: 8 steps left at 0.5 s each.

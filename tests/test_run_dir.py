@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from workbench.train import run_dir as rd
-from workbench.train.run_dir import RunDir, default_runs_dir, list_runs
+from workbench.runs import run_dir as rd
+from workbench.runs.run_dir import RunDir, default_runs_dir, list_runs
 
 
 def _config(dp=2, ep=2):

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+from save_faults import fail_save_at
 
 from workbench.config import RunConfig
 from workbench.train import finetune
-from workbench.train import run_dir as rd
-from workbench.train.checkpoint import FAULT_ENV, DiskFullError, list_checkpoints
-from workbench.train.liveness import STALE_AFTER_S, Heartbeat, checked_status, owner_fields
-from workbench.train.run_dir import RunDir, list_runs, summarize_run
+from workbench.runs import run_dir as rd
+from workbench.train.checkpoint import DiskFullError, list_checkpoints
+from workbench.runs.liveness import STALE_AFTER_S, Heartbeat, checked_status, owner_fields
+from workbench.runs.run_dir import RunDir, list_runs, summarize_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,7 +130,10 @@ def test_sigterm_marks_the_run_failed_and_still_terminates(tmp_path):
 
 def test_run_killed_mid_save_reads_as_died(tmp_path):
     cfg = _finetune_yaml(tmp_path, steps=4, train__checkpoint_every=2)
-    proc = _workbench(["finetune", str(cfg), "--run-id", "cut"], **{FAULT_ENV: "checkpoint_kill:2"})
+    # The real CLI, killed by SIGKILL in the save of step 2 after its shards are written.
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "save_faults.py"), "kill", "2", "finetune", str(cfg),
+                             "--run-id", "cut"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     proc.communicate(timeout=180)
     assert proc.returncode == -signal.SIGKILL
     run = tmp_path / "runs" / "cut"
@@ -203,7 +207,7 @@ def test_sigkill_of_one_demo_rank_fails_the_run_naming_rank_and_signal(tmp_path)
 
 
 def test_disk_full_during_the_final_save_fails_the_run_and_frees_the_partial_save(tmp_path, monkeypatch):
-    monkeypatch.setenv(FAULT_ENV, "checkpoint_enospc:3")
+    fail_save_at(monkeypatch, step=3, fault="disk_full")
     with pytest.raises(DiskFullError, match=r"disk full while saving step 3: [\d.]+ MiB free on ") as info:
         finetune(_rc(tmp_path, run_id="full"))
     assert info.value.errno == errno.ENOSPC
@@ -265,17 +269,15 @@ def _modes(root: Path) -> dict[str, str]:
     return out
 
 
-def test_everything_a_run_leaves_is_private_and_the_umask_is_restored(tmp_path):
+def test_everything_a_run_leaves_is_private_and_the_umask_is_restored(tmp_path, monkeypatch):
     old = os.umask(0o022)  # a permissive default, as most users have
     try:
         finetune(_rc(tmp_path, run_id="priv", train__steps=2, train__checkpoint_every=1,
                      train__export_hf=True))
-        os.environ[FAULT_ENV] = "checkpoint_mid_save:1"
-        try:
+        with monkeypatch.context() as patch:
+            fail_save_at(patch, step=1, fault="error")
             with pytest.raises(RuntimeError, match="on purpose"):
                 finetune(_rc(tmp_path, run_id="broken", train__steps=2, train__checkpoint_every=1))
-        finally:
-            del os.environ[FAULT_ENV]
         assert os.umask(0o022) == 0o022  # restored after a completed and after a failed run
     finally:
         os.umask(old)

@@ -9,6 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+# Shape suffixes: P ep ranks, L local experts.
+
 # Script mode: import workbench from this checkout and the test helpers beside this file.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -19,7 +21,7 @@ import torch.distributed as dist
 
 from dispatch_compare import (bench_two_gpus, check_generic_family_grads, generic_family_grads, random_routing,
                               round_trip)
-from dist_utils import run_ranks  # noqa: E402
+from launch_utils import run_ranks  # noqa: E402
 
 from workbench.backends import BackendConfig, BackendError
 from workbench.moe.dispatch import make_dispatcher

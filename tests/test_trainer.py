@@ -9,7 +9,7 @@ import pytest
 from workbench.config import ConfigError, RunConfig
 from workbench.train import finetune
 from workbench.train.data import DataError
-from workbench.train.run_dir import RunDir
+from workbench.runs.run_dir import RunDir
 
 
 def _rc(tmp_path, **overrides):
@@ -190,15 +190,12 @@ def _grad_norm_worker(rank, port, out_dir):
 
 
 def test_grad_norm_and_clipping_span_fsdp_shards_and_expert_shards(tmp_path):
-    import socket
-
     import torch
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_grad_norm_worker, args=(port, str(tmp_path)), nprocs=2)
+    from workbench.parallel.launch import free_port
+
+    mp.spawn(_grad_norm_worker, args=(free_port(), str(tmp_path)), nprocs=2)
     r0, r1 = (torch.load(tmp_path / f"r{r}.pt") for r in range(2))
     assert r0["norm"] == pytest.approx(r0["ref"], rel=1e-6) and r0["norm"] == pytest.approx(r1["norm"], rel=1e-7)
     assert r0["before"] > 1.0 and r0["after"] == pytest.approx(1.0, rel=1e-4)
@@ -313,7 +310,7 @@ def _diverge_worker(rank, world, tmp, ckpt):
 
 
 def test_all_ranks_stop_together_on_a_non_finite_loss(tmp_path):
-    from dist_utils import run_ranks
+    from launch_utils import run_ranks
 
     ckpt = _nan_head_checkpoint(tmp_path / "nan-model")
     errors = run_ranks(_diverge_worker, 2, str(tmp_path), ckpt, timeout=120)

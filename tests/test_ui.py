@@ -120,7 +120,7 @@ def test_memory_estimate_hand_count_and_measured_anchors():
     assert estimate_memory(cfg, 4, 4, seq_len=4096, local_batch=2).total < est.total
     small = estimate_memory(cfg, 4, 2, seq_len=4096, local_batch=2, activation_checkpointing=True, fused_ce=True)
     assert small.logits == 0 and small.activations < est.activations / 4
-    # facts.md: Transformers on H200, bf16, seq 4096, batch 2 (peak GiB measured).
+    # Transformers on the H200, bf16, seq 4096, batch 2: peak GiB measured by the bench's anchor.
     for layers, dp, measured in ((8, 1, 59.6), (8, 2, 46.3), (16, 2, 72.1)):
         e = estimate_memory(preset_config("qwen3-30b-a3b", layers), dp, 1, seq_len=4096, local_batch=2,
                             dtype="bfloat16")
@@ -221,7 +221,7 @@ def tiny_run_dir(tmp_path_factory):
 
 
 def test_live_plots_draw_real_records(tiny_run_dir):
-    from workbench.train.run_dir import RunDir
+    from workbench.runs.run_dir import RunDir
 
     records = RunDir.open(tiny_run_dir).read_metrics()
     plots = LivePlots()
@@ -261,7 +261,7 @@ def test_live_plots_draw_the_runs_own_records(tiny_run_dir):
 
 def test_live_plots_png(tiny_run_dir, tmp_path):
     pytest.importorskip("matplotlib", reason="the PNG fallback needs matplotlib (the lab extra)")
-    from workbench.train.run_dir import RunDir
+    from workbench.runs.run_dir import RunDir
 
     plots = LivePlots()
     plots.update(RunDir.open(tiny_run_dir).read_metrics())
@@ -306,7 +306,7 @@ def test_compare_runs_labels_by_difference(tiny_run_dir, tmp_path):
 def test_summary_strip_figures_from_a_real_runs_metrics(tiny_run_dir):
     import statistics
 
-    from workbench.train.run_dir import RunDir
+    from workbench.runs.run_dir import RunDir
     from workbench.ui.series import ema
     from workbench.ui.summary import peak_tflops, strip_html, summarize_live
 
@@ -350,7 +350,7 @@ def test_summary_strip_takes_the_mean_over_ranks_and_waits_for_every_rank():
 
 
 def test_live_plots_keep_the_warm_up_step_off_the_scale(tiny_run_dir):
-    from workbench.train.run_dir import RunDir
+    from workbench.runs.run_dir import RunDir
 
     records = RunDir.open(tiny_run_dir).read_metrics()
     records[0] = {**records[0], "tokens_per_s_per_gpu": records[0]["tokens_per_s_per_gpu"] / 20}  # a slow warm-up
@@ -368,7 +368,7 @@ def test_live_plots_keep_the_warm_up_step_off_the_scale(tiny_run_dir):
 
 
 def test_expert_load_colour_bar_starts_at_zero(tiny_run_dir):
-    from workbench.train.run_dir import RunDir
+    from workbench.runs.run_dir import RunDir
 
     plots = LivePlots()
     plots.update(RunDir.open(tiny_run_dir).read_metrics())
@@ -380,7 +380,7 @@ def test_expert_load_colour_bar_starts_at_zero(tiny_run_dir):
 
 
 def test_loss_smoothing(tiny_run_dir):
-    from workbench.train.run_dir import RunDir
+    from workbench.runs.run_dir import RunDir
     from workbench.ui.series import ema
 
     records = RunDir.open(tiny_run_dir).read_metrics()
@@ -544,7 +544,7 @@ def test_studio_runs_and_profiles_on_a_cluster(cluster, tmp_path):
     assert ranks == {"rank 0", "rank 1"}
     assert len(studio.live.records) == 4
     # The summary strip shows the run's own metrics.jsonl figures, both ranks' memory against their RAM.
-    from workbench.train.run_dir import RunDir
+    from workbench.runs.run_dir import RunDir
     from workbench.ui.summary import summarize_live
 
     disk = RunDir.open(run.path).read_metrics()
@@ -611,7 +611,7 @@ def test_profile_on_cuda_uses_kernel_times(tmp_path):
     phases = prof["phases_ms"]
     assert {"router", "dispatch", "experts", "combine"} <= set(phases) and all(v > 0 for v in phases.values())
     # Kernel time inside the MoE phases cannot exceed the wall time of a step.
-    from workbench.train.run_dir import RunDir
+    from workbench.runs.run_dir import RunDir
 
     steps = [r for r in RunDir.open(result["run_dir"]).read_metrics() if r["step"] > 1]
     step_ms = 1000 * sum(r["step_time_s"] for r in steps) / len(steps)

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from workbench.backends import BackendConfig, BackendError
-from workbench.models.auto import AutoModelForCausalLM, CheckpointError, save_pretrained
-from workbench.parallel.mesh import MeshConfig, MeshError
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# Imported on first use: the trainer pulls in datasets/tokenizers, the cluster ipyparallel and
-# the UI ipywidgets/plotly; `import workbench` stays light (the engine ranks never load the UI).
+# Imported on first use: torch and Transformers take seconds to import, the trainer pulls in
+# datasets/tokenizers, the cluster ipyparallel and the UI ipywidgets/plotly; `import workbench`
+# (and so every `workbench` command, `--help` included) stays light until a name is used.
 _LAZY = {
+    "BackendConfig": "workbench.backends",
+    "BackendError": "workbench.errors",
+    "AutoModelForCausalLM": "workbench.models.auto",
+    "CheckpointError": "workbench.errors",
+    "save_pretrained": "workbench.models.auto",
+    "MeshConfig": "workbench.parallel.mesh",
+    "MeshError": "workbench.parallel.mesh",
     "RunConfig": "workbench.config",
     "LoraConfig": "workbench.config",
     "save_lora_adapter": "workbench.models.lora_export",
@@ -25,8 +29,14 @@ _LAZY = {
     "Studio": "workbench.ui",
 }
 
-__all__ = ["AutoModelForCausalLM", "BackendConfig", "BackendError", "CheckpointError", "MeshConfig", "MeshError",
-           "save_pretrained", *_LAZY]
+__all__ = list(_LAZY)
+
+if TYPE_CHECKING:  # what the names are, for type checkers and editors
+    from workbench.backends import BackendConfig  # noqa: F401
+    from workbench.errors import BackendError  # noqa: F401
+    from workbench.errors import CheckpointError  # noqa: F401
+    from workbench.models.auto import AutoModelForCausalLM, save_pretrained  # noqa: F401
+    from workbench.parallel.mesh import MeshConfig, MeshError  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

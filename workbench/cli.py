@@ -1,4 +1,4 @@
-"""The `workbench` command: `workbench finetune CONFIG.yaml`, `workbench demo`, `workbench runs`.
+"""The `workbench` command: `workbench finetune CONFIG.yaml`, `workbench demo`, `workbench runs`, `workbench show RUN`.
 
 Subcommands live in a small registry (`SUBCOMMANDS`): each is a name, a help line, a function
 adding its arguments and a function running it; add one by adding an entry.
@@ -12,7 +12,9 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from workbench.bench import cli as bench_cli
+# Nothing heavy at module level: `workbench --help` and `workbench runs` must not wait seconds for
+# torch and Transformers. Each subcommand imports what it needs when it runs (or, for `bench`,
+# when its own arguments are added).
 
 
 @dataclass(frozen=True)
@@ -53,10 +55,39 @@ def _overrides(args: argparse.Namespace) -> dict:
     return out
 
 
+PROGRESS = ("auto", "bar", "lines")  # --progress: auto is a bar on a terminal, lines elsewhere
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, help="optimizer steps (overrides train.steps)")
     p.add_argument("--output-dir", help="runs directory (default: $WORKBENCH_RUNS_DIR or ~/moe-workbench/runs)")
     p.add_argument("--run-id", help="name of the run directory (default: a timestamp)")
+    p.add_argument("--progress", choices=PROGRESS, default="auto",
+                   help="bar: a progress bar with ETA and the live figures; lines: one line per logging step "
+                        "(auto, the default: a bar when stdout is a terminal, else lines)")
+
+
+def _wants_bar(args: argparse.Namespace) -> bool:
+    """Whether rank 0 draws a progress bar: asked for, or by default when stdout is a terminal (not CI or a pipe)."""
+    mode = getattr(args, "progress", "auto")
+    return mode == "bar" or (mode == "auto" and sys.stdout.isatty())
+
+
+def _progress_callbacks(bar: bool) -> list:
+    from workbench.train.progress_bar import ProgressBar
+
+    return [ProgressBar()] if bar else []
+
+
+def _print_summary(run_path: str) -> None:
+    """The run's summary (workbench.train.run_summary) on stdout; a run directory that cannot be read says so."""
+    from workbench.train.run_summary import summary_lines
+
+    try:
+        lines = summary_lines(run_path)
+    except (OSError, ValueError) as err:
+        lines = [f"run directory {run_path}: cannot read its summary ({err})"]
+    print("\n".join(lines), flush=True)
 
 
 # -- finetune --------------------------------------------------------------------------------
@@ -83,6 +114,8 @@ def _torchrun_argv(args: argparse.Namespace) -> list[str]:
                         ("--resume-from", args.resume_from)):
         if value is not None:
             argv += [flag, str(value)]
+    if getattr(args, "progress", "auto") != "auto":
+        argv += ["--progress", args.progress]
     return argv
 
 
@@ -120,9 +153,10 @@ def _run_finetune(args: argparse.Namespace) -> int:
     def run() -> None:
         from workbench.train import finetune
 
-        result = finetune(rc)
-        if du.rank() == 0:
-            print(f"run {result['state']}: {result['run_dir']}", flush=True)
+        rank0 = du.rank() == 0
+        result = finetune(rc, callbacks=_progress_callbacks(rank0 and _wants_bar(args)))
+        if rank0:
+            _print_summary(result["run_dir"])
 
     return run_in_launched_group(run, "finetune", config_errors=(ConfigError, BackendError))
 
@@ -136,18 +170,19 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
                    help="processes to run (default: all local GPUs, else 2 CPU ranks over gloo)")
 
 
-def _demo_rank(config_dict: dict) -> None:
-    """What each spawned demo rank runs."""
+def _demo_rank(payload: dict) -> None:
+    """What each spawned demo rank runs: {"config": RunConfig dict, "bar": rank 0 draws a progress bar}."""
     from workbench.config import RunConfig
+    from workbench.parallel import dist_utils as du
     from workbench.train import finetune
 
-    finetune(RunConfig.from_dict(config_dict))
+    finetune(RunConfig.from_dict(payload["config"]), callbacks=_progress_callbacks(payload["bar"] and du.rank() == 0))
 
 
 def _run_demo(args: argparse.Namespace) -> int:
     import torch
     from workbench.config import RunConfig
-    from workbench.train.run_dir import default_runs_dir, new_run_id
+    from workbench.runs.run_dir import default_runs_dir, new_run_id
 
     world = args.ranks or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
     if world < 1:
@@ -162,16 +197,16 @@ def _run_demo(args: argparse.Namespace) -> int:
     from workbench.parallel.launch import spawn
 
     run_path = os.path.join(runs_dir, rc.run_id)
-    if spawn("workbench.cli:_demo_rank", rc.to_dict(), world, "demo",
+    if spawn("workbench.cli:_demo_rank", {"config": rc.to_dict(), "bar": _wants_bar(args)}, world, "demo",
              on_failure=lambda exits: _record_rank_failure(run_path, exits)):
         return 1
-    print(f"workbench demo: done; run directory {run_path}", flush=True)
+    _print_summary(run_path)
     return 0
 
 
 def _record_rank_failure(run_path: str, exits: list) -> None:
     """The launcher saw ranks fail: make status.json say which and how (a killed rank 0 cannot)."""
-    from workbench.train.run_dir import RunDir
+    from workbench.runs.run_dir import RunDir
 
     if not os.path.isfile(os.path.join(run_path, "status.json")):
         return  # the run never got a directory; the ranks' errors are on stderr
@@ -195,7 +230,8 @@ def _runs_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_runs(args: argparse.Namespace) -> int:
-    from workbench.train.run_dir import default_runs_dir, list_runs
+    from workbench.runs.run_dir import default_runs_dir, list_runs
+    from workbench.train.run_summary import mesh_label
 
     runs_dir = args.runs_dir or str(default_runs_dir())
     if not os.path.isdir(os.path.expanduser(runs_dir)):
@@ -205,18 +241,94 @@ def _run_runs(args: argparse.Namespace) -> int:
     if not runs:
         print(f"no runs in {runs_dir}")
         return 0
-    print(f"{'RUN':<24} {'STATE':<10} {'STEP':>11} {'LOSS':>8}  DETAIL")
+    rows = [("RUN", "MODEL", "MESH", "STATE", "STEP", "TOK/S/GPU", "LOSS", "DETAIL")]
     for r in runs:
         if not r.get("readable"):
-            print(f"{r['id']:<24} {'unreadable':<10} {'':>11} {'':>8}  {r.get('error', '')}")
+            rows.append((r["id"], "", "", "unreadable", "", "", "", r.get("error", "")))
             continue
         status = r.get("status") or {}
         step = "" if r.get("step") is None else f"{r['step']}/{r.get('total_steps') or '?'}"
         loss = "" if not isinstance(r.get("loss"), (int, float)) else f"{r['loss']:.4f}"
+        speed = r.get("tokens_per_s_per_gpu")
+        speed = f"{speed:,.0f}" if isinstance(speed, (int, float)) else ""
         error = str(status.get("error") or "").strip() if r["state"] in ("failed", "died") else ""
         detail = error.splitlines()[-1] if error else ""  # the last line of a traceback says what
-        print(f"{r['id']:<24} {r['state']:<10} {step:>11} {loss:>8}  {detail}")
+        rows.append((r["id"], str(r.get("model") or ""), mesh_label(r.get("mesh")), r["state"], step, speed, loss,
+                     detail))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    right = {4, 5, 6}  # numbers
+    for row in rows:
+        cells = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
+        print("  ".join([*cells, row[-1]]).rstrip())
     return 0
+
+
+# -- show ------------------------------------------------------------------------------------
+
+
+def _show_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", help="run directory, or a run id in the runs directory")
+    p.add_argument("--runs-dir", help="where a run id is looked up (default: $WORKBENCH_RUNS_DIR or "
+                                      "~/moe-workbench/runs)")
+    p.add_argument("--png", metavar="FILE", help="also write the live plots (throughput, TFLOP/s, memory per "
+                                                 "rank, loss, expert load) to FILE as a PNG (needs matplotlib)")
+
+
+def _run_show(args: argparse.Namespace) -> int:
+    from workbench.runs.run_dir import RunDir, default_runs_dir
+    from workbench.train.run_summary import summary_lines, terminal_plots
+
+    path = os.path.expanduser(args.run)
+    if not os.path.isdir(path):
+        path = os.path.join(os.path.expanduser(args.runs_dir or str(default_runs_dir())), args.run)
+    if not os.path.isdir(path):
+        print(f"workbench show: no run {args.run!r}: neither a directory nor a run id in "
+              f"{args.runs_dir or default_runs_dir()} (workbench runs lists them)", file=sys.stderr)
+        return 2
+    try:
+        lines = summary_lines(path)
+        records = RunDir(path).read_metrics()
+    except (OSError, ValueError) as err:
+        print(f"workbench show: cannot read run {path}: {err}", file=sys.stderr)
+        return 2
+    plots = terminal_plots(records)
+    print("\n".join([*lines, *(["  per step:"] + plots if plots else [])]), flush=True)
+    if args.png:
+        return _write_png(records, args.png)
+    return 0
+
+
+def _write_png(records: list, png: str) -> int:
+    """The Studio's live plots of `records` as a PNG (workbench.ui.png, drawn with matplotlib)."""
+    import importlib.util
+    from pathlib import Path
+
+    if importlib.util.find_spec("matplotlib") is None:
+        print("workbench show: --png needs matplotlib: pip install matplotlib (or pip install -e '.[lab]')",
+              file=sys.stderr)
+        return 2
+    from workbench.ui.png import save_live_png
+    from workbench.ui.series import live_series
+
+    # No plotly figure: the matplotlib drawing of the same series (what a headless node can draw)
+    path = save_live_png(None, live_series(records), Path(png).expanduser())
+    print(f"  plots         {path}", flush=True)
+    return 0
+
+
+# -- bench -----------------------------------------------------------------------------------
+
+
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    from workbench.bench import cli as bench_cli  # its choices come from the backends (torch)
+
+    bench_cli.add_arguments(p)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from workbench.bench import cli as bench_cli
+
+    return bench_cli.run(args)
 
 
 SUBCOMMANDS: tuple[Subcommand, ...] = (
@@ -224,26 +336,41 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
                _finetune_args, _run_finetune),
     Subcommand("demo", "fine-tune the embedded tiny MoE on 2 CPU ranks or all local GPUs",
                _demo_args, _run_demo),
-    Subcommand("runs", "list the runs in a runs directory with their state (running, completed, failed, died)",
+    Subcommand("runs", "list the runs in a runs directory: model, mesh, state (running, completed, failed, died), "
+                       "step, tokens/s per GPU, loss",
                _runs_args, _run_runs),
+    Subcommand("show", "one run's summary and its figures per step in the terminal (--png FILE: its plots)",
+               _show_args, _run_show),
     Subcommand("bench", "Transformers v5 anchor vs the engine, timed in one launch (see benchmarks/)",
-               bench_cli.add_arguments, bench_cli.run),
+               _bench_args, _run_bench),
 )
 
 
-def build_parser(subcommands: tuple[Subcommand, ...] = SUBCOMMANDS) -> argparse.ArgumentParser:
+def _chosen(argv: list[str], subcommands: tuple[Subcommand, ...]) -> str | None:
+    """The subcommand `argv` names (the top level takes no option but --help), or None."""
+    names = {cmd.name for cmd in subcommands}
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first if first in names else None
+
+
+def build_parser(subcommands: tuple[Subcommand, ...] = SUBCOMMANDS,
+                 argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; given `argv`, only the subcommand it names gets its arguments (and their imports)."""
     parser = argparse.ArgumentParser(prog="workbench", description="MoE Workbench: fine-tune MoE LLMs")
     sub = parser.add_subparsers(dest="command", required=True)
+    chosen = None if argv is None else _chosen(argv, subcommands)
     for cmd in subcommands:
         p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
-        cmd.add_arguments(p)
+        if argv is None or cmd.name == chosen:
+            cmd.add_arguments(p)
         p.set_defaults(_run=cmd.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `workbench` console script."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv=argv).parse_args(argv)
     return int(args._run(args) or 0)
 
 

@@ -1,4 +1,4 @@
-"""The backend error and install hints: a leaf module, so kernels can raise them without importing the config."""
+"""The workbench's error classes and install hints: a leaf module, so any package can raise them without cycles."""
 
 from __future__ import annotations
 
@@ -14,3 +14,7 @@ INSTALL_HINT: dict[str, str] = {
 
 class BackendError(ValueError):
     """A backend name that is unknown, uninstalled or unsupported on the device."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded or resumed: missing, damaged, crafted, or of another shape."""

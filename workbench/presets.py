@@ -53,7 +53,7 @@ def _tiny() -> dict[str, Any]:
 
 
 def _qwen3_30b_a3b() -> dict[str, Any]:
-    # The benchmark model of facts.md.
+    # The benchmark model (benchmarks/NOTES.md).
     return dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
                 moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
                 num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,

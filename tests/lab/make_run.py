@@ -1,7 +1,9 @@
-"""A real run directory for the lab tests, written by a real `workbench demo` (2 CPU ranks).
+"""A real run directory for the lab tests, written by a real `workbench finetune` (2 CPU ranks).
 
-`make_run_dir(tmp_path)` copies one session-wide demo run into tmp_path/runs; `python make_run.py
-<runs_dir>` runs the demo into <runs_dir> and prints the run id (extensions/ci.sh uses it).
+The run is the demo config (tiny model) with a name and eval on (data.eval_every=1 over held-out
+rows of the shipped SFT data), so its metrics hold eval_loss / eval_accuracy for the run view.
+`make_run_dir(tmp_path)` copies one session-wide run into tmp_path/runs; `python make_run.py
+<runs_dir>` runs it into <runs_dir> and prints the run id (extensions/ci.sh uses it).
 """
 
 from __future__ import annotations
@@ -16,15 +18,34 @@ from functools import lru_cache
 from pathlib import Path
 
 RUN_ID = "demo-run"
+RUN_NAME = "lab test · eval on"
+
+
+def _prompt_completion_rows(folder: Path) -> Path:
+    """The shipped SFT data's prompt/response rows as a prompt/completion JSONL file (for data.kind=datasets)."""
+    from workbench.config import TINY_SFT_PATH
+
+    rows = [json.loads(line) for line in TINY_SFT_PATH.read_text().splitlines() if line.strip()]
+    path = folder / "rows.jsonl"
+    path.write_text("".join(json.dumps({"prompt": r["prompt"], "completion": r["response"]}) + "\n"
+                            for r in rows if "prompt" in r))
+    return path
 
 
 def run_demo(runs_dir: Path, steps: int = 3, run_id: str = RUN_ID) -> str:
-    """`workbench demo` into runs_dir; returns the run id."""
-    cmd = [sys.executable, "-m", "workbench.cli", "demo", "--steps", str(steps), "--ranks", "2",
+    """`workbench finetune` of the demo config, named, with eval, on 2 ranks into runs_dir; returns the run id."""
+    from workbench.config import RunConfig
+
+    data_dir = Path(tempfile.mkdtemp(prefix="mwb-lab-data-"))
+    config = RunConfig.demo(name=RUN_NAME, train__steps=steps, train__save_final_checkpoint=False,
+                            data__kind="datasets", data__data_files=str(_prompt_completion_rows(data_dir)),
+                            data__eval_fraction=0.1, data__eval_every=1, data__cache_dir=str(data_dir / "cache"))
+    config.to_yaml(data_dir / "run.yaml")
+    cmd = [sys.executable, "-m", "workbench.cli", "finetune", str(data_dir / "run.yaml"), "--nproc-per-node", "2",
            "--output-dir", str(runs_dir), "--run-id", run_id]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ})
     if done.returncode != 0:
-        raise RuntimeError(f"workbench demo failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        raise RuntimeError(f"workbench finetune failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     return run_id
 
 

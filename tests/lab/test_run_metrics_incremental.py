@@ -13,8 +13,8 @@ import shutil
 import pytest
 import tornado.httpclient
 
-from workbench.train.run_dir import RunDir
-from workbench.train.run_index import SERIES_FIELDS, IndexLimits, RunIndex
+from workbench.runs.run_dir import RunDir
+from workbench.runs.run_index import SERIES_FIELDS, IndexLimits, RunIndex
 
 from make_run import append_records, append_text, trainer_records  # noqa: E402  (on sys.path: conftest)
 

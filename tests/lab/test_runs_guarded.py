@@ -12,8 +12,8 @@ import shutil
 
 import pytest
 
-from workbench.train.run_dir import RunDir
-from workbench.train.run_index import IndexLimits, RunIndex
+from workbench.runs.run_dir import RunDir
+from workbench.runs.run_index import IndexLimits, RunIndex
 
 from make_run import append_records as _append  # noqa: E402  (tests/lab is on sys.path: conftest)
 from make_run import append_text as _append_raw

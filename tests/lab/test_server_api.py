@@ -8,11 +8,13 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import tornado.httpclient
 
-from workbench.train.run_dir import RunDir
+from make_run import RUN_NAME
+from workbench.runs.run_dir import RunDir
 
 pytest.importorskip("moe_workbench_lab", reason="install it: pip install -e extensions/moe_workbench_lab")
 from moe_workbench_lab.handlers import SETTINGS_KEY  # noqa: E402
@@ -58,11 +60,26 @@ async def test_gpus_answer_matches_nvml(jp_fetch):
     assert len(answer["gpus"]) == count
     if count == 0:
         assert answer["available"] is False
-        assert answer["reason"]  # says why, e.g. NVML could not start
+        assert answer["reason"]  # says why, in plain words
     else:
         gpu = answer["gpus"][0]
         assert gpu["index"] == 0 and gpu["name"]
         assert 0 < gpu["memory_used_bytes"] <= gpu["memory_total_bytes"]
+
+
+async def test_no_nvidia_library_is_said_in_plain_words(jp_fetch):
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound as err:
+        raw = str(err)
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has NVIDIA's driver library")
+    answer = await _get_json(jp_fetch, "gpus")
+    # The sidebar shows `reason`; NVML's own words ("NVML Shared Library Not Found") only as the detail.
+    assert answer["reason"] == "No NVIDIA GPU on this machine"
+    assert raw in answer["detail"] and "NVML" not in answer["reason"]
 
 
 async def test_runs_reflect_run_directory(jp_fetch, served_run, jp_serverapp, monkeypatch):
@@ -82,6 +99,7 @@ async def test_runs_reflect_run_directory(jp_fetch, served_run, jp_serverapp, mo
         assert answer["runs_dir"] == str(runs_dir) and answer["exists"] is True
         [summary] = answer["runs"]
         assert summary["id"] == run_id and summary["readable"] is True
+        assert summary["name"] == run.read_config()["name"] == RUN_NAME  # RunConfig.name, given at launch
         assert summary["state"] == run.read_status()["state"]
         assert summary["model"] == run.read_config()["model"]["preset"]
         assert summary["mesh"] == run.read_config()["resolved_mesh"] == {"dp": 2, "ep": 2, "cp": 1, "tp": 1}
@@ -114,6 +132,34 @@ async def test_metrics_series(jp_fetch, served_run):
     assert info.value.code == 404
 
 
+async def test_metrics_serve_eval_loss_and_accuracy(jp_fetch, served_run):
+    runs_dir, run_id = served_run
+    records = RunDir.open(runs_dir / run_id).read_metrics()
+    evals = [r for r in records if r["rank"] == 0 and "eval_loss" in r]
+    assert len(evals) == 3  # data.eval_every=1 over 3 steps: the run view's dashed series
+    answer = await _get_json(jp_fetch, "runs", run_id, "metrics", rank="0", fields="step,eval_loss,eval_accuracy")
+    assert [r for r in answer["records"] if "eval_loss" in r] == [
+        {"step": r["step"], "eval_loss": pytest.approx(r["eval_loss"]),
+         "eval_accuracy": pytest.approx(r["eval_accuracy"])} for r in evals]
+    default = await _get_json(jp_fetch, "runs", run_id, "metrics")  # the fields the run view asks for
+    assert sum("eval_loss" in r for r in default["records"]) == sum("eval_loss" in r for r in records)
+
+
+async def test_plotly_bundle_is_served_for_the_slim_figures_loader(jp_fetch):
+    plotly = pytest.importorskip("plotly")
+    from workbench.ui.slim_figure import BUNDLE_ROUTE, loader_esm
+
+    route = BUNDLE_ROUTE.format(version=plotly.__version__)
+    assert route in loader_esm()
+    # Public like JupyterLab's static files: the page's import() must load it without the token.
+    response = await jp_fetch(*route.split("/"), headers={"Authorization": ""})
+    bundle = (Path(plotly.__file__).parent / "package_data" / "widgetbundle.js").read_bytes()
+    assert response.body == bundle and response.headers["Content-Type"].startswith("text/javascript")
+    with pytest.raises(tornado.httpclient.HTTPClientError) as info:  # another plotly's script: not this one
+        await jp_fetch("moe-workbench", "plotly", "0.0.1", "widgetbundle.js")
+    assert info.value.code == 404
+
+
 async def test_corrupt_and_half_written_runs_are_unreadable_not_500(jp_fetch, served_run):
     runs_dir, run_id = served_run
     corrupt = runs_dir / "00-corrupt"
@@ -136,7 +182,7 @@ async def test_corrupt_and_half_written_runs_are_unreadable_not_500(jp_fetch, se
 async def test_a_running_run_whose_process_is_gone_reads_as_died(jp_fetch, served_run):
     runs_dir, run_id = served_run
     # A process records itself as the run's owner, then vanishes without recording an end (SIGKILL).
-    code = ("import os, signal, sys; from workbench.train.run_dir import RunDir; "
+    code = ("import os, signal, sys; from workbench.runs.run_dir import RunDir; "
             "RunDir.open(sys.argv[1]).write_status('running', step=2); os.kill(os.getpid(), signal.SIGKILL)")
     done = subprocess.run([sys.executable, "-c", code, str(runs_dir / run_id)], timeout=60)
     assert done.returncode == -signal.SIGKILL

@@ -7,9 +7,9 @@ import copy
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from workbench.bench.config import VariantSpec
+from workbench.parallel import dist_utils as du
 
 CUDNN_REASON = "torch's cuDNN SDPA backend needs an NVIDIA GPU"
 # Flags of Transformers' PreTrainedModel saying whether a family runs an attention implementation.
@@ -56,14 +56,13 @@ def build_hf_model(hf_config, seed: int, device: torch.device, dtype: torch.dtyp
 
 def save_init_checkpoint(hf_config, seed: int, device: torch.device, dtype: torch.dtype, out_dir: Path) -> None:
     """Rank 0 writes the seeded initial weights with save_pretrained; every rank waits for it."""
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    if du.rank() == 0:
         model = build_hf_model(hf_config, seed, device, dtype, attn_implementation=CHECKPOINT_ATTENTION)
         model.save_pretrained(out_dir)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    if dist.is_initialized():
-        dist.barrier()
+    du.barrier()
 
 
 def _sdpa_context(backend: str | None) -> contextlib.AbstractContextManager:
@@ -91,7 +90,7 @@ def build_anchor(spec: VariantSpec, hf_config, seed: int, device: torch.device, 
         from workbench.bench.liger import liger_patched
 
         setup.update(stack.enter_context(liger_patched(model)))  # before sharding: it patches modules in place
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    world = du.world_size()
     if world > 1:
         from workbench.models.mesh_build import shard_without_engine
         from workbench.parallel.mesh import MeshConfig

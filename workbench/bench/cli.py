@@ -100,14 +100,10 @@ def launch(cfg, ranks: int) -> int:
 
     if torch.cuda.is_available() and ranks > torch.cuda.device_count():
         raise ConfigError(f"--ranks {ranks} but only {torch.cuda.device_count()} GPU(s) are visible")
-    if cfg.mesh is not None:
-        from workbench.params import num_experts
-        from workbench.parallel.mesh import MeshError
+    if cfg.mesh is not None:  # the ranks' own check (bench_mesh), before any rank is spawned
+        from workbench.bench.runner import bench_mesh
 
-        try:
-            cfg.mesh.validate(ranks, num_experts(cfg.hf_config()))
-        except MeshError as err:
-            raise ConfigError(f"bench mesh does not fit: {err}") from err
+        bench_mesh(cfg, ranks, cfg.hf_config())
     from workbench.parallel.launch import spawn
 
     return spawn("workbench.bench.cli:_bench_rank", cfg.to_dict(), ranks, "bench")

@@ -107,7 +107,7 @@ DEFAULT_VARIANTS = ("anchor", "anchor_liger", "engine", "engine_balanced", "engi
 
 def default_out_dir() -> str:
     """`<runs directory>/bench`: results land with the runs, not in whatever folder is current."""
-    from workbench.train.run_dir import default_runs_dir
+    from workbench.runs.run_dir import default_runs_dir
 
     return str(default_runs_dir() / "bench")
 

@@ -4,19 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.params import param_counts as count_params
+from workbench.params import param_counts
 from workbench.train.metrics import GIB, flops_per_token
 
-# Measured on the project's H200 (shared/facts.md): bf16 dense matmul and grouped expert GEMM.
+# Measured on the project's H200 (benchmarks/NOTES.md): bf16 dense matmul and grouped expert GEMM.
 H200_MATMUL_TFLOPS = 794.0
 H200_GROUPED_MM_TFLOPS = 536.0
 H200_COPY_TBPS = 4.25
-
-
-def param_counts(cfg: Any) -> dict[str, int]:
-    """Parameters of a config (any family, workbench.params): total, experts, dense, active per token."""
-    counts = count_params(cfg)
-    return {"total": counts.total, "experts": counts.experts, "dense": counts.dense, "active_per_token": counts.active}
 
 
 def step_floor(cfg: Any, seq: int, batch: int, world: int, matmul_tflops: float = H200_MATMUL_TFLOPS,
@@ -24,7 +18,7 @@ def step_floor(cfg: Any, seq: int, batch: int, world: int, matmul_tflops: float 
     """Per-GPU FLOP floor of one step and the resident bytes for bf16 weights + AdamW states."""
     tokens = batch * seq
     per_token = flops_per_token(cfg, seq)
-    counts = count_params(cfg)
+    counts = param_counts(cfg)
     expert_per_token = 6 * counts.moe_layers * counts.top_k * counts.expert_matmul  # the grouped GEMMs' share
     flops = tokens * per_token
     expert_flops = tokens * expert_per_token

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import torch
 
-INSTALL_HINT = "pip install liger-kernel"
+from workbench.errors import INSTALL_HINT
 # Module namespaces the apply functions write to (the model's modeling module; the loss utilities).
 _PATCHED_PREFIX = "transformers."
 _MISSING = object()
@@ -25,7 +25,7 @@ def liger_refusal(hf_config: Any) -> str | None:
     try:
         from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
     except ImportError as err:
-        return f"liger-kernel is not installed ({err}): {INSTALL_HINT}"
+        return f"liger-kernel is not installed ({err}): {INSTALL_HINT['liger']}"
     except Exception as err:  # noqa: BLE001 - e.g. a liger-kernel built for another Transformers: a skip, not a crash
         return f"liger-kernel does not import with this Transformers ({type(err).__name__}: {err})"
     model_type = getattr(hf_config, "model_type", None)

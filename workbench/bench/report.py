@@ -119,9 +119,9 @@ def comparisons(rows: list[dict[str, Any]], world: int, layers: int, seq: int, b
     out = []
     for engine in (r for r in ok if r["kind"] == "engine"):
         for anchor in anchors:
-            # the Trainer's global loss (CE + coef x aux) per step; on several ranks the anchor's aux loss
-            # is a per-rank mean and the engine's a global-batch statistic (aux_loss_group), so only
-            # the CE parts are equal there
+            # the Trainer's global loss (CE + coef x aux) per step; the Trainer computes the aux loss of
+            # either model as a global-batch statistic (models/router_aux.forward_loss_parts), so
+            # on several ranks too both parts compare
             n = min(len(anchor["loss"]), len(engine["loss"]))
             diffs = [abs(a - b) for a, b in zip(anchor["loss"][:n], engine["loss"][:n])]
             fa, fe = anchor.get("init_fingerprint"), engine.get("init_fingerprint")

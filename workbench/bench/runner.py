@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import os
 import shutil
-import socket
 import tempfile
 import time
 import traceback
@@ -16,10 +15,10 @@ import torch
 import torch.distributed as dist
 
 from workbench.bench.config import VARIANTS, BenchConfig, VariantSpec
-from workbench.config import ConfigError
-from workbench.params import num_experts
 from workbench.parallel import dist_utils as du
+from workbench.parallel.launch import free_port
 from workbench.train.metrics import flops_per_token, tflops_per_gpu
+from workbench.train.model_setup import model_dtype, resolve_mesh
 
 
 def _ensure_group() -> bool:
@@ -28,32 +27,17 @@ def _ensure_group() -> bool:
         return False
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return du.init_from_env()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     return True
 
 
-def _dtype(cfg: BenchConfig, device: torch.device) -> torch.dtype:
-    if cfg.dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, cfg.dtype)
+def bench_mesh(cfg: BenchConfig, world: int, hf_config):
+    """The engine variants' mesh: the trainer's rule (train/model_setup.resolve_mesh), dp=ep=1 for one rank."""
+    from workbench.parallel.mesh import MeshConfig
 
-
-def resolve_mesh(cfg: BenchConfig, world: int, num_experts: int):
-    """The engine's mesh: the configured one checked against the world, else dp=world, ep=world."""
-    from workbench.parallel.mesh import MeshConfig, MeshError
-
-    mesh = cfg.mesh
-    if mesh is None:
-        mesh = MeshConfig(dp=world, ep=world if num_experts % world == 0 else 1)
-    try:
-        mesh.validate(world, num_experts)
-    except MeshError as err:
-        raise ConfigError(f"bench mesh does not fit: {err}") from err
-    return mesh
+    return resolve_mesh(cfg.mesh, world, hf_config) or MeshConfig(dp=1, ep=1)
 
 
 def cpu_threads(local_world: int) -> int:
@@ -106,7 +90,7 @@ def _skip_reason(spec: VariantSpec, cfg: BenchConfig, hf_config, mesh, device: t
             return liger_refusal(hf_config)
     if spec.kind == "engine" and spec.backend:
         from workbench.backends import BackendError
-        from workbench.bench.engine import variant_backend
+        from workbench.bench.variant_backend import variant_backend
 
         try:
             variant_backend(spec, cfg.backend).resolve(device, world_size=mesh.ep)
@@ -201,9 +185,9 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     try:
         world, rank = du.world_size(), du.rank()
         threads_before = _set_cpu_threads(device, world)
-        mesh = resolve_mesh(cfg, world, num_experts(hf_config))  # bad input fails before heavy work
+        mesh = bench_mesh(cfg, world, hf_config)  # bad input fails before heavy work
         cfg.backend.resolve(device, world_size=mesh.ep)
-        dtype = _dtype(cfg, device)
+        dtype = model_dtype(cfg, device)
         started = time.time()
         # The shared initial checkpoint (engine variants) and the Trainer's run directories
         tmp = _shared_tmpdir(os.environ.get("WORKBENCH_BENCH_TMP"))

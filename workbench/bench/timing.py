@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workbench.parallel.dist_utils import collective_device
+from workbench.parallel.dist_utils import collective_device, rank
 
 PHASES = ("step_time_s", "forward_s", "backward_s", "optimizer_s")
 
@@ -55,7 +55,7 @@ def combine_rounds(rounds: list[list[dict[str, Any]]], warmup: int, world: int) 
     cdev = collective_device()
     times = torch.tensor([[float(r[k]) for k in PHASES] for t in timed for r in t], dtype=torch.float64, device=cdev)
     peaks = torch.zeros(world, dtype=torch.float64, device=cdev)
-    peaks[dist.get_rank() if dist.is_initialized() else 0] = max(_peak(r) for t in timed for r in t)
+    peaks[rank()] = max(_peak(r) for t in timed for r in t)
     if dist.is_initialized() and world > 1:
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
         dist.all_reduce(peaks)

@@ -24,7 +24,7 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 def run_config(name: str, spec: VariantSpec, cfg: BenchConfig, *, checkpoint: Path | None, runs_dir: Path,
                world: int, dtype: torch.dtype, steps: int, round_index: int) -> RunConfig:
     """The RunConfig a variant's round trains with: synthetic data, clip 1.0 and the default schedule."""
-    from workbench.bench.engine import variant_backend
+    from workbench.bench.variant_backend import variant_backend
     from workbench.parallel.mesh import MeshConfig
 
     if spec.kind == "engine":

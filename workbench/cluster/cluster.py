@@ -12,10 +12,11 @@ import psutil
 
 from workbench.cluster import engine as engine_code
 from workbench.cluster import files as ipp_files
-from workbench.train.liveness import pid_alive
+from workbench.parallel.launch import free_port
+from workbench.runs.liveness import pid_alive
 
-# Our launcher names -> ipyparallel's engine launcher names (its entry points).
-LAUNCHERS = {"local": "local", "mpi": "mpi", "slurm": "slurm", "ssh": "ssh"}
+# The launchers, by ipyparallel's own engine launcher names (its entry points).
+LAUNCHERS = ("local", "mpi", "slurm", "ssh")
 DEFAULT_CPU_RANKS = 2
 # Each local engine runs ipyparallel's IPEngine through this script (see engine_main.py: a stop
 # then exits cleanly instead of with tornado's "Event loop stopped" traceback).
@@ -110,7 +111,7 @@ class Cluster:
         if self._ipp is not None:
             raise ClusterError("cluster is already started; call stop() or restart()")
         t0 = time.perf_counter()
-        kwargs = dict(log_level=40, delay=0, engines=LAUNCHERS[self.launcher])
+        kwargs = dict(log_level=40, delay=0, engines=self.launcher)
         kwargs.update(self._ipp_kwargs)
         controller_args = list(kwargs.pop("controller_args", []))
         if not any(a.startswith("--HeartMonitor.period") for a in controller_args):
@@ -152,7 +153,7 @@ class Cluster:
             self._ipp.start_engines_sync(n=self.world_size, environment=common,
                                          engine_args=[prewarm])
             return
-        self.master_port = engine_code.free_port()
+        self.master_port = free_port("")
         for rank, gpu in enumerate(self.gpus):
             env = dict(common, RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR=self.master_addr,
                        MASTER_PORT=str(self.master_port))
@@ -182,7 +183,7 @@ class Cluster:
         ready = self._get(self.view.apply_async(engine_code.process_group_ready))
         if not all(ready):
             if self.launcher == "local" and self.master_addr == "127.0.0.1":
-                self.master_port = engine_code.free_port()
+                self.master_port = free_port("")
             else:
                 self.master_port = None
             self._init_process_group()
@@ -190,9 +191,11 @@ class Cluster:
     def _init_process_group(self) -> None:
         hosts = {f["hostname"] for f in self._rank_facts.values()}
         if self.launcher != "local" or self.master_port is None:
+            from ipyparallel import interactive  # ships free_port by value: the engine imports no workbench
+
             rank0 = self.client[self._engine_of_rank[0]]
             self.master_addr = "127.0.0.1" if len(hosts) == 1 else self._rank_facts[0]["address"]
-            self.master_port = rank0.apply_sync(engine_code.free_port)
+            self.master_port = rank0.apply_sync(interactive(free_port), "")
         results = []
         for rank in range(self.world_size):
             local_rank = self._rank_facts[rank]["local_rank"]

@@ -53,16 +53,6 @@ def launcher_rank() -> dict:
 
 
 @_standalone
-def free_port() -> int:
-    """A TCP port that is free on this host right now (for MASTER_PORT)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
-@_standalone
 def init_process_group(rank: int, world_size: int, local_rank: int, master_addr: str,
                        master_port: int, backend: str, timeout_s: float = 120.0) -> dict:
     """Set the torchrun-style environment on this engine and join the process group."""

@@ -12,7 +12,7 @@ import os
 import threading
 from typing import Iterator
 
-from workbench.train.run_index import parse_record
+from workbench.runs.run_index import parse_record
 
 LOAD_KEY = "expert_load"
 

@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterator
 
 from workbench.cluster import engine as engine_code
 from workbench.cluster.records import GapFiller, RecordStore
-from workbench.train.liveness import DIED, pid_alive
-from workbench.train.run_dir import RunDir, default_runs_dir, new_run_id
+from workbench.runs.liveness import DIED, pid_alive
+from workbench.runs.run_dir import RunDir, default_runs_dir, new_run_id
 
 TERMINAL_STATES = frozenset({"completed", "failed", "stopped"})
 # A reopened run also ends when its owner is gone without recording an end (liveness).
@@ -360,10 +360,7 @@ class Run:
                 self._state = "stopping"
         if wait:
             remaining = max(0.0, deadline - time.monotonic()) if timeout is not None else None
-            try:
-                return self.wait(remaining)
-            except RankError:
-                raise
+            return self.wait(remaining)
         return self.status
 
     def on_metrics(self, fn: Callable[[list[dict]], None]) -> Callable[[], None]:
@@ -406,7 +403,7 @@ class Run:
     def progress(self):
         """An ipywidgets progress bar with step, seconds per step and ETA (created on first use)."""
         if self._progress is None:
-            from workbench.cluster.progress import RunProgress
+            from workbench.ui.progress import RunProgress  # the notebook's widget: UI, imported on first use
 
             self._progress = RunProgress(self)
         return self._progress.widget

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 
 from workbench.kernels.mm_fp32 import mm_fp32
 
+# Shape suffixes: N tokens (batch x sequence), D hidden, V vocab, C one chunk of tokens.
+
 # Budget for one chunk's logits; sets the default chunk size from the vocab size and logit width.
 LOGITS_CHUNK_BYTES = 512 * 2**20
 

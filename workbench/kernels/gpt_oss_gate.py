@@ -14,6 +14,8 @@ from typing import Callable, Mapping, NamedTuple
 import torch
 import torch.nn.functional as F
 
+# Shape suffixes: N routed rows, E experts, I intermediate (2I: gate and up interleaved), C columns.
+
 
 class Segments(NamedTuple):
     """Which expert each expert-major row belongs to."""

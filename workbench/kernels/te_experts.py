@@ -20,6 +20,8 @@ import torch
 
 from workbench.kernels import te_common
 
+# Shape suffixes: E experts, N routed rows, K in features, M out features.
+
 # FP8 GEMMs need every expert's row count to be a multiple of this (TE pads with Fp8Padding).
 FP8_ROW_ALIGN = 16
 

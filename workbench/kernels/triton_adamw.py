@@ -40,7 +40,7 @@ from workbench.kernels.adamw import SRKeys, kernel_supports
 # 8 elements per thread, one 16-byte load per bf16 tensor. The square root and the two divisions
 # are IEEE-rounded instruction sequences, not single instructions: small programs keep enough
 # loads in flight around them. On H200 over the L8 model's tensors (benchmarks/adamw_sweep.py):
-# 4.19 TB/s vs 3.68 at 4096 x 8 warps; in the training step 30.3 -> 22.4 ms (NOTES item 12).
+# 4.19 TB/s vs 3.68 at 4096 x 8 warps; in the training step 30.3 -> 22.4 ms (benchmarks/NOTES.md item 12).
 BLOCK = 1024
 NUM_WARPS = 4
 
@@ -109,11 +109,15 @@ def _adamw_kernel(P, G, M, V, OUT, SKIP, COEF, n_elements, beta1_bits, omb1_bits
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_elements
     if HAS_SKIP:  # torch's found_inf: a nonzero flag stores nothing (read here, not on the host)
-        mask = mask & (tl.load(SKIP + offs * 0) == 0.0)  # one flag, broadcast (a cached load)
+        # A scalar test, not a mask term: a flag loaded per element (SKIP + offs * 0) made the mask
+        # data-dependent, so loads and stores went one element at a time (63 ms vs 19 ms over the L8
+        # model's tensors on the H200, benchmarks/adamw_modes.py)
+        if tl.load(SKIP) != 0.0:
+            return
     p = tl.load(P + offs, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_COEF:  # gradient clipping's coefficient, in float32: saves a read and a write of every gradient
-        g = g * tl.load(COEF + offs * 0)
+        g = g * tl.load(COEF)
     m = tl.load(M + offs, mask=mask, other=0.0).to(tl.float32)
     v = tl.load(V + offs, mask=mask, other=0.0).to(tl.float32)
     beta1, omb1 = _f64(beta1_bits), _f64(omb1_bits)

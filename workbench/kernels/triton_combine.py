@@ -21,6 +21,8 @@ import triton.language as tl
 
 from workbench.kernels._triton_util import check_triton_device
 
+# Shape suffixes: T tokens, D hidden, K top-k, N routed rows.
+
 BLOCK_D = 512
 
 

@@ -16,6 +16,8 @@ import triton.language as tl
 
 from workbench.kernels._triton_util import check_triton_device
 
+# Shape suffixes: C one chunk of tokens, V vocab.
+
 BLOCK_V = 4096
 
 

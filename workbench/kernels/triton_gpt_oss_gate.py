@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+# Shape suffixes: N routed rows, E experts, I intermediate (2I: gate and up interleaved), C columns.
+
 BLOCK_M = 32     # rows per tile (also the partial-sum granularity)
 BLOCK_I = 64     # output columns per tile: 2 * BLOCK_I input columns (gate/up interleaved)
 BLOCK_C = 128    # columns per program of the plain row-bias kernels

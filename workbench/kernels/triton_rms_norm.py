@@ -12,6 +12,8 @@ import triton.language as tl
 
 from workbench.kernels._triton_util import check_triton_device, num_programs_for
 
+# Shape suffixes: M rows, N the normalized width.
+
 MAX_FUSED_WIDTH = 65536  # one row per program must fit on chip
 
 

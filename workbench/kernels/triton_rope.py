@@ -15,6 +15,8 @@ import triton.language as tl
 
 from workbench.kernels._triton_util import check_triton_device
 
+# Shape suffixes: B batch, H heads, S sequence, D head dim.
+
 
 @triton.jit
 def _rope_kernel(X, COS, SIN, OUT, S, H,

@@ -12,6 +12,8 @@ import triton.language as tl
 
 from workbench.kernels._triton_util import check_triton_device
 
+# Shape suffixes: M rows, I intermediate.
+
 BLOCK_I = 1024
 
 

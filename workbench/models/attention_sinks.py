@@ -40,7 +40,7 @@ AUTO_FAMILIES = ("gpt_oss",)
 
 # Which kernel `sink_attention` runs on CUDA. "flash" (torch's flash kernel, varlen form) serves both layer
 # types; "sdpa_extra_dim" (full causal layers of unpacked rows only, through public SDPA with cuDNN first) is
-# expected faster for full layers on Hopper (cuDNN beat flash 2.00 vs 3.55 ms at d128, facts.md) but costs a
+# expected faster for full layers on Hopper (cuDNN 2.00 vs flash 3.55 ms at d128, benchmarks/NOTES.md) but costs a
 # head dim padded 64 -> 72 and rounds the sink logit through bf16 twice. Both are choices to be confirmed by
 # benchmarks/attention_sinks.py on the H200 (fwd+bwd time, peak memory, error vs float32); until then
 # "flash" is the default for both layer types, the one whose numerics are exact by construction.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -10,8 +11,8 @@ import transformers
 
 from workbench.backends import BackendConfig
 from workbench.devices import default_device
+from workbench.errors import CheckpointError
 from workbench.models import generic
-from workbench.models.hf_io import CheckpointError
 from workbench.models.mesh_build import (build_generic_parallel_model, check_mesh_call,
                                          check_mesh_for_model, shard_without_engine)
 from workbench.moe.dispatch import LocalDispatcher
@@ -77,8 +78,13 @@ def _generic_from(config, path, resolved: BackendConfig, mesh, device, hf_kwargs
     if mesh is not None:
         return build_generic_parallel_model(config, resolved, mesh, checkpoint=path, lora=lora, **hf_kwargs)
     seed = hf_kwargs.pop("seed", None)
+    if path is None and seed is not None:
+        return _seeded_generic(config, resolved, device, seed, hf_kwargs, lora)
     if path is None:
-        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+        # On the device it was asked for: its backends were resolved for that device, and a GPU
+        # initializes a 30B-class model in seconds where the CPU takes minutes.
+        where = torch.device(device) if device is not None else contextlib.nullcontext()
+        with torch.random.fork_rng(devices=[], enabled=seed is not None), where:
             if seed is not None:
                 torch.manual_seed(seed)
             model = transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
@@ -107,6 +113,33 @@ def _generic_from(config, path, resolved: BackendConfig, mesh, device, hf_kwargs
         from workbench.models.lora import apply_lora
 
         apply_lora(model, lora, seed or 0)
+    return model
+
+
+def _seeded_generic(config, resolved: BackendConfig, device, seed: int, hf_kwargs: dict, lora=None):
+    """A fresh model on one process, built and seeded as the mesh build does it (models/mesh_build.py).
+
+    Meta build, then models.generic.init_random (seeded per module and per expert) on the device,
+    in float32, then the cast: a seed gives the same weights on 1 rank as on any mesh, so the same
+    run config starts from the same loss whatever the world size (Transformers' own init draws
+    from one sequence, which a sharded build cannot reproduce).
+    """
+    from workbench.moe.bias_update import cast_keeping_router_biases
+
+    dtype = hf_kwargs.pop("dtype", None) or hf_kwargs.pop("torch_dtype", None)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
+    generic.install(model, resolved, lambda n: LocalDispatcher(n, resolved.combine), device=build_device(None, device))
+    # On `device` (the trainer's: where the mesh build would draw too), else the CPU, as Transformers builds
+    model.to_empty(device=torch.device(device) if device is not None else torch.device("cpu"))
+    generic.init_random(model, seed)
+    if lora is not None:
+        from workbench.models.lora import apply_lora
+
+        apply_lora(model, lora, seed)
+    if dtype is not None:
+        cast_keeping_router_biases(model, dtype)
+    model.tie_weights()
     return model
 
 

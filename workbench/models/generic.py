@@ -1,6 +1,6 @@
 """The generic engine path: any Transformers v5 model whose experts are `@use_experts_implementation` modules.
 
-The family's router, shared experts, attention and aux loss stay Transformers'; each experts
+The family's router, shared experts, attention and aux loss formula stay Transformers'; each experts
 module becomes the engine's (workbench.moe.hf_experts) with the same parameter names and fused
 layout, so state dicts and Transformers' own save/load conversions are unchanged.
 """

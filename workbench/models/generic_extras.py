@@ -22,6 +22,9 @@ import logging
 import torch
 from torch import nn
 
+from workbench.models.router_aux import (RouterLogitSink, attach_router_logit_hooks, forward_loss_parts,
+                                         has_standard_aux_loss)
+
 log = logging.getLogger(__name__)
 
 # Config fields that transform logits between lm_head and the loss (their families cannot fuse CE).
@@ -251,59 +254,13 @@ class EngineCausalLM:
         return save_pretrained(self, save_directory, kwargs.get("max_shard_size", "5GB"))
 
 
-class RouterLogitSink:
-    """Where the router hooks put one forward's router logits (None between forwards: nothing is kept)."""
-
-    def __init__(self) -> None:
-        self.logits: list[torch.Tensor] | None = None
-
-
-def _router_logit_specs(model: nn.Module) -> list[tuple[type, int]]:
-    """(module class, output index) that Transformers records as `router_logits` (its `_can_record_outputs`)."""
-    specs = (getattr(model.base_model, "_can_record_outputs", None) or {}).get("router_logits")
-    out = []
-    for spec in specs if isinstance(specs, list) else [specs] if specs is not None else []:
-        if isinstance(spec, type):
-            out.append((spec, 1))  # Transformers' index for a bare class outside hidden_states
-        elif isinstance(getattr(spec, "target_class", None), type) and getattr(spec, "layer_name", None) is None:
-            out.append((spec.target_class, int(spec.index)))
-    return out
-
-
-def _record_router_logits(sink: RouterLogitSink, index: int, module, args, output) -> None:
-    if sink.logits is not None:
-        sink.logits.append(output[index] if isinstance(output, tuple) else output)
-
-
-def attach_router_logit_hooks(model: nn.Module) -> int:
-    """Record each router's logits into `model.workbench_router_sink` while it collects; how many routers.
-
-    The modules are the ones Transformers' own output recording hooks (the same class and output
-    index), so the logits are those its aux loss would read.
-    """
-    sink = RouterLogitSink()
-    specs = _router_logit_specs(model)
-    routers = 0
-    for module in model.base_model.modules():
-        index = next((i for cls, i in specs if isinstance(module, cls)), None)
-        if index is not None:
-            module.register_forward_hook(functools.partial(_record_router_logits, sink, index))
-            routers += 1
-    if not routers:
-        raise RuntimeError(f"model_type {model.config.model_type!r}: no router module found from Transformers' "
-                           f"_can_record_outputs['router_logits'] ({specs}); the shared aux loss needs them")
-    model.workbench_router_sink = sink
-    return routers
-
-
 class EngineCausalLMSharedAux(EngineCausalLM):
-    """EngineCausalLM for a family with Transformers' standard aux loss: `aux_loss_group` gives rank shares.
+    """EngineCausalLM for a family with Transformers' standard aux loss, computed once by the engine.
 
-    With a data-parallel `aux_loss_group`, the aux loss is this rank's share of the aux loss of the
-    micro-batch across the group (moe/router.load_balancing_loss: counts summed over the group),
-    so shares and gradients add up to the global batch's, as one process computes it. It is
-    computed once: Transformers' forward runs without output_router_logits (so it computes no
-    aux loss of its own), and the router hooks (attach_router_logit_hooks) record the logits.
+    With router logits asked for, Transformers' forward runs without them (its loss is then the
+    cross-entropy alone), the router hooks record the logits, and `loss` is the cross-entropy +
+    router_aux_loss_coef x aux, as Transformers returns it (models/router_aux.forward_loss_parts).
+    A data-parallel `aux_loss_group` makes the aux loss this rank's share of the group's.
     """
 
     workbench_router_sink: RouterLogitSink | None = None
@@ -312,54 +269,16 @@ class EngineCausalLMSharedAux(EngineCausalLM):
         """EngineCausalLM's forward; `aux_loss_group` (a process group) makes the aux loss this rank's share."""
         router = kwargs.get("output_router_logits")
         router = self.config.output_router_logits if router is None else router
-        if aux_loss_group is None or not router:
+        if not router:
             return super().forward(*args, **kwargs)
-        from workbench.moe.router import load_balancing_loss
-
-        sink = self.workbench_router_sink
-        sink.logits = []
-        try:
-            out = super().forward(*args, **{**kwargs, "output_router_logits": False})
-            logits = tuple(sink.logits)
-        finally:
-            sink.logits = None  # a recompute in backward (activation checkpointing) records nothing
-        shared = load_balancing_loss(logits, self.num_experts, self.num_experts_per_tok,
-                                     kwargs.get("attention_mask"), group=aux_loss_group)
-        out["router_logits"] = logits
-        out["aux_loss"] = shared
-        if out.loss is not None:
-            out["loss"] = out.loss + self.router_aux_loss_coef * shared.to(out.loss.device)
+        # One process too: Transformers 5.17's own aux loss counts experts with bincount (a host sync per layer)
+        parts = forward_loss_parts(self, functools.partial(super().forward, *args), kwargs, group=aux_loss_group)
+        out = parts.out
+        out["router_logits"] = parts.router_logits
+        out["aux_loss"] = parts.aux
+        if parts.ce is not None:
+            out["loss"] = parts.ce + self.router_aux_loss_coef * parts.aux.to(parts.ce.device)
         return out
-
-
-def _normalized_source(fn) -> str | None:
-    import inspect
-    import re
-
-    try:
-        source = inspect.getsource(fn)
-    except (OSError, TypeError):
-        return None
-    source = re.sub(r'""".*?"""', "", source, flags=re.S)
-    return re.sub(r"\s+", " ", re.sub(r"#.*", "", source))
-
-
-def has_standard_aux_loss(hf_class: type) -> bool:
-    """Whether the family's aux loss is Transformers' Switch-style one (moe/router.load_balancing_loss's formula).
-
-    Read from the family's modeling module: its `load_balancing_loss_func` must be Qwen3-MoE's, the
-    one moe/router reproduces (tests/test_router.py); Mixtral, OLMoE, Qwen2/3/3.5-MoE, GPT-OSS,
-    MiniMax-M2, ERNIE-4.5-MoE share it in 5.24. Families without one (DeepSeek-V3) have no aux loss.
-    """
-    import sys
-
-    from transformers.models.qwen3_moe import modeling_qwen3_moe
-
-    fn = getattr(sys.modules.get(hf_class.__module__), "load_balancing_loss_func", None)
-    ref = modeling_qwen3_moe.load_balancing_loss_func
-    if fn is None:
-        return False
-    return fn is ref or (_normalized_source(fn) is not None and _normalized_source(fn) == _normalized_source(ref))
 
 
 def engine_lm_class(hf_class: type) -> type:

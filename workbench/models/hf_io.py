@@ -1,4 +1,4 @@
-"""Which file of a Transformers safetensors checkpoint holds each tensor; the checkpoint error."""
+"""Which file of a Transformers safetensors checkpoint holds each tensor."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not fit the model: missing or mis-shaped tensors."""
+from workbench.errors import CheckpointError
 
 
 def checkpoint_key_files(path: Path) -> dict[str, Path]:

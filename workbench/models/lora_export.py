@@ -24,6 +24,8 @@ from torch import nn
 
 from workbench.moe.lora_experts import adapter_names, expert_delta
 
+# Shape suffixes: E experts, I in features, O out features, R LoRA rank.
+
 PEFT_PREFIX = "base_model.model."
 ADAPTER_SUBDIR = "adapter"  # save_pretrained of a LoRA model: the PEFT adapter beside the merged model
 # PEFT (0.21) reads these leaf names in target_modules as Transformers v4's per-expert projections of a

@@ -15,7 +15,7 @@ from workbench.models.sliced_load import disk_rules, init_nonpersistent_buffers,
 from workbench.moe.bias_update import cast_keeping_router_biases
 from workbench.moe.dispatch import make_dispatcher
 from workbench.moe.hf_experts import EngineExperts, engine_experts_modules
-from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR, apply_fsdp_any, decoder_layers
+from workbench.parallel.fsdp import EXPERT_SHARD_ATTR, GRAD_NORM_GROUP_ATTR, apply_fsdp_any, decoder_layers
 from workbench.parallel.mesh import MeshConfig, MeshError, dense_mesh
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def apply_fsdp_generic(model: nn.Module, device_mesh) -> nn.Module:
 
 
 def _mark_expert_params(model: nn.Module, device_mesh) -> None:
-    """Tag expert parameters so grad clipping sums their norm over the ep group too.
+    """Mark expert parameters as ep shards (for checkpoints) and give grad clipping their norm group, ep.
 
     Under expert parallelism each ep rank holds different experts and FSDP2 shards them only
     over the expert-data-parallel dim, so their DTensor mesh does not show the ep split. The experts
@@ -99,6 +99,7 @@ def _mark_expert_params(model: nn.Module, device_mesh) -> None:
     params = [p for _, m in engine_experts_modules(model) for p in m.parameters(recurse=False)]
     for param in params:
         setattr(param, GRAD_NORM_GROUP_ATTR, ep_group)
+        setattr(param, EXPERT_SHARD_ATTR, True)
 
 
 def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfig, checkpoint=None,

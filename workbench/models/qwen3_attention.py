@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 
+# Shape suffixes: B batch, H heads, S sequence, D head dim.
+
 
 class Qwen3MoeEngineAttention(hf.Qwen3MoeAttention):
     """Transformers' Qwen3MoeAttention whose training forward applies RoPE with one fused kernel."""

@@ -14,6 +14,8 @@ from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 
 from workbench.moe.router import router_logits, softmax_topk
 
+# Shape suffixes: T tokens, D hidden, E experts, K top-k.
+
 
 class Qwen3MoeEngineRouter(hf.Qwen3MoeTopKRouter):
     """Transformers' Qwen3MoeTopKRouter whose logits are computed in float32."""

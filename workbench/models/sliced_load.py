@@ -20,7 +20,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from workbench.models.hf_io import CheckpointError, checkpoint_key_files
+from workbench.errors import CheckpointError
+from workbench.models.hf_io import checkpoint_key_files
 from workbench.moe.hf_experts import engine_experts_modules
 
 _LITERAL = re.compile(r"[\w.]+")  # a rule pattern the reader follows: no regex beyond '.'

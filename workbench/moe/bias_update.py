@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+# Shape suffixes: L MoE layers, E experts.
+
 BIAS_NAME = "e_score_correction_bias"
 
 

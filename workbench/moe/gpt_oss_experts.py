@@ -13,6 +13,8 @@ from torch import nn
 
 from workbench.kernels.gpt_oss_gate import add_row_bias, gpt_oss_gate, row_segments
 
+# Shape suffixes: N routed rows, D hidden.
+
 
 def is_gpt_oss_gate(module: nn.Module) -> bool:
     """Whether `module` computes GPT-OSS's gate: GptOssExperts's own `_apply_gate`, alpha/limit, biased fused layout.

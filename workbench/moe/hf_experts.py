@@ -22,6 +22,8 @@ from workbench.moe.lora_experts import lora_rows
 from workbench.moe.routed_load import attach_load_counter, count_routed
 from workbench.moe.router import GATES, balanced_ids
 
+# Shape suffixes: T tokens, D hidden, E experts, N routed rows, I intermediate; weight_EKN: [E, K in, N out].
+
 # The flags' defaults of the decorator (transformers.integrations.moe); 5.17 lacks some of them.
 LAYOUT_DEFAULTS = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
                    "has_post_expert_norm": False}

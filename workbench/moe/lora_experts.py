@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# Shape suffixes: N routed rows, D in features, R LoRA rank, E experts.
+
 
 def adapter_names(weight: str) -> tuple[str, str]:
     """The (A, B) parameter names of the adapters of fused weight `weight`."""

@@ -9,6 +9,8 @@ import torch.nn.functional as F
 
 from workbench.kernels.mm_fp32 import mm_fp32
 
+# Shape suffixes: T tokens, D hidden, E experts, K top-k.
+
 GATES = ("native", "balanced")
 
 

@@ -17,6 +17,11 @@ from workbench.parallel.mesh import dense_mesh
 # mesh says it; a DTensor that is additionally split over a group its mesh does not show (experts
 # sharded by hand over ep, then FSDP over the expert-data-parallel dim) carries the marker too.
 GRAD_NORM_GROUP_ATTR = "_workbench_grad_norm_group"
+# An expert-parallel shard (this ep rank's block of a layer's experts, under the same name on every
+# ep rank) carries this attribute, True: checkpoints give such tensors their global identity
+# (train/expert_state.py). Set with GRAD_NORM_GROUP_ATTR but not read from it: a norm group may
+# be given to a parameter that is not an expert shard.
+EXPERT_SHARD_ATTR = "_workbench_expert_shard"
 
 
 def _fsdp_kwargs(param_dtype: torch.dtype | None) -> dict:

@@ -21,45 +21,28 @@ import json
 import os
 import random
 import shutil
-import signal
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from workbench.config import RESUME_FIELDS
+from workbench.errors import CheckpointError
+from workbench.models.auto import save_pretrained
+from workbench.parallel import dist_utils as du
 from workbench.train.expert_state import globalize
 from workbench.train.manifest import MANIFEST_FILE, verify_manifest, write_manifest
-from workbench.train.safe_load import (CheckpointError, check_dcp_values, load_tensors, read_dcp_metadata,
-                                       read_json, safe_dcp_reader_and_planner)
+from workbench.train.safe_load import (check_dcp_values, load_tensors, read_dcp_metadata, read_json,
+                                       safe_dcp_reader_and_planner)
 
 META_FILE = "meta.json"
 TRAINER_STATE_FILE = "trainer_state.json"
 STEP_PREFIX = "step-"
 LEFTOVER_PREFIXES = (".tmp-step-", ".old-step-")  # saves that never finished (see save_checkpoint)
-# Fault injection for tests: "checkpoint_mid_save" (or "checkpoint_mid_save:STEP") raises after
-# the shards of that save are written and before the rename, as a run killed mid-save would stop;
-# "checkpoint_enospc[:STEP]" raises ENOSPC there, as a full disk would; "checkpoint_kill[:STEP]"
-# SIGKILLs the process there.
-FAULT_ENV = "WORKBENCH_FAULT_INJECT"
 SHAPE_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "intermediate_size", "moe_intermediate_size",
                 "num_experts", "num_experts_per_tok", "tie_word_embeddings")
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def _world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
 
 
 def model_shape(hf_config: Any) -> dict[str, Any]:
@@ -80,13 +63,13 @@ def _rng_state() -> dict[str, Any]:
 
 
 def _rng_file(ckpt: Path) -> Path:
-    return ckpt / "rng" / f"rank-{_rank():05d}.pt"
+    return ckpt / "rng" / f"rank-{du.rank():05d}.pt"
 
 
 def _read_rng(ckpt: Path) -> dict[str, Any] | None:
     """This rank's RNG states, if the checkpoint was saved with this world size."""
     path = _rng_file(ckpt)
-    if not path.is_file() or read_meta(ckpt).get("world_size") != _world():
+    if not path.is_file() or read_meta(ckpt).get("world_size") != du.world_size():
         return None
     state = load_tensors(path, ckpt)
     python = state.get("python") if isinstance(state, dict) else None
@@ -186,30 +169,24 @@ def _write_checkpoint(checkpoints_dir: str | Path, step: int, model: torch.nn.Mo
     root = Path(checkpoints_dir)
     final = root / step_dir_name(step)
     tmp = root / f".tmp-{step_dir_name(step)}"
-    if _rank() == 0:
+    if du.rank() == 0:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a run killed while saving
         tmp.mkdir()
         (tmp / "rng").mkdir()
-    _barrier()
+    du.barrier()
     with _quiet_dcp():
         dcp.save(globalize(model, _model_optim_state(model, optimizer)), checkpoint_id=str(tmp))
     torch.save(_rng_state(), _rng_file(tmp))
-    if os.environ.get(FAULT_ENV) in ("checkpoint_mid_save", f"checkpoint_mid_save:{step}"):
-        raise RuntimeError(f"{FAULT_ENV}=checkpoint_mid_save: failing on purpose while saving {final}")
-    if os.environ.get(FAULT_ENV) in ("checkpoint_enospc", f"checkpoint_enospc:{step}"):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp / TRAINER_STATE_FILE))
-    if os.environ.get(FAULT_ENV) in ("checkpoint_kill", f"checkpoint_kill:{step}"):
-        os.kill(os.getpid(), signal.SIGKILL)  # SIGKILL: nothing after this line runs, as on a real kill
-    _barrier()
-    if _rank() == 0:
+    du.barrier()
+    if du.rank() == 0:
         _write_json(tmp / TRAINER_STATE_FILE,
                     {"step": step, "scheduler": scheduler.state_dict(), "data": dict(data_state)})
-        _write_json(tmp / META_FILE, {"step": step, "world_size": _world(), "model": model_shape(hf_config),
+        _write_json(tmp / META_FILE, {"step": step, "world_size": du.world_size(), "model": model_shape(hf_config),
                                       "settings": dict(settings or {})})
-    _barrier()
+    du.barrier()
     write_manifest(tmp)
-    if _rank() == 0:
+    if du.rank() == 0:
         if final.exists():  # re-saving the same step: move the old one aside, then swap
             old = root / f".old-{step_dir_name(step)}"
             shutil.rmtree(old, ignore_errors=True)
@@ -218,7 +195,7 @@ def _write_checkpoint(checkpoints_dir: str | Path, step: int, model: torch.nn.Mo
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-    _barrier()
+    du.barrier()
     return final
 
 
@@ -312,7 +289,7 @@ def check_settings(ckpt: Path, rc: Any) -> list[str]:
 
 def clean_leftovers(ckpt: Path) -> list[Path]:
     """Rank 0: remove unfinished saves (`.tmp-step-*`, `.old-step-*`) next to checkpoint `ckpt`."""
-    if _rank() != 0 or not ckpt.name.startswith(STEP_PREFIX):
+    if du.rank() != 0 or not ckpt.name.startswith(STEP_PREFIX):
         return []
     removed = [p for p in ckpt.parent.iterdir() if p.is_dir() and p.name.startswith(LEFTOVER_PREFIXES)]
     for p in removed:
@@ -386,21 +363,14 @@ def export_hf(model: torch.nn.Module, out_dir: str | Path) -> Path:
     """Collective: write a vanilla Transformers checkpoint atomically (gathers EP/FSDP shards)."""
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f".tmp-{out_dir.name}")
-    if _rank() == 0:
+    if du.rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
-    _barrier()
-    try:
-        from workbench.models.auto import save_pretrained as wb_save
-    except ImportError:
-        wb_save = None
-    if wb_save is not None:
-        wb_save(model, str(tmp))
-    elif _rank() == 0:
-        model.save_pretrained(str(tmp))
-    _barrier()
-    if _rank() == 0:
+    du.barrier()
+    save_pretrained(model, str(tmp))
+    du.barrier()
+    if du.rank() == 0:
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
-    _barrier()
+    du.barrier()
     return out_dir

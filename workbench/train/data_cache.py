@@ -97,7 +97,7 @@ def cache_root(cfg, runs_dir: str | None) -> Path:
     """data.cache_dir, else <runs directory>/.cache/tokenized."""
     if cfg.cache_dir:
         return Path(cfg.cache_dir).expanduser()
-    from workbench.train.run_dir import default_runs_dir
+    from workbench.runs.run_dir import default_runs_dir
 
     return Path(runs_dir or default_runs_dir()).expanduser() / ".cache" / "tokenized"
 

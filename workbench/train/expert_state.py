@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
-from workbench.train.optim import GRAD_NORM_GROUP_ATTR
+from workbench.parallel.fsdp import EXPERT_SHARD_ATTR
 
 
 def expert_param_names(model: torch.nn.Module) -> set[str]:
-    """Names of parameters that are rank-local expert shards (tagged by model_setup)."""
-    return {name for name, p in model.named_parameters() if getattr(p, GRAD_NORM_GROUP_ATTR, None) is not None}
+    """Names of parameters that are rank-local expert shards (marked by models/mesh_build)."""
+    return {name for name, p in model.named_parameters() if getattr(p, EXPERT_SHARD_ATTR, False)}
 
 
 def _ep_edp_mesh(model: torch.nn.Module):

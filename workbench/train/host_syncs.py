@@ -41,6 +41,7 @@ SYNC_OPS = {
     aten.allclose.default: "torch.allclose: a Python bool",
     aten._assert_async.default: None,  # asynchronous on CUDA: no sync
     aten._assert_async.msg: None,
+    aten.bincount.default: "bincount: its output size, max(input) + 1, is read on the host (also with minlength)",
     aten.repeat_interleave.Tensor: "repeat_interleave without output_size",
     aten.repeat_interleave.self_Tensor: "repeat_interleave without output_size",
 }

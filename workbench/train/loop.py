@@ -10,13 +10,14 @@ is a *sum* over its tokens divided by the GLOBAL number of loss tokens in the wh
 (all micro-batches, all ranks), so the per-rank contributions add up to exactly the mean over
 the global batch. Gradients are therefore SUMMED over ranks, never averaged: FSDP2 uses a
 gradient divide factor of 1 (workbench.parallel.fsdp) for the engine's models and for any other
-Transformers model alike (every model on more than one rank is sharded). The router aux loss:
-the engine's model takes `aux_loss_group` and then returns this rank's share of the aux loss of
-the micro-batch across all ranks (shares add up to the global micro-batch's aux loss), so it is
-divided by grad_accum only. A model without that argument (vanilla Transformers) gives a
-per-rank mean, divided by grad_accum x world. The aux loss is a statistic of each micro-batch,
-so runs with different local batch sizes differ in it; the cross-entropy part is the same for
-any split.
+Transformers model alike (every model on more than one rank is sharded). The router aux loss
+comes apart from the cross-entropy (models/router_aux.forward_loss_parts: the forward runs
+without router logits, so its loss is the cross-entropy alone, and the aux loss is computed once
+from the recorded router logits), for the engine's models and vanilla Transformers alike. It is
+this rank's share of the aux loss of the micro-batch across all ranks (shares add up to the
+global micro-batch's aux loss), so it is divided by grad_accum only. The aux loss is a statistic
+of each micro-batch, so runs with different local batch sizes differ in it; the cross-entropy
+part is the same for any split. Each record has loss = ce_loss + router_aux_loss_coef x aux_loss.
 
 Host syncs. `train_step` queues a step and returns: its loss sums, token count, grad norm,
 non-finite flag and expert load stay on the device and come back with the step's record from
@@ -30,7 +31,6 @@ later step, and the next `collect(wait=True)` (before any checkpoint) raises nam
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 import traceback
@@ -42,6 +42,7 @@ from torch.profiler import record_function
 
 from workbench.config import RunConfig
 from workbench.models.attention_sinks import SINK_ATTENTION, forward_sequences
+from workbench.models.router_aux import ensure_router_logit_hooks, forward_loss_parts
 from workbench.moe.bias_update import global_load, keep_router_biases_fp32, update_router_biases
 from workbench.moe.dispatch import close_dispatchers
 from workbench.params import num_experts
@@ -52,18 +53,19 @@ from workbench.train.checkpoint import (check_compatible, check_settings, clean_
                                         verify_checkpoint)
 from workbench.train.data import IGNORE_INDEX, Batch, build_stream
 from workbench.train.data_eval import eval_metrics
-from workbench.train.guard import NonFiniteError, StepValues, check_finite, non_finite_error
-from workbench.train.liveness import Heartbeat, record_termination
-from workbench.train.loop_support import (Callbacks, accepts, all_reduce, expert_load_reader, is_parallel,
+from workbench.train.guard import NonFiniteError, check_finite
+from workbench.runs.liveness import Heartbeat, record_termination
+from workbench.train.loop_records import StepRecords
+from workbench.train.loop_support import (Callbacks, all_reduce, expert_load_reader, is_parallel,
                                           micro_batches, open_run_dir, router_biases_to_update)
-from workbench.train.metrics import expert_load_from_router_logits, memory_gib, reset_peak_memory, step_record
+from workbench.train.metrics import expert_load_from_router_logits, memory_gib, reset_peak_memory
 from workbench.train.model_setup import build_model, check_lora, model_dtype, resolve_mesh
 from workbench.train.optim import build_optimizer, build_scheduler, clip_grad_norm, set_skip_flag
-from workbench.train.run_dir import private_files
+from workbench.runs.run_dir import private_files
 from workbench.train.step_stats import Clock, PendingStep, SkipFlag, StatsLayout, StepQueue, to_device
 
 
-class Trainer:
+class Trainer(StepRecords):
     """One run on this rank: model, optimizer, schedule, data stream, run directory."""
 
     def __init__(self, rc: RunConfig, callbacks: list | None = None) -> None:
@@ -146,13 +148,15 @@ class Trainer:
         config = getattr(self.model, "config", None)
         self._host_sequences = getattr(config, "_attn_implementation", None) == SINK_ATTENTION
         self.coef = float(getattr(self.hf_config, "router_aux_loss_coef", 0.0) or 0.0)
-        self.forward_kwargs: dict[str, Any] = {}
-        self.aux_scale = 1.0 / (self.accum * self.world)
-        if self.world > 1 and accepts(self.model, "aux_loss_group"):
+        ensure_router_logit_hooks(self.model)  # the aux loss comes from them, on any model with one
+        self._aux_group = None
+        if self.world > 1:
             import torch.distributed as dist
 
-            self.forward_kwargs["aux_loss_group"] = dist.group.WORLD  # dp spans the whole world
-            self.aux_scale = 1.0 / self.accum
+            self._aux_group = dist.group.WORLD  # dp spans the whole world
+        # Each micro-batch's aux loss is this rank's share of the global micro-batch's: the shares add
+        # up over ranks, and the mean over micro-batches divides by grad_accum.
+        self.aux_scale = 1.0 / self.accum
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -180,14 +184,12 @@ class Trainer:
                 self.model.set_requires_gradient_sync(last)
             t0 = clock.mark()
             with record_function("workbench.forward"):
-                out = self.model(input_ids=mb.input_ids, labels=mb.labels, position_ids=mb.position_ids,
-                                 output_router_logits=True, num_items_in_batch=num_items, use_cache=False,
-                                 **self.forward_kwargs, **extra)
-                aux = out.aux_loss if getattr(out, "aux_loss", None) is not None else None
-                ce = out.loss - self.coef * aux if aux is not None else out.loss
-                objective = ce
-                if aux is not None:
-                    objective = objective + self.coef * aux * self.aux_scale
+                # the cross-entropy and the aux loss come apart (models/router_aux): each is computed once
+                parts = forward_loss_parts(self.model, self.model, dict(
+                    input_ids=mb.input_ids, labels=mb.labels, position_ids=mb.position_ids,
+                    num_items_in_batch=num_items, use_cache=False, **extra), group=self._aux_group)
+                ce, aux = parts.ce, parts.aux
+                objective = ce if aux is None else ce + self.coef * aux * self.aux_scale
             t1 = clock.mark()
             with record_function("workbench.backward"):
                 objective.backward()
@@ -195,8 +197,8 @@ class Trainer:
             ce_sum += ce.detach().to(torch.float64)
             if aux is not None:
                 aux_sum += aux.detach().to(torch.float64) * self.aux_scale
-            if self._expert_load is None and getattr(out, "router_logits", None):
-                loads.append(expert_load_from_router_logits(out.router_logits, self.hf_config.num_experts_per_tok,
+            if self._expert_load is None and parts.router_logits:
+                loads.append(expert_load_from_router_logits(parts.router_logits, self.hf_config.num_experts_per_tok,
                                                             num_experts(self.hf_config)))
         t3 = clock.mark()
         with record_function("workbench.optimizer"):
@@ -237,14 +239,6 @@ class Trainer:
         self._queue.push(pending)
         self._queued = step
 
-    def _guard_values(self, step: int, host: dict[str, Any], values: dict[str, float]) -> StepValues:
-        rc = self.rc
-        return StepValues(step=step, first_step=host["first_step"],
-                          resumed_from=str(self.resume_ckpt) if self.resume_ckpt is not None else None,
-                          ce_loss=values["ce"], aux_loss=values["aux"], aux_coef=self.coef,
-                          grad_norm=values["grad_norm"], grad_norm_finite=math.isfinite(values["grad_norm"]),
-                          lr=host["lr"], train_lr=rc.train.lr, clip_grad_norm=rc.train.clip_grad_norm)
-
     def _sequences(self, mb: Batch) -> dict[str, Any]:
         """GPT-OSS sink attention's documents from the host's position_ids (no device read for their count)."""
         if not self._host_sequences:
@@ -252,84 +246,11 @@ class Trainer:
         found = forward_sequences(self.model, (), {"input_ids": mb.input_ids, "position_ids": mb.position_ids})
         return {k: to_device(v, self.device) if isinstance(v, torch.Tensor) else v for k, v in found.items()}
 
-    def collect(self, wait: bool = False) -> list[dict[str, Any]]:
-        """The records of the steps whose device work has finished, in step order (wait=True: every queued step).
-
-        Raises the non-finite guard's error for the first step whose global loss, aux loss or grad norm
-        was not finite (that step and all later ones left the weights as they were). Under more than one
-        rank it is raised only with wait=True, at the same step on every rank.
-        """
-        records, error = self._collect(wait)
-        if error is not None:
-            raise error
-        return records
-
-    def _collect(self, wait: bool, through: int | None = None) -> tuple[list[dict[str, Any]], NonFiniteError | None]:
-        """(records ready now, the guard's error or None); the records are those before any bad step."""
-        ready, bad = self._queue.ready(wait, through)
-        records = [self._record(pending, values, seconds) for pending, values, seconds in ready]
-        if bad is None:
-            return records, None
-        pending, values = bad
-        forget = getattr(self.optimizer, "forget_skipped_steps", None)
-        if forget is not None:  # TritonAdamW counts steps on the host (torch's fused AdamW restores its own)
-            forget(self._queued - pending.step + 1)
-        return records, non_finite_error(self._guard_values(int(values["first_bad"]), pending.host, values))
-
-    def _record(self, pending: PendingStep, values: dict[str, Any], step_time: float) -> dict[str, Any]:
-        host = pending.host
-        timings = {"step_time_s": step_time, "forward_s": 0.0, "backward_s": 0.0, "optimizer_s": 0.0,
-                   **pending.phase_seconds(self._clock)}
-        extra = {}
-        if values["router_bias"] is not None:  # [layers][experts]: the bias after this step's update
-            extra["router_bias"] = values["router_bias"]
-        load = torch.tensor(values["expert_load"]) if values["expert_load"] is not None else None
-        record = step_record(step=pending.step, rank=self.rank, loss=values["ce"] + self.coef * values["aux"],
-                             grad_norm=values["grad_norm"], lr=host["lr"], tokens=host["tokens"],
-                             seq_len=self.rc.data.seq_len, hf_config=self.hf_config, timings=timings,
-                             device=self.device, expert_load=load, time=host["time"], **extra)
-        # memory as it was at the end of the step's queueing (step_record reads it now)
-        record.update(mem_peak_gib=host["mem_peak_gib"], mem_now_gib=host["mem_now_gib"], mem_kind=host["mem_kind"])
-        record["peak_mem_gib"] = record["mem_peak_gib"]  # the bench's name for it (TRAINER_API)
-        return record
-
     # -- the run ----------------------------------------------------------------------------
 
     def save(self, step: int) -> Path:
         return save_checkpoint(self.run.checkpoints_dir, step, self.model, self.optimizer, self.scheduler,
                                self.stream.state_dict(), self.hf_config, run_settings(self.rc))
-
-    def _publish_or_raise(self, wait: bool, losses: list[float], status_base: dict[str, Any],
-                          through: int | None = None) -> None:
-        """Publish the collected records, then raise the guard's error if a step was not finite."""
-        records, error = self._collect(wait, through)
-        self._publish(records, losses, status_base)
-        if error is not None:
-            raise error
-
-    def _publish(self, records: list[dict[str, Any]], losses: list[float], status_base: dict[str, Any]) -> None:
-        """Hand collected records to metrics.jsonl, the callbacks, the status and (logging steps') stdout."""
-        if not records:
-            return
-        total = self.rc.train.steps
-        for record in records:
-            record.update(self._eval_by_step.pop(record["step"], {}))
-        losses.extend(r["loss"] for r in records)
-        self.run.append_metrics(records)  # one O_APPEND write per rank per collect
-        for record in records:
-            self.callbacks.call("on_step", record)
-        if self.rank == 0:
-            for record in records:  # each logging step's line once, whenever its record arrives
-                if record["step"] % self.rc.train.log_every == 0 or record["step"] == total:
-                    print(f"step {record['step']:>4}/{total}  loss {record['loss']:.4f}  "
-                          f"tokens/s/gpu {record['tokens_per_s_per_gpu']:,.0f}  "
-                          f"tflops/gpu {record['tflops_per_gpu']:.3f}  grad_norm {record['grad_norm']:.3f}",
-                          flush=True)
-                if "eval_loss" in record:  # after its step's line, if any (the record arrives one step late)
-                    print(f"step {record['step']:>4}/{total}  eval_loss {record['eval_loss']:.4f}  "
-                          f"eval_accuracy {record['eval_accuracy']:.4f}", flush=True)
-            record = records[-1]
-            self.run.write_status("running", step=record["step"], loss=record["loss"], **status_base)
 
     def fit(self) -> dict[str, Any]:
         rc, total = self.rc, self.rc.train.steps

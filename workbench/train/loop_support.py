@@ -11,7 +11,7 @@ from workbench.config import RunConfig
 from workbench.moe.bias_update import RouterBiasError, check_router_bias
 from workbench.parallel import dist_utils as du
 from workbench.train.data import Batch
-from workbench.train.run_dir import RunDir, default_runs_dir, new_run_id
+from workbench.runs.run_dir import RunDir, default_runs_dir, new_run_id
 
 
 class Callbacks:
@@ -69,22 +69,10 @@ def micro_batches(batch: Batch, size: int) -> list[Batch]:
     return [batch.slice(i, i + size) for i in range(0, len(batch), size)]
 
 
-def accepts(model: torch.nn.Module, name: str) -> bool:
-    """Whether `model.forward` takes an argument `name`."""
-    import inspect
-
-    try:
-        return name in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def is_parallel(model: torch.nn.Module) -> bool:
     """Whether any parameter of `model` is a DTensor (sharded over the mesh)."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:
-        return False
+    from torch.distributed.tensor import DTensor
+
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from workbench.train.safe_load import CheckpointError, read_json
+from workbench.errors import CheckpointError
+from workbench.train.safe_load import read_json
 
 MANIFEST_FILE = "manifest.json"
 HASH = "blake2b"  # faster than sha256 in software; 256-bit digests

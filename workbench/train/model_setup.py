@@ -16,9 +16,9 @@ def resolve_dtype_name(dtype: str, device_type: str) -> str:
     return dtype
 
 
-def model_dtype(model_cfg, device: torch.device) -> torch.dtype:
-    """model.dtype as the torch dtype the model is built in on `device` (resolve_dtype_name's rule)."""
-    return getattr(torch, resolve_dtype_name(model_cfg.dtype, device.type))
+def model_dtype(settings, device: torch.device) -> torch.dtype:
+    """`settings.dtype` (a ModelConfig's or BenchConfig's) as the torch dtype built on `device` (resolve_dtype_name)."""
+    return getattr(torch, resolve_dtype_name(settings.dtype, device.type))
 
 
 def resolve_mesh(mesh: Any, world_size: int, hf_config: Any):
@@ -81,7 +81,7 @@ def build_model(rc, hf_config: Any, mesh: Any, device: torch.device, dtype: torc
         model = EngineAuto.from_pretrained(rc.model.path, backend=backend or rc.backend, mesh=mesh, device=device,
                                            config=hf_config, dtype=dtype, **lora_kwargs)
     else:
-        extra = {"seed": rc.train.seed} if mesh is not None or lora is not None else {}
+        extra = {"seed": rc.train.seed}  # seeded builds give the same weights on any world size
         extra.update(lora_kwargs)
         model = EngineAuto.from_config(hf_config, backend=backend or rc.backend, mesh=mesh, device=device, dtype=dtype,
                                        **extra)

@@ -8,12 +8,13 @@ from typing import Any, Iterable
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from workbench.backends import BackendError, availability
 from workbench.config import OPTIMIZERS
 from workbench.kernels.adamw import SRKeys, adamw_scalars, adamw_step_
 from workbench.kernels.stochastic_round import element_base
-from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR  # noqa: F401 - set by the mesh builders, read here
+from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR  # set by the mesh builders, read here
 from workbench.train.precision import OPTIMIZER_PRECISIONS, needs_workbench_adamw, resolve_precision
 
 
@@ -270,10 +271,6 @@ def build_scheduler(optimizer: torch.optim.Optimizer, train_cfg) -> torch.optim.
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:
-        return False
     return isinstance(t, DTensor)
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from workbench.errors import CheckpointError
+
 DCP_METADATA_FILE = ".metadata"
 # The classes a DCP `.metadata` pickle names (torch 2.11-2.13); nothing in them runs code when built.
 _DCP_CLASSES = {
@@ -32,10 +34,6 @@ _DCP_CLASSES = {
     "collections": {"OrderedDict"},
     "builtins": {"set", "frozenset", "tuple", "list", "dict"},
 }
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be resumed into this run."""
 
 
 class _DcpMetadataUnpickler(pickle.Unpickler):

@@ -28,7 +28,7 @@ a gathered layer needs no gradient buffer (2 layers, not 3; the root's embedding
 adapter a token passes keeps its r-wide x @ A in the activations.
 
 Parameters are counted per family (workbench.params): GPT-OSS's biases, DeepSeek-V3's shared
-experts and dense first layers. Against facts.md's measured Transformers anchors (Qwen3-30B-A3B,
+experts and dense first layers. Against Transformers' peaks measured on the H200 (Qwen3-30B-A3B,
 bf16, seq 4096, batch 2) it lands within 5%: 1 GPU 8 layers 62.2 vs 59.6 GiB, 2 GPUs FSDP2
 8 layers 47.2 vs 46.3 GiB, 16 layers 74.7 vs 72.1 GiB (tests/test_ui.py checks these).
 """

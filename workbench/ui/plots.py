@@ -13,6 +13,7 @@ from plotly.subplots import make_subplots
 
 from workbench.ui.series import (LIVE_PANELS, axis_range, ema, live_series, load_color_range, load_colorscale,
                                  run_list_label, split_warmup)
+from workbench.ui.slim_figure import figure_widget
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 # Time-based panels: their first step (compile, allocation) is drawn apart and kept off the axis scale.
@@ -34,7 +35,7 @@ class LivePlots:
         base = make_subplots(rows=2, cols=3, subplot_titles=self._titles,
                              specs=[[{}, {}, {}], [{}, {"colspan": 2}, None]], horizontal_spacing=0.08,
                              vertical_spacing=0.16)
-        self.figure = go.FigureWidget(base)
+        self.figure = figure_widget(base)
         # The legend sits under the plots: above them it ran into the subplot titles.
         self.figure.update_layout(height=height, margin=dict(l=50, r=20, t=60, b=70), showlegend=True,
                                   legend=dict(orientation="h", y=-0.08, yanchor="top", x=0),
@@ -217,7 +218,7 @@ class CompareRuns:
                  runs_dir: str | Path | None = None, height: int = 460) -> None:
         base = make_subplots(rows=1, cols=3, subplot_titles=["tokens/s per GPU", "step time (s)", "loss"],
                              horizontal_spacing=0.08)
-        self.figure = go.FigureWidget(base)
+        self.figure = figure_widget(base)
         # The legend sits under the plots: above them it ran into the subplot titles.
         self.figure.update_layout(height=height, template="plotly_white", margin=dict(l=50, r=20, t=50, b=40),
                                   legend=dict(orientation="h", y=-0.14, yanchor="top", x=0))
@@ -250,7 +251,7 @@ class CompareRuns:
         """List the run directories under runs_dir in the picker (newest first)."""
         if self.runs_dir is None:
             return
-        from workbench.train.run_dir import list_runs
+        from workbench.runs.run_dir import list_runs
 
         runs = [r for r in list_runs(self.runs_dir) if r.get("readable")] if self.runs_dir.is_dir() else []
         self.picker.options = [(run_list_label(r), r["path"]) for r in runs]

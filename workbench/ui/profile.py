@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 
 from workbench.config import ConfigError
 from workbench.ui.plots import COLORS
+from workbench.ui.slim_figure import figure_widget
 
 PROFILE_TARGET = "workbench.train.profile:profile_finetune"
 # Traces bigger than this (gzipped) are offered by path only: a data URI that size stalls the browser.
@@ -93,7 +94,7 @@ class ProfilePanel:
                                layout=W.Layout(width="auto"))
         self.status = W.HTML()
         self.empty = W.HTML(PROFILE_EMPTY)
-        self.figure = go.FigureWidget(go.Figure(layout=dict(template="plotly_white", height=380)))
+        self.figure = figure_widget(go.Figure(layout=dict(template="plotly_white", height=380)))
         self.links = W.HTML()
         self.top = W.HTML()
         self.run = None

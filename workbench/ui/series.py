@@ -111,7 +111,7 @@ def expert_load_matrix(loads: list[list[list[float]]]) -> list[list[float]]:
 
 
 def _config_and_records(run: Any) -> tuple[dict, list[dict], str]:
-    from workbench.train.run_dir import RunDir
+    from workbench.runs.run_dir import RunDir
 
     if isinstance(run, (str, Path)):
         rd = RunDir.open(run)

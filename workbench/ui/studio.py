@@ -30,7 +30,7 @@ class Studio:
 
     def __init__(self, cluster: Any, runs_dir: str | Path | None = None, preset: str = "tiny",
                  layers: int | None = None, steps: int = 20) -> None:
-        from workbench.train.run_dir import default_runs_dir
+        from workbench.runs.run_dir import default_runs_dir
 
         self.cluster = cluster
         self.rank_infos = cluster.info() if cluster is not None and not cluster.busy else None

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import ipywidgets as W
 
-from workbench.cluster.progress import format_eta
+from workbench.ui.progress import format_eta
 from workbench.ui.series import ema, warmup_step
 
 # Dense bf16 tensor-core peaks from the vendors' datasheets (TFLOP/s, no sparsity): the MFU denominator.

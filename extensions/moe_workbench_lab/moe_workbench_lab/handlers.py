@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 from pathlib import Path
@@ -22,21 +23,22 @@ AUTH_RESOURCE = "moe_workbench"
 CLUSTER_WATCHER_KEY = "moe_workbench_cluster_watcher"
 RUN_INDEX_KEY = "moe_workbench_run_index"
 SETTINGS_KEY = "moe_workbench_settings"
+PLOTLY_BUNDLE_KEY = "moe_workbench_plotly_bundle_gz"
 
 
 def _run_dir_module():
-    """workbench.train.run_dir, or None if the workbench package is not installed here."""
+    """workbench.runs.run_dir, or None if the workbench package is not installed here."""
     try:
-        from workbench.train import run_dir
+        from workbench.runs import run_dir
     except ImportError:
         return None
     return run_dir
 
 
 def _run_index_module():
-    """workbench.train.run_index; 503 if the workbench package is not installed here."""
+    """workbench.runs.run_index; 503 if the workbench package is not installed here."""
     try:
-        from workbench.train import run_index
+        from workbench.runs import run_index
     except ImportError:
         raise web.HTTPError(503, "the workbench package is not importable on the server") from None
     return run_index
@@ -148,7 +150,7 @@ class RunMetricsHandler(WorkbenchHandler):
             raise web.HTTPError(400, (
                 f"fields {', '.join(unheld)} are not served: the server keeps only the plotted "
                 f"fields ({', '.join(run_index.series_fields)}); read the others in a notebook with "
-                f"workbench.train.run_dir.RunDir({str(path)!r}).read_metrics()"))
+                f"workbench.runs.run_dir.RunDir({str(path)!r}).read_metrics()"))
         rank_arg = self.get_query_argument("rank", "")
         try:
             answer = await asyncio.to_thread(run_index.metrics, root, real / index.METRICS_FILE)
@@ -193,6 +195,39 @@ class NotebookCopyHandler(WorkbenchHandler):
         self.write_json({"path": name, "copied": True})
 
 
+class PlotlyBundleHandler(web.RequestHandler):
+    """plotly's FigureWidget script, for workbench.ui.slim_figure's loader (keeps saved notebooks small).
+
+    Not behind the token, like JupyterLab's own static files: it is a public library's script,
+    and a dynamic import() in the page must load it however the user logged in.
+    """
+
+    async def get(self, version: str) -> None:
+        try:
+            import plotly
+        except ImportError:
+            raise web.HTTPError(404, "plotly is not installed on the server") from None
+        if version != plotly.__version__:
+            # The loader names the kernel's plotly: another version's script may not match its messages.
+            raise web.HTTPError(404, f"the server has plotly {plotly.__version__}, not {version}")
+        path = Path(plotly.__file__).parent / "package_data" / "widgetbundle.js"
+        if not path.is_file():
+            raise web.HTTPError(404, f"plotly {version} has no {path.name}")
+        body = self.settings.get(PLOTLY_BUNDLE_KEY)
+        if body is None:
+            # Compressed once per server (5 MB of JavaScript is ~1.5 MB gzipped; tornado does not compress).
+            body = await asyncio.to_thread(lambda: gzip.compress(path.read_bytes(), compresslevel=6))
+            self.settings[PLOTLY_BUNDLE_KEY] = body
+        self.set_header("Content-Type", "text/javascript; charset=utf-8")
+        # The URL holds the version: a cached copy is valid until plotly changes, so keep it.
+        self.set_header("Cache-Control", "public, max-age=31536000, immutable")
+        if "gzip" in self.request.headers.get("Accept-Encoding", ""):
+            self.set_header("Content-Encoding", "gzip")
+            self.finish(body)
+        else:
+            self.finish(gzip.decompress(body))
+
+
 def setup_handlers(web_app, parent=None) -> None:
     """Register the routes under <base_url>moe-workbench/api/."""
     web_app.settings[CLUSTER_WATCHER_KEY] = ClusterWatcher(parent=parent)
@@ -206,4 +241,6 @@ def setup_handlers(web_app, parent=None) -> None:
         (url_path_join(base, "runs", r"([^/]+)", "metrics"), RunMetricsHandler),
         (url_path_join(base, "notebooks"), NotebooksHandler),
         (url_path_join(base, "notebooks", r"([^/]+\.ipynb)"), NotebookCopyHandler),
+        (url_path_join(web_app.settings["base_url"], "moe-workbench", "plotly", r"([0-9A-Za-z.+-]+)",
+                       "widgetbundle.js"), PlotlyBundleHandler),
     ])

@@ -49,7 +49,7 @@ def list_notebooks() -> dict:
     source, reason = notebooks_source_dir()
     if source is None:
         return {"source_dir": None, "reason": reason, "notebooks": []}
-    from workbench.train.run_index import confine
+    from workbench.runs.run_index import confine
 
     real_source = source.resolve()
     names = []
@@ -73,7 +73,7 @@ def read_notebook(name: str) -> dict:
     source, reason = notebooks_source_dir()
     if source is None:
         raise KeyError(reason)
-    from workbench.train.run_index import read_json_confined
+    from workbench.runs.run_index import read_json_confined
 
     try:
         return read_json_confined(source.resolve(), source / name)

@@ -13,7 +13,10 @@ export interface IGpu {
 
 export interface IGpuAnswer {
   available: boolean;
+  /** Why there are no GPUs, in plain words. */
   reason: string | null;
+  /** The raw error behind `reason`, for a detail line. */
+  detail?: string | null;
   gpus: IGpu[];
 }
 
@@ -43,6 +46,8 @@ export interface IRunSummary {
   id: string;
   readable: boolean;
   error?: string;
+  /** The name given at launch (RunConfig.name), if any. */
+  name?: string | null;
   model?: string | null;
   mesh?: Record<string, number> | null;
   backends?: Record<string, unknown> | null;
@@ -53,6 +58,11 @@ export interface IRunSummary {
   tokens_per_s_per_gpu?: number | null;
   updated_at?: number | null;
   spark?: { tokens_per_s_per_gpu: number[]; loss: number[] };
+}
+
+/** What a run is called: its name given at launch (RunConfig.name), else its folder id. */
+export function runTitle(run: IRunSummary): string {
+  return run.name || run.id;
 }
 
 export interface IRunsAnswer {

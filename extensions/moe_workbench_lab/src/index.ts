@@ -11,7 +11,7 @@ import { ILauncher } from '@jupyterlab/launcher';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { LabIcon } from '@jupyterlab/ui-components';
 
-import { IRunSummary } from './api';
+import { IRunSummary, runTitle } from './api';
 import { addNotebookCommands, CATEGORY } from './notebooks';
 import { RunView } from './runview';
 import { WorkbenchSidebar } from './sidebar';
@@ -58,7 +58,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
       const view = new RunView(run, () => runsDir);
       const widget = new MainAreaWidget({ content: view });
       widget.id = `moe-workbench-run-panel-${run.id}`;
-      widget.title.label = `Run ${run.id}`;
+      widget.title.label = `Run ${runTitle(run)}`;
+      widget.title.caption = `run folder ${run.id}`;
       widget.title.icon = workbenchIcon;
       widget.title.closable = true;
       void tracker.add(widget);

@@ -1,7 +1,7 @@
 // Main-area view of one run: its metrics as line plots, refreshed while the run is live.
 import { Widget } from '@lumino/widgets';
 
-import { IMetricsAnswer, IRunsAnswer, IRunSummary, MetricRecord, requestAPI } from './api';
+import { IMetricsAnswer, IRunsAnswer, IRunSummary, MetricRecord, requestAPI, runTitle } from './api';
 import { ISeries, lineChart } from './svg';
 
 const LIVE_STATES = new Set(['starting', 'running', 'stopping']);
@@ -42,7 +42,8 @@ export class RunView extends Widget {
     super();
     this.addClass('mwb-runview');
     this.id = `moe-workbench-run-${run.id}`;
-    this.title.label = `Run ${run.id}`;
+    this.title.label = `Run ${runTitle(run)}`;
+    this.title.caption = run.id;
     this.title.closable = true;
     this.header = document.createElement('div');
     this.header.className = 'mwb-runview-header';
@@ -89,11 +90,18 @@ export class RunView extends Widget {
       obj ? Object.entries(obj).map(([k, v]) => `${k}=${v}`).join(', ') : '';
     const title = document.createElement('div');
     const name = document.createElement('b');
-    name.textContent = r.id;
+    name.className = 'mwb-runview-name';
+    name.textContent = runTitle(r);
     const badge = document.createElement('span');
     badge.className = `mwb-badge mwb-state-${r.state}`;
     badge.textContent = r.state ?? '?';
     title.append(name, ' ', badge);
+    if (r.name) {
+      const id = document.createElement('span');
+      id.className = 'mwb-run-id';
+      id.textContent = ` ${r.id}`;
+      title.append(id);
+    }
     const steps = `${r.step ?? '–'}${r.total_steps ? ' / ' + r.total_steps : ''}`;
     const info = document.createElement('div');
     info.textContent = `model: ${r.model ?? '?'} · mesh: ${pairs(r.mesh) || '?'} · step ${steps}`;
@@ -103,8 +111,17 @@ export class RunView extends Widget {
   }
 
   private renderPlots(records: MetricRecord[]): void {
+    const rank0 = records.filter(r => (r.rank ?? 0) === 0);
+    // Eval (data.eval_every) is a second, dashed series beside the training loss, on its own steps.
+    const evalLoss = byRank(rank0, 'eval_loss');
+    const loss = [
+      ...byRank(rank0, 'loss').map(s => ({ ...s, label: 'train' })),
+      ...evalLoss.map(s => ({ ...s, label: 'eval', dashed: true }))
+    ];
+    const evalAccuracy = byRank(rank0, 'eval_accuracy').map(s => ({ ...s, label: 'eval', dashed: true }));
     const charts = [
-      lineChart('loss (rank 0)', byRank(records.filter(r => (r.rank ?? 0) === 0), 'loss')),
+      lineChart('loss (rank 0)', loss),
+      ...(evalAccuracy.length ? [lineChart('eval token accuracy (rank 0)', evalAccuracy)] : []),
       lineChart('tokens/s per GPU', byRank(records, 'tokens_per_s_per_gpu')),
       lineChart('TFLOP/s per GPU', byRank(records, 'tflops_per_gpu')),
       lineChart('peak memory (GiB)', byRank(records, 'mem_peak_gib')),

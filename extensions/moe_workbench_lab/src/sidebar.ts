@@ -6,7 +6,8 @@ import {
   IGpuAnswer,
   IRunsAnswer,
   IRunSummary,
-  requestAPI
+  requestAPI,
+  runTitle
 } from './api';
 import { sparkline } from './svg';
 
@@ -116,7 +117,12 @@ export class WorkbenchSidebar extends Widget {
 
   private renderGpus(answer: IGpuAnswer): void {
     if (!answer.gpus.length) {
-      this.gpuSection.replaceChildren(h('div', 'mwb-note', `No GPUs: ${answer.reason ?? 'none found'}`));
+      // Plain words first; the raw error (what NVML said) only as a detail line.
+      const nodes: HTMLElement[] = [h('div', 'mwb-note mwb-gpu-none', answer.reason ?? 'No GPUs found')];
+      if (answer.detail) {
+        nodes.push(h('div', 'mwb-detail mwb-gpu-detail', answer.detail));
+      }
+      this.gpuSection.replaceChildren(...nodes);
       return;
     }
     const rows = answer.gpus.map(gpu => {
@@ -198,10 +204,16 @@ export class WorkbenchSidebar extends Widget {
       row.appendChild(err);
       return row;
     }
+    // The run's name (RunConfig.name) heads the row; the folder id is the fallback and a detail.
     const top = h('div', 'mwb-run-top');
     top.appendChild(h('span', `mwb-badge mwb-state-${run.state}`, run.state ?? '?'));
-    top.appendChild(h('span', 'mwb-run-id', run.id));
+    const title = h('span', 'mwb-run-name', runTitle(run));
+    title.title = run.name ? `${run.name} (${run.id})` : run.id;
+    top.appendChild(title);
     row.appendChild(top);
+    if (run.name) {
+      row.appendChild(h('div', 'mwb-run-id', run.id));
+    }
     if (run.error) {
       // Why a run failed or died (a dead owner is detected by the server, not written by the run).
       const why = h('div', 'mwb-error mwb-run-error', run.error.split('\n')[0]);

@@ -52,6 +52,29 @@ export interface ISeries {
   label: string;
   xs: number[];
   ys: number[];
+  /** Drawn dashed (e.g. eval loss beside the training loss). */
+  dashed?: boolean;
+}
+
+// An upper estimate of a 10px legend character's width: entries are placed before the chart is in
+// the page (nothing can be measured yet), so they are spaced by this, never closer.
+const LEGEND_CHAR_PX = 6.5;
+const LEGEND_ROW_PX = 13;
+
+/** Legend entries left to right under the title, wrapped to more rows when they do not fit. */
+function legendLayout(labels: string[], left: number, right: number): { x: number; row: number }[] {
+  let x = left;
+  let row = 0;
+  return labels.map(label => {
+    const w = 14 + label.length * LEGEND_CHAR_PX; // a swatch, then the text
+    if (x > left && x + w > right) {
+      x = left;
+      row += 1;
+    }
+    const at = { x, row };
+    x += w + 10;
+    return at;
+  });
 }
 
 function fmt(v: number, integer = false): string {
@@ -73,7 +96,10 @@ export function lineChart(
   width = 420,
   height = 220
 ): SVGSVGElement {
-  const m = { left: 52, right: 10, top: 22, bottom: 30 };
+  // The legend has its own rows between the title and the plot, so it never overlaps the title.
+  const legend = series.length > 1 ? legendLayout(series.map(s => s.label), 52, width - 10) : [];
+  const legendRows = legend.length ? Math.max(...legend.map(l => l.row)) + 1 : 0;
+  const m = { left: 52, right: 10, top: 22 + legendRows * LEGEND_ROW_PX, bottom: 30 };
   const svg = el('svg', {
     width,
     height,
@@ -117,17 +143,18 @@ export function lineChart(
   axes.appendChild(xl);
   svg.appendChild(axes);
   series.forEach((s, k) => {
+    const cls = `mwb-series mwb-series-${k % 6}${s.dashed ? ' mwb-series-dashed' : ''}`;
     const pts = s.xs.map((x, i) => `${px(x).toFixed(1)},${py(s.ys[i]).toFixed(1)}`).join(' ');
-    const line = el('polyline', { points: pts, fill: 'none', class: `mwb-series mwb-series-${k % 6}` });
-    svg.appendChild(line);
+    svg.appendChild(el('polyline', { points: pts, fill: 'none', class: cls }));
     if (s.xs.length === 1) {
       svg.appendChild(el('circle', { cx: px(s.xs[0]), cy: py(s.ys[0]), r: 3, class: `mwb-series mwb-series-${k % 6}` }));
     }
-    if (series.length > 1) {
-      // Legend entries sit in the title row, right to left, clear of the lines.
-      const legend = el('text', { x: width - m.right - 62 * (series.length - 1 - k), y: 14, class: `mwb-legend mwb-series-${k % 6}` });
-      legend.textContent = s.label;
-      svg.appendChild(legend);
+    if (legend.length) {
+      const y = 14 + (legend[k].row + 1) * LEGEND_ROW_PX;
+      const swatch = el('line', { x1: legend[k].x, y1: y - 3, x2: legend[k].x + 10, y2: y - 3, class: cls });
+      const text = el('text', { x: legend[k].x + 14, y, class: `mwb-legend mwb-series-${k % 6}` });
+      text.textContent = s.label;
+      svg.append(swatch, text);
     }
   });
   return svg;

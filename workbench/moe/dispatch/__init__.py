@@ -20,6 +20,8 @@ import torch
 
 from workbench.moe.dispatch.local import LocalDispatcher, Permutation, permute, sort_by_expert, unpermute
 
+# Shape suffixes: T tokens, D hidden.
+
 
 class Dispatcher(Protocol):
     """Moves tokens to the experts that own them and back."""

@@ -23,6 +23,8 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from workbench.moe.dispatch.local import combine_uses_triton, expand_to_rows, weighted_sum
 
+# Shape suffixes: T tokens, D hidden, K top-k, P ep ranks, S rows sent, R rows received, N routed rows.
+
 
 def _all_to_all(x: torch.Tensor, output_splits: list[int], input_splits: list[int], group) -> torch.Tensor:
     out = all_to_all_single_autograd(x.contiguous(), output_splits, input_splits, group)

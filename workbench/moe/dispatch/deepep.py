@@ -38,6 +38,8 @@ import torch.distributed as dist
 from workbench.backends import DEEPEP_EP_SIZES, INSTALL_HINT, BackendError
 from workbench.moe.dispatch.local import combine_uses_triton, expand_to_rows, weighted_sum
 
+# Shape suffixes: T tokens, D hidden, K top-k, R rows received, N routed rows.
+
 # Limits of DeepEP 1.2.x's intranode kernels, checked here so that a misfit is a clear error
 # rather than a device-side assert that takes the CUDA context down with it.
 MAX_LOCAL_EXPERTS = 128        # notify_dispatch: one thread per local expert

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+# Shape suffixes: T tokens, D hidden, K top-k, N routed rows (T x K, expert-major), 1 a size-1 dim.
+
 
 @dataclass
 class Permutation:

@@ -36,6 +36,8 @@ from workbench.moe.dispatch.local import (
     unpermute,
 )
 
+# Shape suffixes: T tokens, D hidden, N routed rows, P ep ranks (peers), E experts, L local experts.
+
 # Argument names of the op schema this module was written against (torch 2.9 .. 2.13):
 #   symm_mem::all_to_all_vdev(Tensor input, Tensor(a!) out, Tensor in_splits,
 #                             Tensor(a!) out_splits_offsets, str group_name) -> ()

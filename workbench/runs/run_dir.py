@@ -6,7 +6,7 @@ half-written config or status; metrics.jsonl is append-only and readers skip a t
 Everything is private to the owner (directories 0700, files 0600): configs name data paths, and
 checkpoints are the weights.
 A live status names its owner (pid, host, heartbeat); readers call a run whose owner is gone
-"died" (workbench.train.liveness).
+"died" (workbench.runs.liveness).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator
 
-from workbench.train.liveness import LIVE_STATES, checked_status, owner_fields
+from workbench.runs.liveness import LIVE_STATES, checked_status, owner_fields
 
 RUN_STATES = frozenset({"starting", "running", "stopping", "completed", "failed", "stopped"})
 CONFIG_FILE = "config.json"
@@ -298,13 +298,13 @@ def _progress(status: dict) -> dict:
 
 def summarize_run(path: str | os.PathLike) -> dict:
     """A JSON-able summary of one run directory (raises if it cannot be read)."""
-    from workbench.train.run_index import RunIndex, one_off_limits  # run_index builds on this module
+    from workbench.runs.run_index import RunIndex, one_off_limits  # run_index builds on this module
 
     return RunIndex(one_off_limits()).summarize(Path(path).expanduser())
 
 
 def list_runs(runs_dir: str | os.PathLike) -> list[dict]:
     """One summary per run subdirectory, newest id first; unreadable runs are flagged, not raised."""
-    from workbench.train.run_index import RunIndex, one_off_limits
+    from workbench.runs.run_index import RunIndex, one_off_limits
 
     return RunIndex(one_off_limits()).list_runs(Path(runs_dir).expanduser())

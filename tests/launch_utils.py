@@ -43,7 +43,7 @@ def _worker(rank: int, world: int, port: int, store_file: str, backend: str, env
             conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
         except BaseException:
             pass  # the parent then sees the pipe close without a result and reports the exit code
-    # gloo can abort at interpreter exit after sub-groups were used (facts.md): leave at once.
+    # gloo can abort at interpreter exit after sub-groups were used (seen in this project's runs): leave at once.
     os._exit(0)
 
 

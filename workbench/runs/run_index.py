@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from workbench.train.liveness import checked_status
-from workbench.train.run_dir import CONFIG_FILE, METRICS_FILE, STATUS_FILE
+from workbench.runs.liveness import checked_status
+from workbench.runs.run_dir import CONFIG_FILE, METRICS_FILE, STATUS_FILE
 
 SPARK_KEYS = ("tokens_per_s_per_gpu", "loss")
 # The fields of the last rank-0 record a summary shows (a record may also hold large matrices).
@@ -33,7 +33,7 @@ LAST_KEYS = ("step", "loss", "tokens_per_s_per_gpu")
 SERIES_FIELDS = (
     "step", "rank", "loss", "grad_norm", "lr", "tokens_per_s_per_gpu", "tflops_per_gpu",
     "mem_peak_gib", "mem_now_gib", "expert_load_cv", "step_time_s", "forward_s", "backward_s",
-    "optimizer_s", "time",
+    "optimizer_s", "time", "eval_loss", "eval_accuracy",
 )
 
 
@@ -314,6 +314,7 @@ class RunIndex:
             "id": shown.name,
             "readable": True,
             "path": str(shown),
+            "name": config.get("name") if isinstance(config.get("name"), str) else None,
             "model": (model.get("preset") or model.get("path")) if isinstance(model, dict) else str(model),
             "model_config": _describe(model),
             "mesh": _describe(_mesh_of(config)),

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from dist_utils import run_ranks
+from launch_utils import run_ranks
 
 BIG = 8 << 20  # over a pipe's buffer: the hand-off must finish before the rank's os._exit
 

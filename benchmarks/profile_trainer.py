@@ -1,0 +1,162 @@
+"""Where the product's training step (Trainer.train_step) spends its time on one GPU, and where the GPU idles.
+
+    python benchmarks/profile_trainer.py --layers 8 --precision bf16_sr,bf16 --out $OUT/prof
+
+Per precision mode: the step time over `--steps` queued steps (CUDA events, no sync inside), the phase
+records the trainer itself reports, then one profiled step: device time by kernel, the GPU's idle gaps
+(largest first, with the kernel before and after each gap and the CPU op running when the gap began) and
+a gzipped Chrome trace. Random init, synthetic tokens: a measurement tool, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import gzip
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def idle_gaps(prof, min_us: float = 20.0) -> dict:
+    """GPU kernel intervals of one profiled window: busy time, idle gaps and what surrounds them."""
+    kernels, cpu_ops = [], []
+    for evt in prof.events():
+        if str(evt.device_type).endswith("CUDA") and evt.time_range.elapsed_us() > 0:
+            kernels.append((evt.time_range.start, evt.time_range.end, evt.name))
+        elif str(evt.device_type).endswith("CPU") and evt.name.startswith(("aten::", "workbench.", "cuda", "Optimizer")):
+            cpu_ops.append((evt.time_range.start, evt.time_range.end, evt.name))
+    kernels.sort()
+    if not kernels:
+        return {}
+    busy, gaps, end = 0.0, [], kernels[0][0]
+    prev_name = ""
+    for start, stop, name in kernels:
+        if start > end:
+            gaps.append((start - end, end, prev_name, name))
+        busy += max(0.0, stop - max(start, end))
+        if stop > end:
+            end, prev_name = stop, name
+    wall = end - kernels[0][0]
+    gaps.sort(reverse=True)
+
+    def cpu_at(t: float) -> str:
+        inner = [op for op in cpu_ops if op[0] <= t <= op[1]]
+        return min(inner, key=lambda op: op[1] - op[0])[2] if inner else ""
+
+    top = [{"gap_us": g, "after": a[:90], "before": b[:90], "cpu_op_at_gap_start": cpu_at(t)}
+           for g, t, a, b in gaps[:25] if g >= min_us]
+    return {"wall_ms": wall / 1e3, "busy_ms": busy / 1e3, "idle_ms": (wall - busy) / 1e3,
+            "gaps_over_min": sum(1 for g in gaps if g[0] >= min_us), "top_gaps": top}
+
+
+def profile_mode(args, precision: str, out_dir: Path) -> dict:
+    """Build the trainer in this precision mode, time queued steps, profile one."""
+    from workbench.backends import BackendConfig
+    from workbench.config import DataConfig, ModelConfig, RunConfig, TrainConfig
+    from workbench.train.loop import Trainer
+    from workbench.train.profile import phase_breakdown
+
+    runs = Path(tempfile.mkdtemp(prefix="prof-trainer-"))
+    steps = args.warmup + args.steps + 2
+    train = TrainConfig(steps=steps, global_batch_size=args.batch, local_batch_size=args.batch, lr=1e-5, seed=0,
+                        optimizer=args.optimizer, precision=precision, save_final_checkpoint=False, log_every=steps)
+    rc = RunConfig(model=ModelConfig(preset=args.preset, layers=args.layers, dtype="bfloat16"),
+                   backend=BackendConfig(fused_ce=True, gate=args.gate),
+                   data=DataConfig(kind="synthetic", seq_len=args.seq), train=train, output_dir=str(runs),
+                   run_id=f"prof-{precision}")
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    trainer = Trainer(rc)
+    trainer.setup()
+    build_s = time.perf_counter() - t0
+    step = 0
+    for _ in range(args.warmup):
+        step += 1
+        trainer.train_step(step)
+    trainer.collect(wait=True)
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(args.steps):
+        step += 1
+        trainer.train_step(step)
+    stop.record()
+    records = trainer.collect(wait=True)
+    step_ms = start.elapsed_time(stop) / args.steps
+    res = {"precision": precision, "optimizer": args.optimizer, "build_s": build_s, "step_ms_queued": step_ms,
+           "tokens_per_s": args.batch * args.seq / step_ms * 1e3,
+           "records_median_ms": {k: 1e3 * statistics.median(r[k] for r in records)
+                                 for k in ("step_time_s", "forward_s", "backward_s", "optimizer_s") if k in records[0]},
+           "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+           "optimizer_updates": dict(getattr(trainer.optimizer, "updates", {}))}
+    print(precision, json.dumps({k: v for k, v in res.items()}), flush=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            step += 1
+            trainer.train_step(step)
+        torch.cuda.synchronize()
+    trainer.collect(wait=True)
+    res["phases_ms_per_step"] = phase_breakdown(prof.events(), "cuda", 2)
+    res["gpu_timeline"] = idle_gaps(prof)
+    kernels: dict[str, float] = {}
+    for evt in prof.key_averages():
+        if evt.device_time_total > 0 and str(evt.device_type).endswith("CUDA"):
+            kernels[evt.key] = evt.device_time_total / 1e3 / 2
+    res["top_kernels_ms_per_step"] = sorted(kernels.items(), key=lambda kv: -kv[1])[:40]
+    res["kernel_total_ms_per_step"] = sum(kernels.values())
+    ops = []
+    for evt in prof.key_averages():
+        if evt.key.startswith(("aten::", "workbench.", "cuda")) and evt.cpu_time_total > 0:
+            ops.append((evt.key, evt.cpu_time_total / 1e3 / 2, evt.count // 2))
+    res["top_cpu_ops_ms_per_step"] = sorted(ops, key=lambda o: -o[1])[:40]
+    trace = out_dir / f"trace-{precision}.json"
+    t0 = time.perf_counter()
+    prof.export_chrome_trace(str(trace))
+    res["trace_export_s"] = time.perf_counter() - t0
+    with open(trace, "rb") as src, gzip.open(str(trace) + ".gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    trace.unlink()
+    tl = res["gpu_timeline"]
+    print(f"{precision}: wall {tl.get('wall_ms', 0):.1f} ms busy {tl.get('busy_ms', 0):.1f} idle {tl.get('idle_ms', 0):.1f}")
+    for g in tl.get("top_gaps", [])[:12]:
+        print(f"  gap {g['gap_us']:8.0f} us  cpu={g['cpu_op_at_gap_start'][:40]:40s} after={g['after'][:50]} before={g['before'][:50]}")
+    for name, ms in res["top_kernels_ms_per_step"][:20]:
+        print(f"  {ms:8.2f} ms  {name[:110]}")
+    del trainer
+    gc.collect()
+    torch.cuda.empty_cache()
+    shutil.rmtree(runs, ignore_errors=True)
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="qwen3-30b-a3b")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--gate", default="native")
+    p.add_argument("--optimizer", default="adamw")
+    p.add_argument("--precision", default="bf16_sr,bf16", help="comma-separated train.precision modes")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--out", default="profile-out")
+    args = p.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = {"args": vars(args), "device": torch.cuda.get_device_name(), "torch": torch.__version__, "modes": []}
+    for precision in args.precision.split(","):
+        result["modes"].append(profile_mode(args, precision, out_dir))
+        (out_dir / "profile-trainer.json").write_text(json.dumps(result, indent=1, default=str))
+    print("wrote", out_dir / "profile-trainer.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""The train section of a RunConfig: steps, batch sizes, AdamW, schedule, checkpoints, resume rules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workbench.config_checks import ConfigError, check_float, check_int
+
+# "adamw": Triton AdamW on CUDA (torch's fused math, more bandwidth), torch AdamW elsewhere;
+# "adamw_torch": always torch.optim.AdamW (fused on CUDA); "adamw_triton": always TritonAdamW
+OPTIMIZERS = ("adamw", "adamw_torch", "adamw_triton")
+# How a bf16 model's weights are updated (workbench.train.precision); on float32 weights every one is plain float32.
+PRECISIONS = ("auto", "bf16", "bf16_sr", "fp32_master")
+
+# Settings a resume must keep unless train.resume_allow_changes names them: the LR schedule, the
+# optimizer's update and the data position in the checkpoint depend on them. train.optimizer is
+# not one: torch's and the Triton AdamW share their state and may be swapped on resume.
+RESUME_FIELDS = ("train.steps", "train.warmup_steps", "train.lr", "train.min_lr_ratio", "train.global_batch_size",
+                 "train.weight_decay", "train.betas", "train.precision",
+                 "data.kind", "data.path", "data.tokenizer", "data.seq_len", "data.pack", "data.max_length",
+                 "data.data_files", "data.split", "data.format", "data.columns", "data.assistant_only_loss",
+                 "data.eval_fraction", "data.eval_files", "lora.rank", "lora.alpha", "lora.dropout", "lora.targets")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimization and bookkeeping: steps, batch sizes, AdamW, schedule, checkpoints."""
+
+    steps: int = 20
+    global_batch_size: int = 8  # sequences per optimizer step, over all data-parallel ranks
+    local_batch_size: int = 4  # sequences per forward on one rank
+    grad_accum: int | None = None  # None = global / (local * dp); if set it must agree
+    lr: float = 3e-3
+    warmup_steps: int = 2
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    clip_grad_norm: float | None = 1.0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    optimizer: str = "adamw"  # one of OPTIMIZERS
+    # one of PRECISIONS: "bf16" rounds each update to nearest (loses most at lr 1e-5), "bf16_sr" rounds
+    # it stochastically, "fp32_master" keeps float32 weights in the optimizer; "auto" = bf16_sr
+    precision: str = "auto"
+    seed: int = 0
+    activation_checkpointing: bool = False  # recompute each decoder layer in backward (train/activation_checkpoint.py)
+    # Aux-loss-free balancing (DeepSeek-V3): after each step, bias_e += rate * sign(mean load - load_e); 0 = off.
+    router_bias_update_rate: float = 0.0
+    checkpoint_every: int | None = None  # steps; None = only at the end
+    save_final_checkpoint: bool = True
+    export_hf: bool = False  # write a vanilla HF checkpoint (save_pretrained) at the end
+    log_every: int = 1  # print to stdout every N steps (metrics are recorded every step)
+    resume_from: str | None = None  # a checkpoint directory, or a run directory (latest checkpoint)
+    resume_allow_changes: tuple[str, ...] = ()  # RESUME_FIELDS this run may change from the checkpoint's
+
+    def __post_init__(self) -> None:
+        check_int(self.steps, "train.steps", 1)
+        check_int(self.global_batch_size, "train.global_batch_size", 1)
+        check_int(self.local_batch_size, "train.local_batch_size", 1)
+        check_int(self.grad_accum, "train.grad_accum", 1, allow_none=True)
+        if self.global_batch_size % self.local_batch_size:
+            raise ConfigError(f"train.global_batch_size ({self.global_batch_size}) must be a multiple of "
+                              f"train.local_batch_size ({self.local_batch_size})")
+        check_float(self.lr, "train.lr", 0.0)
+        check_int(self.warmup_steps, "train.warmup_steps", 0)
+        check_float(self.min_lr_ratio, "train.min_lr_ratio", 0.0, 1.0)
+        if self.clip_grad_norm is not None:
+            check_float(self.clip_grad_norm, "train.clip_grad_norm", 0.0)
+            if self.clip_grad_norm == 0:  # clipping to norm 0 zeroes every update: the run would not train
+                raise ConfigError("train.clip_grad_norm must be > 0 (0 zeroes every update); "
+                                  "use null (None) to turn clipping off")
+        check_float(self.weight_decay, "train.weight_decay", 0.0)
+        if (not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2
+                or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas)):
+            raise ConfigError(f"train.betas must be two finite numbers in [0, 1), got {self.betas!r}")
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"train.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.optimizer == "adamw_torch" and self.precision in ("bf16_sr", "fp32_master"):
+            raise ConfigError(f"train.precision={self.precision!r} needs the workbench AdamW: set train.optimizer "
+                              "to 'adamw' (or 'adamw_triton'), or train.precision to 'bf16'")
+        check_int(self.seed, "train.seed", 0)
+        check_float(self.router_bias_update_rate, "train.router_bias_update_rate", 0.0)
+        check_int(self.checkpoint_every, "train.checkpoint_every", 1, allow_none=True)
+        check_int(self.log_every, "train.log_every", 1)
+        allowed = self.resume_allow_changes
+        if (not isinstance(allowed, (tuple, list)) or not all(isinstance(n, str) for n in allowed)
+                or set(allowed) - set(RESUME_FIELDS)):
+            raise ConfigError(f"train.resume_allow_changes must be a list of names from {list(RESUME_FIELDS)}, "
+                              f"got {allowed!r}")
+        if "train.precision" in allowed:
+            # fp32_master keeps float32 master weights in the optimizer state and the others do not: the
+            # checkpoint's optimizer state cannot be read as another mode's.
+            raise ConfigError("train.precision cannot change on resume (its optimizer state differs between modes); "
+                              "keep the checkpoint's precision, or start a new run from the exported model "
+                              "(train.export_hf) with another one")
+        object.__setattr__(self, "resume_allow_changes", tuple(allowed))
+        for name in ("activation_checkpointing", "save_final_checkpoint", "export_hf"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"train.{name} must be true or false, got {getattr(self, name)!r}")
+
+    def accumulation_steps(self, dp: int) -> int:
+        """Micro-batches per rank per optimizer step for a data-parallel size `dp`."""
+        per_rank, rem = divmod(self.global_batch_size, dp)
+        if rem or per_rank % self.local_batch_size:
+            raise ConfigError(
+                f"train.global_batch_size ({self.global_batch_size}) must be a multiple of "
+                f"local_batch_size ({self.local_batch_size}) x data-parallel size ({dp})")
+        accum = per_rank // self.local_batch_size
+        if self.grad_accum is not None and self.grad_accum != accum:
+            raise ConfigError(f"train.grad_accum={self.grad_accum} disagrees with global_batch_size / "
+                              f"(local_batch_size x dp) = {accum}; drop grad_accum or fix the batch sizes")
+        return accum
