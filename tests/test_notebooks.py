@@ -71,7 +71,7 @@ def _assert_saved_small(nb, path: Path) -> None:
     nbformat.write(nb, path)
     states = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     anywidgets = [m["state"] for m in states.values() if m["model_name"] == "AnyModel"]
-    figures = [s for s in anywidgets if "_data" in s]  # plotly's; the Studio's FigureFit is one too
+    figures = [s for s in anywidgets if "_widget_layout" in s]  # plotly's; the Studio's FigureFit is one too
     assert figures, "the Studio shows its plots as plotly FigureWidgets"
     assert all("moe-workbench/plotly/" in f["_esm"] for f in figures)
     assert all(len(s["_esm"]) < 2000 for s in anywidgets)
