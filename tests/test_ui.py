@@ -78,12 +78,13 @@ def test_backend_choices_from_rank_records_name_the_rank():
     panel = BackendPanel(infos, "cpu", 2)
     button = panel.rows["experts"].buttons["grouped_mm"]
     assert button.disabled and "old torch" in button.tooltip
-    assert "rank 1: old torch" in panel.rows["experts"].reasons.value
+    assert ("experts=grouped_mm", "rank 1: old torch") in panel.rows["experts"].reasons
+    assert "rank 1: old torch" in panel.unavailable.value and "<details" in panel.unavailable.value
     assert "auto = <b>loop</b>" in panel.rows["experts"].auto.value
     with pytest.raises(ValueError, match="unavailable"):
         panel.rows["experts"].value = "grouped_mm"
     panel.rows["experts"].value = "loop"
-    panel.rows["gate"].value = "balanced"
+    panel.balanced_gate.value = True
     assert panel.backend_config() == BackendConfig(experts="loop", gate="balanced")
     panel.expert_recompute.value = True
     assert panel.backend_config() == BackendConfig(experts="loop", gate="balanced", expert_recompute=True)
@@ -228,8 +229,11 @@ def test_live_plots_draw_real_records(tiny_run_dir):
     plots.update(records[1:])
     traces = {(t.name, tuple(t.x)): t for t in plots.figure.data if t.type == "scatter"}
     tokens = [t for t in plots.figure.data if t.type == "scatter" and t.showlegend]
-    assert len(tokens) == 1 and list(tokens[0].x) == [1, 2, 3]
-    assert list(tokens[0].y) == [r["tokens_per_s_per_gpu"] for r in records]
+    # The line holds the steps after the warm-up step 1; step 1 is a marker of its own.
+    assert len(tokens) == 1 and list(tokens[0].x) == [2, 3]
+    assert list(tokens[0].y) == [r["tokens_per_s_per_gpu"] for r in records[1:]]
+    warm = [t for t in plots.figure.data if t.name == "warm-up step, rank 0" and t.xaxis == "x"][0]
+    assert list(warm.x) == [1] and list(warm.y) == [records[0]["tokens_per_s_per_gpu"]]
     loss = [t for t in plots.figure.data if t.name == "loss"][0]
     assert list(loss.y) == [r["loss"] for r in records]
     heat = [t for t in plots.figure.data if t.type == "heatmap"][0]
@@ -249,7 +253,7 @@ def test_live_plots_draw_the_runs_own_records(tiny_run_dir):
     assert plots._records == {}  # no second copy of the run's records
     assert plots.records == run.records and [r["step"] for r in plots.records] == [1, 2, 3]
     tokens = [t for t in plots.figure.data if t.type == "scatter" and t.showlegend]
-    assert list(tokens[0].x) == [1, 2, 3]
+    assert list(tokens[0].x) == [2, 3]
     heat = [t for t in plots.figure.data if t.type == "heatmap"][0]
     assert list(map(list, heat.z)) == live_series(run.records)["expert_load"]["z"]
     assert "step 3" in plots.figure.layout.annotations[4].text
@@ -296,6 +300,216 @@ def test_compare_runs_labels_by_difference(tiny_run_dir, tmp_path):
         compare.set_runs([])
 
 
+# -- issue 18: a Studio that looks finished ----------------------------------------------------------------
+
+
+def test_summary_strip_figures_from_a_real_runs_metrics(tiny_run_dir):
+    import statistics
+
+    from workbench.runs.run_dir import RunDir
+    from workbench.ui.series import ema
+    from workbench.ui.summary import peak_tflops, strip_html, summarize_live
+
+    records = RunDir.open(tiny_run_dir).read_metrics()
+    by_step = {r["step"]: r for r in records}  # one rank
+    s = summarize_live(records, total_steps=10, capacities_gib={0: 8.0}, peak=100.0, smoothing=0.5)
+    assert s.step == 3 and s.total_steps == 10 and s.window == (2, 3)  # warm-up step 1 left out
+    tokens = [by_step[k]["tokens_per_s_per_gpu"] for k in (2, 3)]
+    assert s.tokens_per_s_per_gpu == pytest.approx(statistics.median(tokens))
+    tflops = statistics.median([by_step[k]["tflops_per_gpu"] for k in (2, 3)])
+    assert s.tflops_per_gpu == pytest.approx(tflops) and s.mfu_pct == pytest.approx(tflops)  # peak 100
+    step_time = statistics.median([by_step[k]["step_time_s"] for k in (2, 3)])
+    assert s.eta_s == pytest.approx(7 * step_time)
+    (mem,) = s.memory
+    assert (mem.rank, mem.used_gib, mem.capacity_gib, mem.kind) == (0, by_step[3]["mem_peak_gib"], 8.0, "cpu_rss")
+    assert s.loss == by_step[3]["loss"]
+    assert s.loss_smoothed == pytest.approx(ema([by_step[k]["loss"] for k in (1, 2, 3)], 0.5)[-1])
+    assert s.loss_smoothed != s.loss
+    html_text = strip_html(s)
+    assert f"data-key='tokens_per_s_per_gpu' data-value='{s.tokens_per_s_per_gpu!r}'" in html_text
+    assert f"{s.tokens_per_s_per_gpu:,.0f}" in html_text and f"{s.loss:.4f}" in html_text
+    assert f"{mem.used_gib:.2f} / 8.0" in html_text
+    # No datasheet peak for a CPU: MFU is n/a, not 0.
+    cpu = summarize_live(records, total_steps=3)
+    assert cpu.mfu_pct is None and cpu.eta_s == 0 and ">n/a<" in strip_html(cpu)
+    assert peak_tflops("NVIDIA H200") == 989.0 and peak_tflops("Intel(R) Xeon(R)") is None
+
+
+def test_summary_strip_takes_the_mean_over_ranks_and_waits_for_every_rank():
+    from workbench.ui.summary import summarize_live
+
+    def rec(rank, step, tps, t):
+        return {"rank": rank, "step": step, "loss": 2.0 / step, "tokens_per_s_per_gpu": tps, "tflops_per_gpu": 1.0,
+                "step_time_s": t, "mem_peak_gib": 1.0 + rank, "mem_kind": "cuda_allocated"}
+
+    records = [rec(0, 1, 5.0, 9.0), rec(1, 1, 7.0, 9.5), rec(0, 2, 100.0, 1.0), rec(1, 2, 200.0, 2.0),
+               rec(0, 3, 1000.0, 0.1)]  # step 3 lacks rank 1
+    s = summarize_live(records, total_steps=4)
+    assert s.window == (2,) and s.tokens_per_s_per_gpu == 150.0 and s.step_time_s == 2.0  # slowest rank
+    assert s.step == 3 and s.eta_s == 2.0 and [m.used_gib for m in s.memory] == [1.0, 2.0]
+
+
+def test_live_plots_keep_the_warm_up_step_off_the_scale(tiny_run_dir):
+    from workbench.runs.run_dir import RunDir
+
+    records = RunDir.open(tiny_run_dir).read_metrics()
+    records[0] = {**records[0], "tokens_per_s_per_gpu": records[0]["tokens_per_s_per_gpu"] / 20}  # a slow warm-up
+    plots = LivePlots()
+    plots.update(records)
+    steady = [r["tokens_per_s_per_gpu"] for r in records[1:]]
+    low, high = plots.figure.layout.yaxis.range
+    assert low <= min(steady) and high >= max(steady) and low > records[0]["tokens_per_s_per_gpu"]
+    assert "warm-up step 1" in plots.figure.layout.annotations[0].text
+    warm = [t for t in plots.figure.data if t.name == "warm-up step, rank 0" and t.yaxis == "y"]
+    assert list(warm[0].x) == [1] and warm[0].mode == "markers"
+    # Memory and loss keep every step on their scale.
+    assert plots.figure.layout.yaxis3.range is None
+    assert list([t for t in plots.figure.data if t.name == "loss"][0].x) == [1, 2, 3]
+
+
+def test_expert_load_colour_bar_starts_at_zero(tiny_run_dir):
+    from workbench.runs.run_dir import RunDir
+
+    plots = LivePlots()
+    plots.update(RunDir.open(tiny_run_dir).read_metrics())
+    heat = [t for t in plots.figure.data if t.type == "heatmap"][0]
+    top = max(v for row in heat.z for v in row)
+    assert heat.zmin == 0 and heat.zmax == max(2.0, top) and heat.zmid is None
+    # White (the uniform share) sits at load 1.0 on the bar.
+    assert [stop for stop, _ in heat.colorscale] == pytest.approx([0.0, 1.0 / heat.zmax, 1.0])
+
+
+def test_loss_smoothing(tiny_run_dir):
+    from workbench.runs.run_dir import RunDir
+    from workbench.ui.series import ema
+
+    records = RunDir.open(tiny_run_dir).read_metrics()
+    plots = LivePlots()
+    plots.update(records)
+    assert not [t for t in plots.figure.data if t.name == "loss (smoothed)"]
+    plots.smoothing.value = 0.6
+    (smooth,) = [t for t in plots.figure.data if t.name == "loss (smoothed)"]
+    assert list(smooth.y) == pytest.approx(ema([r["loss"] for r in records], 0.6))
+    assert ema([4.0, 2.0], 0.5) == pytest.approx([4.0, (0.25 * 4 + 0.5 * 2) / 0.75])
+    with pytest.raises(ValueError, match="smoothing"):
+        ema([1.0], 1.0)
+
+
+def test_compare_labels_come_from_resolved_settings(tiny_run_dir, tmp_path):
+    from workbench.train import finetune
+    from workbench.ui.series import labels_from_configs, resolved_settings
+
+    # The same backends asked for by name that "auto" resolved to in tiny_run_dir: not a difference.
+    explicit = BackendConfig(experts="grouped_mm", dispatcher="local", attention="sdpa", rms_norm="torch")
+    other = finetune(RunConfig.demo(output_dir=str(tmp_path), train__steps=2, train__save_final_checkpoint=False,
+                                    backend=explicit))
+    compare = CompareRuns([tiny_run_dir, other["run_dir"]])
+    assert list(compare.frame.groupby("label", sort=False).size().index) == ["steps=3", "steps=2"]
+    balanced = finetune(RunConfig.demo(output_dir=str(tmp_path), train__steps=2, train__save_final_checkpoint=False,
+                                       backend=BackendConfig(experts="loop", gate="balanced")))
+    compare.set_runs([other["run_dir"], balanced["run_dir"]])
+    labels = list(compare.frame.groupby("label", sort=False).size().index)
+    assert labels == ["experts=grouped_mm \u00b7 gate=native", "experts=loop \u00b7 gate=balanced"]
+    # A config the trainer has not recorded yet is resolved as its ranks will resolve it.
+    asked = RunConfig.demo().to_dict()
+    assert resolved_settings(asked)["backend"]["experts"] == "grouped_mm"
+    named = RunConfig.demo(backend=explicit).to_dict()
+    assert labels_from_configs([asked, named], ["a", "b"]) == ["a", "b"]  # nothing differs: named by id
+
+
+def test_compare_tab_empty_states_and_run_list(tiny_run_dir, tmp_path):
+    from pathlib import Path
+
+    empty_dir = tmp_path / "none"
+    compare = CompareRuns(runs_dir=empty_dir)
+    assert "No runs in" in compare.empty.value and compare.plots.layout.display == "none"
+    compare = CompareRuns(runs_dir=Path(tiny_run_dir).parent)
+    assert "No runs compared yet" in compare.empty.value and compare.plots.layout.display == "none"
+    assert compare.compare_selected() is None
+    assert "No run selected" in compare.empty.value and compare.plots.layout.display == "none"
+    (label, path), = compare.picker.options
+    assert "{" not in label and label.startswith(Path(tiny_run_dir).name) and "tiny" in label
+    assert "completed" in label and "dp1" in label and "step 3/3" in label
+    compare.picker.value = (path,)
+    table = compare.compare_selected()
+    assert list(table["steps"]) == [3] and compare.empty.layout.display == "none" and compare.plots.layout.display == ""
+    # The legend sits under the plots, clear of the subplot titles.
+    assert compare.figure.layout.legend.y < 0
+
+
+def test_profile_tab_before_the_first_profile():
+    from workbench.ui import ProfilePanel
+
+    panel = ProfilePanel()
+    assert "No profile yet" in panel.empty.value and "<b>Profile</b>" in panel.empty.value
+    assert panel.results.layout.display == "none" and panel.empty.layout.display != "none"
+    assert panel.button.description == "Profile" and not panel.button.disabled
+    assert len(panel.figure.data) == 0 and not panel.figure.layout.title.text
+    panel.button.click()  # no cluster: the reason shows in the tab, not only in the kernel log
+    assert "needs a cluster" in panel.status.value and not panel.button.disabled
+
+
+def test_balanced_gate_is_a_benchmark_setting():
+    panel = BackendPanel(None, "cpu", 2)
+    assert "gate" not in panel.rows  # not a choice beside the real router
+    assert panel.backend_config().gate == "native"
+    assert "benchmark" in panel.balanced_gate.description and panel.benchmark.get_title(0) == "Benchmark settings"
+    panel.balanced_gate.value = True
+    assert panel.backend_config().gate == "balanced"
+    assert BackendPanel(None, "cpu", 2, backend=BackendConfig(gate="balanced")).balanced_gate.value
+
+
+def test_setup_labels_take_the_width_of_their_text():
+    from workbench.ui import ModelPanel
+    from workbench.ui.run_panel import RunPanel
+
+    panels = [ModelPanel().widget, MeshPanel(2).widget, BackendPanel(None, "cpu", 2).widget, RunPanel().widget]
+
+    def walk(w):
+        yield w
+        for child in getattr(w, "children", ()):
+            yield from walk(child)
+
+    import ipywidgets as W
+
+    widgets = [w for p in panels for w in walk(p)]
+    buttons = [w for w in widgets if isinstance(w, (W.Button, W.ToggleButton))]
+    assert buttons and all(b.layout.width == "auto" for b in buttons)  # as wide as their text
+    described = [w for w in widgets if getattr(w, "description", "") and w not in buttons]
+    fixed = [w.description for w in described if w.style.description_width != "initial"
+             and not (hasattr(w, "indent") and w.indent is False)]
+    assert described and fixed == []  # a fixed description width cut "global batch" to "global bat..."
+    rows = [w for w in widgets if isinstance(w, W.HBox)]
+    assert all(r.layout.flex_flow == "row wrap" for r in rows)  # rows wrap on a narrow notebook
+
+
+def test_progress_bars_cut_nothing_off(tiny_run_dir):
+    from workbench.cluster import Run
+    from workbench.ui.summary import ProgressLine
+
+    run = Run.from_dir(tiny_run_dir)
+    bar, label = run.progress.children  # the Run's own bar (run.progress in a notebook)
+    assert bar.description == "" and label.layout.width == "auto" and run.progress.layout.flex_flow == "row wrap"
+    assert label.value.startswith("completed at step 3/3")
+    line = ProgressLine(run)  # the Studio's: an HTML line that wraps
+    assert line.bar.value == 3 and line.widget.layout.flex_flow == "row wrap"
+    assert "completed at step 3/3 in " in line.label.value
+
+
+def test_figures_follow_the_width_the_browser_reports():
+    from workbench.ui.resize import FigureFit
+
+    plots, compare = LivePlots(), CompareRuns()
+    fit = FigureFit()
+    fit.fit(plots.figure, margin_px=48)
+    fit.fit(compare.figure, margin_px=48)
+    assert plots.figure.layout.width is None  # nothing measured yet: plotly's own size
+    fit.width = 1000  # what the widget's ResizeObserver sends from the page
+    assert plots.figure.layout.width == compare.figure.layout.width == 952
+    fit.width = 300  # a very narrow notebook: never below a readable minimum
+    assert plots.figure.layout.width == 320
+
+
 # -- on a real 2-rank cluster ---------------------------------------------------------------------------
 
 
@@ -316,7 +530,7 @@ def test_studio_runs_and_profiles_on_a_cluster(cluster, tmp_path):
     assert [studio.tabs.get_title(i) for i in range(4)] == ["Setup", "Live", "Compare", "Profile"]
     assert [o.mesh.ep for _, o in studio.mesh.mesh.options] == [1, 2]
     assert studio.backend.rows["dispatcher"].buttons["local"].disabled  # default mesh ep=2
-    assert "rank 0:" in studio.backend.rows["experts"].reasons.value  # te unavailable, from cluster.info()
+    assert "rank 0:" in studio.backend.unavailable.value  # te unavailable, from cluster.info()
     studio.run_panel.global_batch.value = 3
     with pytest.raises(ConfigError, match="multiple"):
         studio.run_config()
@@ -329,6 +543,15 @@ def test_studio_runs_and_profiles_on_a_cluster(cluster, tmp_path):
     ranks = {t.name for t in studio.live.figure.data if t.type == "scatter" and t.showlegend}
     assert ranks == {"rank 0", "rank 1"}
     assert len(studio.live.records) == 4
+    # The summary strip shows the run's own metrics.jsonl figures, both ranks' memory against their RAM.
+    from workbench.runs.run_dir import RunDir
+    from workbench.ui.summary import summarize_live
+
+    disk = RunDir.open(run.path).read_metrics()
+    assert studio.strip.summary == summarize_live(disk, 2, studio.strip.capacities)
+    assert [m.rank for m in studio.strip.summary.memory] == [0, 1] and set(studio.strip.capacities) == {0, 1}
+    assert studio.strip.summary.step == 2 and "2/2" in studio.strip.widget.value
+    assert not studio.run_panel.start_button.disabled and not studio.profiler.button.disabled
     assert any(str(run.path) == value for _, value in studio.compare.picker.options)
 
     profile_run = studio.profiler.profile(wait=True)
@@ -355,7 +578,7 @@ def test_run_panel_stop_button_stops_the_run(cluster, tmp_path):
     panel.on_run(live.attach)
     panel.start_button.click()
     run = panel.run
-    assert run is not None and not panel.stop_button.disabled
+    assert run is not None and not panel.stop_button.disabled and panel.start_button.disabled
     deadline = time.monotonic() + 120
     while (run.last_step or 0) < 1:
         assert time.monotonic() < deadline and not run.done, run.status
@@ -363,9 +586,12 @@ def test_run_panel_stop_button_stops_the_run(cluster, tmp_path):
     panel.stop_button.click()
     status = run.wait(timeout=120)
     assert status["state"] == "stopped" and status["step"] < 200
-    assert "stopped" in panel.status.value and panel.stop_button.disabled
+    assert "stopped" in panel.status.value and panel.stop_button.disabled and not panel.start_button.disabled
     assert bar_value(panel) == status["step"]
     assert max(live.series()["loss"][0]) == status["step"]
+    # Redraws are throttled while the run goes; the last records are drawn once it ends.
+    (loss,) = [t for t in live.figure.data if t.name == "loss"]
+    assert max(loss.x) == status["step"]
 
 
 def bar_value(panel) -> int:

@@ -27,6 +27,32 @@ def _error_html(text: str) -> str:
     return f"<span style='color:#b00020'>{html.escape(text)}</span>" if text else ""
 
 
+# Labels and descriptions take the width their text needs: a fixed width cut them off ("global bat…").
+WIDE = {"description_width": "initial"}
+# Settings that exist for benchmarks, not for training a model: shown apart from the real choices.
+BENCHMARK_FIELDS = ("gate",)
+
+
+def fit_layout() -> W.Layout:
+    """A control as wide as its content, never squeezed (a row wraps instead)."""
+    return W.Layout(width="auto", flex="0 0 auto")
+
+
+def wrap_row(children: list, **layout: Any) -> W.HBox:
+    """A row that wraps onto the next line on a narrow notebook instead of cutting its children off."""
+    return W.HBox(children, layout=W.Layout(flex_flow="row wrap", align_items="center", **layout))
+
+
+def unavailable_html(reasons: list[tuple[str, str]]) -> str:
+    """One collapsible line listing the choices the ranks cannot run and why (empty when none)."""
+    if not reasons:
+        return ""
+    items = "".join(f"<li><code>{html.escape(name)}</code>: {html.escape(why)}</li>" for name, why in reasons)
+    return (f"<details class='mwb-unavailable' style='color:#666;font-size:12px'><summary>{len(reasons)} "
+            "choices unavailable on these ranks (greyed out; hover one for why)</summary>"
+            f"<ul style='margin:2px 0 0 0'>{items}</ul></details>")
+
+
 class ModelPanel:
     """A preset (listed by family with total and active parameters) with a layer count, or a local checkpoint."""
 
@@ -34,10 +60,13 @@ class ModelPanel:
                  dtype: str = "auto") -> None:
         options = [(o.label, o.name) for o in preset_options()]
         self.preset = W.Dropdown(options=[*options, (CUSTOM_CHECKPOINT, CUSTOM_CHECKPOINT)], description="model",
-                                 layout=W.Layout(width="max-content"))
-        self.layers = W.BoundedIntText(min=1, max=1024, description="layers")
-        self.path = W.Text(placeholder="/path/to/checkpoint (config.json + safetensors)", description="path")
-        self.dtype = W.Dropdown(options=list(DTYPES), value=dtype, description="dtype")
+                                 style=WIDE, layout=W.Layout(width="max-content", max_width="100%"))
+        self.layers = W.BoundedIntText(min=1, max=1024, description="layers", style=WIDE,
+                                       layout=W.Layout(width="150px"))
+        self.path = W.Text(placeholder="/path/to/checkpoint (config.json + safetensors)", description="path",
+                           style=WIDE, layout=W.Layout(width="100%"))
+        self.dtype = W.Dropdown(options=list(DTYPES), value=dtype, description="dtype", style=WIDE,
+                                layout=W.Layout(width="max-content"))
         self.summary = W.HTML()
         self.error = W.HTML()
         self._listeners: list[Callable[[], None]] = []
@@ -48,8 +77,8 @@ class ModelPanel:
         self.preset.observe(self._on_preset, "value")
         for w in (self.layers, self.path, self.dtype):
             w.observe(lambda _: self._changed(), "value")
-        self.widget = W.VBox([W.HTML("<b>Model</b>"), W.HBox([self.preset, self.layers]), self.path,
-                              self.dtype, self.summary, self.error])
+        self.widget = W.VBox([W.HTML("<b>Model</b>"), wrap_row([self.preset, self.layers, self.dtype]), self.path,
+                              self.summary, self.error])
         self._sync_path_visibility()
         self._changed()
 
@@ -112,7 +141,7 @@ class MeshPanel:
         self.world_size = world_size
         self.device_type = device_type
         self.device_memory_gib = device_memory_gib
-        self.mesh = W.Dropdown(description="mesh", layout=W.Layout(width="max-content"))
+        self.mesh = W.Dropdown(description="mesh", style=WIDE, layout=W.Layout(width="max-content", max_width="100%"))
         self.details = W.HTML()
         self._cfg: Any = None
         self._training = dict(seq_len=128, local_batch=4, dtype="auto", activation_checkpointing=False,
@@ -183,19 +212,18 @@ class MeshPanel:
 
 
 class ChoiceRow:
-    """One BackendConfig field as toggle buttons; unavailable choices are disabled with the reason."""
+    """One BackendConfig field as toggle buttons; unavailable choices are disabled, the reason on hover."""
 
     def __init__(self, field: str, choices: list, value: str) -> None:
         self.field = field
         self.buttons: dict[str, W.ToggleButton] = {}
         for c in choices:
-            self.buttons[c.value] = W.ToggleButton(description=c.value, value=c.value == value,
-                                                   layout=W.Layout(width="auto"))
+            self.buttons[c.value] = W.ToggleButton(description=c.value, value=c.value == value, layout=fit_layout())
             self.buttons[c.value].observe(self._on_toggle(c.value), "value")
-        self.auto = W.HTML()
-        self.reasons = W.HTML()
-        self.widget = W.VBox([W.HBox([W.Label(field, layout=W.Layout(width="90px")), *self.buttons.values(),
-                                      self.auto]), self.reasons])
+        self.auto = W.HTML(layout=fit_layout())
+        self.reasons: list[tuple[str, str]] = []  # (field.choice, why) of the disabled choices
+        label = W.Label(field, layout=W.Layout(width="auto", min_width="104px", flex="0 0 auto"))
+        self.widget = wrap_row([label, *self.buttons.values(), self.auto])
         self.set_choices(choices)
 
     def _on_toggle(self, value: str) -> Callable[[dict], None]:
@@ -213,16 +241,15 @@ class ChoiceRow:
         for c in choices:
             button = self.buttons[c.value]
             button.disabled = not c.available
-            button.tooltip = c.reason or c.value
+            button.tooltip = f"unavailable: {c.reason}" if not c.available else (c.reason or c.value)
             if not c.available:
-                reasons.append(f"{c.value}: {html.escape(c.reason)}")
+                reasons.append((f"{self.field}={c.value}", c.reason))
                 if button.value:  # the chosen one went away: fall back to the first available
                     button.value = False
                     first = next(x for x in choices if x.available)
                     self.buttons[first.value].value = True
         self.choices = {c.value: c for c in choices}
-        self.reasons.value = ("<small style='color:#666'>unavailable: " + "; ".join(reasons) + "</small>"
-                              if reasons else "")
+        self.reasons = reasons
 
     @property
     def value(self) -> str:
@@ -238,23 +265,39 @@ class ChoiceRow:
 
 
 class BackendPanel:
-    """Every BackendConfig field; what the ranks lack is disabled with why; what "auto" becomes."""
+    """Every BackendConfig field; what the ranks lack is disabled with why; what "auto" becomes.
+
+    The balanced gate (round-robin routing, BackendConfig.gate="balanced") is a benchmark setting:
+    it trains no router, so it sits under "Benchmark settings", not beside the real router.
+    """
 
     def __init__(self, rank_infos: list[dict] | None = None, device_type: str = "cpu", world_size: int = 1,
                  backend: BackendConfig | None = None) -> None:
         self.rank_infos, self.device_type, self.world_size, self.ep = rank_infos, device_type, world_size, 1
         backend = backend or BackendConfig()
         choices = backend_choices(rank_infos, device_type, world_size, self.ep)
-        self.rows = {f: ChoiceRow(f, choices[f], getattr(backend, f)) for f in CHOICES}
-        self.fused_ce = W.Checkbox(value=backend.fused_ce, description="fused linear cross-entropy")
-        self.expert_recompute = W.Checkbox(value=backend.expert_recompute,
+        self.rows = {f: ChoiceRow(f, choices[f], getattr(backend, f)) for f in CHOICES if f not in BENCHMARK_FIELDS}
+        self.fused_ce = W.Checkbox(value=backend.fused_ce, description="fused linear cross-entropy", indent=False,
+                                   layout=fit_layout())
+        self.expert_recompute = W.Checkbox(value=backend.expert_recompute, indent=False, layout=fit_layout(),
                                            description="recompute expert MLPs (less memory)")
-        self.fp8 = W.Checkbox(value=backend.fp8, description="FP8 GEMMs (TransformerEngine, Hopper)")
+        self.fp8 = W.Checkbox(value=backend.fp8, description="FP8 GEMMs (TransformerEngine, Hopper)", indent=False,
+                              layout=fit_layout())
+        self.balanced_gate = W.Checkbox(value=backend.gate == "balanced", indent=False, layout=fit_layout(),
+                                        description="balanced gate: round-robin routing, benchmark only")
+        self.balanced_gate.tooltip = ("gate='balanced' sends tokens to experts round-robin (perfectly even load) "
+                                      "to measure dispatch and expert kernels; the model's router is not used or "
+                                      "trained, so a run with it is no fine-tuning")
+        self.benchmark = W.Accordion(children=[W.VBox([self.balanced_gate, W.HTML(
+            "<small style='color:#666'>For speed measurements (workbench bench): the loss of such a run "
+            "means nothing.</small>")])], titles=("Benchmark settings",), selected_index=None)
+        self.unavailable = W.HTML()
         for row in self.rows.values():
             for b in row.buttons.values():
                 b.observe(lambda _: self._show_auto(), "value")
-        self.widget = W.VBox([W.HTML("<b>Backends</b>"), *[r.widget for r in self.rows.values()], self.fused_ce,
-                              self.expert_recompute, self.fp8])
+        self.widget = W.VBox([W.HTML("<b>Backends</b>"), *[r.widget for r in self.rows.values()], self.unavailable,
+                              wrap_row([self.fused_ce, self.expert_recompute, self.fp8]), self.benchmark])
+        self._show_unavailable()
         self._show_auto()
 
     def set_ep(self, ep: int) -> None:
@@ -263,7 +306,11 @@ class BackendPanel:
         choices = backend_choices(self.rank_infos, self.device_type, self.world_size, ep)
         for field, row in self.rows.items():
             row.set_choices(choices[field])
+        self._show_unavailable()
         self._show_auto()
+
+    def _show_unavailable(self) -> None:
+        self.unavailable.value = unavailable_html([r for row in self.rows.values() for r in row.reasons])
 
     def choices(self) -> dict[str, dict[str, Any]]:
         """{field: {choice: Choice}} as currently shown."""
@@ -282,4 +329,5 @@ class BackendPanel:
 
     def backend_config(self) -> BackendConfig:
         return BackendConfig(**{f: r.value for f, r in self.rows.items()}, fused_ce=self.fused_ce.value,
+                             gate="balanced" if self.balanced_gate.value else "native",
                              expert_recompute=self.expert_recompute.value, fp8=self.fp8.value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -10,10 +11,14 @@ import ipywidgets as W
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.ui.series import LIVE_PANELS, live_series
+from workbench.ui.series import (LIVE_PANELS, axis_range, ema, live_series, load_color_range, load_colorscale,
+                                 run_list_label, split_warmup)
 from workbench.ui.slim_figure import figure_widget
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+# Time-based panels: their first step (compile, allocation) is drawn apart and kept off the axis scale.
+WARMUP_APART = ("tokens_per_s_per_gpu", "tflops_per_gpu")
+POSITIONS = {"tokens_per_s_per_gpu": (1, 1), "tflops_per_gpu": (1, 2), "mem_peak_gib": (1, 3)}
 
 
 class LivePlots:
@@ -24,24 +29,36 @@ class LivePlots:
     records (e.g. a finished run directory's metrics.jsonl), which the plots then keep.
     """
 
-    def __init__(self, run: Any = None, height: int = 620) -> None:
-        titles = [LIVE_PANELS[k] for k in ("tokens_per_s_per_gpu", "tflops_per_gpu", "mem_peak_gib", "loss")]
-        base = make_subplots(rows=2, cols=3, subplot_titles=[*titles[:3], titles[3], "expert load (x uniform)"],
-                             specs=[[{}, {}, {}], [{}, {"colspan": 2}, None]], horizontal_spacing=0.07,
-                             vertical_spacing=0.14)
+    def __init__(self, run: Any = None, height: int = 780) -> None:
+        self._titles = [*(LIVE_PANELS[k] for k in ("tokens_per_s_per_gpu", "tflops_per_gpu", "mem_peak_gib",
+                                                   "loss")), "expert load (x uniform)"]
+        base = make_subplots(rows=2, cols=3, subplot_titles=self._titles,
+                             specs=[[{}, {}, {}], [{}, {"colspan": 2}, None]], horizontal_spacing=0.08,
+                             vertical_spacing=0.16)
         self.figure = figure_widget(base)
-        self.figure.update_layout(height=height, margin=dict(l=40, r=20, t=60, b=40), showlegend=True,
-                                  legend=dict(orientation="h", y=1.12, x=0), template="plotly_white")
-        self.figure.add_trace(go.Heatmap(z=[[0]], colorscale="RdBu_r", zmid=1.0, name="expert load",
-                                         showscale=True, colorbar=dict(len=0.45, y=0.22)), row=2, col=2)
+        # The legend sits under the plots: above them it ran into the subplot titles.
+        self.figure.update_layout(height=height, margin=dict(l=50, r=20, t=60, b=70), showlegend=True,
+                                  legend=dict(orientation="h", y=-0.08, yanchor="top", x=0),
+                                  template="plotly_white")
+        low, high = load_color_range([])
+        self.figure.add_trace(go.Heatmap(z=[[0]], colorscale=load_colorscale(high), zmin=low, zmax=high,
+                                         name="expert load", showscale=True, showlegend=False,
+                                         colorbar=dict(len=0.42, y=0.21, title="x uniform")), row=2, col=2)
         self._heatmap = len(self.figure.data) - 1
+        self.smoothing = W.FloatSlider(value=0.0, min=0.0, max=0.95, step=0.05, description="loss smoothing",
+                                       style={"description_width": "initial"}, readout_format=".2f",
+                                       layout=W.Layout(width="320px"))
+        self.smoothing.observe(lambda _: self.update([]), "value")
         self._traces: dict[tuple[str, int], int] = {}
         self._records: dict[tuple[int, int], dict] = {}
         self._lock = threading.RLock()
         self._unsubscribe = None
+        self.min_redraw_s = 1.0
+        self._last_redraw = 0.0
+        self._pending: threading.Timer | None = None
         self.run = None
         self.title = W.HTML("<b>Live</b>: no run yet")
-        self.widget = W.VBox([self.title, self.figure])
+        self.widget = W.VBox([self.title, self.smoothing, self.figure])
         if run is not None:
             self.attach(run)
 
@@ -56,12 +73,35 @@ class LivePlots:
         self._unsubscribe = run.on_metrics(self.update)
 
     def update(self, records: Iterable[dict]) -> None:
-        """Redraw; without an attached run, first merge `records` (by rank and step) into the plots' own."""
+        """Redraw; without an attached run, first merge `records` (by rank and step) into the plots' own.
+
+        While an attached run goes, redraws come at most every `min_redraw_s` (1 s; each one sends every
+        line to the browser: at the watcher's 10 per second a fast run kept the page busy); the
+        last records are drawn when the run ends, or `min_redraw_s` after they came.
+        """
         with self._lock:
             if self.run is None:
                 for r in records:
                     if "rank" in r and "step" in r:
                         self._records[(int(r["rank"]), int(r["step"]))] = r
+            elif not getattr(self.run, "done", True):
+                wait = self._last_redraw + self.min_redraw_s - time.monotonic()
+                if wait > 0:
+                    if self._pending is None:
+                        self._pending = threading.Timer(wait, self._flush)
+                        self._pending.daemon = True
+                        self._pending.start()
+                    return
+            if self._pending is not None:
+                self._pending.cancel()
+                self._pending = None
+            self._last_redraw = time.monotonic()
+            self._redraw()
+
+    def _flush(self) -> None:
+        with self._lock:
+            self._pending = None
+            self._last_redraw = time.monotonic()
             self._redraw()
 
     @property
@@ -76,44 +116,75 @@ class LivePlots:
         """The plotted data (see workbench.ui.series.live_series)."""
         return live_series(self.records)
 
-    def _trace(self, metric: str, rank: int, row: int, col: int) -> int:
-        key = (metric, rank)
+    def _trace(self, metric: str, rank: int, row: int, col: int, warmup: bool = False) -> int:
+        key = (f"{metric}:warmup" if warmup else metric, rank)
         if key not in self._traces:
-            self.figure.add_trace(go.Scatter(x=[], y=[], mode="lines+markers", name=f"rank {rank}",
-                                             legendgroup=f"rank {rank}", showlegend=metric == "tokens_per_s_per_gpu",
-                                             line=dict(color=COLORS[rank % len(COLORS)])), row=row, col=col)
+            color = COLORS[rank % len(COLORS)]
+            if warmup:  # a hollow marker, not joined to the line: the step is shown, apart from the rest
+                trace = go.Scatter(x=[], y=[], mode="markers", name=f"warm-up step, rank {rank}",
+                                   legendgroup="warm-up", showlegend=False, hovertemplate=(
+                                       "warm-up step %{x}: %{y:,.4g}<extra>rank " + str(rank) + "</extra>"),
+                                   marker=dict(color=color, symbol="circle-open", size=9))
+            else:
+                trace = go.Scatter(x=[], y=[], mode="lines+markers", name=f"rank {rank}", legendgroup=f"rank {rank}",
+                                   showlegend=metric == "tokens_per_s_per_gpu", line=dict(color=color))
+            self.figure.add_trace(trace, row=row, col=col)
             self._traces[key] = len(self.figure.data) - 1
         return self._traces[key]
 
+    def _line(self, key: str, name: str, color: str, dash: str | None = None) -> int:
+        if (key, 0) not in self._traces:
+            self.figure.add_trace(go.Scatter(x=[], y=[], mode="lines+markers" if dash != "dot" else "lines",
+                                             name=name, showlegend=False, line=dict(color=color, dash=dash)),
+                                  row=2, col=1)
+            self._traces[(key, 0)] = len(self.figure.data) - 1
+        return self._traces[(key, 0)]
+
     def _redraw(self) -> None:
         data = self.series()
-        positions = {"tokens_per_s_per_gpu": (1, 1), "tflops_per_gpu": (1, 2), "mem_peak_gib": (1, 3)}
-        indices = {}
-        for metric, (row, col) in positions.items():
-            for rank in data["per_rank"][metric]:
-                indices[(metric, rank)] = self._trace(metric, rank, row, col)
-        if ("loss", 0) not in self._traces and data["loss"][0]:
-            self.figure.add_trace(go.Scatter(x=[], y=[], mode="lines+markers", name="loss", showlegend=False,
-                                             line=dict(color="#444")), row=2, col=1)
-            self._traces[("loss", 0)] = len(self.figure.data) - 1
-        if ("eval_loss", 0) not in self._traces and data["eval_loss"][0]:
-            self.figure.add_trace(go.Scatter(x=[], y=[], mode="lines+markers", name="eval loss", showlegend=False,
-                                             line=dict(color="#d62728", dash="dash")), row=2, col=1)
-            self._traces[("eval_loss", 0)] = len(self.figure.data) - 1
+        warm = data["warmup_step"]
+        lines: dict[int, tuple[list, list]] = {}
+        ranges: dict[str, list[float] | None] = {}
+        off_scale: dict[str, list[float]] = {}
+        for metric, (row, col) in POSITIONS.items():
+            steady_values: list[float] = []
+            for rank, (steps, values) in data["per_rank"][metric].items():
+                apart = metric in WARMUP_APART and warm is not None
+                (s_steps, s_values), (w_steps, w_values) = split_warmup(steps, values, warm if apart else None)
+                lines[self._trace(metric, rank, row, col)] = (s_steps, s_values)
+                steady_values += s_values
+                if w_steps:
+                    lines[self._trace(metric, rank, row, col, warmup=True)] = (w_steps, w_values)
+                    off_scale.setdefault(metric, []).extend(w_values)
+            if metric in WARMUP_APART and warm is not None:
+                ranges[metric] = axis_range(steady_values)
+        if data["loss"][0]:
+            lines[self._line("loss", "loss", "#444")] = data["loss"]
+            weight = float(self.smoothing.value)
+            if weight:
+                lines[self._line("loss_smoothed", "loss (smoothed)", "#1f77b4", "dot")] = (
+                    data["loss"][0], ema(data["loss"][1], weight))
+            elif ("loss_smoothed", 0) in self._traces:
+                lines[self._traces[("loss_smoothed", 0)]] = ([], [])
+        if data["eval_loss"][0]:
+            lines[self._line("eval_loss", "eval loss", "#d62728", "dash")] = data["eval_loss"]
         with self.figure.batch_update():
-            for (metric, rank), index in indices.items():
-                steps, values = data["per_rank"][metric][rank]
-                self.figure.data[index].x, self.figure.data[index].y = steps, values
-            if ("loss", 0) in self._traces:
-                trace = self.figure.data[self._traces[("loss", 0)]]
-                trace.x, trace.y = data["loss"]
-            if ("eval_loss", 0) in self._traces:
-                trace = self.figure.data[self._traces[("eval_loss", 0)]]
-                trace.x, trace.y = data["eval_loss"]
+            for index, (x, y) in lines.items():
+                self.figure.data[index].x, self.figure.data[index].y = x, y
+            for n, metric in enumerate(POSITIONS):
+                axis = self.figure.layout[f"yaxis{n + 1 if n else ''}"]
+                rng = ranges.get(metric)
+                axis.range, axis.autorange = (rng, False) if rng else (None, True)
+                title = self._titles[n]
+                outside = [v for v in off_scale.get(metric, []) if rng and not rng[0] <= v <= rng[1]]
+                if outside:  # the warm-up value left the scale: say what it was
+                    title += f"<br><sup>warm-up step {warm}: {min(outside):,.4g} (off scale)</sup>"
+                self.figure.layout.annotations[n].text = title
             load = data["expert_load"]
             if load["z"]:
                 heat = self.figure.data[self._heatmap]
-                heat.z = load["z"]
+                low, high = load_color_range(load["z"])
+                heat.z, heat.zmin, heat.zmax, heat.colorscale = load["z"], low, high, load_colorscale(high)
                 heat.x = list(range(len(load["z"][0])))
                 heat.y = [f"layer {i}" for i in range(len(load["z"]))]
                 heat.hovertemplate = "expert %{x}, %{y}: %{z:.2f} x uniform<extra></extra>"
@@ -128,30 +199,53 @@ class LivePlots:
         return save_live_png(self.figure, self.series(), Path(path))
 
 
+EMPTY_BEFORE = ("No runs compared yet. Select one or more runs in the list above (Ctrl- or Shift-click for "
+                "several) and press <b>Compare</b>; finished runs appear after <b>Refresh</b>.")
+EMPTY_NONE_SELECTED = ("No run selected. Select one or more runs in the list above (Ctrl- or Shift-click for "
+                       "several), then press <b>Compare</b>.")
+EMPTY_NO_RUNS = "No runs in {where} yet: start one in the Setup tab, then press <b>Refresh</b>."
+
+
+def _empty_html(text: str) -> str:
+    return (f"<div class='mwb-empty' style='padding:24px;color:#555;border:1px dashed #bbb;border-radius:4px'>"
+            f"{text}</div>")
+
+
 class CompareRuns:
     """Overlay runs (run directories or Run objects): throughput, step time and loss per step."""
 
     def __init__(self, runs: Iterable[Any] = (), labels: Iterable[str] | None = None,
-                 runs_dir: str | Path | None = None, height: int = 420) -> None:
+                 runs_dir: str | Path | None = None, height: int = 460) -> None:
         base = make_subplots(rows=1, cols=3, subplot_titles=["tokens/s per GPU", "step time (s)", "loss"],
-                             horizontal_spacing=0.07)
+                             horizontal_spacing=0.08)
         self.figure = figure_widget(base)
-        self.figure.update_layout(height=height, template="plotly_white", margin=dict(l=40, r=20, t=60, b=40),
-                                  legend=dict(orientation="h", y=1.18, x=0))
+        # The legend sits under the plots: above them it ran into the subplot titles.
+        self.figure.update_layout(height=height, template="plotly_white", margin=dict(l=50, r=20, t=50, b=40),
+                                  legend=dict(orientation="h", y=-0.14, yanchor="top", x=0))
         self.table = W.HTML()
+        self.empty = W.HTML()
         self.runs_dir = Path(runs_dir).expanduser() if runs_dir else None
-        self.picker = W.SelectMultiple(options=[], rows=6, description="runs", layout=W.Layout(width="60%"))
-        self.refresh_button = W.Button(description="Refresh", icon="refresh")
-        self.compare_button = W.Button(description="Compare", button_style="primary")
+        self.picker = W.SelectMultiple(options=[], rows=6, layout=W.Layout(flex="1 1 480px", min_width="260px"))
+        self.refresh_button = W.Button(description="Refresh", icon="refresh", layout=W.Layout(width="auto"))
+        self.compare_button = W.Button(description="Compare", button_style="primary", layout=W.Layout(width="auto"))
         self.refresh_button.on_click(lambda _: self.refresh())
-        self.compare_button.on_click(lambda _: self.set_runs(self.picker.value))
+        self.compare_button.on_click(lambda _: self.compare_selected())
         self.frame = None
-        controls = [W.HBox([self.picker, W.VBox([self.refresh_button, self.compare_button])])] if self.runs_dir else []
-        self.widget = W.VBox([W.HTML("<b>Compare runs</b>"), *controls, self.figure, self.table])
+        controls = [W.HBox([self.picker, W.VBox([self.refresh_button, self.compare_button])],
+                           layout=W.Layout(flex_flow="row wrap"))] if self.runs_dir else []
+        self.plots = W.VBox([self.figure, self.table])
+        self.widget = W.VBox([W.HTML("<b>Compare runs</b>"), *controls, self.empty, self.plots])
+        self._show_empty(EMPTY_BEFORE)
         self.refresh()
         runs = list(runs)
         if runs:
             self.set_runs(runs, labels)
+
+    def _show_empty(self, text: str | None) -> None:
+        """Show `text` in place of the plots (None: show the plots)."""
+        self.empty.value = _empty_html(text) if text else ""
+        self.empty.layout.display = "" if text else "none"
+        self.plots.layout.display = "none" if text else ""
 
     def refresh(self) -> None:
         """List the run directories under runs_dir in the picker (newest first)."""
@@ -159,8 +253,20 @@ class CompareRuns:
             return
         from workbench.runs.run_dir import list_runs
 
-        self.picker.options = [(f"{r['id']}  {r.get('state', '?')}  {r.get('backends') or ''}"[:120], r["path"])
-                               for r in list_runs(self.runs_dir) if r.get("readable")]
+        runs = [r for r in list_runs(self.runs_dir) if r.get("readable")] if self.runs_dir.is_dir() else []
+        self.picker.options = [(run_list_label(r), r["path"]) for r in runs]
+        if not runs and self.frame is None:
+            self._show_empty(EMPTY_NO_RUNS.format(where=f"<code>{self.runs_dir}</code>"))
+        elif self.frame is None:
+            self._show_empty(EMPTY_BEFORE)
+
+    def compare_selected(self):
+        """Plot the runs selected in the list; with none selected, say what to do."""
+        if not self.picker.value:
+            self.frame = None
+            self._show_empty(EMPTY_NONE_SELECTED)
+            return None
+        return self.set_runs(self.picker.value)
 
     def set_runs(self, runs: Iterable[Any], labels: Iterable[str] | None = None):
         """Plot these runs; returns the summary DataFrame (one row per run)."""
@@ -180,5 +286,9 @@ class CompareRuns:
                                                  legendgroup=label, showlegend=col == 1, mode="lines+markers",
                                                  line=dict(color=color)), row=1, col=col)
         summary = summarize(frame)
-        self.table.value = summary.to_html(float_format=lambda v: f"{v:,.4g}", border=0)
+        table = summary.to_html(float_format=lambda v: f"{v:,.4g}", border=0)
+        cell = "style='padding:2px 10px;text-align:right;white-space:nowrap'"
+        self.table.value = ("<div style='overflow-x:auto;font-size:12px'>"
+                            + table.replace("<td>", f"<td {cell}>").replace("<th>", f"<th {cell}>") + "</div>")
+        self._show_empty(None)
         return summary

@@ -12,12 +12,17 @@ from typing import Any
 import ipywidgets as W
 import plotly.graph_objects as go
 
+from workbench.config import ConfigError
 from workbench.ui.plots import COLORS
 from workbench.ui.slim_figure import figure_widget
 
 PROFILE_TARGET = "workbench.train.profile:profile_finetune"
 # Traces bigger than this (gzipped) are offered by path only: a data URI that size stalls the browser.
 MAX_INLINE_TRACE_BYTES = 25 << 20
+PROFILE_EMPTY = ("<div class='mwb-empty' style='padding:24px;color:#555;border:1px dashed #bbb;border-radius:4px'>"
+                 "No profile yet. Press <b>Profile</b> to run the Setup tab's run for the profiled steps (plus one "
+                 "warm-up step) with torch.profiler on every rank: the time per phase (router, dispatch, "
+                 "experts, combine, communication), the top ops and each rank's trace appear here.</div>")
 
 
 def load_profile(run_dir: str | Path) -> list[dict]:
@@ -83,17 +88,34 @@ class ProfilePanel:
 
     def __init__(self, cluster: Any = None, config_fn: Any = None, steps: int = 3) -> None:
         self.cluster, self.config_fn = cluster, config_fn
-        self.steps = W.BoundedIntText(value=steps, min=1, max=100, description="steps")
-        self.button = W.Button(description="Profile", icon="tachometer", button_style="info")
+        self.steps = W.BoundedIntText(value=steps, min=1, max=100, description="profiled steps",
+                                      style={"description_width": "initial"}, layout=W.Layout(width="auto"))
+        self.button = W.Button(description="Profile", icon="tachometer", button_style="info",
+                               layout=W.Layout(width="auto"))
         self.status = W.HTML()
-        self.figure = figure_widget(breakdown_figure([]))
+        self.empty = W.HTML(PROFILE_EMPTY)
+        self.figure = figure_widget(go.Figure(layout=dict(template="plotly_white", height=380)))
         self.links = W.HTML()
         self.top = W.HTML()
         self.run = None
         self.profiles: list[dict] = []
-        self.button.on_click(lambda _: self.profile())
+        self._listeners: list[Any] = []
+        self.button.on_click(lambda _: self._clicked())
+        self.results = W.VBox([self.figure, self.links, self.top], layout=W.Layout(display="none"))
         self.widget = W.VBox([W.HTML("<b>Profile</b>: torch.profiler on every rank (first step skipped)"),
-                              W.HBox([self.steps, self.button]), self.status, self.figure, self.links, self.top])
+                              W.HBox([self.steps, self.button], layout=W.Layout(flex_flow="row wrap")), self.status,
+                              self.empty, self.results])
+
+    def _clicked(self) -> None:
+        try:
+            self.profile()
+        except (ConfigError, ValueError, TypeError, RuntimeError, FileExistsError) as err:  # say it in the tab
+            self.button.disabled = False
+            self.status.value = f"<span style='color:#b00020'>{html.escape(str(err))}</span>"
+
+    def on_run(self, fn: Any) -> None:
+        """Call fn(run) for every profiled run this panel starts."""
+        self._listeners.append(fn)
 
     def profile(self, config: Any = None, wait: bool = False):
         """Start a profiled run of N steps (plus one warm-up); shows results when it ends."""
@@ -107,8 +129,12 @@ class ProfilePanel:
                                         "train.save_final_checkpoint": False, "train.checkpoint_every": None,
                                         "run_id": None})
         self.run = self.cluster.finetune(config, target=PROFILE_TARGET)
+        self.profiles = []
+        self.button.disabled = True  # one profile at a time; enabled again when it ends
         self.status.value = f"profiling run <code>{self.run.run_id}</code> ..."
         self.run.on_metrics(lambda _: self._maybe_show())
+        for fn in list(self._listeners):
+            fn(self.run)
         if wait:
             self.run.wait()
             self._maybe_show()
@@ -116,6 +142,7 @@ class ProfilePanel:
 
     def _maybe_show(self) -> None:
         if self.run is not None and self.run.done and not self.profiles:
+            self.button.disabled = False
             if self.run.state != "completed":
                 self.status.value = f"profiling run {self.run.state}: {html.escape(str(self.run.error or ''))[:2000]}"
                 return
@@ -129,6 +156,7 @@ class ProfilePanel:
         self.figure.add_traces(list(fig.data))
         self.figure.update_layout(fig.layout.to_plotly_json())
         self.links.value = trace_links(self.profiles)
+        self.empty.layout.display, self.results.layout.display = "none", ""
         top = self.profiles[0]["top_ops"][:10]
         self.top.value = ("<b>Top ops on rank 0</b> (self ms per step)<br>" + "<br>".join(
             f"{op['self_ms']:.2f} ms &nbsp; {html.escape(op['name'])} ({op['calls']} calls)" for op in top))

@@ -33,11 +33,13 @@ class RunProgress:
 
         self.run = run
         self.total = run.total_steps
+        # No run id as the bar's description and a label as wide as its text: a fixed width cut both
+        # off ("-084846-…", "completed at step 4/4 (("); the row wraps on a narrow notebook instead.
         self.bar = widgets.IntProgress(value=0, min=0, max=self.total or 1,
-                                       description=run.run_id[-12:],
-                                       layout=widgets.Layout(width="50%"))
-        self.label = widgets.Label(value=f"{run.state}")
-        self.widget = widgets.HBox([self.bar, self.label])
+                                       layout=widgets.Layout(flex="1 1 200px", min_width="120px"))
+        self.label = widgets.Label(value=f"{run.state}", layout=widgets.Layout(flex="0 0 auto", width="auto"))
+        self.widget = widgets.HBox([self.bar, self.label],
+                                   layout=widgets.Layout(flex_flow="row wrap", align_items="center", width="100%"))
         self._step_times: list[float] = []
         self._started = time.monotonic()
         run.on_metrics(self._update)

@@ -10,6 +10,8 @@ import ipywidgets as W
 
 from workbench.config import (DATA_FILE_BUILDERS, DATA_KINDS, LORA_TARGETS, ConfigError, DataConfig, LoraConfig,
                               ModelConfig, RunConfig, TrainConfig)
+from workbench.ui.panels import WIDE, fit_layout, wrap_row
+from workbench.ui.summary import ProgressLine
 
 
 class RunPanel:
@@ -21,26 +23,35 @@ class RunPanel:
     def __init__(self, cluster: Any = None, model: Any = None, mesh: Any = None, backend: Any = None,
                  runs_dir: str | None = None, steps: int = 20) -> None:
         self.cluster, self.model, self.mesh, self.backend = cluster, model, mesh, backend
-        self.steps = W.BoundedIntText(value=steps, min=1, max=10**7, description="steps")
-        self.seq_len = W.BoundedIntText(value=128, min=2, max=1 << 20, description="seq len")
-        self.global_batch = W.BoundedIntText(value=8, min=1, max=1 << 20, description="global batch")
-        self.local_batch = W.BoundedIntText(value=4, min=1, max=1 << 20, description="local batch")
-        self.lr = W.FloatText(value=3e-3, description="lr")
-        self.data_kind = W.Dropdown(options=list(DATA_KINDS), value="jsonl", description="data")
+        num = dict(style=WIDE, layout=W.Layout(width="200px"))
+        self.steps = W.BoundedIntText(value=steps, min=1, max=10**7, description="steps", **num)
+        self.seq_len = W.BoundedIntText(value=128, min=2, max=1 << 20, description="seq len", **num)
+        self.global_batch = W.BoundedIntText(value=8, min=1, max=1 << 20, description="global batch", **num)
+        self.local_batch = W.BoundedIntText(value=4, min=1, max=1 << 20, description="local batch", **num)
+        self.lr = W.FloatText(value=3e-3, description="lr", **num)
+        self.data_kind = W.Dropdown(options=list(DATA_KINDS), value="jsonl", description="data", style=WIDE,
+                                    layout=W.Layout(width="max-content"))
         self.data_path = W.Text(placeholder="jsonl file (empty: the shipped tiny SFT set); datasets: a parquet/"
-                                            "json/csv file or a save_to_disk folder", description="path")
-        self.activation_checkpointing = W.Checkbox(value=False, description="activation checkpointing")
-        self.save_checkpoint = W.Checkbox(value=True, description="save final checkpoint")
+                                            "json/csv file or a save_to_disk folder", description="path",
+                                style=WIDE, layout=W.Layout(width="100%"))
+        self.activation_checkpointing = W.Checkbox(value=False, description="activation checkpointing",
+                                                   indent=False, layout=fit_layout())
+        self.save_checkpoint = W.Checkbox(value=True, description="save final checkpoint", indent=False,
+                                          layout=fit_layout())
         # LoRA (RunConfig.lora): off = full fine-tuning
-        self.lora = W.Checkbox(value=False, description="LoRA")
-        self.lora_rank = W.BoundedIntText(value=16, min=1, max=4096, description="rank")
-        self.lora_alpha = W.BoundedFloatText(value=32.0, min=1e-6, max=1e6, description="alpha")
+        self.lora = W.Checkbox(value=False, description="LoRA", indent=False, layout=fit_layout())
+        self.lora_rank = W.BoundedIntText(value=16, min=1, max=4096, description="rank", **num)
+        self.lora_alpha = W.BoundedFloatText(value=32.0, min=1e-6, max=1e6, description="alpha", **num)
         self.lora_targets = W.SelectMultiple(options=list(LORA_TARGETS), value=("attention", "experts"),
-                                             description="targets", rows=len(LORA_TARGETS))
+                                             description="targets", rows=len(LORA_TARGETS), style=WIDE,
+                                             layout=W.Layout(width="auto"))
         self.runs_dir = W.Text(value=runs_dir or "", placeholder="runs directory (empty: default)",
-                               description="runs dir")
-        self.start_button = W.Button(description="Start", button_style="success", icon="play")
-        self.stop_button = W.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
+                               description="runs dir", style=WIDE, layout=W.Layout(width="100%"))
+        self.start_button = W.Button(description="Start", button_style="success", icon="play", layout=fit_layout(),
+                                     tooltip="start the run the Setup tab describes")
+        self.stop_button = W.Button(description="Stop", button_style="danger", icon="stop", disabled=True,
+                                    layout=fit_layout(), tooltip="stop at the next step boundary (checkpoints first)")
+        self.buttons = wrap_row([self.start_button, self.stop_button])
         self.status = W.HTML()
         self.progress = W.Box()
         self.run = None
@@ -53,11 +64,14 @@ class RunPanel:
             w.observe(lambda _: self._notify_changed(), "value")
         self.widget = W.VBox([
             W.HTML("<b>Run</b>"),
-            W.HBox([self.steps, self.lr]), W.HBox([self.global_batch, self.local_batch]),
-            W.HBox([self.seq_len, self.data_kind]), self.data_path,
-            W.HBox([self.activation_checkpointing, self.save_checkpoint]),
-            W.HBox([self.lora, self.lora_rank, self.lora_alpha]), self.lora_targets, self.runs_dir,
-            W.HBox([self.start_button, self.stop_button]), self.progress, self.status])
+            wrap_row([self.steps, self.lr, self.global_batch, self.local_batch, self.seq_len, self.data_kind]),
+            self.data_path, wrap_row([self.activation_checkpointing, self.save_checkpoint]),
+            wrap_row([self.lora, self.lora_rank, self.lora_alpha, self.lora_targets]), self.runs_dir,
+            self.buttons, self.progress, self.status])
+
+    def _say(self, text: str) -> None:
+        # Paths and run ids are long unbroken words: let them break rather than run out of the tab.
+        self.status.value = f"<div style='overflow-wrap:anywhere'>{text}</div>"
 
     def on_run(self, fn: Callable[[Any], None]) -> None:
         """Call fn(run) for every run this panel starts (e.g. LivePlots.attach)."""
@@ -115,21 +129,21 @@ class RunPanel:
     def start(self, config: RunConfig | None = None):
         """Start `config` (default: the panels' config) on the cluster; returns the Run or None."""
         if self.cluster is None:
-            self.status.value = "<span style='color:#b00020'>no cluster: RunPanel(cluster=...)</span>"
+            self._say("<span style='color:#b00020'>no cluster: RunPanel(cluster=...)</span>")
             return None
         if self.run is not None and not self.run.done:
-            self.status.value = "a run is in progress; stop it first"
+            self._say("a run is in progress; stop it first")
             return None
         try:
             config = config or self.run_config()
             run = self.cluster.finetune(config)
         except (ConfigError, ValueError, TypeError, RuntimeError, FileExistsError) as err:
-            self.status.value = f"<span style='color:#b00020'>{html.escape(str(err))}</span>"
+            self._say(f"<span style='color:#b00020'>{html.escape(str(err))}</span>")
             return None
         self.run = run
-        self.status.value = f"run <code>{html.escape(run.run_id)}</code> in {html.escape(str(run.path))}"
-        self.progress.children = [run.progress]
-        self.stop_button.disabled = False
+        self._say(f"run <code>{html.escape(run.run_id)}</code> in {html.escape(str(run.path))}")
+        self.progress.children = [ProgressLine(run).widget]
+        self.start_button.disabled, self.stop_button.disabled = True, False  # one run at a time
         run.on_metrics(lambda _: self._on_progress())
         for fn in list(self._listeners):
             fn(run)
@@ -137,16 +151,16 @@ class RunPanel:
 
     def _on_progress(self) -> None:
         if self.run is not None and self.run.done:
-            self.stop_button.disabled = True
+            self.start_button.disabled, self.stop_button.disabled = False, True
             error = self.run.error
             state = self.run.state
             text = f"run <code>{html.escape(self.run.run_id)}</code> {state}"
             if error is not None:
                 text += f": rank {error.rank} failed<pre>{html.escape(error.traceback[-1500:])}</pre>"
-            self.status.value = text
+            self._say(text)
 
     def stop(self) -> None:
         """Ask the run to stop at the next step boundary (it checkpoints first)."""
         if self.run is not None and not self.run.done:
             self.run.stop(wait=False)
-            self.status.value = f"stopping <code>{html.escape(self.run.run_id)}</code> at the next step"
+            self._say(f"stopping <code>{html.escape(self.run.run_id)}</code> at the next step")

@@ -15,7 +15,9 @@ def live_series(records: list[dict]) -> dict[str, Any]:
 
     Returns {"per_rank": {metric: {rank: (steps, values)}}, "loss": (steps, values),
     "eval_loss": (steps, values) of the steps that ran eval (data.eval_every),
-    "expert_load": {"step", "z": [layer][expert] load / uniform load, summed over ranks}}.
+    "expert_load": {"step", "z": [layer][expert] load / uniform load, summed over ranks},
+    "warmup_step": the run's first step when later ones exist (its compile/allocate time is no
+    throughput: the plots keep it off their scale), else None}.
     The expert load uses the latest step that every rank has reported.
     """
     ordered = sorted(records, key=lambda r: (r["step"], r["rank"]))
@@ -43,7 +45,57 @@ def live_series(records: list[dict]) -> dict[str, Any]:
         step = max(complete)
         load = {"step": step, "z": expert_load_matrix([r["expert_load"] for r in by_step[step]])}
     return {"per_rank": per_rank, "loss": (list(loss_by_step), list(loss_by_step.values())),
-            "eval_loss": (list(eval_by_step), list(eval_by_step.values())), "expert_load": load}
+            "eval_loss": (list(eval_by_step), list(eval_by_step.values())), "expert_load": load,
+            "warmup_step": warmup_step(ordered)}
+
+
+def warmup_step(records: list[dict]) -> int | None:
+    """The first step of the records when there are later ones (None for 0 or 1 steps)."""
+    steps = {int(r["step"]) for r in records if "step" in r}
+    return min(steps) if len(steps) > 1 else None
+
+
+Line = tuple[list, list]  # (steps, values)
+
+
+def split_warmup(steps: list[int], values: list[float], warmup: int | None) -> tuple[Line, Line]:
+    """((steady steps, values), (warm-up steps, values)) of one line."""
+    steady = [(s, v) for s, v in zip(steps, values) if s != warmup]
+    warm = [(s, v) for s, v in zip(steps, values) if s == warmup]
+    return (([s for s, _ in steady], [v for _, v in steady]), ([s for s, _ in warm], [v for _, v in warm]))
+
+
+def axis_range(values: list[float], pad: float = 0.08) -> list[float] | None:
+    """[low, high] around `values` with `pad` of their span each side (None without values)."""
+    finite = [v for v in values if v == v]
+    if not finite:
+        return None
+    low, high = min(finite), max(finite)
+    span = (high - low) or abs(high) or 1.0
+    return [low - pad * span, high + pad * span]
+
+
+def ema(values: list[float], weight: float) -> list[float]:
+    """Exponential moving average (TensorBoard's smoothing: 0 = raw, 0.9 = strong), bias-corrected."""
+    if not 0.0 <= weight < 1.0:
+        raise ValueError(f"smoothing weight must be in [0, 1), got {weight}")
+    out, acc = [], 0.0
+    for i, v in enumerate(values, start=1):
+        acc = weight * acc + (1 - weight) * v
+        out.append(acc / (1 - weight**i) if weight else v)
+    return out
+
+
+def load_color_range(z: list[list[float]]) -> tuple[float, float]:
+    """The expert-load colour bar: from 0 (an expert nobody routes to) to max(2, the largest load)."""
+    top = max((v for row in z for v in row), default=0.0)
+    return 0.0, max(2.0, float(top))
+
+
+def load_colorscale(zmax: float) -> list[list]:
+    """Blue (idle) at 0, white at 1 (the uniform share), red (hot) at `zmax`."""
+    mid = 1.0 / zmax
+    return [[0.0, "#2166ac"], [mid, "#f7f7f7"], [1.0, "#b2182b"]]
 
 
 def expert_load_matrix(loads: list[list[list[float]]]) -> list[list[float]]:
@@ -66,7 +118,34 @@ def _config_and_records(run: Any) -> tuple[dict, list[dict], str]:
         config = rd.read_config() if rd.config_path.exists() else {}
         return config, rd.read_metrics(), rd.run_id
     df = run.metrics
-    return run.config, df.to_dict("records"), run.run_id
+    rd = RunDir(Path(run.path))
+    # The trainer's config.json records what "auto" became; the config the notebook sent does not.
+    config = rd.read_config() if rd.config_path.exists() else run.config
+    return config, df.to_dict("records"), run.run_id
+
+
+def resolved_settings(config: dict) -> dict:
+    """A run's settings as it trained: its recorded resolved backends and mesh in place of the asked-for ones.
+
+    A config without a record (a run whose rank 0 has not written config.json yet) has its backends
+    resolved here with `BackendConfig.resolve` for its device, which is what its ranks will do.
+    """
+    out = {k: v for k, v in config.items() if k not in ("resolved_backend", "resolved_mesh")}
+    if config.get("resolved_backend"):
+        out["backend"] = config["resolved_backend"]
+    elif isinstance(config.get("backend"), dict):
+        from workbench.backends import BackendConfig
+        from workbench.errors import BackendError
+
+        try:
+            mesh = config.get("mesh") or {}
+            out["backend"] = BackendConfig.from_dict(config["backend"]).resolve(
+                config.get("device") or "cpu", world_size=int(mesh.get("ep") or 1)).to_dict()
+        except (BackendError, TypeError, ValueError):
+            pass  # shown as asked for
+    if config.get("resolved_mesh"):
+        out["mesh"] = config["resolved_mesh"]
+    return out
 
 
 def _flatten(config: dict, prefix: str = "") -> dict[str, Any]:
@@ -79,21 +158,55 @@ def _flatten(config: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-IGNORED_FOR_LABELS = ("run_id", "output_dir", "train.resume_from", "train.resume_allow_changes")
+# Bookkeeping, not settings: where a run lives, and the top-level copies of the mesh's sizes.
+IGNORED_FOR_LABELS = ("run_id", "output_dir", "train.resume_from", "train.resume_allow_changes", "dp")
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(_show(v) for v in value)
+    return str(value)
 
 
 def labels_from_configs(configs: list[dict], ids: list[str]) -> list[str]:
-    """Name each run by the config values that differ between the runs (else by its id)."""
-    flat = [_flatten(c) for c in configs]
+    """Name each run by the resolved settings that differ between the runs, e.g. "experts=loop · gate=balanced".
+
+    Settings are compared as the runs trained (resolved_settings): "auto" and the backend it
+    became are the same setting. A run with nothing different is named by its id.
+    """
+    flat = [_flatten(resolved_settings(c)) for c in configs]
     keys = sorted({k for f in flat for k in f} - set(IGNORED_FOR_LABELS))
     differing = [k for k in keys if len({repr(f.get(k)) for f in flat}) > 1]
+    short = {k: k.rsplit(".", 1)[-1] for k in differing}
+    names = {k: short[k] if list(short.values()).count(short[k]) == 1 else k for k in differing}
     labels = []
     for f, run_id in zip(flat, ids):
-        parts = [f"{k.split('.', 1)[-1]}={f.get(k)}" for k in differing]
-        labels.append(" ".join(parts) if parts else run_id)
+        parts = [f"{names[k]}={_show(f.get(k))}" for k in differing]
+        labels.append(" \u00b7 ".join(parts) if parts else run_id)
     if len(set(labels)) < len(labels):  # same settings twice: keep them apart by id
         labels = [f"{label} ({run_id})" for label, run_id in zip(labels, ids)]
     return labels
+
+
+def run_list_label(summary: dict) -> str:
+    """One line of the Compare tab's run list from a `list_runs` summary: id, state, model, mesh, progress."""
+    mesh = summary.get("mesh")
+    parts = [summary["id"], summary.get("state") or "?", str(summary.get("model") or "?")]
+    if isinstance(mesh, dict):
+        sizes = [f"{k}{v}" for k, v in mesh.items() if isinstance(v, int) and (v > 1 or k == "dp")]
+        parts.append("\u00b7".join(sizes))
+    if summary.get("step") is not None:
+        total = summary.get("total_steps")
+        parts.append(f"step {summary['step']}/{total}" if total else f"step {summary['step']}")
+    if summary.get("tokens_per_s_per_gpu"):
+        parts.append(f"{summary['tokens_per_s_per_gpu']:,.0f} tok/s/GPU")
+    return "  \u00b7  ".join(parts)
 
 
 def compare_frame(runs: list[Any], labels: list[str] | None = None):

@@ -11,7 +11,14 @@ from workbench.ui.logic import device_of
 from workbench.ui.panels import BackendPanel, MeshPanel, ModelPanel
 from workbench.ui.plots import CompareRuns, LivePlots
 from workbench.ui.profile import ProfilePanel
+from workbench.ui.resize import FigureFit
 from workbench.ui.run_panel import RunPanel
+from workbench.ui.summary import SummaryStrip
+
+
+def _column(children: list, basis: str) -> W.VBox:
+    """A column that takes its share of the notebook's width and goes under its neighbour when narrow."""
+    return W.VBox(children, layout=W.Layout(flex=f"1 1 {basis}", min_width="0", margin="0 12px 0 0"))
 
 
 class Studio:
@@ -38,6 +45,7 @@ class Studio:
         self.run_panel = RunPanel(cluster, self.model, self.mesh, self.backend, runs_dir=str(self.runs_dir),
                                   steps=steps)
         self.live = LivePlots()
+        self.strip = SummaryStrip(self.rank_infos)
         self.compare = CompareRuns(runs_dir=self.runs_dir)
         self.profiler = ProfilePanel(cluster, self.run_config)
         self.model.on_change(lambda: self.mesh.set_model(self.model.hf_config()))
@@ -46,17 +54,29 @@ class Studio:
         self.backend.fused_ce.observe(lambda _: self._training_changed(), "value")
         self.model.dtype.observe(lambda _: self._training_changed(), "value")
         self.run_panel.on_run(self.live.attach)
+        self.run_panel.on_run(self.strip.attach)
         self.run_panel.on_run(lambda run: run.on_metrics(lambda _: self._run_done(run)))
+        self.run_panel.on_run(self._hold_buttons)
+        self.profiler.on_run(self._hold_buttons)
+        self.live.smoothing.observe(lambda change: self.strip.set_smoothing(float(change["new"])), "value")
         self.mesh.set_model(self.model.hf_config())
         self._training_changed()
-        setup = W.HBox([W.VBox([self.model.widget, self.mesh.widget], layout=W.Layout(width="50%")),
-                        W.VBox([self.backend.widget], layout=W.Layout(width="50%"))])
-        self.tabs = W.Tab(children=[W.VBox([setup, self.run_panel.widget]), W.VBox([self.run_panel.progress,
-                                    self.live.widget]), self.compare.widget, self.profiler.widget])
+        setup = W.HBox([_column([self.model.widget, self.mesh.widget], "420px"),
+                        _column([self.backend.widget], "480px")],
+                       layout=W.Layout(flex_flow="row wrap", width="100%"))
+        live = W.VBox([self.run_panel.buttons, self.run_panel.progress, self.run_panel.status, self.strip.widget,
+                       self.live.widget])
+        self.tabs = W.Tab(children=[W.VBox([setup, self.run_panel.widget]), live, self.compare.widget,
+                                    self.profiler.widget], layout=W.Layout(width="100%"))
         for i, title in enumerate(("Setup", "Live", "Compare", "Profile")):
             self.tabs.set_title(i, title)
-        header = W.HTML(f"<h3 style='margin:4px 0'>MoE Workbench Studio</h3>{self._cluster_line(device)}")
-        self.widget = W.VBox([header, self.tabs])
+        header = W.HTML(f"<h3 style='margin:4px 0'>MoE Workbench Studio</h3><div style='overflow-wrap:anywhere'>"
+                        f"{self._cluster_line(device)}</div>")
+        # The figures are drawn in hidden tabs: their width follows the Studio's, not plotly's guess.
+        self.fit = FigureFit()
+        for figure in (self.live.figure, self.compare.figure, self.profiler.figure):
+            self.fit.fit(figure, margin_px=48)
+        self.widget = W.VBox([header, self.tabs, self.fit])
 
     def _cluster_line(self, device: str) -> str:
         if self.cluster is None:
@@ -72,6 +92,17 @@ class Studio:
     def _training_changed(self) -> None:
         self.mesh.set_training(**self.run_panel.training(), dtype=self.model.dtype.value,
                                fused_ce=self.backend.fused_ce.value)
+
+    def _hold_buttons(self, run: Any) -> None:
+        """While `run` (trained or profiled) goes, neither Start nor Profile can start another."""
+        start, profile = self.run_panel.start_button, self.profiler.button
+        start.disabled = profile.disabled = True
+
+        def release(_: Any) -> None:
+            if run.done:
+                start.disabled = profile.disabled = False
+
+        run.on_metrics(release)
 
     def _run_done(self, run: Any) -> None:
         if run.done:
