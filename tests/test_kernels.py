@@ -256,7 +256,10 @@ def test_cross_entropy_bad_input():
 def test_each_registry_holds_exactly_the_backends_the_resolver_can_pick():
     # A resolved BackendConfig names the backend; the registry must have it (and nothing the resolver never gives).
     swiglu_family = (SWIGLU_BACKENDS, SWIGLU_PACKED_BACKENDS, GPT_OSS_GATE_BACKENDS, ROW_BIAS_BACKENDS)
-    for field, registries in (("rms_norm", (RMS_NORM_BACKENDS,)), ("swiglu", swiglu_family)):
+    from workbench.moe.hf_experts import EXPERTS_BACKENDS
+
+    for field, registries in (("rms_norm", (RMS_NORM_BACKENDS,)), ("swiglu", swiglu_family),
+                              ("experts", (EXPERTS_BACKENDS,))):
         for registry in registries:
             assert set(registry) == set(CHOICES[field]) - {"auto"}, (field, registry)
 
