@@ -187,3 +187,26 @@ def test_the_studio_auto_is_the_resolvers_auto():
                "backends": {"linear.te": {"available": True, "reason": ""}}}
     assert resolve_auto("linear", [te_rank], "cuda", 1) == "torch"
     assert resolve_auto("linear", [te_rank], "cuda", 1, fp8=True) == "te"
+
+
+def test_a_config_resolved_for_an_h200_wires_every_triton_kernel_into_the_model():
+    # The build takes the resolved names and nothing else: on this CPU machine the model a CUDA rank
+    # would build gets the same kernels (nothing runs here, the wiring is what is checked).
+    from workbench.kernels.rms_norm import RMSNorm
+    from workbench.models import generic
+    from workbench.models.qwen3_attention import Qwen3MoeEngineAttention
+    from workbench.moe.dispatch.local import LocalDispatcher
+    from workbench.moe.hf_experts import engine_experts_modules
+
+    resolved = BackendConfig(fused_ce=True).resolve(_h200())
+    model = transformers.AutoModelForCausalLM.from_config(tiny_qwen3_moe())
+    generic.install(model, resolved, lambda n: LocalDispatcher(n, resolved.combine), device=torch.device("cpu"))
+    experts = [m for _, m in engine_experts_modules(model)]
+    assert experts and all(m.workbench_experts_backend == "grouped_mm" and m.workbench_swiglu == "triton"
+                           and m.workbench_dispatcher.use_triton for m in experts)
+    attentions = [m for m in model.modules() if "Attention" in type(m).__name__]
+    assert attentions and all(type(m) is Qwen3MoeEngineAttention and m.workbench_rope == "triton" for m in attentions)
+    norms = [m for m in model.modules() if "RMSNorm" in type(m).__name__]
+    assert norms and all(isinstance(m, RMSNorm) and m.backend == "triton" for m in norms)
+    assert model.workbench_backend.cross_entropy == "triton" and type(model.get_output_embeddings()).__name__ == \
+        "DeferredLMHead"
