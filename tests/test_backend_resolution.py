@@ -175,6 +175,10 @@ def test_platform_refuses_unknown_inputs():
         Platform(device_type="gpu")
     with pytest.raises(BackendError, match="unknown.*liger"):
         Platform(modules=frozenset({"liger"}))
+    with pytest.raises(BackendError, match=r"capability must be None or \(major, minor\)"):
+        Platform(device_type="cuda", capability=9.0)
+    with pytest.raises(BackendError, match="gpus_per_node"):
+        Platform(gpus_per_node=-1)
 
 
 def test_the_studio_auto_is_the_resolvers_auto():

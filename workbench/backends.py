@@ -133,9 +133,18 @@ class Platform:
     grouped_mm: bool = True  # this torch has torch._grouped_mm / F.grouped_mm
 
     def __post_init__(self) -> None:
-        if self.device_type not in ("cpu", "cuda", "meta", "mps", "xpu"):
-            raise BackendError(f"Platform.device_type must be a torch device type such as 'cpu' or 'cuda'; "
-                               f"got {self.device_type!r}")
+        try:
+            ok = isinstance(self.device_type, str) and torch.device(self.device_type).type == self.device_type
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise BackendError(f"Platform.device_type must be a torch device type such as 'cpu' or 'cuda' (no "
+                               f"index); got {self.device_type!r}")
+        cap = self.capability
+        if cap is not None and not (isinstance(cap, tuple) and len(cap) == 2 and all(isinstance(c, int) for c in cap)):
+            raise BackendError(f"Platform.capability must be None or (major, minor) ints, e.g. (9, 0); got {cap!r}")
+        if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 0:
+            raise BackendError(f"Platform.gpus_per_node must be an int >= 0; got {self.gpus_per_node!r}")
         unknown = set(self.modules) - set(OPTIONAL_MODULES)
         if unknown:
             raise BackendError(f"Platform.modules: unknown {sorted(unknown)}; known: {list(OPTIONAL_MODULES)}")
