@@ -2,7 +2,7 @@
 
 Each kernel has a torch reference that runs anywhere. Which backend runs is decided once, by
 workbench.backends (BackendConfig.resolve), and handed to the kernel by name; each kernel's
-KernelRegistry maps that name to its implementation. Nothing here reads a config or probes the machine.
+KernelRegistry maps that name to its implementation. Nothing here reads a config or decides a backend.
 """
 
 from __future__ import annotations
