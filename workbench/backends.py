@@ -212,12 +212,10 @@ def package_versions() -> dict[str, str | None]:
 def availability(field: str, choice: str, device: torch.device | str | Platform = "cpu",
                  world_size: int = 1) -> tuple[bool, str]:
     """Whether `choice` for `field` can run on `device` (or a Platform); the reason (with install hint) if not."""
+    if choice in ("loop", "local", "torch", "sdpa", "sinks", "native", "balanced", "alltoall", "auto"):
+        return True, ""  # pure torch (or resolved later): runs anywhere, nothing to detect
     plat = _platform(device)
     cuda = plat.device_type == "cuda"
-    if choice in ("loop", "local", "torch", "sdpa", "sinks", "native", "balanced"):
-        return True, ""
-    if choice == "auto":
-        return True, ""
     if choice == "grouped_mm":
         ok = plat.grouped_mm
         return ok, "" if ok else "this torch has no grouped_mm; upgrade to torch>=2.9"
@@ -230,8 +228,6 @@ def availability(field: str, choice: str, device: torch.device | str | Platform 
             return False, f"{field}='triton' needs a CUDA device, got {plat.device_type}; use 'torch'"
         if "triton" not in plat.modules:
             return False, f"triton is not installed: {INSTALL_HINT['triton']}"
-        return True, ""
-    if choice == "alltoall":
         return True, ""
     if choice == "symm_mem":
         # The ep rule holds on every machine: said first, so a fix made on a laptop holds on the GPU too.
