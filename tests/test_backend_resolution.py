@@ -214,3 +214,21 @@ def test_a_config_resolved_for_an_h200_wires_every_triton_kernel_into_the_model(
     assert norms and all(isinstance(m, RMSNorm) and m.backend == "triton" for m in norms)
     assert model.workbench_backend.cross_entropy == "triton" and type(model.get_output_embeddings()).__name__ == \
         "DeferredLMHead"
+
+
+def test_detecting_a_cuda_platform_reads_the_gpu_only_for_the_packages_that_need_it(monkeypatch):
+    # Reading the compute capability starts CUDA in the asking process (a notebook's Studio asks every
+    # choice): only TE needs it, only DeepEP needs the GPU count.
+    import workbench.backends as backends
+
+    def touched(*_):
+        raise AssertionError("read the GPU")
+
+    monkeypatch.setattr(backends, "_cuda_capability", touched)
+    monkeypatch.setattr(backends, "gpus_per_node", touched)
+    monkeypatch.setattr(backends, "_has_module", lambda name: name == "triton")
+    assert BackendConfig().resolve("cuda").rms_norm == "triton"
+    assert availability("dispatcher", "deepep", "cuda", world_size=2)[0] is False
+    monkeypatch.setattr(backends, "_has_module", lambda name: name in ("triton", "transformer_engine"))
+    with pytest.raises(AssertionError, match="read the GPU"):
+        Platform.detect("cuda")

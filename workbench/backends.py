@@ -124,7 +124,7 @@ class Platform:
     """
 
     device_type: str = "cpu"
-    capability: tuple[int, int] | None = None  # CUDA compute capability; None where torch sees no GPU
+    capability: tuple[int, int] | None = None  # CUDA compute capability (what TE needs); None: no GPU seen
     modules: frozenset[str] = frozenset()  # the OPTIONAL_MODULES that are installed
     # why `import transformer_engine.pytorch` fails (None: it imports); a callable is asked only when needed
     te_import_error: str | None | Callable[[], str | None] = None
@@ -151,12 +151,19 @@ class Platform:
 
     @classmethod
     def detect(cls, device: torch.device | str = "cpu") -> "Platform":
-        """This process's platform for `device` (TE's import is tried only when a TE backend is asked about)."""
+        """This process's platform for `device`.
+
+        Only what an installed package needs is asked: the compute capability with TE (reading it
+        starts CUDA in this process, e.g. a notebook's), the GPU count with DeepEP, TE's import only
+        when a TE backend is asked about.
+        """
         dev = torch.device(device)
         cuda = dev.type == "cuda"
-        return cls(device_type=dev.type, capability=_cuda_capability(dev) if cuda else None,
-                   modules=frozenset(m for m in OPTIONAL_MODULES if _has_module(m)),
-                   te_import_error=_te_import_error, gpus_per_node=gpus_per_node() if cuda else 0,
+        modules = frozenset(m for m in OPTIONAL_MODULES if _has_module(m))
+        return cls(device_type=dev.type,
+                   capability=_cuda_capability(dev) if cuda and "transformer_engine" in modules else None,
+                   modules=modules, te_import_error=_te_import_error,
+                   gpus_per_node=gpus_per_node() if cuda and "deep_ep" in modules else 0,
                    triton_interpret=os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
                    grouped_mm=hasattr(torch, "_grouped_mm") or hasattr(torch.nn.functional, "grouped_mm"))
 
