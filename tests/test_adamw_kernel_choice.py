@@ -14,7 +14,7 @@ import torch
 
 import workbench.train.optim as optim
 from workbench.kernels.adamw import AdamWLaunch, adamw_scalars, adamw_step_
-from workbench.train.optim import TritonAdamW, make_adamw
+from workbench.train.optim import TritonAdamW, describe_optimizer, make_adamw
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
@@ -44,6 +44,7 @@ def test_an_explicit_torch_kernel_is_kept_and_bad_choices_are_refused():
     opt = TritonAdamW([p], kernel="torch")
     opt.step()
     assert opt.updates == {"torch": 1}
+    assert describe_optimizer(opt).endswith("kernel torch, precision bf16")  # results files say which ran
     with pytest.raises(ValueError, match="kernel must be one of"):
         TritonAdamW([p], kernel="cuda")
     with pytest.raises(TypeError, match="AdamWLaunch"):

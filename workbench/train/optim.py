@@ -83,7 +83,8 @@ def make_adamw(param_groups: list[dict], name: str, device: torch.device, lr: fl
 def describe_optimizer(optimizer: torch.optim.Optimizer) -> str:
     """How an optimizer from `make_adamw` is named in results files."""
     if isinstance(optimizer, TritonAdamW):
-        return f"workbench TritonAdamW (same math as torch's fused AdamW), precision {optimizer.precision}"
+        return (f"workbench TritonAdamW (same math as torch's fused AdamW), kernel {optimizer.kernel}, "
+                f"precision {optimizer.precision}")
     kind = "fused=True" if optimizer.defaults.get("fused") else "foreach=False"
     return f"torch.optim.AdamW({kind})"
 
