@@ -7,8 +7,9 @@ import functools
 import importlib
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -127,7 +128,7 @@ class Platform:
     capability: tuple[int, int] | None = None  # CUDA compute capability (what TE needs); None: no GPU seen
     modules: frozenset[str] = frozenset()  # the OPTIONAL_MODULES that are installed
     # why `import transformer_engine.pytorch` fails (None: it imports); a callable is asked only when needed
-    te_import_error: str | None | Callable[[], str | None] = None
+    te_import_error: str | Callable[[], str | None] | None = None
     gpus_per_node: int = 0
     triton_interpret: bool = False  # TRITON_INTERPRET=1 (tests only): Triton runs on CPU tensors
     grouped_mm: bool = True  # this torch has torch._grouped_mm / F.grouped_mm

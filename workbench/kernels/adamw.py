@@ -46,6 +46,9 @@ class AdamWLaunch:
             raise ValueError(f"AdamWLaunch.num_warps must be one of 1, 2, 4, 8, 16, 32, got {self.num_warps!r}")
 
 
+DEFAULT_LAUNCH = AdamWLaunch()  # frozen: a shared default, not state
+
+
 def _f32(x: float) -> float:
     """`x` rounded to the nearest float32 (what a C++ double -> float conversion gives)."""
     return struct.unpack("<f", struct.pack("<f", x))[0]
@@ -138,7 +141,7 @@ def adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, 
                 scalars: dict[str, float], precise: bool = False, sr: SRKeys | None = None,
                 out: torch.Tensor | None = None, skip: torch.Tensor | None = None,
                 grad_coef: torch.Tensor | None = None, *, kernel: str,
-                launch: AdamWLaunch = AdamWLaunch()) -> str:
+                launch: AdamWLaunch = DEFAULT_LAUNCH) -> str:
     """Update one tensor in place with `kernel` ("triton": where it takes the tensors, else torch ops); says which.
 
     `skip`: a float32 scalar tensor on the tensors' device; nonzero leaves every tensor unchanged.

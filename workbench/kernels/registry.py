@@ -6,8 +6,8 @@ a registry only maps that name to the function, so kernels never look at the mac
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
-from typing import Callable, Iterator, Mapping
 
 from workbench.errors import BackendError
 

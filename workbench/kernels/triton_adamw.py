@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from workbench.kernels._triton_util import triton_interpreting
-from workbench.kernels.adamw import AdamWLaunch, SRKeys, kernel_supports
+from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys, kernel_supports
 
 
 @triton.jit
@@ -149,7 +149,7 @@ def triton_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.T
                        exp_avg_sq: torch.Tensor, scalars: dict[str, float], precise: bool = False,
                        sr: SRKeys | None = None, out: torch.Tensor | None = None,
                        skip: torch.Tensor | None = None, grad_coef: torch.Tensor | None = None,
-                       launch: AdamWLaunch = AdamWLaunch()) -> None:
+                       launch: AdamWLaunch = DEFAULT_LAUNCH) -> None:
     """One AdamW update of one contiguous tensor, in place (scalars from `adamw_scalars`; `sr`: bf16 stores
     rounded stochastically; `out`: also gets the new parameter; `skip`: a float32 scalar on the device,
     nonzero stores nothing; `grad_coef`: a float32 scalar on the device multiplying the gradient; as

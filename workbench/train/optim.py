@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from workbench.backends import BackendError, availability
 from workbench.config import OPTIMIZERS
-from workbench.kernels.adamw import ADAMW_KERNELS, AdamWLaunch, SRKeys, adamw_scalars, adamw_step_
+from workbench.kernels.adamw import ADAMW_KERNELS, DEFAULT_LAUNCH, AdamWLaunch, SRKeys, adamw_scalars, adamw_step_
 from workbench.kernels.stochastic_round import element_base
 from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR  # noqa: F401 - set by the mesh builders, read here
 from workbench.train.precision import OPTIMIZER_PRECISIONS, needs_workbench_adamw, resolve_precision
@@ -129,7 +129,7 @@ class TritonAdamW(torch.optim.Optimizer):
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, *, precise: bool = False,
                  precision: str = "bf16", seed: int = 0, kernel: str | None = None,
-                 launch: AdamWLaunch = AdamWLaunch()) -> None:
+                 launch: AdamWLaunch = DEFAULT_LAUNCH) -> None:
         if kernel is not None and kernel not in ADAMW_KERNELS:
             raise ValueError(f"TritonAdamW kernel must be one of {ADAMW_KERNELS} or None (where the parameters "
                              f"are), got {kernel!r}")
@@ -182,7 +182,7 @@ class TritonAdamW(torch.optim.Optimizer):
         self.__dict__.setdefault("found_inf", None)
         self.__dict__.setdefault("grad_coef", None)
         self.__dict__.setdefault("kernel", "triton")  # pickled before the choice was made here: as it ran then
-        self.__dict__.setdefault("launch", AdamWLaunch())
+        self.__dict__.setdefault("launch", DEFAULT_LAUNCH)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's load, then step counters back on the host (a torch fused AdamW keeps them on the GPU).
