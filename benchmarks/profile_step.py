@@ -11,6 +11,7 @@ Random init, synthetic tokens: a measurement tool, not a test.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from pathlib import Path
@@ -58,32 +59,33 @@ def adamw_microbench(numel: int = 1 << 28) -> dict:
     return out
 
 
-def adamw_in_model(step, opt, configs: str) -> list[dict]:
+def adamw_in_model(train_step, params: list, configs: str) -> list[dict]:
     """TritonAdamW.step alone on the model's parameters and gradients, per kernel block/warps setting.
 
     Also the whole training step per setting: the optimizer's share of it is the kernel as the
     backward leaves the GPU, which "alone" separates from the kernel's speed on these tensors.
+    Each setting gets its own optimizer (AdamWLaunch is a constructor parameter, not a global).
     """
-    import workbench.kernels.triton_adamw as kernel
+    from workbench.kernels.adamw import AdamWLaunch
+    from workbench.train.optim import TritonAdamW
 
-    saved = kernel.BLOCK, kernel.NUM_WARPS
-    numel = sum(p.numel() for g in opt.param_groups for p in g["params"])
+    numel = sum(p.numel() for p in params)
     rows = []
-    try:
-        for item in configs.split(","):
-            kernel.BLOCK, kernel.NUM_WARPS = (int(x) for x in item.split("x"))
-            step()  # compiles this configuration
-            step_ms = cuda_event_ms(step, 3)
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    p.grad = torch.randn_like(p)
-            alone = cuda_event_ms(opt.step, 5)
-            rows.append({"block": kernel.BLOCK, "warps": kernel.NUM_WARPS, "step_ms": step_ms, "alone_ms": alone,
-                         "alone_tb_s": 14 * numel / alone / 1e9})
-            opt.zero_grad(set_to_none=True)
-            print("adamw in model:", json.dumps(rows[-1]), flush=True)
-    finally:
-        kernel.BLOCK, kernel.NUM_WARPS = saved
+    for item in configs.split(","):
+        block, warps = (int(x) for x in item.split("x"))
+        opt = TritonAdamW(params, lr=1e-5, launch=AdamWLaunch(block, warps))
+        step = functools.partial(train_step, opt)
+        step()  # compiles this configuration
+        step_ms = cuda_event_ms(step, 3)
+        for p in params:
+            p.grad = torch.randn_like(p)
+        alone = cuda_event_ms(opt.step, 5)
+        rows.append({"block": block, "warps": warps, "step_ms": step_ms, "alone_ms": alone,
+                     "alone_tb_s": 14 * numel / alone / 1e9})
+        opt.zero_grad(set_to_none=True)
+        opt.state.clear()  # this setting's moments go before the next setting's are made
+        torch.cuda.empty_cache()
+        print("adamw in model:", json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -139,12 +141,15 @@ def main() -> None:
         opt = TritonAdamW(model.parameters(), lr=1e-5)
     ids = torch.randint(0, config.vocab_size, (args.batch, args.seq), device="cuda")
 
-    def step():
+    def train_step(optimizer):
         out = model(input_ids=ids, labels=ids, output_router_logits=True, use_cache=False)
         out.loss.backward()
         with torch.profiler.record_function("workbench.optimizer"):
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    def step():
+        train_step(opt)
 
     for _ in range(3):
         step()
@@ -155,7 +160,8 @@ def main() -> None:
     print(f"step {result['step_ms']:.1f} ms, {result['tokens_per_s']:,.0f} tokens/s, peak {result['peak_gib']:.1f} GiB",
           flush=True)
     if args.adamw_configs and not args.anchor:
-        result["adamw_in_model"] = adamw_in_model(step, opt, args.adamw_configs)
+        result["adamw_in_model"] = adamw_in_model(train_step, [p for g in opt.param_groups for p in g["params"]],
+                                                  args.adamw_configs)
     steps = 2
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA], record_shapes=True) as prof:

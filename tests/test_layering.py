@@ -1,4 +1,4 @@
-"""The workbench's core packages import each other without cycles: kernels < moe < parallel < models < train;
+"""The workbench's core packages import each other without cycles: kernels < backends < moe < parallel < models < train;
 runs (a run's files) imports none of them.
 
 Imports are read from the source (top-level and inside functions alike: a lazy import is still a
@@ -17,8 +17,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("kernels", "moe", "parallel", "models", "train", "runs")
-# The qwen3 engineer's part of issue 14 item 4 (kernels import no moe / config modules): until it
-# lands, kernels/te_experts.py imports workbench.moe.
+# Top-level modules that are layers of their own: the one place that decides which backend runs.
+MODULES = ("backends",)
+NODES = PACKAGES + MODULES
+# What a kernel may import from the workbench: other kernels, and the leaf module of the error it raises.
+KERNEL_IMPORTS_ALLOWED = ("workbench.kernels", "workbench.errors")
+
+
 def _imported_modules(path: Path) -> set[str]:
     """Absolute names of every `workbench...` module a file imports, anywhere in it."""
     parts = path.relative_to(ROOT).with_suffix("").parts
@@ -36,17 +41,26 @@ def _imported_modules(path: Path) -> set[str]:
     return {name for name in out if name.split(".")[0] == "workbench"}
 
 
+def _node(parts: tuple[str, ...]) -> str | None:
+    """The layer a module (dotted name parts, "workbench" first) belongs to, None outside NODES."""
+    if len(parts) > 2 and parts[1] in PACKAGES:
+        return parts[1]
+    if len(parts) == 2 and parts[1] in NODES:
+        return parts[1]
+    return None
+
+
 def package_edges() -> dict[tuple[str, str], list[str]]:
-    """(from package, to package) -> the files that make that edge, for the core packages."""
+    """(from layer, to layer) -> the files that make that edge, for the core packages and modules."""
     edges: dict[tuple[str, str], list[str]] = defaultdict(list)
     for path in sorted((ROOT / "workbench").rglob("*.py")):
-        parts = path.relative_to(ROOT).parts
-        if len(parts) < 3 or parts[1] not in PACKAGES:
+        source = _node(path.relative_to(ROOT).with_suffix("").parts)
+        if source is None:
             continue
         for name in _imported_modules(path):
-            target = name.split(".")
-            if len(target) > 1 and target[1] in PACKAGES and target[1] != parts[1]:
-                edges[(parts[1], target[1])].append(str(path.relative_to(ROOT)))
+            target = _node(tuple(name.split(".")))
+            if target is not None and target != source:
+                edges[(source, target)].append(str(path.relative_to(ROOT)))
     return edges
 
 
@@ -65,14 +79,14 @@ def cycles(edges) -> list[list[str]]:
                     todo.append(nxt)
         return seen
 
-    reachable = {p: reach(p) for p in PACKAGES}
-    groups = {frozenset(q for q in PACKAGES if q in reachable[p] and p in reachable[q]) | {p}
-              for p in PACKAGES if p in reachable[p]}
+    reachable = {p: reach(p) for p in NODES}
+    groups = {frozenset(q for q in NODES if q in reachable[p] and p in reachable[q]) | {p}
+              for p in NODES if p in reachable[p]}
     return sorted(sorted(g) for g in groups)
 
 
 def test_core_packages_import_without_cycles():
-    edges = {e: files for e, files in package_edges().items() if e != ("kernels", "moe")}
+    edges = package_edges()
     found = cycles(edges)
     assert not found, "import cycles between workbench packages: " + "; ".join(
         " <-> ".join(c) + " via " + ", ".join(f"{a}->{b} ({files[0]})" for (a, b), files in edges.items()
@@ -81,6 +95,26 @@ def test_core_packages_import_without_cycles():
 
 def test_kernels_import_no_moe():
     assert ("kernels", "moe") not in package_edges(), package_edges().get(("kernels", "moe"))
+
+
+def test_kernels_import_no_config_and_no_backend_choice():
+    # Which kernel runs is decided in workbench.backends and passed down by name: a kernel reading
+    # the config or the resolver would be a second place that decides.
+    found = {}
+    for path in sorted((ROOT / "workbench" / "kernels").rglob("*.py")):
+        bad = sorted(m for m in _imported_modules(path)
+                     if not any(m == ok or m.startswith(ok + ".") for ok in KERNEL_IMPORTS_ALLOWED))
+        if bad:
+            found[str(path.relative_to(ROOT))] = bad
+    assert not found, found
+
+
+def test_the_cycle_check_sees_a_cycle_through_a_lazy_import():
+    # the checker itself: an edge each way (as kernels -> moe -> kernels once was) is one cycle
+    assert cycles({("kernels", "moe"): [], ("moe", "kernels"): []}) == [["kernels", "moe"]]
+    assert cycles({("moe", "backends"): [], ("backends", "kernels"): [], ("kernels", "backends"): []}) == [
+        ["backends", "kernels"]]
+    assert cycles({("moe", "kernels"): []}) == []
 
 
 def test_device_helper_imports_no_workbench_package():

@@ -7,6 +7,7 @@ import functools
 import importlib
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,12 +43,14 @@ TE_FP8_MIN_CAPABILITY = (9, 0)
 # combine takes bf16 only) nor whether the ep group stays within one node, and neither has beaten
 # alltoall in a measured engine step yet; name them explicitly to use them.
 #
-# TransformerEngine is never auto's first choice for bf16 work: measured in one `workbench bench`
-# launch on 1 x H200 (Qwen3-30B-A3B, 8 layers, seq 4096 x 2; benchmarks/results/
-# 2026-12-01-1xh200.json) the engine made 60,695 tokens/s with sdpa (cuDNN first) + Triton
-# RMSNorm + torch linear, 56,242 with TE attention + linear + RMSNorm, and 38,092 with TE
-# GroupedLinear experts (torch grouped_mm: 2.31 vs 7.44 ms for the same expert GEMMs). With
-# fp8=True, linear='auto' becomes 'te' where TE runs: TE is the engine's only FP8 GEMM path.
+# TransformerEngine is never auto's first choice for bf16 work: it lost in the one `workbench bench`
+# launch that ran both on 1 x H200 (commit 570ddec, Qwen3-30B-A3B, 8 layers, seq 4096 x 2,
+# benchmarks/results/2026-12-01-1xh200.json, variants engine / engine_te / engine_te_experts):
+# 60,695 tokens/s with sdpa (cuDNN first) + Triton RMSNorm + torch linear, 56,242 with TE
+# attention + linear + RMSNorm, 38,092 with TE GroupedLinear experts (the expert GEMMs alone, fwd+bwd,
+# 64 experts x 1024 tokens, 2048 -> 1536 on the same GPU: torch grouped_mm 2.31 ms, TE 7.44 ms). The
+# engine has been sped up since; the TE variants were not re-measured.
+# With fp8=True, linear='auto' becomes 'te' where TE runs: TE is the engine's only FP8 GEMM path.
 AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "experts": ("grouped_mm", "te", "loop"),
     "dispatcher": ("alltoall", "local"),
@@ -109,14 +112,79 @@ def _te_import_error() -> str | None:
     return None
 
 
-def te_availability(device: torch.device | str = "cpu", fp8: bool = False) -> tuple[bool, str]:
+# The optional modules a backend may need; Platform.detect asks which of them import here.
+OPTIONAL_MODULES = ("triton", "transformer_engine", "deep_ep", "torch.distributed._symmetric_memory")
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What one machine offers the backends: the resolver's only inputs besides BackendConfig and ep.
+
+    `Platform.detect(device)` reads them from this process; a test or a remote rank's record can
+    build one by hand (no import of triton or TE needed to ask what a CUDA machine would resolve).
+    """
+
+    device_type: str = "cpu"
+    capability: tuple[int, int] | None = None  # CUDA compute capability (what TE needs); None: no GPU seen
+    modules: frozenset[str] = frozenset()  # the OPTIONAL_MODULES that are installed
+    # why `import transformer_engine.pytorch` fails (None: it imports); a callable is asked only when needed
+    te_import_error: str | Callable[[], str | None] | None = None
+    gpus_per_node: int = 0
+    triton_interpret: bool = False  # TRITON_INTERPRET=1 (tests only): Triton runs on CPU tensors
+    grouped_mm: bool = True  # this torch has torch._grouped_mm / F.grouped_mm
+
+    def __post_init__(self) -> None:
+        try:
+            ok = isinstance(self.device_type, str) and torch.device(self.device_type).type == self.device_type
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise BackendError(f"Platform.device_type must be a torch device type such as 'cpu' or 'cuda' (no "
+                               f"index); got {self.device_type!r}")
+        cap = self.capability
+        if cap is not None and not (isinstance(cap, tuple) and len(cap) == 2 and all(isinstance(c, int) for c in cap)):
+            raise BackendError(f"Platform.capability must be None or (major, minor) ints, e.g. (9, 0); got {cap!r}")
+        if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 0:
+            raise BackendError(f"Platform.gpus_per_node must be an int >= 0; got {self.gpus_per_node!r}")
+        unknown = set(self.modules) - set(OPTIONAL_MODULES)
+        if unknown:
+            raise BackendError(f"Platform.modules: unknown {sorted(unknown)}; known: {list(OPTIONAL_MODULES)}")
+
+    @classmethod
+    def detect(cls, device: torch.device | str = "cpu") -> "Platform":
+        """This process's platform for `device`.
+
+        Only what an installed package needs is asked: the compute capability with TE (reading it
+        starts CUDA in this process, e.g. a notebook's), the GPU count with DeepEP, TE's import only
+        when a TE backend is asked about.
+        """
+        dev = torch.device(device)
+        cuda = dev.type == "cuda"
+        modules = frozenset(m for m in OPTIONAL_MODULES if _has_module(m))
+        return cls(device_type=dev.type,
+                   capability=_cuda_capability(dev) if cuda and "transformer_engine" in modules else None,
+                   modules=modules, te_import_error=_te_import_error,
+                   gpus_per_node=gpus_per_node() if cuda and "deep_ep" in modules else 0,
+                   triton_interpret=os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+                   grouped_mm=hasattr(torch, "_grouped_mm") or hasattr(torch.nn.functional, "grouped_mm"))
+
+    def te_error(self) -> str | None:
+        """Why TE does not import here (asked now if it was left to ask)."""
+        return self.te_import_error() if callable(self.te_import_error) else self.te_import_error
+
+
+def _platform(device: torch.device | str | Platform) -> Platform:
+    return device if isinstance(device, Platform) else Platform.detect(device)
+
+
+def te_availability(device: torch.device | str | Platform = "cpu", fp8: bool = False) -> tuple[bool, str]:
     """Whether TransformerEngine backends (FP8 ones with `fp8`) can run on `device`, and why not."""
-    dev = torch.device(device)
-    if not _has_module("transformer_engine"):
+    plat = _platform(device)
+    if "transformer_engine" not in plat.modules:
         return False, f"transformer_engine is not installed: {INSTALL_HINT['te']}"
-    if dev.type != "cuda":
-        return False, f"TransformerEngine needs a CUDA device, got {dev.type}"
-    capability = _cuda_capability(dev)
+    if plat.device_type != "cuda":
+        return False, f"TransformerEngine needs a CUDA device, got {plat.device_type}"
+    capability = plat.capability
     if capability is None:
         return False, "TransformerEngine needs a CUDA device; torch sees none here"
     need = TE_FP8_MIN_CAPABILITY if fp8 else TE_MIN_CAPABILITY
@@ -124,7 +192,7 @@ def te_availability(device: torch.device | str = "cpu", fp8: bool = False) -> tu
         what = "FP8 (fp8=True)" if fp8 else "the TransformerEngine backends"
         return False, (f"{what} need(s) compute capability >= {need[0]}.{need[1]}, this GPU has "
                        f"{capability[0]}.{capability[1]}")
-    err = _te_import_error()
+    err = plat.te_error()
     if err is not None:
         return False, f"transformer_engine is installed but does not import ({err}); {INSTALL_HINT['te']}"
     return True, ""
@@ -149,29 +217,25 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
-def availability(field: str, choice: str, device: torch.device | str = "cpu",
+def availability(field: str, choice: str, device: torch.device | str | Platform = "cpu",
                  world_size: int = 1) -> tuple[bool, str]:
-    """Whether `choice` for `field` can run on `device`; the reason (with install hint) if not."""
-    dev = torch.device(device)
-    cuda = dev.type == "cuda"
-    if choice in ("loop", "local", "torch", "sdpa", "sinks", "native", "balanced"):
-        return True, ""
-    if choice == "auto":
-        return True, ""
+    """Whether `choice` for `field` can run on `device` (or a Platform); the reason (with install hint) if not."""
+    if choice in ("loop", "local", "torch", "sdpa", "sinks", "native", "balanced", "alltoall", "auto"):
+        return True, ""  # pure torch (or resolved later): runs anywhere, nothing to detect
+    plat = _platform(device)
+    cuda = plat.device_type == "cuda"
     if choice == "grouped_mm":
-        ok = hasattr(torch, "_grouped_mm") or hasattr(torch.nn.functional, "grouped_mm")
+        ok = plat.grouped_mm
         return ok, "" if ok else "this torch has no grouped_mm; upgrade to torch>=2.9"
     if choice == "te":
-        return te_availability(dev)
+        return te_availability(plat)
     if choice == "triton":
         # TRITON_INTERPRET=1 (tests only) runs the kernels on CPU tensors in Triton's interpreter
-        interpreted = dev.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+        interpreted = plat.device_type == "cpu" and plat.triton_interpret
         if not (cuda or interpreted):
-            return False, f"{field}='triton' needs a CUDA device, got {dev.type}; use 'torch'"
-        if not _has_module("triton"):
+            return False, f"{field}='triton' needs a CUDA device, got {plat.device_type}; use 'torch'"
+        if "triton" not in plat.modules:
             return False, f"triton is not installed: {INSTALL_HINT['triton']}"
-        return True, ""
-    if choice == "alltoall":
         return True, ""
     if choice == "symm_mem":
         # The ep rule holds on every machine: said first, so a fix made on a laptop holds on the GPU too.
@@ -179,26 +243,44 @@ def availability(field: str, choice: str, device: torch.device | str = "cpu",
             return False, ("symm_mem dispatch exchanges tokens between ranks and needs expert parallelism "
                            "(ep >= 2); with ep=1 every expert is local: use 'local' or 'auto'")
         if not cuda:
-            return False, f"symm_mem dispatch needs CUDA devices with NVSHMEM, got {dev.type}; use 'alltoall'"
-        if not _has_module("torch.distributed._symmetric_memory"):
+            return False, f"symm_mem dispatch needs CUDA devices with NVSHMEM, got {plat.device_type}; use 'alltoall'"
+        if "torch.distributed._symmetric_memory" not in plat.modules:
             return False, "this torch has no torch.distributed._symmetric_memory; use 'alltoall'"
         return True, ""
     if choice == "deepep":
         if world_size < 2:  # first, as for symm_mem
             return False, "DeepEP exchanges tokens between ep ranks and needs ep >= 2; use 'local' for one rank"
-        if not _has_module("deep_ep"):
+        if "deep_ep" not in plat.modules:
             return False, f"deep_ep is not installed: {INSTALL_HINT['deepep']}"
         if not cuda:
-            return False, f"DeepEP needs CUDA GPUs joined by NVLink, got {dev.type}; use 'alltoall'"
+            return False, f"DeepEP needs CUDA GPUs joined by NVLink, got {plat.device_type}; use 'alltoall'"
         if world_size not in DEEPEP_EP_SIZES:
             return False, (f"DeepEP's intranode kernels run on {', '.join(map(str, DEEPEP_EP_SIZES))} ranks, "
                            f"got {world_size}; use 'alltoall'")
-        per_node = gpus_per_node()
+        per_node = plat.gpus_per_node
         if world_size > per_node:
             return False, (f"DeepEP runs intranode only (NVLink): {world_size} ranks but this node has {per_node} "
                            "GPUs; use 'alltoall'")
         return True, ""
     return False, f"unknown backend {choice!r} for {field!r}"
+
+
+# (field, choice) -> (runs here?, why not): availability on one platform, or a cluster's rank records.
+Probe = Callable[[str, str], tuple[bool, str]]
+
+
+def auto_order(field: str, world_size: int = 1, fp8: bool = False) -> tuple[str, ...]:
+    """The choices "auto" tries for `field`, first available wins (AUTO_ORDER with the ep and fp8 rules)."""
+    if field == "dispatcher":
+        return ("alltoall",) if world_size > 1 else ("local",)
+    if field == "linear" and fp8:
+        return ("te", "torch")
+    return AUTO_ORDER[field]
+
+
+def pick_auto(field: str, probe: Probe, world_size: int = 1, fp8: bool = False) -> str | None:
+    """What "auto" becomes for `field` where `probe` says what runs; None where nothing in its order does."""
+    return next((c for c in auto_order(field, world_size, fp8) if probe(field, c)[0]), None)
 
 
 @dataclass(frozen=True)
@@ -256,8 +338,9 @@ class BackendConfig:
         """Whether every implementation field names a concrete backend (no "auto" left)."""
         return all(getattr(self, field) != "auto" for field in CHOICES)
 
-    def resolve(self, device: torch.device | str = "cpu", world_size: int = 1) -> "BackendConfig":
-        """The concrete backends for `device`: "auto" replaced, explicit choices checked."""
+    def resolve(self, device: torch.device | str | Platform = "cpu", world_size: int = 1) -> "BackendConfig":
+        """The concrete backends for `device` (or a Platform): "auto" replaced, explicit choices checked."""
+        plat = _platform(device)  # detected once: every field is decided on the same facts
         # everything that is not an implementation choice (gate, the flags) passes through unchanged
         resolved: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                                     if f.name == "gate" or f.name not in CHOICES}
@@ -266,19 +349,15 @@ class BackendConfig:
                 continue
             value = getattr(self, field)
             if value == "auto":
-                order = AUTO_ORDER[field]
-                if field == "linear" and self.fp8:
-                    order = ("te", "torch")
-                if field == "dispatcher":
-                    order = ("alltoall",) if world_size > 1 else ("local",)
-                value = next(c for c in order if availability(field, c, device, world_size)[0])
+                # every order ends in a choice that runs anywhere: auto always finds one
+                value = pick_auto(field, lambda f, c: availability(f, c, plat, world_size), world_size, self.fp8)
             else:
-                ok, why = availability(field, value, device, world_size)
+                ok, why = availability(field, value, plat, world_size)
                 if not ok:
                     raise BackendError(f"{field}={value!r} cannot run here: {why}")
             resolved[field] = value
         if self.fp8:
-            ok, why = te_availability(device, fp8=True)
+            ok, why = te_availability(plat, fp8=True)
             if not ok:
                 raise BackendError(f"fp8=True cannot run here: {why}")
             if "te" not in (resolved["linear"], resolved["experts"]):

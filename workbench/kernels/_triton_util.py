@@ -1,4 +1,4 @@
-"""Shared helpers for the Triton kernels: device checks and launch sizing."""
+"""Shared helpers for the Triton kernels: the device guard and launch sizing (what runs is backends' choice)."""
 
 from __future__ import annotations
 
@@ -6,21 +6,12 @@ import os
 
 import torch
 
-from workbench.errors import INSTALL_HINT, BackendError
+from workbench.errors import BackendError
 
 
 def triton_interpreting() -> bool:
     """True under TRITON_INTERPRET=1, where Triton runs kernels on CPU tensors (tests only)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def triton_runs_on(x: torch.Tensor) -> bool:
-    """Whether the engine's Triton kernels take `x`: CUDA tensors, or CPU ones in the interpreter."""
-    if not (x.is_cuda or (triton_interpreting() and x.device.type == "cpu")):
-        return False
-    import importlib.util
-
-    return importlib.util.find_spec("triton") is not None
 
 
 def check_triton_device(x: torch.Tensor, kernel: str) -> None:
@@ -29,17 +20,6 @@ def check_triton_device(x: torch.Tensor, kernel: str) -> None:
         return
     raise BackendError(f"{kernel}='triton' cannot run here: {kernel}='triton' needs a CUDA device, got "
                        f"{x.device.type}; use 'torch'")
-
-
-def triton_device_error(kernel: str, device: torch.device) -> str | None:
-    """Why the Triton kernels cannot run on `device` (None where they can): CUDA + triton, or the interpreter."""
-    import importlib.util
-
-    if not (device.type == "cuda" or (device.type == "cpu" and triton_interpreting())):
-        return f"{kernel}='triton' needs a CUDA device, got {device.type}; use 'torch'"
-    if importlib.util.find_spec("triton") is None:
-        return f"triton is not installed: {INSTALL_HINT['triton']}"
-    return None
 
 
 def num_programs_for(device: torch.device, rows: int) -> int:

@@ -1,14 +1,17 @@
 """AdamW's per-tensor update: host scalars, a torch-op version, and dispatch to the Triton kernel.
 
 Both versions follow torch's fused CUDA AdamW functor (see triton_adamw.py for the formulas and
-where torch rounds); the torch-op one serves tensors the kernel does not take (non-contiguous,
-CPU without the Triton interpreter) so one optimizer works on every tensor.
+where torch rounds). Which one runs is the caller's resolved choice (`kernel`, decided once by
+workbench.train.optim from workbench.backends.availability); with "triton" the torch-op version
+still serves the tensors the kernel cannot take (non-contiguous, or on CPU without the Triton
+interpreter), so one optimizer works on every tensor.
 """
 
 from __future__ import annotations
 
 import math
 import struct
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -17,6 +20,33 @@ from workbench.kernels._triton_util import triton_interpreting
 from workbench.kernels.stochastic_round import STREAMS, random_bits, sr_key, stochastic_round_bf16
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+ADAMW_KERNELS = ("torch", "triton")
+
+
+@dataclass(frozen=True)
+class AdamWLaunch:
+    """How the Triton AdamW kernel is launched: elements per program and warps per program.
+
+    The default, 1024 x 4 (8 elements per thread, one 16-byte load per bf16 tensor), won the sweep
+    on 1 x H200 (benchmarks/adamw_sweep.py; benchmarks/NOTES.md, optimization 12): 4.19 TB/s over the
+    L8 model's tensors vs 3.68 at 4096 x 8, and the kernel's time in the training step 30.3 -> 22.4 ms.
+    The square root and two divisions are IEEE-rounded instruction sequences: small programs keep
+    enough loads in flight around them. Other values are for that sweep (profile_step.py --adamw-configs).
+    """
+
+    block: int = 1024
+    num_warps: int = 4
+
+    def __post_init__(self) -> None:
+        if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 128 or self.block & (
+                self.block - 1):
+            raise ValueError(f"AdamWLaunch.block must be a power of two >= 128 (elements per program), "
+                             f"got {self.block!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"AdamWLaunch.num_warps must be one of 1, 2, 4, 8, 16, 32, got {self.num_warps!r}")
+
+
+DEFAULT_LAUNCH = AdamWLaunch()  # frozen: a shared default, not state
 
 
 def _f32(x: float) -> float:
@@ -110,19 +140,23 @@ def _unless(skip: torch.Tensor | None, old: torch.Tensor, new: torch.Tensor) -> 
 def adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
                 scalars: dict[str, float], precise: bool = False, sr: SRKeys | None = None,
                 out: torch.Tensor | None = None, skip: torch.Tensor | None = None,
-                grad_coef: torch.Tensor | None = None) -> str:
-    """Update one tensor in place with the Triton kernel where it can run, else torch ops; says which.
+                grad_coef: torch.Tensor | None = None, *, kernel: str,
+                launch: AdamWLaunch = DEFAULT_LAUNCH) -> str:
+    """Update one tensor in place with `kernel` ("triton": where it takes the tensors, else torch ops); says which.
 
     `skip`: a float32 scalar tensor on the tensors' device; nonzero leaves every tensor unchanged.
     `grad_coef`: a float32 scalar tensor on that device multiplying the gradient (clipping).
+    `launch`: the Triton kernel's block and warps.
     """
+    if kernel not in ADAMW_KERNELS:
+        raise ValueError(f"AdamW kernel must be one of {ADAMW_KERNELS} (resolved by the caller), got {kernel!r}")
     if param.numel() == 0:
         return "empty"
     extra = () if out is None else (out,)
-    if kernel_supports(param, grad, exp_avg, exp_avg_sq, *extra):
+    if kernel == "triton" and kernel_supports(param, grad, exp_avg, exp_avg_sq, *extra):
         from workbench.kernels.triton_adamw import triton_adamw_step_
 
-        triton_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise, sr, out, skip, grad_coef)
+        triton_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise, sr, out, skip, grad_coef, launch)
         return "triton"
     torch_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise, sr, out, skip, grad_coef)
     return "torch"

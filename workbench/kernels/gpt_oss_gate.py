@@ -8,11 +8,12 @@ ones fuse each step into one pass (CUDA; CPU only under TRITON_INTERPRET=1). Eve
 
 from __future__ import annotations
 
-from types import MappingProxyType
-from typing import Callable, Mapping, NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from workbench.kernels.registry import KernelRegistry
 
 # Shape suffixes: N routed rows, E experts, I intermediate (2I: gate and up interleaved), C columns.
 
@@ -72,22 +73,20 @@ def add_row_bias_triton(y_NC: torch.Tensor, bias_EC: torch.Tensor, seg: Segments
     return triton_gpt_oss_gate.row_bias_(y_NC, bias_EC, seg.ids, seg.offsets)
 
 
-GPT_OSS_GATE_BACKENDS: Mapping[str, Callable] = MappingProxyType(
-    {"torch": gpt_oss_gate_torch, "triton": gpt_oss_gate_triton})
-ROW_BIAS_BACKENDS: Mapping[str, Callable] = MappingProxyType(
-    {"torch": add_row_bias_torch, "triton": add_row_bias_triton})
+GPT_OSS_GATE_BACKENDS = KernelRegistry("gpt_oss gate", {"torch": gpt_oss_gate_torch, "triton": gpt_oss_gate_triton})
+ROW_BIAS_BACKENDS = KernelRegistry("gpt_oss gate", {"torch": add_row_bias_torch, "triton": add_row_bias_triton})
 
 
-def _check(h_N2I: torch.Tensor, bias_E2I: torch.Tensor, seg: Segments, backend: str, table: Mapping) -> Callable:
-    if backend not in table:
-        raise ValueError(f"unknown gpt_oss gate backend {backend!r}; choose one of {list(table)}")
+def _check(h_N2I: torch.Tensor, bias_E2I: torch.Tensor, seg: Segments, backend: str,
+           table: KernelRegistry) -> Callable:
+    impl = table.impl(backend)
     if h_N2I.dim() != 2 or bias_E2I.dim() != 2 or h_N2I.shape[1] != bias_E2I.shape[1]:
         raise ValueError(f"expected rows [N, C] and biases [E, C]; got {tuple(h_N2I.shape)} and "
                          f"{tuple(bias_E2I.shape)}")
     if seg.tokens_per_expert.shape[0] != bias_E2I.shape[0] or seg.ids.shape[0] != h_N2I.shape[0]:
         raise ValueError(f"segments for {seg.tokens_per_expert.shape[0]} experts / {seg.ids.shape[0]} rows do not "
                          f"fit biases of {bias_E2I.shape[0]} experts and {h_N2I.shape[0]} rows")
-    return table[backend]
+    return impl
 
 
 def gpt_oss_gate(h_N2I: torch.Tensor, bias_E2I: torch.Tensor, seg: Segments, alpha: float, limit: float,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from workbench.errors import BackendError
+from workbench.kernels.registry import KernelRegistry
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -46,17 +46,14 @@ def rms_norm_te(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tens
     return norm(x)
 
 
+RMS_NORM_BACKENDS = KernelRegistry("rms_norm", {"torch": rms_norm_torch, "triton": rms_norm_triton, "te": rms_norm_te})
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
              backend: str = "torch") -> torch.Tensor:
     """RMSNorm over the last dim of `x` with the chosen backend ("torch", "triton", "te")."""
-    from workbench.kernels import RMS_NORM_BACKENDS
-
     _check_rms_norm_args(x, weight)
-    try:
-        impl = RMS_NORM_BACKENDS[backend]
-    except KeyError:
-        raise BackendError(f"unknown rms_norm backend {backend!r}; choose one of {list(RMS_NORM_BACKENDS)}") from None
-    return impl(x, weight, eps)
+    return RMS_NORM_BACKENDS.impl(backend)(x, weight, eps)
 
 
 def _check_rms_norm_args(x: torch.Tensor, weight: torch.Tensor) -> None:
@@ -73,10 +70,7 @@ class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6, backend: str = "torch",
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        from workbench.kernels import RMS_NORM_BACKENDS
-
-        if backend not in RMS_NORM_BACKENDS:
-            raise BackendError(f"unknown rms_norm backend {backend!r}; choose one of {list(RMS_NORM_BACKENDS)}")
+        RMS_NORM_BACKENDS.impl(backend)  # an unknown name fails here, not at the first forward
         if not isinstance(hidden_size, int) or hidden_size <= 0:
             raise ValueError(f"RMSNorm hidden_size must be a positive int, got {hidden_size!r}")
         self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from workbench.errors import BackendError
+from workbench.kernels.registry import KernelRegistry
 
 
 def swiglu_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -33,30 +33,23 @@ def swiglu_packed_triton(gate_up: torch.Tensor) -> torch.Tensor:
     return triton_swiglu.swiglu_packed(gate_up)
 
 
-def _impl(table: dict, backend: str):
-    try:
-        return table[backend]
-    except KeyError:
-        raise BackendError(f"unknown swiglu backend {backend!r}; choose one of {list(table)}") from None
+SWIGLU_BACKENDS = KernelRegistry("swiglu", {"torch": swiglu_torch, "triton": swiglu_triton})
+SWIGLU_PACKED_BACKENDS = KernelRegistry("swiglu", {"torch": swiglu_packed_torch, "triton": swiglu_packed_triton})
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, backend: str = "torch") -> torch.Tensor:
     """silu(gate) * up with the chosen backend ("torch" or "triton")."""
-    from workbench.kernels import SWIGLU_BACKENDS
-
     if gate.shape != up.shape:
         raise ValueError(f"swiglu: gate and up must have the same shape; got {tuple(gate.shape)} "
                          f"and {tuple(up.shape)}")
     if gate.dtype != up.dtype:
         raise ValueError(f"swiglu: gate and up must share a dtype; got {gate.dtype} and {up.dtype}")
-    return _impl(SWIGLU_BACKENDS, backend)(gate, up)
+    return SWIGLU_BACKENDS.impl(backend)(gate, up)
 
 
 def swiglu_packed(gate_up: torch.Tensor, backend: str = "torch") -> torch.Tensor:
     """SwiGLU for Qwen3-MoE's fused gate_up_proj output [..., 2I] (first half gate, second up)."""
-    from workbench.kernels import SWIGLU_PACKED_BACKENDS
-
     if gate_up.dim() == 0 or gate_up.shape[-1] % 2:
         raise ValueError(f"swiglu_packed: last dim must be even (cat(gate, up)); got shape "
                          f"{tuple(gate_up.shape)}")
-    return _impl(SWIGLU_PACKED_BACKENDS, backend)(gate_up)
+    return SWIGLU_PACKED_BACKENDS.impl(backend)(gate_up)

@@ -35,14 +35,7 @@ import triton
 import triton.language as tl
 
 from workbench.kernels._triton_util import triton_interpreting
-from workbench.kernels.adamw import SRKeys, kernel_supports
-
-# 8 elements per thread, one 16-byte load per bf16 tensor. The square root and the two divisions
-# are IEEE-rounded instruction sequences, not single instructions: small programs keep enough
-# loads in flight around them. On H200 over the L8 model's tensors (benchmarks/adamw_sweep.py):
-# 4.19 TB/s vs 3.68 at 4096 x 8 warps; in the training step 30.3 -> 22.4 ms (benchmarks/NOTES.md item 12).
-BLOCK = 1024
-NUM_WARPS = 4
+from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys, kernel_supports
 
 
 @triton.jit
@@ -159,11 +152,12 @@ def _i32(key: int) -> int:
 def triton_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
                        exp_avg_sq: torch.Tensor, scalars: dict[str, float], precise: bool = False,
                        sr: SRKeys | None = None, out: torch.Tensor | None = None,
-                       skip: torch.Tensor | None = None, grad_coef: torch.Tensor | None = None) -> None:
+                       skip: torch.Tensor | None = None, grad_coef: torch.Tensor | None = None,
+                       launch: AdamWLaunch = DEFAULT_LAUNCH) -> None:
     """One AdamW update of one contiguous tensor, in place (scalars from `adamw_scalars`; `sr`: bf16 stores
     rounded stochastically; `out`: also gets the new parameter; `skip`: a float32 scalar on the device,
     nonzero stores nothing; `grad_coef`: a float32 scalar on the device multiplying the gradient; as
-    workbench.kernels.adamw.torch_adamw_step_)."""
+    workbench.kernels.adamw.torch_adamw_step_; `launch`: block and warps, AdamWLaunch's default measured best)."""
     tensors = (param, grad, exp_avg, exp_avg_sq) + (() if out is None else (out,))
     if not kernel_supports(*tensors):
         got = [(tuple(t.shape), t.dtype, str(t.device), t.is_contiguous()) for t in tensors]
@@ -172,6 +166,8 @@ def triton_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.T
     n = param.numel()
     if n == 0:
         return
+    if not isinstance(launch, AdamWLaunch):
+        raise TypeError(f"launch must be an AdamWLaunch, got {type(launch).__name__}")
     for name, flag in (("skip", skip), ("grad_coef", grad_coef)):
         if flag is not None and (flag.numel() != 1 or flag.dtype != torch.float32 or flag.device != param.device):
             raise ValueError(f"{name} must be a float32 scalar on {param.device}, got {flag.dtype} "
@@ -181,7 +177,7 @@ def triton_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.T
     # Triton launches on the current device: make it the tensors' one
     guard = torch.cuda.device(param.device) if param.device.type == "cuda" else contextlib.nullcontext()
     with guard:
-        _adamw_kernel[(triton.cdiv(n, BLOCK),)](
+        _adamw_kernel[(triton.cdiv(n, launch.block),)](
             param, grad, exp_avg, exp_avg_sq, param if out is None else out, param if skip is None else skip,
             param if grad_coef is None else grad_coef, n,
             _bits(s["beta1"]),
@@ -189,5 +185,5 @@ def triton_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.T
             _i32(keys.param), _i32(keys.exp_avg), _i32(keys.exp_avg_sq), keys.base,
             HAS_WD=s["lr_wd"] != 0, PRECISE=bool(precise), SR=sr is not None, HAS_OUT=out is not None,
             HAS_SKIP=skip is not None, HAS_COEF=grad_coef is not None,
-            ROUND_BY_HAND=triton_interpreting(), BLOCK=BLOCK,
-            num_warps=NUM_WARPS, enable_fp_fusion=False)
+            ROUND_BY_HAND=triton_interpreting(), BLOCK=launch.block,
+            num_warps=launch.num_warps, enable_fp_fusion=False)

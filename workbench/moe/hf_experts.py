@@ -17,6 +17,7 @@ from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
 from workbench.kernels.gpt_oss_gate import expert_row_bias
+from workbench.kernels.registry import KernelRegistry
 from workbench.moe.gpt_oss_experts import gpt_oss_expert_rows, is_gpt_oss_gate
 from workbench.moe.lora_experts import lora_rows
 from workbench.moe.routed_load import attach_load_counter, count_routed
@@ -27,7 +28,6 @@ from workbench.moe.router import GATES, balanced_ids
 # The flags' defaults of the decorator (transformers.integrations.moe); 5.17 lacks some of them.
 LAYOUT_DEFAULTS = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
                    "has_post_expert_norm": False}
-GENERIC_BACKENDS = ("loop", "grouped_mm", "te")
 
 
 @dataclass(frozen=True)
@@ -200,12 +200,9 @@ def _expert_rows_te(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: to
     return module.post_expert_norm(y) if layout.has_post_expert_norm else y
 
 
-def expert_rows(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
-    """The experts' outputs for expert-major rows, as the family computes them (bias, gate, norm)."""
+def _expert_rows_torch(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+    """experts='grouped_mm' / 'loop': torch GEMMs (grouped where the module's grouped_mm dtypes allow)."""
     layout: ExpertsLayout = module.workbench_layout
-    backend = module.workbench_experts_backend
-    if backend == "te":
-        return _expert_rows_te(module, x_ND, tokens_per_expert)
     if module.workbench_swiglu == "triton" and module.workbench_gpt_oss_gate:
         return gpt_oss_expert_rows(module, x_ND, tokens_per_expert)
     rows = x_ND.shape[0]
@@ -219,6 +216,17 @@ def expert_rows(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.
     if layout.has_post_expert_norm:
         y = module.post_expert_norm(y)
     return y
+
+
+# The generic path's experts implementations by BackendConfig.experts ('loop' is grouped_mm with no
+# grouped_mm dtypes: install_engine_experts decides that once).
+EXPERTS_BACKENDS = KernelRegistry("experts", {"loop": _expert_rows_torch, "grouped_mm": _expert_rows_torch,
+                                              "te": _expert_rows_te})
+
+
+def expert_rows(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+    """The experts' outputs for expert-major rows, as the family computes them (bias, gate, norm)."""
+    return EXPERTS_BACKENDS[module.workbench_experts_backend](module, x_ND, tokens_per_expert)
 
 
 class EngineExperts:
@@ -265,9 +273,9 @@ def engine_class(hf_class: type) -> type:
 
 def check_generic_backend(backend: str) -> None:
     """Refuse an experts backend the generic path has no implementation of (before any model is built)."""
-    if backend not in GENERIC_BACKENDS:
+    if backend not in EXPERTS_BACKENDS:
         raise ValueError(f"experts backend {backend!r} has no generic-path implementation; use one of "
-                         f"{list(GENERIC_BACKENDS)} (e.g. BackendConfig(experts='grouped_mm'))")
+                         f"{list(EXPERTS_BACKENDS)} (e.g. BackendConfig(experts='grouped_mm'))")
 
 
 def install_engine_experts(module: nn.Module, dispatcher, backend: str, expert_range: tuple[int, int],

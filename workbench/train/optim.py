@@ -12,7 +12,7 @@ from torch.distributed.tensor import DTensor
 
 from workbench.backends import BackendError, availability
 from workbench.config import OPTIMIZERS
-from workbench.kernels.adamw import SRKeys, adamw_scalars, adamw_step_
+from workbench.kernels.adamw import ADAMW_KERNELS, DEFAULT_LAUNCH, AdamWLaunch, SRKeys, adamw_scalars, adamw_step_
 from workbench.kernels.stochastic_round import element_base
 from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR  # set by the mesh builders, read here
 from workbench.train.precision import OPTIMIZER_PRECISIONS, needs_workbench_adamw, resolve_precision
@@ -24,12 +24,17 @@ def resolve_optimizer(name: str, device: torch.device | str) -> str:
         raise ValueError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
     device = torch.device(device)
     if name == "adamw":
-        return "adamw_triton" if availability("optimizer", "triton", device)[0] else "adamw_torch"
+        return "adamw_triton" if adamw_kernel(device) == "triton" else "adamw_torch"
     if name == "adamw_triton" and device.type == "cuda":
         ok, why = availability("optimizer", "triton", device)
         if not ok:
             raise BackendError(f"optimizer='adamw_triton' cannot run here: {why}; or use 'adamw_torch'")
     return name
+
+
+def adamw_kernel(device: torch.device | str) -> str:
+    """The kernel TritonAdamW runs on `device`: "triton" where workbench.backends says Triton runs, else "torch"."""
+    return "triton" if availability("optimizer", "triton", device)[0] else "torch"
 
 
 def build_optimizer(model: torch.nn.Module, train_cfg, device: torch.device) -> torch.optim.Optimizer:
@@ -68,9 +73,10 @@ def make_adamw(param_groups: list[dict], name: str, device: torch.device, lr: fl
             raise ValueError(f"train.precision={precision!r} ({mode}) needs the workbench AdamW; use "
                              "optimizer 'adamw' or 'adamw_triton', or precision 'bf16'")
         resolve_optimizer(name, device)  # refuses adamw_triton where it cannot run
-        return TritonAdamW(param_groups, lr=lr, betas=betas, precision=mode, seed=seed)
+        return TritonAdamW(param_groups, lr=lr, betas=betas, precision=mode, seed=seed,
+                           kernel=adamw_kernel(device))
     if resolve_optimizer(name, device) == "adamw_triton":
-        return TritonAdamW(param_groups, lr=lr, betas=betas)
+        return TritonAdamW(param_groups, lr=lr, betas=betas, kernel=adamw_kernel(device))
     kwargs = {"fused": True} if torch.device(device).type == "cuda" else {"foreach": False}
     return torch.optim.AdamW(param_groups, lr=lr, betas=betas, **kwargs)
 
@@ -78,7 +84,8 @@ def make_adamw(param_groups: list[dict], name: str, device: torch.device, lr: fl
 def describe_optimizer(optimizer: torch.optim.Optimizer) -> str:
     """How an optimizer from `make_adamw` is named in results files."""
     if isinstance(optimizer, TritonAdamW):
-        return f"workbench TritonAdamW (same math as torch's fused AdamW), precision {optimizer.precision}"
+        return (f"workbench TritonAdamW (same math as torch's fused AdamW), kernel {optimizer.kernel}, "
+                f"precision {optimizer.precision}")
     kind = "fused=True" if optimizer.defaults.get("fused") else "foreach=False"
     return f"torch.optim.AdamW({kind})"
 
@@ -115,11 +122,20 @@ class TritonAdamW(torch.optim.Optimizer):
     dim-0 shards), so a run and its resume draw the same bits; "fp32_master" keeps a float32
     "master" copy and float32 moments in the state (saved by DCP like the others), updates it and
     copies it into the parameter.
+
+    `kernel` ("triton" or "torch"; None: adamw_kernel of the first parameter's device) is decided
+    here, once; `launch` is the Triton kernel's block and warps (AdamWLaunch, a benchmark knob).
     """
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, *, precise: bool = False,
-                 precision: str = "bf16", seed: int = 0) -> None:
+                 precision: str = "bf16", seed: int = 0, kernel: str | None = None,
+                 launch: AdamWLaunch = DEFAULT_LAUNCH) -> None:
+        if kernel is not None and kernel not in ADAMW_KERNELS:
+            raise ValueError(f"TritonAdamW kernel must be one of {ADAMW_KERNELS} or None (where the parameters "
+                             f"are), got {kernel!r}")
+        if not isinstance(launch, AdamWLaunch):
+            raise TypeError(f"TritonAdamW launch must be an AdamWLaunch, got {type(launch).__name__}")
         if precision not in OPTIMIZER_PRECISIONS:
             raise ValueError(f"TritonAdamW precision must be one of {OPTIMIZER_PRECISIONS}, got {precision!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -134,6 +150,10 @@ class TritonAdamW(torch.optim.Optimizer):
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, **_torch_adamw_options())
         super().__init__(params, defaults)
+        if kernel is None:
+            first = next((p for g in self.param_groups for p in g["params"]), None)
+            kernel = adamw_kernel(first.device if first is not None else "cpu")
+        self.kernel, self.launch = kernel, launch
         self.precise = bool(precise)
         self.precision, self.seed = precision, seed
         self._steps: dict[torch.Tensor, int] = {}
@@ -162,6 +182,8 @@ class TritonAdamW(torch.optim.Optimizer):
         self.__dict__.setdefault("updates", Counter())
         self.__dict__.setdefault("found_inf", None)
         self.__dict__.setdefault("grad_coef", None)
+        self.__dict__.setdefault("kernel", "triton")  # pickled before the choice was made here: as it ran then
+        self.__dict__.setdefault("launch", DEFAULT_LAUNCH)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's load, then step counters back on the host (a torch fused AdamW keeps them on the GPU).
@@ -240,7 +262,7 @@ class TritonAdamW(torch.optim.Optimizer):
                 target, out = (_local(state["master"]), _local(p)) if master else (_local(p), None)
                 path = adamw_step_(target, _local(p.grad), _local(state["exp_avg"]),
                                    _local(state["exp_avg_sq"]), scalars, self.precise, sr, out, self.found_inf,
-                                   self.grad_coef)
+                                   self.grad_coef, kernel=self.kernel, launch=self.launch)
                 self.updates[path] += 1
         return loss
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from workbench.backends import AUTO_ORDER, CHOICES, availability
+from workbench.backends import AUTO_ORDER, CHOICES, availability, pick_auto
 from workbench.parallel.mesh import MeshConfig, valid_meshes
 from workbench.params import moe_layer_flags, num_experts, param_counts
 
@@ -98,17 +98,16 @@ def backend_choices(rank_infos: Sequence[dict] | None = None, device_type: str =
 
 
 def resolve_auto(field: str, rank_infos: Sequence[dict] | None = None, device_type: str = "cpu",
-                 world_size: int = 1) -> str | None:
-    """What "auto" becomes for `field` on these ranks (BackendConfig.resolve's rule), or None."""
+                 world_size: int = 1, fp8: bool = False) -> str | None:
+    """What "auto" becomes for `field` on these ranks: BackendConfig.resolve's own rule (with fp8's), or None."""
     if field not in AUTO_ORDER:
         return None
-    order = AUTO_ORDER[field]
-    if field == "dispatcher":
-        order = ("alltoall",) if world_size > 1 else ("local",)
-    for value in order:
-        if choice_status(field, value, rank_infos, device_type, world_size).available:
-            return value
-    return None
+
+    def probe(f: str, value: str) -> tuple[bool, str]:
+        found = choice_status(f, value, rank_infos, device_type, world_size)
+        return found.available, found.reason
+
+    return pick_auto(field, probe, world_size, fp8)
 
 
 def device_of(rank_infos: Sequence[dict] | None, default: str = "cpu") -> str:
