@@ -232,3 +232,16 @@ def test_detecting_a_cuda_platform_reads_the_gpu_only_for_the_packages_that_need
     monkeypatch.setattr(backends, "_has_module", lambda name: name in ("triton", "transformer_engine"))
     with pytest.raises(AssertionError, match="read the GPU"):
         Platform.detect("cuda")
+
+
+def test_the_backend_panel_shows_fp8s_auto_linear():
+    # The panel passes its fp8 box to the resolver and redraws when it changes (auto linear is TE with fp8).
+    from workbench.ui.panels import BackendPanel
+
+    te_rank = {"rank": 0, "device": "cuda", "world_size": 1,
+               "backends": {"linear.te": {"available": True, "reason": ""}}}
+    panel = BackendPanel([te_rank], "cuda", 1)
+    assert panel.auto_resolution()["linear"] == "torch"
+    panel.fp8.value = True
+    assert panel.auto_resolution()["linear"] == "te"
+    assert "te" in panel.rows["linear"].auto.value

@@ -292,6 +292,7 @@ class BackendPanel:
             "<small style='color:#666'>For speed measurements (workbench bench): the loss of such a run "
             "means nothing.</small>")])], titles=("Benchmark settings",), selected_index=None)
         self.unavailable = W.HTML()
+        self.fp8.observe(lambda _: self._show_auto(), "value")  # fp8 makes an auto linear TE where TE runs
         for row in self.rows.values():
             for b in row.buttons.values():
                 b.observe(lambda _: self._show_auto(), "value")
@@ -318,8 +319,8 @@ class BackendPanel:
 
     def auto_resolution(self) -> dict[str, str | None]:
         """What each "auto" field resolves to on these ranks."""
-        return {f: resolve_auto(f, self.rank_infos, self.device_type, self.world_size) for f in self.rows
-                if "auto" in CHOICES[f]}
+        return {f: resolve_auto(f, self.rank_infos, self.device_type, self.world_size, fp8=self.fp8.value)
+                for f in self.rows if "auto" in CHOICES[f]}
 
     def _show_auto(self) -> None:
         resolved = self.auto_resolution()
