@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from adamw_sweep import model_shapes  # benchmarks/ is this script's folder, first on sys.path
 from cuda_timing import cuda_event_ms
 
 from workbench.kernels.triton_adamw import _f64, _mix32
@@ -55,15 +56,6 @@ def _probe_kernel(P, G, M, V, COEF, n, beta1, omb1, beta2, omb2, lr_wd, eps, ste
     tl.store(P + offs, p.to(tl.bfloat16), mask=mask)
     tl.store(M + offs, m.to(tl.bfloat16), mask=mask)
     tl.store(V + offs, v.to(tl.bfloat16), mask=mask)
-
-
-def model_shapes(layers: int) -> list[tuple[int, ...]]:
-    import workbench
-    from workbench.config import preset_config
-
-    with torch.device("meta"):
-        model = workbench.AutoModelForCausalLM.from_config(preset_config("qwen3-30b-a3b", layers), dtype=torch.bfloat16)
-    return [tuple(p.shape) for p in model.parameters()]
 
 
 def main() -> None:

@@ -3,13 +3,9 @@
 # model's tensors (benchmarks/adamw_modes.py), then `workbench bench` launch A of gpu_session5.sh (qwen3-30b-a3b
 # L8, seq 4096 x 2, every fair row, 30 timed steps) once the tests pass. Everything lands under $OUT.
 #   OUT=/path bash benchmarks/gpu_session6.sh
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 set -uo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD
-OUT="${OUT:-$PWD/bench-out}"
-mkdir -p "$OUT"
+source benchmarks/gpu_env.sh
 timeout 200 python3 -m pytest -q -rs tests/test_trainer_async.py tests/test_optim_triton.py -k "cuda or compiled" \
   2>&1 | tee "$OUT/pytest.log" | tail -5
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "kernel tests failed: no bench"; exit 1; }

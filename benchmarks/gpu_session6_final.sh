@@ -3,13 +3,9 @@
 # kernel, parity and packing tests; `workbench bench` anchor / anchor_liger / engine at Qwen3-30B-A3B L8, seq 4096 x 2
 # (the merged trainer step, same launch anchors); the quickstart's loss on the real architecture (issue 18 item 13).
 #   OUT=/path bash benchmarks/gpu_session6_final.sh
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 set -uo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD
-OUT="${OUT:-$PWD/bench-out}"
-mkdir -p "$OUT"
+source benchmarks/gpu_env.sh
 timeout 240 python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py tests/test_optim_triton.py \
   tests/test_adamw_kernel_choice.py tests/test_precision.py tests/test_gpt_oss_gate.py tests/test_te_selection.py \
   tests/test_backend_resolution.py tests/test_trainer_async.py tests/test_packing.py tests/test_mm_fp32.py \
