@@ -126,7 +126,7 @@ def test_crafted_value_inside_a_shard_does_not_run(tmp_path, ckpt):
     offset = shard.stat().st_size
     with open(shard, "ab") as f:
         torch.save(_RunsCode(marker), f)
-    (index, info), = [(i, s) for i, s in metadata.storage_data.items() if i.fqn == "optim.param_groups.0.lr"]
+    ((_, info),) = [(i, s) for i, s in metadata.storage_data.items() if i.fqn == "optim.param_groups.0.lr"]
     info.offset, info.length = offset, shard.stat().st_size - offset
     with open(ckpt / ".metadata", "wb") as f:
         pickle.dump(metadata, f)

@@ -139,7 +139,7 @@ def test_mpi_launcher_without_mpiexec_says_so():
 
 
 def test_attach_without_a_cluster_is_a_clear_error():
-    with pytest.raises(ClusterError, match="no cluster file|no running"):
+    with pytest.raises(ClusterError, match=r"no cluster file|no running"):
         Cluster.attach(cluster_id="no-such-cluster-id")
 
 

@@ -167,7 +167,7 @@ def test_expert_recompute_recomputes_and_equals_transformers():
 def test_combine_choice_reaches_every_dispatcher():
     assert make_dispatcher("local", 4).use_triton is False
     assert make_dispatcher("local", 4, combine="triton").use_triton is True
-    with pytest.raises(ValueError, match="combine must be a resolved BackendConfig.combine"):
+    with pytest.raises(ValueError, match=r"combine must be a resolved BackendConfig\.combine"):
         make_dispatcher("local", 4, combine="auto")
     _, _, eng = _pair("olmoe", BackendConfig())
     assert all(m.workbench_dispatcher.use_triton is False for _, m in engine_experts_modules(eng))

@@ -82,7 +82,7 @@ def test_logits_and_gradients_equal_vanilla_transformers(family, backend):
 
 def test_gpt_oss_biases_and_clamp_are_exercised():
     """The GPT-OSS parity above would be vacuous if its biases or clamp never mattered."""
-    cfg, ref, eng = _pair("gpt_oss", "grouped_mm")
+    cfg, _, eng = _pair("gpt_oss", "grouped_mm")
     ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
     base = eng(input_ids=ids).logits
     with torch.no_grad():

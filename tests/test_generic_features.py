@@ -192,14 +192,14 @@ def test_expert_load_is_the_routing_the_experts_ran(tmp_path):
     for bias in router_biases(model):
         bias.copy_(torch.tensor([0.0, 0.0, 0.0, 10.0]))  # group 1 (experts 2, 3) always wins, top-2 = both
     model.save_pretrained(tmp_path / "m")
-    trainer, _, records = _fit(_rc(str(tmp_path / "m"), str(tmp_path / "runs"), train__steps=1, train__lr=0.0))
+    _, _, records = _fit(_rc(str(tmp_path / "m"), str(tmp_path / "runs"), train__steps=1, train__lr=0.0))
     tokens = records[0]["tokens"]
     assert records[0]["expert_load"] == [[0, 0, tokens, tokens]]
 
 
 def test_router_bias_update_rate_is_validated_and_refused_without_a_bias(tmp_path):
     for bad in (-0.1, float("nan"), "0.1", True):
-        with pytest.raises(ConfigError, match="train.router_bias_update_rate"):
+        with pytest.raises(ConfigError, match=r"train\.router_bias_update_rate"):
             TrainConfig(router_bias_update_rate=bad)
     from workbench.train.loop import Trainer
 
@@ -311,7 +311,7 @@ def test_model_device_pins_the_cpu_and_is_validated():
     with pytest.raises(ConfigError, match=r"model.device 'gpu' is not one of \['auto', 'cpu', 'cuda'\]"):
         ModelConfig(device="gpu")
     if not torch.cuda.is_available():
-        with pytest.raises(ConfigError, match="model.device='cuda' needs a CUDA GPU"):
+        with pytest.raises(ConfigError, match=r"model\.device='cuda' needs a CUDA GPU"):
             du.pick_device("cuda")
 
 

@@ -185,7 +185,7 @@ def test_the_gate_is_detected_from_the_class_not_the_model_type():
     assert experts[0].workbench_swiglu == "triton" and not experts[0].workbench_gpt_oss_gate
     module = install_engine_experts(_experts(), None, "grouped_mm", (0, 11), 11, swiglu="triton")
     assert module.workbench_swiglu == "triton" and module.workbench_gpt_oss_gate
-    with pytest.raises(ValueError, match="resolved BackendConfig.swiglu"):
+    with pytest.raises(ValueError, match=r"resolved BackendConfig\.swiglu"):
         install_engine_experts(_experts(), None, "grouped_mm", (0, 11), 11, swiglu="auto")
 
 

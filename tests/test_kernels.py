@@ -76,7 +76,7 @@ def test_rms_norm_mixed_dtype_promotes_like_hf():
 
 
 def test_rms_norm_bad_input():
-    with pytest.raises(ValueError, match="weight must be 1-D of size x.shape"):
+    with pytest.raises(ValueError, match=r"weight must be 1-D of size x\.shape"):
         rms_norm(torch.randn(3, 8), torch.ones(7))
     with pytest.raises(BackendError, match="unknown rms_norm backend 'cuda'"):
         rms_norm(torch.randn(3, 8), torch.ones(8), backend="cuda")
@@ -234,7 +234,7 @@ def test_shift_labels_matches_hf():
 def test_cross_entropy_bad_input():
     hidden, weight, labels = _ce_inputs(torch.float32)
     targets = shift_labels(labels)
-    with pytest.raises(ValueError, match="last dim must equal weight.shape"):
+    with pytest.raises(ValueError, match=r"last dim must equal weight\.shape"):
         fused_linear_cross_entropy(hidden[..., :-1], weight, targets)
     with pytest.raises(ValueError, match="shift_labels"):
         fused_linear_cross_entropy(hidden, weight, targets[:, 1:])
@@ -415,7 +415,7 @@ def test_fused_ce_triton_kernel_matches_hf_in_interpreter():
 def test_fused_ce_triton_refused_on_cpu_without_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     hidden, weight, labels = _ce_inputs(torch.float32)
-    with pytest.raises(BackendError, match="cross_entropy='triton' cannot run here.*needs a CUDA device"):
+    with pytest.raises(BackendError, match=r"cross_entropy='triton' cannot run here.*needs a CUDA device"):
         fused_linear_cross_entropy(hidden, weight, shift_labels(labels), use_triton=True)
 
 

@@ -28,7 +28,9 @@ def _neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The bf16 values just below and just above each float32 value (as float32)."""
     u = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     down = u & 0xFFFF0000
-    to_f = lambda v: torch.where(v >= 2 ** 31, v - 2 ** 32, v).to(torch.int32).view(torch.float32)  # noqa: E731
+    def to_f(v):
+        return torch.where(v >= 2**31, v - 2**32, v).to(torch.int32).view(torch.float32)
+
     lo, hi = to_f(down), to_f(down + 0x10000)
     return torch.minimum(lo, hi), torch.maximum(lo, hi)
 
@@ -260,7 +262,7 @@ def test_resume_is_exact_in_bf16_modes(tmp_path, precision):
 
 def test_resume_refuses_another_precision(tmp_path):
     finetune(_rc(tmp_path, "bf16", run_id="a", train__steps=2))
-    with pytest.raises(Exception, match="train.precision"):
+    with pytest.raises(Exception, match=r"train\.precision"):
         finetune(_rc(tmp_path, "fp32_master", run_id="b", train__steps=3,
                      train__resume_from=str(tmp_path / "runs" / "a"), train__resume_allow_changes=["train.steps"]))
 
@@ -271,7 +273,7 @@ def test_resume_refuses_another_precision(tmp_path):
 def test_bad_precision_values_are_refused():
     with pytest.raises(ConfigError, match=r"train.precision must be one of .*'fp16'"):
         TrainConfig(precision="fp16")
-    with pytest.raises(ConfigError, match="train.precision='bf16_sr' needs the workbench AdamW"):
+    with pytest.raises(ConfigError, match=r"train\.precision='bf16_sr' needs the workbench AdamW"):
         TrainConfig(precision="bf16_sr", optimizer="adamw_torch")
     assert TrainConfig(optimizer="adamw_torch").precision == "auto"  # auto with torch's AdamW: bf16
     w = torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))
@@ -320,6 +322,6 @@ def test_fsdp2_shards_update_as_the_whole_tensor():
 
 def test_a_resume_may_not_be_allowed_to_change_the_precision():
     # Allowing it would get past the settings check and then fail inside DCP on the missing master weights.
-    with pytest.raises(ConfigError, match="train.precision cannot change on resume"):
+    with pytest.raises(ConfigError, match=r"train\.precision cannot change on resume"):
         TrainConfig(resume_allow_changes=("train.precision",))
     assert TrainConfig(resume_allow_changes=("train.lr",)).resume_allow_changes == ("train.lr",)

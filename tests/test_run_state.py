@@ -134,7 +134,7 @@ def test_run_killed_mid_save_reads_as_died(tmp_path):
     assert proc.returncode == -signal.SIGKILL
     run = tmp_path / "runs" / "cut"
     assert (run / "checkpoints" / ".tmp-step-00000002").is_dir() and not list_checkpoints(run / "checkpoints")
-    summary, took = _reader_state_within(run, "died", timeout=10)
+    summary, _ = _reader_state_within(run, "died", timeout=10)
     assert summary["state"] == "died" and "while running at step 2" in summary["status"]["error"], summary
 
 

@@ -1,4 +1,7 @@
-"""from_pretrained(path, mesh=) on the generic path reads only this rank's experts of the checkpoint (issue 14 item 1)."""
+"""from_pretrained(path, mesh=) on the generic path reads only this rank's experts of the checkpoint.
+
+Issue 14 item 1.
+"""
 
 from __future__ import annotations
 

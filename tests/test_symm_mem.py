@@ -46,9 +46,9 @@ def test_auto_never_picks_symm_mem_on_cpu(world_size, expected):
 def test_constructing_without_cuda_says_what_to_use():
     from workbench.moe.dispatch.symm_mem import SymmMemDispatcher
 
-    with pytest.raises(BackendError, match="CUDA.*alltoall"):
+    with pytest.raises(BackendError, match=r"CUDA.*alltoall"):
         SymmMemDispatcher(8, None)
-    with pytest.raises(BackendError, match="CUDA.*alltoall"):
+    with pytest.raises(BackendError, match=r"CUDA.*alltoall"):
         make_dispatcher("symm_mem", 8, None)
 
 
@@ -86,7 +86,7 @@ def _parity_worker(rank, world, configs):
                          float((a[name].double() - b[name].double()).abs().max()) if a[name].numel() else 0.0,
                          float(a[name].double().abs().max()) if a[name].numel() else 0.0)
         report.append(row)
-    for reference, candidate in dispatchers.values():
+    for _, candidate in dispatchers.values():
         candidate.release()
     return report
 

@@ -131,7 +131,7 @@ def test_rows_missing_fields_or_too_long(tmp_path):
 def test_yaml_with_unknown_keys_is_refused(tmp_path):
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("train:\n  steps: 2\n  learning_rate: 0.1\n")
-    with pytest.raises(ConfigError, match="learning_rate.*allowed keys"):
+    with pytest.raises(ConfigError, match=r"learning_rate.*allowed keys"):
         RunConfig.from_yaml(cfg)
 
 

@@ -288,7 +288,7 @@ def test_torch_fused_adamw_applies_the_clip_coefficient_as_its_grad_scale():
     ps = [torch.nn.Parameter(torch.randn(6, 4)) for _ in range(2)]
     qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
     a, b = torch.optim.AdamW(ps, lr=0.1, fused=True), torch.optim.AdamW(qs, lr=0.1, fused=True)
-    for step in range(3):
+    for _ in range(3):
         for p, q in zip(ps, qs):
             p.grad = 4 * torch.randn_like(p)
             q.grad = p.grad.clone()
@@ -375,7 +375,7 @@ def test_the_run_fails_naming_the_first_bad_step_with_no_checkpoint_after_it(tmp
     assert run.read_status()["state"] == "failed"
     checkpoints = run.path / "checkpoints"
     assert not checkpoints.exists() or not any(checkpoints.iterdir()), list(checkpoints.iterdir())
-    with pytest.raises(Exception):
+    with pytest.raises(Exception, match="no complete checkpoint"):
         resolve_checkpoint(run.path)
 
 
