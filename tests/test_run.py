@@ -13,21 +13,14 @@ import pytest
 
 pytest.importorskip("ipyparallel")
 
-from workbench.cluster import Cluster, RankError, Run  # noqa: E402
+from workbench.cluster import RankError, Run  # noqa: E402
 from workbench.config import RunConfig  # noqa: E402
 
 STEP_FIELDS = {"step", "rank", "loss", "grad_norm", "lr", "tokens_per_s_per_gpu", "tflops_per_gpu",
                "mem_peak_gib", "mem_now_gib", "expert_load", "expert_load_cv", "step_time_s",
                "forward_s", "backward_s", "optimizer_s", "time"}
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    # One cluster for the module: a failed run leaves it usable (the process group is re-joined),
-    # and the killed-engine test, which runs last, restarts it.
-    c = Cluster(n=2, devices="cpu")
-    yield c
-    c.stop()
+# The `cluster` fixture (tests/conftest.py) is one cluster for the module: a failed run leaves it usable (the
+# process group is re-joined), and the killed-engine test, which runs last, restarts it.
 
 
 def _demo(tmp_path, **overrides) -> RunConfig:
@@ -160,7 +153,7 @@ def test_a_failing_rank_reaches_the_notebook_with_its_rank(cluster, tmp_path):
     err = info.value
     assert err.rank in (0, 1) and f"rank {err.rank} failed" in str(err)
     assert set(err.errors) == {0, 1}  # the data is bad for every rank: both report
-    for rank, tb in err.errors.items():
+    for tb in err.errors.values():
         assert "Traceback" in tb and "bad.jsonl" in tb, tb[-500:]
     assert run.state == "failed" and run.status["failed_ranks"] == [0, 1]
 

@@ -299,16 +299,6 @@ def test_compare_runs_labels_by_difference(tiny_run_dir, tmp_path):
 # -- on a real 2-rank cluster ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    pytest.importorskip("ipyparallel")
-    from workbench.cluster import Cluster
-
-    c = Cluster(n=2, devices="cpu")
-    yield c
-    c.stop()
-
-
 def test_studio_runs_and_profiles_on_a_cluster(cluster, tmp_path):
     from workbench.ui import Studio
 
