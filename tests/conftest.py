@@ -31,3 +31,11 @@ def cluster():
     c = Cluster(n=2, devices="cpu")
     yield c
     c.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The lab extension's server tests (tests/lab, each a Jupyter server) are slow: out of the fast loop."""
+    lab = Path(__file__).parent / "lab"
+    for item in items:
+        if lab in item.path.parents:
+            item.add_marker(pytest.mark.slow)

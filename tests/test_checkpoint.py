@@ -75,6 +75,7 @@ def _two_rank_losses(rank, world, configs):
     return [finetune(RunConfig.from_dict(c))["losses"] for c in configs]
 
 
+@pytest.mark.slow
 def test_two_rank_resume_reproduces_steps_4_and_5(tmp_path):
     full = _rc(tmp_path, run_id="full2", train__checkpoint_every=3)
     resumed = _rc(tmp_path, run_id="resumed2",

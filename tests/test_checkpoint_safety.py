@@ -200,6 +200,7 @@ def _two_rank_resume(rank, world, config):
     return "resumed"
 
 
+@pytest.mark.slow
 def test_two_ranks_both_refuse_a_damaged_shard(tmp_path):
     from dist_utils import run_ranks
 

@@ -22,6 +22,7 @@ def _workbench(args, runs_dir, timeout=150):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_demo_on_two_cpu_ranks_writes_a_run_in_under_two_minutes(tmp_path):
     start = time.monotonic()
     proc = _workbench(["demo", "--steps", "8", "--ranks", "2"], tmp_path)
@@ -52,6 +53,7 @@ def test_finetune_from_yaml_with_overrides(tmp_path):
     assert "run completed" in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["torchrun", "nproc-per-node"])
 def test_finetune_under_torchrun_on_two_ranks(tmp_path, launcher):
     cfg = tmp_path / "cfg.yaml"
@@ -97,6 +99,7 @@ def test_set_reads_numbers_as_people_write_them():
     assert (rc.train.lr, rc.train.weight_decay, rc.train.clip_grad_norm, rc.run_id) == (1e-3, 3e-4, 1e5, "1e-3x")
 
 
+@pytest.mark.slow
 def test_mesh_error_under_torchrun_is_one_line_from_rank_0_with_exit_code_2(tmp_path):
     from workbench.parallel.mesh import MeshConfig
 
@@ -118,6 +121,7 @@ def test_mesh_error_under_torchrun_is_one_line_from_rank_0_with_exit_code_2(tmp_
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_finetune_nproc_per_node_checks_the_config_once_before_any_rank_starts(tmp_path):
     from workbench.parallel.mesh import MeshConfig
 

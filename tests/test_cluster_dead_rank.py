@@ -42,6 +42,7 @@ def _entry_points(cluster: Cluster, tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_dead_rank_is_named_by_every_entry_point_and_restart_brings_it_back(tmp_path):
     cluster = Cluster(n=2, devices="cpu")
     try:

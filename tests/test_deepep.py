@@ -237,6 +237,7 @@ def _teardown_worker(rank, world):
             "solo": solo.closes}
 
 
+@pytest.mark.slow
 def test_close_live_dispatchers_closes_only_what_every_group_rank_holds():
     reports = run_ranks(_teardown_worker, 2)
     for report in reports:
@@ -281,6 +282,7 @@ def _parity_worker(rank, world, configs, seed):
     return {"rows": report, "closed": closed, "closed_again": closed_again}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_DEEP_EP, reason="deep_ep is not installed (the 'deepep' extra, built for intranode use)")
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="deepep parity needs 2 CUDA GPUs joined by NVLink")
 def test_deepep_equals_alltoall_forward_and_backward_on_2_gpus():
@@ -307,6 +309,7 @@ def test_deepep_equals_alltoall_forward_and_backward_on_2_gpus():
                 assert diff <= tol, f"{where} {name}: max |deepep - alltoall| = {diff} (reference max {ref})"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_DEEP_EP, reason="deep_ep is not installed (the 'deepep' extra, built for intranode use)")
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="deepep on the generic path needs 2 GPUs joined by NVLink")
 @pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3"])

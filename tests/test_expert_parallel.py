@@ -119,6 +119,7 @@ def single_process_run(cfg, path, save_dir):
     return losses
 
 
+@pytest.mark.slow
 def test_dp2_ep2_equals_one_process(moe_checkpoint, tmp_path):
     cfg, path = moe_checkpoint
     ref = single_process_run(cfg, path, tmp_path / "single")
@@ -154,6 +155,7 @@ def test_dp2_ep2_equals_one_process(moe_checkpoint, tmp_path):
         torch.testing.assert_close(vanilla(ids).logits, engine(ids).logits, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_dp2_ep1_fsdp_only_equals_one_process(moe_checkpoint, tmp_path):
     cfg, path = moe_checkpoint
     ref = single_process_run(cfg, path, tmp_path / "single")
@@ -189,6 +191,7 @@ def _device_worker(rank, world):
     return str(default_device())
 
 
+@pytest.mark.slow
 def test_gloo_ranks_compute_on_cpu_even_where_gpus_are_visible():
     # gloo has no CUDA all-to-all or reduce-scatter: a sharded model over it must live on the CPU
     assert run_ranks(_device_worker, 1) == ["cpu"]

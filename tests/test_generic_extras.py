@@ -289,6 +289,7 @@ def _shared_aux_worker(rank, world):
             "ce": ce, "router_logits": len(out.router_logits), "layers": cfg.num_hidden_layers}
 
 
+@pytest.mark.slow
 def test_shared_aux_loss_is_computed_once_and_adds_up_to_transformers():
     """With aux_loss_group the engine computes the group's aux loss only, not Transformers' per-rank one too."""
     from dist_utils import run_ranks

@@ -179,6 +179,7 @@ def _ep_worker(rank, world, family, save_dir):
                 logits_diff=logits_diff)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3", "olmoe", "qwen2_moe", "glm4_moe",
                                     "qwen3_5_moe_text"])
 def test_dp2_ep2_equals_one_process_and_saves_for_vanilla(family, tmp_path):
@@ -194,6 +195,7 @@ def _check_ep(results: list) -> None:
     assert results[0]["logits_diff"] <= 1e-5, results[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
 def test_ep4_on_four_ranks_equals_one_process(family, tmp_path):
     _check_ep(run_ranks(_ep_worker, 4, family, str(tmp_path / "saved"), timeout=300))
@@ -232,6 +234,7 @@ def _pretrained_worker(rank, world, path, mesh_kwargs):
     return shapes, {k: v for k, v in full.items() if ".experts." in k or k.endswith("embed_tokens.weight")}
 
 
+@pytest.mark.slow
 def test_from_pretrained_on_a_mesh_keeps_this_ranks_experts_of_the_checkpoint(tmp_path):
     path = _saved("gpt_oss", tmp_path / "m")
     want = transformers.AutoModelForCausalLM.from_pretrained(path).state_dict()
@@ -250,6 +253,7 @@ def _init_worker(rank, world, family, ep):
     return generic.full_state_dict(model)
 
 
+@pytest.mark.slow
 def test_random_init_on_a_mesh_is_independent_of_ep():
     a = run_ranks(_init_worker, 2, "deepseek_v3", 1, timeout=300)[0]
     b = run_ranks(_init_worker, 2, "deepseek_v3", 2, timeout=300)[0]
@@ -291,6 +295,7 @@ def _trainer_worker(rank, world, ckpt, out):
     return _trainer_run(ckpt, out, local_batch=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
 def test_trainer_on_dp2_ep2_equals_one_process_and_exports_for_vanilla(family, tmp_path):
     ckpt = _saved(family, tmp_path / "m")

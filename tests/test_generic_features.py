@@ -103,6 +103,7 @@ def _ac_worker(rank, world, family):
     return {"worst": worst, "calls": [c[0] for c in calls], "moe_layers": len(engine_experts_modules(model))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
 def test_activation_checkpointing_under_dp2_ep2_keeps_gradients(family):
     _config(family)
@@ -123,6 +124,7 @@ def _trainer_ac_worker(rank, world, ckpt, out):
             "mesh": str(trainer.mesh)}
 
 
+@pytest.mark.slow
 def test_trainer_checkpoints_every_layer_under_fsdp2_and_ep(tmp_path):
     """Transformers' gradient_checkpointing_enable after fully_shard left Mixtral's layers unrecomputed."""
     ckpt = _saved("mixtral", tmp_path / "m")
@@ -277,6 +279,7 @@ def _bias_worker(rank, world, ckpt, out):
             "tokens": [r["tokens"] for r in records], "mesh": str(trainer.mesh), "losses": result["losses"]}
 
 
+@pytest.mark.slow
 def test_bias_update_under_dp2_ep2_is_equal_on_all_ranks_and_uses_the_whole_batch(tmp_path):
     ckpt = _saved("deepseek_v3", tmp_path / "m")
     r0, r1 = run_ranks(_bias_worker, 2, ckpt, str(tmp_path / "runs"), timeout=300)

@@ -12,6 +12,7 @@ import workbench
 from workbench.parallel.mesh import MeshConfig, MeshError
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world,ep", [(4, 4), (8, 8), (8, 4)])
 def test_large_mesh_equals_one_process(moe_checkpoint, tmp_path, world, ep):
     cfg, path = moe_checkpoint
@@ -34,6 +35,7 @@ def _uneven_worker(rank, world):
     return "built"
 
 
+@pytest.mark.slow
 def test_uneven_experts_per_rank_refused_on_four_ranks():
     messages = run_ranks(_uneven_worker, 4)
     assert all("ep=4 does not divide the model's 6 experts" in m and "choose ep in [1, 2]" in m for m in messages)

@@ -62,6 +62,7 @@ def _have(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+@pytest.mark.slow
 def test_quickstart_with_env_parameters(tmp_path, monkeypatch):
     png, metrics = tmp_path / "live.png", tmp_path / "metrics.jsonl"
     env = {"WORKBENCH_STEPS": "3", "WORKBENCH_METRICS_OUT": str(metrics)}
@@ -75,6 +76,7 @@ def test_quickstart_with_env_parameters(tmp_path, monkeypatch):
     assert seconds < 120, f"quickstart took {seconds:.0f} s"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES[1:])
 def test_notebook_runs(name, tmp_path, monkeypatch):
     nb, seconds = _execute(name, tmp_path, monkeypatch)

@@ -371,6 +371,7 @@ def _losses(rank, world, configs):
     return losses + [finetune(RunConfig.from_dict(c))["losses"] for c in configs[1:]], info
 
 
+@pytest.mark.slow
 def test_trainer_resume_and_checkpoints_shared_with_torch_adamw(tmp_path):
     # two gloo ranks: FSDP2 DTensor parameters, experts split over ep, DCP resharded state
     def ckpt(run):

@@ -310,6 +310,7 @@ def _sharded_run(world, precision):
     return [p.full_tensor() if world > 1 else p.detach().clone() for p in model.parameters()]
 
 
+@pytest.mark.slow
 def test_fsdp2_shards_update_as_the_whole_tensor():
     from dist_utils import run_ranks
 

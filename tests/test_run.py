@@ -35,6 +35,7 @@ def _wait_for_step(run: Run, step: int, timeout: float = 120) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_run_streams_every_step_from_both_ranks(cluster, tmp_path):
     steps = 4
     live: list[tuple[int, int]] = []
@@ -79,6 +80,7 @@ def _delivered_once(run: Run, live: list[tuple[int, int]], steps: int) -> None:
     assert sum(run.delivery.values()) == len(expected), run.delivery
 
 
+@pytest.mark.slow
 def test_each_record_crosses_the_data_channel_once(cluster, tmp_path):
     from stream_spy import read_tap
 
@@ -106,6 +108,7 @@ def test_each_record_crosses_the_data_channel_once(cluster, tmp_path):
     assert df["expert_load"].map(len).gt(0).all() and len(df) == 2 * steps
 
 
+@pytest.mark.slow
 def test_records_the_notebook_missed_come_from_disk_once(cluster, tmp_path):
     from stream_spy import read_tap
 
@@ -121,6 +124,7 @@ def test_records_the_notebook_missed_come_from_disk_once(cluster, tmp_path):
         assert any(m["dropped"] for m in read_tap(run.path, rank))
 
 
+@pytest.mark.slow
 def test_stop_halts_within_one_step_and_checkpoint_resumes(cluster, tmp_path):
     run = cluster.finetune(_demo(tmp_path, train__steps=500))
     _wait_for_step(run, 2)
@@ -144,6 +148,7 @@ def test_stop_halts_within_one_step_and_checkpoint_resumes(cluster, tmp_path):
     assert sorted(resumed.metrics["step"].unique()) == [stopped_at + 1]
 
 
+@pytest.mark.slow
 def test_a_failing_rank_reaches_the_notebook_with_its_rank(cluster, tmp_path):
     bad_rows = tmp_path / "bad.jsonl"
     bad_rows.write_text('{"prompt": "hi"}\n{"nothing": 1}\n')  # rows without a response
@@ -162,6 +167,7 @@ def test_a_failing_rank_reaches_the_notebook_with_its_rank(cluster, tmp_path):
     assert ok.wait(timeout=300)["state"] == "completed"
 
 
+@pytest.mark.slow
 def test_killed_engine_fails_the_run_within_10s_and_restart_recovers(cluster, tmp_path):
     run = cluster.finetune(_demo(tmp_path, train__steps=500))
     _wait_for_step(run, 1)

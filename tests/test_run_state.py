@@ -80,6 +80,7 @@ def _finetune_yaml(tmp_path: Path, steps: int, **overrides) -> Path:
 # -- deaths that cannot write: readers tell ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sigkilled_single_process_run_reads_as_died_within_10s(tmp_path):
     cfg = _finetune_yaml(tmp_path, steps=100000)
     run = tmp_path / "runs" / "victim"
@@ -110,6 +111,7 @@ def test_sigkilled_single_process_run_reads_as_died_within_10s(tmp_path):
     assert " died " in line and f"pid {proc.pid}" in line
 
 
+@pytest.mark.slow
 def test_sigterm_marks_the_run_failed_and_still_terminates(tmp_path):
     cfg = _finetune_yaml(tmp_path, steps=100000)
     run = tmp_path / "runs" / "termed"
@@ -127,6 +129,7 @@ def test_sigterm_marks_the_run_failed_and_still_terminates(tmp_path):
     assert status["error"].startswith("rank 0 was stopped by SIGTERM")
 
 
+@pytest.mark.slow
 def test_run_killed_mid_save_reads_as_died(tmp_path):
     cfg = _finetune_yaml(tmp_path, steps=4, train__checkpoint_every=2)
     proc = _workbench(["finetune", str(cfg), "--run-id", "cut"], **{FAULT_ENV: "checkpoint_kill:2"})
@@ -178,6 +181,7 @@ def test_heartbeat_refreshes_a_live_status_and_stops_at_the_end(tmp_path):
 # -- deaths a launcher sees ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sigkill_of_one_demo_rank_fails_the_run_naming_rank_and_signal(tmp_path):
     proc = _workbench(["demo", "--steps", "100000", "--ranks", "2", "--run-id", "d"],
                       WORKBENCH_RUNS_DIR=str(tmp_path))

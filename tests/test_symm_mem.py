@@ -91,6 +91,7 @@ def _parity_worker(rank, world, configs):
     return report
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="symm_mem parity needs 2 CUDA GPUs with NVSHMEM")
 def test_symm_mem_equals_alltoall_forward_and_backward_on_2_gpus():
     configs = [
@@ -119,6 +120,7 @@ def test_symm_mem_equals_alltoall_forward_and_backward_on_2_gpus():
                 assert diff <= tol, f"rank {rank} {row['config']} {name}: max |symm_mem - alltoall| = {diff}"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="symm_mem on the generic path needs 2 CUDA GPUs with NVSHMEM")
 @pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3"])
 def test_generic_family_on_symm_mem_equals_alltoall_on_2_gpus(family):

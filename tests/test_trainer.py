@@ -189,6 +189,7 @@ def _grad_norm_worker(rank, port, out_dir):
     os._exit(code)
 
 
+@pytest.mark.slow
 def test_grad_norm_and_clipping_span_fsdp_shards_and_expert_shards(tmp_path):
     import socket
 
@@ -312,6 +313,7 @@ def _diverge_worker(rank, world, tmp, ckpt):
     return None
 
 
+@pytest.mark.slow
 def test_all_ranks_stop_together_on_a_non_finite_loss(tmp_path):
     from dist_utils import run_ranks
 

@@ -88,6 +88,7 @@ def _dp2_ep2_worker(rank, world, ckpt, out):
             "layers": len(engine_experts_modules(trainer.model)), "loss": trainer.collect(wait=True)[0]["loss"]}
 
 
+@pytest.mark.slow
 def test_a_dp2_ep2_train_step_reads_nothing_back_but_the_dispatch_sizes(tmp_path):
     ckpt = _saved("qwen3_moe", tmp_path / "m")
     results = run_ranks(_dp2_ep2_worker, 2, ckpt, str(tmp_path / "runs"), timeout=300)

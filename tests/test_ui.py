@@ -299,6 +299,7 @@ def test_compare_runs_labels_by_difference(tiny_run_dir, tmp_path):
 # -- on a real 2-rank cluster ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_studio_runs_and_profiles_on_a_cluster(cluster, tmp_path):
     from workbench.ui import Studio
 
@@ -335,6 +336,7 @@ def test_studio_runs_and_profiles_on_a_cluster(cluster, tmp_path):
     assert len(studio.profiler.figure.data) == 2
 
 
+@pytest.mark.slow
 def test_run_panel_stop_button_stops_the_run(cluster, tmp_path):
     import time
 
