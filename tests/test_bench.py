@@ -250,6 +250,7 @@ def test_cuda_tiny_preflight(ranks, tmp_path):
     assert native["loss_step0_abs_diff"] < 5e-2  # bf16 kernels differ; same weights and tokens
 
 
+@pytest.mark.slow
 def test_default_results_go_under_the_runs_dir_with_bounded_threads(tmp_path):
     """From any folder: results land in <runs>/bench, not ./benchmarks/results; CPU threads bounded."""
     elsewhere, runs = tmp_path / "elsewhere", tmp_path / "runs"

@@ -17,6 +17,7 @@ def _rc(tmp_path, **overrides):
     return RunConfig.demo(**base)
 
 
+@pytest.mark.slow
 def test_resume_at_step_3_reproduces_steps_4_and_5_exactly(tmp_path):
     full = finetune(_rc(tmp_path, run_id="full", train__checkpoint_every=3))
     ckpts = list_checkpoints(tmp_path / "runs" / "full" / "checkpoints")
@@ -34,6 +35,7 @@ def test_resume_from_a_run_directory_uses_its_latest_checkpoint(tmp_path):
     assert len(out["losses"]) == 1 and out["step"] == 3
 
 
+@pytest.mark.slow
 def test_failure_mid_save_leaves_previous_checkpoint_loadable(tmp_path, monkeypatch):
     monkeypatch.setenv(FAULT_ENV, "checkpoint_mid_save:4")
     with pytest.raises(RuntimeError, match="failing on purpose"):

@@ -146,6 +146,7 @@ def test_resume_with_other_steps_and_seq_len_is_refused_listing_each(tmp_path, c
     assert "train.resume_allow_changes: [data.seq_len, train.steps]" in message
 
 
+@pytest.mark.slow
 def test_accepted_change_of_steps_continues_on_the_new_schedule(tmp_path, ckpt):
     out = finetune(_rc(tmp_path, run_id="longer", train__steps=4, train__resume_from=str(ckpt),
                        train__resume_allow_changes=["train.steps"]))

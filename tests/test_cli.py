@@ -40,6 +40,7 @@ def test_demo_on_two_cpu_ranks_writes_a_run_in_under_two_minutes(tmp_path):
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.slow
 def test_finetune_from_yaml_with_overrides(tmp_path):
     cfg = tmp_path / "cfg.yaml"
     RunConfig.demo(data__seq_len=64, train__global_batch_size=4, train__local_batch_size=2).to_yaml(cfg)
@@ -74,6 +75,7 @@ def test_finetune_under_torchrun_on_two_ranks(tmp_path, launcher):
     assert sorted((m["rank"], m["step"]) for m in metrics) == [(0, 1), (0, 2), (1, 1), (1, 2)]
 
 
+@pytest.mark.slow
 def test_finetune_refuses_unknown_yaml_keys(tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("train:\n  steps: 2\n  stepz: 3\n")
@@ -83,6 +85,7 @@ def test_finetune_refuses_unknown_yaml_keys(tmp_path):
     assert not any(tmp_path.iterdir()) or list(tmp_path.iterdir()) == [cfg]
 
 
+@pytest.mark.slow
 def test_unknown_subcommand_lists_choices(tmp_path):
     proc = _workbench(["train"], tmp_path)
     assert proc.returncode == 2 and "finetune" in proc.stderr and "demo" in proc.stderr

@@ -61,6 +61,7 @@ def test_eval_loss_equals_the_models_loss_on_the_eval_rows(tmp_path):
     assert got["eval_tokens"] == int(keep.sum())
 
 
+@pytest.mark.slow
 def test_eval_runs_every_n_steps_and_resume_is_exact(tmp_path):
     full = finetune(_rc(tmp_path, run_id="full", train__checkpoint_every=3))
     recs = _records(tmp_path, "full")

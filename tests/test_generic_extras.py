@@ -254,6 +254,7 @@ print("GENERIC TRITON OK")
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the kernels in "
                                            "Triton's CPU interpreter)")
 @pytest.mark.skipif(HAS_CUDA, reason="the interpreter is for CPU machines; CUDA runs the compiled kernels")

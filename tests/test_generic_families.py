@@ -208,6 +208,7 @@ def _saved(family: str, path, **overrides) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3", "olmoe", "qwen2_moe", "glm4_moe"])
 def test_trainer_steps_on_the_generic_path_lower_the_loss(family, tmp_path):
     from workbench.config import TINY_VOCAB_SIZE, ModelConfig, RunConfig

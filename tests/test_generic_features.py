@@ -171,6 +171,7 @@ def _fit(rc: RunConfig):
     return trainer, result, records.items
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,ac", [("mixtral", False), ("deepseek_v3", True), ("gpt_oss", False),
                                        ("qwen2_moe", True), ("glm4_moe", False)])
 def test_expert_load_record_counts_every_routed_token_per_layer(family, ac, tmp_path):
@@ -244,6 +245,7 @@ def _expected_biases(start: list[torch.Tensor], loads: list[torch.Tensor], rate:
     return out
 
 
+@pytest.mark.slow
 def test_bias_update_follows_the_global_load_each_step_on_one_rank(tmp_path):
     ckpt = _saved("deepseek_v3", tmp_path / "m", num_hidden_layers=3)
     trainer, _, records = _fit(_rc(ckpt, str(tmp_path / "runs"), train__router_bias_update_rate=0.01))
@@ -294,6 +296,7 @@ def test_bias_update_under_dp2_ep2_is_equal_on_all_ranks_and_uses_the_whole_batc
         torch.testing.assert_close(g, w, rtol=0, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_bias_update_resumes_exactly_from_a_checkpoint(tmp_path):
     ckpt = _saved("glm4_moe", tmp_path / "m", num_hidden_layers=3)
     common = dict(train__router_bias_update_rate=0.02, train__steps=5)

@@ -155,6 +155,7 @@ def _run_script(script: str, marker: str, *args: str, interpret: bool) -> str:
 TPES = repr([TOKENS_PER_EXPERT, [0, 0, 0], [64, 0, 31, 1]])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_triton_kernels_equal_the_reference_in_the_interpreter():
     # float64 torch reference; fp32 kernels to rounding, bf16 to bf16 rounding of the in/outputs
@@ -263,6 +264,7 @@ def _triton_version() -> tuple[int, ...]:
     return tuple(int(p) for p in triton.__version__.split(".")[:2])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_tiny_gpt_oss_with_triton_gate_equals_vanilla_in_the_interpreter():
     if _triton_version() < (3, 9):

@@ -340,6 +340,7 @@ def test_triton_kernels_match_torch_on_cuda():
     _run_triton_parity("cuda", 1e-2, ((3, 7, 64), (5, 37), (1000, 130), (2, 2048, 2048), (64, 8192)), interpret=False)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the "
                                            "kernels in Triton's CPU interpreter)")
 @pytest.mark.skipif(HAS_CUDA, reason="a CUDA machine runs the compiled kernels instead "
@@ -403,6 +404,7 @@ print("TRITON CE OK")
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the "
                                            "kernels in Triton's CPU interpreter)")
 @pytest.mark.skipif(HAS_CUDA, reason="a CUDA machine runs the compiled kernel instead "
@@ -477,6 +479,7 @@ print("TRITON COMBINE OK")
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the "
                                            "kernels in Triton's CPU interpreter)")
 def test_triton_combine_matches_float64_reference():
@@ -523,6 +526,7 @@ print("TRITON ENGINE OK")
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the "
                                            "kernels in Triton's CPU interpreter)")
 def test_triton_rope_and_engine_match_transformers():

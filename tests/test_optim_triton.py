@@ -217,6 +217,7 @@ def run_all_checks(device: str, path: str) -> None:
 # ---------------------------------------------------------------- Triton interpreter on CPU
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the kernel "
                                            "in Triton's CPU interpreter)")
 @pytest.mark.skipif(HAS_CUDA, reason="a CUDA machine runs the compiled kernel instead "

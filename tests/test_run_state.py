@@ -206,6 +206,7 @@ def test_sigkill_of_one_demo_rank_fails_the_run_naming_rank_and_signal(tmp_path)
 # -- failures that can write: failed, with the reason --------------------------------------------
 
 
+@pytest.mark.slow
 def test_disk_full_during_the_final_save_fails_the_run_and_frees_the_partial_save(tmp_path, monkeypatch):
     monkeypatch.setenv(FAULT_ENV, "checkpoint_enospc:3")
     with pytest.raises(DiskFullError, match=r"disk full while saving step 3: [\d.]+ MiB free on ") as info:

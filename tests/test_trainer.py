@@ -26,6 +26,7 @@ def test_same_config_gives_identical_losses_twice(tmp_path):
     assert a["run_id"] != b["run_id"]
 
 
+@pytest.mark.slow
 def test_grad_accumulation_equals_one_big_batch(tmp_path):
     # The aux loss is a per-micro-batch statistic; without it, 4 x 2 sequences == 1 x 8 exactly.
     # float32 on the CPU also on a GPU machine ("auto" would pick bf16 on CUDA there)
@@ -40,6 +41,7 @@ def test_grad_accumulation_equals_one_big_batch(tmp_path):
     assert acc_aux == pytest.approx(big, rel=1e-2) and acc_aux != acc
 
 
+@pytest.mark.slow
 def test_loss_decreases_on_the_tiny_data(tmp_path):
     out = finetune(_rc(tmp_path, train__steps=15, train__global_batch_size=8))
     losses = out["losses"]

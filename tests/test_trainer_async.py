@@ -222,6 +222,7 @@ def test_optimizer_without_a_device_flag_is_refused():
     assert not set_skip_flag(torch.optim.AdamW([p], foreach=False), torch.zeros(()))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is for CPU CI")
 @pytest.mark.parametrize("check", ["check_skip", "check_fused_clip"])
 def test_triton_adamw_kernel_honours_the_skip_flag_and_the_clip_coefficient_in_the_interpreter(check):
@@ -380,6 +381,7 @@ def test_the_run_fails_naming_the_first_bad_step_with_no_checkpoint_after_it(tmp
         resolve_checkpoint(run.path)
 
 
+@pytest.mark.slow
 def test_stop_is_polled_after_the_steps_that_read_the_device(tmp_path):
     """should_stop is asked where the trainer waited anyway (a collective read): every log_every steps here.
 
