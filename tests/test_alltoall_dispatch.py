@@ -47,6 +47,7 @@ def _worker(rank: int, world: int, T: int, E: int, K: int, D: int) -> dict:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world,E,K", [(2, 8, 2), (4, 16, 3)])
 def test_alltoall_equals_single_rank_dispatch_and_sends_each_token_once_per_rank(world, E, K):
     T, D = 24, 16
@@ -80,6 +81,7 @@ def _worker_cuda(rank: int, world: int) -> dict:
             for k in ("x_by_expert", "out", "grad_x", "grad_w")}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="NCCL needs a CUDA GPU")
 def test_alltoall_over_nccl_on_one_rank_equals_local_dispatch():
     # one rank: NCCL's all-to-all, the Triton kernels and the CUDA sorts of the real path, no peers

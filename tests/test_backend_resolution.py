@@ -49,6 +49,7 @@ def _refusals_worker(rank, world, checkpoints):
     return out
 
 
+@pytest.mark.slow
 def test_symm_mem_and_deepep_on_an_ep2_mesh_fail_only_for_what_the_machine_lacks(tmp_path):
     # The old code resolved with world_size=1 before looking at the mesh: "needs ep >= 2" on an ep=2 mesh.
     checkpoints = {}
@@ -77,6 +78,7 @@ def _dense_worker(rank, world):
     return type(model).__name__
 
 
+@pytest.mark.slow
 def test_the_vanilla_path_resolves_the_same_way():
     # The old code never resolved for a model without engine blocks: symm_mem on ep=1 went unnoticed.
     assert all("Llama" in name for name in run_ranks(_dense_worker, 2, timeout=300))
@@ -98,6 +100,7 @@ def _builders_worker(rank, world):
     return messages
 
 
+@pytest.mark.slow
 def test_mesh_builders_take_a_resolved_config_and_do_not_resolve_again():
     # The builder refuses what models/auto should have resolved (with the mesh's ep), for every family.
     for messages in run_ranks(_builders_worker, 2, timeout=300):

@@ -68,7 +68,7 @@ def test_unavailable_backend_fails_before_building_the_model(monkeypatch):
 
 
 def test_backend_must_be_a_backend_config():
-    with pytest.raises(TypeError, match="backend must be a workbench.BackendConfig"):
+    with pytest.raises(TypeError, match=r"backend must be a workbench\.BackendConfig"):
         workbench.AutoModelForCausalLM.from_config(tiny_qwen3_moe(), backend={"experts": "loop"})
 
 
@@ -115,7 +115,8 @@ def test_seq_len_above_max_position_embeddings_is_refused_before_the_run_directo
     ("[1, 2]", r"config.json must hold a JSON object, got list"),
     ('{"model_type": "foobar_moe", "hidden_size": 8}',
      r"config.json has model_type 'foobar_moe', which Transformers .* does not know\. "
-     r"Model families the engine supports: every Transformers v5 family with fused experts \(tested: .*qwen3_moe"),
+     r"Model families the engine supports: every Transformers v5 family with fused experts "
+     r"\(tested: .*qwen3_moe"),
     ('{"model_type": "qwen3moe"}', r"config.json has model_type 'qwen3moe', .* does not know \(did you mean 'qwen3_moe'"),
     ('{"hidden_size": 8}', r"config.json has no model_type\. Model families the engine supports"),
 ])

@@ -44,6 +44,7 @@ def two_rank_result(tmp_path_factory):
     return files[0], json.loads(files[0].read_text()), proc.stdout
 
 
+@pytest.mark.slow
 def test_two_ranks_schema_and_same_init(two_rank_result):
     path, result, stdout = two_rank_result
     assert path.name.endswith("-2xcpu.json") and path.with_suffix(".html").is_file()
@@ -112,6 +113,7 @@ def test_two_ranks_schema_and_same_init(two_rank_result):
     assert "engine / anchor:" in stdout and "tokens/s/gpu" in stdout and "p10-p90" in stdout
 
 
+@pytest.mark.slow
 def test_readme_table_from_results(two_rank_result, tmp_path):
     path, result, _ = two_rank_result
     assert "no GPU results yet" in table(path.parent)  # CPU runs are left out by default
@@ -162,6 +164,7 @@ def _one_rank(rank, world, out_dir):
     return run_bench(cfg)
 
 
+@pytest.mark.slow
 def test_one_rank_losses_agree(tmp_path):
     (result,) = run_ranks(_one_rank, 1, str(tmp_path), timeout=120)
     rows = {r["name"]: r for r in result["variants"]}
@@ -262,6 +265,7 @@ def test_cuda_tiny_preflight(ranks, tmp_path):
     assert native["loss_step0_abs_diff"] < 5e-2  # bf16 kernels differ; same weights and tokens
 
 
+@pytest.mark.slow
 def test_default_results_go_under_the_runs_dir_with_bounded_threads(tmp_path):
     """From any folder: results land in <runs>/bench, not ./benchmarks/results; CPU threads bounded."""
     elsewhere, runs = tmp_path / "elsewhere", tmp_path / "runs"
@@ -326,6 +330,7 @@ def _assert_same_start(rows, anchor, engine, steps_tol, first_tol=1e-5):
         assert abs(x - y) < steps_tol, (a["loss"], e["loss"])
 
 
+@pytest.mark.slow
 def test_deepseek_v3_one_rank_generic_path():
     """A DeepSeek-V3 twin (n_routed_experts, MLA, no aux loss) through the bench on one rank."""
     from workbench.config import preset_config
@@ -348,6 +353,7 @@ def test_deepseek_v3_one_rank_generic_path():
     assert all(math.isfinite(x) for x in rows["engine_balanced"]["loss"])
 
 
+@pytest.mark.slow
 def test_mixtral_two_ranks_ep2_losses_equal_the_anchor():
     """DP2 x EP2 on gloo through the Trainer: the same start; the whole losses agree (both aux losses are
     the global batch's: the Trainer computes either model's, models/router_aux.forward_loss_parts)."""
@@ -363,6 +369,7 @@ def test_mixtral_two_ranks_ep2_losses_equal_the_anchor():
     assert results[1]["variants"][1]["loss"] == rows["engine"]["loss"]  # every rank reports the global numbers
 
 
+@pytest.mark.slow
 def test_gpt_oss_sdpa_refusal_and_reference_anchor():
     """GPT-OSS refuses sdpa (attention sinks): that row is recorded with the reason, and the speedups
     are against the best anchor row that ran, named with its setup."""
@@ -500,6 +507,7 @@ def _precision_rows(rank, world, out_dir):
     return run_bench(cfg)
 
 
+@pytest.mark.slow
 def test_precision_variants_reach_the_engine_optimizer(tmp_path):
     (result,) = run_ranks(_precision_rows, 1, str(tmp_path), timeout=180)
     rows = {r["name"]: r for r in result["variants"]}
@@ -557,6 +565,7 @@ def _bench_then_finetune(rank, world, out_dir):
     return result, losses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2])
 def test_engine_row_is_the_trainer_step(world, tmp_path):
     """The bench's engine rows train exactly as `workbench finetune` does (clipping, schedule, data, optimizer)."""
@@ -650,6 +659,7 @@ def _live_after_bench(rank, world):
     return live
 
 
+@pytest.mark.slow
 def test_every_round_frees_its_model_and_optimizer():
     """A variant's Trainer, model and optimizer are gone when the next one builds (GPU memory between rows)."""
     assert run_ranks(_live_after_bench, 1, timeout=120) == [[]]

@@ -18,6 +18,7 @@ def _rc(tmp_path, **overrides):
     return RunConfig.demo(**base)
 
 
+@pytest.mark.slow
 def test_resume_at_step_3_reproduces_steps_4_and_5_exactly(tmp_path):
     full = finetune(_rc(tmp_path, run_id="full", train__checkpoint_every=3))
     ckpts = list_checkpoints(tmp_path / "runs" / "full" / "checkpoints")
@@ -35,6 +36,7 @@ def test_resume_from_a_run_directory_uses_its_latest_checkpoint(tmp_path):
     assert len(out["losses"]) == 1 and out["step"] == 3
 
 
+@pytest.mark.slow
 def test_failure_mid_save_leaves_previous_checkpoint_loadable(tmp_path, monkeypatch):
     with monkeypatch.context() as patch:
         fail_save_at(patch, step=4, fault="error")
@@ -94,6 +96,7 @@ def _two_rank_losses(rank, world, configs):
     return [finetune(RunConfig.from_dict(c))["losses"] for c in configs]
 
 
+@pytest.mark.slow
 def test_two_rank_resume_reproduces_steps_4_and_5(tmp_path):
     full = _rc(tmp_path, run_id="full2", train__checkpoint_every=3)
     resumed = _rc(tmp_path, run_id="resumed2",

@@ -126,7 +126,7 @@ def test_crafted_value_inside_a_shard_does_not_run(tmp_path, ckpt):
     offset = shard.stat().st_size
     with open(shard, "ab") as f:
         torch.save(_RunsCode(marker), f)
-    (index, info), = [(i, s) for i, s in metadata.storage_data.items() if i.fqn == "optim.param_groups.0.lr"]
+    ((_, info),) = [(i, s) for i, s in metadata.storage_data.items() if i.fqn == "optim.param_groups.0.lr"]
     info.offset, info.length = offset, shard.stat().st_size - offset
     with open(ckpt / ".metadata", "wb") as f:
         pickle.dump(metadata, f)
@@ -146,6 +146,7 @@ def test_resume_with_other_steps_and_seq_len_is_refused_listing_each(tmp_path, c
     assert "train.resume_allow_changes: [data.seq_len, train.steps]" in message
 
 
+@pytest.mark.slow
 def test_accepted_change_of_steps_continues_on_the_new_schedule(tmp_path, ckpt):
     out = finetune(_rc(tmp_path, run_id="longer", train__steps=4, train__resume_from=str(ckpt),
                        train__resume_allow_changes=["train.steps"]))
@@ -200,6 +201,7 @@ def _two_rank_resume(rank, world, config):
     return "resumed"
 
 
+@pytest.mark.slow
 def test_two_ranks_both_refuse_a_damaged_shard(tmp_path):
     from launch_utils import run_ranks
 

@@ -22,6 +22,7 @@ def _workbench(args, runs_dir, timeout=150):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_demo_on_two_cpu_ranks_writes_a_run_in_under_two_minutes(tmp_path):
     start = time.monotonic()
     proc = _workbench(["demo", "--steps", "8", "--ranks", "2"], tmp_path)
@@ -45,6 +46,7 @@ def test_demo_on_two_cpu_ranks_writes_a_run_in_under_two_minutes(tmp_path):
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.slow
 def test_finetune_from_yaml_with_overrides(tmp_path):
     cfg = tmp_path / "cfg.yaml"
     RunConfig.demo(data__seq_len=64, train__global_batch_size=4, train__local_batch_size=2).to_yaml(cfg)
@@ -153,6 +155,7 @@ def test_sparkline_scales_low_to_high_and_thins_to_its_width():
     assert len(long) == 40 and long[0] == SPARK_CHARS[0] and long[-1] == SPARK_CHARS[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["torchrun", "nproc-per-node"])
 def test_finetune_under_torchrun_on_two_ranks(tmp_path, launcher):
     cfg = tmp_path / "cfg.yaml"
@@ -173,6 +176,7 @@ def test_finetune_under_torchrun_on_two_ranks(tmp_path, launcher):
     assert sorted((m["rank"], m["step"]) for m in metrics) == [(0, 1), (0, 2), (1, 1), (1, 2)]
 
 
+@pytest.mark.slow
 def test_finetune_refuses_unknown_yaml_keys(tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("train:\n  steps: 2\n  stepz: 3\n")
@@ -182,6 +186,7 @@ def test_finetune_refuses_unknown_yaml_keys(tmp_path):
     assert not any(tmp_path.iterdir()) or list(tmp_path.iterdir()) == [cfg]
 
 
+@pytest.mark.slow
 def test_unknown_subcommand_lists_choices(tmp_path):
     proc = _workbench(["train"], tmp_path)
     assert proc.returncode == 2 and "finetune" in proc.stderr and "demo" in proc.stderr
@@ -198,6 +203,7 @@ def test_set_reads_numbers_as_people_write_them():
     assert (rc.train.lr, rc.train.weight_decay, rc.train.clip_grad_norm, rc.run_id) == (1e-3, 3e-4, 1e5, "1e-3x")
 
 
+@pytest.mark.slow
 def test_mesh_error_under_torchrun_is_one_line_from_rank_0_with_exit_code_2(tmp_path):
     from workbench.parallel.mesh import MeshConfig
 
@@ -219,6 +225,7 @@ def test_mesh_error_under_torchrun_is_one_line_from_rank_0_with_exit_code_2(tmp_
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_finetune_nproc_per_node_checks_the_config_once_before_any_rank_starts(tmp_path):
     from workbench.parallel.mesh import MeshConfig
 

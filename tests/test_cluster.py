@@ -51,6 +51,7 @@ def _allreduce_sum(value: float) -> float:
 _allreduce_sum.__module__ = "__main__"  # ship by value: tests/ is not importable on engines
 
 
+@pytest.mark.slow
 def test_start_stop_leaves_no_process_and_sets_rank_environment():
     cluster = Cluster(n=2, devices="cpu")
     try:
@@ -85,6 +86,7 @@ def test_start_stop_leaves_no_process_and_sets_rank_environment():
     cluster.stop()  # idempotent
 
 
+@pytest.mark.slow
 def test_context_manager_info_and_attach():
     with Cluster(n=2, devices="cpu") as cluster:
         records = cluster.info()
@@ -109,6 +111,7 @@ def test_context_manager_info_and_attach():
     assert [p for p in pids if _alive(p)] == []
 
 
+@pytest.mark.slow
 def test_restart_gives_fresh_engines():
     cluster = Cluster(n=2, devices="cpu")
     try:
@@ -146,7 +149,7 @@ def test_mpi_launcher_without_mpiexec_says_so():
 
 
 def test_attach_without_a_cluster_is_a_clear_error():
-    with pytest.raises(ClusterError, match="no cluster file|no running"):
+    with pytest.raises(ClusterError, match=r"no cluster file|no running"):
         Cluster.attach(cluster_id="no-such-cluster-id")
 
 
@@ -159,6 +162,7 @@ def _profile_files(cluster_id: str) -> list[str]:
                   + glob.glob(os.path.join(profile, "log", f"*{cluster_id}*")))
 
 
+@pytest.mark.slow
 def test_cluster_files_are_private_and_gone_after_stop():
     cluster = Cluster(n=2, devices="cpu")
     try:
@@ -200,6 +204,7 @@ def _wait_for(condition, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_stop_logs_no_traceback_in_a_notebook_kernel_loop(caplog, capfd):
     """In a Jupyter kernel, code runs inside an asyncio loop: ipyparallel then watches its
     processes on a live loop and logs each exit; an engine stopped by SIGTERM used to exit 1
@@ -225,6 +230,7 @@ def test_stop_logs_no_traceback_in_a_notebook_kernel_loop(caplog, capfd):
     assert [r.getMessage()[:300] for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
+@pytest.mark.slow
 def test_stop_logs_nothing_in_a_server_that_watches_the_cluster():
     """The JupyterLab server loads running clusters from their files (the lab's cluster list
     through ipyparallel's ClusterManager) and logs each process's exit and output."""

@@ -64,7 +64,7 @@ def test_packing_keeps_examples_whole_and_resets_positions(tok, tmp_path):
         for a, b in zip(cuts, cuts[1:]):
             flat.append(ids[a:b])
     real = [seg for seg in flat if any(t != tok.pad_token_id for t in seg)]
-    assert [seg for seg in real] == [e[0] for e in examples]
+    assert real == [e[0] for e in examples]
     assert (packed.labels[packed.input_ids == tok.pad_token_id] == IGNORE_INDEX).all()
     assert packed.num_loss_tokens() == sum(sum(l != IGNORE_INDEX for l in e[1]) for e in examples) - sum(
         int(packed.labels[r, 0] != IGNORE_INDEX) for r in range(len(packed)))

@@ -108,8 +108,10 @@ def test_packing_and_eval_holdout(tmp_path):
     stream = build_stream(cfg, seed=0, vocab_size=TINY_VOCAB_SIZE)
     train, held = stream.sequences, stream.eval_sequences
     # a document starts at position 0 and trains on its next token (a packed one's own first label is -100)
-    docs = lambda s: int((s.slice(0, len(s)).position_ids[:, :-1] == 0).logical_and(  # noqa: E731
-        s.slice(0, len(s)).labels[:, 1:] != IGNORE_INDEX).sum())
+    def docs(s):
+        rows = s.slice(0, len(s))
+        return int((rows.position_ids[:, :-1] == 0).logical_and(rows.labels[:, 1:] != IGNORE_INDEX).sum())
+
     assert len(train) < 9 and docs(train) == 9 and docs(held) == 3  # 12 rows: 9 packed for training, 3 held out
     own = _save(tmp_path, {"text": ROWS["text"]["text"][:5]}, "csv", name="eval")["data_files"]
     cfg = _cfg(tmp_path, pack=True, eval_files=[own], eval_every=1, **_save(tmp_path, ROWS["text"], "parquet"))
@@ -196,17 +198,17 @@ def test_bad_data_fails_before_the_run_directory(tmp_path):
 
 
 def test_config_validation_and_overrides(tmp_path):
-    with pytest.raises(ConfigError, match="exactly one of data.data_files"):
+    with pytest.raises(ConfigError, match=r"exactly one of data\.data_files"):
         DataConfig(kind="datasets")
     with pytest.raises(ConfigError, match="not one of the file types"):
         DataConfig(kind="datasets", data_files="d.txt")
     with pytest.raises(ConfigError, match=r"data.columns has unknown row field\(s\) \['question'\]"):
         DataConfig(kind="datasets", data_files="d.csv", columns={"question": "q"})
-    with pytest.raises(ConfigError, match="data.eval_every needs eval rows"):
+    with pytest.raises(ConfigError, match=r"data\.eval_every needs eval rows"):
         DataConfig(kind="datasets", data_files="d.csv", eval_every=2)
     with pytest.raises(ConfigError, match=r"data.eval_fraction only apply to data.kind='datasets'"):
         DataConfig(kind="jsonl", eval_fraction=0.1)
-    with pytest.raises(ConfigError, match="data.format 'chat' is not one of"):
+    with pytest.raises(ConfigError, match=r"data\.format 'chat' is not one of"):
         DataConfig(kind="datasets", data_files="d.csv", format="chat")
     rc = RunConfig.demo().with_overrides({"data.kind": "datasets", "data.data_files": ["a.parquet", "b.parquet"],
                                           "data.columns": {"prompt": "q"}, "data.eval_fraction": 0.1,

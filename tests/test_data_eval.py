@@ -61,6 +61,7 @@ def test_eval_loss_equals_the_models_loss_on_the_eval_rows(tmp_path):
     assert got["eval_tokens"] == int(keep.sum())
 
 
+@pytest.mark.slow
 def test_eval_runs_every_n_steps_and_resume_is_exact(tmp_path):
     full = finetune(_rc(tmp_path, run_id="full", train__checkpoint_every=3))
     recs = _records(tmp_path, "full")
@@ -85,6 +86,7 @@ def _two_rank_build(rank, world, cfg):
     return stream.next_batch(4).input_ids.tolist(), len(stream.eval_sequences)
 
 
+@pytest.mark.slow
 def test_rank_0_tokenizes_and_every_rank_maps_the_same_cache(tmp_path):
     cfg = _data(tmp_path)
     r0, r1 = run_ranks(_two_rank_build, 2, cfg.__dict__)
@@ -125,6 +127,7 @@ def _two_rank_eval(rank, world, rc_dict):
     return len(held), got["eval_loss"], float(out.loss)
 
 
+@pytest.mark.slow
 def test_two_rank_eval_covers_every_row_once(tmp_path):
     # 5 eval rows (one per sequence) in rounds of 2 ranks x 2: the last round's second rank runs a masked stand-in
     rc = _rc(tmp_path, data=_data(tmp_path, eval_fraction=0.125, pack=False))

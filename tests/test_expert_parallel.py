@@ -8,7 +8,6 @@ import torch.distributed as dist
 import transformers
 from launch_utils import run_ranks
 from safetensors.torch import load_file
-from tiny_models import tiny_qwen3_moe
 
 import workbench
 from workbench.parallel.mesh import MeshConfig, MeshError, dense_mesh, valid_meshes
@@ -113,15 +112,6 @@ def _ep_worker(rank, world, ckpt, mesh_kwargs, save_dir):
             "dispatcher": type(model.model.layers[0].mlp.experts.workbench_dispatcher).__name__}
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    cfg = tiny_qwen3_moe(num_experts=8, num_experts_per_tok=2, router_aux_loss_coef=0.02)
-    torch.manual_seed(5)
-    path = tmp_path_factory.mktemp("ckpt")
-    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
-    return cfg, path
-
-
 def single_process_run(cfg, path, save_dir):
     model = workbench.AutoModelForCausalLM.from_pretrained(path, device="cpu")
     losses = train_losses(model, cfg, 0, 1)
@@ -129,8 +119,9 @@ def single_process_run(cfg, path, save_dir):
     return losses
 
 
-def test_dp2_ep2_equals_one_process(checkpoint, tmp_path):
-    cfg, path = checkpoint
+@pytest.mark.slow
+def test_dp2_ep2_equals_one_process(moe_checkpoint, tmp_path):
+    cfg, path = moe_checkpoint
     ref = single_process_run(cfg, path, tmp_path / "single")
     results = run_ranks(_ep_worker, 2, str(path), {"dp": 2, "ep": 2}, str(tmp_path / "ep"))
     assert results[0]["expert_range"] == (0, 4) and results[1]["expert_range"] == (4, 8)
@@ -164,8 +155,9 @@ def test_dp2_ep2_equals_one_process(checkpoint, tmp_path):
         torch.testing.assert_close(vanilla(ids).logits, engine(ids).logits, rtol=1e-5, atol=1e-6)
 
 
-def test_dp2_ep1_fsdp_only_equals_one_process(checkpoint, tmp_path):
-    cfg, path = checkpoint
+@pytest.mark.slow
+def test_dp2_ep1_fsdp_only_equals_one_process(moe_checkpoint, tmp_path):
+    cfg, path = moe_checkpoint
     ref = single_process_run(cfg, path, tmp_path / "single")
     results = run_ranks(_ep_worker, 2, str(path), {"dp": 2, "ep": 1}, str(tmp_path / "dp"))
     assert results[0]["dispatcher"] == "LocalDispatcher"
@@ -199,6 +191,7 @@ def _device_worker(rank, world):
     return str(default_device())
 
 
+@pytest.mark.slow
 def test_gloo_ranks_compute_on_cpu_even_where_gpus_are_visible():
     # gloo has no CUDA all-to-all or reduce-scatter: a sharded model over it must live on the CPU
     assert run_ranks(_device_worker, 1) == ["cpu"]

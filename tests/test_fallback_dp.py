@@ -74,6 +74,7 @@ def _two_rank_worker(rank, world, ckpt, out, mesh):
     return train(ckpt, out, local_batch=2, mesh=mesh)
 
 
+@pytest.mark.slow
 def test_two_ranks_are_one_data_parallel_model_equal_to_one_process(checkpoint, tmp_path):
     # the global batch in one micro-batch: on dp=2 each rank's aux loss is its share of that batch's aux loss
     ref = train(str(checkpoint), str(tmp_path / "single"), local_batch=4)
@@ -120,6 +121,7 @@ def _refused_worker(rank, world, ckpt, out):
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif("jetmoe" not in transformers.CONFIG_MAPPING, reason="no jetmoe in this transformers")
 def test_moe_without_fused_experts_fails_before_the_run_directory(tmp_path):
     ckpt = tmp_path / "jetmoe"
@@ -136,6 +138,7 @@ def _export_worker(rank, world, ckpt, out):
     return {"hf_dir": result["hf_dir"], "params": {n: _full(p) for n, p in trainer.model.named_parameters()}}
 
 
+@pytest.mark.slow
 def test_export_from_two_fsdp_ranks_loads_in_vanilla_transformers(checkpoint, tmp_path):
     r0, _ = run_ranks(_export_worker, 2, str(checkpoint), str(tmp_path / "runs"))
     loaded = transformers.AutoModelForCausalLM.from_pretrained(r0["hf_dir"])

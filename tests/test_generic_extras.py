@@ -167,7 +167,7 @@ def test_expert_recompute_recomputes_and_equals_transformers():
 def test_combine_choice_reaches_every_dispatcher():
     assert make_dispatcher("local", 4).use_triton is False
     assert make_dispatcher("local", 4, combine="triton").use_triton is True
-    with pytest.raises(ValueError, match="combine must be a resolved BackendConfig.combine"):
+    with pytest.raises(ValueError, match=r"combine must be a resolved BackendConfig\.combine"):
         make_dispatcher("local", 4, combine="auto")
     _, _, eng = _pair("olmoe", BackendConfig())
     assert all(m.workbench_dispatcher.use_triton is False for _, m in engine_experts_modules(eng))
@@ -254,6 +254,7 @@ print("GENERIC TRITON OK")
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the kernels in "
                                            "Triton's CPU interpreter)")
 @pytest.mark.skipif(HAS_CUDA, reason="the interpreter is for CPU machines; CUDA runs the compiled kernels")
@@ -289,6 +290,7 @@ def _shared_aux_worker(rank, world):
             "ce": ce, "router_logits": len(out.router_logits), "layers": cfg.num_hidden_layers}
 
 
+@pytest.mark.slow
 def test_shared_aux_loss_is_computed_once_and_adds_up_to_transformers():
     """With aux_loss_group the engine computes the group's aux loss only, not Transformers' per-rank one too."""
     from launch_utils import run_ranks

@@ -82,7 +82,7 @@ def test_logits_and_gradients_equal_vanilla_transformers(family, backend):
 
 def test_gpt_oss_biases_and_clamp_are_exercised():
     """The GPT-OSS parity above would be vacuous if its biases or clamp never mattered."""
-    cfg, ref, eng = _pair("gpt_oss", "grouped_mm")
+    cfg, _, eng = _pair("gpt_oss", "grouped_mm")
     ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
     base = eng(input_ids=ids).logits
     with torch.no_grad():
@@ -179,6 +179,7 @@ def _ep_worker(rank, world, family, save_dir):
                 logits_diff=logits_diff)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3", "olmoe", "qwen2_moe", "glm4_moe",
                                     "qwen3_5_moe_text"])
 def test_dp2_ep2_equals_one_process_and_saves_for_vanilla(family, tmp_path):
@@ -194,6 +195,7 @@ def _check_ep(results: list) -> None:
     assert results[0]["logits_diff"] <= 1e-5, results[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
 def test_ep4_on_four_ranks_equals_one_process(family, tmp_path):
     _check_ep(run_ranks(_ep_worker, 4, family, str(tmp_path / "saved"), timeout=300))
@@ -206,6 +208,7 @@ def _saved(family: str, path, **overrides) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3", "olmoe", "qwen2_moe", "glm4_moe"])
 def test_trainer_steps_on_the_generic_path_lower_the_loss(family, tmp_path):
     from workbench.config import TINY_VOCAB_SIZE, ModelConfig, RunConfig
@@ -232,6 +235,7 @@ def _pretrained_worker(rank, world, path, mesh_kwargs):
     return shapes, {k: v for k, v in full.items() if ".experts." in k or k.endswith("embed_tokens.weight")}
 
 
+@pytest.mark.slow
 def test_from_pretrained_on_a_mesh_keeps_this_ranks_experts_of_the_checkpoint(tmp_path):
     path = _saved("gpt_oss", tmp_path / "m")
     want = transformers.AutoModelForCausalLM.from_pretrained(path).state_dict()
@@ -250,6 +254,7 @@ def _init_worker(rank, world, family, ep):
     return generic.full_state_dict(model)
 
 
+@pytest.mark.slow
 def test_random_init_on_a_mesh_is_independent_of_ep():
     a = run_ranks(_init_worker, 2, "deepseek_v3", 1, timeout=300)[0]
     b = run_ranks(_init_worker, 2, "deepseek_v3", 2, timeout=300)[0]
@@ -291,6 +296,7 @@ def _trainer_worker(rank, world, ckpt, out):
     return _trainer_run(ckpt, out, local_batch=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
 def test_trainer_on_dp2_ep2_equals_one_process_and_exports_for_vanilla(family, tmp_path):
     ckpt = _saved(family, tmp_path / "m")

@@ -103,6 +103,7 @@ def _ac_worker(rank, world, family):
     return {"worst": worst, "calls": [c[0] for c in calls], "moe_layers": len(engine_experts_modules(model))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
 def test_activation_checkpointing_under_dp2_ep2_keeps_gradients(family):
     _config(family)
@@ -123,6 +124,7 @@ def _trainer_ac_worker(rank, world, ckpt, out):
             "mesh": str(trainer.mesh)}
 
 
+@pytest.mark.slow
 def test_trainer_checkpoints_every_layer_under_fsdp2_and_ep(tmp_path):
     """Transformers' gradient_checkpointing_enable after fully_shard left Mixtral's layers unrecomputed."""
     ckpt = _saved("mixtral", tmp_path / "m")
@@ -169,6 +171,7 @@ def _fit(rc: RunConfig):
     return trainer, result, records.items
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,ac", [("mixtral", False), ("deepseek_v3", True), ("gpt_oss", False),
                                        ("qwen2_moe", True), ("glm4_moe", False)])
 def test_expert_load_record_counts_every_routed_token_per_layer(family, ac, tmp_path):
@@ -192,14 +195,14 @@ def test_expert_load_is_the_routing_the_experts_ran(tmp_path):
     for bias in router_biases(model):
         bias.copy_(torch.tensor([0.0, 0.0, 0.0, 10.0]))  # group 1 (experts 2, 3) always wins, top-2 = both
     model.save_pretrained(tmp_path / "m")
-    trainer, _, records = _fit(_rc(str(tmp_path / "m"), str(tmp_path / "runs"), train__steps=1, train__lr=0.0))
+    _, _, records = _fit(_rc(str(tmp_path / "m"), str(tmp_path / "runs"), train__steps=1, train__lr=0.0))
     tokens = records[0]["tokens"]
     assert records[0]["expert_load"] == [[0, 0, tokens, tokens]]
 
 
 def test_router_bias_update_rate_is_validated_and_refused_without_a_bias(tmp_path):
     for bad in (-0.1, float("nan"), "0.1", True):
-        with pytest.raises(ConfigError, match="train.router_bias_update_rate"):
+        with pytest.raises(ConfigError, match=r"train\.router_bias_update_rate"):
             TrainConfig(router_bias_update_rate=bad)
     from workbench.train.loop import Trainer
 
@@ -242,6 +245,7 @@ def _expected_biases(start: list[torch.Tensor], loads: list[torch.Tensor], rate:
     return out
 
 
+@pytest.mark.slow
 def test_bias_update_follows_the_global_load_each_step_on_one_rank(tmp_path):
     ckpt = _saved("deepseek_v3", tmp_path / "m", num_hidden_layers=3)
     trainer, _, records = _fit(_rc(ckpt, str(tmp_path / "runs"), train__router_bias_update_rate=0.01))
@@ -277,6 +281,7 @@ def _bias_worker(rank, world, ckpt, out):
             "tokens": [r["tokens"] for r in records], "mesh": str(trainer.mesh), "losses": result["losses"]}
 
 
+@pytest.mark.slow
 def test_bias_update_under_dp2_ep2_is_equal_on_all_ranks_and_uses_the_whole_batch(tmp_path):
     ckpt = _saved("deepseek_v3", tmp_path / "m")
     r0, r1 = run_ranks(_bias_worker, 2, ckpt, str(tmp_path / "runs"), timeout=300)
@@ -291,6 +296,7 @@ def test_bias_update_under_dp2_ep2_is_equal_on_all_ranks_and_uses_the_whole_batc
         torch.testing.assert_close(g, w, rtol=0, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_bias_update_resumes_exactly_from_a_checkpoint(tmp_path):
     ckpt = _saved("glm4_moe", tmp_path / "m", num_hidden_layers=3)
     common = dict(train__router_bias_update_rate=0.02, train__steps=5)
@@ -311,7 +317,7 @@ def test_model_device_pins_the_cpu_and_is_validated():
     with pytest.raises(ConfigError, match=r"model.device 'gpu' is not one of \['auto', 'cpu', 'cuda'\]"):
         ModelConfig(device="gpu")
     if not torch.cuda.is_available():
-        with pytest.raises(ConfigError, match="model.device='cuda' needs a CUDA GPU"):
+        with pytest.raises(ConfigError, match=r"model\.device='cuda' needs a CUDA GPU"):
             du.pick_device("cuda")
 
 

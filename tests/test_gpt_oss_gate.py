@@ -157,6 +157,7 @@ def _run_script(script: str, marker: str, *args: str, interpret: bool) -> str:
 TPES = repr([TOKENS_PER_EXPERT, [0, 0, 0], [64, 0, 31, 1]])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_triton_kernels_equal_the_reference_in_the_interpreter():
     # float64 torch reference; fp32 kernels to rounding, bf16 to bf16 rounding of the in/outputs
@@ -187,7 +188,7 @@ def test_the_gate_is_detected_from_the_class_not_the_model_type():
     assert experts[0].workbench_swiglu == "triton" and not experts[0].workbench_gpt_oss_gate
     module = install_engine_experts(_experts(), None, "grouped_mm", (0, 11), 11, swiglu="triton")
     assert module.workbench_swiglu == "triton" and module.workbench_gpt_oss_gate
-    with pytest.raises(ValueError, match="resolved BackendConfig.swiglu"):
+    with pytest.raises(ValueError, match=r"resolved BackendConfig\.swiglu"):
         install_engine_experts(_experts(), None, "grouped_mm", (0, 11), 11, swiglu="auto")
 
 
@@ -265,6 +266,7 @@ def _triton_version() -> tuple[int, ...]:
     return tuple(int(p) for p in triton.__version__.split(".")[:2])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_tiny_gpt_oss_with_triton_gate_equals_vanilla_in_the_interpreter():
     if _triton_version() < (3, 9):

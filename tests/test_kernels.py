@@ -79,7 +79,7 @@ def test_rms_norm_mixed_dtype_promotes_like_hf():
 
 
 def test_rms_norm_bad_input():
-    with pytest.raises(ValueError, match="weight must be 1-D of size x.shape"):
+    with pytest.raises(ValueError, match=r"weight must be 1-D of size x\.shape"):
         rms_norm(torch.randn(3, 8), torch.ones(7))
     with pytest.raises(BackendError, match="unknown rms_norm backend 'cuda'"):
         rms_norm(torch.randn(3, 8), torch.ones(8), backend="cuda")
@@ -237,7 +237,7 @@ def test_shift_labels_matches_hf():
 def test_cross_entropy_bad_input():
     hidden, weight, labels = _ce_inputs(torch.float32)
     targets = shift_labels(labels)
-    with pytest.raises(ValueError, match="last dim must equal weight.shape"):
+    with pytest.raises(ValueError, match=r"last dim must equal weight\.shape"):
         fused_linear_cross_entropy(hidden[..., :-1], weight, targets)
     with pytest.raises(ValueError, match="shift_labels"):
         fused_linear_cross_entropy(hidden, weight, targets[:, 1:])
@@ -350,6 +350,7 @@ def test_triton_kernels_match_torch_on_cuda():
     _run_triton_parity("cuda", 1e-2, ((3, 7, 64), (5, 37), (1000, 130), (2, 2048, 2048), (64, 8192)), interpret=False)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the "
                                            "kernels in Triton's CPU interpreter)")
 @pytest.mark.skipif(HAS_CUDA, reason="a CUDA machine runs the compiled kernels instead "
@@ -410,6 +411,7 @@ print("TRITON CE OK")
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the "
                                            "kernels in Triton's CPU interpreter)")
 @pytest.mark.skipif(HAS_CUDA, reason="a CUDA machine runs the compiled kernel instead "
@@ -422,7 +424,7 @@ def test_fused_ce_triton_kernel_matches_hf_in_interpreter():
 def test_fused_ce_triton_refused_on_cpu_without_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     hidden, weight, labels = _ce_inputs(torch.float32)
-    with pytest.raises(BackendError, match="cross_entropy='triton' cannot run here.*needs a CUDA device"):
+    with pytest.raises(BackendError, match=r"cross_entropy='triton' cannot run here.*needs a CUDA device"):
         fused_linear_cross_entropy(hidden, weight, shift_labels(labels), use_triton=True)
 
 
@@ -484,6 +486,7 @@ print("TRITON COMBINE OK")
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the "
                                            "kernels in Triton's CPU interpreter)")
 def test_triton_combine_matches_float64_reference():
@@ -530,6 +533,7 @@ print("TRITON ENGINE OK")
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the "
                                            "kernels in Triton's CPU interpreter)")
 def test_triton_rope_and_engine_match_transformers():

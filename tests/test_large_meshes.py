@@ -13,18 +13,10 @@ import workbench
 from workbench.parallel.mesh import MeshConfig, MeshError
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    cfg = tiny_qwen3_moe(num_experts=8, num_experts_per_tok=2, router_aux_loss_coef=0.02)
-    torch.manual_seed(6)
-    path = tmp_path_factory.mktemp("ckpt8")
-    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
-    return cfg, path
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("world,ep", [(4, 4), (8, 8), (8, 4)])
-def test_large_mesh_equals_one_process(checkpoint, tmp_path, world, ep):
-    cfg, path = checkpoint
+def test_large_mesh_equals_one_process(moe_checkpoint, tmp_path, world, ep):
+    cfg, path = moe_checkpoint
     ref = single_process_run(cfg, path, tmp_path / "single")
     results = run_ranks(_ep_worker, world, str(path), {"dp": world, "ep": ep}, str(tmp_path / "mesh"))
     per_rank = 8 // ep
@@ -44,6 +36,7 @@ def _uneven_worker(rank, world):
     return "built"
 
 
+@pytest.mark.slow
 def test_uneven_experts_per_rank_refused_on_four_ranks():
     messages = run_ranks(_uneven_worker, 4)
     assert all("ep=4 does not divide the model's 6 experts" in m and "choose ep in [1, 2]" in m for m in messages)

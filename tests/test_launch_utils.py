@@ -37,6 +37,7 @@ def _rank_1_sleeps(rank, world):
     return rank
 
 
+@pytest.mark.slow
 def test_results_arrive_for_every_rank():
     for _ in range(3):
         out = run_ranks(_sum_and_big_payload, 2)
@@ -44,17 +45,20 @@ def test_results_arrive_for_every_rank():
         assert [blob == bytes([r]) * BIG for r, _, blob in out] == [True, True]
 
 
+@pytest.mark.slow
 def test_rank_that_exits_without_result_fails_at_once_with_its_exit_code():
     # The timeout is far away: the failure must come from noticing the exit, not from waiting.
     with pytest.raises(RuntimeError, match=r"^rank 1 exited without a result \(exit code 7\)$"):
         run_ranks(_rank_1_exits, 2, timeout=120)
 
 
+@pytest.mark.slow
 def test_rank_error_is_raised_with_its_traceback():
     with pytest.raises(RuntimeError, match=r"(?s)^rank 1 failed:.*ValueError: on purpose"):
         run_ranks(_rank_1_raises, 2, timeout=120)
 
 
+@pytest.mark.slow
 def test_silent_rank_times_out_naming_it():
     with pytest.raises(TimeoutError, match=r"ranks \[(0, )?1\] of 2 sent no result within 5 s"):
         run_ranks(_rank_1_sleeps, 2, timeout=5)
@@ -65,6 +69,7 @@ def _tensor_result(rank, world):
     return {"rank": [torch.full((1024,), float(rank)) for _ in range(200)]}
 
 
+@pytest.mark.slow
 def test_tensor_results_arrive_after_the_rank_exits():
     # torch's multiprocessing pickler would send tensors as shared-memory descriptors, which the
     # parent fetches from the sender: gone after its os._exit (ConnectionResetError).

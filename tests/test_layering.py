@@ -122,6 +122,7 @@ def test_device_helper_imports_no_workbench_package():
     assert _imported_modules(ROOT / "workbench" / "devices.py") == set()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("package", PACKAGES)
 def test_each_package_imports_alone_in_a_fresh_interpreter(package):
     modules = sorted(f"workbench.{package}.{p.stem}" for p in (ROOT / "workbench" / package).glob("*.py")

@@ -180,6 +180,7 @@ def test_adapters_do_not_depend_on_the_seeded_build_path():
     assert all(not p.any() for k, p in pa.items() if "lora_B" in k)  # B starts at zero
 
 
+@pytest.mark.slow
 def test_finetune_with_lora_trains_only_the_adapters(tmp_path):
     from workbench.train.loop import finetune
 
@@ -195,6 +196,7 @@ def test_finetune_with_lora_trains_only_the_adapters(tmp_path):
     assert merged.config.model_type == "qwen3_moe"
 
 
+@pytest.mark.slow
 def test_lora_checkpoint_holds_only_adapters_and_resumes_exactly(tmp_path):
     from workbench.train.checkpoint import list_checkpoints, read_dcp_metadata
     from workbench.train.loop import finetune

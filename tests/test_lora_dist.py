@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import transformers
 from launch_utils import run_ranks
@@ -13,6 +14,8 @@ import workbench
 from workbench.config import LoraConfig
 from workbench.models.lora_export import save_lora_adapter
 from workbench.parallel.mesh import MeshConfig, dense_mesh
+
+pytestmark = pytest.mark.slow
 
 LORA = LoraConfig(rank=4, alpha=8, targets=("attention", "experts"))
 

@@ -94,7 +94,7 @@ def test_vllm_adapter_is_per_expert_and_equals_the_merged_update(family, tmp_pat
 
 def test_vllm_adapter_refuses_a_family_fused_on_disk(tmp_path):
     _, model = _lora_model("gpt_oss", tmp_path)
-    with pytest.raises(ValueError, match="keeps .* fused on disk.*save_lora_adapter"):
+    with pytest.raises(ValueError, match=r"keeps .* fused on disk.*save_lora_adapter"):
         save_vllm_adapter(model, tmp_path / "vllm")
 
 

@@ -18,7 +18,7 @@ def test_run_panel_lora_settings_make_the_lora_section():
     assert panel.run_config().lora == LoraConfig(rank=8, alpha=16.0, targets=("attention", "experts", "shared_experts"))
     assert panel.training()["lora"] == panel.run_config().lora
     panel.lora_targets.value = ()
-    with pytest.raises(ConfigError, match="lora.targets"):
+    with pytest.raises(ConfigError, match=r"lora\.targets"):
         panel.run_config()
     assert panel.training()["lora"] is None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from launch_utils import run_ranks
 from generic_families import tiny_config
 
@@ -21,6 +22,7 @@ def _wrap_worker(rank, world, no_split):
     return "sharded"
 
 
+@pytest.mark.slow
 def test_experts_outside_the_decoder_layers_are_refused():
     refused = run_ranks(_wrap_worker, 2, ["MixtralAttention"], timeout=120)
     assert all("2 of 2 experts modules lie outside the decoder layers" in m for m in refused), refused

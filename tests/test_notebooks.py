@@ -78,6 +78,7 @@ def _assert_saved_small(nb, path: Path) -> None:
     assert path.stat().st_size < 2**20, f"{path.name} saved {path.stat().st_size / 2**20:.1f} MB"
 
 
+@pytest.mark.slow
 def test_quickstart_with_env_parameters(tmp_path, monkeypatch):
     png, metrics = tmp_path / "live.png", tmp_path / "metrics.jsonl"
     env = {"WORKBENCH_STEPS": "3", "WORKBENCH_METRICS_OUT": str(metrics)}
@@ -92,6 +93,7 @@ def test_quickstart_with_env_parameters(tmp_path, monkeypatch):
     assert seconds < 120, f"quickstart took {seconds:.0f} s"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES[1:])
 def test_notebook_runs(name, tmp_path, monkeypatch):
     nb, seconds = _execute(name, tmp_path, monkeypatch)

@@ -217,6 +217,7 @@ def run_all_checks(device: str, path: str) -> None:
 # ---------------------------------------------------------------- Triton interpreter on CPU
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the kernel "
                                            "in Triton's CPU interpreter)")
 @pytest.mark.skipif(HAS_CUDA, reason="a CUDA machine runs the compiled kernel instead "
@@ -327,7 +328,7 @@ def test_selection_triton_on_cuda_torch_on_cpu(monkeypatch):
 
 def test_config_optimizer_field():
     assert TrainConfig().optimizer == "adamw"
-    with pytest.raises(ConfigError, match="train.optimizer must be one of"):
+    with pytest.raises(ConfigError, match=r"train\.optimizer must be one of"):
         TrainConfig(optimizer="adam")
     rc = RunConfig.demo(train__optimizer="adamw_torch")
     assert RunConfig.from_dict(rc.to_dict()).train.optimizer == "adamw_torch"
@@ -371,9 +372,12 @@ def _losses(rank, world, configs):
     return losses + [finetune(RunConfig.from_dict(c))["losses"] for c in configs[1:]], info
 
 
+@pytest.mark.slow
 def test_trainer_resume_and_checkpoints_shared_with_torch_adamw(tmp_path):
     # two gloo ranks: FSDP2 DTensor parameters, experts split over ep, DCP resharded state
-    ckpt = lambda run: str(tmp_path / "runs" / run / "checkpoints" / "step-00000003")  # noqa: E731
+    def ckpt(run):
+        return str(tmp_path / "runs" / run / "checkpoints" / "step-00000003")
+
     configs = [_rc(tmp_path, run_id="full", train__checkpoint_every=3),
                _rc(tmp_path, run_id="resumed", train__resume_from=ckpt("full")),
                _rc(tmp_path, run_id="torch", train__optimizer="adamw_torch", train__checkpoint_every=3),

@@ -222,6 +222,7 @@ def check_engine_loss_per_document(model, batch: Batch, forward_extra, what: str
     return checked
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
 def test_trainer_packed_batch_per_document_loss_equals_unpacked(family, tmp_path):
     """The Trainer's own model, data stream (shipped JSONL, pack=True) and forward kwargs (GPT-OSS: the host's

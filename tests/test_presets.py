@@ -95,6 +95,7 @@ def test_full_size_presets_have_the_published_sizes(name, total, active, convent
     assert abs(quoted / active - 1) < 0.03, quoted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in TINY if n != "tiny"])
 def test_tiny_family_preset_finetunes_on_cpu(name, tmp_path):
     """`workbench finetune` with the preset: the vanilla-Transformers path (ep=1) trains, loss falls."""

@@ -13,21 +13,14 @@ import pytest
 
 pytest.importorskip("ipyparallel")
 
-from workbench.cluster import Cluster, RankError, Run  # noqa: E402
+from workbench.cluster import RankError, Run  # noqa: E402
 from workbench.config import RunConfig  # noqa: E402
 
 STEP_FIELDS = {"step", "rank", "loss", "grad_norm", "lr", "tokens_per_s_per_gpu", "tflops_per_gpu",
                "mem_peak_gib", "mem_now_gib", "expert_load", "expert_load_cv", "step_time_s",
                "forward_s", "backward_s", "optimizer_s", "time"}
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    # One cluster for the module: a failed run leaves it usable (the process group is re-joined),
-    # and the killed-engine test, which runs last, restarts it.
-    c = Cluster(n=2, devices="cpu")
-    yield c
-    c.stop()
+# The `cluster` fixture (tests/conftest.py) is one cluster for the module: a failed run leaves it usable (the
+# process group is re-joined), and the killed-engine test, which runs last, restarts it.
 
 
 def _demo(tmp_path, **overrides) -> RunConfig:
@@ -42,6 +35,7 @@ def _wait_for_step(run: Run, step: int, timeout: float = 120) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_run_streams_every_step_from_both_ranks(cluster, tmp_path):
     steps = 4
     live: list[tuple[int, int]] = []
@@ -86,6 +80,7 @@ def _delivered_once(run: Run, live: list[tuple[int, int]], steps: int) -> None:
     assert sum(run.delivery.values()) == len(expected), run.delivery
 
 
+@pytest.mark.slow
 def test_each_record_crosses_the_data_channel_once(cluster, tmp_path):
     from stream_spy import read_tap
 
@@ -113,6 +108,7 @@ def test_each_record_crosses_the_data_channel_once(cluster, tmp_path):
     assert df["expert_load"].map(len).gt(0).all() and len(df) == 2 * steps
 
 
+@pytest.mark.slow
 def test_records_the_notebook_missed_come_from_disk_once(cluster, tmp_path):
     from stream_spy import read_tap
 
@@ -128,6 +124,7 @@ def test_records_the_notebook_missed_come_from_disk_once(cluster, tmp_path):
         assert any(m["dropped"] for m in read_tap(run.path, rank))
 
 
+@pytest.mark.slow
 def test_stop_halts_within_one_step_and_checkpoint_resumes(cluster, tmp_path):
     run = cluster.finetune(_demo(tmp_path, train__steps=500))
     _wait_for_step(run, 2)
@@ -151,6 +148,7 @@ def test_stop_halts_within_one_step_and_checkpoint_resumes(cluster, tmp_path):
     assert sorted(resumed.metrics["step"].unique()) == [stopped_at + 1]
 
 
+@pytest.mark.slow
 def test_a_failing_rank_reaches_the_notebook_with_its_rank(cluster, tmp_path):
     bad_rows = tmp_path / "bad.jsonl"
     bad_rows.write_text('{"prompt": "hi"}\n{"nothing": 1}\n')  # rows without a response
@@ -160,7 +158,7 @@ def test_a_failing_rank_reaches_the_notebook_with_its_rank(cluster, tmp_path):
     err = info.value
     assert err.rank in (0, 1) and f"rank {err.rank} failed" in str(err)
     assert set(err.errors) == {0, 1}  # the data is bad for every rank: both report
-    for rank, tb in err.errors.items():
+    for tb in err.errors.values():
         assert "Traceback" in tb and "bad.jsonl" in tb, tb[-500:]
     assert run.state == "failed" and run.status["failed_ranks"] == [0, 1]
 
@@ -169,6 +167,7 @@ def test_a_failing_rank_reaches_the_notebook_with_its_rank(cluster, tmp_path):
     assert ok.wait(timeout=300)["state"] == "completed"
 
 
+@pytest.mark.slow
 def test_killed_engine_fails_the_run_within_10s_and_restart_recovers(cluster, tmp_path):
     run = cluster.finetune(_demo(tmp_path, train__steps=500))
     _wait_for_step(run, 1)

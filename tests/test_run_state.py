@@ -81,6 +81,7 @@ def _finetune_yaml(tmp_path: Path, steps: int, **overrides) -> Path:
 # -- deaths that cannot write: readers tell ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sigkilled_single_process_run_reads_as_died_within_10s(tmp_path):
     cfg = _finetune_yaml(tmp_path, steps=100000)
     run = tmp_path / "runs" / "victim"
@@ -111,6 +112,7 @@ def test_sigkilled_single_process_run_reads_as_died_within_10s(tmp_path):
     assert " died " in line and f"pid {proc.pid}" in line
 
 
+@pytest.mark.slow
 def test_sigterm_marks_the_run_failed_and_still_terminates(tmp_path):
     cfg = _finetune_yaml(tmp_path, steps=100000)
     run = tmp_path / "runs" / "termed"
@@ -128,6 +130,7 @@ def test_sigterm_marks_the_run_failed_and_still_terminates(tmp_path):
     assert status["error"].startswith("rank 0 was stopped by SIGTERM")
 
 
+@pytest.mark.slow
 def test_run_killed_mid_save_reads_as_died(tmp_path):
     cfg = _finetune_yaml(tmp_path, steps=4, train__checkpoint_every=2)
     # The real CLI, killed by SIGKILL in the save of step 2 after its shards are written.
@@ -138,7 +141,7 @@ def test_run_killed_mid_save_reads_as_died(tmp_path):
     assert proc.returncode == -signal.SIGKILL
     run = tmp_path / "runs" / "cut"
     assert (run / "checkpoints" / ".tmp-step-00000002").is_dir() and not list_checkpoints(run / "checkpoints")
-    summary, took = _reader_state_within(run, "died", timeout=10)
+    summary, _ = _reader_state_within(run, "died", timeout=10)
     assert summary["state"] == "died" and "while running at step 2" in summary["status"]["error"], summary
 
 
@@ -182,6 +185,7 @@ def test_heartbeat_refreshes_a_live_status_and_stops_at_the_end(tmp_path):
 # -- deaths a launcher sees ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sigkill_of_one_demo_rank_fails_the_run_naming_rank_and_signal(tmp_path):
     proc = _workbench(["demo", "--steps", "100000", "--ranks", "2", "--run-id", "d"],
                       WORKBENCH_RUNS_DIR=str(tmp_path))
@@ -206,6 +210,7 @@ def test_sigkill_of_one_demo_rank_fails_the_run_naming_rank_and_signal(tmp_path)
 # -- failures that can write: failed, with the reason --------------------------------------------
 
 
+@pytest.mark.slow
 def test_disk_full_during_the_final_save_fails_the_run_and_frees_the_partial_save(tmp_path, monkeypatch):
     fail_save_at(monkeypatch, step=3, fault="disk_full")
     with pytest.raises(DiskFullError, match=r"disk full while saving step 3: [\d.]+ MiB free on ") as info:

@@ -1,4 +1,7 @@
-"""from_pretrained(path, mesh=) on the generic path reads only this rank's experts of the checkpoint (issue 14 item 1)."""
+"""from_pretrained(path, mesh=) on the generic path reads only this rank's experts of the checkpoint.
+
+Issue 14 item 1.
+"""
 
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ def _load_worker(rank, world, path, mesh_kwargs, tokens):
             "logits": logits}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_rank_reads_only_its_experts_and_equals_vanilla(family, tmp_path):
     path = _save_vanilla(family, tmp_path / "ckpt")
@@ -96,6 +100,7 @@ DAMAGED = {"qwen3_moe": "model.layers.1.mlp.experts.3.up_proj.weight",
            "gpt_oss": "model.layers.1.mlp.experts.down_proj"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(DAMAGED))
 def test_a_missing_tensor_is_refused_on_every_rank_naming_it(family, tmp_path):
     path = _save_vanilla(family, tmp_path / "ckpt")
@@ -104,6 +109,7 @@ def test_a_missing_tensor_is_refused_on_every_rank_naming_it(family, tmp_path):
         assert DAMAGED[family] in message or DAMAGED[family].rsplit(".", 1)[0] in message, message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
 def test_a_tensor_of_the_wrong_shape_is_refused_on_every_rank_naming_it(family, tmp_path):
     path = _save_vanilla(family, tmp_path / "ckpt")
@@ -142,6 +148,7 @@ def _fallback_worker(rank, world, path):
             "key": f"{name}.down_proj", "down": (down.full_tensor() if isinstance(down, DTensor) else down).detach()}
 
 
+@pytest.mark.slow
 def test_a_rule_the_reader_cannot_follow_falls_back_to_transformers_with_one_log_line(tmp_path):
     # Qwen3.5-MoE's multimodal checkpoints keep the text model under model.language_model.: Transformers
     # moves it with a regex PrefixChange the sliced reader does not follow.
@@ -165,6 +172,7 @@ def _bf16_bias_worker(rank, world, path):
     return [(b.dtype, b.detach().clone()) for b in router_biases(model)]
 
 
+@pytest.mark.slow
 def test_a_bf16_model_on_a_mesh_keeps_the_router_bias_float32_with_its_values(tmp_path):
     """Transformers keeps e_score_correction_bias float32 in a bf16 model; a plain .to(bf16) rounded it."""
     model = transformers.AutoModelForCausalLM.from_config(tiny_config("deepseek_v3"))

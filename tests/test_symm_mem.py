@@ -48,9 +48,9 @@ def test_auto_never_picks_symm_mem_on_cpu(world_size, expected):
 def test_constructing_without_cuda_says_what_to_use():
     from workbench.moe.dispatch.symm_mem import SymmMemDispatcher
 
-    with pytest.raises(BackendError, match="CUDA.*alltoall"):
+    with pytest.raises(BackendError, match=r"CUDA.*alltoall"):
         SymmMemDispatcher(8, None)
-    with pytest.raises(BackendError, match="CUDA.*alltoall"):
+    with pytest.raises(BackendError, match=r"CUDA.*alltoall"):
         make_dispatcher("symm_mem", 8, None)
 
 
@@ -88,11 +88,12 @@ def _parity_worker(rank, world, configs):
                          float((a[name].double() - b[name].double()).abs().max()) if a[name].numel() else 0.0,
                          float(a[name].double().abs().max()) if a[name].numel() else 0.0)
         report.append(row)
-    for reference, candidate in dispatchers.values():
+    for _, candidate in dispatchers.values():
         candidate.release()
     return report
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="symm_mem parity needs 2 CUDA GPUs with NVSHMEM")
 def test_symm_mem_equals_alltoall_forward_and_backward_on_2_gpus():
     configs = [
@@ -121,6 +122,7 @@ def test_symm_mem_equals_alltoall_forward_and_backward_on_2_gpus():
                 assert diff <= tol, f"rank {rank} {row['config']} {name}: max |symm_mem - alltoall| = {diff}"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="symm_mem on the generic path needs 2 CUDA GPUs with NVSHMEM")
 @pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3"])
 def test_generic_family_on_symm_mem_equals_alltoall_on_2_gpus(family):

@@ -26,6 +26,7 @@ def test_same_config_gives_identical_losses_twice(tmp_path):
     assert a["run_id"] != b["run_id"]
 
 
+@pytest.mark.slow
 def test_grad_accumulation_equals_one_big_batch(tmp_path):
     # The aux loss is a per-micro-batch statistic; without it, 4 x 2 sequences == 1 x 8 exactly.
     # float32 on the CPU also on a GPU machine ("auto" would pick bf16 on CUDA there)
@@ -40,6 +41,7 @@ def test_grad_accumulation_equals_one_big_batch(tmp_path):
     assert acc_aux == pytest.approx(big, rel=1e-2) and acc_aux != acc
 
 
+@pytest.mark.slow
 def test_loss_decreases_on_the_tiny_data(tmp_path):
     out = finetune(_rc(tmp_path, train__steps=15, train__global_batch_size=8))
     losses = out["losses"]
@@ -131,7 +133,7 @@ def test_rows_missing_fields_or_too_long(tmp_path):
 def test_yaml_with_unknown_keys_is_refused(tmp_path):
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("train:\n  steps: 2\n  learning_rate: 0.1\n")
-    with pytest.raises(ConfigError, match="learning_rate.*allowed keys"):
+    with pytest.raises(ConfigError, match=r"learning_rate.*allowed keys"):
         RunConfig.from_yaml(cfg)
 
 
@@ -189,6 +191,7 @@ def _grad_norm_worker(rank, port, out_dir):
     os._exit(code)
 
 
+@pytest.mark.slow
 def test_grad_norm_and_clipping_span_fsdp_shards_and_expert_shards(tmp_path):
     import torch
     import torch.multiprocessing as mp
@@ -309,6 +312,7 @@ def _diverge_worker(rank, world, tmp, ckpt):
     return None
 
 
+@pytest.mark.slow
 def test_all_ranks_stop_together_on_a_non_finite_loss(tmp_path):
     from launch_utils import run_ranks
 

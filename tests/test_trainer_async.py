@@ -93,6 +93,7 @@ def _dp2_ep2_worker(rank, world, ckpt, out):
             "layers": len(engine_experts_modules(trainer.model)), "loss": trainer.collect(wait=True)[0]["loss"]}
 
 
+@pytest.mark.slow
 def test_a_dp2_ep2_train_step_reads_nothing_back_but_the_dispatch_sizes(tmp_path):
     ckpt = _saved("qwen3_moe", tmp_path / "m")
     results = run_ranks(_dp2_ep2_worker, 2, ckpt, str(tmp_path / "runs"), timeout=300)
@@ -226,6 +227,7 @@ def test_optimizer_without_a_device_flag_is_refused():
     assert not set_skip_flag(torch.optim.AdamW([p], foreach=False), torch.zeros(()))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is for CPU CI")
 @pytest.mark.parametrize("check", ["check_skip", "check_fused_clip"])
 def test_triton_adamw_kernel_honours_the_skip_flag_and_the_clip_coefficient_in_the_interpreter(check):
@@ -293,7 +295,7 @@ def test_torch_fused_adamw_applies_the_clip_coefficient_as_its_grad_scale():
     ps = [torch.nn.Parameter(torch.randn(6, 4)) for _ in range(2)]
     qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
     a, b = torch.optim.AdamW(ps, lr=0.1, fused=True), torch.optim.AdamW(qs, lr=0.1, fused=True)
-    for step in range(3):
+    for _ in range(3):
         for p, q in zip(ps, qs):
             p.grad = 4 * torch.randn_like(p)
             q.grad = p.grad.clone()
@@ -380,10 +382,11 @@ def test_the_run_fails_naming_the_first_bad_step_with_no_checkpoint_after_it(tmp
     assert run.read_status()["state"] == "failed"
     checkpoints = run.path / "checkpoints"
     assert not checkpoints.exists() or not any(checkpoints.iterdir()), list(checkpoints.iterdir())
-    with pytest.raises(Exception):
+    with pytest.raises(Exception, match="no complete checkpoint"):
         resolve_checkpoint(run.path)
 
 
+@pytest.mark.slow
 def test_stop_is_polled_after_the_steps_that_read_the_device(tmp_path):
     """should_stop is asked where the trainer waited anyway (a collective read): every log_every steps here.
 

@@ -513,16 +513,7 @@ def test_figures_follow_the_width_the_browser_reports():
 # -- on a real 2-rank cluster ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    pytest.importorskip("ipyparallel")
-    from workbench.cluster import Cluster
-
-    c = Cluster(n=2, devices="cpu")
-    yield c
-    c.stop()
-
-
+@pytest.mark.slow
 def test_studio_runs_and_profiles_on_a_cluster(cluster, tmp_path):
     from workbench.ui import Studio
 
@@ -568,6 +559,7 @@ def test_studio_runs_and_profiles_on_a_cluster(cluster, tmp_path):
     assert len(studio.profiler.figure.data) == 2
 
 
+@pytest.mark.slow
 def test_run_panel_stop_button_stops_the_run(cluster, tmp_path):
     import time
 

@@ -254,6 +254,6 @@ async def test_an_over_long_metrics_line_is_skipped_not_held(api, served_run, jp
     _append(run.metrics_path, _records(1, 1))
     _append_raw(run.metrics_path, json.dumps({"step": 2, "rank": 0, "pad": "x" * 2**14}) + "\n")
     _append(run.metrics_path, _records(3, 1))
-    code, answer = await api("runs")
+    _, answer = await api("runs")
     assert answer["runs"][0]["step"] == 3 and answer["runs"][0]["metrics_records"] == 4
     assert index.bytes_read == os.path.getsize(run.metrics_path)
