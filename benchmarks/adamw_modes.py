@@ -22,12 +22,30 @@ import triton.language as tl
 from adamw_sweep import model_shapes  # benchmarks/ is this script's folder, first on sys.path
 from cuda_timing import cuda_event_ms
 
-from workbench.kernels.triton_adamw import _f64, _mix32
+from workbench.kernels.triton_adamw import _mix32
 
 
 @triton.jit
-def _probe_kernel(P, G, M, V, COEF, n, beta1, omb1, beta2, omb2, lr_wd, eps, step_size, bc2_sqrt, key,
-                  ONE_HASH: tl.constexpr, FAST_MATH: tl.constexpr, BLOCK: tl.constexpr):
+def _probe_kernel(
+    P,
+    G,
+    M,
+    V,
+    COEF,
+    n,
+    beta1,
+    omb1,
+    beta2,
+    omb2,
+    lr_wd,
+    eps,
+    step_size,
+    bc2_sqrt,
+    key,
+    ONE_HASH: tl.constexpr,
+    FAST_MATH: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     p = tl.load(P + offs, mask=mask, other=0.0).to(tl.float32)
@@ -70,8 +88,15 @@ def main() -> None:
     params = [torch.nn.Parameter(0.02 * torch.randn(s, device="cuda", dtype=torch.bfloat16)) for s in shapes]
     for p in params:
         p.grad = 1e-3 * torch.randn_like(p)
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "layers": args.layers, "tensors": len(shapes), "elements": numel, "rows": []}
+    out = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "layers": args.layers,
+        "tensors": len(shapes),
+        "elements": numel,
+        "rows": [],
+    }
     coef = torch.ones((), device="cuda")
     skip = torch.zeros((), device="cuda")
     for precision in ("bf16", "bf16_sr", "fp32_master"):
@@ -95,17 +120,40 @@ def main() -> None:
     states = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
     for one_hash, fast in ((False, False), (True, False), (False, True), (True, True)):
         for block, warps in ((1024, 4), (2048, 8)):
-            def step():
+
+            def step(one_hash=one_hash, fast=fast, block=block, warps=warps):
                 for p, (m, v) in zip(params, states):
                     n = p.numel()
-                    _probe_kernel[(triton.cdiv(n, block),)](p, p.grad, m, v, coef, n, 0.9, 0.1, 0.999, 0.001, 1e-7,
-                                                            1e-8, 1e-5, 0.5, 12345, ONE_HASH=one_hash,
-                                                            FAST_MATH=fast, BLOCK=block, num_warps=warps,
-                                                            enable_fp_fusion=False)
+                    _probe_kernel[(triton.cdiv(n, block),)](
+                        p,
+                        p.grad,
+                        m,
+                        v,
+                        coef,
+                        n,
+                        0.9,
+                        0.1,
+                        0.999,
+                        0.001,
+                        1e-7,
+                        1e-8,
+                        1e-5,
+                        0.5,
+                        12345,
+                        ONE_HASH=one_hash,
+                        FAST_MATH=fast,
+                        BLOCK=block,
+                        num_warps=warps,
+                        enable_fp_fusion=False,
+                    )
+
             step()
             ms = cuda_event_ms(step, 10)
-            row = {"what": f"probe one_hash={one_hash} fast_math={fast} block={block} warps={warps}", "ms": ms,
-                   "tb_s": 14 * numel / ms / 1e9}
+            row = {
+                "what": f"probe one_hash={one_hash} fast_math={fast} block={block} warps={warps}",
+                "ms": ms,
+                "tb_s": 14 * numel / ms / 1e9,
+            }
             out["rows"].append(row)
             print(json.dumps(row), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -56,33 +56,66 @@ def main() -> None:
     flat[3].abs_()  # exp_avg_sq >= 0
     views, start = [], 0
     for n in sizes:
-        views.append(tuple(f[start:start + n] for f in flat))
+        views.append(tuple(f[start : start + n] for f in flat))
         start += n
     s = adamw_scalars(3, 1e-5, 0.9, 0.999, 1e-8, 0.01)
-    sargs = (_bits(s["beta1"]), _bits(s["omb1"]), _bits(s["beta2"]), _bits(s["omb2"]), _bits(s["lr_wd"]),
-             _bits(s["eps"]), s["step_size"], s["bc2_sqrt"])
+    sargs = (
+        _bits(s["beta1"]),
+        _bits(s["omb1"]),
+        _bits(s["beta2"]),
+        _bits(s["omb2"]),
+        _bits(s["lr_wd"]),
+        _bits(s["eps"]),
+        s["step_size"],
+        s["bc2_sqrt"],
+    )
 
     def launch(tensors, block, warps):
         p, g, m, v = tensors
         n = p.numel()
-        _adamw_kernel[(triton.cdiv(n, block),)](p, g, m, v, n, *sargs, HAS_WD=True, PRECISE=False,
-                                                ROUND_BY_HAND=False, BLOCK=block, num_warps=warps,
-                                                enable_fp_fusion=False)
+        _adamw_kernel[(triton.cdiv(n, block),)](
+            p,
+            g,
+            m,
+            v,
+            n,
+            *sargs,
+            HAS_WD=True,
+            PRECISE=False,
+            ROUND_BY_HAND=False,
+            BLOCK=block,
+            num_warps=warps,
+            enable_fp_fusion=False,
+        )
 
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "layers": args.layers, "tensors": len(sizes), "elements": total, "runs": []}
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "layers": args.layers,
+        "tensors": len(sizes),
+        "elements": total,
+        "runs": [],
+    }
     gb = 14 * total / 1e9
     biggest = max(range(len(sizes)), key=lambda i: sizes[i])
     for block in (1024, 2048, 4096, 8192):
         for warps in (4, 8, 16):
             if block // (32 * warps) < 4:
                 continue
-            per_tensor = cuda_ms(lambda: [launch(t, block, warps) for t in views])
-            one = cuda_ms(lambda: launch(tuple(flat), block, warps))
-            big = cuda_ms(lambda: launch(views[biggest], block, warps))
-            row = {"block": block, "warps": warps, "per_tensor_ms": per_tensor, "per_tensor_tb_s": gb / per_tensor,
-                   "flat_ms": one, "flat_tb_s": gb / one, "biggest_numel": sizes[biggest],
-                   "biggest_tb_s": 14 * sizes[biggest] / 1e9 / big}
+            per_tensor = cuda_ms(lambda block=block, warps=warps: [launch(t, block, warps) for t in views])
+            one = cuda_ms(lambda block=block, warps=warps: launch(tuple(flat), block, warps))
+            big = cuda_ms(lambda block=block, warps=warps: launch(views[biggest], block, warps))
+            row = {
+                "block": block,
+                "warps": warps,
+                "per_tensor_ms": per_tensor,
+                "per_tensor_tb_s": gb / per_tensor,
+                "flat_ms": one,
+                "flat_tb_s": gb / one,
+                "biggest_numel": sizes[biggest],
+                "biggest_tb_s": 14 * sizes[biggest] / 1e9 / big,
+            }
             result["runs"].append(row)
             print(json.dumps(row), flush=True)
     # torch's fused AdamW over the same tensors (its own state, so a separate allocation per step is avoided)

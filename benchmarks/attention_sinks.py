@@ -31,12 +31,12 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workbench.models import attention_sinks as sk  # noqa: E402
+from workbench.models import attention_sinks as sk
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Without a GPU the script smoke-tests itself at tiny shapes (CUDA-only options then report their error).
 B, S, H, HKV, D, WINDOW = (2, 4096, 64, 8, 64, 128) if DEVICE == "cuda" else (2, 64, 8, 2, 16, 8)
-SCALE = D ** -0.5
+SCALE = D**-0.5
 DTYPE = torch.bfloat16
 REPS = 10
 DEADLINE_S = 105  # skip what is left once the script has run this long (the whole must stay < 2 minutes)
@@ -72,11 +72,11 @@ def reference(q, k, v, sinks, dout, window, starts=None):
     per = 2
     g = H // HKV
     for j in range(0, HKV, per):
-        qs = q[:, j * g:(j + per) * g].float().detach().requires_grad_()
-        ks, vs = (t[:, j:j + per].float().detach().requires_grad_() for t in (k, v))
-        ss = sinks[j * g:(j + per) * g].float().detach().requires_grad_()
+        qs = q[:, j * g : (j + per) * g].float().detach().requires_grad_()
+        ks, vs = (t[:, j : j + per].float().detach().requires_grad_() for t in (k, v))
+        ss = sinks[j * g : (j + per) * g].float().detach().requires_grad_()
         o = sk.reference_attention(qs, ks, vs, ss, SCALE, allowed)
-        o.backward(dout[:, :, j * g:(j + per) * g].float())
+        o.backward(dout[:, :, j * g : (j + per) * g].float())
         outs.append(o.detach())
         dq.append(qs.grad)
         dk.append(ks.grad)
@@ -108,6 +108,7 @@ def hf_eager(window):
 
     def run(q, k, v, sinks):
         return eager_attention_forward(_Attn(sinks), q, k, v, mask, scaling=SCALE)[0]
+
     return run
 
 
@@ -127,6 +128,7 @@ def hf_flex(window):
         # a compile of minutes: opt in with WB_FLEX_AUTOTUNE=1; the default compile runs the same kernel family
         module = _Attn(sinks, training=os.environ.get("WB_FLEX_AUTOTUNE") == "1")
         return flex_attention_forward(module, q, k, v, block_mask, scaling=SCALE, s_aux=sinks)[0]
+
     return run
 
 
@@ -134,7 +136,9 @@ def engine(kernel, position_ids=None):
     def make(window):
         def run(q, k, v, sinks):
             return sk.sink_attention(q, k, v, sinks, SCALE, window, position_ids, kernel=kernel)
+
         return run
+
     return make
 
 
@@ -150,7 +154,9 @@ def forced(backend_name, fn):
         def run(q, k, v, sinks):
             with sdpa_kernel([backend]):
                 return fn(q, k, v, sinks)
+
         return run
+
     return make
 
 
@@ -187,8 +193,13 @@ def measure(make, window, refs, starts=None):
     if cuda:
         torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 2**30 if cuda else 0.0
-    got = (out.detach().float(), leaves[0].grad.float(), leaves[1].grad.float(),
-           v_leaf.grad.transpose(1, 2).float(), s_leaf.grad.float() if s_leaf.grad is not None else None)
+    got = (
+        out.detach().float(),
+        leaves[0].grad.float(),
+        leaves[1].grad.float(),
+        v_leaf.grad.transpose(1, 2).float(),
+        s_leaf.grad.float() if s_leaf.grad is not None else None,
+    )
     errors = {}
     key = (window, None if starts is None else "packed")
     if key not in refs:
@@ -206,6 +217,7 @@ def measure(make, window, refs, starts=None):
         for t in (*leaves, v_leaf, s_leaf):
             t.grad = None
         step()
+
     ms = cuda_ms(timed)
     return {"ms_fwd_bwd": ms, "peak_gib": peak, "errors": errors}
 
@@ -214,17 +226,26 @@ def main() -> None:
     out_path = Path(sys.argv[1] if len(sys.argv) > 1 else "attention_sinks.json")
     t0 = time.time()
     import transformers
+
     try:
         import triton
+
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
 
-    report = {"shapes": dict(batch=B, seq=S, heads=H, kv_heads=HKV, head_dim=D, window=WINDOW, dtype=str(DTYPE)),
-              "env": {"torch": torch.__version__, "transformers": transformers.__version__,
-                      "triton": triton_version, "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
-                      "cudnn": torch.backends.cudnn.version()},
-              "module_default": dict(sk.CUDA_KERNEL), "rows": []}
+    report = {
+        "shapes": dict(batch=B, seq=S, heads=H, kv_heads=HKV, head_dim=D, window=WINDOW, dtype=str(DTYPE)),
+        "env": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "triton": triton_version,
+            "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
+            "cudnn": torch.backends.cudnn.version(),
+        },
+        "module_default": dict(sk.CUDA_KERNEL),
+        "rows": [],
+    }
     pos = torch.stack([torch.cat([torch.arange(S * 3 // 8), torch.arange(S - S * 3 // 8)]), torch.arange(S)]).to(DEVICE)
     packed_starts = sk.document_starts(pos, B, S, DEVICE)
     options = [
@@ -269,11 +290,20 @@ def best(rows: list[dict]) -> dict:
         eager = next((r for r in here if r["option"] == "hf_eager"), None)
 
         def exact(r, eager=eager):
-            return all((r["errors"].get(k + "_rel") or 0) <= 3 * max(
-                (eager["errors"].get(k + "_rel") or 0) if eager else 0, 1e-2 / 3)
-                for k in ("out", "dq", "dk", "dv", "dsinks"))
-        ok = [r for r in here if "no_sinks" not in r["option"] and "packed" not in r["option"]
-              and r["option"] not in ("hf_eager", "hf_flex") and exact(r)]
+            return all(
+                (r["errors"].get(k + "_rel") or 0)
+                <= 3 * max((eager["errors"].get(k + "_rel") or 0) if eager else 0, 1e-2 / 3)
+                for k in ("out", "dq", "dk", "dv", "dsinks")
+            )
+
+        ok = [
+            r
+            for r in here
+            if "no_sinks" not in r["option"]
+            and "packed" not in r["option"]
+            and r["option"] not in ("hf_eager", "hf_flex")
+            and exact(r)
+        ]
         if ok:
             win = min(ok, key=lambda r: r["ms_fwd_bwd"])
             out[layer] = {"option": win["option"], "ms_fwd_bwd": win["ms_fwd_bwd"]}
@@ -285,10 +315,13 @@ def print_row(row: dict) -> None:
         print(f"{row['option']:24s} {row['layer']:10s} ERROR {row['error'][:200]}", flush=True)
         return
     e = row["errors"]
-    rel = " ".join(f"{k}={e[k + '_rel']:.1e}" if e.get(k) is not None else f"{k}=-"
-                   for k in ("out", "dq", "dk", "dv", "dsinks"))
-    print(f"{row['option']:24s} {row['layer']:10s} {row['ms_fwd_bwd']:8.3f} ms {row['peak_gib']:7.2f} GiB  "
-          f"rel.err {rel}", flush=True)
+    rel = " ".join(
+        f"{k}={e[k + '_rel']:.1e}" if e.get(k) is not None else f"{k}=-" for k in ("out", "dq", "dk", "dv", "dsinks")
+    )
+    print(
+        f"{row['option']:24s} {row['layer']:10s} {row['ms_fwd_bwd']:8.3f} ms {row['peak_gib']:7.2f} GiB  rel.err {rel}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ Prints one JSON line per process: peak and current RSS in MiB, the corpus and ca
 from __future__ import annotations
 
 import json
-import os
 import resource
 import sys
 import time
@@ -46,8 +45,7 @@ def corpus(folder: Path, gib: float) -> None:
 
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    words = np.array(["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(2, 9)))
-                      for _ in range(5000)])
+    words = np.array(["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(2, 9))) for _ in range(5000)])
     target, written, part = gib * 2**30, 0, 0
     while written < target:
         with pq.ParquetWriter(folder / f"part-{part:03d}.parquet", pa.schema([("text", pa.string())])) as w:
@@ -82,10 +80,22 @@ def main() -> None:
     tokens = 0
     for _ in range(2000):  # 2000 global batches of 8 x 1024 tokens, drawn from all over the shuffled cache
         tokens += stream.next_batch(8, du.rank() * 4, du.rank() * 4 + 4).input_ids.numel()
-    print(json.dumps({"mode": mode, "rank": du.rank(), "world": du.world_size(),
-                      "before": base, "after": _rss_mib(), "seconds": round(built, 1),
-                      "sequences": len(stream.sequences), "cache_mib": _size_mib(folder / "cache"),
-                      "tokens_drawn": tokens}), flush=True)
+    print(
+        json.dumps(
+            {
+                "mode": mode,
+                "rank": du.rank(),
+                "world": du.world_size(),
+                "before": base,
+                "after": _rss_mib(),
+                "seconds": round(built, 1),
+                "sequences": len(stream.sequences),
+                "cache_mib": _size_mib(folder / "cache"),
+                "tokens_drawn": tokens,
+            }
+        ),
+        flush=True,
+    )
     du.shutdown(created)
 
 

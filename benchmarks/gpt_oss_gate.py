@@ -75,6 +75,7 @@ def main(out_path: str) -> None:
                 y = gpt_oss_gate(hh, bias, seg, module.alpha, module.limit, backend=kernel)
             y.backward(dy.to(y.dtype))
             return y, hh.grad, bias.grad
+
         return step
 
     ref = [t.detach() for t in gate_step("torch", fp32=True)()]
@@ -99,6 +100,7 @@ def main(out_path: str) -> None:
             out = add_row_bias(yy * 1.0, bias, seg, backend=kernel)  # * 1.0: a GEMM output stand-in
             out.backward(dyh.to(out.dtype))
             return out, yy.grad, bias.grad
+
         return step
 
     ref = bias_step("torch", fp32=True)()
@@ -125,6 +127,7 @@ def main(out_path: str) -> None:
             y = expert_rows(module, xx, tpe)
             y.backward(dyx)
             return [y, xx.grad] + [p.grad for p in module.parameters()]
+
         return step
 
     ref = [t.detach().float() for t in rows_step("torch")()]

@@ -34,8 +34,13 @@ def _engine(cfg, checkpointing: bool):
     from workbench import AutoModelForCausalLM, BackendConfig
     from workbench.config import LoraConfig
 
-    model = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(), dtype=torch.bfloat16, seed=0,
-                                             lora=LoraConfig(rank=RANK, alpha=ALPHA, targets=("attention", "experts")))
+    model = AutoModelForCausalLM.from_config(
+        cfg,
+        backend=BackendConfig(),
+        dtype=torch.bfloat16,
+        seed=0,
+        lora=LoraConfig(rank=RANK, alpha=ALPHA, targets=("attention", "experts")),
+    )
     if checkpointing:
         from workbench.train.activation_checkpoint import apply_activation_checkpointing
 
@@ -47,13 +52,18 @@ def _peft(cfg, checkpointing: bool):
     import peft
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16,
-                                                          experts_implementation="grouped_mm")
+    model = transformers.AutoModelForCausalLM.from_config(
+        cfg, dtype=torch.bfloat16, experts_implementation="grouped_mm"
+    )
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
-    config = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-                             target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    config = peft.LoraConfig(
+        r=RANK,
+        lora_alpha=ALPHA,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+    )
     return peft.get_peft_model(model, config)
 
 
@@ -72,9 +82,17 @@ def main() -> None:
 
     device = torch.device("cuda" if cuda else "cpu")
     cfg = preset_config(args.preset, args.layers)
-    result = {"mode": args.mode, "preset": args.preset, "layers": cfg.num_hidden_layers, "seq": args.seq, "batch": 1,
-              "rank": RANK, "alpha": ALPHA, "targets": ["q/k/v/o", "experts.gate_up_proj", "experts.down_proj"],
-              "torch": torch.__version__}
+    result = {
+        "mode": args.mode,
+        "preset": args.preset,
+        "layers": cfg.num_hidden_layers,
+        "seq": args.seq,
+        "batch": 1,
+        "rank": RANK,
+        "alpha": ALPHA,
+        "targets": ["q/k/v/o", "experts.gate_up_proj", "experts.down_proj"],
+        "torch": torch.__version__,
+    }
     try:
         t0 = time.perf_counter()
         with device:
@@ -100,9 +118,13 @@ def main() -> None:
             losses.append(float(loss))  # a sync: the step is done
             if step >= args.warmup:
                 times.append(time.perf_counter() - start)
-        result.update(losses=losses, loss_falls=losses[-1] < losses[0], step_s_median=statistics.median(times),
-                      tokens_per_s=args.seq / statistics.median(times),
-                      peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None)
+        result.update(
+            losses=losses,
+            loss_falls=losses[-1] < losses[0],
+            step_s_median=statistics.median(times),
+            tokens_per_s=args.seq / statistics.median(times),
+            peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        )
     except Exception as err:  # noqa: BLE001 - recorded: an OOM is a result here
         result.update(error=f"{type(err).__name__}: {str(err)[:800]}", traceback=traceback.format_exc()[-3000:])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

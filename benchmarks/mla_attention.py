@@ -50,21 +50,33 @@ def main() -> None:
     grad = torch.randn(*shape, args.v_dim, device="cuda", dtype=torch.bfloat16)
     small = slice(0, 1024)  # the float32 reference at a quarter of the sequence (memory)
     qs, ks, vs = (t[:, :, small].detach().float() for t in (q, k, v))
-    ref = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=args.qk_dim ** -0.5)
+    ref = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=args.qk_dim**-0.5)
     cases = {
-        "sdpa_default": (None, False), "sdpa_efficient": (SDPBackend.EFFICIENT_ATTENTION, False),
-        "sdpa_cudnn": (SDPBackend.CUDNN_ATTENTION, False), "sdpa_flash": (SDPBackend.FLASH_ATTENTION, False),
-        "flash_pad_v": (SDPBackend.FLASH_ATTENTION, True), "cudnn_pad_v": (SDPBackend.CUDNN_ATTENTION, True),
+        "sdpa_default": (None, False),
+        "sdpa_efficient": (SDPBackend.EFFICIENT_ATTENTION, False),
+        "sdpa_cudnn": (SDPBackend.CUDNN_ATTENTION, False),
+        "sdpa_flash": (SDPBackend.FLASH_ATTENTION, False),
+        "flash_pad_v": (SDPBackend.FLASH_ATTENTION, True),
+        "cudnn_pad_v": (SDPBackend.CUDNN_ATTENTION, True),
     }
-    result: dict = {"args": vars(args), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                    "cudnn": torch.backends.cudnn.version(), "cases": {}}
+    result: dict = {
+        "args": vars(args),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "cases": {},
+    }
     for name, (backend, pad_v) in cases.items():
         try:
             with torch.no_grad():
-                err = (attention(q[:, :, small], k[:, :, small], v[:, :, small], backend, pad_v).float()
-                       - ref).abs().max().item()
+                err = (
+                    (attention(q[:, :, small], k[:, :, small], v[:, :, small], backend, pad_v).float() - ref)
+                    .abs()
+                    .max()
+                    .item()
+                )
 
-            def step():
+            def step(backend=backend, pad_v=pad_v):
                 q.grad = k.grad = v.grad = None
                 attention(q, k, v, backend, pad_v).backward(grad)
 

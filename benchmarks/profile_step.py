@@ -27,11 +27,17 @@ def ce_microbench(tokens: int, hidden: int, vocab: int) -> dict:
     h = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = (0.02 * torch.randn(vocab, hidden, device="cuda")).to(torch.bfloat16).requires_grad_()
     y = torch.randint(0, vocab, (tokens,), device="cuda")
-    out = {"tokens": tokens, "hidden": hidden, "vocab": vocab,
-           "matmul_floor_ms": 6 * tokens * hidden * vocab / 794e12 * 1e3}
+    out = {
+        "tokens": tokens,
+        "hidden": hidden,
+        "vocab": vocab,
+        "matmul_floor_ms": 6 * tokens * hidden * vocab / 794e12 * 1e3,
+    }
     for name, use_triton in (("torch", False), ("triton", True)):
-        def step():
+
+        def step(use_triton=use_triton):
             fused_linear_cross_entropy(h, w, y, use_triton=use_triton).backward()
+
         step()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -46,8 +52,10 @@ def adamw_microbench(numel: int = 1 << 28) -> dict:
     from workbench.train.optim import TritonAdamW
 
     out = {"numel": numel}
-    for name, make in (("triton", lambda ps: TritonAdamW(ps, lr=1e-4)),
-                       ("torch_fused", lambda ps: torch.optim.AdamW(ps, lr=1e-4, fused=True))):
+    for name, make in (
+        ("triton", lambda ps: TritonAdamW(ps, lr=1e-4)),
+        ("torch_fused", lambda ps: torch.optim.AdamW(ps, lr=1e-4, fused=True)),
+    ):
         p = torch.nn.Parameter(torch.randn(numel, device="cuda", dtype=torch.bfloat16))
         p.grad = torch.randn_like(p)
         opt = make([p])
@@ -80,8 +88,15 @@ def adamw_in_model(train_step, params: list, configs: str) -> list[dict]:
         for p in params:
             p.grad = torch.randn_like(p)
         alone = cuda_event_ms(opt.step, 5)
-        rows.append({"block": block, "warps": warps, "step_ms": step_ms, "alone_ms": alone,
-                     "alone_tb_s": 14 * numel / alone / 1e9})
+        rows.append(
+            {
+                "block": block,
+                "warps": warps,
+                "step_ms": step_ms,
+                "alone_ms": alone,
+                "alone_tb_s": 14 * numel / alone / 1e9,
+            }
+        )
         opt.zero_grad(set_to_none=True)
         opt.state.clear()  # this setting's moments go before the next setting's are made
         torch.cuda.empty_cache()
@@ -101,8 +116,11 @@ def main() -> None:
     p.add_argument("--out", default="profile-out")
     p.add_argument("--no-ce-bench", action="store_true")
     p.add_argument("--anchor", action="store_true", help="profile the Transformers v5 anchor instead")
-    p.add_argument("--adamw-configs", default="",
-                   help="BLOCKxWARPS list (e.g. 4096x8,1024x4): time TritonAdamW.step alone on the model's tensors")
+    p.add_argument(
+        "--adamw-configs",
+        default="",
+        help="BLOCKxWARPS list (e.g. 4096x8,1024x4): time TritonAdamW.step alone on the model's tensors",
+    )
     args = p.parse_args()
 
     import workbench
@@ -157,14 +175,18 @@ def main() -> None:
     result["step_ms"] = cuda_event_ms(step, 5)
     result["tokens_per_s"] = args.batch * args.seq / result["step_ms"] * 1e3
     result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    print(f"step {result['step_ms']:.1f} ms, {result['tokens_per_s']:,.0f} tokens/s, peak {result['peak_gib']:.1f} GiB",
-          flush=True)
+    print(
+        f"step {result['step_ms']:.1f} ms, {result['tokens_per_s']:,.0f} tokens/s, peak {result['peak_gib']:.1f} GiB",
+        flush=True,
+    )
     if args.adamw_configs and not args.anchor:
-        result["adamw_in_model"] = adamw_in_model(train_step, [p for g in opt.param_groups for p in g["params"]],
-                                                  args.adamw_configs)
+        result["adamw_in_model"] = adamw_in_model(
+            train_step, [p for g in opt.param_groups for p in g["params"]], args.adamw_configs
+        )
     steps = 2
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                            torch.profiler.ProfilerActivity.CUDA], record_shapes=True) as prof:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA], record_shapes=True
+    ) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()

@@ -29,7 +29,9 @@ def idle_gaps(prof, min_us: float = 20.0) -> dict:
     for evt in prof.events():
         if str(evt.device_type).endswith("CUDA") and evt.time_range.elapsed_us() > 0:
             kernels.append((evt.time_range.start, evt.time_range.end, evt.name))
-        elif str(evt.device_type).endswith("CPU") and evt.name.startswith(("aten::", "workbench.", "cuda", "Optimizer")):
+        elif str(evt.device_type).endswith("CPU") and evt.name.startswith(
+            ("aten::", "workbench.", "cuda", "Optimizer")
+        ):
             cpu_ops.append((evt.time_range.start, evt.time_range.end, evt.name))
     kernels.sort()
     if not kernels:
@@ -49,10 +51,18 @@ def idle_gaps(prof, min_us: float = 20.0) -> dict:
         inner = [op for op in cpu_ops if op[0] <= t <= op[1]]
         return min(inner, key=lambda op: op[1] - op[0])[2] if inner else ""
 
-    top = [{"gap_us": g, "after": a[:90], "before": b[:90], "cpu_op_at_gap_start": cpu_at(t)}
-           for g, t, a, b in gaps[:25] if g >= min_us]
-    return {"wall_ms": wall / 1e3, "busy_ms": busy / 1e3, "idle_ms": (wall - busy) / 1e3,
-            "gaps_over_min": sum(1 for g in gaps if g[0] >= min_us), "top_gaps": top}
+    top = [
+        {"gap_us": g, "after": a[:90], "before": b[:90], "cpu_op_at_gap_start": cpu_at(t)}
+        for g, t, a, b in gaps[:25]
+        if g >= min_us
+    ]
+    return {
+        "wall_ms": wall / 1e3,
+        "busy_ms": busy / 1e3,
+        "idle_ms": (wall - busy) / 1e3,
+        "gaps_over_min": sum(1 for g in gaps if g[0] >= min_us),
+        "top_gaps": top,
+    }
 
 
 def profile_mode(args, precision: str, out_dir: Path) -> dict:
@@ -64,12 +74,25 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
 
     runs = Path(tempfile.mkdtemp(prefix="prof-trainer-"))
     steps = args.warmup + args.steps + 2
-    train = TrainConfig(steps=steps, global_batch_size=args.batch, local_batch_size=args.batch, lr=1e-5, seed=0,
-                        optimizer=args.optimizer, precision=precision, save_final_checkpoint=False, log_every=steps)
-    rc = RunConfig(model=ModelConfig(preset=args.preset, layers=args.layers, dtype="bfloat16"),
-                   backend=BackendConfig(fused_ce=True, gate=args.gate),
-                   data=DataConfig(kind="synthetic", seq_len=args.seq), train=train, output_dir=str(runs),
-                   run_id=f"prof-{precision}")
+    train = TrainConfig(
+        steps=steps,
+        global_batch_size=args.batch,
+        local_batch_size=args.batch,
+        lr=1e-5,
+        seed=0,
+        optimizer=args.optimizer,
+        precision=precision,
+        save_final_checkpoint=False,
+        log_every=steps,
+    )
+    rc = RunConfig(
+        model=ModelConfig(preset=args.preset, layers=args.layers, dtype="bfloat16"),
+        backend=BackendConfig(fused_ce=True, gate=args.gate),
+        data=DataConfig(kind="synthetic", seq_len=args.seq),
+        train=train,
+        output_dir=str(runs),
+        run_id=f"prof-{precision}",
+    )
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     trainer = Trainer(rc)
@@ -89,15 +112,24 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
     stop.record()
     records = trainer.collect(wait=True)
     step_ms = start.elapsed_time(stop) / args.steps
-    res = {"precision": precision, "optimizer": args.optimizer, "build_s": build_s, "step_ms_queued": step_ms,
-           "tokens_per_s": args.batch * args.seq / step_ms * 1e3,
-           "records_median_ms": {k: 1e3 * statistics.median(r[k] for r in records)
-                                 for k in ("step_time_s", "forward_s", "backward_s", "optimizer_s") if k in records[0]},
-           "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
-           "optimizer_updates": dict(getattr(trainer.optimizer, "updates", {}))}
-    print(precision, json.dumps({k: v for k, v in res.items()}), flush=True)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+    res = {
+        "precision": precision,
+        "optimizer": args.optimizer,
+        "build_s": build_s,
+        "step_ms_queued": step_ms,
+        "tokens_per_s": args.batch * args.seq / step_ms * 1e3,
+        "records_median_ms": {
+            k: 1e3 * statistics.median(r[k] for r in records)
+            for k in ("step_time_s", "forward_s", "backward_s", "optimizer_s")
+            if k in records[0]
+        },
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "optimizer_updates": dict(getattr(trainer.optimizer, "updates", {})),
+    }
+    print(precision, json.dumps(res), flush=True)
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    ) as prof:
         for _ in range(2):
             step += 1
             trainer.train_step(step)
@@ -124,9 +156,15 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
         shutil.copyfileobj(src, dst)
     trace.unlink()
     tl = res["gpu_timeline"]
-    print(f"{precision}: wall {tl.get('wall_ms', 0):.1f} ms busy {tl.get('busy_ms', 0):.1f} idle {tl.get('idle_ms', 0):.1f}")
+    print(
+        f"{precision}: wall {tl.get('wall_ms', 0):.1f} ms busy {tl.get('busy_ms', 0):.1f} "
+        f"idle {tl.get('idle_ms', 0):.1f}"
+    )
     for g in tl.get("top_gaps", [])[:12]:
-        print(f"  gap {g['gap_us']:8.0f} us  cpu={g['cpu_op_at_gap_start'][:40]:40s} after={g['after'][:50]} before={g['before'][:50]}")
+        print(
+            f"  gap {g['gap_us']:8.0f} us  cpu={g['cpu_op_at_gap_start'][:40]:40s} "
+            f"after={g['after'][:50]} before={g['before'][:50]}"
+        )
     for name, ms in res["top_kernels_ms_per_step"][:20]:
         print(f"  {ms:8.2f} ms  {name[:110]}")
     del trainer

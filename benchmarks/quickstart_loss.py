@@ -37,15 +37,26 @@ def main() -> int:
         model=ModelConfig(preset=args.preset, layers=None if tiny else args.layers),
         data=DataConfig(kind="jsonl", seq_len=args.seq),
         backend=BackendConfig(fused_ce=not tiny),
-        train__steps=args.steps, train__local_batch_size=args.local_batch,
-        train__global_batch_size=args.local_batch, train__lr=3e-3 if tiny else 3e-4,
+        train__steps=args.steps,
+        train__local_batch_size=args.local_batch,
+        train__global_batch_size=args.local_batch,
+        train__lr=3e-3 if tiny else 3e-4,
         train__save_final_checkpoint=False,
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config.to_yaml(out / "quickstart.yaml")
-    cmd = [sys.executable, "-m", "workbench.cli", "finetune", str(out / "quickstart.yaml"),
-           "--output-dir", str(out / "runs"), "--run-id", "quickstart"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "workbench.cli",
+        "finetune",
+        str(out / "quickstart.yaml"),
+        "--output-dir",
+        str(out / "runs"),
+        "--run-id",
+        "quickstart",
+    ]
     done = subprocess.run(cmd)
     if done.returncode != 0:
         return done.returncode

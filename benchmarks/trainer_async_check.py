@@ -34,8 +34,15 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     out = tempfile.mkdtemp()
-    rc = RunConfig.demo(output_dir=out, train__steps=100, train__log_every=100, train__global_batch_size=4,
-                        train__local_batch_size=2, data__seq_len=128, train__save_final_checkpoint=False)
+    rc = RunConfig.demo(
+        output_dir=out,
+        train__steps=100,
+        train__log_every=100,
+        train__global_batch_size=4,
+        train__local_batch_size=2,
+        data__seq_len=128,
+        train__save_final_checkpoint=False,
+    )
     trainer = Trainer(rc)
     trainer.setup()
     print("optimizer:", type(trainer.optimizer).__name__, "device skip flag:", trainer._device_skip)
@@ -68,8 +75,11 @@ def main() -> None:
 
     records = trainer.collect(wait=True)
     for r in records:
-        print(f"  step {r['step']}: loss {r['loss']:.4f} grad_norm {r['grad_norm']:.3f} "
-              f"step {r['step_time_s'] * 1e3:.1f} ms (fwd {r['forward_s'] * 1e3:.1f} bwd {r['backward_s'] * 1e3:.1f} opt {r['optimizer_s'] * 1e3:.1f})")
+        print(
+            f"  step {r['step']}: loss {r['loss']:.4f} grad_norm {r['grad_norm']:.3f} "
+            f"step {r['step_time_s'] * 1e3:.1f} ms (fwd {r['forward_s'] * 1e3:.1f} "
+            f"bwd {r['backward_s'] * 1e3:.1f} opt {r['optimizer_s'] * 1e3:.1f})"
+        )
 
     from test_trainer_async import check_skip
 

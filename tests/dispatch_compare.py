@@ -26,13 +26,19 @@ def round_trip(dispatcher, x_TD, ids_TK, w_TK, grad_out_TD, expert_scale_E_local
     x = x_TD.clone().requires_grad_(True)
     w = w_TK.clone().requires_grad_(True)
     x_by_expert, tokens_per_expert, handle = dispatcher.dispatch(x, ids_TK, w)
-    scale_rows = torch.repeat_interleave(expert_scale_E_local, tokens_per_expert, dim=0,
-                                         output_size=x_by_expert.shape[0])
+    scale_rows = torch.repeat_interleave(
+        expert_scale_E_local, tokens_per_expert, dim=0, output_size=x_by_expert.shape[0]
+    )
     y = torch.tanh(x_by_expert) * scale_rows[:, None].to(x_by_expert.dtype)
     out = dispatcher.combine(y, handle)
     out.backward(grad_out_TD)
-    return {"x_by_expert": x_by_expert.detach(), "tokens_per_expert": tokens_per_expert, "out": out.detach(),
-            "grad_x": x.grad, "grad_w": w.grad}
+    return {
+        "x_by_expert": x_by_expert.detach(),
+        "tokens_per_expert": tokens_per_expert,
+        "out": out.detach(),
+        "grad_x": x.grad,
+        "grad_w": w.grad,
+    }
 
 
 def bench_worker(rank, world, candidate, num_tokens, top_k, hidden, num_experts, iters):
@@ -73,16 +79,19 @@ def bench_worker(rank, world, candidate, num_tokens, top_k, hidden, num_experts,
 
 def print_bench(results, num_tokens, top_k, hidden, num_experts, iters) -> None:
     """The timing table of `bench_worker` results, one row per rank and dispatcher."""
-    print(f"torch {torch.__version__}; {num_tokens} tokens x top-{top_k} x {hidden} bf16 per rank, "
-          f"{num_experts} experts over 2 ranks; median of {iters} (CUDA events), ms")
+    print(
+        f"torch {torch.__version__}; {num_tokens} tokens x top-{top_k} x {hidden} bf16 per rank, "
+        f"{num_experts} experts over 2 ranks; median of {iters} (CUDA events), ms"
+    )
     print(f"{'dispatcher':<10} {'rank':>4} {'fwd':>9} {'fwd+bwd':>9}")
     for rank, rows in enumerate(results):
         for name, t in rows.items():
             print(f"{name:<10} {rank:>4} {t['fwd']:>9.3f} {t['fwd+bwd']:>9.3f}")
 
 
-def bench_two_gpus(run_gpu_ranks, candidate: str, num_tokens=8192, top_k=8, hidden=2048, num_experts=128,
-                   iters=20) -> None:
+def bench_two_gpus(
+    run_gpu_ranks, candidate: str, num_tokens=8192, top_k=8, hidden=2048, num_experts=128, iters=20
+) -> None:
     """Script mode of a dispatcher test: median ms of `candidate` and alltoall on 2 GPUs, as a table."""
     if torch.cuda.device_count() < 2:
         sys.exit("--bench needs 2 CUDA GPUs")
@@ -106,15 +115,23 @@ def generic_family_grads(rank: int, world: int, family: str, dispatchers: tuple[
 
     cfg = tiny_config(family, hidden_size=64, head_dim=16)  # 128-byte bf16 rows: symm_mem's and DeepEP's multiples
     ids = torch.randint(0, cfg.vocab_size, (2 * world, 32), generator=torch.Generator().manual_seed(5))
-    mine = ids[2 * rank:2 * rank + 2].cuda()
+    mine = ids[2 * rank : 2 * rank + 2].cuda()
     out = {}
     for name in dispatchers:
-        model = AutoModelForCausalLM.from_config(cfg, mesh=MeshConfig(dp=world, ep=world), seed=3, dtype=torch.bfloat16,
-                                                 backend=BackendConfig(dispatcher=name, experts="grouped_mm"))
+        model = AutoModelForCausalLM.from_config(
+            cfg,
+            mesh=MeshConfig(dp=world, ep=world),
+            seed=3,
+            dtype=torch.bfloat16,
+            backend=BackendConfig(dispatcher=name, experts="grouped_mm"),
+        )
         loss = model(input_ids=mine, labels=mine).loss
         loss.backward()
-        grads = {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).float().cpu()
-                 for n, p in model.named_parameters() if p.grad is not None}
+        grads = {
+            n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).float().cpu()
+            for n, p in model.named_parameters()
+            if p.grad is not None
+        }
         out[name] = {"loss": float(loss), "grads": grads}
         close_dispatchers(model)
     return out
@@ -128,5 +145,6 @@ def check_generic_family_grads(results: list[dict], reference: str, candidate: s
         assert a["grads"].keys() == b["grads"].keys()
         for n, g in a["grads"].items():
             diff = float((g - b["grads"][n]).abs().max())
-            assert diff <= 5e-2 * max(float(g.abs().max()), 1e-2), \
+            assert diff <= 5e-2 * max(float(g.abs().max()), 1e-2), (
                 f"rank {rank} {n}: |{candidate} - {reference}| {diff}"
+            )

@@ -17,8 +17,9 @@ from workbench.parallel.launch import free_port
 
 def _worker(rank: int, world: int, port: int, store_file: str, backend: str, env: dict, fn, args, conn) -> None:
     os.environ.update(env)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
     try:
         import torch
 
@@ -55,8 +56,10 @@ def run_ranks(fn, world: int, *args, timeout: float = 240.0, backend: str = "glo
     port = free_port()
     store_file = tempfile.mktemp(prefix="wb-gloo-store-")
     pipes = [ctx.Pipe(duplex=False) for _ in range(world)]
-    procs = [ctx.Process(target=_worker, args=(r, world, port, store_file, backend, env or {}, fn, args, pipes[r][1]))
-             for r in range(world)]
+    procs = [
+        ctx.Process(target=_worker, args=(r, world, port, store_file, backend, env or {}, fn, args, pipes[r][1]))
+        for r in range(world)
+    ]
     results: dict[int, object] = {}
     ok = False
     try:
@@ -68,16 +71,19 @@ def run_ranks(fn, world: int, *args, timeout: float = 240.0, backend: str = "glo
         while pending:
             ready = wait(list(pending), timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
-                raise TimeoutError(f"ranks {sorted(pending.values())} of {world} sent no result within {timeout:.0f} s "
-                                   f"(alive: {[r for r in sorted(pending.values()) if procs[r].is_alive()]})")
+                raise TimeoutError(
+                    f"ranks {sorted(pending.values())} of {world} sent no result within {timeout:.0f} s "
+                    f"(alive: {[r for r in sorted(pending.values()) if procs[r].is_alive()]})"
+                )
             for conn in ready:
                 rank = pending.pop(conn)
                 try:
                     state, payload = pickle.loads(conn.recv_bytes())
                 except EOFError:
                     procs[rank].join(timeout=10)
-                    raise RuntimeError(f"rank {rank} exited without a result (exit code "
-                                       f"{procs[rank].exitcode})") from None
+                    raise RuntimeError(
+                        f"rank {rank} exited without a result (exit code {procs[rank].exitcode})"
+                    ) from None
                 if state == "error":
                     raise RuntimeError(f"rank {rank} failed:\n{payload}")
                 results[rank] = payload

@@ -33,10 +33,14 @@ def _tapped(run_config, callbacks, drop: range | None):
     def tap(message: dict) -> None:
         first, last = _range(message)
         dropped = drop is not None and first <= drop.stop - 1 and last >= drop.start
-        entry = {"first": first, "last": last, "steps": [r["step"] for r in message["records"]],
-                 "loads": sum(1 for r in message["records"] if r.get("expert_load")),
-                 "bytes": sum(memoryview(b).nbytes for b in serialize_object(message)),
-                 "dropped": dropped}
+        entry = {
+            "first": first,
+            "last": last,
+            "steps": [r["step"] for r in message["records"]],
+            "loads": sum(1 for r in message["records"] if r.get("expert_load")),
+            "bytes": sum(memoryview(b).nbytes for b in serialize_object(message)),
+            "dropped": dropped,
+        }
         with open(log, "a") as f:
             f.write(json.dumps(entry) + "\n")
         if not dropped:

@@ -28,8 +28,13 @@ def _param(n: int = 7, dtype: torch.dtype = torch.float32) -> torch.nn.Parameter
 def test_the_kernel_is_decided_when_the_optimizer_is_built(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert TritonAdamW([_param()]).kernel == "torch"  # CPU parameters, no interpreter: backends says torch
-    monkeypatch.setattr(optim, "availability", lambda field, choice, device, world_size=1: (
-        (True, "") if torch.device(device).type == "cuda" else (False, "needs CUDA")))
+    monkeypatch.setattr(
+        optim,
+        "availability",
+        lambda field, choice, device, world_size=1: (
+            (True, "") if torch.device(device).type == "cuda" else (False, "needs CUDA")
+        ),
+    )
     groups = [{"params": [_param(dtype=torch.bfloat16)]}]  # bf16: bf16_sr needs the workbench AdamW
     assert make_adamw(groups, "adamw", torch.device("cuda"), lr=1e-3).kernel == "triton"
     assert make_adamw(groups, "adamw", torch.device("cuda"), lr=1e-3, precision="bf16_sr").kernel == "triton"
@@ -103,8 +108,14 @@ def test_launch_shapes_in_the_interpreter():
         check_launch_shapes("cpu")
         print("LAUNCH OK")
     """)
-    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "TRITON_INTERPRET": "1"},
-                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0 and "LAUNCH OK" in proc.stdout, proc.stdout + proc.stderr
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from dispatch_compare import random_routing, round_trip
 from launch_utils import run_ranks
 
@@ -28,17 +27,24 @@ def _worker(rank: int, world: int, T: int, E: int, K: int, D: int) -> dict:
     L = E // world
     x, ids, w, grad_out = ranks[rank]
     dispatcher = make_dispatcher("alltoall", E, dist.group.WORLD)
-    got = round_trip(dispatcher, x, ids, w, grad_out, scale_E[rank * L:(rank + 1) * L])
+    got = round_trip(dispatcher, x, ids, w, grad_out, scale_E[rank * L : (rank + 1) * L])
     ref = round_trip(LocalDispatcher(E), x, ids, w, grad_out, scale_E)
     # the rows this rank's experts see: expert, then source rank, then source token
-    expected_rows = [src_x[t] for e in range(rank * L, (rank + 1) * L)
-                     for src_x, src_ids, _, _ in ranks for t in range(T) if (src_ids[t] == e).any()]
+    expected_rows = [
+        src_x[t]
+        for e in range(rank * L, (rank + 1) * L)
+        for src_x, src_ids, _, _ in ranks
+        for t in range(T)
+        if (src_ids[t] == e).any()
+    ]
     _, _, handle = dispatcher.dispatch(x, ids, w)
     pairs = torch.zeros(T, world, dtype=torch.bool).scatter_(1, ids // L, True)
     return {
         "rows_equal": torch.equal(got["x_by_expert"], torch.stack(expected_rows)),
         "tokens_per_expert": got["tokens_per_expert"].tolist(),
-        "expected_tokens_per_expert": [sum(int((r[1] == e).sum()) for r in ranks) for e in range(rank * L, (rank + 1) * L)],
+        "expected_tokens_per_expert": [
+            sum(int((r[1] == e).sum()) for r in ranks) for e in range(rank * L, (rank + 1) * L)
+        ],
         "errors": {k: (got[k] - ref[k]).abs().max().item() for k in ("out", "grad_x", "grad_w")},
         "scale": {k: ref[k].abs().max().item() for k in ("out", "grad_x", "grad_w")},
         "rows_sent": sum(handle.send_splits),
@@ -77,8 +83,10 @@ def _worker_cuda(rank: int, world: int) -> dict:
     scale = (torch.rand(E, generator=g) + 0.5).to(device)
     got = round_trip(make_dispatcher("alltoall", E, dist.group.WORLD), x, ids, w.to(torch.bfloat16), grad_out, scale)
     ref = round_trip(LocalDispatcher(E), x, ids, w.to(torch.bfloat16), grad_out, scale)
-    return {k: ((got[k].float() - ref[k].float()).norm() / ref[k].float().norm()).item()
-            for k in ("x_by_expert", "out", "grad_x", "grad_w")}
+    return {
+        k: ((got[k].float() - ref[k].float()).norm() / ref[k].float().norm()).item()
+        for k in ("x_by_expert", "out", "grad_x", "grad_w")
+    }
 
 
 @pytest.mark.slow

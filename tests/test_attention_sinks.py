@@ -123,8 +123,9 @@ def _qkv(b=2, h=4, hkv=2, s=SEQ, d=8, seed=4):
 
 def _fwd_bwd(fn, q, k, v, sinks):
     out = fn()
-    grads = torch.autograd.grad((out * torch.randn(out.shape, generator=torch.Generator().manual_seed(5))).sum(),
-                                (q, k, v, sinks))
+    grads = torch.autograd.grad(
+        (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(5))).sum(), (q, k, v, sinks)
+    )
     return (out, *grads)
 
 
@@ -165,8 +166,14 @@ class _VarlenOnCpu(sinks_mod._FlashVarlen):
         outs, lses = [], []
         for a, b in self._segments():
             o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                self._bhsd(q[a:b], 1), self._bhsd(k[a:b], rep), self._bhsd(v[a:b], rep), 0.0, False,
-                attn_mask=self._mask(b - a, q.dtype), scale=self.scaling)
+                self._bhsd(q[a:b], 1),
+                self._bhsd(k[a:b], rep),
+                self._bhsd(v[a:b], rep),
+                0.0,
+                False,
+                attn_mask=self._mask(b - a, q.dtype),
+                scale=self.scaling,
+            )
             outs.append(o[0].transpose(0, 1))
             lses.append(lse[0])
         return torch.cat(outs).contiguous(), torch.cat(lses, dim=1).contiguous(), None
@@ -176,9 +183,17 @@ class _VarlenOnCpu(sinks_mod._FlashVarlen):
         dq, dk, dv = [], [], []
         for a, b in self._segments():
             g = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                self._bhsd(dout[a:b], 1), self._bhsd(q[a:b], 1), self._bhsd(k[a:b], rep), self._bhsd(v[a:b], rep),
-                self._bhsd(out[a:b], 1), lse[:, a:b][None].contiguous(), 0.0, False,
-                attn_mask=self._mask(b - a, q.dtype), scale=self.scaling)
+                self._bhsd(dout[a:b], 1),
+                self._bhsd(q[a:b], 1),
+                self._bhsd(k[a:b], rep),
+                self._bhsd(v[a:b], rep),
+                self._bhsd(out[a:b], 1),
+                lse[:, a:b][None].contiguous(),
+                0.0,
+                False,
+                attn_mask=self._mask(b - a, q.dtype),
+                scale=self.scaling,
+            )
             dq.append(g[0][0].transpose(0, 1))
             for acc, t in ((dk, g[1]), (dv, g[2])):
                 t = t[0].view(k.shape[1], rep, b - a, -1).sum(1)  # fold the repeated heads back (GQA)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from launch_utils import run_ranks
 from generic_families import tiny_config
+from launch_utils import run_ranks
 from tiny_models import tiny_qwen3_moe
 
 from workbench import BackendConfig, BackendError
@@ -69,11 +69,18 @@ def _dense_worker(rank, world):
     from workbench.models.auto import AutoModelForCausalLM
     from workbench.parallel.mesh import MeshConfig
 
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                      num_attention_heads=2, num_key_value_heads=2)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
     with pytest.raises(BackendError, match=EP_RULE):  # a dense model's mesh has ep=1: no dispatcher exchanges
-        AutoModelForCausalLM.from_config(config, backend=BackendConfig(dispatcher="symm_mem"),
-                                         mesh=MeshConfig(dp=2, ep=1))
+        AutoModelForCausalLM.from_config(
+            config, backend=BackendConfig(dispatcher="symm_mem"), mesh=MeshConfig(dp=2, ep=1)
+        )
     model = AutoModelForCausalLM.from_config(config, mesh=MeshConfig(dp=2, ep=1))
     return type(model).__name__
 
@@ -121,9 +128,18 @@ def test_the_ep_rule_is_said_before_what_the_machine_lacks(dispatcher):
 # ---------------------------------------------------------------- the resolver's inputs (issue 19 item 1)
 
 # What the GPU paths pick on an H200 with triton (and without TE, as the GPU image has it), ep = 1.
-H200_CHOICES = {"experts": "grouped_mm", "dispatcher": "local", "gate": "native", "attention": "sdpa",
-                "rms_norm": "triton", "linear": "torch", "rope": "triton", "swiglu": "triton", "combine": "triton",
-                "cross_entropy": "triton"}
+H200_CHOICES = {
+    "experts": "grouped_mm",
+    "dispatcher": "local",
+    "gate": "native",
+    "attention": "sdpa",
+    "rms_norm": "triton",
+    "linear": "torch",
+    "rope": "triton",
+    "swiglu": "triton",
+    "combine": "triton",
+    "cross_entropy": "triton",
+}
 
 
 def _h200(*modules: str, gpus: int = 1) -> Platform:
@@ -136,14 +152,21 @@ def test_a_cuda_platform_with_triton_resolves_todays_kernels():
     assert {f: getattr(resolved, f) for f in H200_CHOICES} == H200_CHOICES
     assert resolved.is_resolved()
     # ep = 2 changes only the dispatcher; an installed TE changes nothing (it lost to these paths in bf16)
-    assert BackendConfig().resolve(_h200(gpus=2), world_size=2).to_dict() == {**resolved.to_dict(),
-                                                                               "dispatcher": "alltoall"}
+    assert BackendConfig().resolve(_h200(gpus=2), world_size=2).to_dict() == {
+        **resolved.to_dict(),
+        "dispatcher": "alltoall",
+    }
     assert BackendConfig().resolve(_h200("transformer_engine")) == resolved
     # fp8 -> TE linear where TE runs; without triton every Triton kernel falls back to its torch reference
     assert BackendConfig(fp8=True).resolve(_h200("transformer_engine")).linear == "te"
     bare = BackendConfig().resolve(Platform(device_type="cuda", capability=(9, 0)))
     assert {f for f in H200_CHOICES if getattr(bare, f) != H200_CHOICES[f]} == {
-        "rms_norm", "rope", "swiglu", "combine", "cross_entropy"}
+        "rms_norm",
+        "rope",
+        "swiglu",
+        "combine",
+        "cross_entropy",
+    }
     assert all(getattr(bare, f) == "torch" for f in ("rms_norm", "rope", "swiglu", "combine", "cross_entropy"))
 
 
@@ -154,15 +177,22 @@ def test_detecting_this_machine_gives_what_resolving_its_device_gives():
         assert BackendConfig().resolve(plat) == BackendConfig().resolve(device)
 
 
-@pytest.mark.parametrize("field,choice,install", [
-    ("rms_norm", "triton", "pip install triton"), ("rope", "triton", "pip install triton"),
-    ("cross_entropy", "triton", "pip install triton"),
-    ("attention", "te", r"pip install 'moe-workbench\[te\]'"), ("experts", "te", r"pip install 'moe-workbench\[te\]'"),
-    ("dispatcher", "deepep", r"pip install 'moe-workbench\[deepep\]'")])
+@pytest.mark.parametrize(
+    "field,choice,install",
+    [
+        ("rms_norm", "triton", "pip install triton"),
+        ("rope", "triton", "pip install triton"),
+        ("cross_entropy", "triton", "pip install triton"),
+        ("attention", "te", r"pip install 'moe-workbench\[te\]'"),
+        ("experts", "te", r"pip install 'moe-workbench\[te\]'"),
+        ("dispatcher", "deepep", r"pip install 'moe-workbench\[deepep\]'"),
+    ],
+)
 def test_an_explicit_backend_the_platform_lacks_names_what_to_install(field, choice, install):
     with pytest.raises(BackendError, match=rf"{field}='{choice}' cannot run here: .*not installed: {install}"):
-        BackendConfig(**{field: choice}).resolve(Platform(device_type="cuda", capability=(9, 0), gpus_per_node=8),
-                                                 world_size=2)
+        BackendConfig(**{field: choice}).resolve(
+            Platform(device_type="cuda", capability=(9, 0), gpus_per_node=8), world_size=2
+        )
 
 
 def test_every_auto_order_ends_in_a_choice_that_runs_anywhere():
@@ -190,8 +220,12 @@ def test_the_studio_auto_is_the_resolvers_auto():
         resolved = BackendConfig().resolve("cpu", world_size=world_size)
         for field in AUTO_ORDER:
             assert resolve_auto(field, None, "cpu", world_size) == getattr(resolved, field), (field, world_size)
-    te_rank = {"rank": 0, "device": "cuda", "world_size": 1,
-               "backends": {"linear.te": {"available": True, "reason": ""}}}
+    te_rank = {
+        "rank": 0,
+        "device": "cuda",
+        "world_size": 1,
+        "backends": {"linear.te": {"available": True, "reason": ""}},
+    }
     assert resolve_auto("linear", [te_rank], "cuda", 1) == "torch"
     assert resolve_auto("linear", [te_rank], "cuda", 1, fp8=True) == "te"
 
@@ -209,14 +243,20 @@ def test_a_config_resolved_for_an_h200_wires_every_triton_kernel_into_the_model(
     model = transformers.AutoModelForCausalLM.from_config(tiny_qwen3_moe())
     generic.install(model, resolved, lambda n: LocalDispatcher(n, resolved.combine), device=torch.device("cpu"))
     experts = [m for _, m in engine_experts_modules(model)]
-    assert experts and all(m.workbench_experts_backend == "grouped_mm" and m.workbench_swiglu == "triton"
-                           and m.workbench_dispatcher.use_triton for m in experts)
+    assert experts and all(
+        m.workbench_experts_backend == "grouped_mm"
+        and m.workbench_swiglu == "triton"
+        and m.workbench_dispatcher.use_triton
+        for m in experts
+    )
     attentions = [m for m in model.modules() if "Attention" in type(m).__name__]
     assert attentions and all(type(m) is Qwen3MoeEngineAttention and m.workbench_rope == "triton" for m in attentions)
     norms = [m for m in model.modules() if "RMSNorm" in type(m).__name__]
     assert norms and all(isinstance(m, RMSNorm) and m.backend == "triton" for m in norms)
-    assert model.workbench_backend.cross_entropy == "triton" and type(model.get_output_embeddings()).__name__ == \
-        "DeferredLMHead"
+    assert (
+        model.workbench_backend.cross_entropy == "triton"
+        and type(model.get_output_embeddings()).__name__ == "DeferredLMHead"
+    )
 
 
 def test_detecting_a_cuda_platform_reads_the_gpu_only_for_the_packages_that_need_it(monkeypatch):
@@ -241,8 +281,12 @@ def test_the_backend_panel_shows_fp8s_auto_linear():
     # The panel passes its fp8 box to the resolver and redraws when it changes (auto linear is TE with fp8).
     from workbench.ui.panels import BackendPanel
 
-    te_rank = {"rank": 0, "device": "cuda", "world_size": 1,
-               "backends": {"linear.te": {"available": True, "reason": ""}}}
+    te_rank = {
+        "rank": 0,
+        "device": "cuda",
+        "world_size": 1,
+        "backends": {"linear.te": {"available": True, "reason": ""}},
+    }
     panel = BackendPanel([te_rank], "cuda", 1)
     assert panel.auto_resolution()["linear"] == "torch"
     panel.fp8.value = True

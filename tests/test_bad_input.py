@@ -17,14 +17,17 @@ from workbench import BackendConfig, BackendError
 from workbench.config import ConfigError, ModelConfig
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(experts="cutlass"), r"unknown experts backend 'cutlass'; choose one of \['loop', 'grouped_mm'"),
-    (dict(dispatcher="nccl"), r"unknown dispatcher backend 'nccl'; choose one of"),
-    (dict(gate="random"), r"unknown gate backend 'random'; choose one of \['native', 'balanced'\]"),
-    (dict(attention="flash"), r"unknown attention backend 'flash'"),
-    (dict(experts=3), r"BackendConfig.experts must be a string"),
-    (dict(fused_ce="yes"), r"fused_ce must be True or False"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(experts="cutlass"), r"unknown experts backend 'cutlass'; choose one of \['loop', 'grouped_mm'"),
+        (dict(dispatcher="nccl"), r"unknown dispatcher backend 'nccl'; choose one of"),
+        (dict(gate="random"), r"unknown gate backend 'random'; choose one of \['native', 'balanced'\]"),
+        (dict(attention="flash"), r"unknown attention backend 'flash'"),
+        (dict(experts=3), r"BackendConfig.experts must be a string"),
+        (dict(fused_ce="yes"), r"fused_ce must be True or False"),
+    ],
+)
 def test_backend_config_rejects_bad_values(kwargs, message):
     with pytest.raises(BackendError, match=message):
         BackendConfig(**kwargs)
@@ -35,15 +38,18 @@ def test_backend_config_unknown_key():
         BackendConfig.from_dict({"expert": "loop"})
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("experts", "te", r"transformer_engine is not installed: pip install 'moe-workbench\[te\]'"),
-    ("attention", "te", r"moe-workbench\[te\]"),
-    ("linear", "te", r"linear='te' cannot run here: transformer_engine is not installed: .*moe-workbench\[te\]"),
-    ("rms_norm", "te", r"moe-workbench\[te\]"),
-    ("dispatcher", "deepep", r"deep_ep is not installed: pip install 'moe-workbench\[deepep\]'"),
-    ("dispatcher", "symm_mem", r"needs CUDA devices with NVSHMEM.*use 'alltoall'"),
-    ("rms_norm", "triton", r"needs a CUDA device, got cpu; use 'torch'"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("experts", "te", r"transformer_engine is not installed: pip install 'moe-workbench\[te\]'"),
+        ("attention", "te", r"moe-workbench\[te\]"),
+        ("linear", "te", r"linear='te' cannot run here: transformer_engine is not installed: .*moe-workbench\[te\]"),
+        ("rms_norm", "te", r"moe-workbench\[te\]"),
+        ("dispatcher", "deepep", r"deep_ep is not installed: pip install 'moe-workbench\[deepep\]'"),
+        ("dispatcher", "symm_mem", r"needs CUDA devices with NVSHMEM.*use 'alltoall'"),
+        ("rms_norm", "triton", r"needs a CUDA device, got cpu; use 'torch'"),
+    ],
+)
 def test_unavailable_backend_names_what_to_install(field, value, message):
     if value == "te" and importlib.util.find_spec("transformer_engine") is not None:
         pytest.skip("transformer_engine is installed here; the error path needs it absent")
@@ -62,8 +68,9 @@ def test_unavailable_backend_fails_before_building_the_model(monkeypatch):
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", recording)
     with pytest.raises(BackendError, match="needs a CUDA device"):
-        workbench.AutoModelForCausalLM.from_config(tiny_qwen3_moe(), backend=BackendConfig(rms_norm="triton"),
-                                                   device="cpu")
+        workbench.AutoModelForCausalLM.from_config(
+            tiny_qwen3_moe(), backend=BackendConfig(rms_norm="triton"), device="cpu"
+        )
     assert not built
 
 
@@ -103,23 +110,39 @@ def _finetune_refused(rc, runs_dir, match):
 
 
 def test_seq_len_above_max_position_embeddings_is_refused_before_the_run_directory(tmp_path):
-    rc = workbench.RunConfig.demo(data__kind="synthetic", data__seq_len=4096, train__steps=1,
-                                  train__global_batch_size=1, train__local_batch_size=1)
-    _finetune_refused(rc, tmp_path / "runs",
-                      r"data.seq_len \(4096\) exceeds the model's max_position_embeddings \(2048\); "
-                      r"set data.seq_len to 2048 or less")
+    rc = workbench.RunConfig.demo(
+        data__kind="synthetic",
+        data__seq_len=4096,
+        train__steps=1,
+        train__global_batch_size=1,
+        train__local_batch_size=1,
+    )
+    _finetune_refused(
+        rc,
+        tmp_path / "runs",
+        r"data.seq_len \(4096\) exceeds the model's max_position_embeddings \(2048\); "
+        r"set data.seq_len to 2048 or less",
+    )
 
 
-@pytest.mark.parametrize("text,match", [
-    ("{not json", r"config.json is not valid JSON \(Expecting property name.*line 1 column 2"),
-    ("[1, 2]", r"config.json must hold a JSON object, got list"),
-    ('{"model_type": "foobar_moe", "hidden_size": 8}',
-     r"config.json has model_type 'foobar_moe', which Transformers .* does not know\. "
-     r"Model families the engine supports: every Transformers v5 family with fused experts "
-     r"\(tested: .*qwen3_moe"),
-    ('{"model_type": "qwen3moe"}', r"config.json has model_type 'qwen3moe', .* does not know \(did you mean 'qwen3_moe'"),
-    ('{"hidden_size": 8}', r"config.json has no model_type\. Model families the engine supports"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("{not json", r"config.json is not valid JSON \(Expecting property name.*line 1 column 2"),
+        ("[1, 2]", r"config.json must hold a JSON object, got list"),
+        (
+            '{"model_type": "foobar_moe", "hidden_size": 8}',
+            r"config.json has model_type 'foobar_moe', which Transformers .* does not know\. "
+            r"Model families the engine supports: every Transformers v5 family with fused experts "
+            r"\(tested: .*qwen3_moe",
+        ),
+        (
+            '{"model_type": "qwen3moe"}',
+            r"config.json has model_type 'qwen3moe', .* does not know \(did you mean 'qwen3_moe'",
+        ),
+        ('{"hidden_size": 8}', r"config.json has no model_type\. Model families the engine supports"),
+    ],
+)
 def test_bad_model_config_json_names_the_file_before_the_run_directory(tmp_path, text, match):
     model_dir = tmp_path / "model"
     model_dir.mkdir()

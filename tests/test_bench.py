@@ -25,8 +25,17 @@ REPO = Path(__file__).resolve().parents[1]
 SIDE_KEYS = {"tokens_per_s_per_gpu", "tflops_per_gpu", "peak_mem_gib"}
 
 
-TWO_RANK_VARIANTS = ("anchor", "engine", "engine_balanced", "anchor_cudnn", "engine_te", "engine_te_experts",
-                     "engine_recompute", "engine_adamw_torch", "anchor_liger")
+TWO_RANK_VARIANTS = (
+    "anchor",
+    "engine",
+    "engine_balanced",
+    "anchor_cudnn",
+    "engine_te",
+    "engine_te_experts",
+    "engine_recompute",
+    "engine_adamw_torch",
+    "anchor_liger",
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +43,29 @@ def two_rank_result(tmp_path_factory):
     """The CLI's own launcher (--ranks 2, spawned gloo ranks), tiny model, 2 rounds of 1 warm-up + 2 timed steps."""
     out = tmp_path_factory.mktemp("results")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "workbench.bench", "--ranks", "2", "--preset", "tiny", "--seq", "32", "--batch", "2",
-           "--warmup", "1", "--steps", "4", "--rounds", "2", "--variants", ",".join(TWO_RANK_VARIANTS),
-           "--out-dir", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "workbench.bench",
+        "--ranks",
+        "2",
+        "--preset",
+        "tiny",
+        "--seq",
+        "32",
+        "--batch",
+        "2",
+        "--warmup",
+        "1",
+        "--steps",
+        "4",
+        "--rounds",
+        "2",
+        "--variants",
+        ",".join(TWO_RANK_VARIANTS),
+        "--out-dir",
+        str(out),
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(out.glob("*.json"))
@@ -95,8 +124,11 @@ def test_two_ranks_schema_and_same_init(two_rank_result):
     assert rows["engine_recompute"]["loss"] == pytest.approx(rows["engine"]["loss"], abs=1e-5)
     comps = result["comparisons"]
     assert [(c["engine"]["variant"], c["gate"]) for c in comps] == [
-        ("engine", "native"), ("engine_balanced", "balanced"), ("engine_recompute", "native"),
-        ("engine_adamw_torch", "native")]
+        ("engine", "native"),
+        ("engine_balanced", "balanced"),
+        ("engine_recompute", "native"),
+        ("engine_adamw_torch", "native"),
+    ]
     for c in comps:
         assert {"world", "layers", "seq", "batch", "gate", "anchor", "engine", "ratio"} <= set(c)
         assert (c["world"], c["layers"], c["seq"], c["batch"]) == (2, 2, 32, 2)
@@ -126,8 +158,10 @@ def test_readme_table_from_results(two_rank_result, tmp_path):
     ratio = result["comparisons"][0]["ratio"]
     assert "| **engine** |" in lines[3] and f"**{ratio:.2f}x**" in lines[3] and path.name in lines[3]
     engine = next(r for r in ok if r["name"] == "engine")
-    assert (f"| {engine['tokens_per_s_per_gpu']:,.0f} ({engine['tokens_per_s_per_gpu_p10']:,.0f}-"
-            f"{engine['tokens_per_s_per_gpu_p90']:,.0f}) |") in lines[3]
+    assert (
+        f"| {engine['tokens_per_s_per_gpu']:,.0f} ({engine['tokens_per_s_per_gpu_p10']:,.0f}-"
+        f"{engine['tokens_per_s_per_gpu_p90']:,.0f}) |"
+    ) in lines[3]
     balanced = next(line for line in lines if "engine_balanced" in line)
     assert "engine_balanced (balanced gate)" in balanced and "**" not in balanced
     assert all("| Trainer.train_step |" in line for line in lines[2:])
@@ -141,15 +175,35 @@ def test_readme_table_from_results(two_rank_result, tmp_path):
         replace_section("no markers here", text)
     with pytest.raises(ValueError, match="closing"):
         replace_section(f"{BEGIN}\nopen only", text)
-    cli = subprocess.run([sys.executable, "-m", "workbench.bench", "--readme-table", "--include-cpu", "--results-dir",
-                          str(path.parent)], cwd=REPO, capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    cli = subprocess.run(
+        [sys.executable, "-m", "workbench.bench", "--readme-table", "--include-cpu", "--results-dir", str(path.parent)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert cli.returncode == 0 and cli.stdout.strip() == text
     history = tmp_path / "HISTORY.md"
     history.write_text(f"# History\n{BEGIN}\n{END}\n")
-    cli = subprocess.run([sys.executable, "-m", "workbench.bench", "--history-table", "--include-cpu", "--results-dir",
-                          str(path.parent), "--write", str(history)], cwd=REPO, capture_output=True, text=True,
-                         timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workbench.bench",
+            "--history-table",
+            "--include-cpu",
+            "--results-dir",
+            str(path.parent),
+            "--write",
+            str(history),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert cli.returncode == 0, cli.stderr
     rows = [line for line in history.read_text().splitlines() if line.startswith(f"| {result['date'][:10]}")]
     assert len(rows) == sum(c["reference"] for c in result["comparisons"])
@@ -159,8 +213,17 @@ def test_readme_table_from_results(two_rank_result, tmp_path):
 def _one_rank(rank, world, out_dir):
     from workbench.bench import run_bench
 
-    cfg = BenchConfig(preset="tiny", seq=16, batch=2, warmup=0, steps=2, variants=("anchor", "engine", "anchor_eager", "engine_recompute"),
-                      out_dir=out_dir, html=False, fail_fast=True)
+    cfg = BenchConfig(
+        preset="tiny",
+        seq=16,
+        batch=2,
+        warmup=0,
+        steps=2,
+        variants=("anchor", "engine", "anchor_eager", "engine_recompute"),
+        out_dir=out_dir,
+        html=False,
+        fail_fast=True,
+    )
     return run_bench(cfg)
 
 
@@ -181,16 +244,19 @@ def test_one_rank_losses_agree(tmp_path):
     assert len(list(tmp_path.glob("*.json"))) == 1 and not list(tmp_path.glob("*.html"))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"preset": "nope"}, "unknown model preset"),
-    ({"seq": 0}, "seq must be an integer >= 2"),
-    ({"batch": 0}, "batch must be an integer >= 1"),
-    ({"steps": 0}, "steps must be an integer >= 1"),
-    ({"variants": ("anchor", "engin")}, "unknown bench variant"),
-    ({"lr": -1.0}, "lr must be a positive number"),
-    ({"steps": 3, "rounds": 4}, "rounds \\(4\\) exceeds steps \\(3\\)"),
-    ({"rounds": 0}, "rounds must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"preset": "nope"}, "unknown model preset"),
+        ({"seq": 0}, "seq must be an integer >= 2"),
+        ({"batch": 0}, "batch must be an integer >= 1"),
+        ({"steps": 0}, "steps must be an integer >= 1"),
+        ({"variants": ("anchor", "engin")}, "unknown bench variant"),
+        ({"lr": -1.0}, "lr must be a positive number"),
+        ({"steps": 3, "rounds": 4}, "rounds \\(4\\) exceeds steps \\(3\\)"),
+        ({"rounds": 0}, "rounds must be an integer >= 1"),
+    ],
+)
 def test_bad_config(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         BenchConfig(**kwargs)
@@ -248,12 +314,34 @@ def test_cuda_tiny_preflight(ranks, tmp_path):
     """Before the big device run: every variant, cuDNN anchor included, on the tiny model in bf16."""
     if torch.cuda.device_count() < ranks:
         pytest.skip(f"needs {ranks} GPUs, {torch.cuda.device_count()} visible")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-           "NVSHMEM_DISABLE_NVLS": "1"}
-    cmd = [sys.executable, "-m", "workbench.bench", "--ranks", str(ranks), "--seq", "256", "--batch", "2",
-           "--warmup", "2", "--steps", "4", "--variants",
-           "anchor,engine,engine_balanced,anchor_cudnn,anchor_eager,anchor_liger,engine_adamw_torch",
-           "--out-dir", str(tmp_path), "--no-html", "--fail-fast"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "workbench.bench",
+        "--ranks",
+        str(ranks),
+        "--seq",
+        "256",
+        "--batch",
+        "2",
+        "--warmup",
+        "2",
+        "--steps",
+        "4",
+        "--variants",
+        "anchor,engine,engine_balanced,anchor_cudnn,anchor_eager,anchor_liger,engine_adamw_torch",
+        "--out-dir",
+        str(tmp_path),
+        "--no-html",
+        "--fail-fast",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (path,) = tmp_path.glob("*.json")
@@ -272,8 +360,20 @@ def test_default_results_go_under_the_runs_dir_with_bounded_threads(tmp_path):
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     env.update(PYTHONPATH=str(REPO), WORKBENCH_RUNS_DIR=str(runs))
-    cmd = [sys.executable, "-m", "workbench.bench", "--seq", "16", "--warmup", "0", "--steps", "1", "--variants",
-           "anchor", "--no-html"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "workbench.bench",
+        "--seq",
+        "16",
+        "--warmup",
+        "0",
+        "--steps",
+        "1",
+        "--variants",
+        "anchor",
+        "--no-html",
+    ]
     proc = subprocess.run(cmd, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert list(elsewhere.iterdir()) == []
@@ -315,8 +415,18 @@ def test_cpu_threads_respect_omp_num_threads(monkeypatch):
 def _family_bench(rank, world, preset, variants, seq, steps):
     from workbench.bench import run_bench
 
-    cfg = BenchConfig(preset=preset, layers=2, seq=seq, batch=2, warmup=0, steps=steps, variants=variants,
-                      out_dir=None, html=False, fail_fast=True)
+    cfg = BenchConfig(
+        preset=preset,
+        layers=2,
+        seq=seq,
+        batch=2,
+        warmup=0,
+        steps=steps,
+        variants=variants,
+        out_dir=None,
+        html=False,
+        fail_fast=True,
+    )
     return run_bench(cfg)
 
 
@@ -336,8 +446,9 @@ def test_deepseek_v3_one_rank_generic_path():
     from workbench.config import preset_config
     from workbench.train.metrics import flops_per_token
 
-    (result,) = run_ranks(_family_bench, 1, "tiny-deepseek-v3", ("anchor", "engine", "engine_balanced"), 32, 2,
-                          timeout=120)
+    (result,) = run_ranks(
+        _family_bench, 1, "tiny-deepseek-v3", ("anchor", "engine", "engine_balanced"), 32, 2, timeout=120
+    )
     rows = {r["name"]: r for r in result["variants"]}
     _assert_same_start(rows, "anchor", "engine", 1e-4)
     assert rows["engine"]["setup"]["path"] == "generic" and rows["engine"]["setup"]["gate"] == "native"
@@ -357,8 +468,7 @@ def test_deepseek_v3_one_rank_generic_path():
 def test_mixtral_two_ranks_ep2_losses_equal_the_anchor():
     """DP2 x EP2 on gloo through the Trainer: the same start; the whole losses agree (both aux losses are
     the global batch's: the Trainer computes either model's, models/router_aux.forward_loss_parts)."""
-    results = run_ranks(_family_bench, 2, "tiny-mixtral", ("anchor", "engine", "engine_balanced"), 32, 3,
-                        timeout=180)
+    results = run_ranks(_family_bench, 2, "tiny-mixtral", ("anchor", "engine", "engine_balanced"), 32, 3, timeout=180)
     result = results[0]
     assert result["config"]["engine_mesh"] == {"dp": 2, "ep": 2, "cp": 1, "tp": 1}
     rows = {r["name"]: r for r in result["variants"]}
@@ -375,8 +485,9 @@ def test_gpt_oss_sdpa_refusal_and_reference_anchor():
     are against the best anchor row that ran, named with its setup."""
     from workbench.bench.report import format_table
 
-    (result,) = run_ranks(_family_bench, 1, "tiny-gpt-oss", ("anchor", "anchor_flex", "anchor_eager_attn", "engine"),
-                          32, 1, timeout=120)
+    (result,) = run_ranks(
+        _family_bench, 1, "tiny-gpt-oss", ("anchor", "anchor_flex", "anchor_eager_attn", "engine"), 32, 1, timeout=120
+    )
     rows = {r["name"]: r for r in result["variants"]}
     assert rows["anchor"]["status"] == "skipped"
     assert "GptOssForCausalLM" in rows["anchor"]["reason"] and "'sdpa'" in rows["anchor"]["reason"]
@@ -398,30 +509,52 @@ def _row(name, kind, tps, status="ok", gate="native", mem=1.0):
     base = {"name": name, "kind": kind, "status": status, "gate": gate, "setup": {"attention": name}}
     if status != "ok":
         return {**base, "reason": "refused"}
-    return {**base, "tokens_per_s_per_gpu": tps, "tflops_per_gpu": 1.0, "peak_mem_gib": mem, "mem_kind": "x",
-            "median_step_s": 1.0, "loss": [1.0], "init_fingerprint": 1.0}
+    return {
+        **base,
+        "tokens_per_s_per_gpu": tps,
+        "tflops_per_gpu": 1.0,
+        "peak_mem_gib": mem,
+        "mem_kind": "x",
+        "median_step_s": 1.0,
+        "loss": [1.0],
+        "init_fingerprint": 1.0,
+    }
 
 
 def _result(date, preset, rows, layers=8, seq=4096, batch=2):
     from workbench.bench.report import comparisons, reference_anchor
 
-    return {"schema": "workbench.bench/2", "date": date, "model": {"preset": preset, "layers": layers},
-            "config": {"layers": layers, "seq": seq, "batch": batch},
-            "device": {"type": "cuda", "name": "NVIDIA H200", "count": 1}, "variants": rows,
-            "reference_anchor": reference_anchor(rows), "comparisons": comparisons(rows, 1, layers, seq, batch)}
+    return {
+        "schema": "workbench.bench/2",
+        "date": date,
+        "model": {"preset": preset, "layers": layers},
+        "config": {"layers": layers, "seq": seq, "batch": batch},
+        "device": {"type": "cuda", "name": "NVIDIA H200", "count": 1},
+        "variants": rows,
+        "reference_anchor": reference_anchor(rows),
+        "comparisons": comparisons(rows, 1, layers, seq, batch),
+    }
 
 
 def test_reference_is_the_fastest_plain_anchor_and_liger_stands_beside_it(tmp_path):
     from workbench.bench.report import comparisons, reference_anchor
 
-    rows = [_row("anchor", "anchor", 0, "skipped"), _row("anchor_eager_attn", "anchor", 10.0),
-            _row("anchor_flex", "anchor", 20.0), _row("anchor_liger", "anchor", 25.0), _row("engine", "engine", 40.0)]
+    rows = [
+        _row("anchor", "anchor", 0, "skipped"),
+        _row("anchor_eager_attn", "anchor", 10.0),
+        _row("anchor_flex", "anchor", 20.0),
+        _row("anchor_liger", "anchor", 25.0),
+        _row("engine", "engine", 40.0),
+    ]
     # Liger is faster than every plain anchor, yet the speedups stay against plain Transformers
     assert reference_anchor(rows)["variant"] == "anchor_flex"
     assert reference_anchor([rows[3], rows[4]])["variant"] == "anchor_liger"  # the only anchor that ran
     comps = comparisons(rows, 1, 2, 32, 2)
     assert [(c["anchor"]["variant"], c["reference"]) for c in comps] == [
-        ("anchor_flex", True), ("anchor_eager_attn", False), ("anchor_liger", False)]
+        ("anchor_flex", True),
+        ("anchor_eager_attn", False),
+        ("anchor_liger", False),
+    ]
     assert comps[0]["ratio"] == pytest.approx(2.0)
     (tmp_path / "r.json").write_text(json.dumps(_result("2026-12-01T12:00:00", "gpt-oss-20b", rows)))
     lines = table(tmp_path).splitlines()
@@ -432,12 +565,17 @@ def test_reference_is_the_fastest_plain_anchor_and_liger_stands_beside_it(tmp_pa
 
 def test_readme_shows_the_latest_launch_per_setup_and_never_a_balanced_headline(tmp_path):
     old = [_row("anchor", "anchor", 10.0), _row("engine", "engine", 15.0)]
-    new = [_row("anchor", "anchor", 10.0), _row("engine", "engine", 20.0),
-           _row("engine_balanced", "engine", 30.0, gate="balanced")]
+    new = [
+        _row("anchor", "anchor", 10.0),
+        _row("engine", "engine", 20.0),
+        _row("engine_balanced", "engine", 30.0, gate="balanced"),
+    ]
     other = [_row("anchor", "anchor", 5.0), _row("engine", "engine", 9.0)]
-    for name, data in {"a.json": _result("2026-12-01T10:00:00", "qwen3-30b-a3b", old),
-                       "b.json": _result("2026-12-01T12:00:00", "qwen3-30b-a3b", new),
-                       "c.json": _result("2026-11-30T12:00:00", "qwen3-30b-a3b", other, seq=16384, batch=1)}.items():
+    for name, data in {
+        "a.json": _result("2026-12-01T10:00:00", "qwen3-30b-a3b", old),
+        "b.json": _result("2026-12-01T12:00:00", "qwen3-30b-a3b", new),
+        "c.json": _result("2026-11-30T12:00:00", "qwen3-30b-a3b", other, seq=16384, batch=1),
+    }.items():
         (tmp_path / name).write_text(json.dumps(data))
     lines = table(tmp_path).splitlines()[2:]
     assert [line.split(" | ")[3] for line in lines] == ["16384 x 1"] * 2 + ["4096 x 2"] * 3
@@ -448,7 +586,9 @@ def test_readme_shows_the_latest_launch_per_setup_and_never_a_balanced_headline(
     assert "| **2.00x** |" in bold[1] and "| 3.00x |" in next(line for line in lines if "balanced gate" in line)
     history = history_table(tmp_path).splitlines()[2:]
     assert [line.split(" | ")[-1] for line in history] == ["[b.json](results/b.json) |"] * 2 + [
-        "[a.json](results/a.json) |", "[c.json](results/c.json) |"]  # newest first, every launch
+        "[a.json](results/a.json) |",
+        "[c.json](results/c.json) |",
+    ]  # newest first, every launch
 
 
 def test_balanced_gate_on_the_generic_experts():
@@ -480,17 +620,24 @@ def test_balanced_gate_on_the_generic_experts():
     input_ids = torch.randint(0, cfg.vocab_size, (2, 16))
     out = balanced(input_ids=input_ids, labels=input_ids, output_router_logits=True)
     out.loss.backward()
-    assert torch.isfinite(out.loss) and all(torch.isfinite(p.grad).all() for p in balanced.parameters()
-                                            if p.grad is not None)
+    assert torch.isfinite(out.loss) and all(
+        torch.isfinite(p.grad).all() for p in balanced.parameters() if p.grad is not None
+    )
     ref = native(input_ids=input_ids, labels=input_ids, output_router_logits=True)
     assert abs(float(out.loss) - float(ref.loss)) > 1e-6
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"attn_implementation": "flash_attention_2"}, "attn_implementation 'flash_attention_2' is not one of"),
-    ({"attn_implementation": "eager", "sdpa_backend": "cudnn"}, "sdpa_backend='cudnn' needs attn_implementation='sdpa'"),
-    ({"kind": "teacher"}, "variant kind must be 'anchor' or 'engine'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"attn_implementation": "flash_attention_2"}, "attn_implementation 'flash_attention_2' is not one of"),
+        (
+            {"attn_implementation": "eager", "sdpa_backend": "cudnn"},
+            "sdpa_backend='cudnn' needs attn_implementation='sdpa'",
+        ),
+        ({"kind": "teacher"}, "variant kind must be 'anchor' or 'engine'"),
+    ],
+)
 def test_bad_variant_spec(kwargs, match):
     from workbench.bench.config import VariantSpec
 
@@ -501,9 +648,19 @@ def test_bad_variant_spec(kwargs, match):
 def _precision_rows(rank, world, out_dir):
     from workbench.bench import run_bench
 
-    cfg = BenchConfig(preset="tiny", seq=16, batch=2, warmup=0, steps=2, dtype="bfloat16", precision="fp32_master",
-                      variants=("anchor", "engine", "engine_bf16", "engine_bf16_sr", "engine_fp32_master"),
-                      out_dir=out_dir, html=False, fail_fast=True)
+    cfg = BenchConfig(
+        preset="tiny",
+        seq=16,
+        batch=2,
+        warmup=0,
+        steps=2,
+        dtype="bfloat16",
+        precision="fp32_master",
+        variants=("anchor", "engine", "engine_bf16", "engine_bf16_sr", "engine_fp32_master"),
+        out_dir=out_dir,
+        html=False,
+        fail_fast=True,
+    )
     return run_bench(cfg)
 
 
@@ -513,8 +670,12 @@ def test_precision_variants_reach_the_engine_optimizer(tmp_path):
     rows = {r["name"]: r for r in result["variants"]}
     assert all(r["status"] == "ok" for r in rows.values())
     # each row's own mode; the plain engine row takes the launch's --precision; the anchor stays torch's bf16 AdamW
-    for name, mode in (("engine", "fp32_master"), ("engine_bf16", "bf16"), ("engine_bf16_sr", "bf16_sr"),
-                       ("engine_fp32_master", "fp32_master")):
+    for name, mode in (
+        ("engine", "fp32_master"),
+        ("engine_bf16", "bf16"),
+        ("engine_bf16_sr", "bf16_sr"),
+        ("engine_fp32_master", "fp32_master"),
+    ):
         assert rows[name]["setup"]["precision"] == mode
     assert rows["engine_bf16_sr"]["setup"]["optimizer"].endswith("precision bf16_sr")
     assert rows["engine_fp32_master"]["setup"]["optimizer"].endswith("precision fp32_master")
@@ -549,18 +710,38 @@ def _bench_then_finetune(rank, world, out_dir):
     from workbench.config import DataConfig, ModelConfig, RunConfig, TrainConfig
     from workbench.train.loop import finetune
 
-    cfg = BenchConfig(preset="tiny", seq=16, batch=2, warmup=1, steps=2, rounds=1, lr=1e-3,
-                      variants=("engine", "engine_adamw_torch"), out_dir=None, html=False, fail_fast=True)
+    cfg = BenchConfig(
+        preset="tiny",
+        seq=16,
+        batch=2,
+        warmup=1,
+        steps=2,
+        rounds=1,
+        lr=1e-3,
+        variants=("engine", "engine_adamw_torch"),
+        out_dir=None,
+        html=False,
+        fail_fast=True,
+    )
     result = run_bench(cfg)
     ckpt = Path(out_dir) / "init"  # the bench's initial checkpoint: the preset's config, seed 0
     save_init_checkpoint(cfg.hf_config(), cfg.seed, torch.device("cpu"), torch.float32, ckpt)
     losses = {}
     for optimizer in ("adamw", "adamw_torch"):
-        rc = RunConfig(model=ModelConfig(preset=None, path=str(ckpt), dtype="float32"),
-                       data=DataConfig(kind="synthetic", seq_len=16),
-                       train=TrainConfig(steps=3, global_batch_size=2 * world, local_batch_size=2, lr=1e-3, seed=0,
-                                         optimizer=optimizer, save_final_checkpoint=False),
-                       output_dir=str(Path(out_dir) / "runs"))
+        rc = RunConfig(
+            model=ModelConfig(preset=None, path=str(ckpt), dtype="float32"),
+            data=DataConfig(kind="synthetic", seq_len=16),
+            train=TrainConfig(
+                steps=3,
+                global_batch_size=2 * world,
+                local_batch_size=2,
+                lr=1e-3,
+                seed=0,
+                optimizer=optimizer,
+                save_final_checkpoint=False,
+            ),
+            output_dir=str(Path(out_dir) / "runs"),
+        )
         losses[optimizer] = finetune(rc)["losses"]
     return result, losses
 
@@ -650,12 +831,25 @@ def _live_after_bench(rank, world):
 
     from workbench.bench import run_bench
 
-    cfg = BenchConfig(preset="tiny", seq=16, batch=2, warmup=1, steps=2, variants=("anchor", "engine", "engine_adamw_torch"),
-                      out_dir=None, html=False, fail_fast=True)
+    cfg = BenchConfig(
+        preset="tiny",
+        seq=16,
+        batch=2,
+        warmup=1,
+        steps=2,
+        variants=("anchor", "engine", "engine_adamw_torch"),
+        out_dir=None,
+        html=False,
+        fail_fast=True,
+    )
     run_bench(cfg)
     gc.collect()
-    live = [type(o).__name__ for o in gc.get_objects()
-            if isinstance(o, (torch.nn.Module, torch.optim.Optimizer)) and type(o).__name__.endswith(("ForCausalLM", "AdamW"))]
+    live = [
+        type(o).__name__
+        for o in gc.get_objects()
+        if isinstance(o, (torch.nn.Module, torch.optim.Optimizer))
+        and type(o).__name__.endswith(("ForCausalLM", "AdamW"))
+    ]
     return live
 
 

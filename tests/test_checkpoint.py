@@ -12,8 +12,14 @@ from workbench.train.checkpoint import CheckpointError, list_checkpoints, resolv
 
 
 def _rc(tmp_path, **overrides):
-    base = dict(output_dir=str(tmp_path / "runs"), data__seq_len=64, train__steps=5, train__global_batch_size=4,
-                train__local_batch_size=2, train__warmup_steps=1)
+    base = dict(
+        output_dir=str(tmp_path / "runs"),
+        data__seq_len=64,
+        train__steps=5,
+        train__global_batch_size=4,
+        train__local_batch_size=2,
+        train__warmup_steps=1,
+    )
     base.update(overrides)
     return RunConfig.demo(**base)
 
@@ -31,8 +37,15 @@ def test_resume_at_step_3_reproduces_steps_4_and_5_exactly(tmp_path):
 def test_resume_from_a_run_directory_uses_its_latest_checkpoint(tmp_path):
     finetune(_rc(tmp_path, run_id="a", train__steps=2))
     assert resolve_checkpoint(tmp_path / "runs" / "a").name == "step-00000002"
-    out = finetune(_rc(tmp_path, run_id="b", train__steps=3, train__resume_from=str(tmp_path / "runs" / "a"),
-                       train__resume_allow_changes=["train.steps"]))
+    out = finetune(
+        _rc(
+            tmp_path,
+            run_id="b",
+            train__steps=3,
+            train__resume_from=str(tmp_path / "runs" / "a"),
+            train__resume_allow_changes=["train.steps"],
+        )
+    )
     assert len(out["losses"]) == 1 and out["step"] == 3
 
 
@@ -47,12 +60,21 @@ def test_failure_mid_save_leaves_previous_checkpoint_loadable(tmp_path, monkeypa
     assert resolve_checkpoint(tmp_path / "runs" / "crash").name == "step-00000002"
     # The interrupted save is ignored; resuming from the run continues from step 2 and can save 4.
     reference = finetune(_rc(tmp_path, run_id="ref", train__steps=6, train__checkpoint_every=2))
-    out = finetune(_rc(tmp_path, run_id="again", train__steps=6, train__checkpoint_every=2,
-                       train__resume_from=str(tmp_path / "runs" / "crash")))
+    out = finetune(
+        _rc(
+            tmp_path,
+            run_id="again",
+            train__steps=6,
+            train__checkpoint_every=2,
+            train__resume_from=str(tmp_path / "runs" / "crash"),
+        )
+    )
     assert out["losses"] == reference["losses"][2:]
     assert sorted(p.name for p in root.iterdir()) == ["step-00000002"]  # the unfinished save is gone
     assert [p.name for p in list_checkpoints(tmp_path / "runs" / "again" / "checkpoints")] == [
-        "step-00000004", "step-00000006"]
+        "step-00000004",
+        "step-00000006",
+    ]
 
 
 def test_resume_from_another_model_shape_is_refused_before_training(tmp_path):
@@ -78,7 +100,7 @@ def test_one_checkpoint_error_for_loading_weights_and_resuming(tmp_path):
     # `except workbench.CheckpointError` catches a refused resume and a refused from_pretrained alike.
     with pytest.raises(workbench.CheckpointError, match="no complete checkpoint"):
         resolve_checkpoint(tmp_path)
-    with pytest.raises(workbench.CheckpointError, match="no model.safetensors"):
+    with pytest.raises(workbench.CheckpointError, match=r"no model\.safetensors"):
         checkpoint_key_files(tmp_path)
 
 
@@ -99,8 +121,11 @@ def _two_rank_losses(rank, world, configs):
 @pytest.mark.slow
 def test_two_rank_resume_reproduces_steps_4_and_5(tmp_path):
     full = _rc(tmp_path, run_id="full2", train__checkpoint_every=3)
-    resumed = _rc(tmp_path, run_id="resumed2",
-                  train__resume_from=str(tmp_path / "runs" / "full2" / "checkpoints" / "step-00000003"))
+    resumed = _rc(
+        tmp_path,
+        run_id="resumed2",
+        train__resume_from=str(tmp_path / "runs" / "full2" / "checkpoints" / "step-00000003"),
+    )
     r0, r1 = run_ranks(_two_rank_losses, 2, [full.to_dict(), resumed.to_dict()])
     assert r0 == r1  # every rank reports the global loss
     (full_losses, resumed_losses) = r0

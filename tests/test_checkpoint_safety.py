@@ -8,17 +8,23 @@ import pytest
 import torch
 
 from workbench.config import ConfigError, RunConfig, TrainConfig
-from workbench.train import finetune
-from workbench.train.loop import Trainer
-from workbench.train.checkpoint import CheckpointError, list_checkpoints, resolve_checkpoint
-from workbench.train.manifest import write_manifest
 from workbench.runs.run_dir import RunDir
+from workbench.train import finetune
+from workbench.train.checkpoint import CheckpointError, list_checkpoints, resolve_checkpoint
+from workbench.train.loop import Trainer
+from workbench.train.manifest import write_manifest
 from workbench.train.safe_load import read_dcp_metadata
 
 
 def _rc(tmp_path, **overrides):
-    base = dict(output_dir=str(tmp_path / "runs"), data__seq_len=64, train__steps=2, train__global_batch_size=4,
-                train__local_batch_size=2, train__warmup_steps=1)
+    base = dict(
+        output_dir=str(tmp_path / "runs"),
+        data__seq_len=64,
+        train__steps=2,
+        train__global_batch_size=4,
+        train__local_batch_size=2,
+        train__warmup_steps=1,
+    )
     base.update(overrides)
     return RunConfig.demo(**base)
 
@@ -139,8 +145,9 @@ def test_crafted_value_inside_a_shard_does_not_run(tmp_path, ckpt):
 
 
 def test_resume_with_other_steps_and_seq_len_is_refused_listing_each(tmp_path, ckpt):
-    message = _refused(tmp_path, ckpt, "this run changes settings the checkpoint was saved with",
-                       train__steps=4, data__seq_len=96)
+    message = _refused(
+        tmp_path, ckpt, "this run changes settings the checkpoint was saved with", train__steps=4, data__seq_len=96
+    )
     assert "train.steps: checkpoint 2 vs this run 4" in message
     assert "data.seq_len: checkpoint 64 vs this run 96" in message
     assert "train.resume_allow_changes: [data.seq_len, train.steps]" in message
@@ -148,8 +155,15 @@ def test_resume_with_other_steps_and_seq_len_is_refused_listing_each(tmp_path, c
 
 @pytest.mark.slow
 def test_accepted_change_of_steps_continues_on_the_new_schedule(tmp_path, ckpt):
-    out = finetune(_rc(tmp_path, run_id="longer", train__steps=4, train__resume_from=str(ckpt),
-                       train__resume_allow_changes=["train.steps"]))
+    out = finetune(
+        _rc(
+            tmp_path,
+            run_id="longer",
+            train__steps=4,
+            train__resume_from=str(ckpt),
+            train__resume_allow_changes=["train.steps"],
+        )
+    )
     assert out["state"] == "completed" and out["step"] == 4 and len(out["losses"]) == 2
     fresh = finetune(_rc(tmp_path, run_id="fresh", train__steps=4))
     lr_resumed = [m["lr"] for m in RunDir.open(out["run_dir"]).read_metrics()]
@@ -160,8 +174,14 @@ def test_accepted_change_of_steps_continues_on_the_new_schedule(tmp_path, ckpt):
 def test_changed_weight_decay_is_refused_and_when_accepted_this_runs_value_is_used(tmp_path, ckpt):
     _refused(tmp_path, ckpt, r"train.weight_decay: checkpoint 0.0 vs this run 0.1", train__weight_decay=0.1)
 
-    rc = _rc(tmp_path, run_id="wd", train__steps=3, train__weight_decay=0.1, train__resume_from=str(ckpt),
-             train__resume_allow_changes=["train.weight_decay", "train.steps"])
+    rc = _rc(
+        tmp_path,
+        run_id="wd",
+        train__steps=3,
+        train__weight_decay=0.1,
+        train__resume_from=str(ckpt),
+        train__resume_allow_changes=["train.weight_decay", "train.steps"],
+    )
     trainer = Trainer(rc)
     trainer.setup()  # loads the checkpoint, whose optimizer state says weight_decay 0.0
     assert [g["weight_decay"] for g in trainer.optimizer.param_groups] == [0.1, 0.0]  # decay, no-decay groups
@@ -185,8 +205,15 @@ def test_unfinished_saves_are_never_resumed_and_removed_at_the_next_start(tmp_pa
     assert resolve_checkpoint(root.parent) == ckpt
     with pytest.raises(CheckpointError, match="a save that never finished"):
         resolve_checkpoint(newer)
-    finetune(_rc(tmp_path, run_id="next", train__steps=3, train__resume_from=str(root.parent),
-                 train__resume_allow_changes=["train.steps"]))
+    finetune(
+        _rc(
+            tmp_path,
+            run_id="next",
+            train__steps=3,
+            train__resume_from=str(root.parent),
+            train__resume_allow_changes=["train.steps"],
+        )
+    )
     assert sorted(p.name for p in root.iterdir()) == ["step-00000002"]
 
 

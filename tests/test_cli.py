@@ -18,8 +18,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _workbench(args, runs_dir, timeout=150):
     env = {**os.environ, "WORKBENCH_RUNS_DIR": str(runs_dir), "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "workbench.cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "workbench.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.slow
@@ -35,7 +41,7 @@ def test_demo_on_two_cpu_ranks_writes_a_run_in_under_two_minutes(tmp_path):
     assert len(step_lines) == 8 and "tokens/s/gpu" in step_lines[0]
     assert "\r" not in proc.stdout
     runs = list_runs(tmp_path)
-    summary = proc.stdout[proc.stdout.index(f"run completed: {runs[0]['path']}"):].splitlines()
+    summary = proc.stdout[proc.stdout.index(f"run completed: {runs[0]['path']}") :].splitlines()
     assert summary[1].startswith("  steps         8/8 in ") and "(2 ranks, dp2 ep2, tiny)" in summary[1]
     assert summary[2].startswith("  tokens/s/gpu  ") and "mean of steps 2-8" in summary[2]
     assert summary[4] == f"  checkpoint    {runs[0]['path']}{os.sep}checkpoints{os.sep}step-00000008"
@@ -50,8 +56,9 @@ def test_demo_on_two_cpu_ranks_writes_a_run_in_under_two_minutes(tmp_path):
 def test_finetune_from_yaml_with_overrides(tmp_path):
     cfg = tmp_path / "cfg.yaml"
     RunConfig.demo(data__seq_len=64, train__global_batch_size=4, train__local_batch_size=2).to_yaml(cfg)
-    proc = _workbench(["finetune", str(cfg), "--steps", "2", "--run-id", "yamlrun", "--set", "train.lr=0.001"],
-                      tmp_path)
+    proc = _workbench(
+        ["finetune", str(cfg), "--steps", "2", "--run-id", "yamlrun", "--set", "train.lr=0.001"], tmp_path
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = tmp_path / "yamlrun"
     saved = json.loads((run / "config.json").read_text())
@@ -71,12 +78,21 @@ def terminal_run(tmp_path_factory):
 
     runs = tmp_path_factory.mktemp("terminal-runs")
     rows = runs.parent / "rows.parquet"
-    datasets.Dataset.from_dict({"prompt": [f"what is {i} plus {i % 5}?" for i in range(40)],
-                                "completion": [f"{i} plus {i % 5} is {i + i % 5}." for i in range(40)]}
-                               ).to_parquet(rows)
+    datasets.Dataset.from_dict(
+        {
+            "prompt": [f"what is {i} plus {i % 5}?" for i in range(40)],
+            "completion": [f"{i} plus {i % 5} is {i + i % 5}." for i in range(40)],
+        }
+    ).to_parquet(rows)
     cfg = runs.parent / "terminal.yaml"
-    data = DataConfig(kind="datasets", data_files=str(rows), seq_len=64, eval_fraction=0.2, eval_every=2,
-                      cache_dir=str(runs.parent / "cache"))
+    data = DataConfig(
+        kind="datasets",
+        data_files=str(rows),
+        seq_len=64,
+        eval_fraction=0.2,
+        eval_every=2,
+        cache_dir=str(runs.parent / "cache"),
+    )
     RunConfig.demo(data=data, train__global_batch_size=4, train__local_batch_size=2).to_yaml(cfg)
     main, secondary = pty.openpty()  # 0 x 0 columns and lines, where tqdm alone would draw nothing
     chunks: list[bytes] = []
@@ -94,8 +110,14 @@ def terminal_run(tmp_path_factory):
     env = {**os.environ, "WORKBENCH_RUNS_DIR": str(runs), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
-    proc = subprocess.run([sys.executable, "-m", "workbench.cli", "finetune", str(cfg), "--steps", "4", "--run-id",
-                           "tty"], cwd=ROOT, env=env, stdout=secondary, stderr=subprocess.PIPE, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-m", "workbench.cli", "finetune", str(cfg), "--steps", "4", "--run-id", "tty"],
+        cwd=ROOT,
+        env=env,
+        stdout=secondary,
+        stderr=subprocess.PIPE,
+        timeout=240,
+    )
     os.close(secondary)
     reader.join(10)
     os.close(main)
@@ -113,7 +135,7 @@ def test_finetune_on_a_terminal_draws_a_progress_bar_then_a_summary(terminal_run
     assert re.search(r"loss \d\.\d{4} \| [\d,]+ tok/s/gpu \| [\d.e-]+ TFLOP/s/gpu \| peak [\d.]+ GiB \| eval \d", last)
     assert any(re.search(r"\| [123]/4 \[\d\d:\d\d<\d\d:\d\d", f) for f in frames), frames  # an ETA while it runs
     metrics = [json.loads(line) for line in (runs / "tty" / "metrics.jsonl").read_text().splitlines()]
-    summary = out[out.index(f"run completed: {runs / 'tty'}"):].splitlines()
+    summary = out[out.index(f"run completed: {runs / 'tty'}") :].splitlines()
     assert f"final {metrics[-1]['loss']:.4f}" in summary[3]
     assert summary[4] == f"  eval loss     {metrics[-1]['eval_loss']:.4f} at step 4"
 
@@ -125,8 +147,16 @@ def test_runs_lists_model_mesh_state_and_figures(terminal_run):
     header, line = proc.stdout.splitlines()
     assert header.split() == ["RUN", "MODEL", "MESH", "STATE", "STEP", "TOK/S/GPU", "LOSS", "DETAIL"]
     last = [json.loads(line) for line in (runs / "tty" / "metrics.jsonl").read_text().splitlines()][-1]
-    assert line.split() == ["tty", "tiny", "dp1", "ep1", "completed", "4/4", f"{last['tokens_per_s_per_gpu']:,.0f}",
-                            f"{last['loss']:.4f}"]
+    assert line.split() == [
+        "tty",
+        "tiny",
+        "dp1",
+        "ep1",
+        "completed",
+        "4/4",
+        f"{last['tokens_per_s_per_gpu']:,.0f}",
+        f"{last['loss']:.4f}",
+    ]
 
 
 def test_show_prints_the_summary_the_figures_per_step_and_a_png(terminal_run, tmp_path):
@@ -135,10 +165,11 @@ def test_show_prints_the_summary_the_figures_per_step_and_a_png(terminal_run, tm
     png = tmp_path / "plots.png"
     proc = _workbench(["show", "tty", "--png", str(png)], runs)
     assert proc.returncode == 0, proc.stderr
-    summary = out[out.index("run completed:"):].strip().splitlines()
-    assert proc.stdout.splitlines()[:len(summary)] == summary  # the summary finetune printed
-    plots = {line.split()[0]: line for line in proc.stdout.splitlines()
-             if line.startswith("  ") and "(steps 1-4)" in line}
+    summary = out[out.index("run completed:") :].strip().splitlines()
+    assert proc.stdout.splitlines()[: len(summary)] == summary  # the summary finetune printed
+    plots = {
+        line.split()[0]: line for line in proc.stdout.splitlines() if line.startswith("  ") and "(steps 1-4)" in line
+    }
     assert set(plots) == {"loss", "tokens/s/gpu", "TFLOP/s/gpu", "peak"}, proc.stdout
     assert re.search(r"loss +[▁-█]{4}  ", plots["loss"]), plots["loss"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"plots         {png}" in proc.stdout
@@ -195,8 +226,20 @@ def test_unknown_subcommand_lists_choices(tmp_path):
 def test_set_reads_numbers_as_people_write_them():
     from workbench.cli import _overrides, build_parser
 
-    args = build_parser().parse_args(["finetune", "cfg.yaml", "--set", "train.lr=1e-3", "--set", "train.weight_decay=3E-4",
-                                      "--set", "train.clip_grad_norm=1E5", "--set", "run_id=1e-3x"])
+    args = build_parser().parse_args(
+        [
+            "finetune",
+            "cfg.yaml",
+            "--set",
+            "train.lr=1e-3",
+            "--set",
+            "train.weight_decay=3E-4",
+            "--set",
+            "train.clip_grad_norm=1E5",
+            "--set",
+            "run_id=1e-3x",
+        ]
+    )
     overrides = _overrides(args)
     assert overrides == {"train.lr": 1e-3, "train.weight_decay": 3e-4, "train.clip_grad_norm": 1e5, "run_id": "1e-3x"}
     rc = RunConfig.demo().with_overrides(overrides)
@@ -208,16 +251,35 @@ def test_mesh_error_under_torchrun_is_one_line_from_rank_0_with_exit_code_2(tmp_
     from workbench.parallel.mesh import MeshConfig
 
     cfg = tmp_path / "cfg.yaml"
-    RunConfig.demo(mesh=MeshConfig(dp=3, ep=1), data__seq_len=64, train__global_batch_size=6,
-                   train__local_batch_size=2).to_yaml(cfg)
+    RunConfig.demo(
+        mesh=MeshConfig(dp=3, ep=1), data__seq_len=64, train__global_batch_size=6, train__local_batch_size=2
+    ).to_yaml(cfg)
     env = {**os.environ, "WORKBENCH_RUNS_DIR": str(tmp_path / "runs"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "workbench.cli", "finetune", str(cfg)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "workbench.cli",
+            "finetune",
+            str(cfg),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     out = proc.stdout + proc.stderr
     ours = [line for line in out.splitlines() if "spans 3 ranks" in line]
-    assert ours == ["workbench finetune: mesh MeshConfig(dp=3, ep=1, cp=1, tp=1) does not fit this run: "
-                    "MeshConfig(dp=3, ep=1) spans 3 ranks but the world has 2; use dp=2 and an ep in [1, 2]"], out
+    assert ours == [
+        "workbench finetune: mesh MeshConfig(dp=3, ep=1, cp=1, tp=1) does not fit this run: "
+        "MeshConfig(dp=3, ep=1) spans 3 ranks but the world has 2; use dp=2 and an ep in [1, 2]"
+    ], out
     assert f"{os.sep}workbench{os.sep}" not in out, out  # no traceback through the workbench's code
     # torchrun itself exits 1 whenever a rank fails; rank 0 (the one that printed) failed first, with 2
     assert proc.returncode == 1 and re.search(r"failed \(exitcode: 2\) local_rank: 0 ", out), out
@@ -230,31 +292,60 @@ def test_finetune_nproc_per_node_checks_the_config_once_before_any_rank_starts(t
     from workbench.parallel.mesh import MeshConfig
 
     cfg = tmp_path / "cfg.yaml"
-    RunConfig.demo(mesh=MeshConfig(dp=3, ep=1), data__seq_len=64, train__global_batch_size=6,
-                   train__local_batch_size=2).to_yaml(cfg)
+    RunConfig.demo(
+        mesh=MeshConfig(dp=3, ep=1), data__seq_len=64, train__global_batch_size=6, train__local_batch_size=2
+    ).to_yaml(cfg)
     env = {**os.environ, "WORKBENCH_RUNS_DIR": str(tmp_path / "runs"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
-    proc = subprocess.run([sys.executable, "-m", "workbench.cli", "finetune", str(cfg), "--nproc-per-node", "2"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-m", "workbench.cli", "finetune", str(cfg), "--nproc-per-node", "2"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stdout == "" and proc.stderr.splitlines() == [
         "workbench finetune: mesh MeshConfig(dp=3, ep=1, cp=1, tp=1) does not fit this run: MeshConfig(dp=3, ep=1) "
-        "spans 3 ranks but the world has 2; use dp=2 and an ep in [1, 2]"]
+        "spans 3 ranks but the world has 2; use dp=2 and an ep in [1, 2]"
+    ]
     assert not (tmp_path / "runs").exists()
 
 
 def test_finetune_nproc_per_node_runs_the_same_command_under_torchrun():
     from workbench.cli import _torchrun_argv, build_parser
 
-    args = build_parser().parse_args(["finetune", "c.yaml", "--nproc-per-node", "4", "--set", "train.lr=1e-3",
-                                      "--steps", "7", "--run-id", "r1"])
-    assert _torchrun_argv(args) == [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                    "--nproc-per-node", "4", "-m", "workbench.cli", "finetune", "c.yaml",
-                                    "--set", "train.lr=1e-3", "--steps", "7", "--run-id", "r1"]
+    args = build_parser().parse_args(
+        ["finetune", "c.yaml", "--nproc-per-node", "4", "--set", "train.lr=1e-3", "--steps", "7", "--run-id", "r1"]
+    )
+    assert _torchrun_argv(args) == [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        "-m",
+        "workbench.cli",
+        "finetune",
+        "c.yaml",
+        "--set",
+        "train.lr=1e-3",
+        "--steps",
+        "7",
+        "--run-id",
+        "r1",
+    ]
 
 
-@pytest.mark.parametrize("item,message", [("train.lr", r"--set expects key=value \(e.g. train.lr=1e-3\), got 'train.lr'"),
-                                          ("train.lr=[1", r"--set value '\[1' is not valid YAML: expected ',' or ']'")])
+@pytest.mark.parametrize(
+    "item,message",
+    [
+        ("train.lr", r"--set expects key=value \(e.g. train.lr=1e-3\), got 'train.lr'"),
+        ("train.lr=[1", r"--set value '\[1' is not valid YAML: expected ',' or ']'"),
+    ],
+)
 def test_bad_set_item_is_a_config_error(item, message):
     from workbench.cli import _overrides, build_parser
     from workbench.config import ConfigError
@@ -275,10 +366,10 @@ def test_help_and_runs_import_neither_torch_nor_transformers(tmp_path):
         "    except SystemExit:\n"
         "        pass\n"
         f"main(['runs', {str(tmp_path)!r}])\n"
-        "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'workbench.bench') if m in sys.modules))\n")
+        "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'workbench.bench') if m in sys.modules))\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "HEAVY []" in proc.stdout.splitlines(), proc.stdout
     assert "usage: workbench [-h] {finetune,demo,runs,show,bench}" in proc.stdout
@@ -303,8 +394,13 @@ def test_one_config_gives_the_same_step_1_loss_on_one_and_two_ranks(tmp_path):
     # global micro-batch (local_batch_size x dp sequences): 1 rank takes 8 at once, 2 ranks 4 each.
     from launch_utils import run_ranks
 
-    base = RunConfig.demo(data__seq_len=64, train__global_batch_size=8, train__steps=1,
-                          train__save_final_checkpoint=False, output_dir=str(tmp_path))
+    base = RunConfig.demo(
+        data__seq_len=64,
+        train__global_batch_size=8,
+        train__steps=1,
+        train__save_final_checkpoint=False,
+        output_dir=str(tmp_path),
+    )
     two = run_ranks(_step_1_loss, 2, base.with_overrides({"train.local_batch_size": 4, "run_id": "two"}).to_dict())
     one = _step_1_loss(0, 1, base.with_overrides({"train.local_batch_size": 8, "run_id": "one"}).to_dict())
     assert two[0] == two[1]

@@ -16,8 +16,8 @@ import pytest
 
 pytest.importorskip("ipyparallel")
 
-from workbench.cluster import Cluster, ClusterError  # noqa: E402
-from workbench.cluster import engine as engine_code  # noqa: E402
+from workbench.cluster import Cluster, ClusterError
+from workbench.cluster import engine as engine_code
 
 
 def _all_pids(cluster: Cluster) -> set[int]:
@@ -67,8 +67,7 @@ def test_start_stop_leaves_no_process_and_sets_rank_environment():
         assert {e["MASTER_PORT"] for e in envs} == {str(cluster.master_port)}
         assert {e["MASTER_ADDR"] for e in envs} == {"127.0.0.1"}
         # The process group is real: ranks 0 and 1 contribute 1 and 2.
-        ranks_plus_one = [cluster.client[cluster.engine_id(r)].apply_async(_allreduce_sum, r + 1.0)
-                          for r in range(2)]
+        ranks_plus_one = [cluster.client[cluster.engine_id(r)].apply_async(_allreduce_sum, r + 1.0) for r in range(2)]
         assert [ar.get(timeout=30) for ar in ranks_plus_one] == [3.0, 3.0]
         # The mpi/slurm/ssh way in: rank 0's engine picks the port (workbench's free_port, shipped by value).
         cluster.master_port = None
@@ -98,7 +97,9 @@ def test_context_manager_info_and_attach():
             assert r["device_memory_gib"] > 0 and r["device_name"]
             assert r["packages"]["torch"] == r["versions"]["torch"]
             te = r["backends"]["experts.te"]
-            assert te["available"] is False and "transformer_engine" in te["reason"].lower().replace("transformerengine", "transformer_engine")
+            assert te["available"] is False and "transformer_engine" in te["reason"].lower().replace(
+                "transformerengine", "transformer_engine"
+            )
             assert r["backends"]["experts.loop"]["available"] is True
         pids = _all_pids(cluster)
 
@@ -158,8 +159,10 @@ def _profile_files(cluster_id: str) -> list[str]:
     from IPython.paths import get_ipython_dir
 
     profile = os.path.join(get_ipython_dir(), "profile_default")
-    return sorted(glob.glob(os.path.join(profile, "security", f"*{cluster_id}*"))
-                  + glob.glob(os.path.join(profile, "log", f"*{cluster_id}*")))
+    return sorted(
+        glob.glob(os.path.join(profile, "security", f"*{cluster_id}*"))
+        + glob.glob(os.path.join(profile, "log", f"*{cluster_id}*"))
+    )
 
 
 @pytest.mark.slow
@@ -246,17 +249,20 @@ def test_stop_logs_nothing_in_a_server_that_watches_the_cluster():
     server.start()
     cluster = Cluster(n=2, devices="cpu")
     try:
+
         async def load():  # on the server's loop, as the lab's request handler does
             # ClusterManager.load_clusters loads each cluster file so; only ours here, as other
             # processes on this machine may run clusters in the same profile.
-            return ipyparallel.Cluster.from_file(profile="default", cluster_id=cluster.cluster_id,
-                                                 log=log)
+            return ipyparallel.Cluster.from_file(profile="default", cluster_id=cluster.cluster_id, log=log)
 
         watched = asyncio.run_coroutine_threadsafe(load(), loop).result(timeout=30)
         assert watched._is_running() and len(watched.engines) == 2
         cluster.stop()
-        _wait_for(lambda: len(handler.starting("Controller stopped")) == 1
-                  and len(handler.starting("engine set stopped")) == 2)
+        _wait_for(
+            lambda: (
+                len(handler.starting("Controller stopped")) == 1 and len(handler.starting("engine set stopped")) == 2
+            )
+        )
     finally:
         cluster.stop()
         loop.call_soon_threadsafe(loop.stop)

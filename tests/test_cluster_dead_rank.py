@@ -11,13 +11,15 @@ import pytest
 
 pytest.importorskip("ipyparallel")
 
-from workbench.cluster import Cluster, ClusterError, RankError  # noqa: E402
-from workbench.config import RunConfig  # noqa: E402
+from workbench.cluster import Cluster, ClusterError, RankError
+from workbench.config import RunConfig
 
 
 def _dead_rank_message(rank: int, pid: int) -> str:
-    return (rf"the engine of rank {rank} \(engine id {rank}, pid {pid}\) died; "
-            rf"call cluster\.restart\(\) to bring it back")
+    return (
+        rf"the engine of rank {rank} \(engine id {rank}, pid {pid}\) died; "
+        rf"call cluster\.restart\(\) to bring it back"
+    )
 
 
 def _wait_exited(pid: int, timeout: float = 10.0) -> None:

@@ -2,13 +2,21 @@
 
 import pytest
 
-from workbench.config import (TINY_VOCAB_SIZE, ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig,
-                              preset_config)
+from workbench.config import (
+    TINY_VOCAB_SIZE,
+    ConfigError,
+    DataConfig,
+    ModelConfig,
+    RunConfig,
+    TrainConfig,
+    preset_config,
+)
 
 
 def test_yaml_round_trip(tmp_path):
-    rc = RunConfig.demo(train__steps=7, train__lr=1e-3, data__seq_len=64, model__layers=3,
-                        output_dir=str(tmp_path), run_id="abc")
+    rc = RunConfig.demo(
+        train__steps=7, train__lr=1e-3, data__seq_len=64, model__layers=3, output_dir=str(tmp_path), run_id="abc"
+    )
     path = tmp_path / "cfg.yaml"
     rc.to_yaml(path)
     back = RunConfig.from_yaml(path)
@@ -26,8 +34,9 @@ def test_unknown_top_level_key_names_it_and_the_allowed_ones(tmp_path):
     assert "learning_rate" in msg and "train" in msg and str(path) in msg
 
 
-@pytest.mark.parametrize("section,key", [("train", "stepz"), ("data", "seqlen"), ("model", "hidden"),
-                                         ("backend", "expert")])
+@pytest.mark.parametrize(
+    "section,key", [("train", "stepz"), ("data", "seqlen"), ("model", "hidden"), ("backend", "expert")]
+)
 def test_unknown_nested_key(section, key):
     data = RunConfig.demo().to_dict()
     data[section] = {**data[section], key: 1}
@@ -36,20 +45,23 @@ def test_unknown_nested_key(section, key):
     assert key in str(info.value)
 
 
-@pytest.mark.parametrize("make,needle", [
-    (lambda: TrainConfig(steps=0), "train.steps"),
-    (lambda: TrainConfig(global_batch_size=6, local_batch_size=4), "multiple"),
-    (lambda: TrainConfig(min_lr_ratio=2.0), "min_lr_ratio"),
-    (lambda: TrainConfig(betas=(0.9, 1.5)), "betas"),
-    (lambda: ModelConfig(dtype="fp8"), "model.dtype"),
-    (lambda: ModelConfig(preset="gpt5"), "unknown model preset"),
-    (lambda: ModelConfig(preset="tiny", path="/x"), "exactly one"),
-    (lambda: ModelConfig(layers=0), "model.layers"),
-    (lambda: DataConfig(kind="parquet"), "data.kind"),
-    (lambda: DataConfig(seq_len=64, max_length=128), "max_length"),
-    (lambda: DataConfig(kind="synthetic", path="x.jsonl"), "data.path"),
-    (lambda: RunConfig(run_id="a/b"), "run_id"),
-])
+@pytest.mark.parametrize(
+    "make,needle",
+    [
+        (lambda: TrainConfig(steps=0), "train.steps"),
+        (lambda: TrainConfig(global_batch_size=6, local_batch_size=4), "multiple"),
+        (lambda: TrainConfig(min_lr_ratio=2.0), "min_lr_ratio"),
+        (lambda: TrainConfig(betas=(0.9, 1.5)), "betas"),
+        (lambda: ModelConfig(dtype="fp8"), "model.dtype"),
+        (lambda: ModelConfig(preset="gpt5"), "unknown model preset"),
+        (lambda: ModelConfig(preset="tiny", path="/x"), "exactly one"),
+        (lambda: ModelConfig(layers=0), "model.layers"),
+        (lambda: DataConfig(kind="parquet"), "data.kind"),
+        (lambda: DataConfig(seq_len=64, max_length=128), "max_length"),
+        (lambda: DataConfig(kind="synthetic", path="x.jsonl"), "data.path"),
+        (lambda: RunConfig(run_id="a/b"), "run_id"),
+    ],
+)
 def test_validation_errors(make, needle):
     with pytest.raises(ConfigError) as info:
         make()
@@ -92,8 +104,13 @@ def test_from_yaml_missing_file(tmp_path):
 
 # -- non-finite numbers (issue 13 A2) -----------------------------------------------------------
 
-NON_FINITE_FIELDS = [("train", "lr"), ("train", "min_lr_ratio"), ("train", "clip_grad_norm"),
-                     ("train", "weight_decay"), ("model", "router_aux_loss_coef")]
+NON_FINITE_FIELDS = [
+    ("train", "lr"),
+    ("train", "min_lr_ratio"),
+    ("train", "clip_grad_norm"),
+    ("train", "weight_decay"),
+    ("model", "router_aux_loss_coef"),
+]
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
@@ -132,9 +149,11 @@ def test_betas_refuse_non_finite_numbers(betas):
 
 def test_yaml_reads_exponents_without_a_dot_as_floats(tmp_path):
     path = tmp_path / "cfg.yaml"
-    path.write_text("model:\n  router_aux_loss_coef: 1E-3\n"
-                    "train:\n  lr: 1e-3\n  weight_decay: 3e-4\n  clip_grad_norm: 1E5\n  min_lr_ratio: 5e-1\n"
-                    "run_id: '1e-3'\noutput_dir: 1e-3x\n")
+    path.write_text(
+        "model:\n  router_aux_loss_coef: 1E-3\n"
+        "train:\n  lr: 1e-3\n  weight_decay: 3e-4\n  clip_grad_norm: 1E5\n  min_lr_ratio: 5e-1\n"
+        "run_id: '1e-3'\noutput_dir: 1e-3x\n"
+    )
     rc = RunConfig.from_yaml(path)
     assert (rc.train.lr, rc.train.weight_decay, rc.train.clip_grad_norm) == (1e-3, 3e-4, 1e5)
     assert rc.train.min_lr_ratio == 0.5 and rc.model.router_aux_loss_coef == 1e-3
@@ -143,10 +162,25 @@ def test_yaml_reads_exponents_without_a_dot_as_floats(tmp_path):
     assert RunConfig.from_yaml(rc.to_yaml()) == rc
 
 
-@pytest.mark.parametrize("text,value", [("1e-3", 1e-3), ("3e-4", 3e-4), ("1E5", 1e5), ("-2e+3", -2e3),
-                                        ("1.5e3", 1500.0), ("0.001", 0.001), ("12", 12), ("true", True),
-                                        ("1e-3x", "1e-3x"), ("e5", "e5"), ("'1e-3'", "1e-3"), ("nan", "nan"),
-                                        ("abc", "abc"), ("[1, 2e-1]", [1, 0.2])])
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("1e-3", 1e-3),
+        ("3e-4", 3e-4),
+        ("1E5", 1e5),
+        ("-2e+3", -2e3),
+        ("1.5e3", 1500.0),
+        ("0.001", 0.001),
+        ("12", 12),
+        ("true", True),
+        ("1e-3x", "1e-3x"),
+        ("e5", "e5"),
+        ("'1e-3'", "1e-3"),
+        ("nan", "nan"),
+        ("abc", "abc"),
+        ("[1, 2e-1]", [1, 0.2]),
+    ],
+)
 def test_load_yaml_changes_only_number_looking_strings(text, value):
     from workbench.config_io import load_yaml
 

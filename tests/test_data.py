@@ -6,8 +6,17 @@ import pytest
 import torch
 
 from workbench.config import TINY_SFT_PATH, TINY_VOCAB_SIZE, TOKENIZER_DIR, DataConfig, preset_config
-from workbench.train.data import (IGNORE_INDEX, DataError, TokenStream, build_stream, load_sft_examples,
-                                  load_tokenizer, max_row_bytes, pack_examples, tokenize_messages)
+from workbench.train.data import (
+    IGNORE_INDEX,
+    DataError,
+    TokenStream,
+    build_stream,
+    load_sft_examples,
+    load_tokenizer,
+    max_row_bytes,
+    pack_examples,
+    tokenize_messages,
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +48,13 @@ def test_prompt_is_masked_and_response_is_trained(tok):
 
 
 def test_multi_turn_trains_every_assistant_turn_only(tok):
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"},
-            {"role": "assistant", "content": "Bye now."}]
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Bye"},
+        {"role": "assistant", "content": "Bye now."},
+    ]
     ids, labels = tokenize_messages(tok, msgs, "row")
     trained = tok.decode([i for i, l in zip(ids, labels) if l != IGNORE_INDEX])
     assert trained == "Hello.<|im_end|>\nBye now.<|im_end|>\n"
@@ -67,7 +80,8 @@ def test_packing_keeps_examples_whole_and_resets_positions(tok, tmp_path):
     assert real == [e[0] for e in examples]
     assert (packed.labels[packed.input_ids == tok.pad_token_id] == IGNORE_INDEX).all()
     assert packed.num_loss_tokens() == sum(sum(l != IGNORE_INDEX for l in e[1]) for e in examples) - sum(
-        int(packed.labels[r, 0] != IGNORE_INDEX) for r in range(len(packed)))
+        int(packed.labels[r, 0] != IGNORE_INDEX) for r in range(len(packed))
+    )
 
 
 def test_packed_attention_does_not_cross_examples(tok):
@@ -83,7 +97,9 @@ def test_packed_attention_does_not_cross_examples(tok):
     packed = pack_examples(examples, seq_len=128, pad_id=tok.pad_token_id)
     n_a, n_b = len(examples[0][0]), len(examples[1][0])
     with torch.no_grad():
-        both = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False).logits[0, n_a:n_a + n_b]
+        both = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False).logits[
+            0, n_a : n_a + n_b
+        ]
         alone = model(input_ids=torch.tensor([examples[1][0]]), use_cache=False).logits[0]
     torch.testing.assert_close(both, alone, rtol=1e-5, atol=1e-5)
 
@@ -177,8 +193,9 @@ def test_non_utf8_file_names_file_and_line(tok, tmp_path, content):
 
 def test_utf8_cut_at_the_byte_bound_is_reported_as_too_long(tok, tmp_path):
     path = tmp_path / "d.jsonl"
-    path.write_text(json.dumps({"prompt": "é" * (1 << 20), "response": "b"}, ensure_ascii=False) + "\n",
-                    encoding="utf-8")
+    path.write_text(
+        json.dumps({"prompt": "é" * (1 << 20), "response": "b"}, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     with pytest.raises(DataError, match=rf"{path}:1: row is over"):
         load_sft_examples(path, tok, 64)
 

@@ -1,6 +1,5 @@
 """data.kind='datasets': local files in each row format, chat-template labels, the tokenized cache, bad data."""
 
-import json
 import shutil
 
 import pytest
@@ -14,14 +13,27 @@ from workbench.train.data import IGNORE_INDEX, DataError, build_stream, load_tok
 
 N = 12
 ROWS = {
-    "messages": {"messages": [[{"role": "system", "content": "be brief"}, {"role": "user", "content": f"add {i} and 2"},
-                               {"role": "assistant", "content": f"{i + 2}"}, {"role": "user", "content": "sure?"},
-                               {"role": "assistant", "content": f"yes, {i + 2}"}] for i in range(N)]},
-    "prompt_completion": {"prompt": [f"what is {i} plus 1?" for i in range(N)],
-                          "completion": [f"{i} plus 1 is {i + 1}." for i in range(N)]},
-    "instruction": {"instruction": [f"count to {i}" for i in range(N)],
-                    "input": ["" if i % 2 else "fast" for i in range(N)],
-                    "output": [" ".join(str(k) for k in range(i + 1)) for i in range(N)]},
+    "messages": {
+        "messages": [
+            [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": f"add {i} and 2"},
+                {"role": "assistant", "content": f"{i + 2}"},
+                {"role": "user", "content": "sure?"},
+                {"role": "assistant", "content": f"yes, {i + 2}"},
+            ]
+            for i in range(N)
+        ]
+    },
+    "prompt_completion": {
+        "prompt": [f"what is {i} plus 1?" for i in range(N)],
+        "completion": [f"{i} plus 1 is {i + 1}." for i in range(N)],
+    },
+    "instruction": {
+        "instruction": [f"count to {i}" for i in range(N)],
+        "input": ["" if i % 2 else "fast" for i in range(N)],
+        "output": [" ".join(str(k) for k in range(i + 1)) for i in range(N)],
+    },
     "text": {"text": [f"the number {i} comes after {i - 1} and before {i + 1}." for i in range(N)]},
 }
 
@@ -74,10 +86,10 @@ def test_each_row_format_from_each_file_format(tok, tmp_path, kind, fmt):
     for i in (0, N - 1):
         ids, labels = _expected(tok, fmt, i)
         b = seqs.slice(i, i + 1)
-        assert b.input_ids[0, :len(ids)].tolist() == ids
-        assert b.labels[0, :len(ids)].tolist() == labels
-        assert (b.labels[0, len(ids):] == IGNORE_INDEX).all()
-        assert b.position_ids[0, :len(ids)].tolist() == list(range(len(ids)))
+        assert b.input_ids[0, : len(ids)].tolist() == ids
+        assert b.labels[0, : len(ids)].tolist() == labels
+        assert (b.labels[0, len(ids) :] == IGNORE_INDEX).all()
+        assert b.position_ids[0, : len(ids)].tolist() == list(range(len(ids)))
 
 
 def test_assistant_only_labels_follow_the_chat_template_token_by_token(tok, tmp_path):
@@ -86,9 +98,14 @@ def test_assistant_only_labels_follow_the_chat_template_token_by_token(tok, tmp_
     msgs = ROWS["messages"]["messages"][3]
     full = tok.apply_chat_template(msgs, tokenize=False)
     # The trained characters: each assistant turn after its generation prompt, through its end-of-turn.
-    spans = [(len(tok.apply_chat_template(msgs[:k], tokenize=False, add_generation_prompt=True)),
-              len(tok.apply_chat_template(msgs[:k + 1], tokenize=False)))
-             for k, m in enumerate(msgs) if m["role"] == "assistant"]
+    spans = [
+        (
+            len(tok.apply_chat_template(msgs[:k], tokenize=False, add_generation_prompt=True)),
+            len(tok.apply_chat_template(msgs[: k + 1], tokenize=False)),
+        )
+        for k, m in enumerate(msgs)
+        if m["role"] == "assistant"
+    ]
     enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
     n = len(enc["input_ids"])
     assert b.input_ids[0, :n].tolist() == enc["input_ids"]
@@ -98,8 +115,11 @@ def test_assistant_only_labels_follow_the_chat_template_token_by_token(tok, tmp_
         if trained:
             assert b.labels[0, t].item() == enc["input_ids"][t]
     assert 0 < sum(z - a for a, z in spans) < len(full)
-    every = build_stream(_cfg(tmp_path, assistant_only_loss=False, path=cfg.path, data_files=cfg.data_files),
-                         seed=0, vocab_size=TINY_VOCAB_SIZE).sequences.slice(3, 4)
+    every = build_stream(
+        _cfg(tmp_path, assistant_only_loss=False, path=cfg.path, data_files=cfg.data_files),
+        seed=0,
+        vocab_size=TINY_VOCAB_SIZE,
+    ).sequences.slice(3, 4)
     assert every.labels[0, :n].tolist() == enc["input_ids"]
 
 
@@ -107,6 +127,7 @@ def test_packing_and_eval_holdout(tmp_path):
     cfg = _cfg(tmp_path, pack=True, eval_fraction=0.25, eval_every=1, **_save(tmp_path, ROWS["text"], "parquet"))
     stream = build_stream(cfg, seed=0, vocab_size=TINY_VOCAB_SIZE)
     train, held = stream.sequences, stream.eval_sequences
+
     # a document starts at position 0 and trains on its next token (a packed one's own first label is -100)
     def docs(s):
         rows = s.slice(0, len(s))
@@ -144,14 +165,18 @@ def _bad_template(tmp_path):
     template = (folder / "chat_template.jinja").read_text()
     (folder / "chat_template.jinja").write_text(
         "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool role here') }}"
-        "{% endif %}{% endfor %}" + template)
+        "{% endif %}{% endfor %}" + template
+    )
     return str(folder)
 
 
 def test_bad_data_names_file_and_row(tmp_path):
     files = _save(tmp_path, {"question": ["a"], "answer": ["b"]}, "parquet")
-    with pytest.raises(DataError, match=r"d.parquet: data.format='prompt_completion' needs column\(s\) "
-                                        r"\['prompt', 'completion'\], but the dataset has \['question', 'answer'\]"):
+    with pytest.raises(
+        DataError,
+        match=r"d.parquet: data.format='prompt_completion' needs column\(s\) "
+        r"\['prompt', 'completion'\], but the dataset has \['question', 'answer'\]",
+    ):
         build_stream(_cfg(tmp_path, format="prompt_completion", **files), seed=0, vocab_size=TINY_VOCAB_SIZE)
     with pytest.raises(DataError, match=r"no row format fits the columns \['question', 'answer'\]"):
         build_stream(_cfg(tmp_path, **files), seed=0, vocab_size=TINY_VOCAB_SIZE)
@@ -161,8 +186,12 @@ def test_bad_data_names_file_and_row(tmp_path):
     empty = _save(tmp_path, {"text": []}, "parquet", name="empty")
     with pytest.raises(DataError, match=r"empty.parquet: the file has no rows"):
         build_stream(_cfg(tmp_path, format="text", **empty), seed=0, vocab_size=TINY_VOCAB_SIZE)
-    split = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a b"]}),
-                                  "test": datasets.Dataset.from_dict({"text": ["x"]}).select([])})
+    split = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"text": ["a b"]}),
+            "test": datasets.Dataset.from_dict({"text": ["x"]}).select([]),
+        }
+    )
     split.save_to_disk(str(tmp_path / "dict"), num_shards={"train": 1, "test": 1})
     with pytest.raises(DataError, match=r"dict: the split 'test' has no rows"):
         build_stream(_cfg(tmp_path, path=str(tmp_path / "dict"), split="test"), seed=0, vocab_size=TINY_VOCAB_SIZE)
@@ -173,16 +202,21 @@ def test_bad_data_names_file_and_row(tmp_path):
     with pytest.raises(DataError, match=r"blank.parquet: every label is masked"):
         build_stream(_cfg(tmp_path, **blank), seed=0, vocab_size=TINY_VOCAB_SIZE)
 
-    rows = {"messages": [ROWS["messages"]["messages"][0],
-                         [{"role": "tool", "content": "x"}, {"role": "assistant", "content": "y"}]]}
+    rows = {
+        "messages": [
+            ROWS["messages"]["messages"][0],
+            [{"role": "tool", "content": "x"}, {"role": "assistant", "content": "y"}],
+        ]
+    }
     tool = _save(tmp_path, rows, "json", name="tool")
     with pytest.raises(DataError, match=r"tool.json: row 1: the chat template failed on this row .*no tool role here"):
         build_stream(_cfg(tmp_path, tokenizer=_bad_template(tmp_path), **tool), seed=0, vocab_size=TINY_VOCAB_SIZE)
 
     rows = {"messages": [ROWS["messages"]["messages"][0], [{"role": "user", "content": "no answer"}]]}
     with pytest.raises(DataError, match=r"noanswer.parquet: row 1: no assistant message"):
-        build_stream(_cfg(tmp_path, **_save(tmp_path, rows, "parquet", name="noanswer")), seed=0,
-                     vocab_size=TINY_VOCAB_SIZE)
+        build_stream(
+            _cfg(tmp_path, **_save(tmp_path, rows, "parquet", name="noanswer")), seed=0, vocab_size=TINY_VOCAB_SIZE
+        )
     with pytest.raises(DataError, match=r"data.data_files: file .*missing.parquet does not exist"):
         build_stream(_cfg(tmp_path, data_files=str(tmp_path / "missing.parquet")), seed=0, vocab_size=TINY_VOCAB_SIZE)
 
@@ -210,17 +244,29 @@ def test_config_validation_and_overrides(tmp_path):
         DataConfig(kind="jsonl", eval_fraction=0.1)
     with pytest.raises(ConfigError, match=r"data\.format 'chat' is not one of"):
         DataConfig(kind="datasets", data_files="d.csv", format="chat")
-    rc = RunConfig.demo().with_overrides({"data.kind": "datasets", "data.data_files": ["a.parquet", "b.parquet"],
-                                          "data.columns": {"prompt": "q"}, "data.eval_fraction": 0.1,
-                                          "data.eval_every": 5})
+    rc = RunConfig.demo().with_overrides(
+        {
+            "data.kind": "datasets",
+            "data.data_files": ["a.parquet", "b.parquet"],
+            "data.columns": {"prompt": "q"},
+            "data.eval_fraction": 0.1,
+            "data.eval_every": 5,
+        }
+    )
     assert rc.data.data_files == ["a.parquet", "b.parquet"] and rc.data.columns == {"prompt": "q"}
     assert RunConfig.from_yaml(rc.to_yaml()).data == rc.data
     import argparse
 
     from workbench.cli import _overrides
 
-    sets = ["data.kind=datasets", "data.data_files=[a.parquet]", "data.columns={prompt: q, completion: a}",
-            "data.eval_fraction=0.1", "data.eval_every=5", "data.assistant_only_loss=false"]
+    sets = [
+        "data.kind=datasets",
+        "data.data_files=[a.parquet]",
+        "data.columns={prompt: q, completion: a}",
+        "data.eval_fraction=0.1",
+        "data.eval_every=5",
+        "data.assistant_only_loss=false",
+    ]
     cli = RunConfig.demo().with_overrides(_overrides(argparse.Namespace(set=sets)))
     assert cli.data.columns == {"prompt": "q", "completion": "a"} and cli.data.data_files == ["a.parquet"]
     assert cli.data.assistant_only_loss is False and cli.data.eval_every == 5

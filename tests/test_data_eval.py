@@ -12,23 +12,37 @@ from workbench.config import TINY_VOCAB_SIZE, DataConfig, RunConfig  # noqa: E40
 from workbench.train import finetune  # noqa: E402
 from workbench.train.data import IGNORE_INDEX, build_stream  # noqa: E402
 
-ROWS = {"prompt": [f"what is {i} plus {i % 5}?" for i in range(40)],
-        "completion": [f"{i} plus {i % 5} is {i + i % 5}." for i in range(40)]}
+ROWS = {
+    "prompt": [f"what is {i} plus {i % 5}?" for i in range(40)],
+    "completion": [f"{i} plus {i % 5} is {i + i % 5}." for i in range(40)],
+}
 
 
 def _data(tmp_path, **kw):
     path = tmp_path / "rows.parquet"
     if not path.exists():
         datasets.Dataset.from_dict(ROWS).to_parquet(str(path))
-    base = dict(kind="datasets", data_files=str(path), seq_len=64, eval_fraction=0.2, eval_every=2,
-                cache_dir=str(tmp_path / "cache"))
+    base = dict(
+        kind="datasets",
+        data_files=str(path),
+        seq_len=64,
+        eval_fraction=0.2,
+        eval_every=2,
+        cache_dir=str(tmp_path / "cache"),
+    )
     base.update(kw)
     return DataConfig(**base)
 
 
 def _rc(tmp_path, **overrides):
-    base = dict(output_dir=str(tmp_path / "runs"), data=_data(tmp_path), train__steps=5, train__global_batch_size=4,
-                train__local_batch_size=2, train__warmup_steps=1)
+    base = dict(
+        output_dir=str(tmp_path / "runs"),
+        data=_data(tmp_path),
+        train__steps=5,
+        train__global_batch_size=4,
+        train__local_batch_size=2,
+        train__warmup_steps=1,
+    )
     base.update(overrides)
     return RunConfig.demo(**base)
 
@@ -50,8 +64,13 @@ def test_eval_loss_equals_the_models_loss_on_the_eval_rows(tmp_path):
     b = held.slice(0, len(held))
     with torch.no_grad():
         trainer.model.eval()
-        out = trainer.model(input_ids=b.input_ids, labels=b.labels, position_ids=b.position_ids,
-                            output_router_logits=False, use_cache=False)
+        out = trainer.model(
+            input_ids=b.input_ids,
+            labels=b.labels,
+            position_ids=b.position_ids,
+            output_router_logits=False,
+            use_cache=False,
+        )
     # Transformers' own loss: the mean over every non-masked eval token, one forward of the whole set.
     assert got["eval_loss"] == pytest.approx(float(out.loss), rel=1e-5)
     targets = b.labels[:, 1:]
@@ -79,8 +98,10 @@ def _two_rank_build(rank, world, cfg):
     from workbench.train import data_cache
 
     if rank == 1:  # only rank 0 tokenizes; rank 1 maps what rank 0 wrote
+
         def refuse(*a, **k):
             raise AssertionError("rank 1 loaded the tokenizer")
+
         data_cache.load_tokenizer = refuse
     stream = build_stream(DataConfig(**cfg), seed=0, vocab_size=TINY_VOCAB_SIZE)
     return stream.next_batch(4).input_ids.tolist(), len(stream.eval_sequences)
@@ -122,8 +143,13 @@ def _two_rank_eval(rank, world, rc_dict):
     b = held.slice(0, len(held))
     with torch.no_grad():  # every rank runs the same whole-set forward (a sharded model's collectives need it)
         trainer.model.eval()
-        out = trainer.model(input_ids=b.input_ids, labels=b.labels, position_ids=b.position_ids,
-                            output_router_logits=False, use_cache=False)
+        out = trainer.model(
+            input_ids=b.input_ids,
+            labels=b.labels,
+            position_ids=b.position_ids,
+            output_router_logits=False,
+            use_cache=False,
+        )
     return len(held), got["eval_loss"], float(out.loss)
 
 

@@ -22,10 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pytest
 import torch
 import torch.distributed as dist
-from torch import nn
-
 from dispatch_compare import bench_two_gpus, random_routing, round_trip
-from launch_utils import run_ranks  # noqa: E402
+from launch_utils import run_ranks
+from torch import nn
 
 import workbench.backends as backends
 from workbench.backends import BackendConfig, BackendError, availability
@@ -40,6 +39,7 @@ needs_no_deep_ep = pytest.mark.skipif(HAS_DEEP_EP, reason="checks the not-instal
 
 
 # ---------------------------------------------------------------- CPU: selection and fallback
+
 
 @needs_no_deep_ep
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -62,9 +62,17 @@ def deep_ep_installed(monkeypatch):
     monkeypatch.setattr(backends, "gpus_per_node", lambda: 8)
 
 
-@pytest.mark.parametrize("device,world_size,expected", [
-    ("cpu", 1, "local"), ("cpu", 2, "alltoall"), ("cpu", 8, "alltoall"),
-    ("cuda", 1, "local"), ("cuda", 2, "alltoall"), ("cuda", 8, "alltoall")])
+@pytest.mark.parametrize(
+    "device,world_size,expected",
+    [
+        ("cpu", 1, "local"),
+        ("cpu", 2, "alltoall"),
+        ("cpu", 8, "alltoall"),
+        ("cuda", 1, "local"),
+        ("cuda", 2, "alltoall"),
+        ("cuda", 8, "alltoall"),
+    ],
+)
 def test_auto_never_picks_deepep(device, world_size, expected):
     assert BackendConfig(dispatcher="auto").resolve(device, world_size=world_size).dispatcher == expected
 
@@ -76,13 +84,16 @@ def test_auto_stays_alltoall_even_when_deepep_is_usable(deep_ep_installed, devic
     assert BackendConfig(dispatcher="deepep").resolve(device, world_size=world_size).dispatcher == "deepep"
 
 
-@pytest.mark.parametrize("device,world_size,gpus,message", [
-    ("cpu", 2, 8, r"needs CUDA GPUs.*got cpu; use 'alltoall'"),
-    ("cuda", 1, 8, r"needs ep >= 2; use 'local'"),
-    ("cuda", 3, 8, r"run on 2, 4, 8 ranks, got 3; use 'alltoall'"),
-    ("cuda", 16, 8, r"run on 2, 4, 8 ranks, got 16"),
-    ("cuda", 8, 4, r"intranode only \(NVLink\): 8 ranks but this node has 4 GPUs; use 'alltoall'"),
-])
+@pytest.mark.parametrize(
+    "device,world_size,gpus,message",
+    [
+        ("cpu", 2, 8, r"needs CUDA GPUs.*got cpu; use 'alltoall'"),
+        ("cuda", 1, 8, r"needs ep >= 2; use 'local'"),
+        ("cuda", 3, 8, r"run on 2, 4, 8 ranks, got 3; use 'alltoall'"),
+        ("cuda", 16, 8, r"run on 2, 4, 8 ranks, got 16"),
+        ("cuda", 8, 4, r"intranode only \(NVLink\): 8 ranks but this node has 4 GPUs; use 'alltoall'"),
+    ],
+)
 def test_deepep_refused_with_a_reason(deep_ep_installed, monkeypatch, device, world_size, gpus, message):
     monkeypatch.setattr(backends, "gpus_per_node", lambda: gpus)
     ok, reason = availability("dispatcher", "deepep", device, world_size)
@@ -92,12 +103,15 @@ def test_deepep_refused_with_a_reason(deep_ep_installed, monkeypatch, device, wo
         BackendConfig(dispatcher="deepep").resolve(device, world_size=world_size)
 
 
-@pytest.mark.parametrize("nvml,visible,expected", [
-    (8, 1, 8),   # a rank whose CUDA_VISIBLE_DEVICES shows only its own GPU: the host still has 8
-    (4, 4, 4),
-    (-1, 2, 2),  # NVML could not count (torch's -1): what torch sees
-    (0, 0, 0),   # no GPU at all
-])
+@pytest.mark.parametrize(
+    "nvml,visible,expected",
+    [
+        (8, 1, 8),  # a rank whose CUDA_VISIBLE_DEVICES shows only its own GPU: the host still has 8
+        (4, 4, 4),
+        (-1, 2, 2),  # NVML could not count (torch's -1): what torch sees
+        (0, 0, 0),  # no GPU at all
+    ],
+)
 def test_gpus_per_node_counts_the_host_not_the_visible_devices(monkeypatch, nvml, visible, expected):
     # The two counts stand in for hardware this CPU machine lacks; the rule between them is what is tested.
     monkeypatch.setattr(torch.cuda, "_raw_device_count_nvml", lambda: nvml, raising=False)
@@ -134,6 +148,7 @@ def test_backend_panel_shows_deepep_missing_with_the_install_command():
 
 # ---------------------------------------------------------------- CPU: buffer lifecycle and teardown
 
+
 class FakeBuffer:
     def __init__(self, num_bytes: int, log: list):
         self.num_bytes, self.log = num_bytes, log
@@ -149,7 +164,7 @@ def test_buffer_slot_is_lazy_grows_and_closes_once():
     assert slot.close() is False and slot.key is None and log == []  # nothing held: a no-op
     first = slot.get(100)
     assert slot.get(50) is first and slot.get(100) is first and slot.key == "key100"
-    second = slot.get(300)                         # wider rows: the old buffer is freed first
+    second = slot.get(300)  # wider rows: the old buffer is freed first
     assert second is not first and log == [("make", 100), ("destroy", 100), ("make", 300)]
     assert slot.close() is True and slot.close() is False
     assert log[-1] == ("destroy", 300) and slot.buffer is None and slot.key is None
@@ -180,8 +195,9 @@ def _blocks(dispatchers) -> nn.Module:
 
 
 def test_close_dispatchers_on_a_real_model_holding_no_buffer_is_a_no_op():
-    import workbench
     from tiny_models import tiny_qwen3_moe
+
+    import workbench
 
     model = workbench.AutoModelForCausalLM.from_config(tiny_qwen3_moe(), backend=BackendConfig(), device="cpu")
     assert engine_experts_modules(model)
@@ -212,8 +228,9 @@ def test_cluster_teardown_closes_the_buffers_of_live_models():
     held = FakeClosable("k", group_ranks=[0])
     model = _blocks([held, held])
     store = tempfile.mktemp(prefix="wb-deepep-store-")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=0, world_size=1, timeout=datetime.timedelta(seconds=60)
+    )
     try:
         assert engine.shutdown_process_group() is True
     finally:
@@ -226,15 +243,14 @@ def test_cluster_teardown_closes_the_buffers_of_live_models():
 
 
 def _teardown_worker(rank, world):
-    both = FakeClosable("both", group_ranks=[0, 1])            # held by both ranks: closed
+    both = FakeClosable("both", group_ranks=[0, 1])  # held by both ranks: closed
     rank0_only = FakeClosable("only-0" if rank == 0 else None, group_ranks=[0, 1])  # peer lost it: skipped
-    solo = FakeClosable(f"solo-{rank}", group_ranks=[rank])   # a one-rank group: closed
+    solo = FakeClosable(f"solo-{rank}", group_ranks=[rank])  # a one-rank group: closed
     model = _blocks([both, rank0_only, solo])
     closed = close_live_dispatchers()
     again = close_live_dispatchers()
     del model
-    return {"closed": closed, "again": again, "both": both.closes, "rank0_only": rank0_only.closes,
-            "solo": solo.closes}
+    return {"closed": closed, "again": again, "both": both.closes, "rank0_only": rank0_only.closes, "solo": solo.closes}
 
 
 @pytest.mark.slow
@@ -246,6 +262,7 @@ def test_close_live_dispatchers_closes_only_what_every_group_rank_holds():
 
 
 # ---------------------------------------------------------------- 2 GPUs: parity with alltoall
+
 
 def run_gpu_ranks(fn, world: int, *args, timeout: float = 300.0) -> list:
     """fn(rank, world, *args) on `world` NCCL ranks, one GPU each, multicast off."""
@@ -259,8 +276,10 @@ def _parity_worker(rank, world, configs, seed):
     dispatchers = {}
     for num_experts, num_tokens, top_k, hidden in configs:
         if num_experts not in dispatchers:  # one of each per expert count: later configs reuse the buffer
-            dispatchers[num_experts] = (make_dispatcher("alltoall", num_experts, group),
-                                        make_dispatcher("deepep", num_experts, group))
+            dispatchers[num_experts] = (
+                make_dispatcher("alltoall", num_experts, group),
+                make_dispatcher("deepep", num_experts, group),
+            )
         reference, candidate = dispatchers[num_experts]
         g = torch.Generator().manual_seed(seed + 97 * rank + num_tokens)
         ids, weights = random_routing(num_tokens, num_experts, top_k, g, device)
@@ -269,8 +288,11 @@ def _parity_worker(rank, world, configs, seed):
         scale = (torch.rand(num_experts // world, generator=g) + 0.5).to(device)
         a = round_trip(reference, x, ids, weights.to(torch.bfloat16), grad_out, scale)
         b = round_trip(candidate, x, ids, weights.to(torch.bfloat16), grad_out, scale)
-        row = {"config": (num_experts, num_tokens, top_k, hidden), "rows": int(a["x_by_expert"].shape[0]),
-               "tokens_per_expert": a["tokens_per_expert"].tolist()}
+        row = {
+            "config": (num_experts, num_tokens, top_k, hidden),
+            "rows": int(a["x_by_expert"].shape[0]),
+            "tokens_per_expert": a["tokens_per_expert"].tolist(),
+        }
         for name in a:
             same = tuple(a[name].shape) == tuple(b[name].shape) and a[name].dtype == b[name].dtype
             diff = float((a[name].double() - b[name].double()).abs().max()) if same and a[name].numel() else 0.0
@@ -287,9 +309,9 @@ def _parity_worker(rank, world, configs, seed):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="deepep parity needs 2 CUDA GPUs joined by NVLink")
 def test_deepep_equals_alltoall_forward_and_backward_on_2_gpus():
     configs = [
-        (8, 96, 2, 256),       # 4 experts per rank
-        (8, 40, 2, 256),       # fewer tokens than the first call: the buffer is reused
-        (128, 256, 8, 512),    # Qwen3-30B-A3B routing shape: 64 experts per rank
+        (8, 96, 2, 256),  # 4 experts per rank
+        (8, 40, 2, 256),  # fewer tokens than the first call: the buffer is reused
+        (128, 256, 8, 512),  # Qwen3-30B-A3B routing shape: 64 experts per rank
         (128, 1024, 8, 2048),  # ... and its hidden size: a larger buffer replaces the first
     ]
     seed = int.from_bytes(os.urandom(4), "little")  # fresh inputs every run; the seed is in any failure

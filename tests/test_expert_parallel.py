@@ -32,8 +32,13 @@ def train_losses(model, cfg, rank: int, world: int, group=None) -> list[float]:
         global_items = (labels[:, 1:] != -100).sum()
         per_rank = ids.shape[0] // world
         sl = slice(rank * per_rank, (rank + 1) * per_rank)
-        out = model(input_ids=ids[sl], labels=labels[sl], num_items_in_batch=global_items,
-                    output_router_logits=True, aux_loss_group=group)
+        out = model(
+            input_ids=ids[sl],
+            labels=labels[sl],
+            num_items_in_batch=global_items,
+            output_router_logits=True,
+            aux_loss_group=group,
+        )
         out.loss.backward()
         opt.step()
         opt.zero_grad()
@@ -97,8 +102,9 @@ def _ep_worker(rank, world, ckpt, mesh_kwargs, save_dir):
     cfg = transformers.AutoConfig.from_pretrained(ckpt)
     mesh = MeshConfig(**mesh_kwargs)
     keys_read = _record_checkpoint_reads()
-    model = workbench.AutoModelForCausalLM.from_pretrained(ckpt, mesh=mesh,
-                                                           backend=workbench.BackendConfig(experts="grouped_mm"))
+    model = workbench.AutoModelForCausalLM.from_pretrained(
+        ckpt, mesh=mesh, backend=workbench.BackendConfig(experts="grouped_mm")
+    )
     experts_read = sorted({int(k.split(".mlp.experts.")[1].split(".")[0]) for k in keys_read if ".mlp.experts." in k})
     experts = model.model.layers[0].mlp.experts
     local_experts = experts.gate_up_proj.to_local().shape[0] * (mesh.edp if mesh.edp > 1 else 1)
@@ -106,10 +112,16 @@ def _ep_worker(rank, world, ckpt, mesh_kwargs, save_dir):
     model.save_pretrained(save_dir + "-untrained")
     losses = train_losses(model, cfg, rank, world, group=dp_group)
     model.save_pretrained(save_dir)
-    return {"losses": losses, "expert_range": model.workbench_expert_range, "local_experts": local_experts,
-            "experts_read": experts_read, "dense_read": sum(".mlp.experts." not in k for k in keys_read),
-            "reads": len(keys_read), "read_stats": model.workbench_checkpoint_read,
-            "dispatcher": type(model.model.layers[0].mlp.experts.workbench_dispatcher).__name__}
+    return {
+        "losses": losses,
+        "expert_range": model.workbench_expert_range,
+        "local_experts": local_experts,
+        "experts_read": experts_read,
+        "dense_read": sum(".mlp.experts." not in k for k in keys_read),
+        "reads": len(keys_read),
+        "read_stats": model.workbench_checkpoint_read,
+        "dispatcher": type(model.model.layers[0].mlp.experts.workbench_dispatcher).__name__,
+    }
 
 
 def single_process_run(cfg, path, save_dir):

@@ -19,11 +19,25 @@ from workbench.parallel.mesh import MeshConfig
 from workbench.train.loop import Trainer
 from workbench.train.model_setup import resolve_mesh
 
-SHAPE = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=8, max_position_embeddings=64, tie_word_embeddings=False,
-             bos_token_id=1, eos_token_id=2, pad_token_id=0)
-FAMILIES = {"llama": {}, "qwen3": {},
-            "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02)}
+SHAPE = dict(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+FAMILIES = {
+    "llama": {},
+    "qwen3": {},
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02),
+}
 
 
 def tiny_config(family: str):
@@ -40,11 +54,18 @@ def checkpoint(request, tmp_path_factory):
 
 def run_config(ckpt: str, out: str, local_batch: int, **overrides) -> RunConfig:
     # device="cpu", float32: the single-process reference runs like the gloo ranks also on a GPU machine
-    return RunConfig.demo(model=ModelConfig(preset=None, path=ckpt, dtype="float32", device="cpu"),
-                          data=DataConfig(kind="synthetic", seq_len=16),
-                          output_dir=out, train__steps=3, train__global_batch_size=4,
-                          train__local_batch_size=local_batch, train__lr=1e-2, train__warmup_steps=0,
-                          train__save_final_checkpoint=False, **overrides)
+    return RunConfig.demo(
+        model=ModelConfig(preset=None, path=ckpt, dtype="float32", device="cpu"),
+        data=DataConfig(kind="synthetic", seq_len=16),
+        output_dir=out,
+        train__steps=3,
+        train__global_batch_size=4,
+        train__local_batch_size=local_batch,
+        train__lr=1e-2,
+        train__warmup_steps=0,
+        train__save_final_checkpoint=False,
+        **overrides,
+    )
 
 
 class GradNorms:
@@ -66,8 +87,11 @@ def train(ckpt: str, out: str, local_batch: int, **overrides) -> dict:
     trainer = Trainer(run_config(ckpt, out, local_batch, **overrides), callbacks=[norms])
     trainer.setup()
     result = trainer.fit()
-    return {"losses": result["losses"], "grad_norms": norms.values,
-            "params": {n: _full(p) for n, p in trainer.model.named_parameters()}}
+    return {
+        "losses": result["losses"],
+        "grad_norms": norms.values,
+        "params": {n: _full(p) for n, p in trainer.model.named_parameters()},
+    }
 
 
 def _two_rank_worker(rank, world, ckpt, out, mesh):
@@ -90,8 +114,7 @@ def test_two_ranks_are_one_data_parallel_model_equal_to_one_process(checkpoint, 
         assert torch.equal(a, b), name
         # AdamW divides by sqrt(v): float32 rounding of near-zero gradients (summed in another
         # order) moves a few entries by a fraction of lr after 3 steps.
-        torch.testing.assert_close(a, single, rtol=1e-4, atol=1e-4,
-                                   msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(a, single, rtol=1e-4, atol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
     torch.testing.assert_close(torch.tensor(r0["losses"]), torch.tensor(ref["losses"]), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(torch.tensor(r0["grad_norms"]), torch.tensor(ref["grad_norms"]), rtol=1e-4, atol=0.0)
 
@@ -108,9 +131,17 @@ def test_expert_parallelism_needs_experts_the_engine_can_split(tmp_path):
 
 
 def _jetmoe_config():
-    return transformers.AutoConfig.for_model("jetmoe", vocab_size=128, hidden_size=32, num_hidden_layers=1,
-                                            num_local_experts=4, num_experts_per_tok=2, kv_channels=8,
-                                            num_key_value_heads=2, intermediate_size=32)
+    return transformers.AutoConfig.for_model(
+        "jetmoe",
+        vocab_size=128,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        kv_channels=8,
+        num_key_value_heads=2,
+        intermediate_size=32,
+    )
 
 
 def _refused_worker(rank, world, ckpt, out):

@@ -71,18 +71,36 @@ def test_fused_ce_loss_aux_and_grads_equal_transformers(family):
 def test_fused_ce_refused_where_logits_are_transformed():
     if "granitemoe" not in transformers.CONFIG_MAPPING:
         pytest.skip(f"transformers {transformers.__version__} has no granitemoe")
-    cfg = transformers.AutoConfig.for_model("granitemoe", vocab_size=96, hidden_size=32, intermediate_size=16,
-                                            num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                                            num_local_experts=4, num_experts_per_tok=2, logits_scaling=4.0)
+    cfg = transformers.AutoConfig.for_model(
+        "granitemoe",
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        logits_scaling=4.0,
+    )
     with pytest.raises(ValueError, match=r"fused_ce=True cannot serve model_type 'granitemoe'.*logits_scaling"):
         AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(fused_ce=True), device="cpu")
     # fused_ce=False builds it
     AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(), device="cpu")
 
 
-@pytest.mark.parametrize("family,plain", [("mixtral", True), ("olmoe", True), ("qwen2_moe", True),
-                                          ("qwen3_moe", True), ("deepseek_v3", True), ("glm4_moe", True),
-                                          ("gpt_oss", False)])
+@pytest.mark.parametrize(
+    "family,plain",
+    [
+        ("mixtral", True),
+        ("olmoe", True),
+        ("qwen2_moe", True),
+        ("qwen3_moe", True),
+        ("deepseek_v3", True),
+        ("glm4_moe", True),
+        ("gpt_oss", False),
+    ],
+)
 def test_plain_swiglu_read_from_the_module(family, plain):
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(_config(family))
@@ -173,8 +191,10 @@ def test_combine_choice_reaches_every_dispatcher():
     assert all(m.workbench_dispatcher.use_triton is False for _, m in engine_experts_modules(eng))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None or not HAS_CUDA,
-                    reason="TransformerEngine runs on CUDA GPUs only and is not installed here")
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformer_engine") is None or not HAS_CUDA,
+    reason="TransformerEngine runs on CUDA GPUs only and is not installed here",
+)
 def test_te_linear_and_experts_on_the_generic_path_match_torch_on_cuda():
     cfg = tiny_config("mixtral", hidden_size=64, intermediate_size=64, head_dim=16)
     ref = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="eager").cuda().bfloat16()
@@ -255,13 +275,20 @@ print("GENERIC TRITON OK")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the kernels in "
-                                           "Triton's CPU interpreter)")
+@pytest.mark.skipif(
+    not HAS_TRITON, reason="triton is not installed (pip install triton to run the kernels in Triton's CPU interpreter)"
+)
 @pytest.mark.skipif(HAS_CUDA, reason="the interpreter is for CPU machines; CUDA runs the compiled kernels")
 def test_triton_extras_on_the_generic_path_equal_transformers_in_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETER_SCRIPT, "mixtral", "qwen2_moe", "deepseek_v3", "gpt_oss"],
-                          env=env, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERPRETER_SCRIPT, "mixtral", "qwen2_moe", "deepseek_v3", "gpt_oss"],
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0 and "GENERIC TRITON OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -276,7 +303,7 @@ def _shared_aux_worker(rank, world):
     eng = AutoModelForCausalLM.from_config(cfg, device="cpu")
     eng.load_state_dict(ref.state_dict())
     ids = torch.randint(0, cfg.vocab_size, (2 * world, 12), generator=torch.Generator().manual_seed(1))
-    mine = ids[2 * rank:2 * rank + 2]
+    mine = ids[2 * rank : 2 * rank + 2]
     calls = []
     real = modeling_mixtral.load_balancing_loss_func
     # Noted in this spawned process only: how often Transformers' own aux loss runs in the engine's forward.
@@ -286,8 +313,15 @@ def _shared_aux_worker(rank, world):
     with torch.no_grad():
         whole = ref(input_ids=ids, output_router_logits=True).aux_loss  # one process, the global batch
         ce = ref(input_ids=mine, labels=mine).loss
-    return {"calls": engine_calls, "aux": out.aux_loss.detach(), "whole": whole, "loss": out.loss.detach(),
-            "ce": ce, "router_logits": len(out.router_logits), "layers": cfg.num_hidden_layers}
+    return {
+        "calls": engine_calls,
+        "aux": out.aux_loss.detach(),
+        "whole": whole,
+        "loss": out.loss.detach(),
+        "ce": ce,
+        "router_logits": len(out.router_logits),
+        "layers": cfg.num_hidden_layers,
+    }
 
 
 @pytest.mark.slow

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from launch_utils import run_ranks
 from generic_families import FAMILIES, tiny_config
+from launch_utils import run_ranks
 
 from workbench import BackendConfig
 from workbench.models.auto import AutoModelForCausalLM
@@ -55,8 +55,9 @@ def _pair(family: str, backend: str):
     ref = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="eager", dtype=torch.float32)
     randomize(ref)
     # device="cpu", float32: the reference runs here; on a GPU machine "auto" would pick CUDA kernels
-    eng = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts=backend), device="cpu",
-                                           dtype=torch.float32)
+    eng = AutoModelForCausalLM.from_config(
+        cfg, backend=BackendConfig(experts=backend), device="cpu", dtype=torch.float32
+    )
     eng.load_state_dict(ref.state_dict(), strict=True)
     return cfg, ref, eng
 
@@ -101,14 +102,23 @@ def test_odd_widths_fall_back_to_the_loop_and_stay_exact():
     eng = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts="grouped_mm"), device="cpu")
     eng.load_state_dict(ref.state_dict())
     experts = engine_experts_modules(eng)[0][1]
-    assert not grouped_mm_ok(torch.zeros(1, 36), experts.down_proj.transpose(-2, -1), experts.workbench_grouped_mm_dtypes)
+    assert not grouped_mm_ok(
+        torch.zeros(1, 36), experts.down_proj.transpose(-2, -1), experts.workbench_grouped_mm_dtypes
+    )
     ids = torch.randint(0, cfg.vocab_size, (2, 9))
     close(eng(input_ids=ids).logits, ref(input_ids=ids).logits, "odd-width logits")
 
 
 def test_dense_model_stays_vanilla():
-    cfg = transformers.AutoConfig.for_model("llama", vocab_size=64, hidden_size=32, intermediate_size=32,
-                                            num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    cfg = transformers.AutoConfig.for_model(
+        "llama",
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     model = AutoModelForCausalLM.from_config(cfg)
     assert type(model) is transformers.LlamaForCausalLM and not engine_experts_modules(model)
 
@@ -116,12 +126,23 @@ def test_dense_model_stays_vanilla():
 def test_moe_without_fused_experts_is_refused_naming_supported_families():
     if "jetmoe" not in transformers.CONFIG_MAPPING:
         pytest.skip("no jetmoe in this transformers")
-    cfg = transformers.AutoConfig.for_model("jetmoe", vocab_size=64, hidden_size=32, num_hidden_layers=1,
-                                            num_local_experts=4, num_experts_per_tok=2, kv_channels=8,
-                                            num_key_value_heads=2, intermediate_size=32)
-    with pytest.raises(UnsupportedModelError, match=r"'jetmoe' is a Mixture-of-Experts model whose experts are "
-                                                    r"not Transformers v5 fused .*tested: deepseek_v3, .*glm4_moe, "
-                                                    r"gpt_oss, .*mixtral"):
+    cfg = transformers.AutoConfig.for_model(
+        "jetmoe",
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        kv_channels=8,
+        num_key_value_heads=2,
+        intermediate_size=32,
+    )
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r"'jetmoe' is a Mixture-of-Experts model whose experts are "
+        r"not Transformers v5 fused .*tested: deepseek_v3, .*glm4_moe, "
+        r"gpt_oss, .*mixtral",
+    ):
         AutoModelForCausalLM.from_config(cfg)
 
 
@@ -134,8 +155,9 @@ def _ep_worker(rank, world, family, save_dir):
     from workbench.parallel.mesh import MeshConfig
 
     cfg = _config(family)
-    model = AutoModelForCausalLM.from_config(cfg, mesh=MeshConfig(dp=world, ep=world), seed=3,
-                                             backend=BackendConfig(experts="grouped_mm"))
+    model = AutoModelForCausalLM.from_config(
+        cfg, mesh=MeshConfig(dp=world, ep=world), seed=3, backend=BackendConfig(experts="grouped_mm")
+    )
     num = generic.num_experts(model, cfg)
     first, last = rank * num // world, (rank + 1) * num // world
     held = {}
@@ -175,13 +197,15 @@ def _ep_worker(rank, world, family, save_dir):
         loaded = transformers.AutoModelForCausalLM.from_pretrained(save_dir, experts_implementation="eager")
         ref.zero_grad()
         logits_diff = (loaded(input_ids=ids).logits - ref(input_ids=ids).logits).abs().max().item()
-    return dict(loss=total.item(), ref_loss=ref_out.loss.item(), held=held, num=num, grad_rel=worst,
-                logits_diff=logits_diff)
+    return dict(
+        loss=total.item(), ref_loss=ref_out.loss.item(), held=held, num=num, grad_rel=worst, logits_diff=logits_diff
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "deepseek_v3", "olmoe", "qwen2_moe", "glm4_moe",
-                                    "qwen3_5_moe_text"])
+@pytest.mark.parametrize(
+    "family", ["mixtral", "gpt_oss", "deepseek_v3", "olmoe", "qwen2_moe", "glm4_moe", "qwen3_5_moe_text"]
+)
 def test_dp2_ep2_equals_one_process_and_saves_for_vanilla(family, tmp_path):
     _config(family)  # skip early where this transformers lacks the family
     _check_ep(run_ranks(_ep_worker, 2, family, str(tmp_path / "saved"), timeout=300))
@@ -215,9 +239,15 @@ def test_trainer_steps_on_the_generic_path_lower_the_loss(family, tmp_path):
     from workbench.train import finetune
 
     path = _saved(family, tmp_path / "m", vocab_size=TINY_VOCAB_SIZE)  # the shipped tokenizer's
-    rc = RunConfig.demo(output_dir=str(tmp_path / "runs"), model=ModelConfig(preset=None, path=path),
-                        data__seq_len=64, train__steps=8, train__global_batch_size=4, train__local_batch_size=4,
-                        train__save_final_checkpoint=False)
+    rc = RunConfig.demo(
+        output_dir=str(tmp_path / "runs"),
+        model=ModelConfig(preset=None, path=path),
+        data__seq_len=64,
+        train__steps=8,
+        train__global_batch_size=4,
+        train__local_batch_size=4,
+        train__save_final_checkpoint=False,
+    )
     losses = finetune(rc)["losses"]
     assert losses[-1] < losses[0] - 0.05, losses
 
@@ -229,8 +259,10 @@ def _pretrained_worker(rank, world, path, mesh_kwargs):
     from workbench.parallel.mesh import MeshConfig
 
     model = AutoModelForCausalLM.from_pretrained(path, mesh=MeshConfig(**mesh_kwargs))
-    shapes = {n: tuple((m.down_proj.to_local() if isinstance(m.down_proj, DTensor) else m.down_proj).shape)
-              for n, m in engine_experts_modules(model)}
+    shapes = {
+        n: tuple((m.down_proj.to_local() if isinstance(m.down_proj, DTensor) else m.down_proj).shape)
+        for n, m in engine_experts_modules(model)
+    }
     full = generic.full_state_dict(model)
     return shapes, {k: v for k, v in full.items() if ".experts." in k or k.endswith("embed_tokens.weight")}
 
@@ -281,10 +313,18 @@ def _trainer_run(ckpt: str, out: str, local_batch: int, **overrides) -> dict:
     from workbench.train.loop import Trainer
 
     # device="cpu", float32: the single-process reference runs like the gloo ranks also on a GPU machine
-    rc = RunConfig.demo(model=ModelConfig(preset=None, path=ckpt, dtype="float32", device="cpu"),
-                        data=DataConfig(kind="synthetic", seq_len=16),
-                        output_dir=out, train__steps=3, train__global_batch_size=4, train__local_batch_size=local_batch,
-                        train__lr=1e-2, train__warmup_steps=0, train__export_hf=True, **overrides)
+    rc = RunConfig.demo(
+        model=ModelConfig(preset=None, path=ckpt, dtype="float32", device="cpu"),
+        data=DataConfig(kind="synthetic", seq_len=16),
+        output_dir=out,
+        train__steps=3,
+        train__global_batch_size=4,
+        train__local_batch_size=local_batch,
+        train__lr=1e-2,
+        train__warmup_steps=0,
+        train__export_hf=True,
+        **overrides,
+    )
     trainer = Trainer(rc)
     trainer.setup()
     result = trainer.fit()
@@ -311,7 +351,6 @@ def test_trainer_on_dp2_ep2_equals_one_process_and_exports_for_vanilla(family, t
     assert a.keys() == b.keys()
     for k in a:  # AdamW's sqrt(v) amplifies rounding of near-zero gradients: a fraction of lr after 3 steps
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-4, msg=lambda m, k=k: f"{k}: {m}")
-
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the bf16 grouped-GEMM path on device")
@@ -355,11 +394,16 @@ def test_grouped_mm_dtypes_are_decided_once_at_install_and_passed_down():
     cfg = _config("mixtral")
     grouped = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts="grouped_mm"), device="cpu")
     loop = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts="loop"), device="cpu")
-    assert {m.workbench_grouped_mm_dtypes for _, m in engine_experts_modules(grouped)} == {(torch.float32, torch.bfloat16)}
+    assert {m.workbench_grouped_mm_dtypes for _, m in engine_experts_modules(grouped)} == {
+        (torch.float32, torch.bfloat16)
+    }
     assert {m.workbench_grouped_mm_dtypes for _, m in engine_experts_modules(loop)} == {()}
     g = torch.Generator().manual_seed(0)
     x, weight = torch.randn(10, 16, generator=g), torch.randn(4, 8, 16, generator=g)
     counts = torch.tensor([3, 0, 7, 0])
     # float32 rows with a bf16-only decision (a CUDA device's) take the loop: the same numbers
-    close(grouped_linear(x, counts, weight, False, (torch.bfloat16,)),
-          grouped_linear(x, counts, weight, False, (torch.float32,)), "loop vs grouped_mm rows")
+    close(
+        grouped_linear(x, counts, weight, False, (torch.bfloat16,)),
+        grouped_linear(x, counts, weight, False, (torch.float32,)),
+        "loop vs grouped_mm rows",
+    )

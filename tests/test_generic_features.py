@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from launch_utils import run_ranks
 from generic_families import tiny_config
+from launch_utils import run_ranks
 
 from workbench import BackendConfig
 from workbench.config import ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig
@@ -68,7 +68,9 @@ def test_activation_checkpointing_on_cuda_replays_with_the_same_attention_kernel
     # Found on an H200: the replay outside the forward's sdpa_kernel preference picked flash instead of
     # cuDNN and torch's checkpoint refused the differently shaped saved tensors.
     cfg = _config(family)
-    models = [AutoModelForCausalLM.from_config(cfg, device="cuda", dtype=torch.bfloat16, seed=0).cuda() for _ in range(2)]
+    models = [
+        AutoModelForCausalLM.from_config(cfg, device="cuda", dtype=torch.bfloat16, seed=0).cuda() for _ in range(2)
+    ]
     models[1].load_state_dict(models[0].state_dict())
     apply_activation_checkpointing(models[1])
     ids = torch.randint(0, cfg.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0)).cuda()
@@ -87,18 +89,23 @@ def _ac_worker(rank, world, family):
 
     cfg = _config(family)
     ids = torch.randint(0, cfg.vocab_size, (2 * world, 10), generator=torch.Generator().manual_seed(4))
-    mine = ids[rank * 2:(rank + 1) * 2]  # different tokens per rank
+    mine = ids[rank * 2 : (rank + 1) * 2]  # different tokens per rank
     grads, calls = [], []
     for checkpointed in (False, True):
-        model = AutoModelForCausalLM.from_config(cfg, mesh=MeshConfig(dp=world, ep=world), seed=3,
-                                                 backend=BackendConfig(experts="grouped_mm"))
+        model = AutoModelForCausalLM.from_config(
+            cfg, mesh=MeshConfig(dp=world, ep=world), seed=3, backend=BackendConfig(experts="grouped_mm")
+        )
         model.train()
         if checkpointed:
             apply_activation_checkpointing(model)  # after fully_shard: the trainer's order
         calls.append(_count_expert_calls(model))
         model(input_ids=mine, labels=mine, num_items_in_batch=torch.tensor(ids[:, 1:].numel())).loss.backward()
-        grads.append({n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).clone()
-                      for n, p in model.named_parameters()})
+        grads.append(
+            {
+                n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).clone()
+                for n, p in model.named_parameters()
+            }
+        )
     worst = max(_rel_diff(grads[1][n], grads[0][n]) for n in grads[0])
     return {"worst": worst, "calls": [c[0] for c in calls], "moe_layers": len(engine_experts_modules(model))}
 
@@ -120,8 +127,12 @@ def _trainer_ac_worker(rank, world, ckpt, out):
     trainer.setup()
     calls = _count_expert_calls(trainer.model)
     trainer.train_step(1)
-    return {"calls": calls[0], "moe_layers": len(engine_experts_modules(trainer.model)), "accum": trainer.accum,
-            "mesh": str(trainer.mesh)}
+    return {
+        "calls": calls[0],
+        "moe_layers": len(engine_experts_modules(trainer.model)),
+        "accum": trainer.accum,
+        "mesh": str(trainer.mesh),
+    }
 
 
 @pytest.mark.slow
@@ -155,10 +166,20 @@ class Records:
 
 def _rc(ckpt: str, out: str, **overrides) -> RunConfig:
     # device="cpu", float32: the same run on a GPU machine as here
-    base = dict(train__steps=3, train__global_batch_size=4, train__local_batch_size=2, train__lr=1e-2,
-                train__warmup_steps=0, train__save_final_checkpoint=False)
-    return RunConfig.demo(model=ModelConfig(preset=None, path=ckpt, dtype="float32", device="cpu"),
-                          data=DataConfig(kind="synthetic", seq_len=16), output_dir=out, **{**base, **overrides})
+    base = dict(
+        train__steps=3,
+        train__global_batch_size=4,
+        train__local_batch_size=2,
+        train__lr=1e-2,
+        train__warmup_steps=0,
+        train__save_final_checkpoint=False,
+    )
+    return RunConfig.demo(
+        model=ModelConfig(preset=None, path=ckpt, dtype="float32", device="cpu"),
+        data=DataConfig(kind="synthetic", seq_len=16),
+        output_dir=out,
+        **{**base, **overrides},
+    )
 
 
 def _fit(rc: RunConfig):
@@ -172,8 +193,10 @@ def _fit(rc: RunConfig):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family,ac", [("mixtral", False), ("deepseek_v3", True), ("gpt_oss", False),
-                                       ("qwen2_moe", True), ("glm4_moe", False)])
+@pytest.mark.parametrize(
+    "family,ac",
+    [("mixtral", False), ("deepseek_v3", True), ("gpt_oss", False), ("qwen2_moe", True), ("glm4_moe", False)],
+)
 def test_expert_load_record_counts_every_routed_token_per_layer(family, ac, tmp_path):
     ckpt = _saved(family, tmp_path / "m")
     trainer, _, records = _fit(_rc(ckpt, str(tmp_path / "runs"), train__activation_checkpointing=ac))
@@ -207,8 +230,11 @@ def test_router_bias_update_rate_is_validated_and_refused_without_a_bias(tmp_pat
     from workbench.train.loop import Trainer
 
     ckpt = _saved("mixtral", tmp_path / "m")
-    with pytest.raises(ConfigError, match=r"router_bias_update_rate > 0 needs .*'mixtral' has none.*set "
-                                          r"train.router_bias_update_rate to 0"):
+    with pytest.raises(
+        ConfigError,
+        match=r"router_bias_update_rate > 0 needs .*'mixtral' has none.*set "
+        r"train.router_bias_update_rate to 0",
+    ):
         Trainer(_rc(ckpt, str(tmp_path / "runs"), train__router_bias_update_rate=0.01))
     assert not (tmp_path / "runs").exists()  # refused before the run directory
 
@@ -225,8 +251,11 @@ def test_router_bias_update_refuses_a_model_without_the_engines_expert_counts(tm
     trainer = Trainer(_rc(ckpt, str(tmp_path / "runs"), train__router_bias_update_rate=0.01))
     vanilla = transformers.AutoModelForCausalLM.from_pretrained(ckpt)  # Transformers' experts: no counters
     assert router_biases(vanilla) and not engine_experts_modules(vanilla)
-    with pytest.raises(ConfigError, match=r"router_bias_update_rate needs the engine's expert counts.*'deepseek_v3'"
-                                          r".*set train.router_bias_update_rate to 0"):
+    with pytest.raises(
+        ConfigError,
+        match=r"router_bias_update_rate needs the engine's expert counts.*'deepseek_v3'"
+        r".*set train.router_bias_update_rate to 0",
+    ):
         trainer.setup(model=vanilla)
 
 
@@ -277,8 +306,13 @@ def test_bias_update_keeps_the_bias_in_float32_in_a_bf16_model(tmp_path):
 
 def _bias_worker(rank, world, ckpt, out):
     trainer, result, records = _fit(_rc(ckpt, out, train__router_bias_update_rate=0.01))
-    return {"biases": [b.clone() for b in router_biases(trainer.model)], "loads": [r["expert_load"] for r in records],
-            "tokens": [r["tokens"] for r in records], "mesh": str(trainer.mesh), "losses": result["losses"]}
+    return {
+        "biases": [b.clone() for b in router_biases(trainer.model)],
+        "loads": [r["expert_load"] for r in records],
+        "tokens": [r["tokens"] for r in records],
+        "mesh": str(trainer.mesh),
+        "losses": result["losses"],
+    }
 
 
 @pytest.mark.slow

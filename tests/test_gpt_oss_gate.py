@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-
 from generic_families import tiny_config
+
 from workbench.backends import BackendConfig, BackendError
 from workbench.kernels.gpt_oss_gate import add_row_bias, gpt_oss_gate, gpt_oss_gate_torch, row_segments
 from workbench.models.auto import AutoModelForCausalLM
@@ -148,8 +148,14 @@ def _run_script(script: str, marker: str, *args: str, interpret: bool) -> str:
     env = {**os.environ, "TRITON_INTERPRET": "1"} if interpret else dict(os.environ)
     here = Path(__file__).resolve()
     env["PYTHONPATH"] = os.pathsep.join([str(here.parents[1]), str(here.parent), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", script, *args], env=env, cwd=Path(__file__).resolve().parents[1],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0 and marker in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 

@@ -35,16 +35,20 @@ def _function(sync) -> str:
 
 
 def _not_allowed(syncs) -> list[str]:
-    return [f"{s.op} @ {' <- '.join(reversed(s.stack))}" for s in syncs
-            if not (_function(s) in ALLOWED and ALLOWED[_function(s)](s))]
+    return [
+        f"{s.op} @ {' <- '.join(reversed(s.stack))}"
+        for s in syncs
+        if not (_function(s) in ALLOWED and ALLOWED[_function(s)](s))
+    ]
 
 
 def _model(family: str):
     if family not in transformers.CONFIG_MAPPING:
         pytest.skip(f"transformers {transformers.__version__} has no {family}")
     cfg = tiny_config(family, **({"swiglu_limit": 0.3} if family == "gpt_oss" else {}))
-    model = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts="grouped_mm", fused_ce=True),
-                                             device="cpu", dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(
+        cfg, backend=BackendConfig(experts="grouped_mm", fused_ce=True), device="cpu", dtype=torch.float32
+    )
     return cfg, model
 
 
@@ -64,7 +68,15 @@ def test_recorder_sees_each_kind_of_sync_and_nothing_else():
         x.detach()[x.detach() > 2]
         torch.masked_select(x, x > 2)
     ops = [s.op for s in rec.syncs]
-    assert ops == ["_local_scalar_dense", "tolist", "nonzero", "repeat_interleave", "_unique2", "index", "masked_select"]
+    assert ops == [
+        "_local_scalar_dense",
+        "tolist",
+        "nonzero",
+        "repeat_interleave",
+        "_unique2",
+        "index",
+        "masked_select",
+    ]
     assert all(s.origin.startswith("tests/test_host_syncs.py") and not s.from_workbench() for s in rec.syncs)
 
 
@@ -74,8 +86,9 @@ def test_generic_forward_backward_issues_no_engine_sync(family):
     ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
     with HostSyncRecorder(depth=8) as rec:
         # as `workbench bench` calls it (its rows run the trainer step): the family's aux loss, no cache
-        out = model(input_ids=ids, labels=ids, num_items_in_batch=torch.tensor(24.0), output_router_logits=True,
-                    use_cache=False)
+        out = model(
+            input_ids=ids, labels=ids, num_items_in_batch=torch.tensor(24.0), output_router_logits=True, use_cache=False
+        )
         aux = getattr(out, "aux_loss", None)
         (out.loss if aux is None else out.loss + 0.01 * aux).backward()
     assert _not_allowed(rec.syncs) == []

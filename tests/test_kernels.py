@@ -35,8 +35,9 @@ from workbench.kernels.gpt_oss_gate import GPT_OSS_GATE_BACKENDS, ROW_BIAS_BACKE
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_TRITON = importlib.util.find_spec("triton") is not None
-needs_cuda_triton = pytest.mark.skipif(not (HAS_CUDA and HAS_TRITON),
-                                       reason="Triton kernels need a CUDA GPU and triton installed")
+needs_cuda_triton = pytest.mark.skipif(
+    not (HAS_CUDA and HAS_TRITON), reason="Triton kernels need a CUDA GPU and triton installed"
+)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -45,6 +46,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 # ---------------------------------------------------------------- RMSNorm
+
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 0.0)])
 @pytest.mark.parametrize("shape", [(2, 7, 64), (5, 37)])
@@ -89,6 +91,7 @@ def test_rms_norm_bad_input():
 
 # ---------------------------------------------------------------- SwiGLU
 
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_swiglu_matches_hf_activation(dtype):
     torch.manual_seed(2)
@@ -132,6 +135,7 @@ def test_swiglu_bad_input():
 
 
 # ---------------------------------------------------------------- cross-entropy
+
 
 def _ce_inputs(dtype, batch=2, seq=9, hidden=24, vocab=53, n_ignored=4, seed=4):
     gen = torch.Generator().manual_seed(seed)
@@ -255,13 +259,17 @@ def test_cross_entropy_bad_input():
 
 # ---------------------------------------------------------------- registry
 
+
 def test_each_registry_holds_exactly_the_backends_the_resolver_can_pick():
     # A resolved BackendConfig names the backend; the registry must have it (and nothing the resolver never gives).
     swiglu_family = (SWIGLU_BACKENDS, SWIGLU_PACKED_BACKENDS, GPT_OSS_GATE_BACKENDS, ROW_BIAS_BACKENDS)
     from workbench.moe.hf_experts import EXPERTS_BACKENDS
 
-    for field, registries in (("rms_norm", (RMS_NORM_BACKENDS,)), ("swiglu", swiglu_family),
-                              ("experts", (EXPERTS_BACKENDS,))):
+    for field, registries in (
+        ("rms_norm", (RMS_NORM_BACKENDS,)),
+        ("swiglu", swiglu_family),
+        ("experts", (EXPERTS_BACKENDS,)),
+    ):
         for registry in registries:
             assert set(registry) == set(CHOICES[field]) - {"auto"}, (field, registry)
 
@@ -335,8 +343,14 @@ _TRITON_PARITY_SCRIPT = textwrap.dedent("""
 def _run_script(script: str, ok_marker: str, *args: str, interpret: bool) -> None:
     """Run a test script in a fresh interpreter (TRITON_INTERPRET must be set before triton loads)."""
     env = {**os.environ, "TRITON_INTERPRET": "1"} if interpret else dict(os.environ)
-    proc = subprocess.run([sys.executable, "-c", script, *args], env=env, cwd=Path(__file__).resolve().parents[1],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0 and ok_marker in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -351,10 +365,14 @@ def test_triton_kernels_match_torch_on_cuda():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the "
-                                           "kernels in Triton's CPU interpreter)")
-@pytest.mark.skipif(HAS_CUDA, reason="a CUDA machine runs the compiled kernels instead "
-                                     "(test_triton_kernels_match_torch_on_cuda); the interpreter is for CPU CI")
+@pytest.mark.skipif(
+    not HAS_TRITON, reason="triton is not installed (pip install triton to run the kernels in Triton's CPU interpreter)"
+)
+@pytest.mark.skipif(
+    HAS_CUDA,
+    reason="a CUDA machine runs the compiled kernels instead "
+    "(test_triton_kernels_match_torch_on_cuda); the interpreter is for CPU CI",
+)
 def test_triton_kernels_match_torch_in_interpreter():
     # TRITON_INTERPRET=1 runs the same kernels on CPU tensors; its bf16 casts truncate instead of
     # rounding to nearest, hence the looser bf16 bound here than on CUDA
@@ -366,8 +384,7 @@ def test_triton_kernels_match_torch_in_interpreter():
 def test_fused_ce_on_cuda_matches_hf():
     hidden, weight, labels = _ce_inputs(torch.bfloat16, batch=4, seq=257, hidden=256, vocab=5003)
     ref = _hf_loss_and_grads(hidden.float().cuda(), weight.float().cuda(), labels.cuda())
-    ours = _ours_loss_and_grads(fused_linear_cross_entropy, hidden.cuda(), weight.cuda(), labels.cuda(),
-                                chunk_size=128)
+    ours = _ours_loss_and_grads(fused_linear_cross_entropy, hidden.cuda(), weight.cuda(), labels.cuda(), chunk_size=128)
     for name, a, b in zip(("loss", "d_hidden", "d_weight"), ours, ref):
         assert rel_err(a, b) < 2e-2, (name, rel_err(a, b))
 
@@ -378,10 +395,12 @@ def test_fused_ce_triton_kernel_equals_torch_path_on_cuda():
     hidden, weight, labels = _ce_inputs(torch.bfloat16, batch=3, seq=301, hidden=256, vocab=9001, n_ignored=40)
     hidden, weight, labels = hidden.cuda(), weight.cuda(), labels.cuda()
     ref = _hf_loss_and_grads(hidden.float(), weight.float(), labels, num_items_in_batch=700)
-    torch_path = _ours_loss_and_grads(fused_linear_cross_entropy, hidden, weight, labels, chunk_size=128,
-                                      num_items_in_batch=700, use_triton=False)
-    triton_path = _ours_loss_and_grads(fused_linear_cross_entropy, hidden, weight, labels, chunk_size=128,
-                                       num_items_in_batch=700, use_triton=True)
+    torch_path = _ours_loss_and_grads(
+        fused_linear_cross_entropy, hidden, weight, labels, chunk_size=128, num_items_in_batch=700, use_triton=False
+    )
+    triton_path = _ours_loss_and_grads(
+        fused_linear_cross_entropy, hidden, weight, labels, chunk_size=128, num_items_in_batch=700, use_triton=True
+    )
     for name, a, b, r in zip(("loss", "d_hidden", "d_weight"), triton_path, torch_path, ref):
         # both paths take the same bf16 logits; they differ only in float32 summation order
         assert rel_err(a, b) < 2e-3, (name, rel_err(a, b))
@@ -412,10 +431,13 @@ print("TRITON CE OK")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the "
-                                           "kernels in Triton's CPU interpreter)")
-@pytest.mark.skipif(HAS_CUDA, reason="a CUDA machine runs the compiled kernel instead "
-                                     "(test_fused_ce_triton_kernel_equals_torch_path_on_cuda)")
+@pytest.mark.skipif(
+    not HAS_TRITON, reason="triton is not installed (pip install triton to run the kernels in Triton's CPU interpreter)"
+)
+@pytest.mark.skipif(
+    HAS_CUDA,
+    reason="a CUDA machine runs the compiled kernel instead (test_fused_ce_triton_kernel_equals_torch_path_on_cuda)",
+)
 def test_fused_ce_triton_kernel_matches_hf_in_interpreter():
     # the fp32 cases must equal HF to float32 rounding; bf16 within bf16 rounding of fp32 HF
     _run_script(_TRITON_CE_SCRIPT, "TRITON CE OK", interpret=True)
@@ -487,8 +509,9 @@ print("TRITON COMBINE OK")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the "
-                                           "kernels in Triton's CPU interpreter)")
+@pytest.mark.skipif(
+    not HAS_TRITON, reason="triton is not installed (pip install triton to run the kernels in Triton's CPU interpreter)"
+)
 def test_triton_combine_matches_float64_reference():
     # CPU runs the kernels in Triton's interpreter; a CUDA machine runs them compiled
     _run_script(_TRITON_COMBINE_SCRIPT, "TRITON COMBINE OK", "cuda" if HAS_CUDA else "cpu", interpret=not HAS_CUDA)
@@ -534,8 +557,9 @@ print("TRITON ENGINE OK")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the "
-                                           "kernels in Triton's CPU interpreter)")
+@pytest.mark.skipif(
+    not HAS_TRITON, reason="triton is not installed (pip install triton to run the kernels in Triton's CPU interpreter)"
+)
 def test_triton_rope_and_engine_match_transformers():
     # CPU: the interpreter; CUDA: the compiled kernels (the tiny model's fp32 parity holds on both)
     _run_script(_TRITON_ENGINE_SCRIPT, "TRITON ENGINE OK", "cuda" if HAS_CUDA else "cpu", interpret=not HAS_CUDA)
@@ -565,7 +589,10 @@ def test_kernels_import_no_config_and_no_moe_modules():
     found = []
     for path in sorted(root.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):  # function-level imports too
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            )
             found += [f"{path.name}: {n}" for n in names if n.startswith(banned)]
     assert not found, found

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 from launch_utils import run_ranks
 from test_expert_parallel import _ep_worker, single_process_run
 from tiny_models import tiny_qwen3_moe

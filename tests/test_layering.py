@@ -34,7 +34,7 @@ def _imported_modules(path: Path) -> set[str]:
             out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package[:len(package) - node.level + 1]
+                base = package[: len(package) - node.level + 1]
                 out.add(".".join(base + ((node.module,) if node.module else ())))
             else:
                 out.add(node.module)
@@ -80,8 +80,9 @@ def cycles(edges) -> list[list[str]]:
         return seen
 
     reachable = {p: reach(p) for p in NODES}
-    groups = {frozenset(q for q in NODES if q in reachable[p] and p in reachable[q]) | {p}
-              for p in NODES if p in reachable[p]}
+    groups = {
+        frozenset(q for q in NODES if q in reachable[p] and p in reachable[q]) | {p} for p in NODES if p in reachable[p]
+    }
     return sorted(sorted(g) for g in groups)
 
 
@@ -89,8 +90,11 @@ def test_core_packages_import_without_cycles():
     edges = package_edges()
     found = cycles(edges)
     assert not found, "import cycles between workbench packages: " + "; ".join(
-        " <-> ".join(c) + " via " + ", ".join(f"{a}->{b} ({files[0]})" for (a, b), files in edges.items()
-                                            if a in c and b in c) for c in found)
+        " <-> ".join(c)
+        + " via "
+        + ", ".join(f"{a}->{b} ({files[0]})" for (a, b), files in edges.items() if a in c and b in c)
+        for c in found
+    )
 
 
 def test_kernels_import_no_moe():
@@ -102,8 +106,11 @@ def test_kernels_import_no_config_and_no_backend_choice():
     # the config or the resolver would be a second place that decides.
     found = {}
     for path in sorted((ROOT / "workbench" / "kernels").rglob("*.py")):
-        bad = sorted(m for m in _imported_modules(path)
-                     if not any(m == ok or m.startswith(ok + ".") for ok in KERNEL_IMPORTS_ALLOWED))
+        bad = sorted(
+            m
+            for m in _imported_modules(path)
+            if not any(m == ok or m.startswith(ok + ".") for ok in KERNEL_IMPORTS_ALLOWED)
+        )
         if bad:
             found[str(path.relative_to(ROOT))] = bad
     assert not found, found
@@ -113,7 +120,8 @@ def test_the_cycle_check_sees_a_cycle_through_a_lazy_import():
     # the checker itself: an edge each way (as kernels -> moe -> kernels once was) is one cycle
     assert cycles({("kernels", "moe"): [], ("moe", "kernels"): []}) == [["kernels", "moe"]]
     assert cycles({("moe", "backends"): [], ("backends", "kernels"): [], ("kernels", "backends"): []}) == [
-        ["backends", "kernels"]]
+        ["backends", "kernels"]
+    ]
     assert cycles({("moe", "kernels"): []}) == []
 
 
@@ -125,11 +133,17 @@ def test_device_helper_imports_no_workbench_package():
 @pytest.mark.slow
 @pytest.mark.parametrize("package", PACKAGES)
 def test_each_package_imports_alone_in_a_fresh_interpreter(package):
-    modules = sorted(f"workbench.{package}.{p.stem}" for p in (ROOT / "workbench" / package).glob("*.py")
-                     if p.stem != "__init__")
+    modules = sorted(
+        f"workbench.{package}.{p.stem}" for p in (ROOT / "workbench" / package).glob("*.py") if p.stem != "__init__"
+    )
     code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
-    proc = subprocess.run([sys.executable, "-c", code, f"workbench.{package}", *modules], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, f"workbench.{package}", *modules],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -154,9 +168,13 @@ def _top_level_definitions() -> dict[str, list[str]]:
 
 
 # Helpers that had twins (issue 19 item 2): one definition each, which every caller imports.
-ONE_HOME = {"CheckpointError": "workbench/errors.py", "free_port": "workbench/parallel/launch.py",
-            "resolve_mesh": "workbench/train/model_setup.py", "resolve_dtype_name": "workbench/train/model_setup.py",
-            "param_counts": "workbench/params.py"}
+ONE_HOME = {
+    "CheckpointError": "workbench/errors.py",
+    "free_port": "workbench/parallel/launch.py",
+    "resolve_mesh": "workbench/train/model_setup.py",
+    "resolve_dtype_name": "workbench/train/model_setup.py",
+    "param_counts": "workbench/params.py",
+}
 # Private re-writes of workbench/parallel/dist_utils' rank(), world_size(), barrier() and of the dtype rule.
 TWIN_NAMES = ("_rank", "_world", "_world_size", "_barrier", "_dtype")
 
@@ -168,7 +186,9 @@ def test_shared_helpers_have_one_definition():
     # free_port's body written inline elsewhere (the bench and a test once did): one place picks ports.
     picks = "getsockname" + "()[1]"
     sources = [*(ROOT / "workbench").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
-    assert sorted(str(p.relative_to(ROOT)) for p in sources if picks in p.read_text()) == ["workbench/parallel/launch.py"]
+    assert sorted(str(p.relative_to(ROOT)) for p in sources if picks in p.read_text()) == [
+        "workbench/parallel/launch.py"
+    ]
 
 
 def test_test_helpers_shadow_no_workbench_module():

@@ -20,8 +20,12 @@ from workbench.moe.hf_experts import engine_experts_modules
 from workbench.moe.lora_experts import adapter_names, expert_delta
 
 # Non-square widths (hidden 32, expert intermediate 8 -> gate_up 16): a transposed adapter cannot pass.
-WIDTHS = {"qwen3_moe": dict(moe_intermediate_size=8), "deepseek_v3": dict(moe_intermediate_size=8),
-          "mixtral": dict(intermediate_size=8), "gpt_oss": dict(intermediate_size=8)}
+WIDTHS = {
+    "qwen3_moe": dict(moe_intermediate_size=8),
+    "deepseek_v3": dict(moe_intermediate_size=8),
+    "mixtral": dict(intermediate_size=8),
+    "gpt_oss": dict(intermediate_size=8),
+}
 FAMILIES = tuple(WIDTHS)
 
 
@@ -50,23 +54,27 @@ def test_lora_section_yaml_set_and_defaults(tmp_path):
     assert RunConfig.from_yaml("lora:\n  rank: 4\n  alpha: 8\n").lora == LoraConfig(rank=4, alpha=8.0)
 
 
-@pytest.mark.parametrize("change, needle", [
-    ({"lora.rank": 0}, "lora.rank must be an integer >= 1"),
-    ({"lora.rank": 2.5}, "lora.rank"),
-    ({"lora.alpha": 0}, "lora.alpha must be > 0"),
-    ({"lora.dropout": 1.0}, "lora.dropout must be < 1"),
-    ({"lora.targets": ["attention", "mlp"]}, "lora.targets ['mlp'] unknown"),
-    ({"lora.targets": []}, "non-empty"),
-    ({"lora.rnak": 4}, "unknown key(s) ['rnak'] in lora"),
-])
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ({"lora.rank": 0}, "lora.rank must be an integer >= 1"),
+        ({"lora.rank": 2.5}, "lora.rank"),
+        ({"lora.alpha": 0}, "lora.alpha must be > 0"),
+        ({"lora.dropout": 1.0}, "lora.dropout must be < 1"),
+        ({"lora.targets": ["attention", "mlp"]}, "lora.targets ['mlp'] unknown"),
+        ({"lora.targets": []}, "non-empty"),
+        ({"lora.rnak": 4}, "unknown key(s) ['rnak'] in lora"),
+    ],
+)
 def test_bad_lora_settings_are_refused(change, needle):
     with pytest.raises(ConfigError) as err:
         RunConfig.demo().with_overrides(change)
     assert needle in str(err.value)
 
 
-@pytest.mark.parametrize("family, target", [("qwen3_moe", "shared_experts"), ("qwen3_moe", "dense_mlp"),
-                                            ("mixtral", "router")])
+@pytest.mark.parametrize(
+    "family, target", [("qwen3_moe", "shared_experts"), ("qwen3_moe", "dense_mlp"), ("mixtral", "router")]
+)
 def test_a_target_the_family_lacks_is_refused(family, target):
     with pytest.raises(ConfigError, match=f"lora.targets \\['{target}'\\] match nothing in model_type '{family}'"):
         AutoModelForCausalLM.from_config(_config(family), lora=LoraConfig(targets=("attention", target)))
@@ -75,8 +83,7 @@ def test_a_target_the_family_lacks_is_refused(family, target):
 def test_trainer_refuses_a_missing_target_before_the_run_directory(tmp_path):
     from workbench.train.loop import Trainer
 
-    rc = RunConfig.demo(output_dir=str(tmp_path / "runs"), train__steps=1).with_overrides(
-        {"lora.targets": ["router"]})
+    rc = RunConfig.demo(output_dir=str(tmp_path / "runs"), train__steps=1).with_overrides({"lora.targets": ["router"]})
     with pytest.raises(ConfigError, match="router"):
         Trainer(rc)
     assert not (tmp_path / "runs").exists()
@@ -91,8 +98,9 @@ def test_lora_with_zero_b_equals_the_base_model(family, tmp_path):
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
     plain = AutoModelForCausalLM.from_pretrained(tmp_path, device="cpu")
-    lora = AutoModelForCausalLM.from_pretrained(tmp_path, device="cpu",
-                                                lora=LoraConfig(rank=4, targets=("attention", "experts")))
+    lora = AutoModelForCausalLM.from_pretrained(
+        tmp_path, device="cpu", lora=LoraConfig(rank=4, targets=("attention", "experts"))
+    )
     assert len(adapter_parameters(lora)) > 0 and not adapter_parameters(plain)
     ids = torch.randint(0, cfg.vocab_size, (2, 9))
     with torch.no_grad():
@@ -104,8 +112,9 @@ def _reference_experts(hf_experts, engine, hidden, top_k_index, top_k_weights):
     params = {}
     for weight in engine.workbench_lora["weights"]:
         name_a, name_b = adapter_names(weight)
-        params[weight] = getattr(engine, weight) + expert_delta(engine, weight, getattr(engine, name_a),
-                                                               getattr(engine, name_b))
+        params[weight] = getattr(engine, weight) + expert_delta(
+            engine, weight, getattr(engine, name_a), getattr(engine, name_b)
+        )
     return functional_call(hf_experts, params, (hidden, top_k_index, top_k_weights))
 
 
@@ -117,8 +126,9 @@ def test_grouped_lora_experts_match_a_per_expert_reference(family, backend):
     torch.manual_seed(0)
     vanilla = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="eager")
     hf_experts = copy.deepcopy([m for n, m in vanilla.named_modules() if n.endswith("mlp.experts")][-1])
-    model = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts=backend), seed=0,
-                                             lora=LoraConfig(rank=4, alpha=6, targets=("experts",)))
+    model = AutoModelForCausalLM.from_config(
+        cfg, backend=BackendConfig(experts=backend), seed=0, lora=LoraConfig(rank=4, alpha=6, targets=("experts",))
+    )
     engine = engine_experts_modules(model)[-1][1]
     with torch.no_grad():  # the same base weights in both
         for name in engine.workbench_layout.param_names():
@@ -146,16 +156,23 @@ def test_only_adapters_get_gradients_and_optimizer_state():
     from workbench.train.optim import build_optimizer
 
     cfg = _config("deepseek_v3")
-    model = AutoModelForCausalLM.from_config(cfg, seed=0, lora=LoraConfig(
-        rank=4, targets=("attention", "experts", "shared_experts", "dense_mlp")))
+    model = AutoModelForCausalLM.from_config(
+        cfg, seed=0, lora=LoraConfig(rank=4, targets=("attention", "experts", "shared_experts", "dense_mlp"))
+    )
     randomize_adapters(model)
     ids = torch.randint(0, cfg.vocab_size, (2, 9))
     model(input_ids=ids, labels=ids).loss.backward()
     adapters = dict(adapter_parameters(model))
     names = {n.split(".lora_")[0].split("_lora_")[0] for n in adapters}
     # MLA's projections, the shared experts, the dense layer's MLP and both fused expert weights
-    for needle in ("self_attn.q_a_proj", "self_attn.kv_b_proj", "mlp.shared_experts.down_proj",
-                   "layers.0.mlp.gate_proj", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"):
+    for needle in (
+        "self_attn.q_a_proj",
+        "self_attn.kv_b_proj",
+        "mlp.shared_experts.down_proj",
+        "layers.0.mlp.gate_proj",
+        "mlp.experts.gate_up_proj",
+        "mlp.experts.down_proj",
+    ):
         assert any(needle in n for n in names), needle
     for name, param in model.named_parameters():
         if name in adapters:
@@ -175,8 +192,9 @@ def test_adapters_do_not_depend_on_the_seeded_build_path():
     c = AutoModelForCausalLM.from_config(cfg, seed=4, lora=LoraConfig(rank=4))
     pa, pb, pc = (dict(adapter_parameters(m)) for m in (a, b, c))
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
-    assert not torch.equal(pa["model.layers.0.self_attn.q_proj.lora_A.weight"],
-                           pc["model.layers.0.self_attn.q_proj.lora_A.weight"])
+    assert not torch.equal(
+        pa["model.layers.0.self_attn.q_proj.lora_A.weight"], pc["model.layers.0.self_attn.q_proj.lora_A.weight"]
+    )
     assert all(not p.any() for k, p in pa.items() if "lora_B" in k)  # B starts at zero
 
 
@@ -184,8 +202,14 @@ def test_adapters_do_not_depend_on_the_seeded_build_path():
 def test_finetune_with_lora_trains_only_the_adapters(tmp_path):
     from workbench.train.loop import finetune
 
-    rc = RunConfig.demo(output_dir=str(tmp_path), train__steps=8, train__lr=1e-2, train__global_batch_size=4,
-                        train__local_batch_size=4, train__export_hf=True).with_overrides({"lora.rank": 4})
+    rc = RunConfig.demo(
+        output_dir=str(tmp_path),
+        train__steps=8,
+        train__lr=1e-2,
+        train__global_batch_size=4,
+        train__local_batch_size=4,
+        train__export_hf=True,
+    ).with_overrides({"lora.rank": 4})
     out = finetune(rc)
     losses = out["losses"]
     assert losses[-1] < losses[0] - 0.05, losses
@@ -202,9 +226,17 @@ def test_lora_checkpoint_holds_only_adapters_and_resumes_exactly(tmp_path):
     from workbench.train.loop import finetune
 
     def rc(run_id, **kw):
-        return RunConfig.demo(output_dir=str(tmp_path / "runs"), run_id=run_id, data__seq_len=64, train__steps=5,
-                              train__global_batch_size=4, train__local_batch_size=2, train__warmup_steps=1,
-                              train__lr=1e-2, **kw).with_overrides({"lora.rank": 4})
+        return RunConfig.demo(
+            output_dir=str(tmp_path / "runs"),
+            run_id=run_id,
+            data__seq_len=64,
+            train__steps=5,
+            train__global_batch_size=4,
+            train__local_batch_size=2,
+            train__warmup_steps=1,
+            train__lr=1e-2,
+            **kw,
+        ).with_overrides({"lora.rank": 4})
 
     full = finetune(rc("full", train__checkpoint_every=3))
     ckpt = list_checkpoints(tmp_path / "runs" / "full" / "checkpoints")[0]

@@ -21,11 +21,14 @@ LORA = LoraConfig(rank=4, alpha=8, targets=("attention", "experts"))
 
 
 def _ep_worker(rank: int, world: int, ckpt: str, mesh: dict, out: str):
-    model = workbench.AutoModelForCausalLM.from_pretrained(ckpt, mesh=MeshConfig(**mesh), lora=LORA, seed=0,
-                                                           backend=workbench.BackendConfig(experts="grouped_mm"))
+    model = workbench.AutoModelForCausalLM.from_pretrained(
+        ckpt, mesh=MeshConfig(**mesh), lora=LORA, seed=0, backend=workbench.BackendConfig(experts="grouped_mm")
+    )
     experts = model.model.layers[0].mlp.experts
-    local = {n: tuple(p.to_local().shape if hasattr(p, "to_local") else p.shape)
-             for n, p in experts.named_parameters(recurse=False)}
+    local = {
+        n: tuple(p.to_local().shape if hasattr(p, "to_local") else p.shape)
+        for n, p in experts.named_parameters(recurse=False)
+    }
     # train_losses's AdamW takes model.parameters(): frozen ones get no grad, so no update and no state
     losses = train_losses(model, model.config, rank, world, group=dense_mesh(model.workbench_device_mesh).get_group())
     grads_on_base = sum(p.grad is not None for n, p in model.named_parameters() if "lora" not in n)
@@ -70,9 +73,17 @@ def test_lora_two_rank_ep_resume_is_exact(tmp_path):
     from workbench.config import RunConfig
 
     def rc(run_id, **kw):
-        return RunConfig.demo(output_dir=str(tmp_path / "runs"), run_id=run_id, data__seq_len=64, train__steps=5,
-                              train__global_batch_size=4, train__local_batch_size=2, train__warmup_steps=1,
-                              train__lr=1e-2, **kw).with_overrides({"lora.rank": 4})
+        return RunConfig.demo(
+            output_dir=str(tmp_path / "runs"),
+            run_id=run_id,
+            data__seq_len=64,
+            train__steps=5,
+            train__global_batch_size=4,
+            train__local_batch_size=2,
+            train__warmup_steps=1,
+            train__lr=1e-2,
+            **kw,
+        ).with_overrides({"lora.rank": 4})
 
     full = rc("full", train__checkpoint_every=3)
     resumed = rc("resumed", train__resume_from=str(tmp_path / "runs" / "full" / "checkpoints" / "step-00000003"))

@@ -15,18 +15,22 @@ from workbench import AutoModelForCausalLM
 from workbench.config import LORA_TARGETS, LoraConfig
 from workbench.models.lora_export import save_lora_adapter, save_merged, save_vllm_adapter
 
-TARGETS = {"qwen3_moe": ("attention", "experts"), "mixtral": ("attention", "experts"),
-           "gpt_oss": ("attention", "experts"),
-           # MLA projections, shared experts and the dense first layer's MLP too
-           "deepseek_v3": ("attention", "experts", "shared_experts", "dense_mlp")}
+TARGETS = {
+    "qwen3_moe": ("attention", "experts"),
+    "mixtral": ("attention", "experts"),
+    "gpt_oss": ("attention", "experts"),
+    # MLA projections, shared experts and the dense first layer's MLP too
+    "deepseek_v3": ("attention", "experts", "shared_experts", "dense_mlp"),
+}
 
 
 def _lora_model(family: str, tmp_path):
     cfg = _config(family)
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "base")
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "base", device="cpu",
-                                                 lora=LoraConfig(rank=4, alpha=6, targets=TARGETS[family]))
+    model = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "base", device="cpu", lora=LoraConfig(rank=4, alpha=6, targets=TARGETS[family])
+    )
     randomize_adapters(model)
     return cfg, model.eval()
 
@@ -75,9 +79,14 @@ def test_vllm_adapter_is_per_expert_and_equals_the_merged_update(family, tmp_pat
     base = load_file(tmp_path / "base" / "model.safetensors")
     merged = load_file(tmp_path / "merged" / "model.safetensors")
     scaling = config["lora_alpha"] / config["r"]
-    per_expert = {"qwen3_moe": ("mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj", "mlp.experts.{e}.down_proj"),
-                  "mixtral": ("block_sparse_moe.experts.{e}.w1", "block_sparse_moe.experts.{e}.w3",
-                              "block_sparse_moe.experts.{e}.w2")}[family]
+    per_expert = {
+        "qwen3_moe": ("mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj", "mlp.experts.{e}.down_proj"),
+        "mixtral": (
+            "block_sparse_moe.experts.{e}.w1",
+            "block_sparse_moe.experts.{e}.w3",
+            "block_sparse_moe.experts.{e}.w2",
+        ),
+    }[family]
     for layer in range(cfg.num_hidden_layers):
         for e in range(4):  # every expert of every layer: vLLM packs all three projections per expert
             for proj in per_expert:
@@ -85,8 +94,9 @@ def test_vllm_adapter_is_per_expert_and_equals_the_merged_update(family, tmp_pat
                 a = adapter[f"base_model.model.{name}.lora_A.weight"]
                 b = adapter[f"base_model.model.{name}.lora_B.weight"]
                 assert a.shape[0] == b.shape[1] == 4
-                torch.testing.assert_close(base[f"{name}.weight"] + scaling * b @ a, merged[f"{name}.weight"],
-                                           rtol=1e-5, atol=1e-6)
+                torch.testing.assert_close(
+                    base[f"{name}.weight"] + scaling * b @ a, merged[f"{name}.weight"], rtol=1e-5, atol=1e-6
+                )
     assert not any("gate_up_proj" in k for k in adapter)
     assert {"q_proj", "o_proj", per_expert[0].rsplit(".", 1)[-1]} <= set(config["target_modules"])
     assert config["target_parameters"] is None
@@ -118,13 +128,15 @@ def test_every_family_round_trips_through_peft_and_the_merged_export(family, tmp
     targets = tuple(t for t, n in plan_lora(meta_model(cfg), LORA_TARGETS).by_target if n)
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "base")
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "base", device="cpu",
-                                                 lora=LoraConfig(rank=4, targets=targets)).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "base", device="cpu", lora=LoraConfig(rank=4, targets=targets)
+    ).eval()
     randomize_adapters(model, std=0.1)
     save_lora_adapter(model, tmp_path / "adapter")
     save_merged(model, tmp_path / "merged")
-    peft_model = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base"),
-                                                tmp_path / "adapter").eval()
+    peft_model = peft.PeftModel.from_pretrained(
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base"), tmp_path / "adapter"
+    ).eval()
     merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
     ids = torch.randint(0, cfg.vocab_size, (2, 9))
     want = _logits(model, ids)

@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("ipywidgets")
 
-from workbench.config import ConfigError, LoraConfig, preset_config  # noqa: E402
-from workbench.ui import MeshPanel, RunPanel  # noqa: E402
+from workbench.config import ConfigError, LoraConfig, preset_config
+from workbench.ui import MeshPanel, RunPanel
 
 
 def test_run_panel_lora_settings_make_the_lora_section():

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from launch_utils import run_ranks
 from generic_families import tiny_config
+from launch_utils import run_ranks
 
 
 def _wrap_worker(rank, world, no_split):

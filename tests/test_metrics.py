@@ -6,8 +6,14 @@ import pytest
 import torch
 
 from workbench.config import preset_config
-from workbench.train.metrics import (expert_load_cv, expert_load_from_router_logits, flops_per_token, memory_gib,
-                                     step_record, tflops_per_gpu)
+from workbench.train.metrics import (
+    expert_load_cv,
+    expert_load_from_router_logits,
+    flops_per_token,
+    memory_gib,
+    step_record,
+    tflops_per_gpu,
+)
 
 
 def test_qwen3_30b_a3b_matches_nemo_23_gflop_per_token():
@@ -47,7 +53,8 @@ def test_dense_layers_count_their_own_width():
 def test_tflops_per_gpu():
     cfg = preset_config("qwen3-30b-a3b", layers=8)
     assert tflops_per_gpu(cfg, 4096, tokens=8192, seconds=0.5) == pytest.approx(
-        flops_per_token(cfg, 4096) * 8192 / 0.5 / 1e12)
+        flops_per_token(cfg, 4096) * 8192 / 0.5 / 1e12
+    )
     assert tflops_per_gpu(cfg, 4096, 8192, 0.0) == 0.0
 
 
@@ -67,15 +74,38 @@ def test_expert_load_from_router_logits():
 def test_memory_and_record_on_cpu():
     peak, now, kind = memory_gib(torch.device("cpu"))
     assert kind == "cpu_rss" and peak > 0.01 and now > 0.01 and peak >= now * 0.5
-    rec = step_record(step=1, rank=0, loss=2.0, grad_norm=1.0, lr=1e-3, tokens=1000, seq_len=128,
-                      hf_config=preset_config("tiny"), timings={"step_time_s": 0.5, "forward_s": 0.2,
-                                                                "backward_s": 0.2, "optimizer_s": 0.1},
-                      device=torch.device("cpu"), expert_load=torch.tensor([[1, 3], [2, 2]]))
+    rec = step_record(
+        step=1,
+        rank=0,
+        loss=2.0,
+        grad_norm=1.0,
+        lr=1e-3,
+        tokens=1000,
+        seq_len=128,
+        hf_config=preset_config("tiny"),
+        timings={"step_time_s": 0.5, "forward_s": 0.2, "backward_s": 0.2, "optimizer_s": 0.1},
+        device=torch.device("cpu"),
+        expert_load=torch.tensor([[1, 3], [2, 2]]),
+    )
     assert rec["tokens_per_s_per_gpu"] == 2000 and rec["expert_load"] == [[1, 3], [2, 2]]
     assert math.isclose(rec["expert_load_cv"], 0.25) and rec["mem_kind"] == "cpu_rss"
-    for key in ("step", "rank", "loss", "grad_norm", "lr", "tokens_per_s_per_gpu", "tflops_per_gpu",
-                "mem_peak_gib", "mem_now_gib", "expert_load", "expert_load_cv", "step_time_s", "forward_s",
-                "backward_s", "optimizer_s"):
+    for key in (
+        "step",
+        "rank",
+        "loss",
+        "grad_norm",
+        "lr",
+        "tokens_per_s_per_gpu",
+        "tflops_per_gpu",
+        "mem_peak_gib",
+        "mem_now_gib",
+        "expert_load",
+        "expert_load_cv",
+        "step_time_s",
+        "forward_s",
+        "backward_s",
+        "optimizer_s",
+    ):
         assert key in rec
 
 

@@ -33,8 +33,10 @@ def test_cpu_runs_the_float32_matmul_with_out_and_accumulate():
 
 
 @needs_cuda
-@pytest.mark.parametrize("a_dtype,b_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16),
-                                             (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize(
+    "a_dtype,b_dtype",
+    [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)],
+)
 def test_cuda_tensor_cores_match_float64(a_dtype, b_dtype):
     g = torch.Generator(device="cuda").manual_seed(2)
     a = torch.randn(4096, 2048, device="cuda", generator=g).to(a_dtype)

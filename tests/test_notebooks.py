@@ -19,8 +19,15 @@ pytest.importorskip("ipyparallel")
 pytest.importorskip("plotly")
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-NAMES = ["01_quickstart", "02_mesh_explorer", "03_backend_shootout", "04_profiling", "05_how_routing_works", "06_your_data",
-         "07_two_families"]
+NAMES = [
+    "01_quickstart",
+    "02_mesh_explorer",
+    "03_backend_shootout",
+    "04_profiling",
+    "05_how_routing_works",
+    "06_your_data",
+    "07_two_families",
+]
 CELL_TIMEOUT_S = 240
 
 
@@ -32,11 +39,13 @@ def _execute(name: str, tmp_path: Path, monkeypatch, **env: str):
         monkeypatch.setenv(key, value)
     # The kernel is the current interpreter (jupyter_client maps the "python" kernelspec to it), so it
     # imports this checkout's workbench whether or not it is installed.
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(NOTEBOOKS.parent),
-                                                                  os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(NOTEBOOKS.parent), os.environ.get("PYTHONPATH")]))
+    )
     nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     t0 = time.monotonic()
     client.execute()
     return nb, time.monotonic() - t0

@@ -22,8 +22,9 @@ from workbench.train.optim import TritonAdamW, build_optimizer, resolve_optimize
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_TRITON = importlib.util.find_spec("triton") is not None
-needs_cuda_triton = pytest.mark.skipif(not (HAS_CUDA and HAS_TRITON),
-                                       reason="the compiled Triton kernel needs a CUDA GPU and triton installed")
+needs_cuda_triton = pytest.mark.skipif(
+    not (HAS_CUDA and HAS_TRITON), reason="the compiled Triton kernel needs a CUDA GPU and triton installed"
+)
 SIZES = (1, 1000, 4097, (37, 29))  # odd sizes: a 1-element tensor, partial blocks, just past one block
 LR, BETAS, WD = 1e-2, (0.9, 0.95), 0.1
 
@@ -81,7 +82,7 @@ def bf16_close(a: torch.Tensor, b: torch.Tensor, ulps: float, rms_frac: float) -
     # the ulp of the larger magnitude: one bf16 step across a power of two is the upper binade's ulp
     # (first seen on CUDA: b just below 2^k, a one step above)
     top = torch.maximum(a.abs(), b.abs()).clamp_min(1e-30)
-    ulp = torch.exp2(torch.floor(torch.log2(top))) * 2.0 ** -7
+    ulp = torch.exp2(torch.floor(torch.log2(top))) * 2.0**-7
     bound = ulps * ulp + rms_frac * b.pow(2).mean().sqrt()
     excess = ((a - b).abs() - bound).max().item()
     return excess <= 0, f"worst excess over the bound {excess:.3g}, max |diff| {(a - b).abs().max().item():.3g}"
@@ -119,12 +120,12 @@ def check_bf16_matches_torch(device: str) -> None:
             single = dict(zip(ours, (single_p[i], *single_s[i])))
             for name in ours:
                 # one ulp at most against torch's CPU fused AdamW, from the interpreter or the GPU
-                ok, why = bf16_close(ours[name], fused[name], ulps=1, rms_frac=2.0 ** -9)
+                ok, why = bf16_close(ours[name], fused[name], ulps=1, rms_frac=2.0**-9)
                 assert ok, ("fused", device, precise, name, i, why)
                 mismatched = (ours[name] != fused[name]).float().mean().item()
                 assert mismatched <= (1e-3 if precise else 2e-2), ("fused", device, precise, name, i, mismatched)
                 decayed = name == "param" and i < 2  # the first group has weight decay
-                ok, why = bf16_close(ours[name], single[name], ulps=steps + 1 if decayed else 2, rms_frac=2.0 ** -8)
+                ok, why = bf16_close(ours[name], single[name], ulps=steps + 1 if decayed else 2, rms_frac=2.0**-8)
                 assert ok, ("single-tensor", device, precise, name, i, why)
 
 
@@ -151,7 +152,7 @@ def check_kernel_equals_torch_ops(device: str) -> None:
             if dtype == torch.bfloat16 and precise:
                 fast_p, _, _ = run_steps(_triton(False), dtype, device)
                 for a, b in zip(ours_p, fast_p):
-                    assert bf16_close(a, b, ulps=1, rms_frac=2.0 ** -12)[0]
+                    assert bf16_close(a, b, ulps=1, rms_frac=2.0**-12)[0]
 
 
 def check_state_dict_round_trip(device: str, dtype: torch.dtype = torch.bfloat16) -> None:
@@ -218,10 +219,14 @@ def run_all_checks(device: str, path: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton to run the kernel "
-                                           "in Triton's CPU interpreter)")
-@pytest.mark.skipif(HAS_CUDA, reason="a CUDA machine runs the compiled kernel instead "
-                                     "(test_matches_torch_on_cuda); the interpreter is for CPU CI")
+@pytest.mark.skipif(
+    not HAS_TRITON, reason="triton is not installed (pip install triton to run the kernel in Triton's CPU interpreter)"
+)
+@pytest.mark.skipif(
+    HAS_CUDA,
+    reason="a CUDA machine runs the compiled kernel instead "
+    "(test_matches_torch_on_cuda); the interpreter is for CPU CI",
+)
 def test_kernel_in_interpreter_matches_torch_adamw():
     script = textwrap.dedent("""
         import sys
@@ -230,8 +235,14 @@ def test_kernel_in_interpreter_matches_torch_adamw():
         run_all_checks("cpu", "triton")
         print("TRITON ADAMW OK")
     """)
-    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "TRITON_INTERPRET": "1"},
-                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0 and "TRITON ADAMW OK" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -302,8 +313,13 @@ def test_int64_offsets_past_2_31_elements_on_cuda():
 def test_selection_triton_on_cuda_torch_on_cpu(monkeypatch):
     import workbench.train.optim as optim
 
-    monkeypatch.setattr(optim, "availability", lambda field, choice, device, world_size=1: (
-        (True, "") if torch.device(device).type == "cuda" else (False, "needs CUDA")))
+    monkeypatch.setattr(
+        optim,
+        "availability",
+        lambda field, choice, device, world_size=1: (
+            (True, "") if torch.device(device).type == "cuda" else (False, "needs CUDA")
+        ),
+    )
     assert resolve_optimizer("adamw", "cuda") == "adamw_triton"
     assert resolve_optimizer("adamw", "cpu") == "adamw_torch"
     assert resolve_optimizer("adamw_torch", "cuda") == "adamw_torch"
@@ -349,9 +365,16 @@ def test_refuses_amsgrad_and_bad_hyperparameters():
 
 
 def _rc(tmp_path, **overrides):
-    base = dict(output_dir=str(tmp_path / "runs"), data__seq_len=64, train__steps=5, train__global_batch_size=4,
-                train__local_batch_size=2, train__warmup_steps=1, train__optimizer="adamw_triton",
-                train__weight_decay=0.1)
+    base = dict(
+        output_dir=str(tmp_path / "runs"),
+        data__seq_len=64,
+        train__steps=5,
+        train__global_batch_size=4,
+        train__local_batch_size=2,
+        train__warmup_steps=1,
+        train__optimizer="adamw_triton",
+        train__weight_decay=0.1,
+    )
     base.update(overrides)
     return RunConfig.demo(**base)
 
@@ -366,8 +389,11 @@ def _losses(rank, world, configs):
     trainer.setup()
     losses = [trainer.fit()["losses"]]
     opt = trainer.optimizer
-    info = {"type": type(opt).__name__, "updates": dict(opt.updates),
-            "dtensor_states": all(isinstance(s["exp_avg"], DTensor) for s in opt.state.values())}
+    info = {
+        "type": type(opt).__name__,
+        "updates": dict(opt.updates),
+        "dtensor_states": all(isinstance(s["exp_avg"], DTensor) for s in opt.state.values()),
+    }
     close_dispatchers(trainer.model)
     return losses + [finetune(RunConfig.from_dict(c))["losses"] for c in configs[1:]], info
 
@@ -378,11 +404,13 @@ def test_trainer_resume_and_checkpoints_shared_with_torch_adamw(tmp_path):
     def ckpt(run):
         return str(tmp_path / "runs" / run / "checkpoints" / "step-00000003")
 
-    configs = [_rc(tmp_path, run_id="full", train__checkpoint_every=3),
-               _rc(tmp_path, run_id="resumed", train__resume_from=ckpt("full")),
-               _rc(tmp_path, run_id="torch", train__optimizer="adamw_torch", train__checkpoint_every=3),
-               _rc(tmp_path, run_id="torch_to_triton", train__resume_from=ckpt("torch")),
-               _rc(tmp_path, run_id="triton_to_torch", train__optimizer="adamw_torch", train__resume_from=ckpt("full"))]
+    configs = [
+        _rc(tmp_path, run_id="full", train__checkpoint_every=3),
+        _rc(tmp_path, run_id="resumed", train__resume_from=ckpt("full")),
+        _rc(tmp_path, run_id="torch", train__optimizer="adamw_torch", train__checkpoint_every=3),
+        _rc(tmp_path, run_id="torch_to_triton", train__resume_from=ckpt("torch")),
+        _rc(tmp_path, run_id="triton_to_torch", train__optimizer="adamw_torch", train__resume_from=ckpt("full")),
+    ]
     (r0, info), (r1, _) = run_ranks(_losses, 2, [c.to_dict() for c in configs])
     assert r0 == r1
     # CPU ranks take the torch-op path, on the local shards of DTensor states shaped like torch's

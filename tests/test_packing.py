@@ -26,7 +26,7 @@ from workbench.models.auto import AutoModelForCausalLM
 from workbench.train.data import IGNORE_INDEX, Batch, pack_examples
 
 LENGTHS = (7, 12, 5)  # three documents of different lengths in one row of 24
-EPS = {torch.float32: torch.finfo(torch.float32).eps, torch.bfloat16: 2.0 ** -8}
+EPS = {torch.float32: torch.finfo(torch.float32).eps, torch.bfloat16: 2.0**-8}
 CUDA = torch.cuda.is_available()
 NEEDS_CUDA = pytest.mark.skipif(not CUDA, reason="CUDA-only backend: needs a GPU (torch sees none here)")
 
@@ -49,8 +49,9 @@ def _config(family: str, device: str):
 def _engine(family: str, attention: str, device: str = "cpu", dtype=torch.float32, **backend):
     """The engine's model of a tiny `family` with BackendConfig.attention=`attention`, fresh large weights."""
     cfg = _config(family, device)
-    model = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(attention=attention, **backend),
-                                             device=device, dtype=dtype)
+    model = AutoModelForCausalLM.from_config(
+        cfg, backend=BackendConfig(attention=attention, **backend), device=device, dtype=dtype
+    )
     randomize(model)  # weights large enough that attending across documents moves the loss far past rounding
     return model.eval()
 
@@ -77,7 +78,7 @@ def _split(ce: torch.Tensor, docs) -> list[torch.Tensor]:
     """A packed row's token CE per document: its own L - 1 predictions (not the one across the boundary)."""
     out, start = [], 0
     for d in docs:
-        out.append(ce[start:start + len(d) - 1])
+        out.append(ce[start : start + len(d) - 1])
         start += len(d)
     return out
 
@@ -102,7 +103,7 @@ def check_isolation(model, what: str) -> None:
     emb = model.get_input_embeddings()(ids).detach().requires_grad_()
     logits = model(inputs_embeds=emb, position_ids=_positions(docs)[None].to(model.device), use_cache=False).logits
     first = len(ids[0]) - len(docs[-1])
-    F.cross_entropy(logits[0, first:-1].float(), ids[0, first + 1:]).backward()
+    F.cross_entropy(logits[0, first:-1].float(), ids[0, first + 1 :]).backward()
     own = emb.grad[0, first:].abs().max().item()
     leak = emb.grad[0, :first].abs().max().item()
     assert own > 0 and leak <= _tol(dtype, 1.0) * own, f"{what}: gradient across documents {leak:.3g} (own {own:.3g})"
@@ -160,8 +161,10 @@ def test_cudnn_sdpa_alone_keeps_documents_apart():
         except RuntimeError as err:
             if "No available kernel" not in str(err):
                 raise
-            pytest.skip(f"cuDNN SDPA refuses this call on this machine ({err}); the engine's priority list then "
-                        "runs flash/efficient/math (test_cudnn_first_sdpa_keeps_documents_apart)")
+            pytest.skip(
+                f"cuDNN SDPA refuses this call on this machine ({err}); the engine's priority list then "
+                "runs flash/efficient/math (test_cudnn_first_sdpa_keeps_documents_apart)"
+            )
 
 
 @pytest.mark.skipif(not te_availability("cuda")[0], reason=f"TE attention: {te_availability('cuda')[1]}")
@@ -199,7 +202,7 @@ def _rows_documents(batch: Batch) -> list[tuple[int, int, int]]:
     for r in range(len(batch)):
         starts = (batch.position_ids[r] == 0).nonzero().flatten().tolist() + [batch.position_ids.shape[1]]
         for s, e in zip(starts[:-1], starts[1:]):
-            if (batch.labels[r, s + 1:e] != IGNORE_INDEX).any():
+            if (batch.labels[r, s + 1 : e] != IGNORE_INDEX).any():
                 out.append((r, s, e - s))
     return out
 
@@ -209,15 +212,26 @@ def check_engine_loss_per_document(model, batch: Batch, forward_extra, what: str
     checked = 0
     for r, s, n in _rows_documents(batch):
         labels = torch.full_like(batch.labels, IGNORE_INDEX)
-        labels[r, s:s + n] = batch.labels[r, s:s + n]
-        packed = model(input_ids=batch.input_ids, labels=labels, position_ids=batch.position_ids, use_cache=False,
-                       **forward_extra(batch)).loss
-        doc = Batch(*(t[r:r + 1, s:s + n] for t in (batch.input_ids, batch.labels, batch.position_ids)))
-        alone = model(input_ids=doc.input_ids, labels=doc.labels, position_ids=doc.position_ids, use_cache=False,
-                      **forward_extra(doc)).loss
+        labels[r, s : s + n] = batch.labels[r, s : s + n]
+        packed = model(
+            input_ids=batch.input_ids,
+            labels=labels,
+            position_ids=batch.position_ids,
+            use_cache=False,
+            **forward_extra(batch),
+        ).loss
+        doc = Batch(*(t[r : r + 1, s : s + n] for t in (batch.input_ids, batch.labels, batch.position_ids)))
+        alone = model(
+            input_ids=doc.input_ids,
+            labels=doc.labels,
+            position_ids=doc.position_ids,
+            use_cache=False,
+            **forward_extra(doc),
+        ).loss
         tol = _tol(torch.float32, alone.abs().item())
         assert (packed - alone).abs().item() <= tol, (
-            f"{what}: row {r} document at {s} (+{n}): packed loss {packed.item():.6g} != alone {alone.item():.6g}")
+            f"{what}: row {r} document at {s} (+{n}): packed loss {packed.item():.6g} != alone {alone.item():.6g}"
+        )
         checked += 1
     return checked
 
@@ -235,8 +249,15 @@ def test_trainer_packed_batch_per_document_loss_equals_unpacked(family, tmp_path
         cfg = tiny_config(family, vocab_size=TINY_VOCAB_SIZE, max_position_embeddings=64)
         transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "m")
         model = ModelConfig(preset=None, path=str(tmp_path / "m"), dtype="float32", device="cpu")
-    rc = RunConfig.demo(model=model, output_dir=str(tmp_path / "runs"), data__seq_len=64, data__pack=True,
-                        train__global_batch_size=4, train__local_batch_size=4, train__save_final_checkpoint=False)
+    rc = RunConfig.demo(
+        model=model,
+        output_dir=str(tmp_path / "runs"),
+        data__seq_len=64,
+        data__pack=True,
+        train__global_batch_size=4,
+        train__local_batch_size=4,
+        train__save_final_checkpoint=False,
+    )
     trainer = Trainer(rc)
     trainer.setup()
     randomize(trainer.model)

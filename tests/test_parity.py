@@ -21,8 +21,9 @@ def build_pair(cfg, experts: str, seed: int):
     torch.manual_seed(seed)
     # The eager reference: Transformers' own grouped_mm refuses odd widths.
     hf_model = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="eager").float()
-    engine = workbench.AutoModelForCausalLM.from_config(cfg, backend=workbench.BackendConfig(experts=experts),
-                                                        device="cpu")
+    engine = workbench.AutoModelForCausalLM.from_config(
+        cfg, backend=workbench.BackendConfig(experts=experts), device="cpu"
+    )
     engine.load_state_dict(hf_model.state_dict())
     return hf_model, engine
 
@@ -122,7 +123,8 @@ def test_fused_ce_matches_unfused_loss_and_gradients(experts):
     cfg = tiny_qwen3_moe(vocab_size=257)
     hf_model, unfused = build_pair(cfg, experts, 21)
     fused = workbench.AutoModelForCausalLM.from_config(
-        cfg, backend=workbench.BackendConfig(experts=experts, fused_ce=True), device="cpu")
+        cfg, backend=workbench.BackendConfig(experts=experts, fused_ce=True), device="cpu"
+    )
     fused.load_state_dict(hf_model.state_dict())
     ids, labels = fresh_batch(cfg, 22)
     ref, ref_grads = forward_backward(hf_model, ids, labels)
@@ -170,7 +172,8 @@ def test_expert_recompute_same_numbers_less_saved(experts):
     cfg = tiny_qwen3_moe(**PARITY_SHAPES["base"])
     hf_model, plain = build_pair(cfg, experts, 31)
     recompute = workbench.AutoModelForCausalLM.from_config(
-        cfg, backend=workbench.BackendConfig(experts=experts, expert_recompute=True), device="cpu")
+        cfg, backend=workbench.BackendConfig(experts=experts, expert_recompute=True), device="cpu"
+    )
     recompute.load_state_dict(hf_model.state_dict())
     assert all(m.workbench_recompute for _, m in engine_experts_modules(recompute))
     ids, labels = fresh_batch(cfg, 32)

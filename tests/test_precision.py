@@ -20,7 +20,6 @@ from workbench.train.checkpoint import list_checkpoints
 from workbench.train.optim import TritonAdamW, make_adamw
 from workbench.train.precision import DEFAULT_PRECISION, resolve_precision
 
-
 # ---------------------------------------------------------------- (a) stochastic rounding
 
 
@@ -28,6 +27,7 @@ def _neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The bf16 values just below and just above each float32 value (as float32)."""
     u = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     down = u & 0xFFFF0000
+
     def to_f(v):
         return torch.where(v >= 2**31, v - 2**32, v).to(torch.int32).view(torch.float32)
 
@@ -66,7 +66,7 @@ def test_random_bits_are_deterministic_per_seed_step_param_and_element():
         assert (random_bits(other, 0, 1000) == a).float().mean() < 0.01
     # a shard at global offset 600 draws the full tensor's bits for its elements
     assert torch.equal(random_bits(sr_key(7, 5, 2, 0), 600, 400), a[600:])
-    low16 = (a & 0xFFFF).double() / 2 ** 16
+    low16 = (a & 0xFFFF).double() / 2**16
     assert abs(low16.mean().item() - 0.5) < 0.05
 
 
@@ -79,6 +79,7 @@ def test_bf16_sr_optimizer_steps_are_reproducible_and_seeded():
             w.grad = torch.randn_like(w)
             opt.step()
         return w.detach().clone()
+
     first = run(0)
     assert torch.equal(first, run(0))
     assert not torch.equal(first, run(1))
@@ -93,8 +94,15 @@ def _train_mlp(dtype: torch.dtype, precision: str, data) -> list[torch.Tensor]:
     """A 64 -> 256 -> 32 MLP (weights ~N(0, 0.02)) trained with the real optimizer code at lr 1e-5."""
     init, xs, ys = data
     ws = [torch.nn.Parameter(w.to(dtype).clone()) for w in init]
-    opt = make_adamw([{"params": ws, "weight_decay": 0.0}], "adamw", torch.device("cpu"), lr=LR,
-                     betas=(0.9, 0.95), precision=precision, seed=0)
+    opt = make_adamw(
+        [{"params": ws, "weight_decay": 0.0}],
+        "adamw",
+        torch.device("cpu"),
+        lr=LR,
+        betas=(0.9, 0.95),
+        precision=precision,
+        seed=0,
+    )
     for x, y in zip(xs, ys):
         F.cross_entropy(_mlp(ws, x.to(dtype)).float(), y).backward()
         opt.step()
@@ -165,8 +173,9 @@ def test_auto_is_the_cheapest_mode_that_tracks_the_reference():
     assert isinstance(make_adamw([{"params": [w]}], "adamw", torch.device("cpu"), 1e-3), TritonAdamW)
     assert not isinstance(make_adamw([{"params": [w]}], "adamw_torch", torch.device("cpu"), 1e-3), TritonAdamW)
     f = torch.nn.Parameter(torch.zeros(3))
-    assert not isinstance(make_adamw([{"params": [f]}], "adamw", torch.device("cpu"), 1e-3,
-                                     precision="fp32_master"), TritonAdamW)
+    assert not isinstance(
+        make_adamw([{"params": [f]}], "adamw", torch.device("cpu"), 1e-3, precision="fp32_master"), TritonAdamW
+    )
 
 
 def test_fp32_master_keeps_float32_weights_and_moments():
@@ -221,12 +230,28 @@ _KERNEL_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="the compiled Triton kernel needs a CUDA GPU"))])
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(
+                not torch.cuda.is_available(), reason="the compiled Triton kernel needs a CUDA GPU"
+            ),
+        ),
+    ],
+)
 def test_triton_sr_kernel_equals_the_torch_reference_bit_for_bit(device):
     env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else dict(os.environ)
-    proc = subprocess.run([sys.executable, "-c", _KERNEL_SCRIPT, device], env=env,
-                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _KERNEL_SCRIPT, device],
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0 and "SR KERNEL OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -234,8 +259,7 @@ def test_torch_reference_sr_changes_only_bf16_stores():
     torch.manual_seed(0)
     n = 500
     weights = (0.01 + 0.02 * torch.rand(n)) * torch.randn(n).sign()  # |w| >= 0.01: half an ulp > 1e-5
-    tensors = [weights.bfloat16(), torch.randn(n).bfloat16(), torch.zeros(n).bfloat16(),
-               torch.zeros(n).bfloat16()]
+    tensors = [weights.bfloat16(), torch.randn(n).bfloat16(), torch.zeros(n).bfloat16(), torch.zeros(n).bfloat16()]
     s = adamw_scalars(1, 1e-5, 0.9, 0.95, 1e-8, 0.0)
     rn, sr = [t.clone() for t in tensors], [t.clone() for t in tensors]
     torch_adamw_step_(*rn, s)
@@ -248,9 +272,17 @@ def test_torch_reference_sr_changes_only_bf16_stores():
 
 
 def _rc(tmp_path, precision, **overrides):
-    base = dict(output_dir=str(tmp_path / "runs"), data__seq_len=64, train__steps=5, train__global_batch_size=4,
-                train__local_batch_size=2, train__warmup_steps=1, train__lr=1e-3, model__dtype="bfloat16",
-                train__precision=precision)
+    base = dict(
+        output_dir=str(tmp_path / "runs"),
+        data__seq_len=64,
+        train__steps=5,
+        train__global_batch_size=4,
+        train__local_batch_size=2,
+        train__warmup_steps=1,
+        train__lr=1e-3,
+        model__dtype="bfloat16",
+        train__precision=precision,
+    )
     base.update(overrides)
     return RunConfig.demo(**base)
 
@@ -267,8 +299,16 @@ def test_resume_is_exact_in_bf16_modes(tmp_path, precision):
 def test_resume_refuses_another_precision(tmp_path):
     finetune(_rc(tmp_path, "bf16", run_id="a", train__steps=2))
     with pytest.raises(Exception, match=r"train\.precision"):
-        finetune(_rc(tmp_path, "fp32_master", run_id="b", train__steps=3,
-                     train__resume_from=str(tmp_path / "runs" / "a"), train__resume_allow_changes=["train.steps"]))
+        finetune(
+            _rc(
+                tmp_path,
+                "fp32_master",
+                run_id="b",
+                train__steps=3,
+                train__resume_from=str(tmp_path / "runs" / "a"),
+                train__resume_allow_changes=["train.steps"],
+            )
+        )
 
 
 # ---------------------------------------------------------------- (e) bad values
@@ -305,8 +345,14 @@ def _sharded_run(world, precision):
     grads = [torch.randn_like(p) for p in model.parameters()]
     if world > 1:
         fully_shard(model, mesh=init_device_mesh("cpu", (world,)))  # dim-0 shards, 7 and 5 rows: uneven
-    opt = make_adamw([{"params": list(model.parameters()), "weight_decay": 0.0}], "adamw", torch.device("cpu"),
-                     1e-5, precision=precision, seed=3)
+    opt = make_adamw(
+        [{"params": list(model.parameters()), "weight_decay": 0.0}],
+        "adamw",
+        torch.device("cpu"),
+        1e-5,
+        precision=precision,
+        seed=3,
+    )
     for _ in range(3):
         for p, g in zip(model.parameters(), grads):
             p.grad = g if world == 1 else torch.distributed.tensor.distribute_tensor(g, p.device_mesh, p.placements)

@@ -12,8 +12,13 @@ from workbench.config import PRESETS, ConfigError, ModelConfig, RunConfig, prese
 from workbench.params import num_experts, param_counts
 
 TINY = [name for name in PRESETS if name.startswith("tiny")]
-FAMILY_CLASSES = {"qwen3_moe": "Qwen3MoeConfig", "gpt_oss": "GptOssConfig", "deepseek_v3": "DeepseekV3Config",
-                  "mixtral": "MixtralConfig", "olmoe": "OlmoeConfig"}
+FAMILY_CLASSES = {
+    "qwen3_moe": "Qwen3MoeConfig",
+    "gpt_oss": "GptOssConfig",
+    "deepseek_v3": "DeepseekV3Config",
+    "mixtral": "MixtralConfig",
+    "olmoe": "OlmoeConfig",
+}
 
 
 def on_meta(cfg):
@@ -101,8 +106,16 @@ def test_tiny_family_preset_finetunes_on_cpu(name, tmp_path):
     """`workbench finetune` with the preset: the vanilla-Transformers path (ep=1) trains, loss falls."""
     from workbench.train import finetune
 
-    result = finetune(RunConfig.demo(model=ModelConfig(preset=name), output_dir=str(tmp_path), train__steps=3,
-                                     train__lr=1e-2, train__warmup_steps=0, train__save_final_checkpoint=False))
+    result = finetune(
+        RunConfig.demo(
+            model=ModelConfig(preset=name),
+            output_dir=str(tmp_path),
+            train__steps=3,
+            train__lr=1e-2,
+            train__warmup_steps=0,
+            train__save_final_checkpoint=False,
+        )
+    )
     losses = result["losses"]
     assert result["state"] == "completed" and len(losses) == 3, result
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
@@ -111,7 +124,11 @@ def test_tiny_family_preset_finetunes_on_cpu(name, tmp_path):
 def test_layers_of_a_checkpoint_with_per_layer_types_keep_their_pattern(tmp_path):
     preset_config("tiny-gpt-oss", layers=4).save_pretrained(tmp_path)
     cfg = ModelConfig(preset=None, path=str(tmp_path), layers=3).hf_config()
-    assert cfg.num_hidden_layers == 3 and cfg.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
+    assert cfg.num_hidden_layers == 3 and cfg.layer_types == [
+        "sliding_attention",
+        "full_attention",
+        "sliding_attention",
+    ]
     on_meta(cfg)  # builds: one attention type per layer
     with pytest.raises(ConfigError, match=r"model.layers \(6\) exceeds the 4 layers of .*use 4 or fewer"):
         ModelConfig(preset=None, path=str(tmp_path), layers=6).hf_config()

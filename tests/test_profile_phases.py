@@ -12,9 +12,16 @@ def test_a_profiled_step_reports_the_moe_phases(preset, tmp_path):
     from workbench.train.profile import profile_finetune
     from workbench.ui.profile import load_profile
 
-    result = profile_finetune(RunConfig.demo(model__preset=preset, output_dir=str(tmp_path),
-                                             train__steps=2, train__global_batch_size=2, train__local_batch_size=2,
-                                             train__save_final_checkpoint=False))
+    result = profile_finetune(
+        RunConfig.demo(
+            model__preset=preset,
+            output_dir=str(tmp_path),
+            train__steps=2,
+            train__global_batch_size=2,
+            train__local_batch_size=2,
+            train__save_final_checkpoint=False,
+        )
+    )
     (prof,) = load_profile(result["run_dir"])
     assert prof["device"] == "cpu" and prof["steps"] == 1
     phases = prof["phases_ms"]

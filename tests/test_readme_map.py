@@ -12,7 +12,7 @@ def _section(title: str) -> str:
     text = (ROOT / "README.md").read_text()
     start = text.index(f"## {title}\n")
     end = text.find("\n## ", start + 4)
-    return text[start:end if end != -1 else None]
+    return text[start : end if end != -1 else None]
 
 
 def _paths(cell: str, base: str) -> list[Path]:
@@ -23,8 +23,11 @@ def _paths(cell: str, base: str) -> list[Path]:
         if "/" not in item or item.startswith("("):
             continue
         for expanded in _expand(item):
-            path = ROOT / expanded if expanded.split("/")[0] in ("workbench", "extensions", "tests") else \
-                ROOT / base / expanded
+            path = (
+                ROOT / expanded
+                if expanded.split("/")[0] in ("workbench", "extensions", "tests")
+                else ROOT / base / expanded
+            )
             out.append(path)
     return out
 
@@ -33,7 +36,7 @@ def _expand(item: str) -> list[str]:
     m = re.search(r"\{([^}]+)\}", item)
     if not m:
         return [item]
-    return [item[:m.start()] + part + item[m.end():] for part in m.group(1).split(",")]
+    return [item[: m.start()] + part + item[m.end() :] for part in m.group(1).split(",")]
 
 
 def test_every_file_the_code_map_names_exists():

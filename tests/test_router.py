@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 from tiny_models import tiny_qwen3_moe
+from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
 import workbench
 from workbench.moe.router import balanced_topk, load_balancing_loss, softmax_topk
@@ -26,8 +26,9 @@ def test_balanced_gate_in_the_model_counts_equal():
     from workbench.moe.routed_load import pop_routed_load as pop_expert_load
 
     cfg = tiny_qwen3_moe(num_experts=8, num_experts_per_tok=2)
-    model = workbench.AutoModelForCausalLM.from_config(cfg, backend=workbench.BackendConfig(gate="balanced"),
-                                                       device="cpu")
+    model = workbench.AutoModelForCausalLM.from_config(
+        cfg, backend=workbench.BackendConfig(gate="balanced"), device="cpu"
+    )
     ids = torch.randint(0, cfg.vocab_size, (4, 16))
     model(input_ids=ids, labels=ids).loss.backward()
     load = pop_expert_load(model)

@@ -13,12 +13,27 @@ import pytest
 
 pytest.importorskip("ipyparallel")
 
-from workbench.cluster import RankError, Run  # noqa: E402
-from workbench.config import RunConfig  # noqa: E402
+from workbench.cluster import RankError, Run
+from workbench.config import RunConfig
 
-STEP_FIELDS = {"step", "rank", "loss", "grad_norm", "lr", "tokens_per_s_per_gpu", "tflops_per_gpu",
-               "mem_peak_gib", "mem_now_gib", "expert_load", "expert_load_cv", "step_time_s",
-               "forward_s", "backward_s", "optimizer_s", "time"}
+STEP_FIELDS = {
+    "step",
+    "rank",
+    "loss",
+    "grad_norm",
+    "lr",
+    "tokens_per_s_per_gpu",
+    "tflops_per_gpu",
+    "mem_peak_gib",
+    "mem_now_gib",
+    "expert_load",
+    "expert_load_cv",
+    "step_time_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
+    "time",
+}
 # The `cluster` fixture (tests/conftest.py) is one cluster for the module: a failed run leaves it usable (the
 # process group is re-joined), and the killed-engine test, which runs last, restarts it.
 
@@ -85,8 +100,10 @@ def test_each_record_crosses_the_data_channel_once(cluster, tmp_path):
     from stream_spy import read_tap
 
     steps = 12
-    run = cluster.finetune(_demo(tmp_path, train__steps=steps, train__save_final_checkpoint=False),
-                           target="tests.stream_spy:finetune_tapped")
+    run = cluster.finetune(
+        _demo(tmp_path, train__steps=steps, train__save_final_checkpoint=False),
+        target="tests.stream_spy:finetune_tapped",
+    )
     live: list[tuple[int, int]] = []
     run.on_metrics(lambda records: live.extend((r["rank"], r["step"]) for r in records))
     run.wait(timeout=300)
@@ -97,8 +114,9 @@ def test_each_record_crosses_the_data_channel_once(cluster, tmp_path):
         messages = read_tap(run.path, rank)
         sent = [s for m in messages for s in m["steps"]]
         assert sent == list(range(1, steps + 1)), messages  # every record once, in order
-        assert [(m["first"], m["last"]) for m in messages] == \
-            [(m["first"], m["first"] + len(m["steps"]) - 1) for m in messages]
+        assert [(m["first"], m["last"]) for m in messages] == [
+            (m["first"], m["first"] + len(m["steps"]) - 1) for m in messages
+        ]
         assert sum(m["loads"] for m in messages) == 3  # steps 1, 11 and the last, 12
         per_step = sum(m["bytes"] for m in messages) / steps
         print(f"\nrank {rank}: {len(messages)} messages, {per_step:.0f} bytes per step")
@@ -113,8 +131,11 @@ def test_records_the_notebook_missed_come_from_disk_once(cluster, tmp_path):
     from stream_spy import read_tap
 
     steps = 10
-    run = cluster.finetune(_demo(tmp_path, train__steps=steps, train__save_final_checkpoint=False),
-                           target="tests.stream_spy:finetune_dropping", poll_interval=1.0)
+    run = cluster.finetune(
+        _demo(tmp_path, train__steps=steps, train__save_final_checkpoint=False),
+        target="tests.stream_spy:finetune_dropping",
+        poll_interval=1.0,
+    )
     live: list[tuple[int, int]] = []
     run.on_metrics(lambda records: live.extend((r["rank"], r["step"]) for r in records))
     run.wait(timeout=300)
@@ -142,8 +163,14 @@ def test_stop_halts_within_one_step_and_checkpoint_resumes(cluster, tmp_path):
     assert json.loads((run.path / "status.json").read_text())["state"] == "stopped"
 
     # Loadable: a new run resumes from it on the same cluster and continues at the next step.
-    resumed = cluster.finetune(_demo(tmp_path, train__steps=stopped_at + 1, train__resume_from=checkpoint,
-                                     train__resume_allow_changes=["train.steps"]))
+    resumed = cluster.finetune(
+        _demo(
+            tmp_path,
+            train__steps=stopped_at + 1,
+            train__resume_from=checkpoint,
+            train__resume_allow_changes=["train.steps"],
+        )
+    )
     resumed.wait(timeout=300)
     assert sorted(resumed.metrics["step"].unique()) == [stopped_at + 1]
 
@@ -187,8 +214,9 @@ def test_killed_engine_fails_the_run_within_10s_and_restart_recovers(cluster, tm
     old = cluster.pids()
     cluster.restart()
     assert cluster.running
-    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                   for p in old["engines"].values())
+    assert not any(
+        psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old["engines"].values()
+    )
     again = cluster.finetune(_demo(tmp_path, train__steps=2))
     assert again.wait(timeout=300)["state"] == "completed"
     assert set(zip(again.metrics["rank"], again.metrics["step"])) == {(0, 1), (0, 2), (1, 1), (1, 2)}

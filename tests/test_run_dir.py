@@ -24,8 +24,13 @@ def _config(dp=2, ep=2):
 def _records(step, world=2):
     rng = random.Random(step)
     return [
-        {"step": step, "rank": r, "loss": rng.uniform(1, 10),
-         "tokens_per_s_per_gpu": rng.uniform(100, 1000), "expert_load": [[1, 2], [3, 4]]}
+        {
+            "step": step,
+            "rank": r,
+            "loss": rng.uniform(1, 10),
+            "tokens_per_s_per_gpu": rng.uniform(100, 1000),
+            "expert_load": [[1, 2], [3, 4]],
+        }
         for r in range(world)
     ]
 
@@ -173,9 +178,13 @@ def test_run_dir_files_are_private_under_a_permissive_umask(tmp_path):
         run.write_status("running", step=1)
     finally:
         os.umask(old)
+
     def mode(p):
         return stat.S_IMODE(p.stat().st_mode)
 
     assert mode(tmp_path / "runs") == 0o700 and mode(run.path) == 0o700
     assert {p.name: mode(p) for p in run.path.iterdir()} == {
-        "config.json": 0o600, "status.json": 0o600, "metrics.jsonl": 0o600}
+        "config.json": 0o600,
+        "status.json": 0o600,
+        "metrics.jsonl": 0o600,
+    }

@@ -18,18 +18,24 @@ import pytest
 from save_faults import fail_save_at
 
 from workbench.config import RunConfig
-from workbench.train import finetune
 from workbench.runs import run_dir as rd
-from workbench.train.checkpoint import DiskFullError, list_checkpoints
 from workbench.runs.liveness import STALE_AFTER_S, Heartbeat, checked_status, owner_fields
 from workbench.runs.run_dir import RunDir, list_runs, summarize_run
+from workbench.train import finetune
+from workbench.train.checkpoint import DiskFullError, list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _rc(tmp_path, **overrides) -> RunConfig:
-    base = dict(output_dir=str(tmp_path / "runs"), data__seq_len=64, train__steps=3, train__global_batch_size=4,
-                train__local_batch_size=2, train__warmup_steps=1)
+    base = dict(
+        output_dir=str(tmp_path / "runs"),
+        data__seq_len=64,
+        train__steps=3,
+        train__global_batch_size=4,
+        train__local_batch_size=2,
+        train__warmup_steps=1,
+    )
     base.update(overrides)
     return RunConfig.demo(**base)
 
@@ -39,8 +45,14 @@ def _env(**extra) -> dict:
 
 
 def _workbench(args, **env) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "workbench.cli", *args], cwd=ROOT, env=_env(**env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "workbench.cli", *args],
+        cwd=ROOT,
+        env=_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _status(path: Path) -> dict:
@@ -105,8 +117,14 @@ def test_sigkilled_single_process_run_reads_as_died_within_10s(tmp_path):
 
     reopened = Run.from_dir(run)
     assert reopened.state == "died" and reopened.done
-    out = subprocess.run([sys.executable, "-m", "workbench.cli", "runs", str(tmp_path / "runs")], cwd=ROOT,
-                         env=_env(), capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "workbench.cli", "runs", str(tmp_path / "runs")],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     line = next(l for l in out.stdout.splitlines() if l.startswith("victim"))
     assert " died " in line and f"pid {proc.pid}" in line
@@ -134,9 +152,14 @@ def test_sigterm_marks_the_run_failed_and_still_terminates(tmp_path):
 def test_run_killed_mid_save_reads_as_died(tmp_path):
     cfg = _finetune_yaml(tmp_path, steps=4, train__checkpoint_every=2)
     # The real CLI, killed by SIGKILL in the save of step 2 after its shards are written.
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "save_faults.py"), "kill", "2", "finetune", str(cfg),
-                             "--run-id", "cut"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "save_faults.py"), "kill", "2", "finetune", str(cfg), "--run-id", "cut"],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     proc.communicate(timeout=180)
     assert proc.returncode == -signal.SIGKILL
     run = tmp_path / "runs" / "cut"
@@ -187,8 +210,7 @@ def test_heartbeat_refreshes_a_live_status_and_stops_at_the_end(tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_of_one_demo_rank_fails_the_run_naming_rank_and_signal(tmp_path):
-    proc = _workbench(["demo", "--steps", "100000", "--ranks", "2", "--run-id", "d"],
-                      WORKBENCH_RUNS_DIR=str(tmp_path))
+    proc = _workbench(["demo", "--steps", "100000", "--ranks", "2", "--run-id", "d"], WORKBENCH_RUNS_DIR=str(tmp_path))
     run = tmp_path / "d"
     try:
         rank0 = _wait_running(run, proc)["pid"]
@@ -233,8 +255,7 @@ def test_status_is_written_in_place_when_the_disk_has_no_room_for_a_temporary(tm
     run.write_status("failed", error="OSError: disk full", traceback="Traceback ...\n" * 200)
     status = run.read_status()
     assert status["state"] == "failed" and status["error"] == "OSError: disk full" and "traceback" not in status
-    assert sorted(os.listdir(run.path)) == [
-        "config.json", "status.json"]
+    assert sorted(os.listdir(run.path)) == ["config.json", "status.json"]
 
 
 def test_disk_full_is_recognized_inside_dcp_failures():
@@ -277,8 +298,7 @@ def _modes(root: Path) -> dict[str, str]:
 def test_everything_a_run_leaves_is_private_and_the_umask_is_restored(tmp_path, monkeypatch):
     old = os.umask(0o022)  # a permissive default, as most users have
     try:
-        finetune(_rc(tmp_path, run_id="priv", train__steps=2, train__checkpoint_every=1,
-                     train__export_hf=True))
+        finetune(_rc(tmp_path, run_id="priv", train__steps=2, train__checkpoint_every=1, train__export_hf=True))
         with monkeypatch.context() as patch:
             fail_save_at(patch, step=1, fault="error")
             with pytest.raises(RuntimeError, match="on purpose"):

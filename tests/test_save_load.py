@@ -75,8 +75,11 @@ def test_checkpoint_missing_expert_tensors_is_an_error(tmp_path):
     tensors = load_file(tmp_path / "model.safetensors")
     dropped = [k for k in tensors if ".mlp.experts.3." in k]
     assert dropped
-    save_file({k: v for k, v in tensors.items() if k not in dropped}, tmp_path / "model.safetensors",
-              metadata={"format": "pt"})
+    save_file(
+        {k: v for k, v in tensors.items() if k not in dropped},
+        tmp_path / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     with pytest.raises(workbench.CheckpointError, match="does not fit its config"):
         workbench.AutoModelForCausalLM.from_pretrained(tmp_path, device="cpu")
 
@@ -84,18 +87,32 @@ def test_checkpoint_missing_expert_tensors_is_an_error(tmp_path):
 def test_fused_experts_get_the_generic_path_and_a_dense_model_vanilla_with_a_notice(caplog):
     from workbench.moe.hf_experts import engine_experts_modules
 
-    cfg = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
-                                     num_experts_per_tok=2)
+    cfg = transformers.MixtralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
     with caplog.at_level("WARNING", logger="workbench.models"):
         model = workbench.AutoModelForCausalLM.from_config(cfg)
     assert isinstance(model, transformers.MixtralForCausalLM) and engine_experts_modules(model)
     assert [r.getMessage() for r in caplog.records].count(
         "model_type 'mixtral': generic engine path (Transformers' router and attention, the engine's experts in 1 "
-        "MoE layers of 4 experts, backend grouped_mm)") == 1
+        "MoE layers of 4 experts, backend grouped_mm)"
+    ) == 1
     caplog.clear()
-    dense = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                                     num_attention_heads=4, num_key_value_heads=2)
+    dense = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     with caplog.at_level("WARNING", logger="workbench.models.auto"):
         model = workbench.AutoModelForCausalLM.from_config(dense)
     assert type(model) is transformers.LlamaForCausalLM

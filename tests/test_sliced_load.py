@@ -8,10 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from launch_utils import run_ranks
 from generic_families import tiny_config
+from launch_utils import run_ranks
 from safetensors.torch import load_file, save_file
-
 
 EPS = torch.finfo(torch.float32).eps
 FAMILIES = ["qwen3_moe", "mixtral", "gpt_oss", "deepseek_v3"]
@@ -48,8 +47,12 @@ def _load_worker(rank, world, path, mesh_kwargs, tokens):
             experts[f"{name}.{pname}"] = (value.full_tensor() if isinstance(value, DTensor) else value).detach().clone()
     with torch.no_grad():
         logits = model(input_ids=tokens).logits
-    return {"experts": experts, "range": model.workbench_expert_range, "read": model.workbench_checkpoint_read,
-            "logits": logits}
+    return {
+        "experts": experts,
+        "range": model.workbench_expert_range,
+        "read": model.workbench_checkpoint_read,
+        "logits": logits,
+    }
 
 
 @pytest.mark.slow
@@ -73,8 +76,11 @@ def test_each_rank_reads_only_its_experts_and_equals_vanilla(family, tmp_path):
         torch.testing.assert_close(r["logits"], want_logits, rtol=64 * EPS, atol=64 * EPS * want_logits.abs().max())
         # this rank's half of the experts, and nothing of the other half
         assert r["read"].expert_bytes == checkpoint_expert_bytes // 2, (r["read"], checkpoint_expert_bytes)
-        dense_bytes = sum(v.numel() * v.element_size() for k, v in want.items() if k not in expert_keys
-                          and not (vanilla.config.tie_word_embeddings and k == "lm_head.weight"))
+        dense_bytes = sum(
+            v.numel() * v.element_size()
+            for k, v in want.items()
+            if k not in expert_keys and not (vanilla.config.tie_word_embeddings and k == "lm_head.weight")
+        )
         assert r["read"].bytes == r["read"].expert_bytes + dense_bytes, r["read"]
 
 
@@ -95,9 +101,11 @@ def _damage(path: str, edit) -> None:
 
 
 # A tensor of an expert that rank 1 holds: rank 0 must refuse too (no rank may wait in a collective).
-DAMAGED = {"qwen3_moe": "model.layers.1.mlp.experts.3.up_proj.weight",
-           "mixtral": "model.layers.0.block_sparse_moe.experts.2.w3.weight",
-           "gpt_oss": "model.layers.1.mlp.experts.down_proj"}
+DAMAGED = {
+    "qwen3_moe": "model.layers.1.mlp.experts.3.up_proj.weight",
+    "mixtral": "model.layers.0.block_sparse_moe.experts.2.w3.weight",
+    "gpt_oss": "model.layers.1.mlp.experts.down_proj",
+}
 
 
 @pytest.mark.slow
@@ -126,7 +134,8 @@ def test_rules_come_from_transformers_conversion_mapping():
     assert (".block_sparse_moe.", ".mlp.") in mixtral.renames
     assert {m.target: m.sources for m in mixtral.merges} == {
         ".experts.gate_up_proj": (".experts.*.w1.weight", ".experts.*.w3.weight"),
-        ".experts.down_proj": (".experts.*.w2.weight",)}
+        ".experts.down_proj": (".experts.*.w2.weight",),
+    }
     assert disk_rules("gpt_oss").merges == ()  # fused on disk too: rows sliced, nothing merged
 
 
@@ -144,8 +153,13 @@ def _fallback_worker(rank, world, path):
     model = _build(path, dict(dp=2, ep=2))
     name, module = engine_experts_modules(model)[0]
     down = module.down_proj
-    return {"log": records, "read": getattr(model, "workbench_checkpoint_read", None), "range": model.workbench_expert_range,
-            "key": f"{name}.down_proj", "down": (down.full_tensor() if isinstance(down, DTensor) else down).detach()}
+    return {
+        "log": records,
+        "read": getattr(model, "workbench_checkpoint_read", None),
+        "range": model.workbench_expert_range,
+        "key": f"{name}.down_proj",
+        "down": (down.full_tensor() if isinstance(down, DTensor) else down).detach(),
+    }
 
 
 @pytest.mark.slow
@@ -153,8 +167,15 @@ def test_a_rule_the_reader_cannot_follow_falls_back_to_transformers_with_one_log
     # Qwen3.5-MoE's multimodal checkpoints keep the text model under model.language_model.: Transformers
     # moves it with a regex PrefixChange the sliced reader does not follow.
     path = _save_vanilla("qwen3_5_moe_text", tmp_path / "ckpt")
-    _damage(path, lambda state: state.update({k.replace("model.", "model.language_model.", 1): state.pop(k)
-                                              for k in [k for k in state if k.startswith("model.")]}))
+    _damage(
+        path,
+        lambda state: state.update(
+            {
+                k.replace("model.", "model.language_model.", 1): state.pop(k)
+                for k in [k for k in state if k.startswith("model.")]
+            }
+        ),
+    )
     want = transformers.AutoModelForCausalLM.from_pretrained(path).state_dict()
     for r in run_ranks(_fallback_worker, 2, path, timeout=300):
         assert r["read"] is None

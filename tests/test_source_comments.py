@@ -14,13 +14,19 @@ LEGEND = "# Shape suffixes:"
 
 def test_no_comment_cites_facts_md():
     """facts.md is the workbench sessions' notes, not part of the repository: a citation of it leads nowhere."""
-    citing = [str(p.relative_to(ROOT)) for p in SOURCES + [ROOT / "benchmarks" / "NOTES.md"]
-              if "facts.md" in p.read_text(encoding="utf-8") and p.name != Path(__file__).name]
+    citing = [
+        str(p.relative_to(ROOT))
+        for p in SOURCES + [ROOT / "benchmarks" / "NOTES.md"]
+        if "facts.md" in p.read_text(encoding="utf-8") and p.name != Path(__file__).name
+    ]
     assert citing == []
 
 
 def test_modules_with_shape_suffixes_define_them():
     """One legend line per module that names tensors by shape (T tokens, D hidden, ...)."""
-    missing = [str(p.relative_to(ROOT)) for p in SOURCES
-               if SHAPED.search(p.read_text(encoding="utf-8")) and LEGEND not in p.read_text(encoding="utf-8")]
+    missing = [
+        str(p.relative_to(ROOT))
+        for p in SOURCES
+        if SHAPED.search(p.read_text(encoding="utf-8")) and LEGEND not in p.read_text(encoding="utf-8")
+    ]
     assert missing == []

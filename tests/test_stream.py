@@ -13,8 +13,15 @@ from workbench.ui.series import live_series
 
 def _record(rank: int, step: int, layers: int = 2, experts: int = 4) -> dict:
     load = [[(step * 7 + rank * 3 + layer * 5 + e) % 11 + 1 for e in range(experts)] for layer in range(layers)]
-    return {"rank": rank, "step": step, "loss": 1.0 / step, "tokens_per_s_per_gpu": 100.0 + step,
-            "tflops_per_gpu": 0.5, "mem_peak_gib": 1.0 + rank, "expert_load": load}
+    return {
+        "rank": rank,
+        "step": step,
+        "loss": 1.0 / step,
+        "tokens_per_s_per_gpu": 100.0 + step,
+        "tflops_per_gpu": 0.5,
+        "mem_peak_gib": 1.0 + rank,
+        "expert_load": load,
+    }
 
 
 def test_each_record_is_published_once_in_order_with_bounded_matrices():

@@ -18,10 +18,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pytest
 import torch
 import torch.distributed as dist
-
-from dispatch_compare import (bench_two_gpus, check_generic_family_grads, generic_family_grads, random_routing,
-                              round_trip)
-from launch_utils import run_ranks  # noqa: E402
+from dispatch_compare import (
+    bench_two_gpus,
+    check_generic_family_grads,
+    generic_family_grads,
+    random_routing,
+    round_trip,
+)
+from launch_utils import run_ranks
 
 from workbench.backends import BackendConfig, BackendError
 from workbench.moe.dispatch import make_dispatcher
@@ -33,6 +37,7 @@ NVSHMEM_HEAP_BYTES = str(4 << 30)
 
 
 # ---------------------------------------------------------------- CPU: selection and fallback
+
 
 def test_explicit_symm_mem_on_cpu_is_refused_naming_alltoall():
     with pytest.raises(BackendError, match="alltoall"):
@@ -56,6 +61,7 @@ def test_constructing_without_cuda_says_what_to_use():
 
 # ---------------------------------------------------------------- 2 GPUs: spawn helpers
 
+
 def run_gpu_ranks(fn, world: int, *args, timeout: float = 300.0) -> list:
     """fn(rank, world, *args) on `world` NCCL ranks, one GPU each, multicast off, a large NVSHMEM heap."""
     env = {**GPU_ENV, "NVSHMEM_SYMMETRIC_SIZE": os.environ.get("NVSHMEM_SYMMETRIC_SIZE", NVSHMEM_HEAP_BYTES)}
@@ -71,8 +77,10 @@ def _parity_worker(rank, world, configs):
         dtype = getattr(torch, dtype_name)
         key = num_experts
         if key not in dispatchers:  # one of each per expert count: later configs reuse the buffers
-            dispatchers[key] = (make_dispatcher("alltoall", num_experts, group),
-                                make_dispatcher("symm_mem", num_experts, group))
+            dispatchers[key] = (
+                make_dispatcher("alltoall", num_experts, group),
+                make_dispatcher("symm_mem", num_experts, group),
+            )
         reference, candidate = dispatchers[key]
         g = torch.Generator().manual_seed(1234 + 97 * rank + num_tokens)
         ids, weights = random_routing(num_tokens, num_experts, top_k, g, device)
@@ -81,12 +89,17 @@ def _parity_worker(rank, world, configs):
         scale = (torch.rand(num_experts // world, generator=g) + 0.5).to(device)
         a = round_trip(reference, x, ids, weights.to(dtype), grad_out, scale)
         b = round_trip(candidate, x, ids, weights.to(dtype), grad_out, scale)
-        row = {"config": (num_experts, num_tokens, top_k, hidden, dtype_name),
-               "rows": int(a["x_by_expert"].shape[0]), "tokens_per_expert": a["tokens_per_expert"].tolist()}
+        row = {
+            "config": (num_experts, num_tokens, top_k, hidden, dtype_name),
+            "rows": int(a["x_by_expert"].shape[0]),
+            "tokens_per_expert": a["tokens_per_expert"].tolist(),
+        }
         for name in a:
-            row[name] = (tuple(a[name].shape) == tuple(b[name].shape),
-                         float((a[name].double() - b[name].double()).abs().max()) if a[name].numel() else 0.0,
-                         float(a[name].double().abs().max()) if a[name].numel() else 0.0)
+            row[name] = (
+                tuple(a[name].shape) == tuple(b[name].shape),
+                float((a[name].double() - b[name].double()).abs().max()) if a[name].numel() else 0.0,
+                float(a[name].double().abs().max()) if a[name].numel() else 0.0,
+            )
         report.append(row)
     for _, candidate in dispatchers.values():
         candidate.release()
@@ -97,9 +110,9 @@ def _parity_worker(rank, world, configs):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="symm_mem parity needs 2 CUDA GPUs with NVSHMEM")
 def test_symm_mem_equals_alltoall_forward_and_backward_on_2_gpus():
     configs = [
-        (8, 96, 2, 64, "float32"),      # 4 experts per rank
+        (8, 96, 2, 64, "float32"),  # 4 experts per rank
         (8, 96, 2, 64, "bfloat16"),
-        (8, 40, 2, 64, "float32"),      # fewer tokens than the first call: buffers reused
+        (8, 40, 2, 64, "float32"),  # fewer tokens than the first call: buffers reused
         (128, 256, 8, 256, "bfloat16"),  # Qwen3-30B-A3B routing shape: 64 experts per rank
         (128, 256, 8, 256, "float32"),
         (128, 256, 8, 256, "bfloat16"),  # again: the swapped buffers of the second round

@@ -18,7 +18,6 @@ Tolerances (all relative L2 errors, `rel_err`):
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -47,8 +46,9 @@ def _skip_reason() -> str | None:
 SKIP = _skip_reason()
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 
-TORCH = dict(experts="grouped_mm", attention="sdpa", rms_norm="torch", linear="torch", dispatcher="local",
-             gate="balanced")
+TORCH = dict(
+    experts="grouped_mm", attention="sdpa", rms_norm="torch", linear="torch", dispatcher="local", gate="balanced"
+)
 TE_CASES = {
     "attention": dict(attention="te"),
     "linear": dict(linear="te"),
@@ -66,9 +66,18 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def te_config(**overrides):
     """A tiny Qwen3-MoE whose widths are multiples of 16 (TE's GEMM and FP8 alignment)."""
-    fields = dict(vocab_size=256, hidden_size=128, intermediate_size=128, moe_intermediate_size=64,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8,
-                  num_experts_per_tok=2, max_position_embeddings=128)
+    fields = dict(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=128,
+        moe_intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        max_position_embeddings=128,
+    )
     fields.update(overrides)
     return tiny_qwen3_moe(**fields)
 
@@ -117,10 +126,12 @@ def step(model, ids, labels, **kwargs):
 def assert_bf16_close(name: str, got: torch.Tensor, torch_bf16: torch.Tensor, fp32: torch.Tensor) -> None:
     err_te, err_torch = rel_err(got, fp32), rel_err(torch_bf16, fp32)
     assert err_te <= BF16_FACTOR * err_torch + BF16_SLACK, (
-        f"{name}: TE bf16 is {err_te:.3g} from float32, the torch bf16 path {err_torch:.3g}")
+        f"{name}: TE bf16 is {err_te:.3g} from float32, the torch bf16 path {err_torch:.3g}"
+    )
 
 
 # ---------------------------------------------------------------- resolution
+
 
 def test_te_and_torch_share_one_cudnn():
     # TE imported through the engine must leave torch's cuDNN usable (the image's system cuDNN 9.14
@@ -144,6 +155,7 @@ def test_auto_prefers_the_measured_faster_paths_with_te_installed():
 
 
 # ---------------------------------------------------------------- kernels on random tensors
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_te_kernel(dtype):
@@ -213,7 +225,6 @@ def test_experts_te_kernel_uneven_counts(dtype):
         assert got[2][empty].abs().max() == 0 and got[3][empty].abs().max() == 0
 
 
-
 @pytest.mark.parametrize("case", list(TE_CASES))
 def test_model_float32_matches_torch_backends(case):
     cfg = te_config()
@@ -258,6 +269,7 @@ def test_linear_te_covers_dense_mlp_layers():
 
 # ---------------------------------------------------------------- state dict, checkpoints, fallbacks
 
+
 def test_te_swaps_leave_the_state_dict_alone(tmp_path):
     import transformers
 
@@ -298,7 +310,10 @@ def test_te_attention_falls_back_to_sdpa_for_a_padding_mask():
 
 # ---------------------------------------------------------------- FP8
 
-@pytest.mark.skipif(SKIP is None and torch.cuda.get_device_capability() < (9, 0), reason="FP8 needs compute capability >= 9.0")
+
+@pytest.mark.skipif(
+    SKIP is None and torch.cuda.get_device_capability() < (9, 0), reason="FP8 needs compute capability >= 9.0"
+)
 def test_fp8_runs_and_stays_near_bf16():
     cfg = te_config()
     state = reference_state(cfg, seed=70, dtype=torch.bfloat16)

@@ -7,14 +7,20 @@ from pathlib import Path
 import pytest
 
 from workbench.config import ConfigError, RunConfig
+from workbench.runs.run_dir import RunDir
 from workbench.train import finetune
 from workbench.train.data import DataError
-from workbench.runs.run_dir import RunDir
 
 
 def _rc(tmp_path, **overrides):
-    base = dict(output_dir=str(tmp_path / "runs"), data__seq_len=64, train__steps=3, train__global_batch_size=4,
-                train__local_batch_size=4, train__save_final_checkpoint=False)
+    base = dict(
+        output_dir=str(tmp_path / "runs"),
+        data__seq_len=64,
+        train__steps=3,
+        train__global_batch_size=4,
+        train__local_batch_size=4,
+        train__save_final_checkpoint=False,
+    )
     base.update(overrides)
     return RunConfig.demo(**base)
 
@@ -30,14 +36,18 @@ def test_same_config_gives_identical_losses_twice(tmp_path):
 def test_grad_accumulation_equals_one_big_batch(tmp_path):
     # The aux loss is a per-micro-batch statistic; without it, 4 x 2 sequences == 1 x 8 exactly.
     # float32 on the CPU also on a GPU machine ("auto" would pick bf16 on CUDA there)
-    common = dict(model__router_aux_loss_coef=0.0, train__global_batch_size=8, model__dtype="float32",
-                  model__device="cpu")
+    common = dict(
+        model__router_aux_loss_coef=0.0, train__global_batch_size=8, model__dtype="float32", model__device="cpu"
+    )
     big = finetune(_rc(tmp_path, train__local_batch_size=8, **common))["losses"]
     acc = finetune(_rc(tmp_path, train__local_batch_size=2, **common))["losses"]
     assert acc == pytest.approx(big, rel=1e-5)
     # With the aux loss on, the two differ only by the (small) aux term.
-    acc_aux = finetune(_rc(tmp_path, train__local_batch_size=2, train__global_batch_size=8, model__dtype="float32",
-                           model__device="cpu"))["losses"]
+    acc_aux = finetune(
+        _rc(
+            tmp_path, train__local_batch_size=2, train__global_batch_size=8, model__dtype="float32", model__device="cpu"
+        )
+    )["losses"]
     assert acc_aux == pytest.approx(big, rel=1e-2) and acc_aux != acc
 
 
@@ -234,11 +244,15 @@ def test_nan_grad_norm_with_finite_loss_stops_before_the_update(tmp_path, clip):
     from workbench.train.guard import NonFiniteError
 
     # lr 1e6: step 1 is finite, step 2's backward overflows (grad norm nan) while its loss is finite.
-    rc = _rc(tmp_path, run_id="diverge", train__steps=4, train__lr=1e6, train__checkpoint_every=1,
-             train__clip_grad_norm=clip)
+    rc = _rc(
+        tmp_path, run_id="diverge", train__steps=4, train__lr=1e6, train__checkpoint_every=1, train__clip_grad_norm=clip
+    )
     advice = "lower train.clip_grad_norm" if clip else "enable train.clip_grad_norm"
-    with pytest.raises(NonFiniteError, match=rf"step 2: the gradient norm is nan while the loss \([\d.]+\) is "
-                                             rf"finite.*lower train.lr \(now 1e\+06.*{advice}"):
+    with pytest.raises(
+        NonFiniteError,
+        match=rf"step 2: the gradient norm is nan while the loss \([\d.]+\) is "
+        rf"finite.*lower train.lr \(now 1e\+06.*{advice}",
+    ):
         finetune(rc)
     run = RunDir.open(tmp_path / "runs" / "diverge")
     assert [m["step"] for m in run.read_metrics()] == [1]  # no record of the refused step
@@ -266,17 +280,22 @@ def _nan_head_checkpoint(path: Path) -> str:
 def _nan_head_rc(tmp_path, ckpt, **overrides):
     from workbench.config import DataConfig, ModelConfig
 
-    return _rc(tmp_path, model=ModelConfig(preset=None, path=ckpt), data=DataConfig(kind="synthetic", seq_len=16),
-               **overrides)
+    return _rc(
+        tmp_path, model=ModelConfig(preset=None, path=ckpt), data=DataConfig(kind="synthetic", seq_len=16), **overrides
+    )
 
 
 def test_nan_loss_at_the_first_step_points_at_data_or_init(tmp_path):
     from workbench.train.guard import NonFiniteError
 
-    rc = _nan_head_rc(tmp_path, _nan_head_checkpoint(tmp_path / "nan-model"), run_id="nanloss",
-                      train__checkpoint_every=1)
-    with pytest.raises(NonFiniteError, match=r"step 1: the loss is nan; this is the first step, before any "
-                                             r"update: check the data .* initialization or dtype"):
+    rc = _nan_head_rc(
+        tmp_path, _nan_head_checkpoint(tmp_path / "nan-model"), run_id="nanloss", train__checkpoint_every=1
+    )
+    with pytest.raises(
+        NonFiniteError,
+        match=r"step 1: the loss is nan; this is the first step, before any "
+        r"update: check the data .* initialization or dtype",
+    ):
         finetune(rc)
     checkpoints = tmp_path / "runs" / "nanloss" / "checkpoints"
     assert not checkpoints.exists() or not any(checkpoints.iterdir())
@@ -285,16 +304,33 @@ def test_nan_loss_at_the_first_step_points_at_data_or_init(tmp_path):
 def test_guard_names_the_aux_loss_and_later_loss_divergence():
     from workbench.train.guard import NonFiniteError, StepValues, check_finite
 
-    ok = StepValues(step=5, first_step=False, resumed_from=None, ce_loss=2.0, aux_loss=0.3, aux_coef=0.01,
-                    grad_norm=1.5, grad_norm_finite=True, lr=1e-3, train_lr=1e-3, clip_grad_norm=1.0)
+    ok = StepValues(
+        step=5,
+        first_step=False,
+        resumed_from=None,
+        ce_loss=2.0,
+        aux_loss=0.3,
+        aux_coef=0.01,
+        grad_norm=1.5,
+        grad_norm_finite=True,
+        lr=1e-3,
+        train_lr=1e-3,
+        clip_grad_norm=1.0,
+    )
     check_finite(ok)
     import dataclasses
 
-    with pytest.raises(NonFiniteError, match=r"step 5: the router aux loss term is nan .*router_aux_loss_coef is nan: "
-                                             r"set a finite value"):
+    with pytest.raises(
+        NonFiniteError,
+        match=r"step 5: the router aux loss term is nan .*router_aux_loss_coef is nan: "
+        r"set a finite value",
+    ):
         check_finite(dataclasses.replace(ok, aux_coef=float("nan"), ce_loss=float("nan")))
-    with pytest.raises(NonFiniteError, match=r"step 5: the router aux loss term is inf.*lower or zero "
-                                             r"model.router_aux_loss_coef \(now 0.01\), or lower train.lr"):
+    with pytest.raises(
+        NonFiniteError,
+        match=r"step 5: the router aux loss term is inf.*lower or zero "
+        r"model.router_aux_loss_coef \(now 0.01\), or lower train.lr",
+    ):
         check_finite(dataclasses.replace(ok, aux_loss=float("inf")))
     with pytest.raises(NonFiniteError, match=r"step 5: the loss is inf; earlier updates diverged: lower train.lr"):
         check_finite(dataclasses.replace(ok, ce_loss=float("inf")))
@@ -341,7 +377,6 @@ def test_setup_takes_a_prebuilt_model_and_collect_returns_the_records(tmp_path):
     trainer.train_step(2)
     records = trainer.collect(wait=True)
     assert [r["step"] for r in records] == [1, 2] and trainer.collect(wait=True) == []
-    for key in ("loss", "grad_norm", "tokens", "step_time_s", "forward_s", "backward_s", "optimizer_s",
-                "peak_mem_gib"):
+    for key in ("loss", "grad_norm", "tokens", "step_time_s", "forward_s", "backward_s", "optimizer_s", "peak_mem_gib"):
         assert all(isinstance(r[key], float | int) for r in records), key
     assert not torch.equal(model.lm_head.weight, before)  # the given model was trained

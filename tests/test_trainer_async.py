@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from launch_utils import run_ranks
 from generic_families import tiny_config
+from launch_utils import run_ranks
 
 from workbench.config import DataConfig, ModelConfig, RunConfig
 from workbench.models.router_aux import forward_loss_parts
@@ -34,10 +34,21 @@ def _saved(family: str, path: Path) -> str:
 
 
 def _rc(ckpt: str, out: str, **overrides) -> RunConfig:
-    base = dict(train__steps=4, train__global_batch_size=4, train__local_batch_size=2, train__lr=1e-2,
-                train__warmup_steps=0, train__save_final_checkpoint=False, train__log_every=100)
-    return RunConfig.demo(model=ModelConfig(preset=None, path=ckpt, dtype="float32", device="cpu"),
-                          data=DataConfig(kind="synthetic", seq_len=16), output_dir=out, **{**base, **overrides})
+    base = dict(
+        train__steps=4,
+        train__global_batch_size=4,
+        train__local_batch_size=2,
+        train__lr=1e-2,
+        train__warmup_steps=0,
+        train__save_final_checkpoint=False,
+        train__log_every=100,
+    )
+    return RunConfig.demo(
+        model=ModelConfig(preset=None, path=ckpt, dtype="float32", device="cpu"),
+        data=DataConfig(kind="synthetic", seq_len=16),
+        output_dir=out,
+        **{**base, **overrides},
+    )
 
 
 # -- no host read in a step ------------------------------------------------------------------------------
@@ -71,8 +82,15 @@ def _step_syncs(trainer: Trainer) -> list[str]:
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss", "deepseek_v3"])
 def test_a_train_step_reads_nothing_back_from_the_device(family, tmp_path):
     extra = {"train__router_bias_update_rate": 1e-3} if family == "deepseek_v3" else {}
-    trainer = Trainer(_rc(_saved(family, tmp_path / "m"), str(tmp_path / "runs"), train__optimizer="adamw_triton",
-                          train__clip_grad_norm=0.5, **extra))
+    trainer = Trainer(
+        _rc(
+            _saved(family, tmp_path / "m"),
+            str(tmp_path / "runs"),
+            train__optimizer="adamw_triton",
+            train__clip_grad_norm=0.5,
+            **extra,
+        )
+    )
     trainer.setup()
     assert _step_syncs(trainer) == []
     records = trainer.collect(wait=True)
@@ -89,8 +107,13 @@ def _dp2_ep2_worker(rank, world, ckpt, out):
 
     trainer = Trainer(_rc(ckpt, out, train__optimizer="adamw_triton", train__clip_grad_norm=0.5))
     trainer.setup()
-    return {"syncs": _step_syncs(trainer), "mesh": str(trainer.mesh), "accum": trainer.accum,
-            "layers": len(engine_experts_modules(trainer.model)), "loss": trainer.collect(wait=True)[0]["loss"]}
+    return {
+        "syncs": _step_syncs(trainer),
+        "mesh": str(trainer.mesh),
+        "accum": trainer.accum,
+        "layers": len(engine_experts_modules(trainer.model)),
+        "loss": trainer.collect(wait=True)[0]["loss"],
+    }
 
 
 @pytest.mark.slow
@@ -134,9 +157,17 @@ def test_records_equal_a_synchronous_reference_step(tmp_path):
         items = torch.tensor(float((batch.labels[:, 1:] != -100).sum()))
         ce_sum, aux_sum = 0.0, 0.0
         for mb in (batch.slice(0, 2), batch.slice(2, 4)):
-            parts = forward_loss_parts(ref.model, ref.model, dict(
-                input_ids=mb.input_ids, labels=mb.labels, position_ids=mb.position_ids, num_items_in_batch=items,
-                use_cache=False))
+            parts = forward_loss_parts(
+                ref.model,
+                ref.model,
+                dict(
+                    input_ids=mb.input_ids,
+                    labels=mb.labels,
+                    position_ids=mb.position_ids,
+                    num_items_in_batch=items,
+                    use_cache=False,
+                ),
+            )
             (parts.ce + ref.coef * parts.aux / 2).backward()
             ce_sum, aux_sum = ce_sum + float(parts.ce.detach()), aux_sum + float(parts.aux.detach()) / 2
         norm = float(torch.nn.utils.clip_grad_norm_(ref.model.parameters(), 0.5))
@@ -152,8 +183,9 @@ def test_records_equal_a_synchronous_reference_step(tmp_path):
     assert [r["step"] for r in got] == [1, 2, 3]
     for g, w in zip(got, want):
         assert g["tokens"] == w["tokens"]
-        assert g["loss"] == pytest.approx(w["loss"], rel=1e-5) and g["grad_norm"] == pytest.approx(w["grad_norm"],
-                                                                                                     rel=1e-5)
+        assert g["loss"] == pytest.approx(w["loss"], rel=1e-5) and g["grad_norm"] == pytest.approx(
+            w["grad_norm"], rel=1e-5
+        )
         assert g["step_time_s"] >= g["forward_s"] + g["backward_s"] + g["optimizer_s"] > 0
 
 
@@ -242,8 +274,14 @@ def test_triton_adamw_kernel_honours_the_skip_flag_and_the_clip_coefficient_in_t
         assert all(o.updates["triton"] > 0 and o.updates["torch"] == 0 for o in opts), [o.updates for o in opts]
         print("KERNEL OK")
     """)
-    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "TRITON_INTERPRET": "1"},
-                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0 and "KERNEL OK" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -258,8 +296,10 @@ def check_fused_clip(make, device="cpu", grad_dtype=torch.float32) -> None:
     runs = []
     for fused in (False, True):
         torch.manual_seed(0)
-        params = [torch.nn.Parameter(torch.randn(5, 3, device=device, dtype=grad_dtype)),
-                  torch.nn.Parameter(torch.randn(7, device=device, dtype=grad_dtype))]
+        params = [
+            torch.nn.Parameter(torch.randn(5, 3, device=device, dtype=grad_dtype)),
+            torch.nn.Parameter(torch.randn(7, device=device, dtype=grad_dtype)),
+        ]
         opt = make(params)
         for step in range(3):
             g = torch.Generator().manual_seed(step)
@@ -273,12 +313,14 @@ def check_fused_clip(make, device="cpu", grad_dtype=torch.float32) -> None:
         runs.append(([p.detach().clone() for p in params], [_state(opt, p) for p in params]))
     (w0, s0), (w1, s1) = runs
     for a, b in zip(w0, w1):
-        torch.testing.assert_close(a, b, rtol=0, atol=0) if grad_dtype == torch.float32 else \
-            torch.testing.assert_close(a, b)
+        torch.testing.assert_close(a, b, rtol=0, atol=0) if grad_dtype == torch.float32 else torch.testing.assert_close(
+            a, b
+        )
     for a, b in zip(s0, s1):
         for key in a:
-            torch.testing.assert_close(a[key], b[key], rtol=0, atol=0) if grad_dtype == torch.float32 else \
-                torch.testing.assert_close(a[key], b[key])
+            torch.testing.assert_close(
+                a[key], b[key], rtol=0, atol=0
+            ) if grad_dtype == torch.float32 else torch.testing.assert_close(a[key], b[key])
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32_master"])
@@ -321,8 +363,13 @@ def test_an_optimizer_without_a_fused_coefficient_gets_clipped_grads():
 
 
 def _diverging(tmp_path, optimizer, **overrides):
-    return _rc(_saved("qwen3_moe", tmp_path / "m"), str(tmp_path / "runs"), train__optimizer=optimizer,
-               train__clip_grad_norm=1.0, **overrides)
+    return _rc(
+        _saved("qwen3_moe", tmp_path / "m"),
+        str(tmp_path / "runs"),
+        train__optimizer=optimizer,
+        train__clip_grad_norm=1.0,
+        **overrides,
+    )
 
 
 def _nan_gradients_from_step_2(trainer: Trainer) -> None:
@@ -361,9 +408,9 @@ def test_a_non_finite_step_and_all_later_ones_leave_weights_and_optimizer_state(
 
 @pytest.mark.parametrize("optimizer", ["adamw_triton", "adamw_torch"])  # device flag; host check (CPU torch)
 def test_the_run_fails_naming_the_first_bad_step_with_no_checkpoint_after_it(tmp_path, optimizer, monkeypatch):
+    from workbench.runs.run_dir import RunDir
     from workbench.train import finetune
     from workbench.train.checkpoint import resolve_checkpoint
-    from workbench.runs.run_dir import RunDir
 
     setup = Trainer.setup
 
@@ -441,9 +488,14 @@ def test_a_logging_read_waits_only_through_its_step():
         pending = PendingStep(step=step, host={}, start=clock.mark())
         starts[step] = pending.start
         queue.started(pending.start)
-        stats = StatsLayout().pack({name: torch.zeros((), dtype=torch.float64) for name in
-                                    ("ce", "aux", "grad_norm", "bad", "skipping", "first_bad", "loss_tokens")},
-                                   None, None)
+        stats = StatsLayout().pack(
+            {
+                name: torch.zeros((), dtype=torch.float64)
+                for name in ("ce", "aux", "grad_norm", "bad", "skipping", "first_bad", "loss_tokens")
+            },
+            None,
+            None,
+        )
         pending.queue_copy(StatsLayout(), stats, clock)
         queue.push(pending)
     ready, bad = queue.ready(True, through=2)
@@ -454,9 +506,14 @@ def test_a_logging_read_waits_only_through_its_step():
     assert [p.step for p, _, _ in ready] == [3]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled Triton kernel and torch's CUDA fused AdamW need a GPU")
-@pytest.mark.parametrize("make", [lambda ps: TritonAdamW(ps, lr=0.1), lambda ps: torch.optim.AdamW(ps, lr=0.1, fused=True)],
-                         ids=["triton_adamw", "torch_fused_adamw"])
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the compiled Triton kernel and torch's CUDA fused AdamW need a GPU"
+)
+@pytest.mark.parametrize(
+    "make",
+    [lambda ps: TritonAdamW(ps, lr=0.1), lambda ps: torch.optim.AdamW(ps, lr=0.1, fused=True)],
+    ids=["triton_adamw", "torch_fused_adamw"],
+)
 def test_on_cuda_the_skip_flag_and_the_clip_coefficient_act_in_the_compiled_kernels(make):
     pytest.importorskip("triton")
     check_skip(make, device="cuda")

@@ -19,11 +19,15 @@ COEF = 1e6  # coef x aux ~ 1e6: one float32 ulp there is 0.06, the cross-entropy
 
 
 def _rc(tmp_path, **overrides) -> RunConfig:
-    base = dict(train__steps=1, train__global_batch_size=2, train__local_batch_size=2,
-                train__save_final_checkpoint=False)
-    return RunConfig.demo(model=ModelConfig(preset="tiny", dtype="float32", device="cpu", router_aux_loss_coef=COEF),
-                          data=DataConfig(kind="synthetic", seq_len=16), output_dir=str(tmp_path / "runs"),
-                          **{**base, **overrides})
+    base = dict(
+        train__steps=1, train__global_batch_size=2, train__local_batch_size=2, train__save_final_checkpoint=False
+    )
+    return RunConfig.demo(
+        model=ModelConfig(preset="tiny", dtype="float32", device="cpu", router_aux_loss_coef=COEF),
+        data=DataConfig(kind="synthetic", seq_len=16),
+        output_dir=str(tmp_path / "runs"),
+        **{**base, **overrides},
+    )
 
 
 def _first_batch(trainer: Trainer):
@@ -38,8 +42,13 @@ def _first_batch(trainer: Trainer):
 def _reference(model: torch.nn.Module, batch) -> tuple[float, float]:
     """Vanilla Transformers: its cross-entropy (no router logits: nothing added) and its own aux loss."""
     items = (batch.labels[:, 1:] != -100).sum().to(torch.float32)
-    kwargs = dict(input_ids=batch.input_ids, labels=batch.labels, position_ids=batch.position_ids,
-                  num_items_in_batch=items, use_cache=False)
+    kwargs = dict(
+        input_ids=batch.input_ids,
+        labels=batch.labels,
+        position_ids=batch.position_ids,
+        num_items_in_batch=items,
+        use_cache=False,
+    )
     with torch.no_grad():
         ce = model(**kwargs, output_router_logits=False).loss
         aux = model(**kwargs, output_router_logits=True).aux_loss

@@ -10,15 +10,25 @@ pytest.importorskip("ipywidgets")
 pytest.importorskip("plotly")
 pytest.importorskip("anywidget")
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
+import torch
+import transformers
 
-from workbench.backends import BackendConfig  # noqa: E402
-from workbench.config import ConfigError, RunConfig, preset_config  # noqa: E402
-from workbench.ui import (BackendPanel, CompareRuns, LivePlots, MeshPanel, ModelPanel,  # noqa: E402
-                          backend_choices, estimate_memory, mesh_options, param_counts, resolve_auto)
-from workbench.ui.memory import GIB  # noqa: E402
-from workbench.ui.series import live_series  # noqa: E402
+from workbench.backends import BackendConfig
+from workbench.config import ConfigError, RunConfig, preset_config
+from workbench.ui import (
+    BackendPanel,
+    CompareRuns,
+    LivePlots,
+    MeshPanel,
+    ModelPanel,
+    backend_choices,
+    estimate_memory,
+    mesh_options,
+    param_counts,
+    resolve_auto,
+)
+from workbench.ui.memory import GIB
+from workbench.ui.series import live_series
 
 
 @pytest.mark.parametrize("world, expected_ep", [(1, [1]), (2, [1, 2]), (4, [1, 2, 4]), (8, [1, 2, 4, 8])])
@@ -54,8 +64,13 @@ def test_mesh_panel_offers_only_valid_meshes():
 def test_disabled_backends_carry_reasons():
     choices = backend_choices(None, device_type="cpu", world_size=2, ep=2)
     by = {f: {c.value: c for c in cs} for f, cs in choices.items()}
-    for field, value in (("experts", "te"), ("dispatcher", "symm_mem"), ("dispatcher", "deepep"),
-                         ("rms_norm", "triton"), ("dispatcher", "local")):
+    for field, value in (
+        ("experts", "te"),
+        ("dispatcher", "symm_mem"),
+        ("dispatcher", "deepep"),
+        ("rms_norm", "triton"),
+        ("dispatcher", "local"),
+    ):
         c = by[field][value]
         assert not c.available and c.reason, (field, value)
     assert "ep=2" in by["dispatcher"]["local"].reason
@@ -67,8 +82,10 @@ def test_disabled_backends_carry_reasons():
 def test_backend_choices_from_rank_records_name_the_rank():
     # Two ranks that disagree: rank 1 lacks grouped_mm (as cluster.info() would report it).
     def record(rank, grouped_ok):
-        backends = {"experts.grouped_mm": {"available": grouped_ok, "reason": "" if grouped_ok else "old torch"},
-                    "experts.loop": {"available": True, "reason": ""}}
+        backends = {
+            "experts.grouped_mm": {"available": grouped_ok, "reason": "" if grouped_ok else "old torch"},
+            "experts.loop": {"available": True, "reason": ""},
+        }
         return {"rank": rank, "device": "cpu", "world_size": 2, "backends": backends}
 
     infos = [record(0, True), record(1, False)]
@@ -122,8 +139,9 @@ def test_memory_estimate_hand_count_and_measured_anchors():
     assert small.logits == 0 and small.activations < est.activations / 4
     # Transformers on the H200, bf16, seq 4096, batch 2: peak GiB measured by the bench's anchor.
     for layers, dp, measured in ((8, 1, 59.6), (8, 2, 46.3), (16, 2, 72.1)):
-        e = estimate_memory(preset_config("qwen3-30b-a3b", layers), dp, 1, seq_len=4096, local_batch=2,
-                            dtype="bfloat16")
+        e = estimate_memory(
+            preset_config("qwen3-30b-a3b", layers), dp, 1, seq_len=4096, local_batch=2, dtype="bfloat16"
+        )
         assert abs(e.total / GIB - measured) / measured < 0.10, (layers, dp, e.as_gib())
     with pytest.raises(ValueError, match="ep dividing dp"):
         estimate_memory(cfg, 4, 3, seq_len=128, local_batch=1)
@@ -156,8 +174,9 @@ def test_model_picker_lists_presets_by_family_with_total_and_active_params():
     options = preset_options()
     assert [o.name for o in options] == list(PRESETS)
     families = [o.family for o in options]
-    assert len(set(families)) == 5 and all(f == g or f not in families[i + 1:] for i, (f, g) in
-                                           enumerate(zip(families, families[1:])))  # each family together
+    assert len(set(families)) == 5 and all(
+        f == g or f not in families[i + 1 :] for i, (f, g) in enumerate(zip(families, families[1:]))
+    )  # each family together
     by = {o.name: o for o in options}
     assert by["gpt-oss-20b"].label == "GPT-OSS \u00b7 gpt-oss-20b (20.9B total, 4.19B active, openai/gpt-oss-20b)"
     assert by["moonlight-16b-a3b"].label.startswith("DeepSeek-V3 \u00b7 moonlight-16b-a3b (16B total, 2.91B active")
@@ -170,8 +189,10 @@ def test_model_picker_lists_presets_by_family_with_total_and_active_params():
     assert "64 experts (top-6) + 2 shared" in panel.summary.value and "B active" in panel.summary.value
 
 
-@pytest.mark.parametrize("name,experts", [("gpt-oss-20b", 32), ("moonlight-16b-a3b", 64), ("mixtral-8x7b", 8),
-                                          ("olmoe-1b-7b", 64), ("tiny-deepseek-v3", 8)])
+@pytest.mark.parametrize(
+    "name,experts",
+    [("gpt-oss-20b", 32), ("moonlight-16b-a3b", 64), ("mixtral-8x7b", 8), ("olmoe-1b-7b", 64), ("tiny-deepseek-v3", 8)],
+)
 def test_mesh_panel_knows_each_familys_expert_count(name, experts):
     panel = MeshPanel(world_size=8, device_type="cuda", device_memory_gib=140)
     panel.set_model(preset_config(name, layers=4))
@@ -194,6 +215,7 @@ def test_memory_estimate_of_deepseek_v3_counts_shared_experts_and_mla():
     routed = sum(v for n, v in numel.items() if ".mlp.experts." in n)
     est = estimate_memory(cfg, 4, 2, seq_len=4096, local_batch=2, dtype="bfloat16")
     assert est.sharded_state == pytest.approx(((sum(numel.values()) - routed) / 4 + routed / 4) * 8)
+
     # Gathered: root (embed + lm_head, + grads) and 3 x the largest layer: attention, router, 2 shared
     # experts and this rank's 32 of 64 routed experts (larger than layer 0's dense MLP).
     def part(prefix):
@@ -271,8 +293,15 @@ def test_live_plots_png(tiny_run_dir, tmp_path):
 
 def test_live_series_waits_for_every_rank():
     def rec(rank, step, load):
-        return {"rank": rank, "step": step, "loss": 1.0 / step, "tokens_per_s_per_gpu": 10.0 * step,
-                "tflops_per_gpu": 0.1, "mem_peak_gib": 1.0 + rank, "expert_load": load}
+        return {
+            "rank": rank,
+            "step": step,
+            "loss": 1.0 / step,
+            "tokens_per_s_per_gpu": 10.0 * step,
+            "tflops_per_gpu": 0.1,
+            "mem_peak_gib": 1.0 + rank,
+            "expert_load": load,
+        }
 
     records = [rec(0, 1, [[1, 3]]), rec(1, 1, [[3, 1]]), rec(0, 2, [[4, 0]])]
     series = live_series(records)
@@ -285,8 +314,14 @@ def test_live_series_waits_for_every_rank():
 def test_compare_runs_labels_by_difference(tiny_run_dir, tmp_path):
     from workbench.train import finetune
 
-    other = finetune(RunConfig.demo(output_dir=str(tmp_path), train__steps=2, train__save_final_checkpoint=False,
-                                    backend=BackendConfig(experts="loop", gate="balanced")))
+    other = finetune(
+        RunConfig.demo(
+            output_dir=str(tmp_path),
+            train__steps=2,
+            train__save_final_checkpoint=False,
+            backend=BackendConfig(experts="loop", gate="balanced"),
+        )
+    )
     compare = CompareRuns([tiny_run_dir, other["run_dir"]])
     summary = compare.frame.groupby("label").size()
     labels = list(summary.index)
@@ -339,11 +374,24 @@ def test_summary_strip_takes_the_mean_over_ranks_and_waits_for_every_rank():
     from workbench.ui.summary import summarize_live
 
     def rec(rank, step, tps, t):
-        return {"rank": rank, "step": step, "loss": 2.0 / step, "tokens_per_s_per_gpu": tps, "tflops_per_gpu": 1.0,
-                "step_time_s": t, "mem_peak_gib": 1.0 + rank, "mem_kind": "cuda_allocated"}
+        return {
+            "rank": rank,
+            "step": step,
+            "loss": 2.0 / step,
+            "tokens_per_s_per_gpu": tps,
+            "tflops_per_gpu": 1.0,
+            "step_time_s": t,
+            "mem_peak_gib": 1.0 + rank,
+            "mem_kind": "cuda_allocated",
+        }
 
-    records = [rec(0, 1, 5.0, 9.0), rec(1, 1, 7.0, 9.5), rec(0, 2, 100.0, 1.0), rec(1, 2, 200.0, 2.0),
-               rec(0, 3, 1000.0, 0.1)]  # step 3 lacks rank 1
+    records = [
+        rec(0, 1, 5.0, 9.0),
+        rec(1, 1, 7.0, 9.5),
+        rec(0, 2, 100.0, 1.0),
+        rec(1, 2, 200.0, 2.0),
+        rec(0, 3, 1000.0, 0.1),
+    ]  # step 3 lacks rank 1
     s = summarize_live(records, total_steps=4)
     assert s.window == (2,) and s.tokens_per_s_per_gpu == 150.0 and s.step_time_s == 2.0  # slowest rank
     assert s.step == 3 and s.eta_s == 2.0 and [m.used_gib for m in s.memory] == [1.0, 2.0]
@@ -401,12 +449,19 @@ def test_compare_labels_come_from_resolved_settings(tiny_run_dir, tmp_path):
 
     # The same backends asked for by name that "auto" resolved to in tiny_run_dir: not a difference.
     explicit = BackendConfig(experts="grouped_mm", dispatcher="local", attention="sdpa", rms_norm="torch")
-    other = finetune(RunConfig.demo(output_dir=str(tmp_path), train__steps=2, train__save_final_checkpoint=False,
-                                    backend=explicit))
+    other = finetune(
+        RunConfig.demo(output_dir=str(tmp_path), train__steps=2, train__save_final_checkpoint=False, backend=explicit)
+    )
     compare = CompareRuns([tiny_run_dir, other["run_dir"]])
     assert list(compare.frame.groupby("label", sort=False).size().index) == ["steps=3", "steps=2"]
-    balanced = finetune(RunConfig.demo(output_dir=str(tmp_path), train__steps=2, train__save_final_checkpoint=False,
-                                       backend=BackendConfig(experts="loop", gate="balanced")))
+    balanced = finetune(
+        RunConfig.demo(
+            output_dir=str(tmp_path),
+            train__steps=2,
+            train__save_final_checkpoint=False,
+            backend=BackendConfig(experts="loop", gate="balanced"),
+        )
+    )
     compare.set_runs([other["run_dir"], balanced["run_dir"]])
     labels = list(compare.frame.groupby("label", sort=False).size().index)
     assert labels == ["experts=grouped_mm \u00b7 gate=native", "experts=loop \u00b7 gate=balanced"]
@@ -427,7 +482,7 @@ def test_compare_tab_empty_states_and_run_list(tiny_run_dir, tmp_path):
     assert "No runs compared yet" in compare.empty.value and compare.plots.layout.display == "none"
     assert compare.compare_selected() is None
     assert "No run selected" in compare.empty.value and compare.plots.layout.display == "none"
-    (label, path), = compare.picker.options
+    ((label, path),) = compare.picker.options
     assert "{" not in label and label.startswith(Path(tiny_run_dir).name) and "tiny" in label
     assert "completed" in label and "dp1" in label and "step 3/3" in label
     compare.picker.value = (path,)
@@ -476,8 +531,11 @@ def test_setup_labels_take_the_width_of_their_text():
     buttons = [w for w in widgets if isinstance(w, (W.Button, W.ToggleButton))]
     assert buttons and all(b.layout.width == "auto" for b in buttons)  # as wide as their text
     described = [w for w in widgets if getattr(w, "description", "") and w not in buttons]
-    fixed = [w.description for w in described if w.style.description_width != "initial"
-             and not (hasattr(w, "indent") and w.indent is False)]
+    fixed = [
+        w.description
+        for w in described
+        if w.style.description_width != "initial" and not (hasattr(w, "indent") and w.indent is False)
+    ]
     assert described and fixed == []  # a fixed description width cut "global batch" to "global bat..."
     rows = [w for w in widgets if isinstance(w, W.HBox)]
     assert all(r.layout.flex_flow == "row wrap" for r in rows)  # rows wrap on a narrow notebook
@@ -596,8 +654,9 @@ def test_profile_on_cuda_uses_kernel_times(tmp_path):
     from workbench.train.profile import profile_finetune
     from workbench.ui.profile import load_profile
 
-    result = profile_finetune(RunConfig.demo(output_dir=str(tmp_path), train__steps=3,
-                                             train__save_final_checkpoint=False))
+    result = profile_finetune(
+        RunConfig.demo(output_dir=str(tmp_path), train__steps=3, train__save_final_checkpoint=False)
+    )
     (prof,) = load_profile(result["run_dir"])
     assert prof["device"] == "cuda" and prof["steps"] == 2
     phases = prof["phases_ms"]

@@ -33,8 +33,10 @@ __all__ = list(_LAZY)
 
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from workbench.backends import BackendConfig  # noqa: F401
-    from workbench.errors import BackendError  # noqa: F401
-    from workbench.errors import CheckpointError  # noqa: F401
+    from workbench.errors import (
+        BackendError,  # noqa: F401
+        CheckpointError,  # noqa: F401
+    )
     from workbench.models.auto import AutoModelForCausalLM, save_pretrained  # noqa: F401
     from workbench.parallel.mesh import MeshConfig, MeshError  # noqa: F401
 

@@ -139,8 +139,10 @@ class Platform:
         except RuntimeError:
             ok = False
         if not ok:
-            raise BackendError(f"Platform.device_type must be a torch device type such as 'cpu' or 'cuda' (no "
-                               f"index); got {self.device_type!r}")
+            raise BackendError(
+                f"Platform.device_type must be a torch device type such as 'cpu' or 'cuda' (no "
+                f"index); got {self.device_type!r}"
+            )
         cap = self.capability
         if cap is not None and not (isinstance(cap, tuple) and len(cap) == 2 and all(isinstance(c, int) for c in cap)):
             raise BackendError(f"Platform.capability must be None or (major, minor) ints, e.g. (9, 0); got {cap!r}")
@@ -151,7 +153,7 @@ class Platform:
             raise BackendError(f"Platform.modules: unknown {sorted(unknown)}; known: {list(OPTIONAL_MODULES)}")
 
     @classmethod
-    def detect(cls, device: torch.device | str = "cpu") -> "Platform":
+    def detect(cls, device: torch.device | str = "cpu") -> Platform:
         """This process's platform for `device`.
 
         Only what an installed package needs is asked: the compute capability with TE (reading it
@@ -161,12 +163,15 @@ class Platform:
         dev = torch.device(device)
         cuda = dev.type == "cuda"
         modules = frozenset(m for m in OPTIONAL_MODULES if _has_module(m))
-        return cls(device_type=dev.type,
-                   capability=_cuda_capability(dev) if cuda and "transformer_engine" in modules else None,
-                   modules=modules, te_import_error=_te_import_error,
-                   gpus_per_node=gpus_per_node() if cuda and "deep_ep" in modules else 0,
-                   triton_interpret=os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
-                   grouped_mm=hasattr(torch, "_grouped_mm") or hasattr(torch.nn.functional, "grouped_mm"))
+        return cls(
+            device_type=dev.type,
+            capability=_cuda_capability(dev) if cuda and "transformer_engine" in modules else None,
+            modules=modules,
+            te_import_error=_te_import_error,
+            gpus_per_node=gpus_per_node() if cuda and "deep_ep" in modules else 0,
+            triton_interpret=os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+            grouped_mm=hasattr(torch, "_grouped_mm") or hasattr(torch.nn.functional, "grouped_mm"),
+        )
 
     def te_error(self) -> str | None:
         """Why TE does not import here (asked now if it was left to ask)."""
@@ -190,8 +195,9 @@ def te_availability(device: torch.device | str | Platform = "cpu", fp8: bool = F
     need = TE_FP8_MIN_CAPABILITY if fp8 else TE_MIN_CAPABILITY
     if capability < need:
         what = "FP8 (fp8=True)" if fp8 else "the TransformerEngine backends"
-        return False, (f"{what} need(s) compute capability >= {need[0]}.{need[1]}, this GPU has "
-                       f"{capability[0]}.{capability[1]}")
+        return False, (
+            f"{what} need(s) compute capability >= {need[0]}.{need[1]}, this GPU has {capability[0]}.{capability[1]}"
+        )
     err = plat.te_error()
     if err is not None:
         return False, f"transformer_engine is installed but does not import ({err}); {INSTALL_HINT['te']}"
@@ -203,9 +209,14 @@ def package_versions() -> dict[str, str | None]:
     from importlib import metadata
 
     out: dict[str, str | None] = {}
-    for key, dist in (("torch", "torch"), ("transformers", "transformers"), ("triton", "triton"),
-                      ("transformer_engine", "transformer-engine"), ("deep_ep", "deep-ep"),
-                      ("liger_kernel", "liger-kernel")):
+    for key, dist in (
+        ("torch", "torch"),
+        ("transformers", "transformers"),
+        ("triton", "triton"),
+        ("transformer_engine", "transformer-engine"),
+        ("deep_ep", "deep-ep"),
+        ("liger_kernel", "liger-kernel"),
+    ):
         try:
             out[key] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -217,8 +228,9 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
-def availability(field: str, choice: str, device: torch.device | str | Platform = "cpu",
-                 world_size: int = 1) -> tuple[bool, str]:
+def availability(
+    field: str, choice: str, device: torch.device | str | Platform = "cpu", world_size: int = 1
+) -> tuple[bool, str]:
     """Whether `choice` for `field` can run on `device` (or a Platform); the reason (with install hint) if not."""
     if choice in ("loop", "local", "torch", "sdpa", "sinks", "native", "balanced", "alltoall", "auto"):
         return True, ""  # pure torch (or resolved later): runs anywhere, nothing to detect
@@ -240,8 +252,10 @@ def availability(field: str, choice: str, device: torch.device | str | Platform 
     if choice == "symm_mem":
         # The ep rule holds on every machine: said first, so a fix made on a laptop holds on the GPU too.
         if world_size < 2:
-            return False, ("symm_mem dispatch exchanges tokens between ranks and needs expert parallelism "
-                           "(ep >= 2); with ep=1 every expert is local: use 'local' or 'auto'")
+            return False, (
+                "symm_mem dispatch exchanges tokens between ranks and needs expert parallelism "
+                "(ep >= 2); with ep=1 every expert is local: use 'local' or 'auto'"
+            )
         if not cuda:
             return False, f"symm_mem dispatch needs CUDA devices with NVSHMEM, got {plat.device_type}; use 'alltoall'"
         if "torch.distributed._symmetric_memory" not in plat.modules:
@@ -255,12 +269,16 @@ def availability(field: str, choice: str, device: torch.device | str | Platform 
         if not cuda:
             return False, f"DeepEP needs CUDA GPUs joined by NVLink, got {plat.device_type}; use 'alltoall'"
         if world_size not in DEEPEP_EP_SIZES:
-            return False, (f"DeepEP's intranode kernels run on {', '.join(map(str, DEEPEP_EP_SIZES))} ranks, "
-                           f"got {world_size}; use 'alltoall'")
+            return False, (
+                f"DeepEP's intranode kernels run on {', '.join(map(str, DEEPEP_EP_SIZES))} ranks, "
+                f"got {world_size}; use 'alltoall'"
+            )
         per_node = plat.gpus_per_node
         if world_size > per_node:
-            return False, (f"DeepEP runs intranode only (NVLink): {world_size} ranks but this node has {per_node} "
-                           "GPUs; use 'alltoall'")
+            return False, (
+                f"DeepEP runs intranode only (NVLink): {world_size} ranks but this node has {per_node} "
+                "GPUs; use 'alltoall'"
+            )
         return True, ""
     return False, f"unknown backend {choice!r} for {field!r}"
 
@@ -314,7 +332,9 @@ class BackendConfig:
             value = getattr(self, field)
             if not isinstance(value, str):
                 raise BackendError(
-                    f"BackendConfig.{field} must be a string, one of {list(choices)}; got {type(value).__name__} {value!r}")
+                    f"BackendConfig.{field} must be a string, one of {list(choices)}; "
+                    f"got {type(value).__name__} {value!r}"
+                )
             if value not in choices:
                 raise BackendError(f"unknown {field} backend {value!r}; choose one of {list(choices)}")
         for flag in ("fused_ce", "expert_recompute", "fp8"):
@@ -322,7 +342,7 @@ class BackendConfig:
                 raise BackendError(f"BackendConfig.{flag} must be True or False; got {getattr(self, flag)!r}")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "BackendConfig":
+    def from_dict(cls, data: dict[str, Any]) -> BackendConfig:
         """Build from a plain mapping, refusing unknown keys."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
@@ -338,12 +358,13 @@ class BackendConfig:
         """Whether every implementation field names a concrete backend (no "auto" left)."""
         return all(getattr(self, field) != "auto" for field in CHOICES)
 
-    def resolve(self, device: torch.device | str | Platform = "cpu", world_size: int = 1) -> "BackendConfig":
+    def resolve(self, device: torch.device | str | Platform = "cpu", world_size: int = 1) -> BackendConfig:
         """The concrete backends for `device` (or a Platform): "auto" replaced, explicit choices checked."""
         plat = _platform(device)  # detected once: every field is decided on the same facts
         # everything that is not an implementation choice (gate, the flags) passes through unchanged
-        resolved: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                                    if f.name == "gate" or f.name not in CHOICES}
+        resolved: dict[str, Any] = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name == "gate" or f.name not in CHOICES
+        }
         for field in CHOICES:
             if field == "gate":
                 continue
@@ -361,6 +382,8 @@ class BackendConfig:
             if not ok:
                 raise BackendError(f"fp8=True cannot run here: {why}")
             if "te" not in (resolved["linear"], resolved["experts"]):
-                raise BackendError("fp8=True runs the TransformerEngine GEMMs in FP8, but neither linear nor "
-                                   "experts resolved to 'te'; set linear='te' and/or experts='te'")
+                raise BackendError(
+                    "fp8=True runs the TransformerEngine GEMMs in FP8, but neither linear nor "
+                    "experts resolved to 'te'; set linear='te' and/or experts='te'"
+                )
         return BackendConfig(**resolved)

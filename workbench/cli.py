@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 # Nothing heavy at module level: `workbench --help` and `workbench runs` must not wait seconds for
 # torch and Transformers. Each subcommand imports what it needs when it runs (or, for `bench`,
@@ -47,8 +47,12 @@ def _overrides(args: argparse.Namespace) -> dict:
             raise ConfigError(f"--set expects key=value (e.g. train.lr=1e-3), got {item!r}")
         key, value = item.split("=", 1)
         out[key.strip()] = _parse_value(value)
-    for flag, key in (("steps", "train.steps"), ("output_dir", "output_dir"), ("run_id", "run_id"),
-                      ("resume_from", "train.resume_from")):
+    for flag, key in (
+        ("steps", "train.steps"),
+        ("output_dir", "output_dir"),
+        ("run_id", "run_id"),
+        ("resume_from", "train.resume_from"),
+    ):
         value = getattr(args, flag, None)
         if value is not None:
             out[key] = value
@@ -62,9 +66,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, help="optimizer steps (overrides train.steps)")
     p.add_argument("--output-dir", help="runs directory (default: $WORKBENCH_RUNS_DIR or ~/moe-workbench/runs)")
     p.add_argument("--run-id", help="name of the run directory (default: a timestamp)")
-    p.add_argument("--progress", choices=PROGRESS, default="auto",
-                   help="bar: a progress bar with ETA and the live figures; lines: one line per logging step "
-                        "(auto, the default: a bar when stdout is a terminal, else lines)")
+    p.add_argument(
+        "--progress",
+        choices=PROGRESS,
+        default="auto",
+        help="bar: a progress bar with ETA and the live figures; lines: one line per logging step "
+        "(auto, the default: a bar when stdout is a terminal, else lines)",
+    )
 
 
 def _wants_bar(args: argparse.Namespace) -> bool:
@@ -97,21 +105,43 @@ def _finetune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="RunConfig YAML file")
     _add_common(p)
     p.add_argument("--resume-from", help="checkpoint or run directory to resume from")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override any config field by dotted key, e.g. --set data.seq_len=4096 (repeatable)")
-    p.add_argument("--nproc-per-node", type=int, metavar="N",
-                   help="check the config for N ranks in this process, then run it under torchrun with N ranks "
-                        "on this machine (a config error is then one line, exit code 2, before any rank starts)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override any config field by dotted key, e.g. --set data.seq_len=4096 (repeatable)",
+    )
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        metavar="N",
+        help="check the config for N ranks in this process, then run it under torchrun with N ranks "
+        "on this machine (a config error is then one line, exit code 2, before any rank starts)",
+    )
 
 
 def _torchrun_argv(args: argparse.Namespace) -> list[str]:
     """This command again, for each rank torchrun starts (without --nproc-per-node)."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            str(args.nproc_per_node), "-m", "workbench.cli", "finetune", args.config]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(args.nproc_per_node),
+        "-m",
+        "workbench.cli",
+        "finetune",
+        args.config,
+    ]
     for item in args.set or []:
         argv += ["--set", item]
-    for flag, value in (("--steps", args.steps), ("--output-dir", args.output_dir), ("--run-id", args.run_id),
-                        ("--resume-from", args.resume_from)):
+    for flag, value in (
+        ("--steps", args.steps),
+        ("--output-dir", args.output_dir),
+        ("--run-id", args.run_id),
+        ("--resume-from", args.resume_from),
+    ):
         if value is not None:
             argv += [flag, str(value)]
     if getattr(args, "progress", "auto") != "auto":
@@ -122,8 +152,8 @@ def _torchrun_argv(args: argparse.Namespace) -> list[str]:
 def _run_finetune(args: argparse.Namespace) -> int:
     from workbench.backends import BackendError
     from workbench.config import ConfigError, RunConfig
-    from workbench.parallel.launch import report_config_error, run_in_launched_group
     from workbench.parallel import dist_utils as du
+    from workbench.parallel.launch import report_config_error, run_in_launched_group
     from workbench.train.model_setup import resolve_mesh
 
     # Everything that can be checked from the config, the model's config.json and the launcher's
@@ -166,8 +196,9 @@ def _run_finetune(args: argparse.Namespace) -> int:
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
     _add_common(p)
-    p.add_argument("--ranks", type=int, default=None,
-                   help="processes to run (default: all local GPUs, else 2 CPU ranks over gloo)")
+    p.add_argument(
+        "--ranks", type=int, default=None, help="processes to run (default: all local GPUs, else 2 CPU ranks over gloo)"
+    )
 
 
 def _demo_rank(payload: dict) -> None:
@@ -181,6 +212,7 @@ def _demo_rank(payload: dict) -> None:
 
 def _run_demo(args: argparse.Namespace) -> int:
     import torch
+
     from workbench.config import RunConfig
     from workbench.runs.run_dir import default_runs_dir, new_run_id
 
@@ -192,13 +224,21 @@ def _run_demo(args: argparse.Namespace) -> int:
     rc = rc.with_overrides({**_overrides(args), "run_id": args.run_id or new_run_id()})
     runs_dir = rc.output_dir or str(default_runs_dir())
     where = "GPU" if torch.cuda.is_available() else "CPU (gloo)"
-    print(f"workbench demo: tiny Qwen3-MoE, {rc.train.steps} steps on {world} {where} rank(s); "
-          f"run directory {os.path.join(runs_dir, rc.run_id)}", flush=True)
+    print(
+        f"workbench demo: tiny Qwen3-MoE, {rc.train.steps} steps on {world} {where} rank(s); "
+        f"run directory {os.path.join(runs_dir, rc.run_id)}",
+        flush=True,
+    )
     from workbench.parallel.launch import spawn
 
     run_path = os.path.join(runs_dir, rc.run_id)
-    if spawn("workbench.cli:_demo_rank", {"config": rc.to_dict(), "bar": _wants_bar(args)}, world, "demo",
-             on_failure=lambda exits: _record_rank_failure(run_path, exits)):
+    if spawn(
+        "workbench.cli:_demo_rank",
+        {"config": rc.to_dict(), "bar": _wants_bar(args)},
+        world,
+        "demo",
+        on_failure=lambda exits: _record_rank_failure(run_path, exits),
+    ):
         return 1
     _print_summary(run_path)
     return 0
@@ -214,8 +254,13 @@ def _record_rank_failure(run_path: str, exits: list) -> None:
     error = "; ".join(e.describe() for e in exits)
     try:
         # A rank killed by a signal explains what its peers recorded (a broken collective).
-        RunDir(run_path).mark_failed(error, replace_failed=cause.signal_name is not None, rank=cause.rank,
-                                     signal=cause.signal_name, detected_by="workbench demo")
+        RunDir(run_path).mark_failed(
+            error,
+            replace_failed=cause.signal_name is not None,
+            rank=cause.rank,
+            signal=cause.signal_name,
+            detected_by="workbench demo",
+        )
     except OSError as err:
         print(f"workbench demo: could not record the failure in {run_path}: {err}", file=sys.stderr)
         return
@@ -253,8 +298,9 @@ def _run_runs(args: argparse.Namespace) -> int:
         speed = f"{speed:,.0f}" if isinstance(speed, (int, float)) else ""
         error = str(status.get("error") or "").strip() if r["state"] in ("failed", "died") else ""
         detail = error.splitlines()[-1] if error else ""  # the last line of a traceback says what
-        rows.append((r["id"], str(r.get("model") or ""), mesh_label(r.get("mesh")), r["state"], step, speed, loss,
-                     detail))
+        rows.append(
+            (r["id"], str(r.get("model") or ""), mesh_label(r.get("mesh")), r["state"], step, speed, loss, detail)
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     right = {4, 5, 6}  # numbers
     for row in rows:
@@ -268,10 +314,15 @@ def _run_runs(args: argparse.Namespace) -> int:
 
 def _show_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="run directory, or a run id in the runs directory")
-    p.add_argument("--runs-dir", help="where a run id is looked up (default: $WORKBENCH_RUNS_DIR or "
-                                      "~/moe-workbench/runs)")
-    p.add_argument("--png", metavar="FILE", help="also write the live plots (throughput, TFLOP/s, memory per "
-                                                 "rank, loss, expert load) to FILE as a PNG (needs matplotlib)")
+    p.add_argument(
+        "--runs-dir", help="where a run id is looked up (default: $WORKBENCH_RUNS_DIR or ~/moe-workbench/runs)"
+    )
+    p.add_argument(
+        "--png",
+        metavar="FILE",
+        help="also write the live plots (throughput, TFLOP/s, memory per "
+        "rank, loss, expert load) to FILE as a PNG (needs matplotlib)",
+    )
 
 
 def _run_show(args: argparse.Namespace) -> int:
@@ -282,8 +333,11 @@ def _run_show(args: argparse.Namespace) -> int:
     if not os.path.isdir(path):
         path = os.path.join(os.path.expanduser(args.runs_dir or str(default_runs_dir())), args.run)
     if not os.path.isdir(path):
-        print(f"workbench show: no run {args.run!r}: neither a directory nor a run id in "
-              f"{args.runs_dir or default_runs_dir()} (workbench runs lists them)", file=sys.stderr)
+        print(
+            f"workbench show: no run {args.run!r}: neither a directory nor a run id in "
+            f"{args.runs_dir or default_runs_dir()} (workbench runs lists them)",
+            file=sys.stderr,
+        )
         return 2
     try:
         lines = summary_lines(path)
@@ -304,8 +358,10 @@ def _write_png(records: list, png: str) -> int:
     from pathlib import Path
 
     if importlib.util.find_spec("matplotlib") is None:
-        print("workbench show: --png needs matplotlib: pip install matplotlib (or pip install -e '.[lab]')",
-              file=sys.stderr)
+        print(
+            "workbench show: --png needs matplotlib: pip install matplotlib (or pip install -e '.[lab]')",
+            file=sys.stderr,
+        )
         return 2
     from workbench.ui.png import save_live_png
     from workbench.ui.series import live_series
@@ -332,17 +388,26 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 SUBCOMMANDS: tuple[Subcommand, ...] = (
-    Subcommand("finetune", "fine-tune from a RunConfig YAML (standalone or under torchrun)",
-               _finetune_args, _run_finetune),
-    Subcommand("demo", "fine-tune the embedded tiny MoE on 2 CPU ranks or all local GPUs",
-               _demo_args, _run_demo),
-    Subcommand("runs", "list the runs in a runs directory: model, mesh, state (running, completed, failed, died), "
-                       "step, tokens/s per GPU, loss",
-               _runs_args, _run_runs),
-    Subcommand("show", "one run's summary and its figures per step in the terminal (--png FILE: its plots)",
-               _show_args, _run_show),
-    Subcommand("bench", "Transformers v5 anchor vs the engine, timed in one launch (see benchmarks/)",
-               _bench_args, _run_bench),
+    Subcommand(
+        "finetune", "fine-tune from a RunConfig YAML (standalone or under torchrun)", _finetune_args, _run_finetune
+    ),
+    Subcommand("demo", "fine-tune the embedded tiny MoE on 2 CPU ranks or all local GPUs", _demo_args, _run_demo),
+    Subcommand(
+        "runs",
+        "list the runs in a runs directory: model, mesh, state (running, completed, failed, died), "
+        "step, tokens/s per GPU, loss",
+        _runs_args,
+        _run_runs,
+    ),
+    Subcommand(
+        "show",
+        "one run's summary and its figures per step in the terminal (--png FILE: its plots)",
+        _show_args,
+        _run_show,
+    ),
+    Subcommand(
+        "bench", "Transformers v5 anchor vs the engine, timed in one launch (see benchmarks/)", _bench_args, _run_bench
+    ),
 )
 
 
@@ -353,8 +418,9 @@ def _chosen(argv: list[str], subcommands: tuple[Subcommand, ...]) -> str | None:
     return first if first in names else None
 
 
-def build_parser(subcommands: tuple[Subcommand, ...] = SUBCOMMANDS,
-                 argv: list[str] | None = None) -> argparse.ArgumentParser:
+def build_parser(
+    subcommands: tuple[Subcommand, ...] = SUBCOMMANDS, argv: list[str] | None = None
+) -> argparse.ArgumentParser:
     """The parser; given `argv`, only the subcommand it names gets its arguments (and their imports)."""
     parser = argparse.ArgumentParser(prog="workbench", description="MoE Workbench: fine-tune MoE LLMs")
     sub = parser.add_subparsers(dest="command", required=True)

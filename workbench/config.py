@@ -13,18 +13,47 @@ from pathlib import Path
 from typing import Any
 
 from workbench.backends import BackendConfig
+
 # The sections live in their own modules; every public name stays importable from here.
 from workbench.config_checks import ConfigError, check_float, check_int, check_keys
-from workbench.config_data import (DATA_DIR, DATA_FILE_BUILDERS, DATA_KINDS, ROW_FIELDS, ROW_FORMATS,
-                                   TINY_SFT_PATH, TOKENIZER_DIR, DataConfig)
+from workbench.config_data import (
+    DATA_DIR,
+    DATA_FILE_BUILDERS,
+    DATA_KINDS,
+    ROW_FIELDS,
+    ROW_FORMATS,
+    TINY_SFT_PATH,
+    TOKENIZER_DIR,
+    DataConfig,
+)
 from workbench.config_lora import LORA_TARGETS, LoraConfig, lora_from_dict
 from workbench.config_train import OPTIMIZERS, PRECISIONS, RESUME_FIELDS, TrainConfig
-from workbench.presets import PRESETS, TINY_VOCAB_SIZE, build_preset_config  # noqa: F401 (re-exported)
+from workbench.presets import PRESETS, TINY_VOCAB_SIZE, build_preset_config
 
-__all__ = ["DATA_DIR", "DATA_FILE_BUILDERS", "DATA_KINDS", "DEVICES", "DTYPES", "LORA_TARGETS", "OPTIMIZERS",
-           "PRECISIONS", "PRESETS", "RESUME_FIELDS", "ROW_FIELDS", "ROW_FORMATS", "TINY_SFT_PATH", "TINY_VOCAB_SIZE",
-           "TOKENIZER_DIR", "ConfigError", "DataConfig", "LoraConfig", "ModelConfig", "RunConfig", "TrainConfig",
-           "preset_config"]
+__all__ = [
+    "DATA_DIR",
+    "DATA_FILE_BUILDERS",
+    "DATA_KINDS",
+    "DEVICES",
+    "DTYPES",
+    "LORA_TARGETS",
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "PRESETS",
+    "RESUME_FIELDS",
+    "ROW_FIELDS",
+    "ROW_FORMATS",
+    "TINY_SFT_PATH",
+    "TINY_VOCAB_SIZE",
+    "TOKENIZER_DIR",
+    "ConfigError",
+    "DataConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "RunConfig",
+    "TrainConfig",
+    "preset_config",
+]
 
 DTYPES = ("auto", "float32", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -62,8 +91,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if (self.preset is None) == (self.path is None):
-            raise ConfigError(f"model needs exactly one of preset= or path=, got preset={self.preset!r}, "
-                              f"path={self.path!r}")
+            raise ConfigError(
+                f"model needs exactly one of preset= or path=, got preset={self.preset!r}, path={self.path!r}"
+            )
         if self.preset is not None and self.preset not in PRESETS:
             raise ConfigError(f"unknown model preset {self.preset!r}; presets: {sorted(PRESETS)}")
         if self.path is not None and not isinstance(self.path, str):
@@ -87,11 +117,13 @@ class ModelConfig:
             if self.layers is not None:
                 types = getattr(cfg, "layer_types", None)
                 if types and len(types) < self.layers:
-                    raise ConfigError(f"model.layers ({self.layers}) exceeds the {len(types)} layers of {self.path} "
-                                      f"(its config.json lists layer_types per layer); use {len(types)} or fewer")
+                    raise ConfigError(
+                        f"model.layers ({self.layers}) exceeds the {len(types)} layers of {self.path} "
+                        f"(its config.json lists layer_types per layer); use {len(types)} or fewer"
+                    )
                 cfg.num_hidden_layers = self.layers
                 if types:  # GPT-OSS's sliding/full pattern is per layer: keep the first `layers`
-                    cfg.layer_types = list(types[:self.layers])
+                    cfg.layer_types = list(types[: self.layers])
         if self.router_aux_loss_coef is not None:
             cfg.router_aux_loss_coef = float(self.router_aux_loss_coef)
         return cfg
@@ -123,10 +155,16 @@ class RunConfig:
     name: str | None = None  # a label for the run in the lab sidebar and comparisons (run_id stays the folder)
 
     def __post_init__(self) -> None:
-        for name, cls in (("model", ModelConfig), ("backend", BackendConfig), ("data", DataConfig),
-                          ("train", TrainConfig)):
+        for name, cls in (
+            ("model", ModelConfig),
+            ("backend", BackendConfig),
+            ("data", DataConfig),
+            ("train", TrainConfig),
+        ):
             if not isinstance(getattr(self, name), cls):
-                raise ConfigError(f"RunConfig.{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
+                raise ConfigError(
+                    f"RunConfig.{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}"
+                )
         if self.lora is not None and not isinstance(self.lora, LoraConfig):
             raise ConfigError(f"RunConfig.lora must be a LoraConfig or None, got {type(self.lora).__name__}")
         if self.mesh is not None and not hasattr(self.mesh, "validate"):
@@ -135,11 +173,11 @@ class RunConfig:
             raise ConfigError(f"output_dir must be a path string, got {self.output_dir!r}")
         if self.output_dir is not None:
             object.__setattr__(self, "output_dir", str(self.output_dir))
-        if self.run_id is not None and (not isinstance(self.run_id, str) or not self.run_id
-                                        or "/" in self.run_id or self.run_id in (".", "..")):
+        if self.run_id is not None and (
+            not isinstance(self.run_id, str) or not self.run_id or "/" in self.run_id or self.run_id in (".", "..")
+        ):
             raise ConfigError(f"run_id must be a plain directory name, got {self.run_id!r}")
-        if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()
-                                      or len(self.name) > 200):
+        if self.name is not None and (not isinstance(self.name, str) or not self.name.strip() or len(self.name) > 200):
             raise ConfigError(f"name must be a non-empty string of at most 200 characters, got {self.name!r}")
 
     # -- conversions --------------------------------------------------------------------------
@@ -151,13 +189,20 @@ class RunConfig:
             mesh = self.mesh.to_dict() if hasattr(self.mesh, "to_dict") else dataclasses.asdict(self.mesh)
         train = dataclasses.asdict(self.train)
         train["betas"] = list(train["betas"])
-        return {"model": dataclasses.asdict(self.model), "mesh": mesh, "backend": self.backend.to_dict(),
-                "data": dataclasses.asdict(self.data), "train": train,
-                "lora": None if self.lora is None else self.lora.to_dict(),
-                "output_dir": self.output_dir, "run_id": self.run_id, "name": self.name}
+        return {
+            "model": dataclasses.asdict(self.model),
+            "mesh": mesh,
+            "backend": self.backend.to_dict(),
+            "data": dataclasses.asdict(self.data),
+            "train": train,
+            "lora": None if self.lora is None else self.lora.to_dict(),
+            "output_dir": self.output_dir,
+            "run_id": self.run_id,
+            "name": self.name,
+        }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         """Build from a mapping; unknown keys at any level are an error naming the key."""
         check_keys(cls, data, "RunConfig")
         kwargs: dict[str, Any] = {}
@@ -185,7 +230,7 @@ class RunConfig:
         return text
 
     @classmethod
-    def from_yaml(cls, path_or_text: str | os.PathLike) -> "RunConfig":
+    def from_yaml(cls, path_or_text: str | os.PathLike) -> RunConfig:
         """Load from a YAML file path (or YAML text containing a newline)."""
         import yaml
 
@@ -207,11 +252,11 @@ class RunConfig:
         except ConfigError as err:
             raise ConfigError(f"{source}: {err}") from err
 
-    def replace(self, **changes: Any) -> "RunConfig":
+    def replace(self, **changes: Any) -> RunConfig:
         """A copy with top-level fields replaced."""
         return dataclasses.replace(self, **changes)
 
-    def with_overrides(self, overrides: dict[str, Any]) -> "RunConfig":
+    def with_overrides(self, overrides: dict[str, Any]) -> RunConfig:
         """A copy with dotted-key overrides applied, e.g. {"train.steps": 5, "data.seq_len": 64}."""
         data = self.to_dict()
         for dotted, value in overrides.items():
@@ -225,7 +270,7 @@ class RunConfig:
         return RunConfig.from_dict(data)
 
     @classmethod
-    def demo(cls, **overrides: Any) -> "RunConfig":
+    def demo(cls, **overrides: Any) -> RunConfig:
         """The embedded default: tiny Qwen3-MoE, the shipped SFT data, EP = world size.
 
         Keyword overrides are dotted keys with "." written as "__" (train__steps=5) or whole
@@ -236,8 +281,15 @@ class RunConfig:
             mesh=None,
             backend=BackendConfig(),
             data=DataConfig(kind="jsonl", seq_len=128, pack=True),
-            train=TrainConfig(steps=20, global_batch_size=8, local_batch_size=4, lr=3e-3,
-                              warmup_steps=2, checkpoint_every=None, export_hf=False),
+            train=TrainConfig(
+                steps=20,
+                global_batch_size=8,
+                local_batch_size=4,
+                lr=3e-3,
+                warmup_steps=2,
+                checkpoint_every=None,
+                export_hf=False,
+            ),
         )
         sections = {k: v for k, v in overrides.items() if "__" not in k}
         dotted = {k.replace("__", "."): v for k, v in overrides.items() if "__" in k}

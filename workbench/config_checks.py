@@ -32,7 +32,12 @@ def check_int(value: Any, name: str, minimum: int, allow_none: bool = False) -> 
 def check_float(value: Any, name: str, lo: float, hi: float | None = None) -> None:
     """Refuse anything but a finite number in [lo, hi] (hi None: no upper bound)."""
     # math.isfinite first: nan compares False with every bound, so `value < lo` alone lets it through
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or value < lo or (hi is not None and value > hi)):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < lo
+        or (hi is not None and value > hi)
+    ):
         bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
         raise ConfigError(f"{name} must be a finite number {bound}, got {value!r}")

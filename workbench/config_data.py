@@ -17,8 +17,12 @@ DATA_KINDS = ("synthetic", "jsonl", "datasets")
 # How a `datasets` row becomes tokens (workbench/train/data_rows.py): "auto" picks by the columns present.
 ROW_FORMATS = ("auto", "messages", "prompt_completion", "instruction", "text")
 # The row fields each format reads; data.columns maps them to the dataset's own column names.
-ROW_FIELDS = {"messages": ("messages",), "prompt_completion": ("prompt", "completion"),
-              "instruction": ("instruction", "input", "output"), "text": ("text",)}
+ROW_FIELDS = {
+    "messages": ("messages",),
+    "prompt_completion": ("prompt", "completion"),
+    "instruction": ("instruction", "input", "output"),
+    "text": ("text",),
+}
 # Local files `datasets` reads by builder name, from the file's extension.
 DATA_FILE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json", ".csv": "csv"}
 
@@ -61,8 +65,11 @@ class DataConfig:
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigError(f"data.{name} must be a non-empty string, got {value!r}")
         if self.kind != "datasets":
-            extra = [f"data.{f.name}" for f in dataclasses.fields(self)
-                     if f.name in _DATASETS_ONLY and getattr(self, f.name) != f.default]
+            extra = [
+                f"data.{f.name}"
+                for f in dataclasses.fields(self)
+                if f.name in _DATASETS_ONLY and getattr(self, f.name) != f.default
+            ]
             if extra:
                 raise ConfigError(f"{', '.join(extra)} only apply to data.kind='datasets' (this is {self.kind!r})")
             return
@@ -70,9 +77,11 @@ class DataConfig:
 
     def _check_datasets(self) -> None:
         if (self.path is None) == (self.data_files is None):
-            raise ConfigError("data.kind='datasets' needs exactly one of data.data_files (local parquet/arrow/json/"
-                              "jsonl/csv files) or data.path (a save_to_disk folder or a dataset name), got "
-                              f"data_files={self.data_files!r}, path={self.path!r}")
+            raise ConfigError(
+                "data.kind='datasets' needs exactly one of data.data_files (local parquet/arrow/json/"
+                "jsonl/csv files) or data.path (a save_to_disk folder or a dataset name), got "
+                f"data_files={self.data_files!r}, path={self.path!r}"
+            )
         _check_files(self.data_files, "data.data_files")
         _check_files(self.eval_files, "data.eval_files")
         if not isinstance(self.split, str) or not self.split:
@@ -82,8 +91,10 @@ class DataConfig:
         if self.columns is not None:
             fields = sorted({f for fs in ROW_FIELDS.values() for f in fs})
             if not isinstance(self.columns, dict) or not all(isinstance(v, str) for v in self.columns.values()):
-                raise ConfigError(f"data.columns must map row fields to column names, e.g. "
-                                  f"{{'prompt': 'question'}}, got {self.columns!r}")
+                raise ConfigError(
+                    f"data.columns must map row fields to column names, e.g. "
+                    f"{{'prompt': 'question'}}, got {self.columns!r}"
+                )
             unknown = [k for k in self.columns if k not in fields]
             if unknown:
                 raise ConfigError(f"data.columns has unknown row field(s) {unknown}; row fields: {fields}")
@@ -100,8 +111,10 @@ class DataConfig:
         """Refuse a seq_len longer than the model's max_position_embeddings (before any allocation)."""
         limit = getattr(hf_config, "max_position_embeddings", None)
         if isinstance(limit, int) and self.seq_len > limit:
-            raise ConfigError(f"data.seq_len ({self.seq_len}) exceeds the model's max_position_embeddings "
-                              f"({limit}); set data.seq_len to {limit} or less")
+            raise ConfigError(
+                f"data.seq_len ({self.seq_len}) exceeds the model's max_position_embeddings "
+                f"({limit}); set data.seq_len to {limit} or less"
+            )
 
     @property
     def resolved_path(self) -> Path:
@@ -116,8 +129,17 @@ class DataConfig:
         return self.max_length or self.seq_len
 
 
-_DATASETS_ONLY = ("data_files", "split", "format", "columns", "assistant_only_loss", "cache_dir", "eval_fraction",
-                  "eval_files", "eval_every")
+_DATASETS_ONLY = (
+    "data_files",
+    "split",
+    "format",
+    "columns",
+    "assistant_only_loss",
+    "cache_dir",
+    "eval_fraction",
+    "eval_files",
+    "eval_every",
+)
 
 
 def _check_files(value: Any, name: str) -> None:
@@ -129,5 +151,7 @@ def _check_files(value: Any, name: str) -> None:
     for f in files:
         suffix = Path(f).suffix.lower()
         if suffix not in DATA_FILE_BUILDERS:
-            raise ConfigError(f"{name}: {f!r} is not one of the file types {sorted(DATA_FILE_BUILDERS)}; "
-                              "a save_to_disk folder goes in data.path")
+            raise ConfigError(
+                f"{name}: {f!r} is not one of the file types {sorted(DATA_FILE_BUILDERS)}; "
+                "a save_to_disk folder goes in data.path"
+            )

@@ -16,13 +16,16 @@ from workbench.config import ConfigError
 # back as strings. PyYAML's own float pattern with the exponent's sign and the dot made optional
 # (as YAML 1.2 has it); .inf/.nan stay floats, so the dataclass checks see and refuse them.
 _YAML_FLOAT_TAG = "tag:yaml.org,2002:float"
-_YAML_FLOAT = re.compile(r"""^(?:
+_YAML_FLOAT = re.compile(
+    r"""^(?:
      [-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
     |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
     |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
     |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
     |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""", re.X)
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
 
 
 def _numbers_as_written(base: type) -> type:
@@ -38,7 +41,8 @@ def _numbers_as_written(base: type) -> type:
     # Same resolvers in the same order, only the float pattern replaced (base is not touched).
     NumbersAsWritten.yaml_implicit_resolvers = {
         first: [(tag, _YAML_FLOAT if tag == _YAML_FLOAT_TAG else rx) for tag, rx in resolvers]
-        for first, resolvers in base.yaml_implicit_resolvers.items()}
+        for first, resolvers in base.yaml_implicit_resolvers.items()
+    }
     return NumbersAsWritten
 
 
@@ -70,8 +74,9 @@ def read_hf_config(path: Path):
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{file} is not valid JSON ({err}); point model.path to a checkpoint directory "
-                          "written by save_pretrained") from err
+        raise ConfigError(
+            f"{file} is not valid JSON ({err}); point model.path to a checkpoint directory written by save_pretrained"
+        ) from err
     if not isinstance(raw, dict):
         raise ConfigError(f"{file} must hold a JSON object, got {type(raw).__name__}")
     model_type = raw.get("model_type")
@@ -85,9 +90,11 @@ def read_hf_config(path: Path):
             close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING), n=3, cutoff=0.8)
             if close:
                 what += f" (did you mean {' or '.join(map(repr, close))}?)"
-        raise ConfigError(f"{file} {what}. Model families the engine supports: every Transformers v5 family with "
-                          f"fused experts (tested: {', '.join(TESTED_FAMILIES)}); fix "
-                          "model_type there or point model.path to a checkpoint written by save_pretrained")
+        raise ConfigError(
+            f"{file} {what}. Model families the engine supports: every Transformers v5 family with "
+            f"fused experts (tested: {', '.join(TESTED_FAMILIES)}); fix "
+            "model_type there or point model.path to a checkpoint written by save_pretrained"
+        )
     try:
         return AutoConfig.from_pretrained(path)
     except (OSError, ValueError, TypeError, KeyError) as err:

@@ -56,7 +56,7 @@ class LoraConfig:
         return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout, "targets": list(self.targets)}
 
 
-def lora_from_dict(data: Any) -> "LoraConfig | None":
+def lora_from_dict(data: Any) -> LoraConfig | None:
     """The lora section from a mapping (or a LoraConfig, or None: full fine-tuning)."""
     if data is None or isinstance(data, LoraConfig):
         return data

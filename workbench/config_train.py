@@ -15,11 +15,33 @@ PRECISIONS = ("auto", "bf16", "bf16_sr", "fp32_master")
 # Settings a resume must keep unless train.resume_allow_changes names them: the LR schedule, the
 # optimizer's update and the data position in the checkpoint depend on them. train.optimizer is
 # not one: torch's and the Triton AdamW share their state and may be swapped on resume.
-RESUME_FIELDS = ("train.steps", "train.warmup_steps", "train.lr", "train.min_lr_ratio", "train.global_batch_size",
-                 "train.weight_decay", "train.betas", "train.precision",
-                 "data.kind", "data.path", "data.tokenizer", "data.seq_len", "data.pack", "data.max_length",
-                 "data.data_files", "data.split", "data.format", "data.columns", "data.assistant_only_loss",
-                 "data.eval_fraction", "data.eval_files", "lora.rank", "lora.alpha", "lora.dropout", "lora.targets")
+RESUME_FIELDS = (
+    "train.steps",
+    "train.warmup_steps",
+    "train.lr",
+    "train.min_lr_ratio",
+    "train.global_batch_size",
+    "train.weight_decay",
+    "train.betas",
+    "train.precision",
+    "data.kind",
+    "data.path",
+    "data.tokenizer",
+    "data.seq_len",
+    "data.pack",
+    "data.max_length",
+    "data.data_files",
+    "data.split",
+    "data.format",
+    "data.columns",
+    "data.assistant_only_loss",
+    "data.eval_fraction",
+    "data.eval_files",
+    "lora.rank",
+    "lora.alpha",
+    "lora.dropout",
+    "lora.targets",
+)
 
 
 @dataclass(frozen=True)
@@ -57,19 +79,25 @@ class TrainConfig:
         check_int(self.local_batch_size, "train.local_batch_size", 1)
         check_int(self.grad_accum, "train.grad_accum", 1, allow_none=True)
         if self.global_batch_size % self.local_batch_size:
-            raise ConfigError(f"train.global_batch_size ({self.global_batch_size}) must be a multiple of "
-                              f"train.local_batch_size ({self.local_batch_size})")
+            raise ConfigError(
+                f"train.global_batch_size ({self.global_batch_size}) must be a multiple of "
+                f"train.local_batch_size ({self.local_batch_size})"
+            )
         check_float(self.lr, "train.lr", 0.0)
         check_int(self.warmup_steps, "train.warmup_steps", 0)
         check_float(self.min_lr_ratio, "train.min_lr_ratio", 0.0, 1.0)
         if self.clip_grad_norm is not None:
             check_float(self.clip_grad_norm, "train.clip_grad_norm", 0.0)
             if self.clip_grad_norm == 0:  # clipping to norm 0 zeroes every update: the run would not train
-                raise ConfigError("train.clip_grad_norm must be > 0 (0 zeroes every update); "
-                                  "use null (None) to turn clipping off")
+                raise ConfigError(
+                    "train.clip_grad_norm must be > 0 (0 zeroes every update); use null (None) to turn clipping off"
+                )
         check_float(self.weight_decay, "train.weight_decay", 0.0)
-        if (not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2
-                or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas)):
+        if (
+            not isinstance(self.betas, (tuple, list))
+            or len(self.betas) != 2
+            or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas)
+        ):
             raise ConfigError(f"train.betas must be two finite numbers in [0, 1), got {self.betas!r}")
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
         if self.optimizer not in OPTIMIZERS:
@@ -77,23 +105,31 @@ class TrainConfig:
         if self.precision not in PRECISIONS:
             raise ConfigError(f"train.precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.optimizer == "adamw_torch" and self.precision in ("bf16_sr", "fp32_master"):
-            raise ConfigError(f"train.precision={self.precision!r} needs the workbench AdamW: set train.optimizer "
-                              "to 'adamw' (or 'adamw_triton'), or train.precision to 'bf16'")
+            raise ConfigError(
+                f"train.precision={self.precision!r} needs the workbench AdamW: set train.optimizer "
+                "to 'adamw' (or 'adamw_triton'), or train.precision to 'bf16'"
+            )
         check_int(self.seed, "train.seed", 0)
         check_float(self.router_bias_update_rate, "train.router_bias_update_rate", 0.0)
         check_int(self.checkpoint_every, "train.checkpoint_every", 1, allow_none=True)
         check_int(self.log_every, "train.log_every", 1)
         allowed = self.resume_allow_changes
-        if (not isinstance(allowed, (tuple, list)) or not all(isinstance(n, str) for n in allowed)
-                or set(allowed) - set(RESUME_FIELDS)):
-            raise ConfigError(f"train.resume_allow_changes must be a list of names from {list(RESUME_FIELDS)}, "
-                              f"got {allowed!r}")
+        if (
+            not isinstance(allowed, (tuple, list))
+            or not all(isinstance(n, str) for n in allowed)
+            or set(allowed) - set(RESUME_FIELDS)
+        ):
+            raise ConfigError(
+                f"train.resume_allow_changes must be a list of names from {list(RESUME_FIELDS)}, got {allowed!r}"
+            )
         if "train.precision" in allowed:
             # fp32_master keeps float32 master weights in the optimizer state and the others do not: the
             # checkpoint's optimizer state cannot be read as another mode's.
-            raise ConfigError("train.precision cannot change on resume (its optimizer state differs between modes); "
-                              "keep the checkpoint's precision, or start a new run from the exported model "
-                              "(train.export_hf) with another one")
+            raise ConfigError(
+                "train.precision cannot change on resume (its optimizer state differs between modes); "
+                "keep the checkpoint's precision, or start a new run from the exported model "
+                "(train.export_hf) with another one"
+            )
         object.__setattr__(self, "resume_allow_changes", tuple(allowed))
         for name in ("activation_checkpointing", "save_final_checkpoint", "export_hf"):
             if not isinstance(getattr(self, name), bool):
@@ -105,9 +141,12 @@ class TrainConfig:
         if rem or per_rank % self.local_batch_size:
             raise ConfigError(
                 f"train.global_batch_size ({self.global_batch_size}) must be a multiple of "
-                f"local_batch_size ({self.local_batch_size}) x data-parallel size ({dp})")
+                f"local_batch_size ({self.local_batch_size}) x data-parallel size ({dp})"
+            )
         accum = per_rank // self.local_batch_size
         if self.grad_accum is not None and self.grad_accum != accum:
-            raise ConfigError(f"train.grad_accum={self.grad_accum} disagrees with global_batch_size / "
-                              f"(local_batch_size x dp) = {accum}; drop grad_accum or fix the batch sizes")
+            raise ConfigError(
+                f"train.grad_accum={self.grad_accum} disagrees with global_batch_size / "
+                f"(local_batch_size x dp) = {accum}; drop grad_accum or fix the batch sizes"
+            )
         return accum

@@ -5,8 +5,10 @@ from __future__ import annotations
 # What to install for each optional backend: the message names the extra and the package.
 INSTALL_HINT: dict[str, str] = {
     "te": "pip install 'moe-workbench[te]'  (transformer-engine[pytorch]; needs a CUDA GPU)",
-    "deepep": ("pip install 'moe-workbench[deepep]'  (deep-ep; the PyPI build needs DeepSeek's patched NVSHMEM: "
-               "for intranode EP build DeepEP 1.2.x from source without NVSHMEM; see workbench/moe/dispatch/deepep.py)"),
+    "deepep": (
+        "pip install 'moe-workbench[deepep]'  (deep-ep; the PyPI build needs DeepSeek's patched NVSHMEM: "
+        "for intranode EP build DeepEP 1.2.x from source without NVSHMEM; see workbench/moe/dispatch/deepep.py)"
+    ),
     "triton": "pip install triton  (ships with CUDA builds of torch; needs a CUDA GPU)",
     "liger": "pip install 'moe-workbench[gpu]'  (liger-kernel; needs a CUDA GPU)",
 }

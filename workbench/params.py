@@ -66,8 +66,7 @@ def sliding_layer_flags(cfg: Any) -> list[bool]:
     """Which layers use sliding-window attention (GPT-OSS's alternating layer_types)."""
     window = getattr(cfg, "sliding_window", None)
     types = getattr(cfg, "layer_types", None) or []
-    return [bool(window) and i < len(types) and types[i] == "sliding_attention"
-            for i in range(cfg.num_hidden_layers)]
+    return [bool(window) and i < len(types) and types[i] == "sliding_attention" for i in range(cfg.num_hidden_layers)]
 
 
 def _attention(cfg: Any) -> tuple[int, int]:
@@ -82,9 +81,12 @@ def _attention(cfg: Any) -> tuple[int, int]:
             q_other = q_rank + q_rank * bias  # q_a_layernorm; q_a_proj's bias
         else:
             q_weights, q_other = hidden * heads * qk, 0
-        weights = (q_weights + hidden * (kv_rank + rope)  # kv_a_proj_with_mqa: latent + shared rope key
-                   + kv_rank * heads * (qk - rope + v)  # kv_b_proj: per-head nope keys and values
-                   + heads * v * hidden)  # o_proj
+        weights = (
+            q_weights
+            + hidden * (kv_rank + rope)  # kv_a_proj_with_mqa: latent + shared rope key
+            + kv_rank * heads * (qk - rope + v)  # kv_b_proj: per-head nope keys and values
+            + heads * v * hidden
+        )  # o_proj
         other = q_other + kv_rank + bias * (kv_rank + rope + hidden)  # kv_a_layernorm; biases
         return weights + other, weights
     kv_heads = _get(cfg, "num_key_value_heads", default=heads)
@@ -141,9 +143,14 @@ class ParamCounts:
     @property
     def dense(self) -> int:
         """Everything that is not a routed expert (sharded over dp)."""
-        return (self.embed + self.lm_head + self.norms + self.layers * self.attention_per_layer
-                + self.moe_layers * (self.router_per_layer + self.shared_per_layer)
-                + (self.layers - self.moe_layers) * self.dense_mlp_per_layer)
+        return (
+            self.embed
+            + self.lm_head
+            + self.norms
+            + self.layers * self.attention_per_layer
+            + self.moe_layers * (self.router_per_layer + self.shared_per_layer)
+            + (self.layers - self.moe_layers) * self.dense_mlp_per_layer
+        )
 
     @property
     def total(self) -> int:
@@ -161,9 +168,12 @@ class ParamCounts:
         Attention projections, the dense and shared MLPs, top-k experts and the LM head (a matmul
         even when tied); not the embedding lookup, norms, biases or the router (as NeMo counts).
         """
-        return (self.vocab * self.hidden + self.layers * self.attention_matmul_per_layer
-                + (self.layers - self.moe_layers) * self.dense_mlp_per_layer
-                + self.moe_layers * (self.shared_per_layer + self.top_k * self.expert_matmul))
+        return (
+            self.vocab * self.hidden
+            + self.layers * self.attention_matmul_per_layer
+            + (self.layers - self.moe_layers) * self.dense_mlp_per_layer
+            + self.moe_layers * (self.shared_per_layer + self.top_k * self.expert_matmul)
+        )
 
 
 def param_counts(cfg: Any) -> ParamCounts:
@@ -182,8 +192,20 @@ def param_counts(cfg: Any) -> ParamCounts:
     top_k = int(_get(cfg, "num_experts_per_tok", default=1)) if experts else 0
     tied = bool(getattr(cfg, "tie_word_embeddings", False))
     return ParamCounts(
-        embed=vocab * hidden, lm_head=0 if tied else vocab * hidden, norms=(2 * layers + 1) * hidden,
-        attention_per_layer=attention, attention_matmul_per_layer=attention_matmul,
-        router_per_layer=experts * hidden + has_bias * experts, expert_params=expert_params,
-        expert_matmul=expert_matmul, shared_per_layer=shared, dense_mlp_per_layer=3 * hidden * cfg.intermediate_size,
-        layers=layers, moe_layers=moe_layers, num_experts=experts, top_k=top_k, hidden=hidden, vocab=vocab)
+        embed=vocab * hidden,
+        lm_head=0 if tied else vocab * hidden,
+        norms=(2 * layers + 1) * hidden,
+        attention_per_layer=attention,
+        attention_matmul_per_layer=attention_matmul,
+        router_per_layer=experts * hidden + has_bias * experts,
+        expert_params=expert_params,
+        expert_matmul=expert_matmul,
+        shared_per_layer=shared,
+        dense_mlp_per_layer=3 * hidden * cfg.intermediate_size,
+        layers=layers,
+        moe_layers=moe_layers,
+        num_experts=experts,
+        top_k=top_k,
+        hidden=hidden,
+        vocab=vocab,
+    )

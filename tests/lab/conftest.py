@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from make_run import make_run_dir  # noqa: E402
+from make_run import make_run_dir
 
 
 @pytest.fixture

@@ -27,8 +27,9 @@ def _prompt_completion_rows(folder: Path) -> Path:
 
     rows = [json.loads(line) for line in TINY_SFT_PATH.read_text().splitlines() if line.strip()]
     path = folder / "rows.jsonl"
-    path.write_text("".join(json.dumps({"prompt": r["prompt"], "completion": r["response"]}) + "\n"
-                            for r in rows if "prompt" in r))
+    path.write_text(
+        "".join(json.dumps({"prompt": r["prompt"], "completion": r["response"]}) + "\n" for r in rows if "prompt" in r)
+    )
     return path
 
 
@@ -37,12 +38,30 @@ def run_demo(runs_dir: Path, steps: int = 3, run_id: str = RUN_ID) -> str:
     from workbench.config import RunConfig
 
     data_dir = Path(tempfile.mkdtemp(prefix="mwb-lab-data-"))
-    config = RunConfig.demo(name=RUN_NAME, train__steps=steps, train__save_final_checkpoint=False,
-                            data__kind="datasets", data__data_files=str(_prompt_completion_rows(data_dir)),
-                            data__eval_fraction=0.1, data__eval_every=1, data__cache_dir=str(data_dir / "cache"))
+    config = RunConfig.demo(
+        name=RUN_NAME,
+        train__steps=steps,
+        train__save_final_checkpoint=False,
+        data__kind="datasets",
+        data__data_files=str(_prompt_completion_rows(data_dir)),
+        data__eval_fraction=0.1,
+        data__eval_every=1,
+        data__cache_dir=str(data_dir / "cache"),
+    )
     config.to_yaml(data_dir / "run.yaml")
-    cmd = [sys.executable, "-m", "workbench.cli", "finetune", str(data_dir / "run.yaml"), "--nproc-per-node", "2",
-           "--output-dir", str(runs_dir), "--run-id", run_id]
+    cmd = [
+        sys.executable,
+        "-m",
+        "workbench.cli",
+        "finetune",
+        str(data_dir / "run.yaml"),
+        "--nproc-per-node",
+        "2",
+        "--output-dir",
+        str(runs_dir),
+        "--run-id",
+        run_id,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ})
     if done.returncode != 0:
         raise RuntimeError(f"workbench finetune failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
@@ -66,9 +85,18 @@ def make_run_dir(tmp_path: Path) -> tuple[Path, str]:
 
 def trainer_records(first_step: int, count: int) -> list[dict]:
     """Records shaped like the trainer's (both ranks, an expert-load matrix), loss falling with step."""
-    return [{"step": s, "rank": rank, "loss": 10.0 / s, "tokens_per_s_per_gpu": 1000.0 + s,
-             "expert_load": [[s % 97] * 8] * 2, "time": 1.0 * s}
-            for s in range(first_step, first_step + count) for rank in (0, 1)]
+    return [
+        {
+            "step": s,
+            "rank": rank,
+            "loss": 10.0 / s,
+            "tokens_per_s_per_gpu": 1000.0 + s,
+            "expert_load": [[s % 97] * 8] * 2,
+            "time": 1.0 * s,
+        }
+        for s in range(first_step, first_step + count)
+        for rank in (0, 1)
+    ]
 
 
 def append_records(path: Path, records: list[dict]) -> int:

@@ -12,14 +12,13 @@ import shutil
 
 import pytest
 import tornado.httpclient
+from make_run import append_records, append_text, trainer_records
 
 from workbench.runs.run_dir import RunDir
 from workbench.runs.run_index import SERIES_FIELDS, IndexLimits, RunIndex
 
-from make_run import append_records, append_text, trainer_records  # noqa: E402  (on sys.path: conftest)
-
 pytest.importorskip("moe_workbench_lab", reason="install it: pip install -e extensions/moe_workbench_lab")
-from moe_workbench_lab.handlers import RUN_INDEX_KEY  # noqa: E402
+from moe_workbench_lab.handlers import RUN_INDEX_KEY
 
 pytest.importorskip("pytest_jupyter", reason="install it: pip install 'pytest-jupyter[server]'")
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
@@ -55,8 +54,7 @@ def _steps(records: list[dict], rank: int) -> list[int]:
     return [r["step"] for r in records if r["rank"] == rank]
 
 
-async def test_run_view_reads_only_appended_bytes_and_holds_a_bounded_series(jp_fetch, fresh_run,
-                                                                             jp_serverapp):
+async def test_run_view_reads_only_appended_bytes_and_holds_a_bounded_series(jp_fetch, fresh_run, jp_serverapp):
     steps, points = 6000, 50
     size = append_records(fresh_run.metrics_path, trainer_records(1, steps))  # ~2.3 MB, 12000 records
     limits = IndexLimits(series_points=points, max_bytes_per_poll=2**19, chunk_bytes=2**16)
@@ -106,8 +104,7 @@ async def test_run_view_reads_only_appended_bytes_and_holds_a_bounded_series(jp_
     # The filters work on the held records, reading nothing again.
     before = index.bytes_read
     rank1 = await _metrics(jp_fetch, run_id, rank="1", fields="step,loss")
-    assert rank1["records"] == [{"step": r["step"], "loss": r["loss"]} for r in answer["records"]
-                                if r["rank"] == 1]
+    assert rank1["records"] == [{"step": r["step"], "loss": r["loss"]} for r in answer["records"] if r["rank"] == 1]
     everything = await _metrics(jp_fetch, run_id, fields="*")
     assert everything["records"] == (await _metrics(jp_fetch, run_id))["records"]
     assert index.bytes_read == before
@@ -143,8 +140,7 @@ async def test_run_view_rereads_a_truncated_or_replaced_metrics_file(jp_fetch, f
     assert index.bytes_read == first + second + third
 
 
-async def test_a_cached_run_is_never_served_through_a_link_out(jp_fetch, fresh_run, jp_serverapp,
-                                                               tmp_path):
+async def test_a_cached_run_is_never_served_through_a_link_out(jp_fetch, fresh_run, jp_serverapp, tmp_path):
     _use(jp_serverapp, IndexLimits())
     run_id = fresh_run.path.name
     append_records(fresh_run.metrics_path, trainer_records(1, 2))

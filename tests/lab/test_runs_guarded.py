@@ -11,16 +11,15 @@ import os
 import shutil
 
 import pytest
+from make_run import append_records as _append
+from make_run import append_text as _append_raw
+from make_run import trainer_records as _records
 
 from workbench.runs.run_dir import RunDir
 from workbench.runs.run_index import IndexLimits, RunIndex
 
-from make_run import append_records as _append  # noqa: E402  (tests/lab is on sys.path: conftest)
-from make_run import append_text as _append_raw
-from make_run import trainer_records as _records
-
 pytest.importorskip("moe_workbench_lab", reason="install it: pip install -e extensions/moe_workbench_lab")
-from moe_workbench_lab.handlers import RUN_INDEX_KEY  # noqa: E402
+from moe_workbench_lab.handlers import RUN_INDEX_KEY
 
 pytest.importorskip("pytest_jupyter", reason="install it: pip install 'pytest-jupyter[server]'")
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
@@ -34,8 +33,13 @@ def api(http_server_client, jp_auth_header, jp_base_url):
 
     async def get(raw: str, method: str = "GET") -> tuple[int, dict]:
         response = await http_server_client.fetch(
-            f"{jp_base_url}moe-workbench/api/{raw}", method=method, headers=jp_auth_header,
-            body=b"" if method == "POST" else None, raise_error=False, request_timeout=20)
+            f"{jp_base_url}moe-workbench/api/{raw}",
+            method=method,
+            headers=jp_auth_header,
+            body=b"" if method == "POST" else None,
+            raise_error=False,
+            request_timeout=20,
+        )
         if response.headers.get("Content-Type", "").startswith("application/json"):
             return response.code, json.loads(response.body)
         return response.code, {"page": response.body.decode()}  # tornado's own 404 page
@@ -53,10 +57,22 @@ def outside(tmp_path, served_run):
     return folder
 
 
-@pytest.mark.parametrize("query", [
-    "/", "~", "..", "../../", "%2e%2e%2F%2e%2e", "%2Fetc", "{parent}", "{outside}", "{runs}/..",
-    "{runs}/../outside", "{runs}-other",
-])
+@pytest.mark.parametrize(
+    "query",
+    [
+        "/",
+        "~",
+        "..",
+        "../../",
+        "%2e%2e%2F%2e%2e",
+        "%2Fetc",
+        "{parent}",
+        "{outside}",
+        "{runs}/..",
+        "{runs}/../outside",
+        "{runs}-other",
+    ],
+)
 async def test_runs_dir_query_names_only_the_served_folder(api, served_run, outside, query):
     runs_dir, _ = served_run
     value = query.format(parent=runs_dir.parent, outside=outside, runs=runs_dir)
@@ -67,8 +83,7 @@ async def test_runs_dir_query_names_only_the_served_folder(api, served_run, outs
         assert str(runs_dir) in answer["message"] and "MoeWorkbenchLab.runs_dir" in answer["message"]
 
 
-async def test_runs_dir_query_may_spell_the_served_folder_another_way(api, served_run, tmp_path,
-                                                                      monkeypatch):
+async def test_runs_dir_query_may_spell_the_served_folder_another_way(api, served_run, tmp_path, monkeypatch):
     runs_dir, run_id = served_run
     (tmp_path / "runs-link").symlink_to(runs_dir)
     for value in (runs_dir, f"{runs_dir}/", f"{runs_dir}/{run_id}/..", tmp_path / "runs-link"):
@@ -83,8 +98,18 @@ async def test_runs_dir_query_may_spell_the_served_folder_another_way(api, serve
     assert code == 200 and answer["records"]
 
 
-@pytest.mark.parametrize("field", ["spark_points", "max_bytes_per_poll", "max_line_bytes", "chunk_bytes",
-                                   "series_points", "series_ranks", "series_runs"])
+@pytest.mark.parametrize(
+    "field",
+    [
+        "spark_points",
+        "max_bytes_per_poll",
+        "max_line_bytes",
+        "chunk_bytes",
+        "series_points",
+        "series_ranks",
+        "series_runs",
+    ],
+)
 @pytest.mark.parametrize("value", [0, 1, -5, 2.5, True])
 def test_index_limits_are_validated(field, value):
     with pytest.raises(ValueError, match=f"IndexLimits.{field} must be an integer >= 2, got {value!r}"):
@@ -112,11 +137,9 @@ async def test_links_out_of_the_runs_dir_are_not_followed(api, served_run, outsi
     code, answer = await api("runs")
     assert code == 200
     by_id = {r["id"]: r for r in answer["runs"]}
-    assert sorted(by_id) == sorted([run_id, "alias", "linked-run", "leaky-metrics", "leaky-status",
-                                    "fifo-metrics"])
+    assert sorted(by_id) == sorted([run_id, "alias", "linked-run", "leaky-metrics", "leaky-status", "fifo-metrics"])
     for bad in ("linked-run", "leaky-metrics", "leaky-status"):
-        assert by_id[bad] == {"id": bad, "readable": False, "path": str(runs_dir / bad),
-                              "error": by_id[bad]["error"]}
+        assert by_id[bad] == {"id": bad, "readable": False, "path": str(runs_dir / bad), "error": by_id[bad]["error"]}
         assert "leads outside" in by_id[bad]["error"] and "not followed" in by_id[bad]["error"]
     assert "not a regular file" in by_id["fifo-metrics"]["error"]
     assert "outside-status" not in json.dumps(answer) and "4242" not in json.dumps(answer)
@@ -131,10 +154,21 @@ async def test_links_out_of_the_runs_dir_are_not_followed(api, served_run, outsi
     assert code == 200 and len(answer["records"]) == len(RunDir(runs_dir / run_id).read_metrics())
 
 
-@pytest.mark.parametrize("raw,code", [
-    ("..", 400), ("%2e%2e", 400), (".", 400), ("%2e", 400), ("..%2F..%2Foutside%2F" + OUTSIDE_RUN, 400),
-    ("%2Ftmp", 400), ("%5C..", 400), (".hidden", 400), ("a%00b", 400), ("no-such-run", 404),
-])
+@pytest.mark.parametrize(
+    "raw,code",
+    [
+        ("..", 400),
+        ("%2e%2e", 400),
+        (".", 400),
+        ("%2e", 400),
+        ("..%2F..%2Foutside%2F" + OUTSIDE_RUN, 400),
+        ("%2Ftmp", 400),
+        ("%5C..", 400),
+        (".hidden", 400),
+        ("a%00b", 400),
+        ("no-such-run", 404),
+    ],
+)
 async def test_run_ids_that_are_not_a_folder_name_are_refused(api, served_run, outside, raw, code):
     got, answer = await api(f"runs/{raw}/metrics")
     assert got == code, answer
@@ -152,8 +186,12 @@ async def test_raw_dot_segments_never_reach_outside(api, served_run, outside):
 @pytest.fixture
 def linked_notebook(tmp_path, monkeypatch):
     """A notebooks folder holding one real notebook and one link to a notebook outside it."""
-    nb = {"cells": [{"cell_type": "markdown", "id": "a", "metadata": {}, "source": ["# Secret\n"]}],
-          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    nb = {
+        "cells": [{"cell_type": "markdown", "id": "a", "metadata": {}, "source": ["# Secret\n"]}],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     (tmp_path / "secret.ipynb").write_text(json.dumps(nb))
     source = tmp_path / "nb-source"
     source.mkdir()

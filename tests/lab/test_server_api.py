@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 import tornado.httpclient
-
 from make_run import RUN_NAME
+
 from workbench.runs.run_dir import RunDir
 
 pytest.importorskip("moe_workbench_lab", reason="install it: pip install -e extensions/moe_workbench_lab")
-from moe_workbench_lab.handlers import SETTINGS_KEY  # noqa: E402
+from moe_workbench_lab.handlers import SETTINGS_KEY
+
 pytest.importorskip("pytest_jupyter", reason="install it: pip install 'pytest-jupyter[server]'")
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
@@ -43,8 +44,15 @@ async def _get_json(jp_fetch, *parts, **params):
 async def test_every_route_refuses_without_the_token(jp_fetch, method, parts, auth):
     body = b"" if method == "POST" else None
     with pytest.raises(tornado.httpclient.HTTPClientError) as info:
-        await jp_fetch("moe-workbench", "api", *parts, method=method, body=body,
-                       headers={"Authorization": auth}, follow_redirects=False)
+        await jp_fetch(
+            "moe-workbench",
+            "api",
+            *parts,
+            method=method,
+            body=body,
+            headers={"Authorization": auth},
+            follow_redirects=False,
+        )
     assert info.value.code in (401, 403)
 
 
@@ -107,8 +115,7 @@ async def test_runs_reflect_run_directory(jp_fetch, served_run, jp_serverapp, mo
         assert summary["step"] == rank0[-1]["step"]
         assert summary["tokens_per_s_per_gpu"] == pytest.approx(rank0[-1]["tokens_per_s_per_gpu"])
         assert summary["spark"]["loss"] == pytest.approx([r["loss"] for r in rank0])
-        assert summary["spark"]["tokens_per_s_per_gpu"] == pytest.approx(
-            [r["tokens_per_s_per_gpu"] for r in rank0])
+        assert summary["spark"]["tokens_per_s_per_gpu"] == pytest.approx([r["tokens_per_s_per_gpu"] for r in rank0])
 
 
 async def test_missing_runs_dir_is_an_empty_list(jp_fetch, tmp_path, monkeypatch):
@@ -139,8 +146,13 @@ async def test_metrics_serve_eval_loss_and_accuracy(jp_fetch, served_run):
     assert len(evals) == 3  # data.eval_every=1 over 3 steps: the run view's dashed series
     answer = await _get_json(jp_fetch, "runs", run_id, "metrics", rank="0", fields="step,eval_loss,eval_accuracy")
     assert [r for r in answer["records"] if "eval_loss" in r] == [
-        {"step": r["step"], "eval_loss": pytest.approx(r["eval_loss"]),
-         "eval_accuracy": pytest.approx(r["eval_accuracy"])} for r in evals]
+        {
+            "step": r["step"],
+            "eval_loss": pytest.approx(r["eval_loss"]),
+            "eval_accuracy": pytest.approx(r["eval_accuracy"]),
+        }
+        for r in evals
+    ]
     default = await _get_json(jp_fetch, "runs", run_id, "metrics")  # the fields the run view asks for
     assert sum("eval_loss" in r for r in default["records"]) == sum("eval_loss" in r for r in records)
 
@@ -182,8 +194,10 @@ async def test_corrupt_and_half_written_runs_are_unreadable_not_500(jp_fetch, se
 async def test_a_running_run_whose_process_is_gone_reads_as_died(jp_fetch, served_run):
     runs_dir, run_id = served_run
     # A process records itself as the run's owner, then vanishes without recording an end (SIGKILL).
-    code = ("import os, signal, sys; from workbench.runs.run_dir import RunDir; "
-            "RunDir.open(sys.argv[1]).write_status('running', step=2); os.kill(os.getpid(), signal.SIGKILL)")
+    code = (
+        "import os, signal, sys; from workbench.runs.run_dir import RunDir; "
+        "RunDir.open(sys.argv[1]).write_status('running', step=2); os.kill(os.getpid(), signal.SIGKILL)"
+    )
     done = subprocess.run([sys.executable, "-c", code, str(runs_dir / run_id)], timeout=60)
     assert done.returncode == -signal.SIGKILL
     assert RunDir.open(runs_dir / run_id).read_status()["state"] == "running"  # what the file still says
@@ -198,8 +212,13 @@ async def test_clusters_lists_a_real_ipyparallel_cluster(jp_fetch, jp_home_dir):
     assert empty == {"available": True, "reason": None, "clusters": []}
     # jp_environ points HOME at jp_home_dir, so this is the profile the route scans.
     profile_dir = jp_home_dir / ".ipython" / "profile_default"
-    cluster = ipp.Cluster(n=0, cluster_id="lab-test", profile_dir=str(profile_dir), log_level=40,
-                          controller_args=["--HeartMonitor.period=500"])
+    cluster = ipp.Cluster(
+        n=0,
+        cluster_id="lab-test",
+        profile_dir=str(profile_dir),
+        log_level=40,
+        controller_args=["--HeartMonitor.period=500"],
+    )
     await cluster.start_controller()
     try:
         for rank in range(2):
@@ -209,10 +228,10 @@ async def test_clusters_lists_a_real_ipyparallel_cluster(jp_fetch, jp_home_dir):
         assert model["cluster_id"] == "lab-test"
         assert model["n_engines"] == 2
         assert [r["rank"] for r in model["ranks"]] == [0, 1]
-        engine_pids = sorted(
-            es.to_dict()["engines"]["0"]["pid"] for es in cluster.engines.values())
+        engine_pids = sorted(es.to_dict()["engines"]["0"]["pid"] for es in cluster.engines.values())
         assert sorted(r["pid"] for r in model["ranks"]) == engine_pids
         assert model["controller"]["pid"] == cluster.controller.process.pid
+
         # Polling (the sidebar does every few seconds) must not start new waiter threads: the ones
         # ipyparallel attaches to each process it loads, named "wait(pid=...)". Counted by name,
         # not by threading.active_count(): an unrelated server thread once made that count flaky.
@@ -234,8 +253,12 @@ async def test_clusters_lists_a_real_ipyparallel_cluster(jp_fetch, jp_home_dir):
 def notebooks_dir(tmp_path, monkeypatch):
     source = tmp_path / "nb-source"
     source.mkdir()
-    nb = {"cells": [{"cell_type": "markdown", "id": "intro", "metadata": {}, "source": ["# Quickstart: tiny MoE\n"]}],
-          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    nb = {
+        "cells": [{"cell_type": "markdown", "id": "intro", "metadata": {}, "source": ["# Quickstart: tiny MoE\n"]}],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     (source / "01_quickstart.ipynb").write_text(json.dumps(nb))
     monkeypatch.setenv("WORKBENCH_NOTEBOOKS_DIR", str(source))
     return source
@@ -244,16 +267,16 @@ def notebooks_dir(tmp_path, monkeypatch):
 async def test_notebooks_copied_once_never_overwritten(jp_fetch, jp_root_dir, notebooks_dir):
     listing = await _get_json(jp_fetch, "notebooks")
     assert listing["notebooks"] == [{"name": "01_quickstart.ipynb", "title": "Quickstart: tiny MoE"}]
-    response = await jp_fetch("moe-workbench", "api", "notebooks", "01_quickstart.ipynb",
-                              method="POST", body=b"")
+    response = await jp_fetch("moe-workbench", "api", "notebooks", "01_quickstart.ipynb", method="POST", body=b"")
     assert json.loads(response.body) == {"path": "01_quickstart.ipynb", "copied": True}
     copy = jp_root_dir / "01_quickstart.ipynb"
-    assert json.loads(copy.read_text())["cells"][0]["source"] in ("# Quickstart: tiny MoE\n",
-                                                                  ["# Quickstart: tiny MoE\n"])
+    assert json.loads(copy.read_text())["cells"][0]["source"] in (
+        "# Quickstart: tiny MoE\n",
+        ["# Quickstart: tiny MoE\n"],
+    )
     edited = copy.read_text().replace("Quickstart", "My edits")
     copy.write_text(edited)
-    again = await jp_fetch("moe-workbench", "api", "notebooks", "01_quickstart.ipynb",
-                           method="POST", body=b"")
+    again = await jp_fetch("moe-workbench", "api", "notebooks", "01_quickstart.ipynb", method="POST", body=b"")
     assert json.loads(again.body) == {"path": "01_quickstart.ipynb", "copied": False}
     assert copy.read_text() == edited
     with pytest.raises(tornado.httpclient.HTTPClientError) as info:
@@ -263,8 +286,8 @@ async def test_notebooks_copied_once_never_overwritten(jp_fetch, jp_root_dir, no
 
 def test_repository_notebooks_found_without_env(monkeypatch):
     """With the workbench installed from this checkout, notebooks/ beside it is the source."""
-    from moe_workbench_lab.notebooks import notebooks_source_dir
     import workbench
+    from moe_workbench_lab.notebooks import notebooks_source_dir
 
     monkeypatch.delenv("WORKBENCH_NOTEBOOKS_DIR", raising=False)
     source, reason = notebooks_source_dir()

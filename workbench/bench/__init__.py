@@ -10,4 +10,4 @@ def run_bench(cfg: BenchConfig) -> dict:
     return _run(cfg)
 
 
-__all__ = ["BenchConfig", "DEFAULT_VARIANTS", "VARIANTS", "run_bench"]
+__all__ = ["DEFAULT_VARIANTS", "VARIANTS", "BenchConfig", "run_bench"]

@@ -37,12 +37,20 @@ def attention_refusal(hf_config, attn_implementation: str) -> str | None:
     if getattr(model_class, flag, True):
         return None
     sinks = " (attention sinks)" if getattr(hf_config, "model_type", "") == "gpt_oss" else ""
-    return (f"Transformers' {model_class.__name__} refuses attn_implementation={attn_implementation!r}{sinks}: "
-            f"{flag} is False; see the other anchor rows")
+    return (
+        f"Transformers' {model_class.__name__} refuses attn_implementation={attn_implementation!r}{sinks}: "
+        f"{flag} is False; see the other anchor rows"
+    )
 
 
-def build_hf_model(hf_config, seed: int, device: torch.device, dtype: torch.dtype,
-                   experts_implementation: str = "grouped_mm", attn_implementation: str = "sdpa"):
+def build_hf_model(
+    hf_config,
+    seed: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    experts_implementation: str = "grouped_mm",
+    attn_implementation: str = "sdpa",
+):
     """Transformers' model from a seed, built directly on `device` (same seed, same weights)."""
     import transformers
 
@@ -50,7 +58,8 @@ def build_hf_model(hf_config, seed: int, device: torch.device, dtype: torch.dtyp
     torch.manual_seed(seed)
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(
-            cfg, experts_implementation=experts_implementation, attn_implementation=attn_implementation, dtype=dtype)
+            cfg, experts_implementation=experts_implementation, attn_implementation=attn_implementation, dtype=dtype
+        )
     return model.to(device)
 
 
@@ -73,8 +82,9 @@ def _sdpa_context(backend: str | None) -> contextlib.AbstractContextManager:
     return sdpa_kernel({"cudnn": SDPBackend.CUDNN_ATTENTION}[backend])
 
 
-def build_anchor(spec: VariantSpec, hf_config, seed: int, device: torch.device, dtype: torch.dtype,
-                 stack: contextlib.ExitStack) -> tuple[torch.nn.Module, dict]:
+def build_anchor(
+    spec: VariantSpec, hf_config, seed: int, device: torch.device, dtype: torch.dtype, stack: contextlib.ExitStack
+) -> tuple[torch.nn.Module, dict]:
     """The anchor on this rank, ready for Trainer.setup(model=...): seeded model, FSDP2 per decoder layer.
 
     `stack` holds what must stay on while it trains (Liger's patch of Transformers, a forced SDPA
@@ -83,9 +93,12 @@ def build_anchor(spec: VariantSpec, hf_config, seed: int, device: torch.device, 
     default averages them); a user's Trainer run of a vanilla Transformers model gets the same.
     """
     model = build_hf_model(hf_config, seed, device, dtype, spec.experts_implementation, spec.attn_implementation)
-    setup: dict = {"library": "transformers", "experts_implementation": spec.experts_implementation,
-                   "attention": spec.attn_implementation + (f" ({spec.sdpa_backend} forced)" if spec.sdpa_backend else ""),
-                   "dtype": str(dtype)}
+    setup: dict = {
+        "library": "transformers",
+        "experts_implementation": spec.experts_implementation,
+        "attention": spec.attn_implementation + (f" ({spec.sdpa_backend} forced)" if spec.sdpa_backend else ""),
+        "dtype": str(dtype),
+    }
     if spec.liger:
         from workbench.bench.liger import liger_patched
 

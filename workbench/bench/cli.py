@@ -17,46 +17,77 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The bench subcommand's flags."""
     from workbench.bench.config import DEFAULT_VARIANTS, VARIANTS
 
-    p.add_argument("--preset", default="tiny", help="model preset (workbench.presets: tiny, qwen3-30b-a3b, "
-                   "gpt-oss-20b, moonlight-16b-a3b, mixtral-8x7b, olmoe-1b-7b and their tiny-* twins)")
+    p.add_argument(
+        "--preset",
+        default="tiny",
+        help="model preset (workbench.presets: tiny, qwen3-30b-a3b, "
+        "gpt-oss-20b, moonlight-16b-a3b, mixtral-8x7b, olmoe-1b-7b and their tiny-* twins)",
+    )
     p.add_argument("--layers", type=int, help="decoder layers (default: the preset's)")
     p.add_argument("--seq", type=int, default=128, help="sequence length")
     p.add_argument("--batch", type=int, default=2, help="local batch: sequences per rank per step")
     p.add_argument("--warmup", type=int, default=2, help="untimed trainer steps first, in every round")
     p.add_argument("--steps", type=int, default=30, help="timed trainer steps per variant, split over the rounds")
-    p.add_argument("--rounds", type=int, help="rounds: variants in order, then reversed, ... (ABC CBA ...); "
-                   "each round builds every variant afresh (default: 2, or 1 with --steps 1)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        help="rounds: variants in order, then reversed, ... (ABC CBA ...); "
+        "each round builds every variant afresh (default: 2, or 1 with --steps 1)",
+    )
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                   help=f"comma list from {list(VARIANTS)} (default: %(default)s)")
+    p.add_argument(
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help=f"comma list from {list(VARIANTS)} (default: %(default)s)",
+    )
     p.add_argument("--dp", type=int, help="engine mesh data-parallel size (default: world size)")
     p.add_argument("--ep", type=int, help="engine mesh expert-parallel size (default: world size if it divides E)")
     for field, choices in CHOICES.items():
         if field != "gate":
-            p.add_argument(f"--{field.replace('_', '-')}", choices=choices, default="auto",
-                           help=f"engine {field} backend")
+            p.add_argument(
+                f"--{field.replace('_', '-')}", choices=choices, default="auto", help=f"engine {field} backend"
+            )
     p.add_argument("--fused-ce", action="store_true", help="engine: fused linear cross-entropy")
-    p.add_argument("--expert-recompute", action="store_true",
-                   help="engine: recompute expert MLPs in backward (less activation memory)")
+    p.add_argument(
+        "--expert-recompute",
+        action="store_true",
+        help="engine: recompute expert MLPs in backward (less activation memory)",
+    )
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
-    p.add_argument("--precision", default="auto", choices=PRECISIONS,
-                   help="engine AdamW precision (train.precision) where the variant sets none; "
-                        "engine_bf16 / engine_bf16_sr / engine_fp32_master time each mode")
-    p.add_argument("--out-dir", help="results directory (default: <runs>/bench, <runs> being "
-                   "$WORKBENCH_RUNS_DIR or ~/moe-workbench/runs; '' writes nothing; the repository's "
-                   "published results: benchmarks/results)")
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=PRECISIONS,
+        help="engine AdamW precision (train.precision) where the variant sets none; "
+        "engine_bf16 / engine_bf16_sr / engine_fp32_master time each mode",
+    )
+    p.add_argument(
+        "--out-dir",
+        help="results directory (default: <runs>/bench, <runs> being "
+        "$WORKBENCH_RUNS_DIR or ~/moe-workbench/runs; '' writes nothing; the repository's "
+        "published results: benchmarks/results)",
+    )
     p.add_argument("--name", help="results file stem (default: <date>-<device>)")
     p.add_argument("--no-html", action="store_true", help="skip the HTML plot")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failing variant")
     p.add_argument("--ranks", type=int, help="spawn this many local ranks (GPUs, else gloo CPU ranks)")
-    p.add_argument("--readme-table", action="store_true",
-                   help="print the README performance table (the latest launch per setup) from --results-dir "
-                        "(no benchmark runs)")
-    p.add_argument("--history-table", action="store_true",
-                   help="print the dated history table (benchmarks/HISTORY.md) from --results-dir instead")
-    p.add_argument("--write", metavar="FILE", help="with --readme-table / --history-table: replace the table "
-                   "between <!-- bench-table --> and <!-- /bench-table --> in this file")
+    p.add_argument(
+        "--readme-table",
+        action="store_true",
+        help="print the README performance table (the latest launch per setup) from --results-dir (no benchmark runs)",
+    )
+    p.add_argument(
+        "--history-table",
+        action="store_true",
+        help="print the dated history table (benchmarks/HISTORY.md) from --results-dir instead",
+    )
+    p.add_argument(
+        "--write",
+        metavar="FILE",
+        help="with --readme-table / --history-table: replace the table "
+        "between <!-- bench-table --> and <!-- /bench-table --> in this file",
+    )
     p.add_argument("--results-dir", default="benchmarks/results", help="where --readme-table reads")
     p.add_argument("--include-cpu", action="store_true", help="with --readme-table: keep CPU runs")
     p.add_argument("--html", metavar="RESULT_JSON", help="(re)write the HTML plot of a results file and exit")
@@ -73,15 +104,35 @@ def config_from_args(args: argparse.Namespace):
 
         world = args.dp or args.ranks or int(os.environ.get("WORLD_SIZE", "1"))
         mesh = MeshConfig(dp=world, ep=args.ep or 1)
-    backend = BackendConfig(**{f: getattr(args, f) for f in CHOICES if f != "gate"}, fused_ce=args.fused_ce,
-                             expert_recompute=args.expert_recompute)
+    backend = BackendConfig(
+        **{f: getattr(args, f) for f in CHOICES if f != "gate"},
+        fused_ce=args.fused_ce,
+        expert_recompute=args.expert_recompute,
+    )
     launcher = "torchrun " if "TORCHELASTIC_RUN_ID" in os.environ else ""
     command = launcher + "workbench bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
     out = {} if args.out_dir is None else {"out_dir": args.out_dir or None}
-    return BenchConfig(preset=args.preset, layers=args.layers, seq=args.seq, batch=args.batch, warmup=args.warmup,
-                       steps=args.steps, rounds=args.rounds, lr=args.lr, seed=args.seed, variants=args.variants, mesh=mesh,
-                       backend=backend, dtype=args.dtype, precision=args.precision, name=args.name, command=command.strip(),
-                       html=not args.no_html, fail_fast=args.fail_fast, **out)
+    return BenchConfig(
+        preset=args.preset,
+        layers=args.layers,
+        seq=args.seq,
+        batch=args.batch,
+        warmup=args.warmup,
+        steps=args.steps,
+        rounds=args.rounds,
+        lr=args.lr,
+        seed=args.seed,
+        variants=args.variants,
+        mesh=mesh,
+        backend=backend,
+        dtype=args.dtype,
+        precision=args.precision,
+        name=args.name,
+        command=command.strip(),
+        html=not args.no_html,
+        fail_fast=args.fail_fast,
+        **out,
+    )
 
 
 def _bench_rank(cfg_dict: dict) -> None:
@@ -119,8 +170,11 @@ def run(args: argparse.Namespace) -> int:
 
         history = args.history_table
         try:
-            text = (write_readme(Path(args.write), Path(args.results_dir), args.include_cpu, history=history)
-                    if args.write else (history_table if history else table)(Path(args.results_dir), args.include_cpu))
+            text = (
+                write_readme(Path(args.write), Path(args.results_dir), args.include_cpu, history=history)
+                if args.write
+                else (history_table if history else table)(Path(args.results_dir), args.include_cpu)
+            )
         except (OSError, ValueError) as err:
             print(f"workbench bench --readme-table: {err}", file=sys.stderr)
             return 2

@@ -26,7 +26,9 @@ class VariantSpec:
     attn_implementation: str = "sdpa"  # anchor only: Transformers' attention ("sdpa", "eager", "flex_attention")
     cuda_reason: str = ""  # why a needs_cuda variant is skipped elsewhere ("" = the cuDNN SDPA reason)
     precision: str | None = None  # engine only: train.precision of its AdamW; None = the launch's BenchConfig.precision
-    optimizer: str = "adamw"  # engine only: train.optimizer ("adamw": Triton on CUDA); every anchor runs torch's fused AdamW
+    optimizer: str = (
+        "adamw"  # engine only: train.optimizer ("adamw": Triton on CUDA); every anchor runs torch's fused AdamW
+    )
     liger: bool = False  # anchor only: Liger kernels patched onto the Transformers model (workbench.bench.liger)
 
     def __post_init__(self) -> None:
@@ -35,8 +37,9 @@ class VariantSpec:
         if self.kind not in ("anchor", "engine"):
             raise ConfigError(f"variant kind must be 'anchor' or 'engine', got {self.kind!r}")
         if self.attn_implementation not in ANCHOR_ATTENTION:
-            raise ConfigError(f"variant attn_implementation {self.attn_implementation!r} is not one of "
-                              f"{list(ANCHOR_ATTENTION)}")
+            raise ConfigError(
+                f"variant attn_implementation {self.attn_implementation!r} is not one of {list(ANCHOR_ATTENTION)}"
+            )
         if self.sdpa_backend is not None and self.attn_implementation != "sdpa":
             raise ConfigError(f"variant sdpa_backend={self.sdpa_backend!r} needs attn_implementation='sdpa'")
         if self.precision is not None and (self.kind != "engine" or self.precision not in PRECISIONS):
@@ -46,8 +49,11 @@ class VariantSpec:
         if self.liger and self.kind != "anchor":
             raise ConfigError("variant liger=True patches a Transformers model: an anchor variant only")
         for key, value in self.backend:
-            ok = (value in CHOICES[key] and key != "gate") if key in CHOICES else (
-                key in ("fused_ce", "expert_recompute", "fp8") and isinstance(value, bool))
+            ok = (
+                (value in CHOICES[key] and key != "gate")
+                if key in CHOICES
+                else (key in ("fused_ce", "expert_recompute", "fp8") and isinstance(value, bool))
+            )
             if not ok:
                 raise ConfigError(f"variant backend override {key}={value!r} is not a BackendConfig choice")
 
@@ -55,51 +61,80 @@ class VariantSpec:
 # Transformers' attention implementations an anchor may use (all ship with torch; flash_attention_2 is not installed).
 ANCHOR_ATTENTION = ("sdpa", "eager", "flex_attention")
 LIGER_CUDA_REASON = "Liger's Triton kernels need a CUDA GPU (liger-kernel imports on CPU but cannot run there)"
-FLEX_REASON = ("Transformers' flex_attention anchor is measured on CUDA only (on CPU it compiles through inductor, "
-               "and GPT-OSS's attention sinks refuse it there)")
+FLEX_REASON = (
+    "Transformers' flex_attention anchor is measured on CUDA only (on CPU it compiles through inductor, "
+    "and GPT-OSS's attention sinks refuse it there)"
+)
 
 # The registry of variants; names are what --variants and the JSON rows use. The speedups of a
 # launch are reported against its best (fastest) anchor row that ran: families differ in which
 # attention Transformers runs for them (GPT-OSS refuses sdpa: attention sinks).
 VARIANTS: dict[str, VariantSpec] = {
     "anchor": VariantSpec("anchor", "Transformers v5: grouped_mm experts, sdpa, FSDP2 per decoder layer"),
-    "anchor_flex": VariantSpec("anchor", "the anchor with Transformers' flex_attention (compiled)",
-                               attn_implementation="flex_attention", needs_cuda=True, cuda_reason=FLEX_REASON),
-    "anchor_eager_attn": VariantSpec("anchor", "the anchor with Transformers' eager attention",
-                                     attn_implementation="eager"),
-    "anchor_batched_mm": VariantSpec("anchor", "the anchor with batched_mm experts (gathers each token's "
-                                     "expert weights: small models only)",
-                                     experts_implementation="batched_mm"),
-    "anchor_liger": VariantSpec("anchor", "the anchor with Liger kernels (fused linear CE, RMSNorm, RoPE, SwiGLU "
-                                "experts where liger-kernel has them for the family)", liger=True, needs_cuda=True,
-                                cuda_reason=LIGER_CUDA_REASON),
+    "anchor_flex": VariantSpec(
+        "anchor",
+        "the anchor with Transformers' flex_attention (compiled)",
+        attn_implementation="flex_attention",
+        needs_cuda=True,
+        cuda_reason=FLEX_REASON,
+    ),
+    "anchor_eager_attn": VariantSpec(
+        "anchor", "the anchor with Transformers' eager attention", attn_implementation="eager"
+    ),
+    "anchor_batched_mm": VariantSpec(
+        "anchor",
+        "the anchor with batched_mm experts (gathers each token's expert weights: small models only)",
+        experts_implementation="batched_mm",
+    ),
+    "anchor_liger": VariantSpec(
+        "anchor",
+        "the anchor with Liger kernels (fused linear CE, RMSNorm, RoPE, SwiGLU "
+        "experts where liger-kernel has them for the family)",
+        liger=True,
+        needs_cuda=True,
+        cuda_reason=LIGER_CUDA_REASON,
+    ),
     "engine": VariantSpec("engine", "MoE Workbench engine, native router", gate="native"),
     "engine_balanced": VariantSpec("engine", "MoE Workbench engine, balanced gate", gate="balanced"),
-    "anchor_cudnn": VariantSpec("anchor", "the anchor with torch's cuDNN SDPA backend forced",
-                                sdpa_backend="cudnn", needs_cuda=True),
-    "anchor_eager": VariantSpec("anchor", "the anchor with eager (v4-style loop) experts",
-                                experts_implementation="eager"),
-    "engine_recompute": VariantSpec("engine", "engine, expert MLPs recomputed in backward (memory)",
-                                    backend=(("expert_recompute", True),)),
+    "anchor_cudnn": VariantSpec(
+        "anchor", "the anchor with torch's cuDNN SDPA backend forced", sdpa_backend="cudnn", needs_cuda=True
+    ),
+    "anchor_eager": VariantSpec(
+        "anchor", "the anchor with eager (v4-style loop) experts", experts_implementation="eager"
+    ),
+    "engine_recompute": VariantSpec(
+        "engine", "engine, expert MLPs recomputed in backward (memory)", backend=(("expert_recompute", True),)
+    ),
     # Optional accelerators: skipped with the reason where the package or device is missing.
-    "engine_te": VariantSpec("engine", "engine, TransformerEngine attention, linear and RMSNorm",
-                             backend=(("attention", "te"), ("linear", "te"), ("rms_norm", "te"))),
-    "engine_te_experts": VariantSpec("engine", "engine, TransformerEngine grouped-GEMM experts",
-                                     backend=(("experts", "te"),)),
-    "engine_te_fp8": VariantSpec("engine", "engine, TransformerEngine linear layers in FP8 (current scaling)",
-                                 backend=(("linear", "te"), ("fp8", True))),
-    "engine_symm_mem": VariantSpec("engine", "engine, symm_mem (NVSHMEM all_to_all_vdev) dispatcher",
-                                   backend=(("dispatcher", "symm_mem"),)),
+    "engine_te": VariantSpec(
+        "engine",
+        "engine, TransformerEngine attention, linear and RMSNorm",
+        backend=(("attention", "te"), ("linear", "te"), ("rms_norm", "te")),
+    ),
+    "engine_te_experts": VariantSpec(
+        "engine", "engine, TransformerEngine grouped-GEMM experts", backend=(("experts", "te"),)
+    ),
+    "engine_te_fp8": VariantSpec(
+        "engine",
+        "engine, TransformerEngine linear layers in FP8 (current scaling)",
+        backend=(("linear", "te"), ("fp8", True)),
+    ),
+    "engine_symm_mem": VariantSpec(
+        "engine", "engine, symm_mem (NVSHMEM all_to_all_vdev) dispatcher", backend=(("dispatcher", "symm_mem"),)
+    ),
     "engine_deepep": VariantSpec("engine", "engine, DeepEP dispatcher", backend=(("dispatcher", "deepep"),)),
     # train.precision per row (workbench.train.precision): tokens/s and memory of each mode in one launch
     # torch's fused AdamW (as the anchors) on the engine: isolates what the optimizer kernel adds
-    "engine_adamw_torch": VariantSpec("engine", "engine with torch's fused AdamW (bf16, as the anchor)",
-                                      optimizer="adamw_torch", precision="bf16"),
-    "engine_bf16": VariantSpec("engine", "engine, pure bf16 AdamW (round to nearest: loses small updates)",
-                               precision="bf16"),
+    "engine_adamw_torch": VariantSpec(
+        "engine", "engine with torch's fused AdamW (bf16, as the anchor)", optimizer="adamw_torch", precision="bf16"
+    ),
+    "engine_bf16": VariantSpec(
+        "engine", "engine, pure bf16 AdamW (round to nearest: loses small updates)", precision="bf16"
+    ),
     "engine_bf16_sr": VariantSpec("engine", "engine, bf16 AdamW with stochastic rounding", precision="bf16_sr"),
-    "engine_fp32_master": VariantSpec("engine", "engine, float32 master weights and moments, bf16 compute",
-                                      precision="fp32_master"),
+    "engine_fp32_master": VariantSpec(
+        "engine", "engine, float32 master weights and moments, bf16 compute", precision="fp32_master"
+    ),
 }
 # the fair rows of issue 15 beside the anchor (anchor_cudnn measured equal to it: 38,523 vs 38,568)
 DEFAULT_VARIANTS = ("anchor", "anchor_liger", "engine", "engine_balanced", "engine_adamw_torch")
@@ -155,12 +190,14 @@ class BenchConfig:
             object.__setattr__(self, "rounds", min(2, self.steps))
         _check_int(self.rounds, "rounds", 1)
         if self.rounds > self.steps:
-            raise ConfigError(f"BenchConfig.rounds ({self.rounds}) exceeds steps ({self.steps}): every round needs a "
-                              "timed step; lower rounds or raise steps")
+            raise ConfigError(
+                f"BenchConfig.rounds ({self.rounds}) exceeds steps ({self.steps}): every round needs a "
+                "timed step; lower rounds or raise steps"
+            )
         _check_int(self.seed, "seed", 0)
         if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not 0 < self.lr < math.inf:
             raise ConfigError(f"BenchConfig.lr must be a positive number (and finite), got {self.lr!r}")
-        variants = (self.variants.split(",") if isinstance(self.variants, str) else list(self.variants))
+        variants = self.variants.split(",") if isinstance(self.variants, str) else list(self.variants)
         variants = [v.strip() for v in variants if v.strip()]
         unknown = [v for v in variants if v not in VARIANTS]
         if unknown or not variants:
@@ -179,7 +216,9 @@ class BenchConfig:
         if isinstance(self.out_dir, os.PathLike):
             object.__setattr__(self, "out_dir", os.fspath(self.out_dir))
         if self.out_dir is not None and (not isinstance(self.out_dir, str) or not self.out_dir):
-            raise ConfigError(f"BenchConfig.out_dir must be a directory path, or None to write nothing; got {self.out_dir!r}")
+            raise ConfigError(
+                f"BenchConfig.out_dir must be a directory path, or None to write nothing; got {self.out_dir!r}"
+            )
         if self.name is not None and (not isinstance(self.name, str) or not self.name or "/" in self.name):
             raise ConfigError(f"bench name must be a plain file stem, got {self.name!r}")
 
@@ -198,7 +237,7 @@ class BenchConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "BenchConfig":
+    def from_dict(cls, data: dict[str, Any]) -> BenchConfig:
         """Inverse of to_dict; unknown keys are an error."""
         allowed = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - allowed)

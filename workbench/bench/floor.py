@@ -13,8 +13,14 @@ H200_GROUPED_MM_TFLOPS = 536.0
 H200_COPY_TBPS = 4.25
 
 
-def step_floor(cfg: Any, seq: int, batch: int, world: int, matmul_tflops: float = H200_MATMUL_TFLOPS,
-               expert_tflops: float = H200_GROUPED_MM_TFLOPS) -> dict[str, float]:
+def step_floor(
+    cfg: Any,
+    seq: int,
+    batch: int,
+    world: int,
+    matmul_tflops: float = H200_MATMUL_TFLOPS,
+    expert_tflops: float = H200_GROUPED_MM_TFLOPS,
+) -> dict[str, float]:
     """Per-GPU FLOP floor of one step and the resident bytes for bf16 weights + AdamW states."""
     tokens = batch * seq
     per_token = flops_per_token(cfg, seq)
@@ -24,12 +30,15 @@ def step_floor(cfg: Any, seq: int, batch: int, world: int, matmul_tflops: float 
     expert_flops = tokens * expert_per_token
     per_rank = counts.total / world
     return {
-        "flops_per_token": per_token, "flops_per_step_per_gpu": flops,
+        "flops_per_token": per_token,
+        "flops_per_step_per_gpu": flops,
         "floor_step_s_at_matmul_peak": flops / (matmul_tflops * 1e12),
         "floor_step_s_experts_at_grouped_mm": expert_flops / (expert_tflops * 1e12)
         + (flops - expert_flops) / (matmul_tflops * 1e12),
         "tokens_per_s_per_gpu_ceiling": tokens / (flops / (matmul_tflops * 1e12)),
-        "params_total": counts.total, "params_experts": counts.experts, "params_dense": counts.dense,
+        "params_total": counts.total,
+        "params_experts": counts.experts,
+        "params_dense": counts.dense,
         # bf16 params + bf16 grads + AdamW exp_avg and exp_avg_sq in the param dtype (torch's fused AdamW)
         "state_gib_per_gpu_bf16_adamw": per_rank * (2 + 2 + 2 + 2) / GIB,
     }

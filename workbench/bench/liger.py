@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
 from workbench.errors import INSTALL_HINT
+
 # Module namespaces the apply functions write to (the model's modeling module; the loss utilities).
 _PATCHED_PREFIX = "transformers."
 _MISSING = object()
@@ -35,8 +37,11 @@ def liger_refusal(hf_config: Any) -> str | None:
 
 
 def _snapshot() -> dict[str, dict[str, Any]]:
-    return {name: dict(vars(mod)) for name, mod in list(sys.modules.items())
-            if mod is not None and name.startswith(_PATCHED_PREFIX)}
+    return {
+        name: dict(vars(mod))
+        for name, mod in list(sys.modules.items())
+        if mod is not None and name.startswith(_PATCHED_PREFIX)
+    }
 
 
 def _restore(saved: dict[str, dict[str, Any]]) -> None:
@@ -52,7 +57,6 @@ def _restore(saved: dict[str, dict[str, Any]]) -> None:
                 setattr(mod, key, value)
 
 
-
 @contextlib.contextmanager
 def liger_patched(model: torch.nn.Module) -> Iterator[dict[str, Any]]:
     """Apply liger-kernel's kernels for the model's family to `model`; Transformers' modules restored on exit.
@@ -66,8 +70,11 @@ def liger_patched(model: torch.nn.Module) -> Iterator[dict[str, Any]]:
 
     model_type = model.config.model_type
     fn = MODEL_TYPE_TO_APPLY_LIGER_FN[model_type]
-    applied = {k: p.default for k, p in inspect.signature(fn).parameters.items()
-               if k != "model" and isinstance(p.default, bool)}
+    applied = {
+        k: p.default
+        for k, p in inspect.signature(fn).parameters.items()
+        if k != "model" and isinstance(p.default, bool)
+    }
     saved = _snapshot()
     try:
         _apply_liger_kernel_to_instance(model)

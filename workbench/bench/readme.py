@@ -1,4 +1,7 @@
-"""The README's latest-result-per-setup table and benchmarks/HISTORY.md's dated table, from `benchmarks/results/*.json`."""
+"""The README's latest-result-per-setup table and benchmarks/HISTORY.md's dated table.
+
+Both are built from `benchmarks/results/*.json`.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +17,17 @@ HEADLINE = "engine"  # the native router in the default precision: the row a set
 LIGER = "anchor_liger"
 _STEP = {"workbench.bench/1": "bench loop", "workbench.bench/2": "Trainer.train_step"}
 
-LATEST_HEADER = ("| GPUs | model | layers | seq x batch | variant | tokens/s/GPU median (p10-p90) | vs anchor | vs anchor_liger "
-                 "| TFLOP/s/GPU | peak GiB | memory vs anchor | timed | date | results |\n"
-                 "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|")
-HISTORY_HEADER = ("| date | GPUs | model | layers | seq x batch | engine (gate) | anchor | anchor tokens/s/GPU | "
-                  "engine tokens/s/GPU (p10-p90) | speedup | anchor TFLOP/s/GPU | engine TFLOP/s/GPU | anchor peak GiB | "
-                  "engine peak GiB | memory | timed | results |\n"
-                  "|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+LATEST_HEADER = (
+    "| GPUs | model | layers | seq x batch | variant | tokens/s/GPU median (p10-p90) | vs anchor | vs anchor_liger "
+    "| TFLOP/s/GPU | peak GiB | memory vs anchor | timed | date | results |\n"
+    "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|"
+)
+HISTORY_HEADER = (
+    "| date | GPUs | model | layers | seq x batch | engine (gate) | anchor | anchor tokens/s/GPU | "
+    "engine tokens/s/GPU (p10-p90) | speedup | anchor TFLOP/s/GPU | engine TFLOP/s/GPU | anchor peak GiB | "
+    "engine peak GiB | memory | timed | results |\n"
+    "|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
+)
 
 
 def load_results(results_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
@@ -89,7 +96,8 @@ def _latest_rows(path: Path, data: dict[str, Any]) -> list[str]:
             f"{_ratio(r['tokens_per_s_per_gpu'], ref and ref['tokens_per_s_per_gpu'], headline)} | "
             f"{_ratio(r['tokens_per_s_per_gpu'], liger and liger['tokens_per_s_per_gpu'], headline)} | "
             f"{r['tflops_per_gpu']:.0f} | {r['peak_mem_gib']:.1f} | {_ratio(r['peak_mem_gib'], anchor_mem)} | "
-            f"{_STEP[data['schema']]} | {data['date'][:10]} | [{path.name}](benchmarks/results/{path.name}) |")
+            f"{_STEP[data['schema']]} | {data['date'][:10]} | [{path.name}](benchmarks/results/{path.name}) |"
+        )
     return out
 
 
@@ -127,7 +135,8 @@ def history_table(results_dir: Path, include_cpu: bool = False, link_base: str =
                 f"{c['seq']} x {c['batch']} | {e['variant']} ({c['gate']}) | {a['variant']} | "
                 f"{a['tokens_per_s_per_gpu']:,.0f} | {_spread(rows.get(e['variant'], e))} | **{c['ratio']:.2f}x** | "
                 f"{a['tflops_per_gpu']:.0f} | {e['tflops_per_gpu']:.0f} | {a['peak_mem_gib']:.1f} | "
-                f"{e['peak_mem_gib']:.1f} | {mem} | {_STEP[data['schema']]} | [{path.name}]({link_base}/{path.name}) |")
+                f"{e['peak_mem_gib']:.1f} | {mem} | {_STEP[data['schema']]} | [{path.name}]({link_base}/{path.name}) |"
+            )
     if len(lines) == 1:
         lines.append("| (no GPU results yet) |" + " |" * 16)
     return "\n".join(lines)
@@ -137,8 +146,7 @@ def replace_section(text: str, new_table: str) -> str:
     """`text` with everything between the bench-table markers replaced by `new_table`."""
     start = text.find(BEGIN)
     if start < 0:
-        raise ValueError(f"no {BEGIN} marker found; put {BEGIN} and {END} on their own lines where the "
-                         "table belongs")
+        raise ValueError(f"no {BEGIN} marker found; put {BEGIN} and {END} on their own lines where the table belongs")
     body_start = start + len(BEGIN)
     end = text.find(END, body_start)
     if end < 0:

@@ -39,9 +39,16 @@ def versions() -> dict[str, str | None]:
         except (AttributeError, RuntimeError):
             nccl = None
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    return {"torch": torch.__version__, "transformers": _version("transformers"), "triton": _version("triton"),
-            "nccl": nccl, "cuda": torch.version.cuda, "cudnn": str(cudnn) if cudnn else None,
-            "python": platform.python_version(), "workbench": _version("moe-workbench")}
+    return {
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "triton": _version("triton"),
+        "nccl": nccl,
+        "cuda": torch.version.cuda,
+        "cudnn": str(cudnn) if cudnn else None,
+        "python": platform.python_version(),
+        "workbench": _version("moe-workbench"),
+    }
 
 
 def git_commit() -> dict[str, Any]:
@@ -52,10 +59,19 @@ def git_commit() -> dict[str, Any]:
         return {"commit": os.environ["WORKBENCH_GIT_COMMIT"], "dirty": None, "source": "WORKBENCH_GIT_COMMIT"}
     root = Path(__file__).resolve().parents[2]
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip() != ""
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = (
+            subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
+            != ""
+        )
     except (OSError, subprocess.SubprocessError):
         sha, dirty = "", None
     if not sha:
@@ -67,13 +83,19 @@ def device_info(device: torch.device, world: int) -> dict[str, Any]:
     """Which accelerator ran it, and how many ranks (on CPU: rank 0's intra-op threads too)."""
     if device.type == "cuda":
         return {"type": device.type, "name": torch.cuda.get_device_name(device), "count": world}
-    return {"type": device.type, "name": platform.processor() or "cpu", "count": world,
-            "threads": torch.get_num_threads()}
+    return {
+        "type": device.type,
+        "name": platform.processor() or "cpu",
+        "count": world,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def device_slug(info: dict[str, Any]) -> str:
     """Short file-name form: '2xh200', '2xcpu'."""
-    name = "cpu" if info["type"] == "cpu" else re.sub(r"^nvidia-?", "", re.sub(r"[^a-z0-9]+", "-", info["name"].lower()))
+    name = (
+        "cpu" if info["type"] == "cpu" else re.sub(r"^nvidia-?", "", re.sub(r"[^a-z0-9]+", "-", info["name"].lower()))
+    )
     return f"{info['count']}x{name.strip('-') or info['type']}"
 
 
@@ -81,12 +103,19 @@ SPREAD = ("tokens_per_s_per_gpu_p10", "tokens_per_s_per_gpu_p90", "p10_step_s", 
 
 
 def _side(row: dict[str, Any]) -> dict[str, Any]:
-    return {"variant": row["name"], **{k: row[k] for k in METRICS}, "mem_kind": row["mem_kind"],
-            "median_step_s": row["median_step_s"], **{k: row[k] for k in SPREAD if k in row}}
+    return {
+        "variant": row["name"],
+        **{k: row[k] for k in METRICS},
+        "mem_kind": row["mem_kind"],
+        "median_step_s": row["median_step_s"],
+        **{k: row[k] for k in SPREAD if k in row},
+    }
 
 
-REFERENCE_RULE = ("the best ok anchor row of plain Transformers: the fastest anchor variant that ran without "
-                  "Liger kernels (tokens/s per GPU); anchor_liger is compared beside it")
+REFERENCE_RULE = (
+    "the best ok anchor row of plain Transformers: the fastest anchor variant that ran without "
+    "Liger kernels (tokens/s per GPU); anchor_liger is compared beside it"
+)
 
 
 def _is_liger(row: dict[str, Any]) -> bool:
@@ -102,11 +131,20 @@ def reference_anchor(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     ok = [r for r in anchors if r.get("status") == "ok"]
     if not ok:
         return None
-    best = max([r for r in ok if not _is_liger(r)] or ok, key=lambda r: r["tokens_per_s_per_gpu"])  # max keeps the first of equals: registry order
-    return {"variant": best["name"], "rule": REFERENCE_RULE, "setup": best.get("setup", {}),
-            **{k: best[k] for k in METRICS},
-            "not_run": [{"variant": r["name"], "status": r["status"], "reason": r.get("reason", "")}
-                        for r in anchors if r.get("status") != "ok"]}
+    best = max(
+        [r for r in ok if not _is_liger(r)] or ok, key=lambda r: r["tokens_per_s_per_gpu"]
+    )  # max keeps the first of equals: registry order
+    return {
+        "variant": best["name"],
+        "rule": REFERENCE_RULE,
+        "setup": best.get("setup", {}),
+        **{k: best[k] for k in METRICS},
+        "not_run": [
+            {"variant": r["name"], "status": r["status"], "reason": r.get("reason", "")}
+            for r in anchors
+            if r.get("status") != "ok"
+        ],
+    }
 
 
 def comparisons(rows: list[dict[str, Any]], world: int, layers: int, seq: int, batch: int) -> list[dict[str, Any]]:
@@ -114,8 +152,9 @@ def comparisons(rows: list[dict[str, Any]], world: int, layers: int, seq: int, b
     ok = [r for r in rows if r.get("status") == "ok"]
     reference = reference_anchor(rows)
     ref_name = reference["variant"] if reference is not None else None
-    anchors = sorted((r for r in ok if r["kind"] == "anchor"),
-                     key=lambda r: (r["name"] != ref_name, r["name"] != "anchor"))
+    anchors = sorted(
+        (r for r in ok if r["kind"] == "anchor"), key=lambda r: (r["name"] != ref_name, r["name"] != "anchor")
+    )
     out = []
     for engine in (r for r in ok if r["kind"] == "engine"):
         for anchor in anchors:
@@ -126,21 +165,42 @@ def comparisons(rows: list[dict[str, Any]], world: int, layers: int, seq: int, b
             diffs = [abs(a - b) for a, b in zip(anchor["loss"][:n], engine["loss"][:n])]
             fa, fe = anchor.get("init_fingerprint"), engine.get("init_fingerprint")
             same_init = fa is not None and fe is not None and abs(fa - fe) <= SAME_INIT_RTOL * max(1.0, abs(fa))
-            out.append({
-                "world": world, "layers": layers, "seq": seq, "batch": batch, "gate": engine["gate"],
-                "anchor": _side(anchor), "engine": _side(engine), "reference": anchor["name"] == ref_name,
-                "ratio": engine["tokens_per_s_per_gpu"] / anchor["tokens_per_s_per_gpu"],
-                "tflops_ratio": engine["tflops_per_gpu"] / anchor["tflops_per_gpu"] if anchor["tflops_per_gpu"] else None,
-                "mem_ratio": engine["peak_mem_gib"] / anchor["peak_mem_gib"] if anchor["peak_mem_gib"] else None,
-                "same_init": same_init,
-                "loss_step0_abs_diff": diffs[0] if diffs else None,
-                "loss_max_abs_diff": max(diffs) if diffs else None,
-            })
+            out.append(
+                {
+                    "world": world,
+                    "layers": layers,
+                    "seq": seq,
+                    "batch": batch,
+                    "gate": engine["gate"],
+                    "anchor": _side(anchor),
+                    "engine": _side(engine),
+                    "reference": anchor["name"] == ref_name,
+                    "ratio": engine["tokens_per_s_per_gpu"] / anchor["tokens_per_s_per_gpu"],
+                    "tflops_ratio": engine["tflops_per_gpu"] / anchor["tflops_per_gpu"]
+                    if anchor["tflops_per_gpu"]
+                    else None,
+                    "mem_ratio": engine["peak_mem_gib"] / anchor["peak_mem_gib"] if anchor["peak_mem_gib"] else None,
+                    "same_init": same_init,
+                    "loss_step0_abs_diff": diffs[0] if diffs else None,
+                    "loss_max_abs_diff": max(diffs) if diffs else None,
+                }
+            )
     return out
 
 
-def build_result(cfg, rows, *, hf_config, world: int, device: torch.device, mesh, dtype: torch.dtype,
-                 started: float, flops_per_token: float, order: list[str] | None = None) -> dict[str, Any]:
+def build_result(
+    cfg,
+    rows,
+    *,
+    hf_config,
+    world: int,
+    device: torch.device,
+    mesh,
+    dtype: torch.dtype,
+    started: float,
+    flops_per_token: float,
+    order: list[str] | None = None,
+) -> dict[str, Any]:
     """The whole JSON record of one launch."""
     from workbench.bench.floor import step_floor
     from workbench.params import num_experts
@@ -150,14 +210,22 @@ def build_result(cfg, rows, *, hf_config, world: int, device: torch.device, mesh
     return {
         "schema": SCHEMA,
         "date": _dt.datetime.fromtimestamp(started).astimezone().isoformat(timespec="seconds"),
-        "device": info, "versions": versions(), "git": git_commit(),
+        "device": info,
+        "versions": versions(),
+        "git": git_commit(),
         "command": cfg.command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "config": {**cfg.to_dict(), "layers": layers, "dtype": str(dtype), "engine_mesh": mesh.to_dict()},
-        "model": {"preset": cfg.preset, "model_type": hf_config.model_type, "layers": layers,
-                  "hidden": hf_config.hidden_size, "experts": num_experts(hf_config),
-                  "top_k": hf_config.num_experts_per_tok,
-                  "vocab": hf_config.vocab_size, "flops_per_token": flops_per_token,
-                  "floor": step_floor(hf_config, cfg.seq, cfg.batch, world)},
+        "model": {
+            "preset": cfg.preset,
+            "model_type": hf_config.model_type,
+            "layers": layers,
+            "hidden": hf_config.hidden_size,
+            "experts": num_experts(hf_config),
+            "top_k": hf_config.num_experts_per_tok,
+            "vocab": hf_config.vocab_size,
+            "flops_per_token": flops_per_token,
+            "floor": step_floor(hf_config, cfg.seq, cfg.batch, world),
+        },
         "variants": rows,
         # the variants in the order they ran, one entry per round (ABC CBA ...)
         "order": list(order or []),
@@ -169,31 +237,38 @@ def build_result(cfg, rows, *, hf_config, world: int, device: torch.device, mesh
 def format_table(result: dict[str, Any]) -> str:
     """Plain-text table of every variant, then the engine/anchor ratios."""
     ref_name = (result.get("reference_anchor") or {}).get("variant")
-    lines = [f"{'variant':<18} {'status':<8} {'tokens/s/gpu':>13} {'p10-p90':>15} {'TFLOP/s/gpu':>12} {'peak GiB':>9} "
-             f"{'step ms':>9} {'fwd/bwd/opt ms':>18} {'loss[0]':>9} {'loss[-1]':>9}"]
+    lines = [
+        f"{'variant':<18} {'status':<8} {'tokens/s/gpu':>13} {'p10-p90':>15} {'TFLOP/s/gpu':>12} {'peak GiB':>9} "
+        f"{'step ms':>9} {'fwd/bwd/opt ms':>18} {'loss[0]':>9} {'loss[-1]':>9}"
+    ]
     for r in result["variants"]:
         if r["status"] != "ok":
             lines.append(f"{r['name']:<18} {r['status']:<8} {r.get('reason', '')}")
             continue
         phases = "/".join(f"{r[k] * 1e3:.0f}" for k in ("median_forward_s", "median_backward_s", "median_optimizer_s"))
         spread = f"{r['tokens_per_s_per_gpu_p10']:,.0f}-{r['tokens_per_s_per_gpu_p90']:,.0f}"
-        lines.append(f"{r['name']:<18} {'ok':<8} {r['tokens_per_s_per_gpu']:>13,.0f} {spread:>15} {r['tflops_per_gpu']:>12.2f} "
-                     f"{r['peak_mem_gib']:>9.2f} {r['median_step_s'] * 1e3:>9.1f} {phases:>18} "
-                     f"{r['loss'][0]:>9.4f} {r['loss'][-1]:>9.4f}"
-                     + ("  <- reference anchor" if r["name"] == ref_name else ""))
+        lines.append(
+            f"{r['name']:<18} {'ok':<8} {r['tokens_per_s_per_gpu']:>13,.0f} {spread:>15} {r['tflops_per_gpu']:>12.2f} "
+            f"{r['peak_mem_gib']:>9.2f} {r['median_step_s'] * 1e3:>9.1f} {phases:>18} "
+            f"{r['loss'][0]:>9.4f} {r['loss'][-1]:>9.4f}" + ("  <- reference anchor" if r["name"] == ref_name else "")
+        )
     ref = result.get("reference_anchor")
     if ref is not None:
         setup = ref["setup"]
-        lines.append(f"reference anchor ({ref['rule']}): {ref['variant']}: attention {setup.get('attention')}, "
-                     f"experts {setup.get('experts_implementation')}, {ref['tokens_per_s_per_gpu']:,.0f} tokens/s/gpu")
+        lines.append(
+            f"reference anchor ({ref['rule']}): {ref['variant']}: attention {setup.get('attention')}, "
+            f"experts {setup.get('experts_implementation')}, {ref['tokens_per_s_per_gpu']:,.0f} tokens/s/gpu"
+        )
         for r in ref["not_run"]:
             lines.append(f"  anchor {r['variant']} {r['status']}: {r['reason']}")
     for c in result["comparisons"]:
         mem = f"{c['mem_ratio']:.2f}" if c["mem_ratio"] is not None else "n/a"
-        lines.append(f"{c['engine']['variant']} / {c['anchor']['variant']}: {c['ratio']:.2f}x tokens/s, "
-                     f"{mem}x peak memory, same init {c['same_init']}, "
-                     f"|loss diff| step0 {c['loss_step0_abs_diff']:.2e} max {c['loss_max_abs_diff']:.2e}"
-                     + (" (reference anchor)" if c.get("reference") else ""))
+        lines.append(
+            f"{c['engine']['variant']} / {c['anchor']['variant']}: {c['ratio']:.2f}x tokens/s, "
+            f"{mem}x peak memory, same init {c['same_init']}, "
+            f"|loss diff| step0 {c['loss_step0_abs_diff']:.2e} max {c['loss_max_abs_diff']:.2e}"
+            + (" (reference anchor)" if c.get("reference") else "")
+        )
     if result.get("order"):
         lines.append("run order (alternating rounds): " + " ".join(result["order"]))
     mem_kind = next((r["mem_kind"] for r in result["variants"] if r["status"] == "ok"), None)

@@ -100,7 +100,12 @@ def _skip_reason(spec: VariantSpec, cfg: BenchConfig, hf_config, mesh, device: t
 
 
 def _row(name: str, spec: VariantSpec) -> dict[str, Any]:
-    return {"name": name, "kind": spec.kind, "help": spec.help, "gate": spec.gate if spec.kind == "engine" else "native"}
+    return {
+        "name": name,
+        "kind": spec.kind,
+        "help": spec.help,
+        "gate": spec.gate if spec.kind == "engine" else "native",
+    }
 
 
 def _finish(row: dict[str, Any], rounds: list[list[dict]], cfg: BenchConfig, hf_config, world: int) -> dict[str, Any]:
@@ -114,19 +119,26 @@ def _finish(row: dict[str, Any], rounds: list[list[dict]], cfg: BenchConfig, hf_
     def tps(seconds: float) -> float:
         return tokens / seconds if seconds > 0 else 0.0
 
-    row.update({
-        "status": "ok", "warmup": cfg.warmup, "steps": len(measured["step_time_s"]), "rounds": len(rounds),
-        "tokens_per_step_per_gpu": tokens,
-        "tokens_per_s_per_gpu": tps(measured["median_step_s"]),
-        # p10 of the throughput is the p90 of the step time (the slow end), and the other way round
-        "tokens_per_s_per_gpu_p10": tps(measured["p90_step_s"]), "tokens_per_s_per_gpu_p90": tps(measured["p10_step_s"]),
-        "tflops_per_gpu": tflops_per_gpu(hf_config, cfg.seq, tokens, measured["median_step_s"]),
-    })
+    row.update(
+        {
+            "status": "ok",
+            "warmup": cfg.warmup,
+            "steps": len(measured["step_time_s"]),
+            "rounds": len(rounds),
+            "tokens_per_step_per_gpu": tokens,
+            "tokens_per_s_per_gpu": tps(measured["median_step_s"]),
+            # p10 of the throughput is the p90 of the step time (the slow end), and the other way round
+            "tokens_per_s_per_gpu_p10": tps(measured["p90_step_s"]),
+            "tokens_per_s_per_gpu_p90": tps(measured["p10_step_s"]),
+            "tflops_per_gpu": tflops_per_gpu(hf_config, cfg.seq, tokens, measured["median_step_s"]),
+        }
+    )
     return row
 
 
-def run_variants(cfg: BenchConfig, hf_config, mesh, tmp: Path, device: torch.device, dtype: torch.dtype,
-                 world: int) -> tuple[list[dict[str, Any]], list[str]]:
+def run_variants(
+    cfg: BenchConfig, hf_config, mesh, tmp: Path, device: torch.device, dtype: torch.dtype, world: int
+) -> tuple[list[dict[str, Any]], list[str]]:
     """Every variant in alternating rounds (ABC CBA ...); the rows (in cfg.variants order) and the run order."""
     from workbench.bench.timing import round_orders, split_steps
     from workbench.bench.trainer_run import train_round
@@ -146,9 +158,20 @@ def run_variants(cfg: BenchConfig, hf_config, mesh, tmp: Path, device: torch.dev
             order.append(name)
             out = None
             try:
-                out = train_round(name, VARIANTS[name], cfg, hf_config, checkpoint=tmp / "init", runs_dir=tmp / "runs",
-                                  world=world, device=device, dtype=dtype, timed_steps=n, round_index=r,
-                                  fingerprint=r == 0)
+                out = train_round(
+                    name,
+                    VARIANTS[name],
+                    cfg,
+                    hf_config,
+                    checkpoint=tmp / "init",
+                    runs_dir=tmp / "runs",
+                    world=world,
+                    device=device,
+                    dtype=dtype,
+                    timed_steps=n,
+                    round_index=r,
+                    fingerprint=r == 0,
+                )
             except Exception as err:  # noqa: BLE001 - one failing variant must not lose the others' numbers
                 if cfg.fail_fast:
                     raise
@@ -200,16 +223,32 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             rows, order = run_variants(cfg, hf_config, mesh, tmp, device, dtype, world)
             if rank == 0:
                 for row in rows:
-                    status = row["status"] if row["status"] != "ok" else (
-                        f"{row['tokens_per_s_per_gpu']:,.0f} tokens/s/gpu (p10-p90 {row['tokens_per_s_per_gpu_p10']:,.0f}"
-                        f"-{row['tokens_per_s_per_gpu_p90']:,.0f}), {row['peak_mem_gib']:.2f} GiB peak")
+                    status = (
+                        row["status"]
+                        if row["status"] != "ok"
+                        else (
+                            f"{row['tokens_per_s_per_gpu']:,.0f} tokens/s/gpu "
+                            f"(p10-p90 {row['tokens_per_s_per_gpu_p10']:,.0f}"
+                            f"-{row['tokens_per_s_per_gpu_p90']:,.0f}), {row['peak_mem_gib']:.2f} GiB peak"
+                        )
+                    )
                     print(f"bench: {row['name']}: {status} {row.get('reason', '')}", flush=True)
         finally:
             du.barrier()
             if rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
-        result = build_result(cfg, rows, hf_config=hf_config, world=world, device=device, mesh=mesh, dtype=dtype,
-                              started=started, flops_per_token=flops_per_token(hf_config, cfg.seq), order=order)
+        result = build_result(
+            cfg,
+            rows,
+            hf_config=hf_config,
+            world=world,
+            device=device,
+            mesh=mesh,
+            dtype=dtype,
+            started=started,
+            flops_per_token=flops_per_token(hf_config, cfg.seq),
+            order=order,
+        )
         if rank == 0:
             print(format_table(result), flush=True)
             if cfg.out_dir is not None:

@@ -63,16 +63,20 @@ def combine_rounds(rounds: list[list[dict[str, Any]]], warmup: int, world: int) 
     step = times[:, 0].tolist()
     per_round, at = [], 0
     for n in counts:
-        per_round.append(step[at:at + n])
+        per_round.append(step[at : at + n])
         at += n
     median = statistics.median(step)
     return {
-        "step_time_s": step, "round_step_time_s": per_round,
-        "median_step_s": median, "p10_step_s": percentile(step, 10), "p90_step_s": percentile(step, 90),
+        "step_time_s": step,
+        "round_step_time_s": per_round,
+        "median_step_s": median,
+        "p10_step_s": percentile(step, 10),
+        "p90_step_s": percentile(step, 90),
         **{f"median_{k}": statistics.median(times[:, i].tolist()) for i, k in enumerate(PHASES) if i},
         "loss": [float(r["loss"]) for r in rounds[0]],
         "round_loss": [[float(r["loss"]) for r in recs] for recs in rounds],
         "grad_norm": [float(r["grad_norm"]) for r in rounds[0]],
-        "peak_mem_gib_per_rank": peaks.tolist(), "peak_mem_gib": float(peaks.max()),
+        "peak_mem_gib_per_rank": peaks.tolist(),
+        "peak_mem_gib": float(peaks.max()),
         "mem_kind": rounds[0][0].get("mem_kind"),
     }

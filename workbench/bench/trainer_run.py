@@ -21,8 +21,18 @@ from workbench.config import DataConfig, ModelConfig, RunConfig, TrainConfig
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
-def run_config(name: str, spec: VariantSpec, cfg: BenchConfig, *, checkpoint: Path | None, runs_dir: Path,
-               world: int, dtype: torch.dtype, steps: int, round_index: int) -> RunConfig:
+def run_config(
+    name: str,
+    spec: VariantSpec,
+    cfg: BenchConfig,
+    *,
+    checkpoint: Path | None,
+    runs_dir: Path,
+    world: int,
+    dtype: torch.dtype,
+    steps: int,
+    round_index: int,
+) -> RunConfig:
     """The RunConfig a variant's round trains with: synthetic data, clip 1.0 and the default schedule."""
     from workbench.bench.variant_backend import variant_backend
     from workbench.parallel.mesh import MeshConfig
@@ -36,16 +46,43 @@ def run_config(name: str, spec: VariantSpec, cfg: BenchConfig, *, checkpoint: Pa
         mesh = MeshConfig(dp=world, ep=1) if world > 1 else None
         backend = cfg.backend
         optimizer, precision = "adamw_torch", "bf16"  # torch's AdamW (fused on CUDA), plain bf16: what users run
-    train = TrainConfig(steps=steps, global_batch_size=cfg.batch * world, local_batch_size=cfg.batch, lr=cfg.lr,
-                        seed=cfg.seed, optimizer=optimizer, precision=precision, save_final_checkpoint=False,
-                        log_every=steps)
-    return RunConfig(model=model, mesh=mesh, backend=backend, data=DataConfig(kind="synthetic", seq_len=cfg.seq),
-                     train=train, output_dir=str(runs_dir), run_id=f"{name}-round{round_index}")
+    train = TrainConfig(
+        steps=steps,
+        global_batch_size=cfg.batch * world,
+        local_batch_size=cfg.batch,
+        lr=cfg.lr,
+        seed=cfg.seed,
+        optimizer=optimizer,
+        precision=precision,
+        save_final_checkpoint=False,
+        log_every=steps,
+    )
+    return RunConfig(
+        model=model,
+        mesh=mesh,
+        backend=backend,
+        data=DataConfig(kind="synthetic", seq_len=cfg.seq),
+        train=train,
+        output_dir=str(runs_dir),
+        run_id=f"{name}-round{round_index}",
+    )
 
 
-def train_round(name: str, spec: VariantSpec, cfg: BenchConfig, hf_config, *, checkpoint: Path | None,
-                runs_dir: Path, world: int, device: torch.device, dtype: torch.dtype, timed_steps: int,
-                round_index: int, fingerprint: bool) -> dict[str, Any]:
+def train_round(
+    name: str,
+    spec: VariantSpec,
+    cfg: BenchConfig,
+    hf_config,
+    *,
+    checkpoint: Path | None,
+    runs_dir: Path,
+    world: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    timed_steps: int,
+    round_index: int,
+    fingerprint: bool,
+) -> dict[str, Any]:
     """Build the variant, train `cfg.warmup + timed_steps` trainer steps; this rank's records and setup.
 
     Frees the model, optimizer and Trainer before returning (the next variant needs the memory).
@@ -58,8 +95,17 @@ def train_round(name: str, spec: VariantSpec, cfg: BenchConfig, hf_config, *, ch
     from workbench.train.optim import adamw_precision, describe_optimizer
 
     steps = cfg.warmup + timed_steps
-    rc = run_config(name, spec, cfg, checkpoint=checkpoint, runs_dir=runs_dir, world=world, dtype=dtype, steps=steps,
-                    round_index=round_index)
+    rc = run_config(
+        name,
+        spec,
+        cfg,
+        checkpoint=checkpoint,
+        runs_dir=runs_dir,
+        world=world,
+        dtype=dtype,
+        steps=steps,
+        round_index=round_index,
+    )
     out: dict[str, Any] = {}
     trainer = None
     with contextlib.ExitStack() as stack:  # the anchor's Liger patch and SDPA backend stay on for its steps only
@@ -73,17 +119,30 @@ def train_round(name: str, spec: VariantSpec, cfg: BenchConfig, hf_config, *, ch
             else:
                 trainer.setup()
                 resolved = getattr(trainer.model, "workbench_backend", None)
-                setup = {"library": "workbench", "backend": (resolved or trainer.backend).to_dict(),
-                         "mesh": trainer.mesh.to_dict() if trainer.mesh is not None else {"dp": 1, "ep": 1},
-                         "gate": spec.gate, "path": "generic",
-                         "attention": getattr(trainer.model.config, "_attn_implementation", None),
-                         "fsdp": "workbench.models.mesh_build (summed grads)" if world > 1 else "none (one rank)",
-                         "dtype": str(dtype)}
-            setup.update({"step": "workbench.train.loop.Trainer.train_step", "train.optimizer": rc.train.optimizer,
-                          "optimizer": describe_optimizer(trainer.optimizer), "precision": adamw_precision(rc.train.precision, rc.train.optimizer, list(trainer.model.parameters())),
-                          "clip_grad_norm": rc.train.clip_grad_norm, "schedule":
-                          f"warmup {rc.train.warmup_steps} + cosine to {rc.train.min_lr_ratio} x lr over {steps} steps",
-                          "activation_checkpointing": rc.train.activation_checkpointing})
+                setup = {
+                    "library": "workbench",
+                    "backend": (resolved or trainer.backend).to_dict(),
+                    "mesh": trainer.mesh.to_dict() if trainer.mesh is not None else {"dp": 1, "ep": 1},
+                    "gate": spec.gate,
+                    "path": "generic",
+                    "attention": getattr(trainer.model.config, "_attn_implementation", None),
+                    "fsdp": "workbench.models.mesh_build (summed grads)" if world > 1 else "none (one rank)",
+                    "dtype": str(dtype),
+                }
+            setup.update(
+                {
+                    "step": "workbench.train.loop.Trainer.train_step",
+                    "train.optimizer": rc.train.optimizer,
+                    "optimizer": describe_optimizer(trainer.optimizer),
+                    "precision": adamw_precision(
+                        rc.train.precision, rc.train.optimizer, list(trainer.model.parameters())
+                    ),
+                    "clip_grad_norm": rc.train.clip_grad_norm,
+                    "schedule": f"warmup {rc.train.warmup_steps} + cosine to {rc.train.min_lr_ratio} x lr "
+                    f"over {steps} steps",
+                    "activation_checkpointing": rc.train.activation_checkpointing,
+                }
+            )
             if fingerprint:
                 out["init_fingerprint"] = weight_fingerprint(trainer.model)
             du.barrier()
@@ -97,4 +156,3 @@ def train_round(name: str, spec: VariantSpec, cfg: BenchConfig, hf_config, *, ch
                 close_dispatchers(trainer.model)  # collective: every rank leaves the round here
             del trainer
     return out
-

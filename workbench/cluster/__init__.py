@@ -3,4 +3,4 @@
 from workbench.cluster.cluster import Cluster, ClusterError
 from workbench.cluster.run import RankError, Run
 
-__all__ = ["Cluster", "ClusterError", "Run", "RankError"]
+__all__ = ["Cluster", "ClusterError", "RankError", "Run"]

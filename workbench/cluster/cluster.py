@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -14,6 +15,9 @@ from workbench.cluster import engine as engine_code
 from workbench.cluster import files as ipp_files
 from workbench.parallel.launch import free_port
 from workbench.runs.liveness import pid_alive
+
+if TYPE_CHECKING:  # the return type of finetune (run.py imports this module)
+    from workbench.cluster.run import Run
 
 # The launchers, by ipyparallel's own engine launcher names (its entry points).
 LAUNCHERS = ("local", "mpi", "slurm", "ssh")
@@ -81,9 +85,16 @@ class Cluster:
     Engine id == rank. Use as a context manager, or call `stop()`.
     """
 
-    def __init__(self, n: int | None = None, devices: str | Sequence[int] = "auto",
-                 launcher: str = "local", *, start: bool = True, timeout: float = 60.0,
-                 **ipyparallel_kwargs: Any) -> None:
+    def __init__(
+        self,
+        n: int | None = None,
+        devices: str | Sequence[int] = "auto",
+        launcher: str = "local",
+        *,
+        start: bool = True,
+        timeout: float = 60.0,
+        **ipyparallel_kwargs: Any,
+    ) -> None:
         if launcher not in LAUNCHERS:
             raise ValueError(f"launcher must be one of {sorted(LAUNCHERS)}, got {launcher!r}")
         self.device_type, self.gpus = _resolve_devices(n, devices)
@@ -104,7 +115,7 @@ class Cluster:
             self.start()
 
     # -- lifecycle -------------------------------------------------------------------------
-    def start(self) -> "Cluster":
+    def start(self) -> Cluster:
         """Start the controller and engines, connect, and initialize the process group."""
         import ipyparallel
 
@@ -126,8 +137,7 @@ class Cluster:
             ipp_files.make_private(self.files())  # before the engines start writing their logs
             self._start_engines()
             self.client = self._ipp.connect_client_sync()
-            self.client.wait_for_engines(self.world_size, timeout=self.timeout, block=True,
-                                         interactive=False)
+            self.client.wait_for_engines(self.world_size, timeout=self.timeout, block=True, interactive=False)
             ipp_files.make_private(self.files())  # the engines' logs, and the controller's engine state
         except Exception as err:
             output = self._engine_output()
@@ -136,8 +146,11 @@ class Cluster:
                 f"could not start {self.world_size} engines with the {self.launcher!r} launcher: "
                 f"{type(err).__name__}: {err}"
                 + (f"\nengine output:\n{output}" if output else "")
-                + ("" if self.launcher == "local" else
-                   f"\ncheck the ipyparallel {self.launcher} launcher settings passed as keyword arguments")
+                + (
+                    ""
+                    if self.launcher == "local"
+                    else f"\ncheck the ipyparallel {self.launcher} launcher settings passed as keyword arguments"
+                )
             ) from None
         self._map_ranks()
         self._init_process_group()
@@ -150,17 +163,25 @@ class Cluster:
         if self.launcher != "local":
             # mpiexec / srun / ssh give the rank; addresses are settled at init from rank 0.
             # Their engines may run on hosts without this file: ipyparallel's own command.
-            self._ipp.start_engines_sync(n=self.world_size, environment=common,
-                                         engine_args=[prewarm])
+            self._ipp.start_engines_sync(n=self.world_size, environment=common, engine_args=[prewarm])
             return
         self.master_port = free_port("")
         for rank, gpu in enumerate(self.gpus):
-            env = dict(common, RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR=self.master_addr,
-                       MASTER_PORT=str(self.master_port))
+            env = dict(
+                common,
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                MASTER_ADDR=self.master_addr,
+                MASTER_PORT=str(self.master_port),
+            )
             if gpu is not None:
                 env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-            self._ipp.start_engines_sync(n=1, environment=env, engine_args=[f"--IPEngine.id={rank}", prewarm],
-                                         engine_cmd=[sys.executable, str(ENGINE_MAIN)])
+            self._ipp.start_engines_sync(
+                n=1,
+                environment=env,
+                engine_args=[f"--IPEngine.id={rank}", prewarm],
+                engine_cmd=[sys.executable, str(ENGINE_MAIN)],
+            )
 
     def _map_ranks(self) -> None:
         """Find which engine holds which rank: the launcher's rank, else engine-id order."""
@@ -172,8 +193,8 @@ class Cluster:
         ranks = [f["rank"] for f in facts]
         if sorted(r for r in ranks if r is not None) != list(range(self.world_size)):
             ranks = list(range(self.world_size))  # no usable launcher rank: engine-id order
-        self._engine_of_rank = {rank: eid for rank, eid in zip(ranks, ids)}
-        self._rank_facts = {rank: f for rank, f in zip(ranks, facts)}
+        self._engine_of_rank = dict(zip(ranks, ids))
+        self._rank_facts = dict(zip(ranks, facts))
         self.view = self.client[[self._engine_of_rank[r] for r in range(self.world_size)]]
         self.view.block = False
 
@@ -201,16 +222,25 @@ class Cluster:
             local_rank = self._rank_facts[rank]["local_rank"]
             if local_rank is None:
                 local_rank = rank if len(hosts) == 1 else 0
-            results.append(self.client[self._engine_of_rank[rank]].apply_async(
-                engine_code.init_process_group, rank, self.world_size, local_rank,
-                self.master_addr, self.master_port, self.backend))
+            results.append(
+                self.client[self._engine_of_rank[rank]].apply_async(
+                    engine_code.init_process_group,
+                    rank,
+                    self.world_size,
+                    local_rank,
+                    self.master_addr,
+                    self.master_port,
+                    self.backend,
+                )
+            )
         try:
             for ar in results:
                 ar.get(timeout=self.timeout)
         except Exception as err:
             self._force_stop()
-            raise ClusterError(f"torch.distributed ({self.backend}) did not initialize across "
-                               f"{self.world_size} engines: {err}") from err
+            raise ClusterError(
+                f"torch.distributed ({self.backend}) did not initialize across {self.world_size} engines: {err}"
+            ) from err
 
     def stop(self) -> None:
         """Tear down the process group, stop engines and controller; no process is left behind."""
@@ -226,8 +256,7 @@ class Cluster:
 
     def _force_stop(self) -> None:
         pids = self.pids()
-        all_pids = [p for p in pids["controller"] + list(pids["engines"].values()) + pids["helpers"]
-                    if p]
+        all_pids = [p for p in pids["controller"] + list(pids["engines"].values()) + pids["helpers"] if p]
         files = self.files()
         if self.client is not None:
             try:
@@ -272,12 +301,12 @@ class Cluster:
         self._ipp = self.client = self.view = None
         self._engine_of_rank = {}
 
-    def restart(self) -> "Cluster":
+    def restart(self) -> Cluster:
         """Stop everything (also after a crashed rank) and start a fresh cluster of the same shape."""
         self.stop()
         return self.start()
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         if self._ipp is None:
             self.start()
         return self
@@ -295,8 +324,10 @@ class Cluster:
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
-        return (f"Cluster({self.world_size} x {self.device_type}, backend={self.backend}, "
-                f"launcher={self.launcher!r}, {state})")
+        return (
+            f"Cluster({self.world_size} x {self.device_type}, backend={self.backend}, "
+            f"launcher={self.launcher!r}, {state})"
+        )
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -328,7 +359,8 @@ class Cluster:
             which = ", ".join(f"rank {rank} ({facts})" for rank, facts in dead.items())
             raise ClusterError(
                 f"the engine of {which} died; call cluster.restart() to bring it back "
-                f"(it starts all {self.world_size} ranks afresh: a process group cannot take in a new rank)")
+                f"(it starts all {self.world_size} ranks afresh: a process group cannot take in a new rank)"
+            )
 
     @property
     def busy(self) -> bool:
@@ -420,7 +452,7 @@ class Cluster:
             record["engine_id"] = self._engine_of_rank[rank]
         return records
 
-    def finetune(self, run_config: Any, **kwargs: Any) -> "Run":
+    def finetune(self, run_config: Any, **kwargs: Any) -> Run:
         """Start `workbench.train.finetune(run_config)` on every rank; returns a `Run` at once."""
         from workbench.cluster.run import Run
 
@@ -429,8 +461,13 @@ class Cluster:
 
     # -- attach ----------------------------------------------------------------------------
     @classmethod
-    def attach(cls, cluster_id: str | None = None, profile: str | None = None,
-               profile_dir: str | None = None, timeout: float = 60.0) -> "Cluster":
+    def attach(
+        cls,
+        cluster_id: str | None = None,
+        profile: str | None = None,
+        profile_dir: str | None = None,
+        timeout: float = 60.0,
+    ) -> Cluster:
         """Attach to a running ipyparallel cluster (lab sidebar, `ipcluster start`) and init torch."""
         import ipyparallel
         from ipyparallel.cluster import ClusterManager
@@ -439,19 +476,21 @@ class Cluster:
             manager = ClusterManager().load_clusters(profile=profile, profile_dir=profile_dir)
             found = [c for c in manager.values() if c._is_running()]
             if not found:
-                raise ClusterError(f"no running ipyparallel cluster found (profile={profile or 'any'}); "
-                                   "start one with workbench.Cluster(...) or `ipcluster start -n 2`")
+                raise ClusterError(
+                    f"no running ipyparallel cluster found (profile={profile or 'any'}); "
+                    "start one with workbench.Cluster(...) or `ipcluster start -n 2`"
+                )
             if len(found) > 1:
                 ids = sorted(c.cluster_id or "''" for c in found)
                 raise ClusterError(f"{len(found)} running clusters {ids}; pass cluster_id=...")
             ipp = found[0]
         else:
             try:
-                ipp = ipyparallel.Cluster.from_file(profile=profile, profile_dir=profile_dir,
-                                                    cluster_id=cluster_id)
+                ipp = ipyparallel.Cluster.from_file(profile=profile, profile_dir=profile_dir, cluster_id=cluster_id)
             except FileNotFoundError:
-                raise ClusterError(f"no cluster file for cluster_id={cluster_id!r} "
-                                   f"(profile={profile or 'default'})") from None
+                raise ClusterError(
+                    f"no cluster file for cluster_id={cluster_id!r} (profile={profile or 'default'})"
+                ) from None
         self = cls.__new__(cls)
         self._owned = False  # dropping the handle leaves the cluster running; stop() still stops it
         self._ipp = ipp

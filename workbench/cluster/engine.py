@@ -11,8 +11,9 @@ import platform
 import socket
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 STOP_FILE = "stop_requested"
 
@@ -42,35 +43,56 @@ def launcher_rank() -> dict:
 
     # Set by our local launcher (RANK), mpiexec (OMPI_/PMI_), srun (SLURM_).
     rank = first_int(("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"))
-    local_rank = first_int(("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-                            "SLURM_LOCALID"))
+    local_rank = first_int(("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"))
     try:
         address = socket.gethostbyname(socket.gethostname())
     except OSError:
         address = "127.0.0.1"
-    return {"rank": rank, "local_rank": local_rank, "hostname": socket.gethostname(),
-            "address": address, "pid": os.getpid()}
+    return {
+        "rank": rank,
+        "local_rank": local_rank,
+        "hostname": socket.gethostname(),
+        "address": address,
+        "pid": os.getpid(),
+    }
 
 
 @_standalone
-def init_process_group(rank: int, world_size: int, local_rank: int, master_addr: str,
-                       master_port: int, backend: str, timeout_s: float = 120.0) -> dict:
+def init_process_group(
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    master_addr: str,
+    master_port: int,
+    backend: str,
+    timeout_s: float = 120.0,
+) -> dict:
     """Set the torchrun-style environment on this engine and join the process group."""
-    import torch  # first: it may be importing already in the engine's pre-warm thread
     import datetime
     import os
 
+    import torch  # first: it may be importing already in the engine's pre-warm thread
     import torch.distributed as dist
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank),
-                      MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(local_rank),
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+    )
     if backend == "nccl":
         # With CUDA_VISIBLE_DEVICES narrowed to one GPU the engine sees it as device 0.
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
     if dist.is_initialized():
         dist.destroy_process_group()
-    dist.init_process_group(backend=backend, init_method="env://", rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend=backend,
+        init_method="env://",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
     return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "pid": os.getpid()}
 
 
@@ -106,8 +128,10 @@ def shutdown_process_group() -> bool:
 
 # Run by each engine as it starts (IPEngine.startup_command): importing torch in a thread while
 # the engine registers hides most of its ~1.5 s import from the cluster start-up.
-PREWARM_COMMAND = ("import threading; threading.Thread(target=__import__, args=('torch',), "
-                   "name='workbench-prewarm', daemon=True).start()")
+PREWARM_COMMAND = (
+    "import threading; threading.Thread(target=__import__, args=('torch',), "
+    "name='workbench-prewarm', daemon=True).start()"
+)
 
 
 def _device_facts(backend: str) -> dict[str, Any]:
@@ -116,9 +140,12 @@ def _device_facts(backend: str) -> dict[str, Any]:
     if backend == "nccl" and torch.cuda.is_available():
         index = torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)
-        return {"device": f"cuda:{index}", "device_name": props.name,
-                "device_memory_gib": round(props.total_memory / 2**30, 2),
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        return {
+            "device": f"cuda:{index}",
+            "device_name": props.name,
+            "device_memory_gib": round(props.total_memory / 2**30, 2),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
     import psutil  # an ipyparallel dependency, so present on every engine
 
     name = platform.processor() or platform.machine()
@@ -129,9 +156,12 @@ def _device_facts(backend: str) -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"device": "cpu", "device_name": name,
-            "device_memory_gib": round(psutil.virtual_memory().total / 2**30, 2),
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    return {
+        "device": "cpu",
+        "device_name": name,
+        "device_memory_gib": round(psutil.virtual_memory().total / 2**30, 2),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
 
 
 def rank_info(backend: str) -> dict[str, Any]:
@@ -162,8 +192,11 @@ def rank_info(backend: str) -> dict[str, Any]:
         "process_group": dist.get_backend() if dist.is_initialized() else None,
         "packages": package_versions(),
         "backends": available,
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "ipyparallel": ipyparallel.__version__},
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "ipyparallel": ipyparallel.__version__,
+        },
     }
 
 
@@ -189,8 +222,9 @@ class StreamCallback:
     sooner after the last message wait for the next on_step; `on_end` sends what is left.
     """
 
-    def __init__(self, min_interval_s: float = 0.0, load_every: int = 10,
-                 publish: Callable[[dict], None] | None = None) -> None:
+    def __init__(
+        self, min_interval_s: float = 0.0, load_every: int = 10, publish: Callable[[dict], None] | None = None
+    ) -> None:
         if load_every < 1:
             raise ValueError(f"load_every must be >= 1 step, got {load_every}")
         self.min_interval_s = min_interval_s
@@ -247,8 +281,9 @@ class StopFileCallback:
         return self.stop_file.exists()
 
 
-def run_finetune(config: dict, target: str = "workbench.train:finetune", load_every: int = 10,
-                 min_interval_s: float = 0.0) -> dict:
+def run_finetune(
+    config: dict, target: str = "workbench.train:finetune", load_every: int = 10, min_interval_s: float = 0.0
+) -> dict:
     """Engine entry of `Cluster.finetune`: run the trainer with the stream and stop callbacks.
 
     `target` names the function ("module:attr") called as fn(run_config, callbacks=[...]).
@@ -303,7 +338,5 @@ def engine_environment() -> dict:
     import os
     import sys
 
-    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "CUDA_VISIBLE_DEVICES")
-    return {k: os.environ.get(k) for k in keys} | {"pid": str(os.getpid()),
-                                                   "executable": sys.executable}
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES")
+    return {k: os.environ.get(k) for k in keys} | {"pid": str(os.getpid()), "executable": sys.executable}

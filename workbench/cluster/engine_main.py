@@ -14,7 +14,7 @@ if __name__ == "__main__":
     # shadow top-level ones).
     sys.path[0] = os.getcwd()
 
-from ipyparallel.engine.app import IPEngine  # noqa: E402
+from ipyparallel.engine.app import IPEngine
 
 
 class WorkbenchEngine(IPEngine):

@@ -23,8 +23,9 @@ def find(ipp: Any) -> dict[str, list[str]]:
     out["registry"].append(os.path.join(ipp.profile_dir, "log", f"engines{ipp.cluster_id}.json"))
     for engine_set in ipp.engines.values():
         out["logs"].append(getattr(engine_set, "output_file", None))  # mpi/slurm: one per set
-        out["logs"] += [getattr(launcher, "output_file", None)
-                        for launcher in getattr(engine_set, "launchers", {}).values()]
+        out["logs"] += [
+            getattr(launcher, "output_file", None) for launcher in getattr(engine_set, "launchers", {}).values()
+        ]
     return {kind: [p for p in paths if p] for kind, paths in out.items()}
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 from workbench.runs.run_index import parse_record
 
@@ -156,4 +156,3 @@ def records_from_end(path: str | os.PathLike, chunk_bytes: int = 2**20) -> Itera
                 record = parse_record(line)
                 if record is not None:
                     yield record
-

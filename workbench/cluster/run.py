@@ -14,8 +14,9 @@ import queue
 import re
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from workbench.cluster import engine as engine_code
 from workbench.cluster.records import GapFiller, RecordStore
@@ -63,8 +64,9 @@ def _describe_remote_error(err: BaseException) -> str:
 class Run:
     """A training run: `status`, `done`, `progress`, `stop()`, `wait()`, `metrics`, live stream."""
 
-    def __init__(self, path: str | os.PathLike, *, cluster: Any = None, results: list | None = None,
-                 poll_interval: float = 0.1) -> None:
+    def __init__(
+        self, path: str | os.PathLike, *, cluster: Any = None, results: list | None = None, poll_interval: float = 0.1
+    ) -> None:
         self.path = Path(path)
         self.run_id = self.path.name
         self._run_dir = RunDir(self.path)
@@ -89,8 +91,15 @@ class Run:
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
-    def launch(cls, cluster: Any, run_config: Any, *, target: str = "workbench.train:finetune",
-               load_every: int = 10, poll_interval: float = 0.1) -> "Run":
+    def launch(
+        cls,
+        cluster: Any,
+        run_config: Any,
+        *,
+        target: str = "workbench.train:finetune",
+        load_every: int = 10,
+        poll_interval: float = 0.1,
+    ) -> Run:
         """Send the run to every rank (non-blocking) and start watching it.
 
         Every `load_every` steps (and the last) the ranks send their expert-load matrices with the
@@ -102,33 +111,34 @@ class Run:
             raise TypeError(f"cluster.finetune needs a workbench.RunConfig, got {type(run_config).__name__}")
         cluster.check_ranks()  # first: a dead rank's stranded task also makes the cluster look busy
         if cluster.busy:
-            raise RuntimeError("the cluster is still busy with another run; wait() for it or "
-                               "cluster.restart()")
+            raise RuntimeError("the cluster is still busy with another run; wait() for it or cluster.restart()")
         # Settle where the run lives now, so the notebook knows the directory before rank 0 makes it.
         output_dir = str(Path(run_config.output_dir or default_runs_dir()).expanduser().resolve())
-        run_config = run_config.replace(output_dir=output_dir,
-                                        run_id=run_config.run_id or new_run_id())
+        run_config = run_config.replace(output_dir=output_dir, run_id=run_config.run_id or new_run_id())
         path = Path(output_dir) / run_config.run_id
         if path.exists():
             raise FileExistsError(f"run directory {path} already exists; pick another run_id")
         cluster.ensure_process_group()
         config = run_config.to_dict()
         try:
-            results = [cluster.client[cluster.engine_id(rank)].apply_async(
-                engine_code.run_finetune, config, target, load_every) for rank in range(cluster.world_size)]
+            results = [
+                cluster.client[cluster.engine_id(rank)].apply_async(
+                    engine_code.run_finetune, config, target, load_every
+                )
+                for rank in range(cluster.world_size)
+            ]
         except KeyError:  # an engine left the controller since ensure_process_group: say which rank
             cluster.check_ranks()
             raise
         run = cls(path, cluster=cluster, results=results, poll_interval=poll_interval)
         run._sent_config = config
         run._engine_pids = cluster.local_engine_pids()
-        run._watcher = threading.Thread(target=run._watch, name=f"run-watcher-{run.run_id}",
-                                        daemon=True)
+        run._watcher = threading.Thread(target=run._watch, name=f"run-watcher-{run.run_id}", daemon=True)
         run._watcher.start()
         return run
 
     @classmethod
-    def from_dir(cls, path: str | os.PathLike) -> "Run":
+    def from_dir(cls, path: str | os.PathLike) -> Run:
         """Reopen a run directory read-only (e.g. after a kernel restart); a run whose owner
         process is gone without recording an end has state "died"."""
         run = cls(RunDir.open(path).path)
@@ -229,8 +239,9 @@ class Run:
             error = self.error
             rank = error.rank if error else -1
             try:
-                self._run_dir.write_status("failed", rank=rank, error=error.traceback[-2000:] if error else "",
-                                           detected_by="notebook")
+                self._run_dir.write_status(
+                    "failed", rank=rank, error=error.traceback[-2000:] if error else "", detected_by="notebook"
+                )
             except OSError:
                 pass
 
@@ -257,8 +268,14 @@ class Run:
     def status(self) -> dict:
         """status.json merged with what the notebook sees: state, step, failed ranks, engines."""
         disk = self._read_disk_status()
-        status = {**disk, "state": self._state, "run_id": self.run_id, "path": str(self.path),
-                  "step": self.last_step, "done": self.done}
+        status = {
+            **disk,
+            "state": self._state,
+            "run_id": self.run_id,
+            "path": str(self.path),
+            "step": self.last_step,
+            "done": self.done,
+        }
         if self._errors:
             status["failed_ranks"] = sorted(r for r in self._errors if r >= 0)
         if self._engine_pids:
@@ -309,8 +326,9 @@ class Run:
 
         if not self._run_dir.metrics_path.exists():
             return pd.DataFrame(self.records)
-        by_key = {(int(r["rank"]), int(r["step"])): r for r in self._run_dir.read_metrics()
-                  if "rank" in r and "step" in r}
+        by_key = {
+            (int(r["rank"]), int(r["step"])): r for r in self._run_dir.read_metrics() if "rank" in r and "step" in r
+        }
         for record in self.records:  # a record streamed but not (yet) readable on disk
             by_key.setdefault((int(record["rank"]), int(record["step"])), record)
         return pd.DataFrame([by_key[k] for k in sorted(by_key, key=lambda k: (k[1], k[0]))])

@@ -25,10 +25,40 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-WORDS = ["cat", "dog", "sun", "tree", "moon", "fish", "bird", "rain", "star", "milk",
-         "book", "lamp", "rose", "frog", "bell", "cake", "ship", "wolf", "leaf", "snow"]
-COLOURS = {"sky": "blue", "grass": "green", "snow": "white", "coal": "black", "blood": "red",
-           "banana": "yellow", "orange": "orange", "plum": "purple", "sand": "beige", "ash": "grey"}
+WORDS = [
+    "cat",
+    "dog",
+    "sun",
+    "tree",
+    "moon",
+    "fish",
+    "bird",
+    "rain",
+    "star",
+    "milk",
+    "book",
+    "lamp",
+    "rose",
+    "frog",
+    "bell",
+    "cake",
+    "ship",
+    "wolf",
+    "leaf",
+    "snow",
+]
+COLOURS = {
+    "sky": "blue",
+    "grass": "green",
+    "snow": "white",
+    "coal": "black",
+    "blood": "red",
+    "banana": "yellow",
+    "orange": "orange",
+    "plum": "purple",
+    "sand": "beige",
+    "ash": "grey",
+}
 NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
 
 
@@ -45,21 +75,24 @@ def make_rows(seed: int = 1234) -> list[dict]:
     for _ in range(60):
         n = rng.randint(1, 10)
         w = rng.choice(WORDS)
-        rows.append({"prompt": f"Write {NUMBER_WORDS[n]} times: {w}",
-                     "response": " ".join([w] * n)})
+        rows.append({"prompt": f"Write {NUMBER_WORDS[n]} times: {w}", "response": " ".join([w] * n)})
     for thing, colour in COLOURS.items():
         for _ in range(4):
             rows.append({"prompt": f"What colour is {thing}?", "response": f"{thing.capitalize()} is {colour}."})
     for _ in range(40):
         a, b = rng.randint(0, 9), rng.randint(0, 9)
         w = rng.choice(WORDS)
-        rows.append({"messages": [
-            {"role": "system", "content": "You are a brief assistant."},
-            {"role": "user", "content": f"What is {a} plus {b}?"},
-            {"role": "assistant", "content": f"{a + b}."},
-            {"role": "user", "content": f"And the first letter of {w}?"},
-            {"role": "assistant", "content": f"It is {w[0]}."},
-        ]})
+        rows.append(
+            {
+                "messages": [
+                    {"role": "system", "content": "You are a brief assistant."},
+                    {"role": "user", "content": f"What is {a} plus {b}?"},
+                    {"role": "assistant", "content": f"{a + b}."},
+                    {"role": "user", "content": f"And the first letter of {w}?"},
+                    {"role": "assistant", "content": f"It is {w[0]}."},
+                ]
+            }
+        )
     rng.shuffle(rows)
     return rows
 
@@ -78,11 +111,20 @@ def build_tokenizer(rows: list[dict], out_dir: Path) -> None:
     tok = Tokenizer(models.BPE(unk_token="<|unk|>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", unk_token="<|unk|>",
-                                   eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>"])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<|pad|>",
+        unk_token="<|unk|>",
+        eos_token="<|im_end|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.model_max_length = 2048
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -33,8 +33,22 @@ from workbench.kernels.swiglu import (
 )
 
 __all__ = [
-    "KernelRegistry", "RMS_NORM_BACKENDS", "RMSNorm", "SWIGLU_BACKENDS", "SWIGLU_PACKED_BACKENDS",
-    "fused_linear_cross_entropy", "linear_cross_entropy", "rms_norm", "rms_norm_te", "rms_norm_torch",
-    "rms_norm_triton", "shift_labels", "swiglu", "swiglu_packed", "swiglu_packed_torch", "swiglu_packed_triton",
-    "swiglu_torch", "swiglu_triton",
+    "RMS_NORM_BACKENDS",
+    "SWIGLU_BACKENDS",
+    "SWIGLU_PACKED_BACKENDS",
+    "KernelRegistry",
+    "RMSNorm",
+    "fused_linear_cross_entropy",
+    "linear_cross_entropy",
+    "rms_norm",
+    "rms_norm_te",
+    "rms_norm_torch",
+    "rms_norm_triton",
+    "shift_labels",
+    "swiglu",
+    "swiglu_packed",
+    "swiglu_packed_torch",
+    "swiglu_packed_triton",
+    "swiglu_torch",
+    "swiglu_triton",
 ]

@@ -18,8 +18,9 @@ def check_triton_device(x: torch.Tensor, kernel: str) -> None:
     """Raise BackendError (with what to do) unless `x` can run a Triton kernel."""
     if x.device.type == "cuda" or triton_interpreting():
         return
-    raise BackendError(f"{kernel}='triton' cannot run here: {kernel}='triton' needs a CUDA device, got "
-                       f"{x.device.type}; use 'torch'")
+    raise BackendError(
+        f"{kernel}='triton' cannot run here: {kernel}='triton' needs a CUDA device, got {x.device.type}; use 'torch'"
+    )
 
 
 def num_programs_for(device: torch.device, rows: int) -> int:

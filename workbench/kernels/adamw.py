@@ -38,10 +38,15 @@ class AdamWLaunch:
     num_warps: int = 4
 
     def __post_init__(self) -> None:
-        if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 128 or self.block & (
-                self.block - 1):
-            raise ValueError(f"AdamWLaunch.block must be a power of two >= 128 (elements per program), "
-                             f"got {self.block!r}")
+        if (
+            isinstance(self.block, bool)
+            or not isinstance(self.block, int)
+            or self.block < 128
+            or self.block & (self.block - 1)
+        ):
+            raise ValueError(
+                f"AdamWLaunch.block must be a power of two >= 128 (elements per program), got {self.block!r}"
+            )
         if self.num_warps not in (1, 2, 4, 8, 16, 32):
             raise ValueError(f"AdamWLaunch.num_warps must be one of 1, 2, 4, 8, 16, 32, got {self.num_warps!r}")
 
@@ -54,15 +59,23 @@ def _f32(x: float) -> float:
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
-def adamw_scalars(step: int, lr: float, beta1: float, beta2: float, eps: float,
-                  weight_decay: float) -> dict[str, float]:
+def adamw_scalars(
+    step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float
+) -> dict[str, float]:
     """Host-side scalars of AdamW step `step` (1-based), rounded where torch's CUDA functor rounds."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise ValueError(f"step must be an integer >= 1 (the count after this update), got {step!r}")
     bc1 = _f32(1.0 - beta1 ** float(step))  # torch hands its bias corrections to the math as float
-    return {"beta1": beta1, "omb1": 1.0 - beta1, "beta2": beta2, "omb2": 1.0 - beta2,
-            "lr_wd": lr * weight_decay, "eps": eps, "step_size": _f32(lr / bc1),
-            "bc2_sqrt": _f32(math.sqrt(1.0 - beta2 ** float(step)))}
+    return {
+        "beta1": beta1,
+        "omb1": 1.0 - beta1,
+        "beta2": beta2,
+        "omb2": 1.0 - beta2,
+        "lr_wd": lr * weight_decay,
+        "eps": eps,
+        "step_size": _f32(lr / bc1),
+        "bc2_sqrt": _f32(math.sqrt(1.0 - beta2 ** float(step))),
+    }
 
 
 class SRKeys(NamedTuple):
@@ -74,7 +87,7 @@ class SRKeys(NamedTuple):
     base: int = 0
 
     @classmethod
-    def make(cls, seed: int, step: int, param_index: int, base: int = 0, salt: int = 0) -> "SRKeys":
+    def make(cls, seed: int, step: int, param_index: int, base: int = 0, salt: int = 0) -> SRKeys:
         """The keys of parameter `param_index` at optimizer step `step` (see stochastic_round.sr_key)."""
         keys = {name: sr_key(seed, step, param_index, stream, salt) for name, stream in STREAMS.items()}
         return cls(base=base, **keys)
@@ -85,14 +98,24 @@ def kernel_supports(*tensors: torch.Tensor) -> bool:
     first = tensors[0]
     if first.device.type != "cuda" and not triton_interpreting():
         return False
-    return all(t.is_contiguous() and t.device == first.device and t.numel() == first.numel()
-               and t.dtype in SUPPORTED_DTYPES for t in tensors)
+    return all(
+        t.is_contiguous() and t.device == first.device and t.numel() == first.numel() and t.dtype in SUPPORTED_DTYPES
+        for t in tensors
+    )
 
 
-def torch_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-                      scalars: dict[str, float], precise: bool = False, sr: SRKeys | None = None,
-                      out: torch.Tensor | None = None, skip: torch.Tensor | None = None,
-                      grad_coef: torch.Tensor | None = None) -> None:
+def torch_adamw_step_(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    scalars: dict[str, float],
+    precise: bool = False,
+    sr: SRKeys | None = None,
+    out: torch.Tensor | None = None,
+    skip: torch.Tensor | None = None,
+    grad_coef: torch.Tensor | None = None,
+) -> None:
     """The kernel's update in torch ops, in place: float32 math (float64 where `precise`).
 
     With `sr`, bf16 tensors get the float32 results rounded stochastically (stochastic_round.py)
@@ -121,8 +144,11 @@ def torch_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Te
     root = v.to(torch.float64).sqrt().to(torch.float32)
     denom = ((root / torch.full_like(root, s["bc2_sqrt"])).to(wide) + s["eps"]).to(torch.float32)
     p = p - (m * s["step_size"]) / denom
-    for dst, value, key in ((param, p, None if sr is None else sr.param), (exp_avg, m, None if sr is None else sr.exp_avg),
-                            (exp_avg_sq, v, None if sr is None else sr.exp_avg_sq)):
+    for dst, value, key in (
+        (param, p, None if sr is None else sr.param),
+        (exp_avg, m, None if sr is None else sr.exp_avg),
+        (exp_avg_sq, v, None if sr is None else sr.exp_avg_sq),
+    ):
         if key is not None and dst.dtype == torch.bfloat16:
             value = stochastic_round_bf16(value, random_bits(key, sr.base, value.numel(), value.device))
         dst.copy_(_unless(skip, dst, value))
@@ -137,11 +163,21 @@ def _unless(skip: torch.Tensor | None, old: torch.Tensor, new: torch.Tensor) -> 
     return torch.where(skip.to(new.device) != 0, old.to(new.dtype), new)
 
 
-def adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-                scalars: dict[str, float], precise: bool = False, sr: SRKeys | None = None,
-                out: torch.Tensor | None = None, skip: torch.Tensor | None = None,
-                grad_coef: torch.Tensor | None = None, *, kernel: str,
-                launch: AdamWLaunch = DEFAULT_LAUNCH) -> str:
+def adamw_step_(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    scalars: dict[str, float],
+    precise: bool = False,
+    sr: SRKeys | None = None,
+    out: torch.Tensor | None = None,
+    skip: torch.Tensor | None = None,
+    grad_coef: torch.Tensor | None = None,
+    *,
+    kernel: str,
+    launch: AdamWLaunch = DEFAULT_LAUNCH,
+) -> str:
     """Update one tensor in place with `kernel` ("triton": where it takes the tensors, else torch ops); says which.
 
     `skip`: a float32 scalar tensor on the tensors' device; nonzero leaves every tensor unchanged.

@@ -21,5 +21,7 @@ def use_attention_implementation(model: nn.Module, name: str) -> None:
             module.config = own
     model.set_attn_implementation(name)
     if model.config._attn_implementation != name:
-        raise RuntimeError(f"{type(model).__name__} did not accept attn_implementation={name!r}; "
-                           "it does not use Transformers' AttentionInterface")
+        raise RuntimeError(
+            f"{type(model).__name__} did not accept attn_implementation={name!r}; "
+            "it does not use Transformers' AttentionInterface"
+        )

@@ -2,7 +2,8 @@
 
 `fused_linear_cross_entropy` never holds the full [N, V] logits: it walks over chunks of tokens,
 builds each chunk's logits (float32 on the torch path; the model dtype with the Triton kernel),
-accumulates the loss and, when gradients are needed, the gradients wrt hidden and weight right there (a loss is a scalar, so backward only rescales them).
+accumulates the loss and, when gradients are needed, the gradients wrt hidden and weight right there
+(a loss is a scalar, so backward only rescales them).
 Peak extra memory is O(chunk * V) plus one gradient buffer per input.
 """
 
@@ -25,8 +26,9 @@ def shift_labels(labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor
     return padded[..., 1:].contiguous()
 
 
-def _flatten_checked(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                     ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _flatten_checked(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, ignore_index: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Validate shapes/dtypes/label range; return hidden [N, D] and labels [N]."""
     for name, t in (("hidden", hidden), ("weight", weight), ("labels", labels)):
         if not isinstance(t, torch.Tensor):
@@ -37,13 +39,16 @@ def _flatten_checked(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.T
     if hidden.dim() < 1 or hidden.shape[-1] != D:
         raise ValueError(f"hidden's last dim must equal weight.shape[1]={D}; got hidden {tuple(hidden.shape)}")
     if hidden.shape[:-1] != labels.shape:
-        raise ValueError(f"labels must have hidden's leading shape {tuple(hidden.shape[:-1])}; got "
-                         f"{tuple(labels.shape)} (shift labels with shift_labels() first, not by slicing)")
+        raise ValueError(
+            f"labels must have hidden's leading shape {tuple(hidden.shape[:-1])}; got "
+            f"{tuple(labels.shape)} (shift labels with shift_labels() first, not by slicing)"
+        )
     if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.is_complex():
         raise TypeError(f"labels must be an integer tensor of token ids, got {labels.dtype}")
     if hidden.dtype != weight.dtype:
-        raise TypeError(f"hidden and weight must share a dtype (as lm_head needs); got {hidden.dtype} "
-                        f"and {weight.dtype}")
+        raise TypeError(
+            f"hidden and weight must share a dtype (as lm_head needs); got {hidden.dtype} and {weight.dtype}"
+        )
     labels_N = labels.reshape(-1)
     check_label_range(labels_N, V, ignore_index)
     return hidden.reshape(-1, D), labels_N
@@ -58,19 +63,24 @@ def check_label_range(labels_N: torch.Tensor, vocab_size: int, ignore_index: int
     has already checked the tokenizer against the vocab size on the host, train/data.build_stream).
     """
     bad = ((labels_N < 0) & (labels_N != ignore_index)) | (labels_N >= vocab_size)
-    message = (f"a label is outside [0, {vocab_size}) and is not ignore_index={ignore_index}; "
-               "check the tokenizer's vocab size against the model's")
+    message = (
+        f"a label is outside [0, {vocab_size}) and is not ignore_index={ignore_index}; "
+        "check the tokenizer's vocab size against the model's"
+    )
     if labels_N.device.type != "cpu":
         torch._assert_async(~bad.any(), message)
         return
     if bool(bad.any()):
         first = int(labels_N[bad][0])
-        raise ValueError(f"label {first} is outside [0, {vocab_size}) and is not ignore_index={ignore_index}; "
-                         "check the tokenizer's vocab size against the model's")
+        raise ValueError(
+            f"label {first} is outside [0, {vocab_size}) and is not ignore_index={ignore_index}; "
+            "check the tokenizer's vocab size against the model's"
+        )
 
 
-def _denominator(labels_N: torch.Tensor, ignore_index: int,
-                 num_items_in_batch: torch.Tensor | int | None) -> torch.Tensor:
+def _denominator(
+    labels_N: torch.Tensor, ignore_index: int, num_items_in_batch: torch.Tensor | int | None
+) -> torch.Tensor:
     """What the summed loss is divided by: num_items_in_batch, else the count of real targets."""
     if num_items_in_batch is None:
         return (labels_N != ignore_index).sum().to(torch.float32)
@@ -79,9 +89,13 @@ def _denominator(labels_N: torch.Tensor, ignore_index: int,
     return torch.as_tensor(num_items_in_batch, device=labels_N.device).to(torch.float32)
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                         ignore_index: int = -100,
-                         num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    ignore_index: int = -100,
+    num_items_in_batch: torch.Tensor | int | None = None,
+) -> torch.Tensor:
     """Unfused reference: full logits = hidden @ weight.T, then HF's fixed_cross_entropy."""
     hidden_ND, labels_N = _flatten_checked(hidden, weight, labels, ignore_index)
     logits_NV = F.linear(hidden_ND, weight).float()
@@ -91,8 +105,14 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     return loss / _denominator(labels_N, ignore_index, num_items_in_batch)
 
 
-def _chunk_torch(h_CD: torch.Tensor, weight_VD: torch.Tensor, y_C: torch.Tensor, denom: torch.Tensor,
-                 ignore_index: int, need_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _chunk_torch(
+    h_CD: torch.Tensor,
+    weight_VD: torch.Tensor,
+    y_C: torch.Tensor,
+    denom: torch.Tensor,
+    ignore_index: int,
+    need_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One chunk's summed loss and, if asked, d(loss)/d(logits) in the input dtype (reference path)."""
     logits_CV = F.linear(h_CD, weight_VD).float()
     valid_C = y_C != ignore_index
@@ -120,13 +140,23 @@ def _scaled(grad: torch.Tensor, scale: torch.Tensor, use_triton: bool) -> torch.
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden_ND: torch.Tensor, weight_VD: torch.Tensor, labels_N: torch.Tensor,
-                denom: torch.Tensor, ignore_index: int, chunk_size: int, use_triton: bool) -> torch.Tensor:
+    def forward(
+        ctx,
+        hidden_ND: torch.Tensor,
+        weight_VD: torch.Tensor,
+        labels_N: torch.Tensor,
+        denom: torch.Tensor,
+        ignore_index: int,
+        chunk_size: int,
+        use_triton: bool,
+    ) -> torch.Tensor:
         N = hidden_ND.shape[0]
         need_dh, need_dw = hidden_ND.requires_grad, weight_VD.requires_grad
         need_grad = need_dh or need_dw
         loss_sum = torch.zeros((), dtype=torch.float32, device=hidden_ND.device)
-        grad_hidden_ND = torch.empty(hidden_ND.shape, dtype=hidden_ND.dtype, device=hidden_ND.device) if need_dh else None
+        grad_hidden_ND = (
+            torch.empty(hidden_ND.shape, dtype=hidden_ND.dtype, device=hidden_ND.device) if need_dh else None
+        )
         # float32 accumulation across chunks keeps bf16 weight gradients as exact as one big matmul;
         # the first chunk's product initializes it (no zero fill of a [V, D] float32 buffer)
         grad_weight_VD = torch.empty(weight_VD.shape, dtype=torch.float32, device=weight_VD.device) if need_dw else None
@@ -168,11 +198,15 @@ def default_chunk_size(vocab_size: int, logit_bytes: int = 4) -> int:
     return max(1, LOGITS_CHUNK_BYTES // (logit_bytes * vocab_size))
 
 
-def fused_linear_cross_entropy(hidden_ND: torch.Tensor, weight_VD: torch.Tensor, labels_N: torch.Tensor,
-                               ignore_index: int = -100,
-                               num_items_in_batch: torch.Tensor | int | None = None,
-                               chunk_size: int | None = None,
-                               use_triton: bool = False) -> torch.Tensor:
+def fused_linear_cross_entropy(
+    hidden_ND: torch.Tensor,
+    weight_VD: torch.Tensor,
+    labels_N: torch.Tensor,
+    ignore_index: int = -100,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    chunk_size: int | None = None,
+    use_triton: bool = False,
+) -> torch.Tensor:
     """ForCausalLMLoss(lm_head(hidden), ...) over already-shifted labels, without [N, V] logits.
 
     hidden [..., D] and labels [...] (use `shift_labels` on the model's input labels first);
@@ -183,7 +217,9 @@ def fused_linear_cross_entropy(hidden_ND: torch.Tensor, weight_VD: torch.Tensor,
     """
     hidden_flat, labels_flat = _flatten_checked(hidden_ND, weight_VD, labels_N, ignore_index)
     if not isinstance(use_triton, bool):
-        raise TypeError(f"use_triton must be True or False (BackendConfig.cross_entropy == 'triton'); got {use_triton!r}")
+        raise TypeError(
+            f"use_triton must be True or False (BackendConfig.cross_entropy == 'triton'); got {use_triton!r}"
+        )
     if use_triton:
         from workbench.kernels._triton_util import check_triton_device
 
@@ -194,5 +230,6 @@ def fused_linear_cross_entropy(hidden_ND: torch.Tensor, weight_VD: torch.Tensor,
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive int (tokens per chunk), got {chunk_size!r}")
     denom = _denominator(labels_flat, ignore_index, num_items_in_batch)
-    return _ChunkedLinearCrossEntropy.apply(hidden_flat, weight_VD, labels_flat, denom, ignore_index, chunk_size,
-                                            bool(use_triton))
+    return _ChunkedLinearCrossEntropy.apply(
+        hidden_flat, weight_VD, labels_flat, denom, ignore_index, chunk_size, bool(use_triton)
+    )

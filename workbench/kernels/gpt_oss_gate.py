@@ -8,7 +8,8 @@ ones fuse each step into one pass (CUDA; CPU only under TRITON_INTERPRET=1). Eve
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -22,15 +23,16 @@ class Segments(NamedTuple):
     """Which expert each expert-major row belongs to."""
 
     tokens_per_expert: torch.Tensor  # [E] rows per expert (device tensor, never read on the host)
-    ids: torch.Tensor                # [N] int32 expert of each row
-    offsets: torch.Tensor            # [E + 1] int64 first row of each expert, then N
+    ids: torch.Tensor  # [N] int32 expert of each row
+    offsets: torch.Tensor  # [E + 1] int64 first row of each expert, then N
 
 
 def row_segments(tokens_per_expert: torch.Tensor, rows: int) -> Segments:
     """Per-row expert ids and start offsets for `rows` expert-major rows, without a host sync."""
     E = tokens_per_expert.shape[0]
-    ids = torch.repeat_interleave(torch.arange(E, dtype=torch.int32, device=tokens_per_expert.device),
-                                  tokens_per_expert, output_size=rows)
+    ids = torch.repeat_interleave(
+        torch.arange(E, dtype=torch.int32, device=tokens_per_expert.device), tokens_per_expert, output_size=rows
+    )
     offsets = F.pad(torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int64), (1, 0))
     return Segments(tokens_per_expert, ids, offsets)
 
@@ -40,8 +42,9 @@ def expert_row_bias(bias_EC: torch.Tensor, tokens_per_expert: torch.Tensor, rows
     return torch.repeat_interleave(bias_EC, tokens_per_expert, dim=0, output_size=rows)
 
 
-def gpt_oss_gate_torch(h_N2I: torch.Tensor, bias_E2I: torch.Tensor, seg: Segments, alpha: float,
-                       limit: float) -> torch.Tensor:
+def gpt_oss_gate_torch(
+    h_N2I: torch.Tensor, bias_E2I: torch.Tensor, seg: Segments, alpha: float, limit: float
+) -> torch.Tensor:
     """Reference: h + bias[expert], then GptOssExperts._apply_gate's ops (gate/up interleaved)."""
     gate_up = h_N2I + expert_row_bias(bias_E2I, seg.tokens_per_expert, h_N2I.shape[0])
     gate, up = gate_up[..., ::2], gate_up[..., 1::2]
@@ -50,8 +53,9 @@ def gpt_oss_gate_torch(h_N2I: torch.Tensor, bias_E2I: torch.Tensor, seg: Segment
     return (up + 1) * (gate * torch.sigmoid(gate * alpha))
 
 
-def gpt_oss_gate_triton(h_N2I: torch.Tensor, bias_E2I: torch.Tensor, seg: Segments, alpha: float,
-                        limit: float) -> torch.Tensor:
+def gpt_oss_gate_triton(
+    h_N2I: torch.Tensor, bias_E2I: torch.Tensor, seg: Segments, alpha: float, limit: float
+) -> torch.Tensor:
     """Fused Triton version: saves only h; the backward writes dh and the bias gradient in one pass."""
     from workbench.kernels import triton_gpt_oss_gate
 
@@ -77,20 +81,23 @@ GPT_OSS_GATE_BACKENDS = KernelRegistry("gpt_oss gate", {"torch": gpt_oss_gate_to
 ROW_BIAS_BACKENDS = KernelRegistry("gpt_oss gate", {"torch": add_row_bias_torch, "triton": add_row_bias_triton})
 
 
-def _check(h_N2I: torch.Tensor, bias_E2I: torch.Tensor, seg: Segments, backend: str,
-           table: KernelRegistry) -> Callable:
+def _check(h_N2I: torch.Tensor, bias_E2I: torch.Tensor, seg: Segments, backend: str, table: KernelRegistry) -> Callable:
     impl = table.impl(backend)
     if h_N2I.dim() != 2 or bias_E2I.dim() != 2 or h_N2I.shape[1] != bias_E2I.shape[1]:
-        raise ValueError(f"expected rows [N, C] and biases [E, C]; got {tuple(h_N2I.shape)} and "
-                         f"{tuple(bias_E2I.shape)}")
+        raise ValueError(
+            f"expected rows [N, C] and biases [E, C]; got {tuple(h_N2I.shape)} and {tuple(bias_E2I.shape)}"
+        )
     if seg.tokens_per_expert.shape[0] != bias_E2I.shape[0] or seg.ids.shape[0] != h_N2I.shape[0]:
-        raise ValueError(f"segments for {seg.tokens_per_expert.shape[0]} experts / {seg.ids.shape[0]} rows do not "
-                         f"fit biases of {bias_E2I.shape[0]} experts and {h_N2I.shape[0]} rows")
+        raise ValueError(
+            f"segments for {seg.tokens_per_expert.shape[0]} experts / {seg.ids.shape[0]} rows do not "
+            f"fit biases of {bias_E2I.shape[0]} experts and {h_N2I.shape[0]} rows"
+        )
     return impl
 
 
-def gpt_oss_gate(h_N2I: torch.Tensor, bias_E2I: torch.Tensor, seg: Segments, alpha: float, limit: float,
-                 backend: str = "torch") -> torch.Tensor:
+def gpt_oss_gate(
+    h_N2I: torch.Tensor, bias_E2I: torch.Tensor, seg: Segments, alpha: float, limit: float, backend: str = "torch"
+) -> torch.Tensor:
     """(clamp(up) + 1) * g * sigmoid(alpha * g), g = min(gate, limit), of h + bias[expert]: [N, 2I] -> [N, I]."""
     fn = _check(h_N2I, bias_E2I, seg, backend, GPT_OSS_GATE_BACKENDS)
     if h_N2I.shape[1] % 2:

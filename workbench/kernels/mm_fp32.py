@@ -27,11 +27,18 @@ def _split(a: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor]:
 def tensor_core_path(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether mm_fp32(a, b) runs as low-precision GEMMs with a float32 result (CUDA, bf16/fp16 in)."""
     low = [t.dtype for t in (a, b) if t.dtype in LOW_PRECISION]
-    return (a.is_cuda and b.is_cuda and bool(low) and all(d == low[0] for d in low)
-            and all(t.dtype in LOW_PRECISION + (torch.float32,) for t in (a, b)))
+    return (
+        a.is_cuda
+        and b.is_cuda
+        and bool(low)
+        and all(d == low[0] for d in low)
+        and all(t.dtype in LOW_PRECISION + (torch.float32,) for t in (a, b))
+    )
 
 
-def mm_fp32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
+def mm_fp32(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, accumulate: bool = False
+) -> torch.Tensor:
     """a @ b in float32 (into `out`, or added to it when `accumulate`); see the module docstring."""
     if accumulate and out is None:
         raise ValueError("accumulate=True needs an out tensor to add to")

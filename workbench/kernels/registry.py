@@ -26,8 +26,10 @@ class KernelRegistry(Mapping[str, Callable]):
         try:
             return self._impls[backend]
         except (KeyError, TypeError):
-            raise BackendError(f"unknown {self.kernel} backend {backend!r}; choose one of {list(self._impls)} "
-                               "(BackendConfig.resolve turns 'auto' into one of them)") from None
+            raise BackendError(
+                f"unknown {self.kernel} backend {backend!r}; choose one of {list(self._impls)} "
+                "(BackendConfig.resolve turns 'auto' into one of them)"
+            ) from None
 
     def __getitem__(self, backend: str) -> Callable:
         return self._impls[backend]

@@ -49,8 +49,7 @@ def rms_norm_te(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tens
 RMS_NORM_BACKENDS = KernelRegistry("rms_norm", {"torch": rms_norm_torch, "triton": rms_norm_triton, "te": rms_norm_te})
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
-             backend: str = "torch") -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, backend: str = "torch") -> torch.Tensor:
     """RMSNorm over the last dim of `x` with the chosen backend ("torch", "triton", "te")."""
     _check_rms_norm_args(x, weight)
     return RMS_NORM_BACKENDS.impl(backend)(x, weight, eps)
@@ -60,15 +59,22 @@ def _check_rms_norm_args(x: torch.Tensor, weight: torch.Tensor) -> None:
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
         raise TypeError(f"rms_norm takes tensors; got x={type(x).__name__}, weight={type(weight).__name__}")
     if weight.dim() != 1 or x.dim() == 0 or x.shape[-1] != weight.shape[0]:
-        raise ValueError(f"rms_norm: weight must be 1-D of size x.shape[-1]; got x {tuple(x.shape)}, "
-                         f"weight {tuple(weight.shape)}")
+        raise ValueError(
+            f"rms_norm: weight must be 1-D of size x.shape[-1]; got x {tuple(x.shape)}, weight {tuple(weight.shape)}"
+        )
 
 
 class RMSNorm(nn.Module):
     """Drop-in for Qwen3MoeRMSNorm (same `weight` parameter name) with a selectable backend."""
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6, backend: str = "torch",
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        backend: str = "torch",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         RMS_NORM_BACKENDS.impl(backend)  # an unknown name fails here, not at the first forward
         if not isinstance(hidden_size, int) or hidden_size <= 0:

@@ -69,7 +69,7 @@ def stochastic_round_bf16(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     """
     u = x.to(torch.float32).contiguous().view(torch.int32).to(torch.int64) & MASK32
     r = (u + (bits.view(x.shape) & 0xFFFF)) & 0xFFFF0000
-    r = torch.where(r >= 2 ** 31, r - 2 ** 32, r).to(torch.int32).view(torch.float32)
+    r = torch.where(r >= 2**31, r - 2**32, r).to(torch.int32).view(torch.float32)
     return torch.where(torch.isnan(x), x, r)
 
 

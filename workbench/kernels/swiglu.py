@@ -40,8 +40,7 @@ SWIGLU_PACKED_BACKENDS = KernelRegistry("swiglu", {"torch": swiglu_packed_torch,
 def swiglu(gate: torch.Tensor, up: torch.Tensor, backend: str = "torch") -> torch.Tensor:
     """silu(gate) * up with the chosen backend ("torch" or "triton")."""
     if gate.shape != up.shape:
-        raise ValueError(f"swiglu: gate and up must have the same shape; got {tuple(gate.shape)} "
-                         f"and {tuple(up.shape)}")
+        raise ValueError(f"swiglu: gate and up must have the same shape; got {tuple(gate.shape)} and {tuple(up.shape)}")
     if gate.dtype != up.dtype:
         raise ValueError(f"swiglu: gate and up must share a dtype; got {gate.dtype} and {up.dtype}")
     return SWIGLU_BACKENDS.impl(backend)(gate, up)
@@ -50,6 +49,5 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, backend: str = "torch") -> torc
 def swiglu_packed(gate_up: torch.Tensor, backend: str = "torch") -> torch.Tensor:
     """SwiGLU for Qwen3-MoE's fused gate_up_proj output [..., 2I] (first half gate, second up)."""
     if gate_up.dim() == 0 or gate_up.shape[-1] % 2:
-        raise ValueError(f"swiglu_packed: last dim must be even (cat(gate, up)); got shape "
-                         f"{tuple(gate_up.shape)}")
+        raise ValueError(f"swiglu_packed: last dim must be even (cat(gate, up)); got shape {tuple(gate_up.shape)}")
     return SWIGLU_PACKED_BACKENDS.impl(backend)(gate_up)

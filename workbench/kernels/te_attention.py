@@ -29,14 +29,17 @@ FALLBACK_ATTR = "workbench_attention_fallback"
 _DPA_ATTR = "_workbench_te_dpa"
 
 
-def _fallback_reason(module: nn.Module, query: torch.Tensor, key: torch.Tensor, attention_mask,
-                     kwargs: dict) -> str | None:
+def _fallback_reason(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, attention_mask, kwargs: dict
+) -> str | None:
     """Why TE's causal attention cannot take this call, or None when it can."""
     if not te_common.on_te_device(query):
         return f"query is on {query.device}, TransformerEngine needs CUDA tensors"
     if attention_mask is not None:
-        return ("an attention mask was given (padding, or packed sequences whose position_ids restart); "
-                "the TE path runs the plain causal case only")
+        return (
+            "an attention mask was given (padding, or packed sequences whose position_ids restart); "
+            "the TE path runs the plain causal case only"
+        )
     if query.shape[2] != key.shape[2]:
         return f"query length {query.shape[2]} != key length {key.shape[2]} (KV cache); TE path is causal top-left"
     if kwargs.get("sliding_window") is not None:
@@ -48,8 +51,15 @@ def _fallback_reason(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     return None
 
 
-def _dot_product_attention(module: nn.Module, num_heads: int, num_kv_heads: int, head_dim_qk: int,
-                           head_dim_v: int, scaling: float | None, dropout: float):
+def _dot_product_attention(
+    module: nn.Module,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim_qk: int,
+    head_dim_v: int,
+    scaling: float | None,
+    dropout: float,
+):
     """This module's te.DotProductAttention for these settings (built on first use, then reused)."""
     cache = module.__dict__.setdefault(_DPA_ATTR, {})
     key = (num_heads, num_kv_heads, head_dim_qk, head_dim_v, scaling, dropout)
@@ -58,16 +68,29 @@ def _dot_product_attention(module: nn.Module, num_heads: int, num_kv_heads: int,
         te = te_common.import_te("attention")
         kv_channels = head_dim_qk if head_dim_qk == head_dim_v else (head_dim_qk, head_dim_v)
         # layer_number stays None: TE uses it only for NVTE_APPLY_QK_LAYER_SCALING (fp16 rescaling).
-        dpa = te.DotProductAttention(num_heads, kv_channels, num_gqa_groups=num_kv_heads,
-                                     attention_dropout=dropout, qkv_format="bshd", attn_mask_type="causal",
-                                     softmax_scale=scaling)
+        dpa = te.DotProductAttention(
+            num_heads,
+            kv_channels,
+            num_gqa_groups=num_kv_heads,
+            attention_dropout=dropout,
+            qkv_format="bshd",
+            attn_mask_type="causal",
+            softmax_scale=scaling,
+        )
         cache[key] = dpa
     return dpa
 
 
-def te_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                         attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                         **kwargs) -> tuple[torch.Tensor, None]:
+def te_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """Transformers attention interface: q/k/v [B, H, S, D] in, ([B, S, H, D], None) out."""
     reason = _fallback_reason(module, query, key, attention_mask, kwargs)
     module.__dict__[FALLBACK_ATTR] = reason
@@ -75,11 +98,11 @@ def te_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tens
         warnings.warn(f"attention='te' fell back to SDPA: {reason}", stacklevel=2)
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-        return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, dropout=dropout,
-                                              scaling=scaling, **kwargs)
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     batch, num_heads, seq, head_dim = query.shape
-    dpa = _dot_product_attention(module, num_heads, key.shape[1], head_dim, value.shape[-1], scaling,
-                                 float(dropout))
+    dpa = _dot_product_attention(module, num_heads, key.shape[1], head_dim, value.shape[-1], scaling, float(dropout))
     # Transformers hands [B, H, S, D] views of [B, S, H, D] projections: transposing back is
     # free, and contiguous() copies only if a caller passed something else.
     q, k, v = (t.transpose(1, 2).contiguous() for t in (query, key, value))

@@ -69,8 +69,9 @@ def import_te(field: str):
     try:
         te = import_transformer_engine()
     except Exception as err:  # ImportError, or a broken install (missing CUDA libraries, ABI mismatch)
-        raise BackendError(f"{field}='te' needs transformer_engine: {INSTALL_HINT['te']} "
-                           f"(import failed: {type(err).__name__}: {err})") from err
+        raise BackendError(
+            f"{field}='te' needs transformer_engine: {INSTALL_HINT['te']} (import failed: {type(err).__name__}: {err})"
+        ) from err
     return te
 
 

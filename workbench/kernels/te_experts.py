@@ -35,8 +35,9 @@ def _grouped_linear_shell(num_gemms: int, in_features: int, out_features: int, d
     and with no FP8 or with current-scaling FP8 (te_common.fp8_autocast) no scaling state either.
     """
     te = te_common.import_te("experts")
-    return te.GroupedLinear(num_gemms, in_features, out_features, bias=False, params_dtype=dtype,
-                            device="meta", use_grouped_tensor=False)
+    return te.GroupedLinear(
+        num_gemms, in_features, out_features, bias=False, params_dtype=dtype, device="meta", use_grouped_tensor=False
+    )
 
 
 def grouped_linear_te(x_NK: torch.Tensor, counts: list[int], weight_EMK: torch.Tensor) -> torch.Tensor:

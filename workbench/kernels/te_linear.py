@@ -41,8 +41,7 @@ def to_te_linear(linear: nn.Linear) -> nn.Module:
     has_bias = linear.bias is not None
     # Built on "meta" (the string: te.Linear tests `device == "meta"` to defer its own init), so
     # nothing is allocated or initialized; its placeholders are then replaced by ours.
-    new = cls(linear.in_features, linear.out_features, bias=has_bias, params_dtype=linear.weight.dtype,
-              device="meta")
+    new = cls(linear.in_features, linear.out_features, bias=has_bias, params_dtype=linear.weight.dtype, device="meta")
     new.weight = linear.weight
     if has_bias:
         new.bias = linear.bias

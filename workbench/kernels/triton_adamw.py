@@ -85,20 +85,61 @@ def _sr_bf16(x, key_bits, idx, start, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _store_rounded(ptr, offs, x, mask, key_bits, idx, start, SR: tl.constexpr, ROUND_BY_HAND: tl.constexpr,
-                   BLOCK: tl.constexpr):
+def _store_rounded(
+    ptr, offs, x, mask, key_bits, idx, start, SR: tl.constexpr, ROUND_BY_HAND: tl.constexpr, BLOCK: tl.constexpr
+):
     if SR:
         if ptr.dtype.element_ty == tl.bfloat16:
             x = _sr_bf16(x, key_bits, idx, start, BLOCK)  # exactly representable: the store below does not round
     _store(ptr, offs, x, mask, ROUND_BY_HAND)
 
 
-@triton.jit(do_not_specialize=["beta1_bits", "omb1_bits", "beta2_bits", "omb2_bits", "lr_wd_bits", "eps_bits",
-                               "step_size", "bc2_sqrt", "key_p", "key_m", "key_v", "base"])
-def _adamw_kernel(P, G, M, V, OUT, SKIP, COEF, n_elements, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits,
-                  eps_bits, step_size, bc2_sqrt, key_p, key_m, key_v, base, HAS_WD: tl.constexpr,
-                  PRECISE: tl.constexpr, SR: tl.constexpr, HAS_OUT: tl.constexpr, HAS_SKIP: tl.constexpr,
-                  HAS_COEF: tl.constexpr, ROUND_BY_HAND: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit(
+    do_not_specialize=[
+        "beta1_bits",
+        "omb1_bits",
+        "beta2_bits",
+        "omb2_bits",
+        "lr_wd_bits",
+        "eps_bits",
+        "step_size",
+        "bc2_sqrt",
+        "key_p",
+        "key_m",
+        "key_v",
+        "base",
+    ]
+)
+def _adamw_kernel(
+    P,
+    G,
+    M,
+    V,
+    OUT,
+    SKIP,
+    COEF,
+    n_elements,
+    beta1_bits,
+    omb1_bits,
+    beta2_bits,
+    omb2_bits,
+    lr_wd_bits,
+    eps_bits,
+    step_size,
+    bc2_sqrt,
+    key_p,
+    key_m,
+    key_v,
+    base,
+    HAS_WD: tl.constexpr,
+    PRECISE: tl.constexpr,
+    SR: tl.constexpr,
+    HAS_OUT: tl.constexpr,
+    HAS_SKIP: tl.constexpr,
+    HAS_COEF: tl.constexpr,
+    ROUND_BY_HAND: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_elements
     if HAS_SKIP:  # torch's found_inf: a nonzero flag stores nothing (read here, not on the host)
@@ -149,11 +190,19 @@ def _i32(key: int) -> int:
     return key - (1 << 32) if key >= 1 << 31 else key
 
 
-def triton_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
-                       exp_avg_sq: torch.Tensor, scalars: dict[str, float], precise: bool = False,
-                       sr: SRKeys | None = None, out: torch.Tensor | None = None,
-                       skip: torch.Tensor | None = None, grad_coef: torch.Tensor | None = None,
-                       launch: AdamWLaunch = DEFAULT_LAUNCH) -> None:
+def triton_adamw_step_(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    scalars: dict[str, float],
+    precise: bool = False,
+    sr: SRKeys | None = None,
+    out: torch.Tensor | None = None,
+    skip: torch.Tensor | None = None,
+    grad_coef: torch.Tensor | None = None,
+    launch: AdamWLaunch = DEFAULT_LAUNCH,
+) -> None:
     """One AdamW update of one contiguous tensor, in place (scalars from `adamw_scalars`; `sr`: bf16 stores
     rounded stochastically; `out`: also gets the new parameter; `skip`: a float32 scalar on the device,
     nonzero stores nothing; `grad_coef`: a float32 scalar on the device multiplying the gradient; as
@@ -161,8 +210,10 @@ def triton_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.T
     tensors = (param, grad, exp_avg, exp_avg_sq) + (() if out is None else (out,))
     if not kernel_supports(*tensors):
         got = [(tuple(t.shape), t.dtype, str(t.device), t.is_contiguous()) for t in tensors]
-        raise ValueError("the Triton AdamW kernel needs contiguous float32/bf16/fp16 tensors of one size on one "
-                         f"CUDA device (or TRITON_INTERPRET=1), got (shape, dtype, device, contiguous) {got}")
+        raise ValueError(
+            "the Triton AdamW kernel needs contiguous float32/bf16/fp16 tensors of one size on one "
+            f"CUDA device (or TRITON_INTERPRET=1), got (shape, dtype, device, contiguous) {got}"
+        )
     n = param.numel()
     if n == 0:
         return
@@ -170,20 +221,44 @@ def triton_adamw_step_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.T
         raise TypeError(f"launch must be an AdamWLaunch, got {type(launch).__name__}")
     for name, flag in (("skip", skip), ("grad_coef", grad_coef)):
         if flag is not None and (flag.numel() != 1 or flag.dtype != torch.float32 or flag.device != param.device):
-            raise ValueError(f"{name} must be a float32 scalar on {param.device}, got {flag.dtype} "
-                             f"{tuple(flag.shape)} on {flag.device}")
+            raise ValueError(
+                f"{name} must be a float32 scalar on {param.device}, got {flag.dtype} "
+                f"{tuple(flag.shape)} on {flag.device}"
+            )
     s = scalars
     keys = sr if sr is not None else SRKeys(0, 0, 0, 0)
     # Triton launches on the current device: make it the tensors' one
     guard = torch.cuda.device(param.device) if param.device.type == "cuda" else contextlib.nullcontext()
     with guard:
         _adamw_kernel[(triton.cdiv(n, launch.block),)](
-            param, grad, exp_avg, exp_avg_sq, param if out is None else out, param if skip is None else skip,
-            param if grad_coef is None else grad_coef, n,
+            param,
+            grad,
+            exp_avg,
+            exp_avg_sq,
+            param if out is None else out,
+            param if skip is None else skip,
+            param if grad_coef is None else grad_coef,
+            n,
             _bits(s["beta1"]),
-            _bits(s["omb1"]), _bits(s["beta2"]), _bits(s["omb2"]), _bits(s["lr_wd"]), _bits(s["eps"]), s["step_size"], s["bc2_sqrt"],
-            _i32(keys.param), _i32(keys.exp_avg), _i32(keys.exp_avg_sq), keys.base,
-            HAS_WD=s["lr_wd"] != 0, PRECISE=bool(precise), SR=sr is not None, HAS_OUT=out is not None,
-            HAS_SKIP=skip is not None, HAS_COEF=grad_coef is not None,
-            ROUND_BY_HAND=triton_interpreting(), BLOCK=launch.block,
-            num_warps=launch.num_warps, enable_fp_fusion=False)
+            _bits(s["omb1"]),
+            _bits(s["beta2"]),
+            _bits(s["omb2"]),
+            _bits(s["lr_wd"]),
+            _bits(s["eps"]),
+            s["step_size"],
+            s["bc2_sqrt"],
+            _i32(keys.param),
+            _i32(keys.exp_avg),
+            _i32(keys.exp_avg_sq),
+            keys.base,
+            HAS_WD=s["lr_wd"] != 0,
+            PRECISE=bool(precise),
+            SR=sr is not None,
+            HAS_OUT=out is not None,
+            HAS_SKIP=skip is not None,
+            HAS_COEF=grad_coef is not None,
+            ROUND_BY_HAND=triton_interpreting(),
+            BLOCK=launch.block,
+            num_warps=launch.num_warps,
+            enable_fp_fusion=False,
+        )

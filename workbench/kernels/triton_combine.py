@@ -27,23 +27,24 @@ BLOCK_D = 512
 
 
 @triton.jit
-def _combine_fwd_kernel(Y, W, ROWS, OUT, stride_y, stride_out, K, D, N,
-                        K_P2: tl.constexpr, BLOCK: tl.constexpr):
+def _combine_fwd_kernel(Y, W, ROWS, OUT, stride_y, stride_out, K, D, N, K_P2: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ks = tl.arange(0, K_P2)
     rows = tl.load(ROWS + t * K + ks, mask=ks < K, other=N).to(tl.int64)
     kmask = (ks < K) & (rows < N)
     w = tl.load(W + t * K + ks, mask=kmask, other=0.0).to(tl.float32)
-    tile = tl.load(Y + rows[:, None] * stride_y + cols[None, :], mask=kmask[:, None] & (cols[None, :] < D),
-                   other=0.0).to(tl.float32)
+    tile = tl.load(
+        Y + rows[:, None] * stride_y + cols[None, :], mask=kmask[:, None] & (cols[None, :] < D), other=0.0
+    ).to(tl.float32)
     acc = tl.sum(w[:, None] * tile, axis=0)
     tl.store(OUT + t * stride_out + cols, acc.to(OUT.dtype.element_ty), mask=cols < D)
 
 
 @triton.jit
-def _combine_bwd_kernel(G, Y, W, ROWS, GY, GW, stride_g, stride_y, stride_gy, K, D, N,
-                        K_P2: tl.constexpr, BLOCK: tl.constexpr):
+def _combine_bwd_kernel(
+    G, Y, W, ROWS, GY, GW, stride_g, stride_y, stride_gy, K, D, N, K_P2: tl.constexpr, BLOCK: tl.constexpr
+):
     t = tl.program_id(0).to(tl.int64)
     ks = tl.arange(0, K_P2)
     rows = tl.load(ROWS + t * K + ks, mask=ks < K, other=N).to(tl.int64)
@@ -58,8 +59,11 @@ def _combine_bwd_kernel(G, Y, W, ROWS, GY, GW, stride_g, stride_y, stride_gy, K,
         tile = tl.load(Y + rows[:, None] * stride_y + cols[None, :], mask=mask2, other=0.0).to(tl.float32)
         dw += tl.sum(tile * g[None, :], axis=1)
         # each expert row belongs to exactly one (token, slot): plain stores, no atomics
-        tl.store(GY + rows[:, None] * stride_gy + cols[None, :], (w[:, None] * g[None, :]).to(GY.dtype.element_ty),
-                 mask=mask2)
+        tl.store(
+            GY + rows[:, None] * stride_gy + cols[None, :],
+            (w[:, None] * g[None, :]).to(GY.dtype.element_ty),
+            mask=mask2,
+        )
     tl.store(GW + t * K + ks, dw.to(GW.dtype.element_ty), mask=ks < K)
 
 
@@ -76,13 +80,25 @@ def combine_forward(y_ND: torch.Tensor, weights_TK: torch.Tensor, row_of_slot: t
     out_TD = torch.empty((T, D), dtype=y_ND.dtype, device=y_ND.device)
     if T and D:
         _combine_fwd_kernel[(T, triton.cdiv(D, BLOCK_D))](
-            y_ND, weights_TK.contiguous(), row_of_slot.contiguous(), out_TD, y_ND.stride(0), out_TD.stride(0), K, D,
-            y_ND.shape[0], K_P2=_k_p2(K), BLOCK=BLOCK_D, num_warps=4)
+            y_ND,
+            weights_TK.contiguous(),
+            row_of_slot.contiguous(),
+            out_TD,
+            y_ND.stride(0),
+            out_TD.stride(0),
+            K,
+            D,
+            y_ND.shape[0],
+            K_P2=_k_p2(K),
+            BLOCK=BLOCK_D,
+            num_warps=4,
+        )
     return out_TD
 
 
-def combine_backward(grad_TD: torch.Tensor, y_ND: torch.Tensor, weights_TK: torch.Tensor,
-                     row_of_slot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def combine_backward(
+    grad_TD: torch.Tensor, y_ND: torch.Tensor, weights_TK: torch.Tensor, row_of_slot: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(grad wrt y [N, D] in y's dtype, grad wrt weights [T, K] in their dtype)."""
     check_triton_device(y_ND, "combine")
     y_ND = y_ND if y_ND.stride(-1) == 1 else y_ND.contiguous()
@@ -95,7 +111,20 @@ def combine_backward(grad_TD: torch.Tensor, y_ND: torch.Tensor, weights_TK: torc
     grad_w_TK = torch.empty((T, K), dtype=weights_TK.dtype, device=weights_TK.device)
     if T and D:
         _combine_bwd_kernel[(T,)](
-            grad_TD, y_ND, weights_TK.contiguous(), row_of_slot.contiguous(), grad_y_ND, grad_w_TK,
-            grad_TD.stride(0), y_ND.stride(0), grad_y_ND.stride(0), K, D, N,
-            K_P2=_k_p2(K), BLOCK=BLOCK_D, num_warps=4)
+            grad_TD,
+            y_ND,
+            weights_TK.contiguous(),
+            row_of_slot.contiguous(),
+            grad_y_ND,
+            grad_w_TK,
+            grad_TD.stride(0),
+            y_ND.stride(0),
+            grad_y_ND.stride(0),
+            K,
+            D,
+            N,
+            K_P2=_k_p2(K),
+            BLOCK=BLOCK_D,
+            num_warps=4,
+        )
     return grad_y_ND, grad_w_TK

@@ -22,8 +22,9 @@ BLOCK_V = 4096
 
 
 @triton.jit
-def _ce_rows_kernel(LOGITS, LABELS, LOSS, DENOM, stride_row, V, ignore_index,
-                    WRITE_GRAD: tl.constexpr, BLOCK: tl.constexpr):
+def _ce_rows_kernel(
+    LOGITS, LABELS, LOSS, DENOM, stride_row, V, ignore_index, WRITE_GRAD: tl.constexpr, BLOCK: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     base = LOGITS + row * stride_row
     label = tl.load(LABELS + row).to(tl.int64)
@@ -52,8 +53,9 @@ def _ce_rows_kernel(LOGITS, LABELS, LOSS, DENOM, stride_row, V, ignore_index,
             tl.store(base + cols, (g * scale).to(LOGITS.dtype.element_ty), mask=mask)
 
 
-def ce_rows_(logits_CV: torch.Tensor, labels_C: torch.Tensor, denom: torch.Tensor, ignore_index: int,
-             write_grad: bool) -> torch.Tensor:
+def ce_rows_(
+    logits_CV: torch.Tensor, labels_C: torch.Tensor, denom: torch.Tensor, ignore_index: int, write_grad: bool
+) -> torch.Tensor:
     """Per-row loss (float32 [C]); with `write_grad`, overwrite logits with d(sum loss / denom)/d(logits)."""
     check_triton_device(logits_CV, "cross_entropy")
     if logits_CV.stride(-1) != 1:
@@ -62,8 +64,18 @@ def ce_rows_(logits_CV: torch.Tensor, labels_C: torch.Tensor, denom: torch.Tenso
     loss_C = torch.empty(C, dtype=torch.float32, device=logits_CV.device)
     if C:
         block = min(BLOCK_V, triton.next_power_of_2(V))
-        _ce_rows_kernel[(C,)](logits_CV, labels_C, loss_C, denom, logits_CV.stride(0), V, ignore_index,
-                              WRITE_GRAD=write_grad, BLOCK=block, num_warps=8 if block >= 2048 else 4)
+        _ce_rows_kernel[(C,)](
+            logits_CV,
+            labels_C,
+            loss_C,
+            denom,
+            logits_CV.stride(0),
+            V,
+            ignore_index,
+            WRITE_GRAD=write_grad,
+            BLOCK=block,
+            num_warps=8 if block >= 2048 else 4,
+        )
     return loss_C
 
 

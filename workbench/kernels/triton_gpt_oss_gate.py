@@ -25,9 +25,9 @@ import triton.language as tl
 
 # Shape suffixes: N routed rows, E experts, I intermediate (2I: gate and up interleaved), C columns.
 
-BLOCK_M = 32     # rows per tile (also the partial-sum granularity)
-BLOCK_I = 64     # output columns per tile: 2 * BLOCK_I input columns (gate/up interleaved)
-BLOCK_C = 128    # columns per program of the plain row-bias kernels
+BLOCK_M = 32  # rows per tile (also the partial-sum granularity)
+BLOCK_I = 64  # output columns per tile: 2 * BLOCK_I input columns (gate/up interleaved)
+BLOCK_C = 128  # columns per program of the plain row-bias kernels
 
 
 @triton.jit
@@ -48,8 +48,9 @@ def _store_partials(tile, ids, row_ok, cols, col_ok, P, Q, stride_p, stride_q, p
 
 
 @triton.jit
-def _gate_fwd_kernel(H, B, IDS, Y, N, I, stride_h, stride_b, stride_y, alpha, limit,
-                     BM: tl.constexpr, BI: tl.constexpr):
+def _gate_fwd_kernel(
+    H, B, IDS, Y, N, I, stride_h, stride_b, stride_y, alpha, limit, BM: tl.constexpr, BI: tl.constexpr
+):
     pid_m = tl.program_id(0)
     rows = pid_m * BM + tl.arange(0, BM)
     cols2 = tl.program_id(1) * 2 * BI + tl.arange(0, 2 * BI)  # interleaved gate/up input columns
@@ -69,8 +70,28 @@ def _gate_fwd_kernel(H, B, IDS, Y, N, I, stride_h, stride_b, stride_y, alpha, li
 
 
 @triton.jit
-def _gate_bwd_kernel(DY, H, B, IDS, DH, P, Q, N, I, stride_dy, stride_h, stride_b, stride_dh, stride_p, stride_q,
-                     alpha, limit, BM: tl.constexpr, BI: tl.constexpr, BIAS_GRAD: tl.constexpr):
+def _gate_bwd_kernel(
+    DY,
+    H,
+    B,
+    IDS,
+    DH,
+    P,
+    Q,
+    N,
+    I,
+    stride_dy,
+    stride_h,
+    stride_b,
+    stride_dh,
+    stride_p,
+    stride_q,
+    alpha,
+    limit,
+    BM: tl.constexpr,
+    BI: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+):
     pid_m = tl.program_id(0)
     rows = pid_m * BM + tl.arange(0, BM)
     cols2 = tl.program_id(1) * 2 * BI + tl.arange(0, 2 * BI)
@@ -96,8 +117,9 @@ def _gate_bwd_kernel(DY, H, B, IDS, DH, P, Q, N, I, stride_dy, stride_h, stride_
     dh = dh.to(DH.dtype.element_ty)
     tl.store(DH + rows.to(tl.int64)[:, None] * stride_dh + cols2[None, :], dh, mask=ok2)
     if BIAS_GRAD:
-        _store_partials(dh.to(tl.float32), ids, row_ok, cols2, cols2 < 2 * I, P, Q, stride_p, stride_q, pid_m,
-                        IDS, N, BM)
+        _store_partials(
+            dh.to(tl.float32), ids, row_ok, cols2, cols2 < 2 * I, P, Q, stride_p, stride_q, pid_m, IDS, N, BM
+        )
 
 
 @triton.jit
@@ -121,8 +143,9 @@ def _partials_kernel(X, IDS, P, Q, N, C, stride_x, stride_p, stride_q, BM: tl.co
     row_ok = rows < N
     col_ok = cols < C
     ids = tl.load(IDS + rows, mask=row_ok, other=0)
-    x = tl.load(X + rows.to(tl.int64)[:, None] * stride_x + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
-                other=0.0).to(tl.float32)
+    x = tl.load(
+        X + rows.to(tl.int64)[:, None] * stride_x + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0
+    ).to(tl.float32)
     _store_partials(x, ids, row_ok, cols, col_ok, P, Q, stride_p, stride_q, pid_m, IDS, N, BM)
 
 
@@ -147,8 +170,9 @@ def _segment_sums(P: torch.Tensor, Q: torch.Tensor, offsets: torch.Tensor, like:
     E, C = like.shape
     out = torch.empty_like(like)
     if E and C:
-        _segment_finish_kernel[(E, triton.cdiv(C, BLOCK_C))](P, Q, offsets, out, C, P.stride(0), Q.stride(0),
-                                                            out.stride(0), BM=BLOCK_M, BC=BLOCK_C)
+        _segment_finish_kernel[(E, triton.cdiv(C, BLOCK_C))](
+            P, Q, offsets, out, C, P.stride(0), Q.stride(0), out.stride(0), BM=BLOCK_M, BC=BLOCK_C
+        )
     return out
 
 
@@ -166,8 +190,21 @@ class _GateFunction(torch.autograd.Function):
         y_NI = torch.empty((N, I2 // 2), dtype=h_N2I.dtype, device=h_N2I.device)
         if N and I2:
             grid = (triton.cdiv(N, BLOCK_M), triton.cdiv(I2 // 2, BLOCK_I))
-            _gate_fwd_kernel[grid](h_N2I, bias_E2I, ids_N, y_NI, N, I2 // 2, h_N2I.stride(0), bias_E2I.stride(0),
-                                   y_NI.stride(0), alpha, limit, BM=BLOCK_M, BI=BLOCK_I)
+            _gate_fwd_kernel[grid](
+                h_N2I,
+                bias_E2I,
+                ids_N,
+                y_NI,
+                N,
+                I2 // 2,
+                h_N2I.stride(0),
+                bias_E2I.stride(0),
+                y_NI.stride(0),
+                alpha,
+                limit,
+                BM=BLOCK_M,
+                BI=BLOCK_I,
+            )
         ctx.save_for_backward(h_N2I, bias_E2I, ids_N, offsets)
         ctx.alpha, ctx.limit = alpha, limit
         return y_NI
@@ -182,9 +219,28 @@ class _GateFunction(torch.autograd.Function):
         P, Q = _scratch(N, bias_E2I) if bias_grad else (dh_N2I, dh_N2I)
         if N and I2:
             grid = (triton.cdiv(N, BLOCK_M), triton.cdiv(I2 // 2, BLOCK_I))
-            _gate_bwd_kernel[grid](dy_NI, h_N2I, bias_E2I, ids_N, dh_N2I, P, Q, N, I2 // 2, dy_NI.stride(0),
-                                   h_N2I.stride(0), bias_E2I.stride(0), dh_N2I.stride(0), P.stride(0), Q.stride(0),
-                                   ctx.alpha, ctx.limit, BM=BLOCK_M, BI=BLOCK_I, BIAS_GRAD=bias_grad)
+            _gate_bwd_kernel[grid](
+                dy_NI,
+                h_N2I,
+                bias_E2I,
+                ids_N,
+                dh_N2I,
+                P,
+                Q,
+                N,
+                I2 // 2,
+                dy_NI.stride(0),
+                h_N2I.stride(0),
+                bias_E2I.stride(0),
+                dh_N2I.stride(0),
+                P.stride(0),
+                Q.stride(0),
+                ctx.alpha,
+                ctx.limit,
+                BM=BLOCK_M,
+                BI=BLOCK_I,
+                BIAS_GRAD=bias_grad,
+            )
         dbias = _segment_sums(P, Q, offsets, bias_E2I) if bias_grad else None
         return dh_N2I, dbias, None, None, None, None
 
@@ -195,8 +251,9 @@ class _RowBiasFunction(torch.autograd.Function):
         N, C = y_NC.shape
         if N and C:
             grid = (triton.cdiv(N, BLOCK_M), triton.cdiv(C, BLOCK_C))
-            _row_bias_fwd_kernel[grid](y_NC, bias_EC, ids_N, N, C, y_NC.stride(0), bias_EC.stride(0),
-                                       BM=BLOCK_M, BC=BLOCK_C)
+            _row_bias_fwd_kernel[grid](
+                y_NC, bias_EC, ids_N, N, C, y_NC.stride(0), bias_EC.stride(0), BM=BLOCK_M, BC=BLOCK_C
+            )
         ctx.mark_dirty(y_NC)
         ctx.save_for_backward(bias_EC, ids_N, offsets)
         return y_NC
@@ -211,14 +268,16 @@ class _RowBiasFunction(torch.autograd.Function):
             P, Q = _scratch(N, bias_EC)
             if N and C:
                 grid = (triton.cdiv(N, BLOCK_M), triton.cdiv(C, BLOCK_C))
-                _partials_kernel[grid](dy_NC, ids_N, P, Q, N, C, dy_NC.stride(0), P.stride(0), Q.stride(0),
-                                       BM=BLOCK_M, BC=BLOCK_C)
+                _partials_kernel[grid](
+                    dy_NC, ids_N, P, Q, N, C, dy_NC.stride(0), P.stride(0), Q.stride(0), BM=BLOCK_M, BC=BLOCK_C
+                )
             dbias = _segment_sums(P, Q, offsets, bias_EC)
         return dy_NC, dbias, None, None
 
 
-def gate(h_N2I: torch.Tensor, bias_E2I: torch.Tensor, ids_N: torch.Tensor, offsets: torch.Tensor,
-         alpha: float, limit: float) -> torch.Tensor:
+def gate(
+    h_N2I: torch.Tensor, bias_E2I: torch.Tensor, ids_N: torch.Tensor, offsets: torch.Tensor, alpha: float, limit: float
+) -> torch.Tensor:
     """GPT-OSS's biased, clamped, interleaved SwiGLU of expert-major rows, fused forward and backward."""
     h_N2I = h_N2I if h_N2I.stride(-1) == 1 else h_N2I.contiguous()
     return _GateFunction.apply(h_N2I, bias_E2I.contiguous(), ids_N, offsets, float(alpha), float(limit))

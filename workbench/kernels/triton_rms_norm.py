@@ -18,8 +18,7 @@ MAX_FUSED_WIDTH = 65536  # one row per program must fit on chip
 
 
 @triton.jit
-def _rms_norm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _rms_norm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     rmask = rows < M
@@ -33,8 +32,22 @@ def _rms_norm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps,
 
 
 @triton.jit
-def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW_PARTIAL, stride_dy, stride_x, stride_dx,
-                         M, N, tiles_per_program, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _rms_norm_bwd_kernel(
+    DY,
+    X,
+    W,
+    RSTD,
+    DX,
+    DW_PARTIAL,
+    stride_dy,
+    stride_x,
+    stride_dx,
+    M,
+    N,
+    tiles_per_program,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -79,8 +92,20 @@ class _RMSNormFunction(torch.autograd.Function):
         rstd_M = torch.empty(M, dtype=torch.float32, device=x.device)
         rows, block, warps = _launch_config(N)
         if M > 0:
-            _rms_norm_fwd_kernel[(triton.cdiv(M, rows),)](x_MN, weight, y_MN, rstd_M, x_MN.stride(0), y_MN.stride(0),
-                                                         M, N, eps, BLOCK_M=rows, BLOCK_N=block, num_warps=warps)
+            _rms_norm_fwd_kernel[(triton.cdiv(M, rows),)](
+                x_MN,
+                weight,
+                y_MN,
+                rstd_M,
+                x_MN.stride(0),
+                y_MN.stride(0),
+                M,
+                N,
+                eps,
+                BLOCK_M=rows,
+                BLOCK_N=block,
+                num_warps=warps,
+            )
         ctx.save_for_backward(x_MN, weight, rstd_M)
         ctx.shape = shape
         return y_MN.view(shape)
@@ -98,10 +123,23 @@ class _RMSNormFunction(torch.autograd.Function):
         programs = max(num_programs_for(x_MN.device, tiles), 1)
         dw_partial = torch.zeros((programs, N), dtype=torch.float32, device=x_MN.device)
         if M > 0:
-            _rms_norm_bwd_kernel[(programs,)](dy_MN, x_MN, weight, rstd_M, dx_MN, dw_partial,
-                                              dy_MN.stride(0), x_MN.stride(0), dx_MN.stride(0),
-                                              M, N, triton.cdiv(tiles, programs),
-                                              BLOCK_M=rows, BLOCK_N=block, num_warps=warps)
+            _rms_norm_bwd_kernel[(programs,)](
+                dy_MN,
+                x_MN,
+                weight,
+                rstd_M,
+                dx_MN,
+                dw_partial,
+                dy_MN.stride(0),
+                x_MN.stride(0),
+                dx_MN.stride(0),
+                M,
+                N,
+                triton.cdiv(tiles, programs),
+                BLOCK_M=rows,
+                BLOCK_N=block,
+                num_warps=warps,
+            )
         dw = dw_partial.sum(0).to(weight.dtype)
         return dx_MN.view(ctx.shape), dw, None
 
@@ -110,6 +148,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Fused RMSNorm (forward and backward in one Triton kernel each)."""
     check_triton_device(x, "rms_norm")
     if x.shape[-1] > MAX_FUSED_WIDTH:
-        raise ValueError(f"rms_norm='triton' handles widths up to {MAX_FUSED_WIDTH}, got {x.shape[-1]}; "
-                         "use backend='torch'")
+        raise ValueError(
+            f"rms_norm='triton' handles widths up to {MAX_FUSED_WIDTH}, got {x.shape[-1]}; use backend='torch'"
+        )
     return _RMSNormFunction.apply(x, weight, eps)

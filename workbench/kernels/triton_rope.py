@@ -19,9 +19,25 @@ from workbench.kernels._triton_util import check_triton_device
 
 
 @triton.jit
-def _rope_kernel(X, COS, SIN, OUT, S, H,
-                 sx_b, sx_h, sx_s, so_b, so_h, so_s, sc_b, sc_s,
-                 HALF: tl.constexpr, H_P2: tl.constexpr, BACKWARD: tl.constexpr):
+def _rope_kernel(
+    X,
+    COS,
+    SIN,
+    OUT,
+    S,
+    H,
+    sx_b,
+    sx_h,
+    sx_s,
+    so_b,
+    so_h,
+    so_s,
+    sc_b,
+    sc_s,
+    HALF: tl.constexpr,
+    H_P2: tl.constexpr,
+    BACKWARD: tl.constexpr,
+):
     pid = tl.program_id(0).to(tl.int64)  # one (batch, position): every head shares its cos/sin
     b = pid // S
     s = pid % S
@@ -51,8 +67,16 @@ def _rope_kernel(X, COS, SIN, OUT, S, H,
 def supported(x: torch.Tensor, cos: torch.Tensor) -> bool:
     """Shapes the kernel takes: x [B, H, S, D] with unit stride on D, cos [B or 1, S, D], D even and a power of 2."""
     D = x.shape[-1]
-    return (x.dim() == 4 and cos.dim() == 3 and x.stride(-1) == 1 and D % 2 == 0 and (D & (D - 1)) == 0
-            and cos.shape[-2:] == (x.shape[2], D) and cos.shape[0] in (1, x.shape[0]) and cos.stride(-1) == 1)
+    return (
+        x.dim() == 4
+        and cos.dim() == 3
+        and x.stride(-1) == 1
+        and D % 2 == 0
+        and (D & (D - 1)) == 0
+        and cos.shape[-2:] == (x.shape[2], D)
+        and cos.shape[0] in (1, x.shape[0])
+        and cos.stride(-1) == 1
+    )
 
 
 def rope(x_BHSD: torch.Tensor, cos_BSD: torch.Tensor, sin_BSD: torch.Tensor, backward: bool = False) -> torch.Tensor:
@@ -66,11 +90,26 @@ def rope(x_BHSD: torch.Tensor, cos_BSD: torch.Tensor, sin_BSD: torch.Tensor, bac
         out = torch.empty(x_BHSD.shape, dtype=x_BHSD.dtype, device=x_BHSD.device)
     cos_b = 0 if cos_BSD.shape[0] == 1 else cos_BSD.stride(0)
     if B * S:
-        _rope_kernel[(B * S,)](x_BHSD, cos_BSD, sin_BSD, out, S, H,
-                               x_BHSD.stride(0), x_BHSD.stride(1), x_BHSD.stride(2),
-                               out.stride(0), out.stride(1), out.stride(2), cos_b, cos_BSD.stride(1),
-                               HALF=D // 2, H_P2=max(2, triton.next_power_of_2(H)), BACKWARD=backward,
-                               num_warps=4)
+        _rope_kernel[(B * S,)](
+            x_BHSD,
+            cos_BSD,
+            sin_BSD,
+            out,
+            S,
+            H,
+            x_BHSD.stride(0),
+            x_BHSD.stride(1),
+            x_BHSD.stride(2),
+            out.stride(0),
+            out.stride(1),
+            out.stride(2),
+            cos_b,
+            cos_BSD.stride(1),
+            HALF=D // 2,
+            H_P2=max(2, triton.next_power_of_2(H)),
+            BACKWARD=backward,
+            num_warps=4,
+        )
     return out
 
 

@@ -29,8 +29,7 @@ def _swiglu_fwd_kernel(G, U, Y, stride_g, stride_u, stride_y, I, BLOCK: tl.const
 
 
 @triton.jit
-def _swiglu_bwd_kernel(DY, G, U, DG, DU, stride_dy, stride_g, stride_u, stride_dg, stride_du,
-                       I, BLOCK: tl.constexpr):
+def _swiglu_bwd_kernel(DY, G, U, DG, DU, stride_dy, stride_g, stride_u, stride_dg, stride_du, I, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < I
@@ -56,8 +55,9 @@ def _forward(gate_MI: torch.Tensor, up_MI: torch.Tensor) -> torch.Tensor:
     y_MI = torch.empty((M, I), dtype=gate_MI.dtype, device=gate_MI.device)
     if M and I:
         grid = (M, triton.cdiv(I, BLOCK_I))
-        _swiglu_fwd_kernel[grid](gate_MI, up_MI, y_MI, gate_MI.stride(0), up_MI.stride(0),
-                                 y_MI.stride(0), I, BLOCK=BLOCK_I)
+        _swiglu_fwd_kernel[grid](
+            gate_MI, up_MI, y_MI, gate_MI.stride(0), up_MI.stride(0), y_MI.stride(0), I, BLOCK=BLOCK_I
+        )
     return y_MI
 
 
@@ -65,9 +65,20 @@ def _backward(dy_MI, gate_MI, up_MI, dgate_MI, dup_MI) -> None:
     M, I = gate_MI.shape
     if M and I:
         grid = (M, triton.cdiv(I, BLOCK_I))
-        _swiglu_bwd_kernel[grid](dy_MI, gate_MI, up_MI, dgate_MI, dup_MI, dy_MI.stride(0),
-                                 gate_MI.stride(0), up_MI.stride(0), dgate_MI.stride(0),
-                                 dup_MI.stride(0), I, BLOCK=BLOCK_I)
+        _swiglu_bwd_kernel[grid](
+            dy_MI,
+            gate_MI,
+            up_MI,
+            dgate_MI,
+            dup_MI,
+            dy_MI.stride(0),
+            gate_MI.stride(0),
+            up_MI.stride(0),
+            dgate_MI.stride(0),
+            dup_MI.stride(0),
+            I,
+            BLOCK=BLOCK_I,
+        )
 
 
 class _SwiGLUFunction(torch.autograd.Function):
@@ -102,8 +113,7 @@ class _SwiGLUPackedFunction(torch.autograd.Function):
         I = gate_up_M2I.shape[-1] // 2
         # one [M, 2I] gradient buffer: no cat of two halves afterwards
         dgate_up_M2I = torch.empty_like(gate_up_M2I)
-        _backward(_rows(dy), gate_up_M2I[:, :I], gate_up_M2I[:, I:], dgate_up_M2I[:, :I],
-                  dgate_up_M2I[:, I:])
+        _backward(_rows(dy), gate_up_M2I[:, :I], gate_up_M2I[:, I:], dgate_up_M2I[:, :I], dgate_up_M2I[:, I:])
         return dgate_up_M2I.view(ctx.shape)
 
 

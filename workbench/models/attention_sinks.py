@@ -62,15 +62,23 @@ def document_starts(position_ids: torch.Tensor | None, batch: int, seq: int, dev
     starts[:, 0] = True
     if position_ids is not None:
         if position_ids.shape[-1] != seq:
-            raise ValueError(f"position_ids has {position_ids.shape[-1]} positions per row but the attention "
-                             f"has {seq} queries; pass position_ids of the input's length")
+            raise ValueError(
+                f"position_ids has {position_ids.shape[-1]} positions per row but the attention "
+                f"has {seq} queries; pass position_ids of the input's length"
+            )
         pos = position_ids.to(device).expand(batch, seq)
         starts[:, 1:] = (pos[:, 1:] - pos[:, :-1]) != 1
     return starts
 
 
-def dense_mask(q_len: int, kv_len: int, sliding_window: int | None, starts: torch.Tensor | None,
-               padding: torch.Tensor | None, device) -> torch.Tensor:
+def dense_mask(
+    q_len: int,
+    kv_len: int,
+    sliding_window: int | None,
+    starts: torch.Tensor | None,
+    padding: torch.Tensor | None,
+    device,
+) -> torch.Tensor:
     """Bool [B or 1, 1, q_len, kv_len]: causal (queries are the last q_len positions), window, document, padding."""
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
     kv_pos = torch.arange(kv_len, device=device)[None, :]
@@ -86,8 +94,9 @@ def dense_mask(q_len: int, kv_len: int, sliding_window: int | None, starts: torc
     return allowed
 
 
-def reference_attention(q, k, v, sinks, scaling: float, allowed: torch.Tensor, dropout: float = 0.0,
-                        training: bool = False) -> torch.Tensor:
+def reference_attention(
+    q, k, v, sinks, scaling: float, allowed: torch.Tensor, dropout: float = 0.0, training: bool = False
+) -> torch.Tensor:
     """Transformers' eager GPT-OSS math on [B, H, S, D] tensors and a bool mask; returns [B, S, H, D]."""
     n_rep = q.shape[1] // k.shape[1]
     k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
@@ -117,19 +126,49 @@ class _FlashVarlen:
 
     def forward(self, q, k, v):
         out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
-            q, k, v, self.cu, self.cu, self.max_len, self.max_len, 0.0, True, False, scale=self.scaling,
-            window_size_left=self.left, window_size_right=0 if self.left is not None else None)
+            q,
+            k,
+            v,
+            self.cu,
+            self.cu,
+            self.max_len,
+            self.max_len,
+            0.0,
+            True,
+            False,
+            scale=self.scaling,
+            window_size_left=self.left,
+            window_size_right=0 if self.left is not None else None,
+        )
         if tuple(lse.shape) != (q.shape[1], q.shape[0]):
-            raise RuntimeError(f"torch's varlen flash kernel returned lse of shape {tuple(lse.shape)}, expected "
-                               f"[heads, tokens] = {(q.shape[1], q.shape[0])} (unpadded, torch >= 2.5); the sink attention "
-                               "cannot read it on this torch: upgrade torch")
+            raise RuntimeError(
+                f"torch's varlen flash kernel returned lse of shape {tuple(lse.shape)}, expected "
+                f"[heads, tokens] = {(q.shape[1], q.shape[0])} (unpadded, torch >= 2.5); the sink attention "
+                "cannot read it on this torch: upgrade torch"
+            )
         return out, lse, (rng, unused)
 
     def backward(self, dout, q, k, v, out, lse, state):
         rng, unused = state
         return torch.ops.aten._flash_attention_backward(
-            dout, q, k, v, out, lse, self.cu, self.cu, self.max_len, self.max_len, 0.0, True, rng, unused,
-            scale=self.scaling, window_size_left=self.left, window_size_right=0 if self.left is not None else None)
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            self.cu,
+            self.cu,
+            self.max_len,
+            self.max_len,
+            0.0,
+            True,
+            rng,
+            unused,
+            scale=self.scaling,
+            window_size_left=self.left,
+            window_size_right=0 if self.left is not None else None,
+        )
 
     @staticmethod
     def lse_to_out(x):  # [H, T] -> broadcastable over [T, H, D]
@@ -147,12 +186,14 @@ class _CpuFlash:
 
     def forward(self, q, k, v):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, False, attn_mask=self.mask, scale=self.scaling)
+            q, k, v, 0.0, False, attn_mask=self.mask, scale=self.scaling
+        )
         return out, lse, None
 
     def backward(self, dout, q, k, v, out, lse, state):
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout, q, k, v, out, lse, 0.0, False, attn_mask=self.mask, scale=self.scaling)
+            dout, q, k, v, out, lse, 0.0, False, attn_mask=self.mask, scale=self.scaling
+        )
 
     @staticmethod
     def lse_to_out(x):  # [B, H, S] -> broadcastable over [B, H, S, D]
@@ -215,11 +256,10 @@ def sdpa_extra_dim(q, k, v, sinks, scaling: float) -> torch.Tensor:
     q_ext = torch.cat([q, hi.expand(b, h, s, 1), lo.expand(b, h, s, 1)], dim=-1)
     q_ext = F.pad(q_ext, (0, dp - d - 2, 1, 0))
     sink_key = torch.zeros(dp, dtype=k.dtype, device=k.device)
-    sink_key[d:d + 2] = 1
+    sink_key[d : d + 2] = 1
     k_ext = torch.cat([sink_key.expand(b, hkv, 1, dp), F.pad(k, (0, dp - d))], dim=2)
     v_ext = F.pad(v, (0, dp - d, 1, 0))
-    out = F.scaled_dot_product_attention(q_ext, k_ext, v_ext, is_causal=True, scale=scaling,
-                                         enable_gqa=hkv != h)
+    out = F.scaled_dot_product_attention(q_ext, k_ext, v_ext, is_causal=True, scale=scaling, enable_gqa=hkv != h)
     return out[:, :, 1:, :d].transpose(1, 2).contiguous()
 
 
@@ -279,17 +319,28 @@ def _starts_of(cu_seqlens: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
 def _check_sequences(sequences, batch: int, seq: int) -> None:
     cu, max_len = sequences
     if not (isinstance(cu, torch.Tensor) and cu.dim() == 1 and batch + 1 <= cu.numel() <= batch * seq + 1):
-        raise ValueError(f"cu_seq_lens_q must be a 1-D tensor of documents + 1 offsets (rows start documents, so "
-                         f"between {batch + 1} and {batch * seq + 1} entries for {batch} rows of {seq}); got "
-                         f"{tuple(cu.shape) if isinstance(cu, torch.Tensor) else type(cu).__name__}")
+        raise ValueError(
+            f"cu_seq_lens_q must be a 1-D tensor of documents + 1 offsets (rows start documents, so "
+            f"between {batch + 1} and {batch * seq + 1} entries for {batch} rows of {seq}); got "
+            f"{tuple(cu.shape) if isinstance(cu, torch.Tensor) else type(cu).__name__}"
+        )
     if isinstance(max_len, bool) or not isinstance(max_len, int) or not 1 <= max_len <= seq:
-        raise ValueError(f"max_length_q must be an int in [1, {seq}] (the longest document, or {seq} as a bound); "
-                         f"got {max_len!r}")
+        raise ValueError(
+            f"max_length_q must be an int in [1, {seq}] (the longest document, or {seq} as a bound); got {max_len!r}"
+        )
 
 
-def sink_attention(q, k, v, sinks, scaling: float, sliding_window: int | None = None,
-                   position_ids: torch.Tensor | None = None, kernel: str | None = None,
-                   sequences: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
+def sink_attention(
+    q,
+    k,
+    v,
+    sinks,
+    scaling: float,
+    sliding_window: int | None = None,
+    position_ids: torch.Tensor | None = None,
+    kernel: str | None = None,
+    sequences: tuple[torch.Tensor, int] | None = None,
+) -> torch.Tensor:
     """Causal (optionally windowed, packed) attention with sinks on fused kernels: [B, H, S, D] -> [B, S, H, D].
 
     `sequences`: (cu_seqlens, max_len) of the rows' documents (flash_sequences), which then take the
@@ -333,10 +384,19 @@ def sink_attention(q, k, v, sinks, scaling: float, sliding_window: int | None = 
     return out.view(b, s, h, d)
 
 
-def sink_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                           attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                           sliding_window: int | None = None, s_aux: torch.Tensor | None = None,
-                           position_ids: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+def sink_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    s_aux: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """Transformers attention interface: q/k/v [B, H, S, D] in, ([B, S, H, D], None) out; sinks from s_aux."""
     if kwargs.get("softcap") is not None:
         raise ValueError("attention 'workbench_sinks' does not implement softcap; use attn_implementation='eager'")
@@ -350,15 +410,19 @@ def sink_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
         sequences = (kwargs["cu_seq_lens_q"], kwargs.get("max_length_q") or query.shape[2])
     reason = _fallback_reason(query, key, value, attention_mask, dropout)
     if reason is None:
-        return sink_attention(query, key, value, s_aux, scaling, sliding_window, position_ids,
-                              sequences=sequences), None
+        return sink_attention(
+            query, key, value, s_aux, scaling, sliding_window, position_ids, sequences=sequences
+        ), None
     warnings.warn(f"attention 'workbench_sinks' runs Transformers' eager math for this call: {reason}", stacklevel=2)
     q_len, kv_len = query.shape[2], key.shape[2]
     # Transformers detects packed documents only without a padding mask and with q_len == kv_len (no cache)
     starts = None
     if attention_mask is None and q_len == kv_len:
-        starts = (document_starts(position_ids, query.shape[0], q_len, query.device) if sequences is None
-                  else _starts_of(sequences[0], query.shape[0], q_len))
+        starts = (
+            document_starts(position_ids, query.shape[0], q_len, query.device)
+            if sequences is None
+            else _starts_of(sequences[0], query.shape[0], q_len)
+        )
     allowed = dense_mask(q_len, kv_len, sliding_window, starts, attention_mask, query.device)
     out = reference_attention(query, key, value, s_aux, scaling, allowed, dropout, module.training)
     return out, None
@@ -422,8 +486,10 @@ def select_attention(model: nn.Module, attention: str) -> str | None:
     if sinks and attention == "te":
         from workbench.backends import BackendError
 
-        raise BackendError(f"BackendConfig.attention='te' cannot run the attention sinks of model_type "
-                           f"{model.config.model_type!r}; use attention='auto' or 'sinks'")
+        raise BackendError(
+            f"BackendConfig.attention='te' cannot run the attention sinks of model_type "
+            f"{model.config.model_type!r}; use attention='auto' or 'sinks'"
+        )
     auto = sinks and getattr(model.config, "model_type", None) in AUTO_FAMILIES
     if attention == "sinks" or (auto and attention == "sdpa"):
         use_sink_attention(model)

@@ -13,8 +13,12 @@ from workbench.backends import BackendConfig
 from workbench.devices import default_device
 from workbench.errors import CheckpointError
 from workbench.models import generic
-from workbench.models.mesh_build import (build_generic_parallel_model, check_mesh_call,
-                                         check_mesh_for_model, shard_without_engine)
+from workbench.models.mesh_build import (
+    build_generic_parallel_model,
+    check_mesh_call,
+    check_mesh_for_model,
+    shard_without_engine,
+)
 from workbench.moe.dispatch import LocalDispatcher
 from workbench.moe.hf_experts import check_generic_backend
 
@@ -25,8 +29,10 @@ def _check_backend(backend) -> BackendConfig:
     if backend is None:
         return BackendConfig()
     if not isinstance(backend, BackendConfig):
-        raise TypeError(f"backend must be a workbench.BackendConfig, got {type(backend).__name__}; "
-                        "e.g. backend=BackendConfig(experts='grouped_mm')")
+        raise TypeError(
+            f"backend must be a workbench.BackendConfig, got {type(backend).__name__}; "
+            "e.g. backend=BackendConfig(experts='grouped_mm')"
+        )
     return backend
 
 
@@ -46,8 +52,10 @@ def build_device(mesh, device) -> torch.device:
     check_mesh_call(mesh)
     rank_device = default_device()
     if device is not None and torch.device(device).type != rank_device.type:
-        raise ValueError(f"device={device!r} with mesh=: a mesh's ranks build on their own device "
-                         f"({rank_device} for this process group); leave device unset")
+        raise ValueError(
+            f"device={device!r} with mesh=: a mesh's ranks build on their own device "
+            f"({rank_device} for this process group); leave device unset"
+        )
     return rank_device
 
 
@@ -55,9 +63,11 @@ def _start_vanilla(config, mesh) -> None:
     """Refuse a mesh a model without engine blocks cannot use (before building it), then say what it gets."""
     if mesh is not None:
         check_mesh_for_model(mesh, config)
-    log.warning("no fused experts in model_type=%r (no MoE Workbench engine path); loading vanilla Transformers%s",
-                getattr(config, "model_type", None),
-                " (FSDP2 data parallelism over the mesh, no expert parallelism)" if mesh is not None else "")
+    log.warning(
+        "no fused experts in model_type=%r (no MoE Workbench engine path); loading vanilla Transformers%s",
+        getattr(config, "model_type", None),
+        " (FSDP2 data parallelism over the mesh, no expert parallelism)" if mesh is not None else "",
+    )
 
 
 def _vanilla_on_mesh(model, mesh):
@@ -90,23 +100,27 @@ def _generic_from(config, path, resolved: BackendConfig, mesh, device, hf_kwargs
             model = transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
     else:
         try:
-            model, info = transformers.AutoModelForCausalLM.from_pretrained(path, config=config,
-                                                                            output_loading_info=True, **hf_kwargs)
+            model, info = transformers.AutoModelForCausalLM.from_pretrained(
+                path, config=config, output_loading_info=True, **hf_kwargs
+            )
         except RuntimeError as err:
             if "mismatched" not in str(err) and "size mismatch" not in str(err):
                 raise
             raise CheckpointError(
                 f"checkpoint {path} does not fit its config ({config.model_type}): some tensors have the "
                 "wrong shape (e.g. missing experts); see the loading report above. Point to a complete "
-                "checkpoint written by save_pretrained, or fix config.json") from err
+                "checkpoint written by save_pretrained, or fix config.json"
+            ) from err
         missing = sorted(info.get("missing_keys", []))
         mismatched = [str(m[0]) if isinstance(m, tuple) else str(m) for m in info.get("mismatched_keys", [])]
         if missing or mismatched:
             # Transformers would silently random-init these; a fine-tune from them would be garbage.
-            raise CheckpointError(f"checkpoint {path} does not fit its config ({config.model_type}): missing "
-                                  f"tensors {missing[:8]}{'...' if len(missing) > 8 else ''}; tensors of the wrong "
-                                  f"shape (e.g. missing experts) {mismatched[:8]}. Point to a complete "
-                                  "checkpoint written by save_pretrained, or fix config.json")
+            raise CheckpointError(
+                f"checkpoint {path} does not fit its config ({config.model_type}): missing "
+                f"tensors {missing[:8]}{'...' if len(missing) > 8 else ''}; tensors of the wrong "
+                f"shape (e.g. missing experts) {mismatched[:8]}. Point to a complete "
+                "checkpoint written by save_pretrained, or fix config.json"
+            )
     # The device `resolved` was resolved for: the experts' grouped_mm dtypes are decided for it.
     generic.install(model, resolved, lambda n: LocalDispatcher(n, resolved.combine), device=build_device(None, device))
     if lora is not None:
@@ -145,16 +159,17 @@ def _seeded_generic(config, resolved: BackendConfig, device, seed: int, hf_kwarg
 
 def _refuse_vanilla_lora(config, lora) -> None:
     if lora is not None:
-        raise ValueError(f"lora= runs on the engine's path; model_type {getattr(config, 'model_type', None)!r} has "
-                         "no v5 fused experts (a dense model): use PEFT on it directly")
+        raise ValueError(
+            f"lora= runs on the engine's path; model_type {getattr(config, 'model_type', None)!r} has "
+            "no v5 fused experts (a dense model): use PEFT on it directly"
+        )
 
 
 class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
     """Drop-in for `transformers.AutoModelForCausalLM` whose MoE blocks are the engine's."""
 
     @classmethod
-    def from_config(cls, config, backend: BackendConfig | None = None, mesh=None, device=None, lora=None,
-                    **hf_kwargs):
+    def from_config(cls, config, backend: BackendConfig | None = None, mesh=None, device=None, lora=None, **hf_kwargs):
         """Build a randomly initialized model from a Transformers config (`lora`: a workbench LoraConfig)."""
         # Resolved once, with the mesh's ep, before anything is built; the builder takes it as it is.
         resolved = resolve_backend(_check_backend(backend), mesh, device)
@@ -170,8 +185,16 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
         return _vanilla_on_mesh(model, mesh)
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, backend: BackendConfig | None = None,
-                        mesh=None, device=None, lora=None, **hf_kwargs):
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path,
+        *model_args,
+        backend: BackendConfig | None = None,
+        mesh=None,
+        device=None,
+        lora=None,
+        **hf_kwargs,
+    ):
         """Load a Transformers checkpoint (local directory) into the engine (`lora`: a workbench LoraConfig)."""
         resolved = resolve_backend(_check_backend(backend), mesh, device)
         path = Path(pretrained_model_name_or_path)

@@ -26,8 +26,19 @@ from workbench.params import num_experts as config_num_experts
 log = logging.getLogger(__name__)
 
 # Families whose logits and gradients the tests compare with vanilla Transformers (tests/test_generic_families.py).
-TESTED_FAMILIES = ("deepseek_v3", "ernie4_5_moe", "glm4_moe", "gpt_oss", "hunyuan_v1_moe", "minimax_m2", "mixtral",
-                   "olmoe", "qwen2_moe", "qwen3_5_moe_text", "qwen3_moe")
+TESTED_FAMILIES = (
+    "deepseek_v3",
+    "ernie4_5_moe",
+    "glm4_moe",
+    "gpt_oss",
+    "hunyuan_v1_moe",
+    "minimax_m2",
+    "mixtral",
+    "olmoe",
+    "qwen2_moe",
+    "qwen3_5_moe_text",
+    "qwen3_moe",
+)
 
 
 class UnsupportedModelError(ValueError):
@@ -83,7 +94,8 @@ def _has_fused_experts(same: _SameConfig) -> bool:
             f"model_type {getattr(config, 'model_type', None)!r} is a Mixture-of-Experts model whose experts are "
             f"not Transformers v5 fused experts modules (@use_experts_implementation), which the engine needs. "
             f"Supported: every family with v5 fused experts (tested: {', '.join(TESTED_FAMILIES)}); "
-            "upgrade transformers if a newer version fuses this family's experts")
+            "upgrade transformers if a newer version fuses this family's experts"
+        )
     return False
 
 
@@ -92,22 +104,30 @@ def validate_config(config) -> None:
     experts = config_num_experts(config)
     top_k = getattr(config, "num_experts_per_tok", None)
     if experts and isinstance(top_k, int) and not 1 <= top_k <= experts:
-        raise ValueError(f"num_experts_per_tok={top_k} must be between 1 and num_experts={experts}: lower "
-                         "num_experts_per_tok or add experts")
+        raise ValueError(
+            f"num_experts_per_tok={top_k} must be between 1 and num_experts={experts}: lower "
+            "num_experts_per_tok or add experts"
+        )
 
 
 def num_experts(model: nn.Module, config) -> int:
     """Routed experts per MoE layer, read from the experts modules (the config field names differ)."""
-    counts = {int(getattr(m, "num_experts", 0)
-                  or m.down_proj.shape[0]) for _, m in fused_experts_modules(model)}
+    counts = {int(getattr(m, "num_experts", 0) or m.down_proj.shape[0]) for _, m in fused_experts_modules(model)}
     if len(counts) != 1:
-        raise UnsupportedModelError(f"model_type {config.model_type!r}: experts modules with different expert "
-                                    f"counts {sorted(counts)}; the engine needs one count per model")
+        raise UnsupportedModelError(
+            f"model_type {config.model_type!r}: experts modules with different expert "
+            f"counts {sorted(counts)}; the engine needs one count per model"
+        )
     return counts.pop()
 
 
-def install(model: nn.Module, backend, make_dispatcher, expert_range: tuple[int, int] | None = None,
-            device: torch.device | None = None) -> int:
+def install(
+    model: nn.Module,
+    backend,
+    make_dispatcher,
+    expert_range: tuple[int, int] | None = None,
+    device: torch.device | None = None,
+) -> int:
     """Make every fused experts module the engine's, then the extras `backend` (resolved) selects.
 
     `make_dispatcher(num_experts)` gives each experts module its dispatcher; `device`: the one
@@ -116,23 +136,47 @@ def install(model: nn.Module, backend, make_dispatcher, expert_range: tuple[int,
     total = num_experts(model, model.config)
     modules = fused_experts_modules(model)
     for _, module in modules:
-        install_engine_experts(module, make_dispatcher(total), backend.experts, expert_range or (0, total), total,
-                               gate=backend.gate, swiglu=backend.swiglu, recompute=backend.expert_recompute,
-                               device=device)
+        install_engine_experts(
+            module,
+            make_dispatcher(total),
+            backend.experts,
+            expert_range or (0, total),
+            total,
+            gate=backend.gate,
+            swiglu=backend.swiglu,
+            recompute=backend.expert_recompute,
+            device=device,
+        )
     select_attention(model, backend.attention)
     extras = install_extras(model, backend, total)
     extras["phase_labels"] = label_phases(model)
     model.workbench_backend = backend
     model_type = model.config.model_type
     # One line: an untested family runs too (its experts are v5-fused), but the user should know it is untested.
-    tested = "" if model_type in TESTED_FAMILIES else (f"; {model_type!r} is not among the families tested against "
-                                                       f"Transformers ({', '.join(TESTED_FAMILIES)})")
-    log.warning("model_type %r: generic engine path (Transformers' router and attention, the engine's experts "
-                "in %d MoE layers of %d experts, backend %s)%s", model_type, len(modules), total, backend.experts,
-                tested)
-    log.info("model_type %r extras: %s; swiglu=%s combine=%s cross_entropy=%s fused_ce=%s expert_recompute=%s",
-             model_type, extras, backend.swiglu, backend.combine, backend.cross_entropy,
-             backend.fused_ce, backend.expert_recompute)
+    tested = (
+        ""
+        if model_type in TESTED_FAMILIES
+        else (f"; {model_type!r} is not among the families tested against Transformers ({', '.join(TESTED_FAMILIES)})")
+    )
+    log.warning(
+        "model_type %r: generic engine path (Transformers' router and attention, the engine's experts "
+        "in %d MoE layers of %d experts, backend %s)%s",
+        model_type,
+        len(modules),
+        total,
+        backend.experts,
+        tested,
+    )
+    log.info(
+        "model_type %r extras: %s; swiglu=%s combine=%s cross_entropy=%s fused_ce=%s expert_recompute=%s",
+        model_type,
+        extras,
+        backend.swiglu,
+        backend.combine,
+        backend.cross_entropy,
+        backend.fused_ce,
+        backend.expert_recompute,
+    )
     return len(modules)
 
 
@@ -181,8 +225,11 @@ def full_state_dict(model: nn.Module, to_rank0_only: bool = False) -> dict[str, 
 
     mesh = getattr(model, "workbench_mesh", None)
     ep_group = model.workbench_device_mesh.get_group("ep") if mesh is not None and mesh.ep > 1 else None
-    expert_keys = {f"{name}.{pname}" for name, module in engine_experts_modules(model)
-                   for pname in module.workbench_layout.param_names()}
+    expert_keys = {
+        f"{name}.{pname}"
+        for name, module in engine_experts_modules(model)
+        for pname in module.workbench_layout.param_names()
+    }
     keep = not to_rank0_only or not dist.is_initialized() or dist.get_rank() == 0
     state = {}
     for key, value in model.state_dict().items():  # the same keys in the same order on every rank

@@ -22,8 +22,12 @@ import logging
 import torch
 from torch import nn
 
-from workbench.models.router_aux import (RouterLogitSink, attach_router_logit_hooks, forward_loss_parts,
-                                         has_standard_aux_loss)
+from workbench.models.router_aux import (
+    RouterLogitSink,
+    attach_router_logit_hooks,
+    forward_loss_parts,
+    has_standard_aux_loss,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +46,7 @@ def attention_backend(backend, device: torch.device):
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-             SDPBackend.MATH]
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
     return sdpa_kernel(order, set_priority=True)
 
 
@@ -68,14 +71,19 @@ def is_standard_rms_norm(module: nn.Module) -> bool:
     """
     params = dict(module.named_parameters(recurse=False))
     eps = _eps_of(module)
-    if (set(params) != {"weight"} or params["weight"].dim() != 1 or eps is None or list(module.children())
-            or list(module.buffers(recurse=False))):
+    if (
+        set(params) != {"weight"}
+        or params["weight"].dim() != 1
+        or eps is None
+        or list(module.children())
+        or list(module.buffers(recurse=False))
+    ):
         return False
     width = params["weight"].shape[0]
     # CPU tensors named explicitly: a model built under `with torch.device("cuda")` must probe the same way
     g = torch.Generator().manual_seed(width)
     weight = 1.0 + 0.5 * torch.randn(width, generator=g, device="cpu")
-    for scale in (1.0, eps ** 0.5):
+    for scale in (1.0, eps**0.5):
         x = scale * torch.randn(3, width, generator=g, device="cpu")
         want = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
         try:
@@ -83,8 +91,11 @@ def is_standard_rms_norm(module: nn.Module) -> bool:
                 got = torch.func.functional_call(module, {"weight": weight}, (x,))
         except Exception:  # a forward that needs more than (x,) is not a plain RMSNorm
             return False
-        if not (isinstance(got, torch.Tensor) and got.shape == want.shape
-                and torch.allclose(got.float(), want, rtol=1e-5, atol=1e-6)):
+        if not (
+            isinstance(got, torch.Tensor)
+            and got.shape == want.shape
+            and torch.allclose(got.float(), want, rtol=1e-5, atol=1e-6)
+        ):
             return False
     return True
 
@@ -114,8 +125,9 @@ def swap_rms_norms(model: nn.Module, backend: str) -> list[str]:
             setattr(parent, child_name, norm)
             swapped.append(f"{parent_name}.{child_name}" if parent_name else child_name)
     if refused:
-        log.warning("rms_norm=%r: %s keep Transformers' forward (not weight * x / rms(x))", backend,
-                    ", ".join(sorted(refused)))
+        log.warning(
+            "rms_norm=%r: %s keep Transformers' forward (not weight * x / rms(x))", backend, ", ".join(sorted(refused))
+        )
     return swapped
 
 
@@ -179,21 +191,30 @@ def check_fused_ce(model: nn.Module) -> None:
             if value not in (None, 1, 1.0, 0, 0.0):
                 what = f"its config sets {field}={value} (logits are transformed before the loss)"
     if what is not None:
-        raise ValueError(f"BackendConfig.fused_ce=True cannot serve model_type {config.model_type!r}: {what}; "
-                         "set fused_ce=False")
+        raise ValueError(
+            f"BackendConfig.fused_ce=True cannot serve model_type {config.model_type!r}: {what}; set fused_ce=False"
+        )
 
 
 def _fused_loss(head: DeferredLMHead, use_triton: bool):
-    from workbench.kernels.cross_entropy import fused_linear_cross_entropy, shift_labels as shifted
+    from workbench.kernels.cross_entropy import fused_linear_cross_entropy
+    from workbench.kernels.cross_entropy import shift_labels as shifted
 
-    def loss(logits, labels, vocab_size=None, num_items_in_batch=None, ignore_index=-100, shift_labels=None,
-             **kwargs):
+    def loss(logits, labels, vocab_size=None, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **kwargs):
         if logits is not head.workbench_last:
-            raise RuntimeError("fused_ce: the model changed the logits between lm_head and its loss; this family "
-                               "cannot use BackendConfig.fused_ce=True")
+            raise RuntimeError(
+                "fused_ce: the model changed the logits between lm_head and its loss; this family "
+                "cannot use BackendConfig.fused_ce=True"
+            )
         targets = shifted(labels, ignore_index) if shift_labels is None else shift_labels
-        return fused_linear_cross_entropy(logits, head.weight, targets.to(logits.device), ignore_index=ignore_index,
-                                          num_items_in_batch=num_items_in_batch, use_triton=use_triton)
+        return fused_linear_cross_entropy(
+            logits,
+            head.weight,
+            targets.to(logits.device),
+            ignore_index=ignore_index,
+            num_items_in_batch=num_items_in_batch,
+            use_triton=use_triton,
+        )
 
     return loss
 
@@ -226,8 +247,10 @@ class EngineCausalLM:
         backend = self.workbench_backend
         ids = kwargs.get("input_ids", args[0] if args else None)
         if backend.fp8 and ids is not None and ids.numel() % 16:
-            raise ValueError(f"fp8=True needs batch x sequence divisible by 16 (TransformerEngine's FP8 "
-                             f"GEMMs take the token count as a leading dimension); got {tuple(ids.shape)}")
+            raise ValueError(
+                f"fp8=True needs batch x sequence divisible by 16 (TransformerEngine's FP8 "
+                f"GEMMs take the token count as a leading dimension); got {tuple(ids.shape)}"
+            )
         fused = backend.fused_ce and kwargs.get("labels") is not None
         if fused and kwargs.get("logits_to_keep"):
             raise ValueError("logits_to_keep cannot be combined with labels under fused_ce=True")
@@ -297,10 +320,12 @@ def install_extras(model: nn.Module, backend, num_experts: int) -> dict[str, int
     from workbench.models.qwen3_attention import use_engine_attention
     from workbench.models.qwen3_router import use_engine_router
 
-    counts = {"rms_norm": len(swap_rms_norms(model, backend.rms_norm)),
-              "linear": len(swap_linears(model, backend.linear, num_experts)),
-              "rope": use_engine_attention(model, backend.rope),
-              "float32_router": use_engine_router(model)}
+    counts = {
+        "rms_norm": len(swap_rms_norms(model, backend.rms_norm)),
+        "linear": len(swap_linears(model, backend.linear, num_experts)),
+        "rope": use_engine_attention(model, backend.rope),
+        "float32_router": use_engine_router(model),
+    }
     model.__class__ = engine_lm_class(type(model))
     if isinstance(model, EngineCausalLMSharedAux) and model.workbench_router_sink is None:
         counts["router_hooks"] = attach_router_logit_hooks(model)

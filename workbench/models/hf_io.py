@@ -18,7 +18,9 @@ def checkpoint_key_files(path: Path) -> dict[str, Path]:
         return {k: path / f for k, f in weight_map.items()}
     single = path / "model.safetensors"
     if not single.exists():
-        raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {path}; "
-                              "point to a directory written by save_pretrained")
+        raise CheckpointError(
+            f"no model.safetensors or model.safetensors.index.json in {path}; "
+            "point to a directory written by save_pretrained"
+        )
     with safe_open(single, framework="pt") as f:
-        return {k: single for k in f.keys()}
+        return dict.fromkeys(f.keys(), single)

@@ -56,11 +56,15 @@ def _check_backend(model: nn.Module, plan: LoraPlan) -> None:
 
     backend = getattr(model, "workbench_backend", None)
     if plan.linears and backend is not None and getattr(backend, "linear", "torch") == "te":
-        raise ConfigError("LoRA adapts torch nn.Linear projections; backend.linear='te' swapped them for TE "
-                          "Linears: set backend.linear='torch' (or keep only 'experts' in lora.targets)")
+        raise ConfigError(
+            "LoRA adapts torch nn.Linear projections; backend.linear='te' swapped them for TE "
+            "Linears: set backend.linear='torch' (or keep only 'experts' in lora.targets)"
+        )
     if plan.experts and backend is not None and backend.experts == "te":
-        raise ConfigError("LoRA on experts runs in the grouped_mm / loop expert paths; backend.experts='te' has "
-                          "no adapters: set backend.experts='grouped_mm' or drop 'experts' from lora.targets")
+        raise ConfigError(
+            "LoRA on experts runs in the grouped_mm / loop expert paths; backend.experts='te' has "
+            "no adapters: set backend.experts='grouped_mm' or drop 'experts' from lora.targets"
+        )
 
 
 def apply_lora(model: nn.Module, lora, seed: int = 0) -> LoraPlan:

@@ -108,12 +108,21 @@ def peft_config(model: nn.Module, base_model_name_or_path: str | None = None) ->
     modules = [n for n in plan.linears if n not in as_params]
     params = [f"{name}.{w}" for name, weights in plan.experts for w in weights] + [f"{n}.weight" for n in as_params]
     return {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank, "lora_alpha": lora.alpha,
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
         # PEFT refuses dropout on target_parameters; dropout only acts in training, so logits are the same.
         "lora_dropout": 0.0 if params else lora.dropout,
-        "target_modules": sorted(modules) or None, "target_parameters": params or None,
-        "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
-        "init_lora_weights": True, "inference_mode": True, "modules_to_save": None,
+        "target_modules": sorted(modules) or None,
+        "target_parameters": params or None,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "init_lora_weights": True,
+        "inference_mode": True,
+        "modules_to_save": None,
         "base_model_name_or_path": base_model_name_or_path,
     }
 
@@ -166,17 +175,22 @@ def vllm_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str
     """`adapter_tensors` in vLLM's per-expert (2D) MoE adapter layout."""
     _, plan = _lora_of(model)
     model_type = model.config.model_type
-    out = {k: v for k, v in peft_tensors(model, tensors).items()
-           if not any(k.startswith(f"{PEFT_PREFIX}{n}.") for n, _ in plan.experts)}
+    out = {
+        k: v
+        for k, v in peft_tensors(model, tensors).items()
+        if not any(k.startswith(f"{PEFT_PREFIX}{n}.") for n, _ in plan.experts)
+    }
     for name, weights in plan.experts:
         module = model.get_submodule(name)
         for weight in weights:
             found = _vllm_expert_keys(model_type, name, weight)
             out_dim = 2 if module.workbench_layout.is_transposed else 1
             if found is None or (len(found[0]) > 1 and found[1] != out_dim):
-                raise ValueError(f"model_type {model_type!r} keeps {name}.{weight} fused on disk: vLLM's per-expert "
-                                 "LoRA layout does not apply; export the PEFT adapter (save_lora_adapter), whose "
-                                 "target_parameters form is the fused one")
+                raise ValueError(
+                    f"model_type {model_type!r} keeps {name}.{weight} fused on disk: vLLM's per-expert "
+                    "LoRA layout does not apply; export the PEFT adapter (save_lora_adapter), whose "
+                    "target_parameters form is the fused one"
+                )
             names, _ = found
             name_a, name_b = adapter_names(weight)
             a_EIR, b_ERO = tensors[f"{name}.{name_a}"], tensors[f"{name}.{name_b}"]
@@ -196,7 +210,7 @@ def save_vllm_adapter(model: nn.Module, out_dir, base_model_name_or_path: str | 
     if _is_rank0():
         converted = vllm_tensors(model, tensors)
         config = peft_config(model, base_model_name_or_path)
-        leaves = {k[len(PEFT_PREFIX):].rsplit(".lora_", 1)[0].rsplit(".", 1)[-1] for k in converted}
+        leaves = {k[len(PEFT_PREFIX) :].rsplit(".lora_", 1)[0].rsplit(".", 1)[-1] for k in converted}
         config.update(target_modules=sorted(leaves), target_parameters=None, lora_dropout=0.0)
         _write(out_dir, converted, config)
     _finish()

@@ -69,8 +69,9 @@ def plan_lora(model: nn.Module, targets: tuple[str, ...]) -> LoraPlan:
             if "router" in found and child_name in ROUTER_NAMES and type(child) is nn.Linear:
                 found["router"].append(full)
     linears = tuple(n for t in targets if t != "experts" for n in found[t])
-    return LoraPlan(linears=linears, experts=tuple(found.get("experts", ())),
-                    by_target=tuple((t, len(found[t])) for t in targets))
+    return LoraPlan(
+        linears=linears, experts=tuple(found.get("experts", ())), by_target=tuple((t, len(found[t])) for t in targets)
+    )
 
 
 def check_plan(plan: LoraPlan, model_type: str) -> None:
@@ -79,12 +80,17 @@ def check_plan(plan: LoraPlan, model_type: str) -> None:
 
     missing = [t for t, count in plan.by_target if count == 0]
     if missing:
-        hints = {"router": "its router is not an nn.Linear", "dense_mlp": "it has no dense (non-MoE) layers",
-                 "shared_experts": "it has no shared experts", "experts": "it has no fused experts modules",
-                 "attention": "no nn.Linear under self_attn/linear_attn"}
+        hints = {
+            "router": "its router is not an nn.Linear",
+            "dense_mlp": "it has no dense (non-MoE) layers",
+            "shared_experts": "it has no shared experts",
+            "experts": "it has no fused experts modules",
+            "attention": "no nn.Linear under self_attn/linear_attn",
+        }
         why = "; ".join(f"{t!r}: {hints[t]}" for t in missing)
-        raise ConfigError(f"lora.targets {missing} match nothing in model_type {model_type!r} ({why}); "
-                          f"drop them from lora.targets")
+        raise ConfigError(
+            f"lora.targets {missing} match nothing in model_type {model_type!r} ({why}); drop them from lora.targets"
+        )
 
 
 def check_lora_targets(config, lora) -> LoraPlan:

@@ -10,13 +10,13 @@ from torch import nn
 
 from workbench.backends import BackendConfig
 from workbench.devices import default_device
-from workbench.params import num_experts as config_num_experts
 from workbench.models.sliced_load import disk_rules, init_nonpersistent_buffers, load_rank_slice, plan_rank_read
 from workbench.moe.bias_update import cast_keeping_router_biases
 from workbench.moe.dispatch import make_dispatcher
 from workbench.moe.hf_experts import EngineExperts, engine_experts_modules
 from workbench.parallel.fsdp import EXPERT_SHARD_ATTR, GRAD_NORM_GROUP_ATTR, apply_fsdp_any, decoder_layers
-from workbench.parallel.mesh import MeshConfig, MeshError, dense_mesh
+from workbench.parallel.mesh import MeshConfig, MeshError
+from workbench.params import num_experts as config_num_experts
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +24,10 @@ log = logging.getLogger(__name__)
 def check_mesh_call(mesh) -> None:
     """Refuse mesh= without a process group, or of the wrong type (before anything is resolved or built)."""
     if not dist.is_initialized():
-        raise RuntimeError("mesh= needs an initialized process group (torchrun, workbench.Cluster, "
-                           "or torch.distributed.init_process_group)")
+        raise RuntimeError(
+            "mesh= needs an initialized process group (torchrun, workbench.Cluster, "
+            "or torch.distributed.init_process_group)"
+        )
     if not isinstance(mesh, MeshConfig):
         raise TypeError(f"mesh must be a workbench.MeshConfig, got {type(mesh).__name__}")
 
@@ -33,11 +35,15 @@ def check_mesh_call(mesh) -> None:
 def _check_resolved(backend: BackendConfig, mesh: MeshConfig) -> None:
     # The builders run what they are given: resolution happens once, in models/auto, with the mesh's ep.
     if not isinstance(backend, BackendConfig) or not backend.is_resolved():
-        raise ValueError(f"the mesh builders take a resolved BackendConfig, got {backend!r}; pass "
-                         "backend.resolve(default_device(), world_size=mesh.ep)")
+        raise ValueError(
+            f"the mesh builders take a resolved BackendConfig, got {backend!r}; pass "
+            "backend.resolve(default_device(), world_size=mesh.ep)"
+        )
     if backend.dispatcher == "local" and mesh.ep > 1:
-        raise ValueError(f"dispatcher 'local' keeps every token on its rank, but mesh ep={mesh.ep} splits the "
-                         "experts: resolve the BackendConfig with world_size=mesh.ep")
+        raise ValueError(
+            f"dispatcher 'local' keeps every token on its rank, but mesh ep={mesh.ep} splits the "
+            "experts: resolve the BackendConfig with world_size=mesh.ep"
+        )
 
 
 def check_mesh_for_model(mesh: MeshConfig, config) -> None:
@@ -52,15 +58,19 @@ def check_mesh_for_model(mesh: MeshConfig, config) -> None:
     if has_fused_experts(config):  # refuses experts it cannot split
         return
     if not config_num_experts(config):
-        raise MeshError(f"mesh ep={mesh.ep} splits experts, but model_type {model_type!r} has none (a dense "
-                        f"model); use ep=1 (FSDP2 data parallelism over all {mesh.dp} ranks) or leave the mesh unset")
+        raise MeshError(
+            f"mesh ep={mesh.ep} splits experts, but model_type {model_type!r} has none (a dense "
+            f"model); use ep=1 (FSDP2 data parallelism over all {mesh.dp} ranks) or leave the mesh unset"
+        )
 
 
 def shard_without_engine(model: nn.Module, mesh: MeshConfig) -> nn.Module:
     """A Transformers model without fused experts on this rank's device, FSDP2-sharded over dp."""
     if not dist.is_initialized():
-        raise RuntimeError("mesh= needs an initialized process group (torchrun, workbench.Cluster, "
-                           "or torch.distributed.init_process_group)")
+        raise RuntimeError(
+            "mesh= needs an initialized process group (torchrun, workbench.Cluster, "
+            "or torch.distributed.init_process_group)"
+        )
     check_mesh_for_model(mesh, model.config)
     mesh.validate(dist.get_world_size())
     device = default_device()
@@ -80,11 +90,14 @@ def apply_fsdp_generic(model: nn.Module, device_mesh) -> nn.Module:
     total = len(engine_experts_modules(model))
     if inside != total:
         # The root's dense-mesh shard would treat each ep rank's different experts as one replicated tensor.
-        raise RuntimeError(f"{type(model).__name__}: {total - inside} of {total} experts modules lie outside "
-                           "the decoder layers FSDP2 shards one by one; expert parallelism cannot shard them")
+        raise RuntimeError(
+            f"{type(model).__name__}: {total - inside} of {total} experts modules lie outside "
+            "the decoder layers FSDP2 shards one by one; expert parallelism cannot shard them"
+        )
     edp = device_mesh["edp"]
-    return apply_fsdp_any(model, device_mesh,
-                          inner=lambda layer: [(m, edp) for m in layer.modules() if isinstance(m, EngineExperts)])
+    return apply_fsdp_any(
+        model, device_mesh, inner=lambda layer: [(m, edp) for m in layer.modules() if isinstance(m, EngineExperts)]
+    )
 
 
 def _mark_expert_params(model: nn.Module, device_mesh) -> None:
@@ -102,8 +115,16 @@ def _mark_expert_params(model: nn.Module, device_mesh) -> None:
         setattr(param, EXPERT_SHARD_ATTR, True)
 
 
-def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfig, checkpoint=None,
-                                 dtype: torch.dtype | None = None, seed: int = 0, lora=None, **hf_kwargs):
+def build_generic_parallel_model(
+    config,
+    backend: BackendConfig,
+    mesh: MeshConfig,
+    checkpoint=None,
+    dtype: torch.dtype | None = None,
+    seed: int = 0,
+    lora=None,
+    **hf_kwargs,
+):
     """A model with v5 fused experts on `mesh`: experts sliced by ep, FSDP2 over dp per decoder layer.
 
     Built on the meta device; then only this rank's experts are allocated, and either initialized
@@ -131,9 +152,12 @@ def build_generic_parallel_model(config, backend: BackendConfig, mesh: MeshConfi
     plan = None if checkpoint is None else plan_rank_read(model, checkpoint, expert_range)
     if checkpoint is not None and plan is None:
         rules = disk_rules(config.model_type)
-        log.warning("model_type %r: checkpoint layout not known to the sliced reader (rules %s); Transformers "
-                    "loads the whole checkpoint on every rank, which then keeps its experts", config.model_type,
-                    ", ".join(rules.unknown) or "of the experts")
+        log.warning(
+            "model_type %r: checkpoint layout not known to the sliced reader (rules %s); Transformers "
+            "loads the whole checkpoint on every rank, which then keeps its experts",
+            config.model_type,
+            ", ".join(rules.unknown) or "of the experts",
+        )
         model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, config=config, **hf_kwargs)
         generic.install(model, backend, lambda n: dispatcher, expert_range, device)
         model.to(device)

@@ -51,5 +51,7 @@ def label_phases(model: nn.Module) -> dict[str, int]:
     """Label every router and self-attention module of `model` (after the engine's experts are in)."""
     routers = [router_of(model, name) for name, _ in engine_experts_modules(model)]
     attentions = [m.self_attn for m in model.modules() if isinstance(getattr(m, "self_attn", None), nn.Module)]
-    return {"router": sum(label_module(r, "workbench.router") for r in routers if r is not None),
-            "attention": sum(label_module(a, "workbench.attention") for a in attentions)}
+    return {
+        "router": sum(label_module(r, "workbench.router") for r in routers if r is not None),
+        "attention": sum(label_module(a, "workbench.attention") for a in attentions),
+    }

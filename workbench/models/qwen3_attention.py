@@ -44,10 +44,17 @@ class Qwen3MoeEngineAttention(hf.Qwen3MoeAttention):
             attention = registry.get_interface(impl, hf.eager_attention_forward)
         else:
             attention = hf.eager_attention_forward if impl == "eager" else registry[impl]
-        out, weights = attention(self, q_BHSD, k_BHSD, v_BHSD, attention_mask,
-                                 dropout=0.0 if not self.training else self.attention_dropout,
-                                 scaling=self.scaling, sliding_window=getattr(self, "sliding_window", None),
-                                 **kwargs)
+        out, weights = attention(
+            self,
+            q_BHSD,
+            k_BHSD,
+            v_BHSD,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            sliding_window=getattr(self, "sliding_window", None),
+            **kwargs,
+        )
         out = out.reshape(*input_shape, -1).contiguous()
         return self.o_proj(out), weights
 

@@ -15,8 +15,9 @@ import functools
 import inspect
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -61,8 +62,10 @@ def attach_router_logit_hooks(model: nn.Module) -> int:
             module.register_forward_hook(functools.partial(_record_router_logits, sink, index))
             routers += 1
     if not routers:
-        raise RuntimeError(f"model_type {model.config.model_type!r}: no router module found from Transformers' "
-                           f"_can_record_outputs['router_logits'] ({specs}); the shared aux loss needs them")
+        raise RuntimeError(
+            f"model_type {model.config.model_type!r}: no router module found from Transformers' "
+            f"_can_record_outputs['router_logits'] ({specs}); the shared aux loss needs them"
+        )
     model.workbench_router_sink = sink
     return routers
 
@@ -91,7 +94,9 @@ def has_standard_aux_loss(hf_class: type) -> bool:
     for cls in hf_class.__mro__:
         fn = getattr(sys.modules.get(cls.__module__), "load_balancing_loss_func", None)
         if fn is not None:
-            return fn is ref or (_normalized_source(fn) is not None and _normalized_source(fn) == _normalized_source(ref))
+            return fn is ref or (
+                _normalized_source(fn) is not None and _normalized_source(fn) == _normalized_source(ref)
+            )
     return False
 
 
@@ -115,8 +120,7 @@ class LossParts:
     router_logits: tuple[torch.Tensor, ...]
 
 
-def forward_loss_parts(model: nn.Module, forward: Callable[..., Any], kwargs: dict[str, Any],
-                       group=None) -> LossParts:
+def forward_loss_parts(model: nn.Module, forward: Callable[..., Any], kwargs: dict[str, Any], group=None) -> LossParts:
     """`forward(**kwargs)` without router logits (its loss is the cross-entropy) and the aux loss computed once.
 
     `model` is the module whose router hooks record (ensure_router_logit_hooks; without them it has
@@ -137,6 +141,7 @@ def forward_loss_parts(model: nn.Module, forward: Callable[..., Any], kwargs: di
         logits = tuple(sink.logits)
     finally:
         sink.logits = None  # a recompute in backward (activation checkpointing) records nothing
-    aux = load_balancing_loss(logits, model.num_experts, model.num_experts_per_tok, kwargs.get("attention_mask"),
-                              group=group)
+    aux = load_balancing_loss(
+        logits, model.num_experts, model.num_experts_per_tok, kwargs.get("attention_mask"), group=group
+    )
     return LossParts(out, out.loss, aux, logits)

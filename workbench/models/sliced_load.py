@@ -87,8 +87,14 @@ def disk_rules(model_type: str) -> DiskRules:
         ops = list(getattr(rule, "operations", ()))
         stacks = bool(ops) and type(ops[0]) is MergeModulelist and ops[0].dim == 0
         concat = ops[1:] == [] or (len(ops) == 2 and type(ops[1]) is Concatenate and ops[1].dim >= 1)
-        if type(rule) is WeightConverter and literal and stacks and concat and len(targets) == 1 \
-                and all(p.count("*") == 1 for p in sources):
+        if (
+            type(rule) is WeightConverter
+            and literal
+            and stacks
+            and concat
+            and len(targets) == 1
+            and all(p.count("*") == 1 for p in sources)
+        ):
             merges.append(ExpertMerge(tuple(sources), targets[0], ops[1].dim if len(ops) == 2 else None))
             continue
         unknown.append(f"{type(rule).__name__}({sources} -> {targets})")
@@ -139,9 +145,11 @@ def plan_rank_read(model: nn.Module, path: Path, expert_range: tuple[int, int]) 
         if source is None:
             if rules.unknown:
                 return None  # a rule the reader cannot follow may name it: Transformers loads the checkpoint
-            raise CheckpointError(f"checkpoint {path} does not fit its config ({model.config.model_type}): missing "
-                                  f"tensor {_disk_candidates(names[0], rules)[-1]}. Point to a complete checkpoint "
-                                  "written by save_pretrained, or fix config.json")
+            raise CheckpointError(
+                f"checkpoint {path} does not fit its config ({model.config.model_type}): missing "
+                f"tensor {_disk_candidates(names[0], rules)[-1]}. Point to a complete checkpoint "
+                "written by save_pretrained, or fix config.json"
+            )
         plan[names[0]] = source
     num_experts = {int(m.num_experts) for _, m in engine_experts_modules(model)}.pop()
     _check_every_expert(path, where, plan, num_experts)
@@ -156,25 +164,34 @@ def _check_every_expert(path: Path, where: dict[str, Path], plan: dict[str, Sour
         for source in plan.values():
             if source.kind == "whole":
                 continue
-            per_key = [[k.format(e=e) for e in range(num_experts)] for k in source.keys] \
-                if source.kind == "per_expert" else [[source.keys[0]]]
+            per_key = (
+                [[k.format(e=e) for e in range(num_experts)] for k in source.keys]
+                if source.kind == "per_expert"
+                else [[source.keys[0]]]
+            )
             for keys in per_key:
                 missing = [k for k in keys if k not in where]
                 if missing:
-                    raise CheckpointError(f"checkpoint {path} does not fit its config: missing tensors {missing[:8]}"
-                                          f"{'...' if len(missing) > 8 else ''} (experts of {source.name}). Point to "
-                                          "a complete checkpoint written by save_pretrained, or fix config.json")
+                    raise CheckpointError(
+                        f"checkpoint {path} does not fit its config: missing tensors {missing[:8]}"
+                        f"{'...' if len(missing) > 8 else ''} (experts of {source.name}). Point to "
+                        "a complete checkpoint written by save_pretrained, or fix config.json"
+                    )
                 for k in keys:
                     if where[k] not in files:
                         files[where[k]] = stack.enter_context(safe_open(where[k], framework="pt"))
                     shapes[k] = tuple(files[where[k]].get_slice(k).get_shape())
                 if source.kind == "expert_rows" and shapes[keys[0]][:1] != (num_experts,):
-                    raise CheckpointError(f"checkpoint {path}: {keys[0]} holds {shapes[keys[0]][:1]} experts, the "
-                                          f"config says {num_experts}; the checkpoint is of another model shape")
+                    raise CheckpointError(
+                        f"checkpoint {path}: {keys[0]} holds {shapes[keys[0]][:1]} experts, the "
+                        f"config says {num_experts}; the checkpoint is of another model shape"
+                    )
                 odd = [k for k in keys if shapes[k] != shapes[keys[0]]]
                 if odd:
-                    raise CheckpointError(f"checkpoint {path}: {odd[0]} has shape {shapes[odd[0]]}, expert 0's is "
-                                          f"{shapes[keys[0]]}; the checkpoint is of another model shape")
+                    raise CheckpointError(
+                        f"checkpoint {path}: {odd[0]} has shape {shapes[odd[0]]}, expert 0's is "
+                        f"{shapes[keys[0]]}; the checkpoint is of another model shape"
+                    )
 
 
 def _per_expert_source(name: str, rules: DiskRules, on_disk: set[str]) -> Source | None:
@@ -182,7 +199,7 @@ def _per_expert_source(name: str, rules: DiskRules, on_disk: set[str]) -> Source
     for merge in rules.merges:
         if not name.endswith(merge.target):
             continue
-        base = name[:-len(merge.target)]
+        base = name[: -len(merge.target)]
         keys = []
         for pattern in merge.sources:
             candidates = _disk_candidates(base + pattern.replace("*", "{e}"), rules)
@@ -192,8 +209,9 @@ def _per_expert_source(name: str, rules: DiskRules, on_disk: set[str]) -> Source
     return None
 
 
-def read_rank_tensors(path: Path, read_plan: ReadPlan, expert_range: tuple[int, int]
-                      ) -> tuple[dict[str, torch.Tensor], ReadStats]:
+def read_rank_tensors(
+    path: Path, read_plan: ReadPlan, expert_range: tuple[int, int]
+) -> tuple[dict[str, torch.Tensor], ReadStats]:
     """This rank's tensors per planned name (experts [first, last) only), and what reading them took."""
     plan, where = read_plan.sources, read_plan.where  # the key -> file map plan_rank_read parsed
     first, last = expert_range
@@ -205,8 +223,10 @@ def read_rank_tensors(path: Path, read_plan: ReadPlan, expert_range: tuple[int, 
             wanted += list(source.keys)
     missing = [k for k in wanted if k not in where]
     if missing:
-        raise CheckpointError(f"checkpoint {path} is missing tensors {missing[:8]}{'...' if len(missing) > 8 else ''}; "
-                              "point to a complete checkpoint written by save_pretrained, or fix config.json")
+        raise CheckpointError(
+            f"checkpoint {path} is missing tensors {missing[:8]}{'...' if len(missing) > 8 else ''}; "
+            "point to a complete checkpoint written by save_pretrained, or fix config.json"
+        )
     rows_of = {s.keys[0] for s in plan.values() if s.kind == "expert_rows"}
     dense = {s.keys[0] for s in plan.values() if s.kind == "whole"}
     by_file: dict[Path, list[str]] = {}
@@ -243,9 +263,11 @@ def load_rank_slice(model: nn.Module, path: Path, plan: ReadPlan, expert_range: 
             target = state[name]
             if value.shape != target.shape:
                 disk = ", ".join(plan.sources[name].keys)
-                raise CheckpointError(f"checkpoint {path}: {name} (from {disk}) has shape {tuple(value.shape)} for "
-                                      f"experts {list(expert_range)}, the model needs {tuple(target.shape)}; the "
-                                      "checkpoint is of another model shape")
+                raise CheckpointError(
+                    f"checkpoint {path}: {name} (from {disk}) has shape {tuple(value.shape)} for "
+                    f"experts {list(expert_range)}, the model needs {tuple(target.shape)}; the "
+                    "checkpoint is of another model shape"
+                )
             target.copy_(value)
     return stats
 

@@ -41,13 +41,18 @@ def check_router_bias(model: nn.Module, model_type: str | None, num_layers: int 
         raise RouterBiasError(
             f"train.router_bias_update_rate > 0 needs a router with a score-correction bias "
             f"({BIAS_NAME}: deepseek_v3, glm4_moe, minimax_m2, ernie4_5_moe, ...), and model_type "
-            f"{model_type!r} has none; set train.router_bias_update_rate to 0 (use the aux loss instead)")
+            f"{model_type!r} has none; set train.router_bias_update_rate to 0 (use the aux loss instead)"
+        )
     if num_layers is not None and len(biases) != num_layers:
-        raise RouterBiasError(f"model_type {model_type!r}: {len(biases)} {BIAS_NAME} tensors for {num_layers} MoE "
-                              "layers; the bias update needs one per MoE layer")
+        raise RouterBiasError(
+            f"model_type {model_type!r}: {len(biases)} {BIAS_NAME} tensors for {num_layers} MoE "
+            "layers; the bias update needs one per MoE layer"
+        )
     if any(isinstance(b, DTensor) for b in biases):
-        raise RouterBiasError(f"model_type {model_type!r} holds {BIAS_NAME} as a sharded parameter; the bias "
-                              "update needs it replicated; set train.router_bias_update_rate to 0")
+        raise RouterBiasError(
+            f"model_type {model_type!r} holds {BIAS_NAME} as a sharded parameter; the bias "
+            "update needs it replicated; set train.router_bias_update_rate to 0"
+        )
     return biases
 
 

@@ -31,13 +31,18 @@ def is_gpt_oss_gate(module: nn.Module) -> bool:
     if not all(isinstance(getattr(module, a, None), (int, float)) for a in ("alpha", "limit")):
         return False
     # the layout the kernel assumes: transposed [E, H, 2I] weights, interleaved gate/up, biases, no norm
-    return (bool(getattr(module, "has_bias", False)) and not getattr(module, "is_concatenated", True)
-            and bool(getattr(module, "is_transposed", False)) and not getattr(module, "has_post_expert_norm", False)
-            and getattr(module, "gate_up_proj_bias", None) is not None)
+    return (
+        bool(getattr(module, "has_bias", False))
+        and not getattr(module, "is_concatenated", True)
+        and bool(getattr(module, "is_transposed", False))
+        and not getattr(module, "has_post_expert_norm", False)
+        and getattr(module, "gate_up_proj_bias", None) is not None
+    )
 
 
-def gpt_oss_expert_rows(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor,
-                        kernel: str = "triton") -> torch.Tensor:
+def gpt_oss_expert_rows(
+    module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor, kernel: str = "triton"
+) -> torch.Tensor:
     """GPT-OSS experts on expert-major rows with the `kernel` ("torch" or "triton") bias and gate."""
     from workbench.moe.hf_experts import expert_linear
 

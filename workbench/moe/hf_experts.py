@@ -26,8 +26,13 @@ from workbench.moe.router import GATES, balanced_ids
 # Shape suffixes: T tokens, D hidden, E experts, N routed rows, I intermediate; weight_EKN: [E, K in, N out].
 
 # The flags' defaults of the decorator (transformers.integrations.moe); 5.17 lacks some of them.
-LAYOUT_DEFAULTS = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
-                   "has_post_expert_norm": False}
+LAYOUT_DEFAULTS = {
+    "has_gate": True,
+    "has_bias": False,
+    "is_transposed": False,
+    "is_concatenated": True,
+    "has_post_expert_norm": False,
+}
 
 
 @dataclass(frozen=True)
@@ -101,8 +106,13 @@ def grouped_mm_ok(x_ND: torch.Tensor, weight_EKN: torch.Tensor, dtypes: tuple[to
     return all((w * x_ND.element_size()) % 16 == 0 for w in weight_EKN.shape[1:])
 
 
-def grouped_linear(x_ND: torch.Tensor, tokens_per_expert: torch.Tensor, weight_E: torch.Tensor,
-                   transposed: bool, dtypes: tuple[torch.dtype, ...]) -> torch.Tensor:
+def grouped_linear(
+    x_ND: torch.Tensor,
+    tokens_per_expert: torch.Tensor,
+    weight_E: torch.Tensor,
+    transposed: bool,
+    dtypes: tuple[torch.dtype, ...],
+) -> torch.Tensor:
     """Rows of expert e times its weight, for expert-major rows (`tokens_per_expert` rows each).
 
     `dtypes`: what grouped_mm takes on the device (the module's workbench_grouped_mm_dtypes; ()
@@ -115,7 +125,7 @@ def grouped_linear(x_ND: torch.Tensor, tokens_per_expert: torch.Tensor, weight_E
     outputs, start = [], 0
     for e, count in enumerate(tokens_per_expert.tolist()):  # the always-correct path (one host sync)
         if count:
-            outputs.append(x_ND[start:start + count] @ weight_EKN[e])
+            outputs.append(x_ND[start : start + count] @ weight_EKN[e])
             start += count
     if not outputs:
         # Keep the weight in the graph so every rank's backward reaches the same parameters.
@@ -142,7 +152,9 @@ def is_plain_swiglu(module: nn.Module) -> bool:
 
     layout = layout_of(module)
     gate = getattr(type(module), "_apply_gate", None)
-    if not (layout.has_gate and layout.is_concatenated and gate is not None and is_silu(getattr(module, "act_fn", None))):
+    if not (
+        layout.has_gate and layout.is_concatenated and gate is not None and is_silu(getattr(module, "act_fn", None))
+    ):
         return False
     if gate is getattr(hf_moe, "_default_apply_gate", None):
         return True
@@ -187,7 +199,7 @@ def _expert_rows_te(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: to
     if sum(counts) == 0:  # keep the weights in the graph so every rank reaches the same parameters
         return x_ND.new_zeros(x_ND.shape) + 0.0 * sum(getattr(module, n).sum() for n in layout.param_names())
     fp8 = te_common.fp8_active()
-    rows_x, rows_counts = (te.Fp8Padding(len(counts), FP8_ROW_ALIGN)(x_ND, counts) if fp8 else (x_ND, counts))
+    rows_x, rows_counts = te.Fp8Padding(len(counts), FP8_ROW_ALIGN)(x_ND, counts) if fp8 else (x_ND, counts)
     row_counts_t = torch.tensor(rows_counts, device=x_ND.device)
     h = _te_linear_rows(rows_x, rows_counts, up)
     if layout.has_bias:
@@ -220,8 +232,9 @@ def _expert_rows_torch(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert:
 
 # The generic path's experts implementations by BackendConfig.experts ('loop' is grouped_mm with no
 # grouped_mm dtypes: install_engine_experts decides that once).
-EXPERTS_BACKENDS = KernelRegistry("experts", {"loop": _expert_rows_torch, "grouped_mm": _expert_rows_torch,
-                                              "te": _expert_rows_te})
+EXPERTS_BACKENDS = KernelRegistry(
+    "experts", {"loop": _expert_rows_torch, "grouped_mm": _expert_rows_torch, "te": _expert_rows_te}
+)
 
 
 def expert_rows(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
@@ -232,8 +245,9 @@ def expert_rows(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.
 class EngineExperts:
     """Mixin put in front of a Transformers experts class: the engine's forward, same parameters."""
 
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
         """Transformers' experts call: tokens [T, D], the router's top-k ids and weights [T, K]."""
         x_TD = hidden_states.reshape(-1, hidden_states.shape[-1])
         if getattr(self, "workbench_gate", "native") == "balanced":
@@ -260,8 +274,10 @@ class EngineExperts:
     def extra_repr(self) -> str:
         """Which experts this rank holds and the GEMM backend."""
         first, last = self.workbench_expert_range
-        return (f"engine experts [{first}, {last}) of {self.num_experts}, backend={self.workbench_experts_backend}, "
-                f"swiglu={self.workbench_swiglu}" + (", recompute" if self.workbench_recompute else ""))
+        return (
+            f"engine experts [{first}, {last}) of {self.num_experts}, backend={self.workbench_experts_backend}, "
+            f"swiglu={self.workbench_swiglu}" + (", recompute" if self.workbench_recompute else "")
+        )
 
 
 def engine_class(hf_class: type) -> type:
@@ -274,13 +290,23 @@ def engine_class(hf_class: type) -> type:
 def check_generic_backend(backend: str) -> None:
     """Refuse an experts backend the generic path has no implementation of (before any model is built)."""
     if backend not in EXPERTS_BACKENDS:
-        raise ValueError(f"experts backend {backend!r} has no generic-path implementation; use one of "
-                         f"{list(EXPERTS_BACKENDS)} (e.g. BackendConfig(experts='grouped_mm'))")
+        raise ValueError(
+            f"experts backend {backend!r} has no generic-path implementation; use one of "
+            f"{list(EXPERTS_BACKENDS)} (e.g. BackendConfig(experts='grouped_mm'))"
+        )
 
 
-def install_engine_experts(module: nn.Module, dispatcher, backend: str, expert_range: tuple[int, int],
-                           num_experts: int, gate: str = "native", swiglu: str = "torch",
-                           recompute: bool = False, device: torch.device | str | None = None) -> nn.Module:
+def install_engine_experts(
+    module: nn.Module,
+    dispatcher,
+    backend: str,
+    expert_range: tuple[int, int],
+    num_experts: int,
+    gate: str = "native",
+    swiglu: str = "torch",
+    recompute: bool = False,
+    device: torch.device | str | None = None,
+) -> nn.Module:
     """Turn a v5 experts module into the engine's in place; keep only experts [first, last).
 
     `gate` "balanced" is the bench's round-robin assignment. `swiglu` (a resolved
@@ -297,14 +323,17 @@ def install_engine_experts(module: nn.Module, dispatcher, backend: str, expert_r
         raise ValueError(f"swiglu must be a resolved BackendConfig.swiglu, 'torch' or 'triton'; got {swiglu!r}")
     layout = layout_of(module)
     if backend == "te" and layout.is_transposed:
-        raise ValueError(f"experts='te' takes untransposed expert weights [E, out, in]; {type(module).__name__} "
-                         "stores them transposed: use experts='grouped_mm'")
+        raise ValueError(
+            f"experts='te' takes untransposed expert weights [E, out, in]; {type(module).__name__} "
+            "stores them transposed: use experts='grouped_mm'"
+        )
     first, last = expert_range
     for name in layout.param_names():
         param = getattr(module, name)
         if param.shape[0] != num_experts:
-            raise ValueError(f"{type(module).__name__}.{name} holds {param.shape[0]} experts, the config says "
-                             f"{num_experts}")
+            raise ValueError(
+                f"{type(module).__name__}.{name} holds {param.shape[0]} experts, the config says {num_experts}"
+            )
         if (first, last) != (0, num_experts):
             setattr(module, name, nn.Parameter(param.data[first:last].clone(), requires_grad=param.requires_grad))
     module.__class__ = engine_class(type(module))

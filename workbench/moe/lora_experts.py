@@ -33,8 +33,9 @@ def in_out(module: nn.Module, weight: str) -> tuple[int, int]:
     return (shape[1], shape[2]) if module.workbench_layout.is_transposed else (shape[2], shape[1])
 
 
-def add_expert_adapters(module: nn.Module, name: str, weights: tuple[str, ...], rank: int, scaling: float,
-                        dropout: float, seed: int) -> list[str]:
+def add_expert_adapters(
+    module: nn.Module, name: str, weights: tuple[str, ...], rank: int, scaling: float, dropout: float, seed: int
+) -> list[str]:
     """Give engine experts module `module` (full name `name`) adapters on `weights`; return their names.
 
     Each expert's A is seeded by (seed, module, weight, global expert id): the adapters do not
@@ -51,7 +52,8 @@ def add_expert_adapters(module: nn.Module, name: str, weights: tuple[str, ...], 
         with torch.no_grad():
             for local, e in enumerate(range(first, last)):
                 g = torch.Generator(device=base.device).manual_seed(
-                    zlib.crc32(f"{seed}/{name}/{weight}/lora_A/{e}".encode()))
+                    zlib.crc32(f"{seed}/{name}/{weight}/lora_A/{e}".encode())
+                )
                 a[local].uniform_(-bound, bound, generator=g)
         b = torch.zeros(last - first, rank, fan_out, device=base.device, dtype=base.dtype)
         name_a, name_b = adapter_names(weight)
@@ -62,8 +64,9 @@ def add_expert_adapters(module: nn.Module, name: str, weights: tuple[str, ...], 
     return added
 
 
-def lora_rows(module: nn.Module, weight: str, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor,
-              dtypes: tuple[torch.dtype, ...]) -> torch.Tensor | None:
+def lora_rows(
+    module: nn.Module, weight: str, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor, dtypes: tuple[torch.dtype, ...]
+) -> torch.Tensor | None:
     """scaling * (x @ A[e]) @ B[e] for expert-major rows, or None where `weight` has no adapters."""
     from workbench.moe.hf_experts import grouped_linear
 

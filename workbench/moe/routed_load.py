@@ -16,9 +16,8 @@ LOAD_BUFFER = "workbench_tokens_per_expert"
 
 def attach_load_counter(module: nn.Module, num_experts: int) -> None:
     """Give `module` a zeroed `[num_experts]` counter (a non-persistent buffer: not in state dicts)."""
-    device = getattr(module, "down_proj").device
-    module.register_buffer(LOAD_BUFFER, torch.zeros(num_experts, dtype=torch.int64, device=device),
-                           persistent=False)
+    device = module.down_proj.device
+    module.register_buffer(LOAD_BUFFER, torch.zeros(num_experts, dtype=torch.int64, device=device), persistent=False)
 
 
 def count_routed(module: nn.Module, top_k_index: torch.Tensor) -> None:

@@ -83,8 +83,9 @@ def balanced_topk(logits_TE: torch.Tensor, top_k: int, norm_topk_prob: bool) -> 
     return weights_TK.to(logits_TE.dtype), ids_TK
 
 
-def route(logits_TE: torch.Tensor, top_k: int, norm_topk_prob: bool, gate: str = "native"
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    logits_TE: torch.Tensor, top_k: int, norm_topk_prob: bool, gate: str = "native"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k weights and ids for `gate` in {"native", "balanced"}."""
     if gate == "native":
         return softmax_topk(logits_TE, top_k, norm_topk_prob)
@@ -93,8 +94,13 @@ def route(logits_TE: torch.Tensor, top_k: int, norm_topk_prob: bool, gate: str =
     raise ValueError(f"unknown gate {gate!r}; choose one of {list(GATES)}")
 
 
-def load_balancing_loss(router_logits: Sequence[torch.Tensor], num_experts: int, top_k: int,
-                        attention_mask: torch.Tensor | None = None, group=None) -> torch.Tensor:
+def load_balancing_loss(
+    router_logits: Sequence[torch.Tensor],
+    num_experts: int,
+    top_k: int,
+    attention_mask: torch.Tensor | None = None,
+    group=None,
+) -> torch.Tensor:
     """Switch-Transformer auxiliary loss as Transformers computes it for Qwen-MoE families.
 
     Fraction of top-k assignments per expert times mean router probability per expert, summed

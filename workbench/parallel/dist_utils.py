@@ -37,12 +37,16 @@ def pick_device(kind: str = "auto") -> torch.device:
     gloo = initialized() and "nccl" not in str(dist.get_backend()).lower()
     if kind == "cpu":
         if initialized() and not gloo:
-            raise ConfigError("model.device='cpu' needs a gloo process group (NCCL has no CPU collectives); "
-                              "use model.device='auto'")
+            raise ConfigError(
+                "model.device='cpu' needs a gloo process group (NCCL has no CPU collectives); use model.device='auto'"
+            )
         return torch.device("cpu")
     if kind == "cuda" and (not torch.cuda.is_available() or gloo):
-        raise ConfigError("model.device='cuda' needs a CUDA GPU" + (" and an NCCL process group (this one is gloo)"
-                                                                    if gloo else "") + "; use model.device='auto'")
+        raise ConfigError(
+            "model.device='cuda' needs a CUDA GPU"
+            + (" and an NCCL process group (this one is gloo)" if gloo else "")
+            + "; use model.device='auto'"
+        )
     device = default_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -49,13 +49,16 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     swapped its class for a subclass (FSDPQwen3MoeDecoderLayer).
     """
     names = set(getattr(model, "_no_split_modules", None) or ())
-    return [m for m in model.modules()
-            if m is not model and any(cls.__name__ in names for cls in type(m).__mro__)]
+    return [m for m in model.modules() if m is not model and any(cls.__name__ in names for cls in type(m).__mro__)]
 
 
-def apply_fsdp_any(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None = None,
-                   reshard_after_forward: bool = True,
-                   inner: Callable[[nn.Module], Iterable[tuple[nn.Module, DeviceMesh]]] | None = None) -> nn.Module:
+def apply_fsdp_any(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    param_dtype: torch.dtype | None = None,
+    reshard_after_forward: bool = True,
+    inner: Callable[[nn.Module], Iterable[tuple[nn.Module, DeviceMesh]]] | None = None,
+) -> nn.Module:
     """Shard a Transformers causal LM per decoder layer, then the root, over dp; gradients summed.
 
     `inner(layer)`: the (module, mesh) pairs inside a layer sharded before it, each over its own
@@ -68,7 +71,7 @@ def apply_fsdp_any(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype 
     sharded = []
     # Innermost first: fully_shard needs a nested block sharded before the block around it.
     for layer in reversed(decoder_layers(model)):
-        for module, module_mesh in (inner(layer) if inner is not None else ()):
+        for module, module_mesh in inner(layer) if inner is not None else ():
             sharded.append(fully_shard(module, mesh=module_mesh, **kwargs))
         sharded.append(fully_shard(layer, mesh=dense, **kwargs))
     sharded.append(fully_shard(model, mesh=dense, **{**kwargs, "reshard_after_forward": False}))

@@ -14,8 +14,9 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -39,8 +40,15 @@ def _rank_main(rank: int, world: int, port: int, target: str, payload: Any, labe
     import torch
     import torch.distributed as dist
 
-    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+    )
     code = 0
     try:
         if world > 1:
@@ -90,8 +98,9 @@ def report_config_error(label: str, err: BaseException) -> None:
     time.sleep(_SILENT_RANK_GRACE_S)
 
 
-def run_in_launched_group(fn: Callable[[], None], label: str,
-                          config_errors: tuple[type[BaseException], ...] = ()) -> int:
+def run_in_launched_group(
+    fn: Callable[[], None], label: str, config_errors: tuple[type[BaseException], ...] = ()
+) -> int:
     """Run `fn` as one rank of the group a launcher (torchrun) described in the environment.
 
     Returns 0, 2 for a configuration error (one line, see `report_config_error`), or 1 for any
@@ -159,8 +168,9 @@ def _failed_ranks(ctx: Any, first: int) -> list[RankExit]:
     return sorted(exits, key=cause_first)
 
 
-def spawn(target: str, payload: Any, world: int, label: str,
-          on_failure: Callable[[list[RankExit]], None] | None = None) -> int:
+def spawn(
+    target: str, payload: Any, world: int, label: str, on_failure: Callable[[list[RankExit]], None] | None = None
+) -> int:
     """Run `target(payload)` ("module:function") on `world` spawned ranks; 0 if all succeeded.
 
     When a rank fails, the others get FAILURE_GRACE_S to stop, then are terminated, and

@@ -36,8 +36,10 @@ class MeshConfig:
         if self.cp != 1 or self.tp != 1:
             raise MeshError("context and tensor parallelism are not supported yet: keep cp=1 and tp=1")
         if self.dp % self.ep:
-            raise MeshError(f"ep={self.ep} must divide dp={self.dp}: experts are split inside data "
-                            f"parallelism; try ep in {divisors(self.dp)}")
+            raise MeshError(
+                f"ep={self.ep} must divide dp={self.dp}: experts are split inside data "
+                f"parallelism; try ep in {divisors(self.dp)}"
+            )
 
     @property
     def world_size(self) -> int:
@@ -52,12 +54,16 @@ class MeshConfig:
     def validate(self, world_size: int, num_experts: int | None = None) -> None:
         """Refuse a mesh that does not match the world size or split the experts evenly."""
         if self.world_size != world_size:
-            raise MeshError(f"MeshConfig(dp={self.dp}, ep={self.ep}) spans {self.world_size} ranks but the "
-                            f"world has {world_size}; use dp={world_size} and an ep in {divisors(world_size)}")
+            raise MeshError(
+                f"MeshConfig(dp={self.dp}, ep={self.ep}) spans {self.world_size} ranks but the "
+                f"world has {world_size}; use dp={world_size} and an ep in {divisors(world_size)}"
+            )
         if num_experts is not None and num_experts % self.ep:
             good = [d for d in divisors(world_size) if num_experts % d == 0]
-            raise MeshError(f"ep={self.ep} does not divide the model's {num_experts} experts (uneven experts "
-                            f"per rank are refused); choose ep in {good}")
+            raise MeshError(
+                f"ep={self.ep} does not divide the model's {num_experts} experts (uneven experts "
+                f"per rank are refused); choose ep in {good}"
+            )
 
     def ep_rank_of(self, rank: int) -> int:
         """Position of a global rank inside its expert-parallel group."""
@@ -72,8 +78,10 @@ class MeshConfig:
     def build(self, device_type: str = "cpu") -> DeviceMesh:
         """A DeviceMesh with dims ("edp", "ep") and the flattened dense dim "dp"."""
         if not dist.is_initialized():
-            raise MeshError("MeshConfig.build() needs an initialized process group "
-                            "(torchrun, workbench.Cluster, or torch.distributed.init_process_group)")
+            raise MeshError(
+                "MeshConfig.build() needs an initialized process group "
+                "(torchrun, workbench.Cluster, or torch.distributed.init_process_group)"
+            )
         self.validate(dist.get_world_size())
         mesh = init_device_mesh(device_type, (self.edp, self.ep), mesh_dim_names=("edp", "ep"))
         mesh["edp", "ep"]._flatten("dp")

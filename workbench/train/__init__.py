@@ -4,4 +4,4 @@ from __future__ import annotations
 
 from workbench.train.loop import Trainer, finetune
 
-__all__ = ["finetune", "Trainer"]
+__all__ = ["Trainer", "finetune"]

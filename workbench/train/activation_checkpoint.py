@@ -46,7 +46,7 @@ def _has_early_stop() -> bool:
 
 
 def replay_contexts(model: nn.Module):
-    """`context_fn` for torch's checkpoint: (nothing around the forward, the forward's attention choice around the replay)."""
+    """torch checkpoint's `context_fn`: nothing around the forward, the forward's attention choice around the replay."""
     from workbench.models.generic_extras import attention_backend
 
     backend = getattr(model, "workbench_backend", None)
@@ -63,8 +63,10 @@ def apply_activation_checkpointing(model: nn.Module) -> int:
     kwargs["context_fn"] = replay_contexts(model)
     layers = decoder_layers(model)  # also after fully_shard swapped their class
     if not layers:
-        raise ValueError(f"train.activation_checkpointing: {type(model).__name__} names no decoder layer class "
-                         "in _no_split_modules, so there is no layer to checkpoint; set it to false")
+        raise ValueError(
+            f"train.activation_checkpointing: {type(model).__name__} names no decoder layer class "
+            "in _no_split_modules, so there is no layer to checkpoint; set it to false"
+        )
     for layer in layers:
         if getattr(layer, "workbench_activation_checkpoint", False):
             continue

@@ -33,16 +33,32 @@ from workbench.models.auto import save_pretrained
 from workbench.parallel import dist_utils as du
 from workbench.train.expert_state import globalize
 from workbench.train.manifest import MANIFEST_FILE, verify_manifest, write_manifest
-from workbench.train.safe_load import (check_dcp_values, load_tensors, read_dcp_metadata, read_json,
-                                       safe_dcp_reader_and_planner)
+from workbench.train.safe_load import (
+    check_dcp_values,
+    load_tensors,
+    read_dcp_metadata,
+    read_json,
+    safe_dcp_reader_and_planner,
+)
 
 META_FILE = "meta.json"
 TRAINER_STATE_FILE = "trainer_state.json"
 STEP_PREFIX = "step-"
 LEFTOVER_PREFIXES = (".tmp-step-", ".old-step-")  # saves that never finished (see save_checkpoint)
-SHAPE_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "intermediate_size", "moe_intermediate_size",
-                "num_experts", "num_experts_per_tok", "tie_word_embeddings")
+SHAPE_FIELDS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "moe_intermediate_size",
+    "num_experts",
+    "num_experts_per_tok",
+    "tie_word_embeddings",
+)
 
 
 def model_shape(hf_config: Any) -> dict[str, Any]:
@@ -73,8 +89,12 @@ def _read_rng(ckpt: Path) -> dict[str, Any] | None:
         return None
     state = load_tensors(path, ckpt)
     python = state.get("python") if isinstance(state, dict) else None
-    if (not isinstance(python, (tuple, list)) or len(python) != 3 or not isinstance(python[1], (tuple, list))
-            or not isinstance(state.get("torch"), torch.Tensor)):
+    if (
+        not isinstance(python, (tuple, list))
+        or len(python) != 3
+        or not isinstance(python[1], (tuple, list))
+        or not isinstance(state.get("torch"), torch.Tensor)
+    ):
         raise CheckpointError(f"cannot resume from {ckpt}: {path} does not hold RNG states")
     return state
 
@@ -136,9 +156,16 @@ def _disk_full(err: BaseException) -> bool:
     return cause is not None and _disk_full(cause)
 
 
-def save_checkpoint(checkpoints_dir: str | Path, step: int, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, scheduler: Any, data_state: dict,
-                    hf_config: Any, settings: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    checkpoints_dir: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    data_state: dict,
+    hf_config: Any,
+    settings: dict[str, Any] | None = None,
+) -> Path:
     """Collective: write checkpoint `step` atomically; returns its final directory.
 
     `settings` are the run settings a resume must keep (run_settings), recorded in meta.json.
@@ -146,8 +173,7 @@ def save_checkpoint(checkpoints_dir: str | Path, step: int, model: torch.nn.Modu
     failure) and DiskFullError says how much space is left.
     """
     try:
-        return _write_checkpoint(checkpoints_dir, step, model, optimizer, scheduler, data_state, hf_config,
-                                 settings)
+        return _write_checkpoint(checkpoints_dir, step, model, optimizer, scheduler, data_state, hf_config, settings)
     except BaseException as err:
         if not _disk_full(err):
             raise
@@ -157,13 +183,23 @@ def save_checkpoint(checkpoints_dir: str | Path, step: int, model: torch.nn.Modu
             free = f"{shutil.disk_usage(root).free / 2**20:.1f} MiB free"
         except OSError:
             free = "free space unknown"
-        raise DiskFullError(errno.ENOSPC, f"disk full while saving step {step}: {free} on {root}; "
-                            "free space or set output_dir to a larger disk, then resume") from err
+        raise DiskFullError(
+            errno.ENOSPC,
+            f"disk full while saving step {step}: {free} on {root}; "
+            "free space or set output_dir to a larger disk, then resume",
+        ) from err
 
 
-def _write_checkpoint(checkpoints_dir: str | Path, step: int, model: torch.nn.Module,
-                      optimizer: torch.optim.Optimizer, scheduler: Any, data_state: dict,
-                      hf_config: Any, settings: dict[str, Any] | None) -> Path:
+def _write_checkpoint(
+    checkpoints_dir: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    data_state: dict,
+    hf_config: Any,
+    settings: dict[str, Any] | None,
+) -> Path:
     import torch.distributed.checkpoint as dcp
 
     root = Path(checkpoints_dir)
@@ -180,10 +216,18 @@ def _write_checkpoint(checkpoints_dir: str | Path, step: int, model: torch.nn.Mo
     torch.save(_rng_state(), _rng_file(tmp))
     du.barrier()
     if du.rank() == 0:
-        _write_json(tmp / TRAINER_STATE_FILE,
-                    {"step": step, "scheduler": scheduler.state_dict(), "data": dict(data_state)})
-        _write_json(tmp / META_FILE, {"step": step, "world_size": du.world_size(), "model": model_shape(hf_config),
-                                      "settings": dict(settings or {})})
+        _write_json(
+            tmp / TRAINER_STATE_FILE, {"step": step, "scheduler": scheduler.state_dict(), "data": dict(data_state)}
+        )
+        _write_json(
+            tmp / META_FILE,
+            {
+                "step": step,
+                "world_size": du.world_size(),
+                "model": model_shape(hf_config),
+                "settings": dict(settings or {}),
+            },
+        )
     du.barrier()
     write_manifest(tmp)
     if du.rank() == 0:
@@ -212,16 +256,20 @@ def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint directory from a step dir, a checkpoints dir or a run dir (latest wins)."""
     path = Path(path).expanduser()
     if path.name.startswith(LEFTOVER_PREFIXES):
-        raise CheckpointError(f"{path} is a save that never finished (a run stopped while writing it); "
-                              f"pass the run directory or one of its {STEP_PREFIX}* checkpoints")
+        raise CheckpointError(
+            f"{path} is a save that never finished (a run stopped while writing it); "
+            f"pass the run directory or one of its {STEP_PREFIX}* checkpoints"
+        )
     if (path / META_FILE).is_file():
         return path
     for root in (path, path / "checkpoints"):
         found = list_checkpoints(root)
         if found:
             return found[-1]
-    raise CheckpointError(f"no complete checkpoint at {path} (looked for {META_FILE} in it, in step-* "
-                          "subdirectories and under checkpoints/); pass a run or checkpoint directory")
+    raise CheckpointError(
+        f"no complete checkpoint at {path} (looked for {META_FILE} in it, in step-* "
+        "subdirectories and under checkpoints/); pass a run or checkpoint directory"
+    )
 
 
 def read_meta(ckpt: Path) -> dict[str, Any]:
@@ -237,8 +285,11 @@ def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
     verify_manifest(ckpt)
     meta = read_meta(ckpt)
     state = read_json(ckpt / TRAINER_STATE_FILE, ckpt)
-    if not (isinstance(state.get("step"), int) and isinstance(state.get("scheduler"), dict)
-            and isinstance(state.get("data"), dict)):
+    if not (
+        isinstance(state.get("step"), int)
+        and isinstance(state.get("scheduler"), dict)
+        and isinstance(state.get("data"), dict)
+    ):
         raise CheckpointError(f"cannot resume from {ckpt}: {ckpt / TRAINER_STATE_FILE} lacks step, scheduler or data")
     check_dcp_values(ckpt, read_dcp_metadata(ckpt), set(read_json(ckpt / MANIFEST_FILE, ckpt)["files"]))
     _read_rng(ckpt)
@@ -249,11 +300,17 @@ def check_compatible(ckpt: Path, hf_config: Any) -> dict[str, Any]:
     """Raise CheckpointError if `ckpt` was written for a model of another shape."""
     meta = read_meta(ckpt)
     saved, ours = meta.get("model", {}), model_shape(hf_config)
-    diffs = [f"{k}: checkpoint {saved.get(k)!r} vs this run {ours[k]!r}" for k in SHAPE_FIELDS
-             if k in saved and saved.get(k) != ours[k]]
+    diffs = [
+        f"{k}: checkpoint {saved.get(k)!r} vs this run {ours[k]!r}"
+        for k in SHAPE_FIELDS
+        if k in saved and saved.get(k) != ours[k]
+    ]
     if diffs:
-        raise CheckpointError(f"cannot resume from {ckpt}: it holds a model of another shape ("
-                              + "; ".join(diffs) + "); use a checkpoint of this model or change the model config")
+        raise CheckpointError(
+            f"cannot resume from {ckpt}: it holds a model of another shape ("
+            + "; ".join(diffs)
+            + "); use a checkpoint of this model or change the model config"
+        )
     return meta
 
 
@@ -273,17 +330,22 @@ def check_settings(ckpt: Path, rc: Any) -> list[str]:
     Returns the accepted differences (train.resume_allow_changes), one line each, for the log.
     """
     saved, ours = read_meta(ckpt).get("settings", {}), run_settings(rc)
-    diffs = {k: f"{k}: checkpoint {saved[k]!r} vs this run {ours[k]!r}" for k in RESUME_FIELDS
-             if k in saved and saved[k] != ours[k]}
+    diffs = {
+        k: f"{k}: checkpoint {saved[k]!r} vs this run {ours[k]!r}"
+        for k in RESUME_FIELDS
+        if k in saved and saved[k] != ours[k]
+    }
     refused = [k for k in diffs if k not in rc.train.resume_allow_changes]
     if refused:
         names = sorted(set(refused) | set(rc.train.resume_allow_changes))
         raise CheckpointError(
             f"cannot resume from {ckpt}: this run changes settings the checkpoint was saved with: "
             + "; ".join(diffs[k] for k in refused)
-            + ". The LR schedule, the optimizer's update and the data position depend on them. Use the checkpoint's values, or accept "
+            + ". The LR schedule, the optimizer's update and the data position depend on them. "
+            "Use the checkpoint's values, or accept "
             f"this run's values with train.resume_allow_changes: [{', '.join(names)}] (CLI: --set "
-            f"'train.resume_allow_changes=[{', '.join(names)}]')")
+            f"'train.resume_allow_changes=[{', '.join(names)}]')"
+        )
     return list(diffs.values())
 
 
@@ -331,8 +393,9 @@ def _restore_schedule(scheduler: Any, optimizer: torch.optim.Optimizer, saved: d
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
-def load_checkpoint(ckpt: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler: Any) -> dict[str, Any]:
+def load_checkpoint(
+    ckpt: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> dict[str, Any]:
     """Collective: restore model, optimizer, scheduler and RNG; returns {"step", "data"}."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -347,8 +410,13 @@ def load_checkpoint(ckpt: str | Path, model: torch.nn.Module, optimizer: torch.o
     # The optimizer state brings the saved hyper-parameters back; this run's are the ones
     # check_settings let through (equal, or accepted in train.resume_allow_changes).
     hyper = [{k: group[k] for k in _OPTIMIZER_HYPER if k in group} for group in optimizer.param_groups]
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                   options=_state_options(model))
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=_state_options(model),
+    )
     for group, ours in zip(optimizer.param_groups, hyper):
         group.update(ours)
     trainer_state = read_json(ckpt / TRAINER_STATE_FILE, ckpt)

@@ -35,10 +35,10 @@ class Batch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def slice(self, start: int, stop: int) -> "Batch":
+    def slice(self, start: int, stop: int) -> Batch:
         return Batch(self.input_ids[start:stop], self.labels[start:stop], self.position_ids[start:stop])
 
-    def to(self, device: torch.device | str) -> "Batch":
+    def to(self, device: torch.device | str) -> Batch:
         return Batch(self.input_ids.to(device), self.labels.to(device), self.position_ids.to(device))
 
     def num_loss_tokens(self) -> int:
@@ -52,8 +52,15 @@ class Batch:
 
 # What AutoTokenizer can build a tokenizer from: a fast tokenizer file or a slow one's vocabulary.
 # (tokenizer_config.json alone names a class but holds no vocabulary.)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json",
-                   "vocab.txt", "*.tiktoken")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.json",
+    "vocab.txt",
+    "*.tiktoken",
+)
 
 
 def has_tokenizer_files(path: Path) -> bool:
@@ -66,16 +73,19 @@ def load_tokenizer(path: str | Path, require_template: bool = True):
     from transformers import AutoTokenizer
 
     path = Path(path).expanduser()
-    hint = ("set data.tokenizer to a folder written by tokenizer.save_pretrained() "
-            "(or leave it unset for the shipped one)")
+    hint = (
+        "set data.tokenizer to a folder written by tokenizer.save_pretrained() (or leave it unset for the shipped one)"
+    )
     if not path.exists():
         raise DataError(f"tokenizer directory {path} does not exist; {hint}")
     if not path.is_dir():
         raise DataError(f"tokenizer path {path} is not a directory; {hint}")
     if not has_tokenizer_files(path):
         present = sorted(p.name for p in path.iterdir())[:8]
-        raise DataError(f"tokenizer directory {path} has no tokenizer files (looked for "
-                        f"{', '.join(TOKENIZER_FILES)}; found {present or 'nothing'}); {hint}")
+        raise DataError(
+            f"tokenizer directory {path} has no tokenizer files (looked for "
+            f"{', '.join(TOKENIZER_FILES)}; found {present or 'nothing'}); {hint}"
+        )
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     if require_template and not getattr(tok, "chat_template", None):
         raise DataError(f"tokenizer {path} has no chat template; SFT rows are rendered through it")
@@ -107,13 +117,17 @@ def _row_line_numbers(path: Path, max_length: int) -> list[int]:
                 # A line cut at the bound may end inside a character: decode it incrementally.
                 text = codecs.getincrementaldecoder("utf-8")().decode(raw, final=whole)
             except UnicodeDecodeError as err:
-                raise DataError(f"{path}:{i}: not UTF-8 (byte 0x{raw[err.start]:02x} at byte {err.start + 1} of "
-                                "the line); the dataset must be UTF-8 JSON lines (one JSON object per line): "
-                                "re-encode it, e.g. `iconv -f latin1 -t utf-8`") from None
+                raise DataError(
+                    f"{path}:{i}: not UTF-8 (byte 0x{raw[err.start]:02x} at byte {err.start + 1} of "
+                    "the line); the dataset must be UTF-8 JSON lines (one JSON object per line): "
+                    "re-encode it, e.g. `iconv -f latin1 -t utf-8`"
+                ) from None
             if not whole:
-                raise DataError(f"{path}:{i}: row is over {max_bytes} bytes, more than a row of "
-                                f"data.max_length={max_length} tokens can take (64 bytes per token, at least "
-                                "1 MiB); shorten or drop the row, or write one JSON object per line")
+                raise DataError(
+                    f"{path}:{i}: row is over {max_bytes} bytes, more than a row of "
+                    f"data.max_length={max_length} tokens can take (64 bytes per token, at least "
+                    "1 MiB); shorten or drop the row, or write one JSON object per line"
+                )
             if text.strip():
                 lines.append(i)
     return lines
@@ -138,8 +152,9 @@ def require_datasets():
     try:
         import datasets
     except ImportError:
-        raise DataError("reading data files needs the `datasets` library (data.kind 'jsonl' and 'datasets'): "
-                        "pip install datasets") from None
+        raise DataError(
+            "reading data files needs the `datasets` library (data.kind 'jsonl' and 'datasets'): pip install datasets"
+        ) from None
     return datasets
 
 
@@ -166,15 +181,18 @@ def read_jsonl_rows(path: str | Path, max_length: int) -> list[tuple[int, dict]]
         if bars_were_on:
             datasets.utils.enable_progress_bars()
     if len(ds) != len(lines):
-        raise DataError(f"{path}: datasets read {len(ds)} rows from {len(lines)} non-blank lines; "
-                        "write one JSON object per line")
+        raise DataError(
+            f"{path}: datasets read {len(ds)} rows from {len(lines)} non-blank lines; write one JSON object per line"
+        )
     return list(zip(lines, ds))
 
 
 def row_messages(row: dict, where: str) -> list[dict]:
     """Chat messages of a row: {"prompt", "response"} or {"messages": [{"role", "content"}]}."""
-    fmt = ("rows need 'prompt' and 'response' strings, or 'messages': a list of "
-           "{'role', 'content'} with at least one assistant turn")
+    fmt = (
+        "rows need 'prompt' and 'response' strings, or 'messages': a list of "
+        "{'role', 'content'} with at least one assistant turn"
+    )
     messages = row.get("messages")
     if messages is not None:
         if not isinstance(messages, list) or not messages:
@@ -197,6 +215,7 @@ def tokenize_messages(tokenizer, messages: list[dict], where: str) -> tuple[list
     The conversation is rendered incrementally with the chat template; each new piece of text is
     tokenized on its own, so the prompt/response boundary is exact in token space.
     """
+
     def render(msgs: list[dict], gen: bool) -> str:
         if not msgs and not gen:
             return ""
@@ -214,9 +233,11 @@ def tokenize_messages(tokenizer, messages: list[dict], where: str) -> tuple[list
         pieces.append((full, message["role"] == "assistant"))
         for text, trained in pieces:
             if not text.startswith(done):
-                raise DataError(f"{where}: the tokenizer's chat template is not prefix-stable, so "
-                                "the prompt cannot be masked exactly")
-            new = text[len(done):]
+                raise DataError(
+                    f"{where}: the tokenizer's chat template is not prefix-stable, so "
+                    "the prompt cannot be masked exactly"
+                )
+            new = text[len(done) :]
             done = text
             piece_ids = tokenizer(new, add_special_tokens=False)["input_ids"] if new else []
             ids.extend(piece_ids)
@@ -232,8 +253,10 @@ def load_sft_examples(path: str | Path, tokenizer, max_length: int) -> list[tupl
         where = f"{path}:{line}"
         ids, labels = tokenize_messages(tokenizer, row_messages(dict(row), where), where)
         if len(ids) > max_length:
-            raise DataError(f"{where}: row is {len(ids)} tokens, over data.max_length={max_length}; "
-                            "shorten or drop the row, or raise data.max_length / data.seq_len")
+            raise DataError(
+                f"{where}: row is {len(ids)} tokens, over data.max_length={max_length}; "
+                "shorten or drop the row, or raise data.max_length / data.seq_len"
+            )
         examples.append((ids, labels))
     return examples
 
@@ -260,8 +283,9 @@ def iter_packed(examples, seq_len: int, pack: bool = True):
         yield cur
 
 
-def pad_sequence_into(out_ids, out_labels, out_pos, ids: list[int], labels: list[int], pos: list[int],
-                      pad_id: int) -> None:
+def pad_sequence_into(
+    out_ids, out_labels, out_pos, ids: list[int], labels: list[int], pos: list[int], pad_id: int
+) -> None:
     """Write one packed sequence into numpy rows of fixed width; padding gets label -100 and its own positions."""
     k, seq_len = len(ids), out_ids.shape[-1]
     out_ids[:k], out_ids[k:] = ids, pad_id
@@ -270,8 +294,7 @@ def pad_sequence_into(out_ids, out_labels, out_pos, ids: list[int], labels: list
     out_pos[k:] = np.arange(seq_len - k)  # padding is its own "document"
 
 
-def pack_examples(examples: list[tuple[list[int], list[int]]], seq_len: int, pad_id: int,
-                  pack: bool = True) -> Batch:
+def pack_examples(examples: list[tuple[list[int], list[int]]], seq_len: int, pad_id: int, pack: bool = True) -> Batch:
     """Fixed-length sequences `[n, seq_len]` from `iter_packed`, in memory."""
     seqs = list(iter_packed(examples, seq_len, pack))
     n = len(seqs)
@@ -288,8 +311,9 @@ def pack_examples(examples: list[tuple[list[int], list[int]]], seq_len: int, pad
 class TokenStream:
     """Deterministic, resumable source of global batches (same on every rank)."""
 
-    def __init__(self, sequences: Batch | None, *, seed: int, seq_len: int, vocab_size: int | None = None,
-                 eval_sequences=None) -> None:
+    def __init__(
+        self, sequences: Batch | None, *, seed: int, seq_len: int, vocab_size: int | None = None, eval_sequences=None
+    ) -> None:
         self.sequences = sequences  # a Batch, or anything with len() and .slice() (data_cache.MappedSequences)
         self.eval_sequences = eval_sequences  # held-out sequences for eval (kind="datasets"), or None
         self.seed = seed
@@ -341,8 +365,9 @@ class TokenStream:
         self.consumed = int(state["consumed"])
 
 
-def build_stream(data_cfg, seed: int, vocab_size: int, model_path: str | None = None,
-                 runs_dir: str | None = None) -> TokenStream:
+def build_stream(
+    data_cfg, seed: int, vocab_size: int, model_path: str | None = None, runs_dir: str | None = None
+) -> TokenStream:
     """The TokenStream for a DataConfig: JSONL tokenized in memory, `datasets` through the on-disk cache."""
     if data_cfg.kind == "synthetic":
         return TokenStream(None, seed=seed, seq_len=data_cfg.seq_len, vocab_size=vocab_size)
@@ -371,8 +396,10 @@ def resolve_tokenizer_dir(data_cfg, model_path: str | None) -> Path:
 def check_vocab(tokenizer_len: int, tokenizer_dir: Path, vocab_size: int) -> None:
     """Refuse a tokenizer with ids the model's embedding does not have."""
     if tokenizer_len > vocab_size:
-        raise DataError(f"tokenizer {tokenizer_dir} has {tokenizer_len} tokens but the model's "
-                        f"vocab_size is {vocab_size}; use a matching tokenizer/model")
+        raise DataError(
+            f"tokenizer {tokenizer_dir} has {tokenizer_len} tokens but the model's "
+            f"vocab_size is {vocab_size}; use a matching tokenizer/model"
+        )
 
 
 def pad_token_id(tokenizer) -> int:

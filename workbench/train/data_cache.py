@@ -21,8 +21,17 @@ import torch
 
 from workbench.config import DATA_FILE_BUILDERS
 from workbench.parallel import dist_utils as du
-from workbench.train.data import (IGNORE_INDEX, Batch, DataError, check_vocab, iter_packed, load_tokenizer,
-                                  pad_sequence_into, pad_token_id, require_datasets)
+from workbench.train.data import (
+    IGNORE_INDEX,
+    Batch,
+    DataError,
+    check_vocab,
+    iter_packed,
+    load_tokenizer,
+    pad_sequence_into,
+    pad_token_id,
+    require_datasets,
+)
 from workbench.train.data_rows import resolve_columns, tokenize_row, tokenize_texts
 
 # 2: a packed document's first label is -100 (data.iter_packed); caches of 1 still hold it as a target
@@ -78,6 +87,7 @@ def _check_exist(files: list[Path], field: str) -> None:
 
 def cache_key(cfg, tokenizer_dir: Path) -> str:
     """A hash of every input the cached tokens depend on."""
+
     def sources(files: list[Path]) -> list:
         return [fp for f in files for fp in _file_fingerprints(f)]
 
@@ -86,10 +96,20 @@ def cache_key(cfg, tokenizer_dir: Path) -> str:
         data = sources([local]) if local.exists() else ["name", cfg.path]
     else:
         data = sources(_files(cfg.data_files))
-    parts = {"version": CACHE_VERSION, "data": data, "eval": sources(_files(cfg.eval_files)), "split": cfg.split,
-             "format": cfg.format, "columns": cfg.columns, "assistant_only_loss": cfg.assistant_only_loss,
-             "seq_len": cfg.seq_len, "pack": cfg.pack, "max_length": cfg.example_max_length,
-             "eval_fraction": cfg.eval_fraction, "tokenizer": _tokenizer_fingerprint(tokenizer_dir)}
+    parts = {
+        "version": CACHE_VERSION,
+        "data": data,
+        "eval": sources(_files(cfg.eval_files)),
+        "split": cfg.split,
+        "format": cfg.format,
+        "columns": cfg.columns,
+        "assistant_only_loss": cfg.assistant_only_loss,
+        "seq_len": cfg.seq_len,
+        "pack": cfg.pack,
+        "max_length": cfg.example_max_length,
+        "eval_fraction": cfg.eval_fraction,
+        "tokenizer": _tokenizer_fingerprint(tokenizer_dir),
+    }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
@@ -127,23 +147,28 @@ def load_sources(cfg, files: list[Path], work: Path, field: str) -> list[tuple[s
         try:
             ds = datasets.load_from_disk(str(local))
         except Exception as err:
-            raise DataError(f"data.path {local} is not a save_to_disk folder ({type(err).__name__}: {err}); "
-                            "local files go in data.data_files") from err
+            raise DataError(
+                f"data.path {local} is not a save_to_disk folder ({type(err).__name__}: {err}); "
+                "local files go in data.data_files"
+            ) from err
         if isinstance(ds, datasets.DatasetDict):
             if cfg.split not in ds:
-                raise DataError(f"data.path {local} has no split {cfg.split!r}; its splits: {list(ds)} "
-                                "(set data.split)")
+                raise DataError(
+                    f"data.path {local} has no split {cfg.split!r}; its splits: {list(ds)} (set data.split)"
+                )
             ds = ds[cfg.split]
         return [(str(local), ds)]
     if local.exists() or cfg.path.startswith((".", "/", "~")):
-        raise DataError(f"data.path {local} is not a folder written by Dataset.save_to_disk(); local files go in "
-                        "data.data_files")
+        raise DataError(
+            f"data.path {local} is not a folder written by Dataset.save_to_disk(); local files go in data.data_files"
+        )
     try:
         ds = datasets.load_dataset(cfg.path, split=cfg.split, cache_dir=str(work / "hf"))
     except Exception as err:
-        raise DataError(f"could not load dataset {cfg.path!r} split {cfg.split!r} ({type(err).__name__}: {err}); "
-                        "offline, save it with save_to_disk() or to parquet and point data.path/data_files at it"
-                        ) from err
+        raise DataError(
+            f"could not load dataset {cfg.path!r} split {cfg.split!r} ({type(err).__name__}: {err}); "
+            "offline, save it with save_to_disk() or to parquet and point data.path/data_files at it"
+        ) from err
     return [(cfg.path, ds)]
 
 
@@ -165,17 +190,28 @@ def tokenize_source(cfg, tokenizer, name: str, ds, work: Path, index: int):
             row = {c: batch[c][k] for c in batch}
             ids, labels = tokenize_row(tokenizer, fmt, cols, row, where, cfg.assistant_only_loss)
             if len(ids) > max_length:
-                raise DataError(f"{where}: row is {len(ids)} tokens, over data.max_length={max_length}; "
-                                "shorten or drop the row, or raise data.max_length / data.seq_len")
+                raise DataError(
+                    f"{where}: row is {len(ids)} tokens, over data.max_length={max_length}; "
+                    "shorten or drop the row, or raise data.max_length / data.seq_len"
+                )
             out["input_ids"].append(ids)
             out["labels"].append(labels)
         return out
 
-    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
-                                  "labels": datasets.Sequence(datasets.Value("int32"))})
-    return fmt, ds.map(tokenize, batched=True, batch_size=256, with_indices=True, remove_columns=ds.column_names,
-                       features=features, cache_file_name=str(work / f"tokens-{index}.arrow"),
-                       new_fingerprint=f"workbench-tokens-{index}", desc=f"tokenizing {Path(name).name}")
+    features = datasets.Features(
+        {"input_ids": datasets.Sequence(datasets.Value("int32")), "labels": datasets.Sequence(datasets.Value("int32"))}
+    )
+    return fmt, ds.map(
+        tokenize,
+        batched=True,
+        batch_size=256,
+        with_indices=True,
+        remove_columns=ds.column_names,
+        features=features,
+        cache_file_name=str(work / f"tokens-{index}.arrow"),
+        new_fingerprint=f"workbench-tokens-{index}",
+        desc=f"tokenizing {Path(name).name}",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,7 +227,7 @@ def _examples(ds, fmt: str, max_length: int, indices=None):
                 yield ids, labels
                 continue
             for s in range(0, len(ids), max_length):
-                yield ids[s:s + max_length], labels[s:s + max_length]
+                yield ids[s : s + max_length], labels[s : s + max_length]
 
 
 def write_sequences(folder: Path, examples, seq_len: int, pad_id: int, pack: bool, where: str) -> int:
@@ -209,8 +245,9 @@ def write_sequences(folder: Path, examples, seq_len: int, pad_id: int, pack: boo
 
     try:
         for ids, labels, pos in iter_packed(examples, seq_len, pack):
-            pad_sequence_into(chunk["input_ids"][fill], chunk["labels"][fill], chunk["position_ids"][fill],
-                              ids, labels, pos, pad_id)
+            pad_sequence_into(
+                chunk["input_ids"][fill], chunk["labels"][fill], chunk["position_ids"][fill], ids, labels, pos, pad_id
+            )
             fill, n = fill + 1, n + 1
             if fill == len(chunk["input_ids"]):
                 flush()
@@ -220,18 +257,21 @@ def write_sequences(folder: Path, examples, seq_len: int, pad_id: int, pack: boo
         for f in files.values():
             f.close()
     if loss_tokens == 0:
-        raise DataError(f"{where}: every label is masked, so there is no token to train on; chat rows need "
-                        "non-empty assistant turns (or set data.assistant_only_loss=false)")
+        raise DataError(
+            f"{where}: every label is masked, so there is no token to train on; chat rows need "
+            "non-empty assistant turns (or set data.assistant_only_loss=false)"
+        )
     meta = {"num_sequences": n, "seq_len": seq_len, "loss_tokens": loss_tokens}
     (folder / "meta.json").write_text(json.dumps(meta))
     return n
 
 
 def _holdout(n: int, fraction: float, where: str) -> tuple[np.ndarray, np.ndarray]:
-    k = int(round(n * fraction))
+    k = round(n * fraction)
     if k == 0:
-        raise DataError(f"{where}: data.eval_fraction={fraction} of {n} rows holds out no row; raise it or set "
-                        "data.eval_files")
+        raise DataError(
+            f"{where}: data.eval_fraction={fraction} of {n} rows holds out no row; raise it or set data.eval_files"
+        )
     perm = np.random.default_rng(0).permutation(n)  # a fixed seed: the split is part of the cached data
     return np.sort(perm[k:]), np.sort(perm[:k])
 
@@ -285,15 +325,23 @@ def build_cache(cfg, tokenizer_dir: Path, vocab_size: int, folder: Path) -> None
         if cfg.eval_fraction:
             train_idx, eval_idx = _holdout(len(train), cfg.eval_fraction, where)
             held = (f"{where} (eval holdout)", fmt, train)
-        write_sequences(tmp / "train", _examples(train, fmt, cfg.example_max_length, train_idx), cfg.seq_len, pad,
-                        cfg.pack, where)
+        write_sequences(
+            tmp / "train", _examples(train, fmt, cfg.example_max_length, train_idx), cfg.seq_len, pad, cfg.pack, where
+        )
         if held is not None:
-            write_sequences(tmp / "eval", _examples(held[2], held[1], cfg.example_max_length, eval_idx), cfg.seq_len,
-                            pad, cfg.pack, held[0])
+            write_sequences(
+                tmp / "eval",
+                _examples(held[2], held[1], cfg.example_max_length, eval_idx),
+                cfg.seq_len,
+                pad,
+                cfg.pack,
+                held[0],
+            )
         del train, held
         shutil.rmtree(work)
-        (tmp / "meta.json").write_text(json.dumps({"tokenizer_len": len(tokenizer), "tokenizer": str(tokenizer_dir),
-                                                   "format": fmt, "pad_id": pad}))
+        (tmp / "meta.json").write_text(
+            json.dumps({"tokenizer_len": len(tokenizer), "tokenizer": str(tokenizer_dir), "format": fmt, "pad_id": pad})
+        )
         try:
             os.replace(tmp, folder)
         except OSError:

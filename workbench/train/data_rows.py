@@ -21,8 +21,12 @@ def resolve_columns(fmt: str, columns: dict[str, str] | None, present: list[str]
 
     def mapping(name: str) -> dict[str, str]:
         m = {f: columns.get(f, f) for f in ROW_FIELDS[name]}
-        if (name == "prompt_completion" and "completion" not in columns and "completion" not in present
-                and "response" in present):
+        if (
+            name == "prompt_completion"
+            and "completion" not in columns
+            and "completion" not in present
+            and "response" in present
+        ):
             m["completion"] = "response"  # the shipped JSONL's name for it
         return m
 
@@ -31,28 +35,35 @@ def resolve_columns(fmt: str, columns: dict[str, str] | None, present: list[str]
             m = mapping(name)
             if all(c in present for f, c in m.items() if f not in OPTIONAL_FIELDS):
                 return name, {f: c for f, c in m.items() if c in present}
-        raise DataError(f"{where}: no row format fits the columns {present}; expected one of "
-                        + "; ".join(f"{n}: {list(fs)}" for n, fs in ROW_FIELDS.items())
-                        + ". Name the format with data.format and map columns with data.columns, "
-                        "e.g. {'prompt': 'question', 'completion': 'answer'}")
+        raise DataError(
+            f"{where}: no row format fits the columns {present}; expected one of "
+            + "; ".join(f"{n}: {list(fs)}" for n, fs in ROW_FIELDS.items())
+            + ". Name the format with data.format and map columns with data.columns, "
+            "e.g. {'prompt': 'question', 'completion': 'answer'}"
+        )
     m = mapping(fmt)
     missing = [c for f, c in m.items() if f not in OPTIONAL_FIELDS and c not in present]
     if missing:
-        raise DataError(f"{where}: data.format={fmt!r} needs column(s) {missing}, but the dataset has {present}; "
-                        "map them with data.columns, e.g. {'" + next(f for f, c in m.items() if c in missing)
-                        + f"': '{present[0] if present else 'column'}'}}")
+        raise DataError(
+            f"{where}: data.format={fmt!r} needs column(s) {missing}, but the dataset has {present}; "
+            "map them with data.columns, e.g. {'"
+            + next(f for f, c in m.items() if c in missing)
+            + f"': '{present[0] if present else 'column'}'}}"
+        )
     return fmt, {f: c for f, c in m.items() if c in present}
 
 
 def row_to_messages(fmt: str, cols: dict[str, str], row: dict[str, Any], where: str) -> list[dict]:
     """The chat messages of one row of a chat format."""
+
     def text(field: str) -> str:
         value = row.get(cols[field]) if field in cols else None
         if field in OPTIONAL_FIELDS and value is None:
             return ""
         if not isinstance(value, str):
-            raise DataError(f"{where}: column {cols[field]!r} must be a string, got {type(value).__name__} "
-                            f"{str(value)[:60]!r}")
+            raise DataError(
+                f"{where}: column {cols[field]!r} must be a string, got {type(value).__name__} {str(value)[:60]!r}"
+            )
         return value
 
     if fmt == "prompt_completion":
@@ -75,8 +86,9 @@ def row_to_messages(fmt: str, cols: dict[str, str], row: dict[str, Any], where: 
     return out
 
 
-def tokenize_row(tokenizer, fmt: str, cols: dict[str, str], row: dict[str, Any], where: str,
-                 assistant_only: bool) -> tuple[list[int], list[int]]:
+def tokenize_row(
+    tokenizer, fmt: str, cols: dict[str, str], row: dict[str, Any], where: str, assistant_only: bool
+) -> tuple[list[int], list[int]]:
     """(ids, labels) of one chat-format row; a chat template that fails on the row names it."""
     messages = row_to_messages(fmt, cols, row, where)
     try:
@@ -84,8 +96,10 @@ def tokenize_row(tokenizer, fmt: str, cols: dict[str, str], row: dict[str, Any],
     except DataError:
         raise
     except Exception as err:  # jinja raises TemplateError and others from inside the template
-        raise DataError(f"{where}: the chat template failed on this row ({type(err).__name__}: {err}); "
-                        "fix the row or the template, or use data.format='text'") from err
+        raise DataError(
+            f"{where}: the chat template failed on this row ({type(err).__name__}: {err}); "
+            "fix the row or the template, or use data.format='text'"
+        ) from err
     return ids, (labels if assistant_only else list(ids))
 
 
@@ -99,4 +113,3 @@ def tokenize_texts(tokenizer, texts: list[Any], wheres: list[str]) -> list[list[
             raise DataError(f"{where}: text column must hold strings, got {type(text).__name__}")
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     return [ids + eos for ids in tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]]
-

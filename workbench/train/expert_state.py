@@ -52,14 +52,18 @@ def globalize(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
     if not names:
         return state
     mesh, ep = _ep_edp_mesh(model), model.workbench_mesh.ep
-    model_sd = {k: (_global_view(v, mesh, ep) if k in names and isinstance(v, torch.Tensor) else v)
-                for k, v in state["model"].items()}
+    model_sd = {
+        k: (_global_view(v, mesh, ep) if k in names and isinstance(v, torch.Tensor) else v)
+        for k, v in state["model"].items()
+    }
     optim_sd = dict(state["optim"])
     per_param = {}
     for key, moments in optim_sd.get("state", {}).items():
         if key in names:
-            moments = {m: (_global_view(v, mesh, ep) if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
-                       for m, v in moments.items()}
+            moments = {
+                m: (_global_view(v, mesh, ep) if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
+                for m, v in moments.items()
+            }
         per_param[key] = moments
     if "state" in optim_sd:
         optim_sd["state"] = per_param

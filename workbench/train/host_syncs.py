@@ -131,15 +131,16 @@ class _HostReads(TorchFunctionMode):
     On a device the same calls copy to the host first, which the dispatch mode records.
     """
 
-    def __init__(self, recorder: "HostSyncRecorder"):
+    def __init__(self, recorder: HostSyncRecorder):
         super().__init__()
         self.recorder = recorder
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
         if name in ("tolist", "numpy") and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "cpu":
-            self.recorder.syncs.append(HostSync(name, f".{name}() reads every element",
-                                                _frames(self.recorder.depth), "cpu"))
+            self.recorder.syncs.append(
+                HostSync(name, f".{name}() reads every element", _frames(self.recorder.depth), "cpu")
+            )
         return func(*args, **(kwargs or {}))
 
 

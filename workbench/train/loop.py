@@ -45,23 +45,38 @@ from workbench.models.attention_sinks import SINK_ATTENTION, forward_sequences
 from workbench.models.router_aux import ensure_router_logit_hooks, forward_loss_parts
 from workbench.moe.bias_update import global_load, keep_router_biases_fp32, update_router_biases
 from workbench.moe.dispatch import close_dispatchers
-from workbench.params import num_experts
 from workbench.parallel import dist_utils as du
+from workbench.params import num_experts
+from workbench.runs.liveness import Heartbeat, record_termination
+from workbench.runs.run_dir import private_files
 from workbench.train.activation_checkpoint import apply_activation_checkpointing
-from workbench.train.checkpoint import (check_compatible, check_settings, clean_leftovers, export_hf,
-                                        load_checkpoint, resolve_checkpoint, run_settings, save_checkpoint,
-                                        verify_checkpoint)
+from workbench.train.checkpoint import (
+    check_compatible,
+    check_settings,
+    clean_leftovers,
+    export_hf,
+    load_checkpoint,
+    resolve_checkpoint,
+    run_settings,
+    save_checkpoint,
+    verify_checkpoint,
+)
 from workbench.train.data import IGNORE_INDEX, Batch, build_stream
 from workbench.train.data_eval import eval_metrics
 from workbench.train.guard import NonFiniteError, check_finite
-from workbench.runs.liveness import Heartbeat, record_termination
 from workbench.train.loop_records import StepRecords
-from workbench.train.loop_support import (Callbacks, all_reduce, expert_load_reader, is_parallel,
-                                          micro_batches, open_run_dir, router_biases_to_update)
+from workbench.train.loop_support import (
+    Callbacks,
+    all_reduce,
+    expert_load_reader,
+    is_parallel,
+    micro_batches,
+    open_run_dir,
+    router_biases_to_update,
+)
 from workbench.train.metrics import expert_load_from_router_logits, memory_gib, reset_peak_memory
 from workbench.train.model_setup import build_model, check_lora, model_dtype, resolve_mesh
 from workbench.train.optim import build_optimizer, build_scheduler, clip_grad_norm, set_skip_flag
-from workbench.runs.run_dir import private_files
 from workbench.train.step_stats import Clock, PendingStep, SkipFlag, StatsLayout, StepQueue, to_device
 
 
@@ -93,35 +108,50 @@ class Trainer(StepRecords):
             check_compatible(self.resume_ckpt, self.hf_config)
             accepted = check_settings(self.resume_ckpt, rc)
             if self.rank == 0 and accepted:
-                print(f"resuming from {self.resume_ckpt} with changed settings (train.resume_allow_changes): "
-                      + "; ".join(accepted), flush=True)
+                print(
+                    f"resuming from {self.resume_ckpt} with changed settings (train.resume_allow_changes): "
+                    + "; ".join(accepted),
+                    flush=True,
+                )
             for leftover in clean_leftovers(self.resume_ckpt):
                 print(f"removed {leftover}: a save that never finished", flush=True)
         torch.manual_seed(rc.train.seed)
-        self.stream = build_stream(rc.data, rc.train.seed, self.hf_config.vocab_size, model_path=rc.model.path,
-                                   runs_dir=rc.output_dir)
+        self.stream = build_stream(
+            rc.data, rc.train.seed, self.hf_config.vocab_size, model_path=rc.model.path, runs_dir=rc.output_dir
+        )
         mesh_sizes = self.mesh.to_dict() if self.mesh is not None else {"dp": 1, "ep": 1}
         # Resolved once, with the mesh's ep: the run records the backends the model is then built with.
         self.backend = rc.backend.resolve(self.device, world_size=mesh_sizes["ep"])
-        self.run = open_run_dir(rc, {"world_size": self.world, "dp": self.dp, "grad_accum": self.accum,
-                                      "device": self.device.type, "resolved_mesh": mesh_sizes,
-                                      "resolved_backend": self.backend.to_dict()})
+        self.run = open_run_dir(
+            rc,
+            {
+                "world_size": self.world,
+                "dp": self.dp,
+                "grad_accum": self.accum,
+                "device": self.device.type,
+                "resolved_mesh": mesh_sizes,
+                "resolved_backend": self.backend.to_dict(),
+            },
+        )
 
     def setup(self, model: torch.nn.Module | None = None) -> None:
         """Build the model from the run config (or take `model`, prebuilt and sharded), optimizer, schedule."""
         rc = self.rc
         torch.manual_seed(rc.train.seed)
         if model is None:
-            model = build_model(rc, self.hf_config, self.mesh, self.device, model_dtype(rc.model, self.device),
-                                self.backend)
+            model = build_model(
+                rc, self.hf_config, self.mesh, self.device, model_dtype(rc.model, self.device), self.backend
+            )
             where = "workbench.train.model_setup.build_model, please report it"
         else:
             where = "the caller of Trainer.setup(model): shard it (FSDP2) before handing it over"
         self.model = model
         if self.world > 1 and not is_parallel(self.model):
             # Each rank would train its own copy: refuse rather than report a run that is not one.
-            raise RuntimeError(f"the model ({type(self.model).__name__}) was not sharded over the {self.world} "
-                               f"ranks, so its gradients would not be synchronized; this is a bug in {where}")
+            raise RuntimeError(
+                f"the model ({type(self.model).__name__}) was not sharded over the {self.world} "
+                f"ranks, so its gradients would not be synchronized; this is a bug in {where}"
+            )
         self.model.train()
         if rc.train.activation_checkpointing:
             # torch's composable checkpoint per decoder layer, not Transformers' (train/activation_checkpoint.py)
@@ -185,9 +215,19 @@ class Trainer(StepRecords):
             t0 = clock.mark()
             with record_function("workbench.forward"):
                 # the cross-entropy and the aux loss come apart (models/router_aux): each is computed once
-                parts = forward_loss_parts(self.model, self.model, dict(
-                    input_ids=mb.input_ids, labels=mb.labels, position_ids=mb.position_ids,
-                    num_items_in_batch=num_items, use_cache=False, **extra), group=self._aux_group)
+                parts = forward_loss_parts(
+                    self.model,
+                    self.model,
+                    dict(
+                        input_ids=mb.input_ids,
+                        labels=mb.labels,
+                        position_ids=mb.position_ids,
+                        num_items_in_batch=num_items,
+                        use_cache=False,
+                        **extra,
+                    ),
+                    group=self._aux_group,
+                )
                 ce, aux = parts.ce, parts.aux
                 objective = ce if aux is None else ce + self.coef * aux * self.aux_scale
             t1 = clock.mark()
@@ -198,8 +238,11 @@ class Trainer(StepRecords):
             if aux is not None:
                 aux_sum += aux.detach().to(torch.float64) * self.aux_scale
             if self._expert_load is None and parts.router_logits:
-                loads.append(expert_load_from_router_logits(parts.router_logits, self.hf_config.num_experts_per_tok,
-                                                            num_experts(self.hf_config)))
+                loads.append(
+                    expert_load_from_router_logits(
+                        parts.router_logits, self.hf_config.num_experts_per_tok, num_experts(self.hf_config)
+                    )
+                )
         t3 = clock.mark()
         with record_function("workbench.optimizer"):
             # The norm is computed even with clipping off: the guard needs it.
@@ -226,13 +269,22 @@ class Trainer(StepRecords):
         if self.router_biases is not None:  # after the step: the next forward routes with the new bias
             # A skipped step leaves the biases too: a load of zeros moves no bias (sign(0) = 0)
             kept = torch.where(self._skip.found_inf.to(load.device) > 0, torch.zeros_like(load), load)
-            update_router_biases(self.router_biases, global_load(kept.to(du.collective_device())),
-                                 rc.train.router_bias_update_rate)
+            update_router_biases(
+                self.router_biases, global_load(kept.to(du.collective_device())), rc.train.router_bias_update_rate
+            )
         pending.phases.append(("optimizer_s", t3, clock.mark()))
-        scalars = {"ce": ce_global, "aux": aux_global, "grad_norm": grad_norm, "bad": bad,
-                   "skipping": self._skip.found_inf, "first_bad": self._skip.first_bad, "loss_tokens": loss_tokens}
-        layout = StatsLayout(tuple(load.shape) if load is not None else (),
-                             tuple(b.numel() for b in self.router_biases or ()))
+        scalars = {
+            "ce": ce_global,
+            "aux": aux_global,
+            "grad_norm": grad_norm,
+            "bad": bad,
+            "skipping": self._skip.found_inf,
+            "first_bad": self._skip.first_bad,
+            "loss_tokens": loss_tokens,
+        }
+        layout = StatsLayout(
+            tuple(load.shape) if load is not None else (), tuple(b.numel() for b in self.router_biases or ())
+        )
         pending.queue_copy(layout, layout.pack(scalars, load, self.router_biases), clock)
         peak, now, kind = memory_gib(device)  # the allocator's counters: host-side, no wait
         pending.host.update(mem_peak_gib=peak, mem_now_gib=now, mem_kind=kind, time=time.time())
@@ -249,20 +301,38 @@ class Trainer(StepRecords):
     # -- the run ----------------------------------------------------------------------------
 
     def save(self, step: int) -> Path:
-        return save_checkpoint(self.run.checkpoints_dir, step, self.model, self.optimizer, self.scheduler,
-                               self.stream.state_dict(), self.hf_config, run_settings(self.rc))
+        return save_checkpoint(
+            self.run.checkpoints_dir,
+            step,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.stream.state_dict(),
+            self.hf_config,
+            run_settings(self.rc),
+        )
 
     def fit(self) -> dict[str, Any]:
         rc, total = self.rc, self.rc.train.steps
         status_base = {"total_steps": total, "world_size": self.world}
         if self.rank == 0:
             self.run.write_status("running", step=self.start_step, **status_base)
-        self.callbacks.call("on_start", {
-            "run_id": self.run.run_id, "run_dir": str(self.run.path), "rank": self.rank, "world_size": self.world,
-            "dp": self.dp, "grad_accum": self.accum, "start_step": self.start_step, "total_steps": total,
-            "device": str(self.device), "config": rc.to_dict(),
-            "num_params": sum(p.numel() for p in self.model.parameters()),
-        })
+        self.callbacks.call(
+            "on_start",
+            {
+                "run_id": self.run.run_id,
+                "run_dir": str(self.run.path),
+                "rank": self.rank,
+                "world_size": self.world,
+                "dp": self.dp,
+                "grad_accum": self.accum,
+                "start_step": self.start_step,
+                "total_steps": total,
+                "device": str(self.device),
+                "config": rc.to_dict(),
+                "num_params": sum(p.numel() for p in self.model.parameters()),
+            },
+        )
         losses: list[float] = []
         state, step, last_ckpt, waited, log_due = "completed", self.start_step, None, True, None
         for step in range(self.start_step + 1, total + 1):
@@ -301,12 +371,21 @@ class Trainer(StepRecords):
         hf_dir = None
         if state == "completed" and rc.train.export_hf:
             hf_dir = export_hf(self.model, self.run.path / "hf")
-        result = {"state": state, "run_id": self.run.run_id, "run_dir": str(self.run.path), "step": step,
-                  "total_steps": total, "losses": losses, "final_loss": losses[-1] if losses else None,
-                  "checkpoint": str(last_ckpt) if last_ckpt else None, "hf_dir": str(hf_dir) if hf_dir else None}
+        result = {
+            "state": state,
+            "run_id": self.run.run_id,
+            "run_dir": str(self.run.path),
+            "step": step,
+            "total_steps": total,
+            "losses": losses,
+            "final_loss": losses[-1] if losses else None,
+            "checkpoint": str(last_ckpt) if last_ckpt else None,
+            "hf_dir": str(hf_dir) if hf_dir else None,
+        }
         if self.rank == 0:
-            self.run.write_status(state, step=step, final_loss=result["final_loss"],
-                                  checkpoint=result["checkpoint"], **status_base)
+            self.run.write_status(
+                state, step=step, final_loss=result["final_loss"], checkpoint=result["checkpoint"], **status_base
+            )
         self.callbacks.call("on_end", result)
         return result
 
@@ -333,8 +412,11 @@ def finetune(run_config: RunConfig, callbacks: list | None = None) -> dict[str, 
         heartbeat = Heartbeat(trainer.run.beat).start() if trainer.rank == 0 else None
 
         def terminated(name: str) -> None:
-            trainer.run.mark_failed(f"rank {trainer.rank} was stopped by {name} (a launcher stops the other "
-                                    "ranks this way when one fails)", rank=trainer.rank, signal=name)
+            trainer.run.mark_failed(
+                f"rank {trainer.rank} was stopped by {name} (a launcher stops the other ranks this way when one fails)",
+                rank=trainer.rank,
+                signal=name,
+            )
 
         try:
             with record_termination(terminated):
@@ -356,13 +438,23 @@ def _train(trainer: Trainer) -> dict[str, Any]:
         tb = traceback.format_exc()
         error = f"{type(err).__name__}: {err}"
         try:
-            trainer.run.write_status("failed", **trainer.run.progress(), error=error, traceback=tb,
-                                     rank=trainer.rank)
+            trainer.run.write_status("failed", **trainer.run.progress(), error=error, traceback=tb, rank=trainer.rank)
         except OSError as write_err:  # keep the run's own error, not this one
-            print(f"workbench: could not record the failure in {trainer.run.status_path}: {write_err}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"workbench: could not record the failure in {trainer.run.status_path}: {write_err}",
+                file=sys.stderr,
+                flush=True,
+            )
         finally:
-            trainer.callbacks.call("on_end", {"state": "failed", "run_id": trainer.run.run_id,
-                                              "run_dir": str(trainer.run.path), "rank": trainer.rank,
-                                              "error": error, "traceback": tb})
+            trainer.callbacks.call(
+                "on_end",
+                {
+                    "state": "failed",
+                    "run_id": trainer.run.run_id,
+                    "run_dir": str(trainer.run.path),
+                    "rank": trainer.rank,
+                    "error": error,
+                    "traceback": tb,
+                },
+            )
         raise

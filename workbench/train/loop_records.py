@@ -51,16 +51,32 @@ class StepRecords:
 
     def _record(self, pending: PendingStep, values: dict[str, Any], step_time: float) -> dict[str, Any]:
         host = pending.host
-        timings = {"step_time_s": step_time, "forward_s": 0.0, "backward_s": 0.0, "optimizer_s": 0.0,
-                   **pending.phase_seconds(self._clock)}
+        timings = {
+            "step_time_s": step_time,
+            "forward_s": 0.0,
+            "backward_s": 0.0,
+            "optimizer_s": 0.0,
+            **pending.phase_seconds(self._clock),
+        }
         extra = {}
         if values["router_bias"] is not None:  # [layers][experts]: the bias after this step's update
             extra["router_bias"] = values["router_bias"]
         load = torch.tensor(values["expert_load"]) if values["expert_load"] is not None else None
-        record = step_record(step=pending.step, rank=self.rank, loss=values["ce"] + self.coef * values["aux"],
-                             grad_norm=values["grad_norm"], lr=host["lr"], tokens=host["tokens"],
-                             seq_len=self.rc.data.seq_len, hf_config=self.hf_config, timings=timings,
-                             device=self.device, expert_load=load, time=host["time"], **extra)
+        record = step_record(
+            step=pending.step,
+            rank=self.rank,
+            loss=values["ce"] + self.coef * values["aux"],
+            grad_norm=values["grad_norm"],
+            lr=host["lr"],
+            tokens=host["tokens"],
+            seq_len=self.rc.data.seq_len,
+            hf_config=self.hf_config,
+            timings=timings,
+            device=self.device,
+            expert_load=load,
+            time=host["time"],
+            **extra,
+        )
         # memory as it was at the end of the step's queueing (step_record reads it now)
         record.update(mem_peak_gib=host["mem_peak_gib"], mem_now_gib=host["mem_now_gib"], mem_kind=host["mem_kind"])
         record.update(ce_loss=values["ce"], aux_loss=values["aux"])  # the global parts of `loss`
@@ -69,14 +85,23 @@ class StepRecords:
 
     def _guard_values(self, step: int, host: dict[str, Any], values: dict[str, float]) -> StepValues:
         rc = self.rc
-        return StepValues(step=step, first_step=host["first_step"],
-                          resumed_from=str(self.resume_ckpt) if self.resume_ckpt is not None else None,
-                          ce_loss=values["ce"], aux_loss=values["aux"], aux_coef=self.coef,
-                          grad_norm=values["grad_norm"], grad_norm_finite=math.isfinite(values["grad_norm"]),
-                          lr=host["lr"], train_lr=rc.train.lr, clip_grad_norm=rc.train.clip_grad_norm)
+        return StepValues(
+            step=step,
+            first_step=host["first_step"],
+            resumed_from=str(self.resume_ckpt) if self.resume_ckpt is not None else None,
+            ce_loss=values["ce"],
+            aux_loss=values["aux"],
+            aux_coef=self.coef,
+            grad_norm=values["grad_norm"],
+            grad_norm_finite=math.isfinite(values["grad_norm"]),
+            lr=host["lr"],
+            train_lr=rc.train.lr,
+            clip_grad_norm=rc.train.clip_grad_norm,
+        )
 
-    def _publish_or_raise(self, wait: bool, losses: list[float], status_base: dict[str, Any],
-                          through: int | None = None) -> None:
+    def _publish_or_raise(
+        self, wait: bool, losses: list[float], status_base: dict[str, Any], through: int | None = None
+    ) -> None:
         """Publish the collected records, then raise the guard's error if a step was not finite."""
         records, error = self._collect(wait, through)
         self._publish(records, losses, status_base)
@@ -99,12 +124,17 @@ class StepRecords:
             bar = any(getattr(cb, "prints_step_lines", False) for cb in self.callbacks.items)
             for record in () if bar else records:  # each logging step's line once, whenever its record arrives
                 if record["step"] % self.rc.train.log_every == 0 or record["step"] == total:
-                    print(f"step {record['step']:>4}/{total}  loss {record['loss']:.4f}  "
-                          f"tokens/s/gpu {record['tokens_per_s_per_gpu']:,.0f}  "
-                          f"tflops/gpu {record['tflops_per_gpu']:.3f}  grad_norm {record['grad_norm']:.3f}",
-                          flush=True)
+                    print(
+                        f"step {record['step']:>4}/{total}  loss {record['loss']:.4f}  "
+                        f"tokens/s/gpu {record['tokens_per_s_per_gpu']:,.0f}  "
+                        f"tflops/gpu {record['tflops_per_gpu']:.3f}  grad_norm {record['grad_norm']:.3f}",
+                        flush=True,
+                    )
                 if "eval_loss" in record:  # after its step's line, if any (the record arrives one step late)
-                    print(f"step {record['step']:>4}/{total}  eval_loss {record['eval_loss']:.4f}  "
-                          f"eval_accuracy {record['eval_accuracy']:.4f}", flush=True)
+                    print(
+                        f"step {record['step']:>4}/{total}  eval_loss {record['eval_loss']:.4f}  "
+                        f"eval_accuracy {record['eval_accuracy']:.4f}",
+                        flush=True,
+                    )
             record = records[-1]
             self.run.write_status("running", step=record["step"], loss=record["loss"], **status_base)

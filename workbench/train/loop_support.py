@@ -10,8 +10,8 @@ import torch
 from workbench.config import RunConfig
 from workbench.moe.bias_update import RouterBiasError, check_router_bias
 from workbench.parallel import dist_utils as du
-from workbench.train.data import Batch
 from workbench.runs.run_dir import RunDir, default_runs_dir, new_run_id
+from workbench.train.data import Batch
 
 
 class Callbacks:
@@ -94,9 +94,11 @@ def router_biases_to_update(model: torch.nn.Module, hf_config, meta: bool = Fals
     counters = len(load_counters(model)) if not meta else None  # a meta model has no engine yet
     try:
         if not meta and not counters:
-            raise RouterBiasError(f"train.router_bias_update_rate needs the engine's expert counts, and this "
-                                  f"{getattr(hf_config, 'model_type', None)!r} model runs without the engine's "
-                                  "experts; set train.router_bias_update_rate to 0")
+            raise RouterBiasError(
+                f"train.router_bias_update_rate needs the engine's expert counts, and this "
+                f"{getattr(hf_config, 'model_type', None)!r} model runs without the engine's "
+                "experts; set train.router_bias_update_rate to 0"
+            )
         return check_router_bias(model, getattr(hf_config, "model_type", None), counters)
     except RouterBiasError as err:
         raise ConfigError(str(err)) from err

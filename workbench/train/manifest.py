@@ -39,8 +39,7 @@ def file_entry(path: Path) -> dict[str, Any]:
 
 
 def _files(ckpt: Path) -> list[str]:
-    return sorted(p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*")
-                  if p.is_file() and p.name != MANIFEST_FILE)
+    return sorted(p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
 
 
 def _gather(items: dict[str, Any]) -> dict[str, Any]:
@@ -54,7 +53,7 @@ def _gather(items: dict[str, Any]) -> dict[str, Any]:
 
 def _share(names: list[str]) -> list[str]:
     if dist.is_available() and dist.is_initialized():
-        return names[dist.get_rank()::dist.get_world_size()]
+        return names[dist.get_rank() :: dist.get_world_size()]
     return names
 
 
@@ -79,15 +78,21 @@ def verify_manifest(ckpt: Path) -> None:
     """Collective: raise CheckpointError naming each file that is missing or differs from the manifest."""
     ckpt = Path(ckpt)
     if not (ckpt / MANIFEST_FILE).is_file():
-        raise CheckpointError(f"cannot resume from {ckpt}: it has no {MANIFEST_FILE}, so its files cannot be "
-                              "verified (a checkpoint of an older workbench, or not one of workbench's); "
-                              "resume from a checkpoint saved by this version")
+        raise CheckpointError(
+            f"cannot resume from {ckpt}: it has no {MANIFEST_FILE}, so its files cannot be "
+            "verified (a checkpoint of an older workbench, or not one of workbench's); "
+            "resume from a checkpoint saved by this version"
+        )
     manifest = read_json(ckpt / MANIFEST_FILE, ckpt)
     files = manifest.get("files")
-    if manifest.get("hash") != HASH or not isinstance(files, dict) or not all(
-            isinstance(e, dict) and isinstance(e.get("size"), int) and _inside(n) for n, e in files.items()):
-        raise CheckpointError(f"cannot resume from {ckpt}: {ckpt / MANIFEST_FILE} is not a {HASH} manifest of "
-                              "this workbench")
+    if (
+        manifest.get("hash") != HASH
+        or not isinstance(files, dict)
+        or not all(isinstance(e, dict) and isinstance(e.get("size"), int) and _inside(n) for n, e in files.items())
+    ):
+        raise CheckpointError(
+            f"cannot resume from {ckpt}: {ckpt / MANIFEST_FILE} is not a {HASH} manifest of this workbench"
+        )
     problems: dict[str, str] = {}
     for name, entry in files.items():
         path = ckpt / name
@@ -102,5 +107,7 @@ def verify_manifest(ckpt: Path) -> None:
             problems[name] = "contents differ from the manifest (same size: overwritten or corrupted)"
     if problems:
         listed = "; ".join(f"{ckpt / n}: {why}" for n, why in sorted(problems.items()))
-        raise CheckpointError(f"cannot resume from {ckpt}: damaged checkpoint ({listed}); resume from another "
-                              "checkpoint of the run (another step-* directory beside it)")
+        raise CheckpointError(
+            f"cannot resume from {ckpt}: damaged checkpoint ({listed}); resume from another "
+            "checkpoint of the run (another step-* directory beside it)"
+        )

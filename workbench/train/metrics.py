@@ -84,8 +84,9 @@ def expert_load_from_router_logits(router_logits: tuple | list, top_k: int, num_
     for logits in router_logits:
         ids = torch.topk(logits.detach().float(), top_k, dim=-1).indices.reshape(-1)
         # scatter_add into a fixed size, where the data is: no host read (bincount's size needs max(ids))
-        rows.append(torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(
-            0, ids, torch.ones_like(ids)))
+        rows.append(
+            torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, ids, torch.ones_like(ids))
+        )
     return torch.stack(rows) if rows else torch.zeros(0, num_experts, dtype=torch.long)
 
 
@@ -98,8 +99,11 @@ def reset_peak_memory(device: torch.device) -> None:
 def memory_gib(device: torch.device) -> tuple[float, float, str]:
     """(peak, now, kind): CUDA allocated bytes since the last reset, or the process RSS on CPU."""
     if device.type == "cuda":
-        return (torch.cuda.max_memory_allocated(device) / GIB, torch.cuda.memory_allocated(device) / GIB,
-                "cuda_allocated")
+        return (
+            torch.cuda.max_memory_allocated(device) / GIB,
+            torch.cuda.memory_allocated(device) / GIB,
+            "cuda_allocated",
+        )
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     peak = peak_kib * (1 if sys.platform == "darwin" else 1024) / GIB  # macOS reports bytes
     try:
@@ -120,21 +124,43 @@ def _proc_rss_gib() -> float:
         return math.nan
 
 
-def step_record(*, step: int, rank: int, loss: float, grad_norm: float, lr: float, tokens: int,
-                seq_len: int, hf_config: Any, timings: dict[str, float], device: torch.device,
-                expert_load: torch.Tensor | None, **extra: Any) -> dict[str, Any]:
+def step_record(
+    *,
+    step: int,
+    rank: int,
+    loss: float,
+    grad_norm: float,
+    lr: float,
+    tokens: int,
+    seq_len: int,
+    hf_config: Any,
+    timings: dict[str, float],
+    device: torch.device,
+    expert_load: torch.Tensor | None,
+    **extra: Any,
+) -> dict[str, Any]:
     """The per-step, per-rank metrics record (JSON-able)."""
     step_time = timings["step_time_s"]
     peak, now, kind = memory_gib(device)
     load = expert_load.tolist() if expert_load is not None else []
     record = {
-        "step": step, "rank": rank, "loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens,
+        "step": step,
+        "rank": rank,
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "lr": lr,
+        "tokens": tokens,
         "tokens_per_s_per_gpu": tokens / step_time if step_time > 0 else 0.0,
         "tflops_per_gpu": tflops_per_gpu(hf_config, seq_len, tokens, step_time),
-        "mem_peak_gib": peak, "mem_now_gib": now, "mem_kind": kind,
-        "expert_load": load, "expert_load_cv": expert_load_cv(load) if load else 0.0,
-        "step_time_s": step_time, "forward_s": timings.get("forward_s", 0.0),
-        "backward_s": timings.get("backward_s", 0.0), "optimizer_s": timings.get("optimizer_s", 0.0),
+        "mem_peak_gib": peak,
+        "mem_now_gib": now,
+        "mem_kind": kind,
+        "expert_load": load,
+        "expert_load_cv": expert_load_cv(load) if load else 0.0,
+        "step_time_s": step_time,
+        "forward_s": timings.get("forward_s", 0.0),
+        "backward_s": timings.get("backward_s", 0.0),
+        "optimizer_s": timings.get("optimizer_s", 0.0),
     }
     record.update(extra)
     return record

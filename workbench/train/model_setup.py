@@ -29,9 +29,9 @@ def resolve_mesh(mesh: Any, world_size: int, hf_config: Any):
     against the world and the model: ep > 1 needs experts the engine can split.
     """
     from workbench.models.generic import UnsupportedModelError, has_fused_experts
-    from workbench.params import num_experts as config_num_experts
     from workbench.models.mesh_build import check_mesh_for_model
     from workbench.parallel.mesh import MeshConfig
+    from workbench.params import num_experts as config_num_experts
 
     experts = config_num_experts(hf_config)
     try:  # a MoE model whose experts the engine cannot run is refused before the run directory exists
@@ -59,13 +59,16 @@ def check_lora(rc, hf_config: Any) -> None:
     from workbench.models.lora_targets import check_lora_targets
 
     if not has_fused_experts(hf_config):
-        raise ConfigError(f"lora runs on the engine's path; model_type {hf_config.model_type!r} has no v5 fused "
-                          "experts (a dense model): drop the lora section")
+        raise ConfigError(
+            f"lora runs on the engine's path; model_type {hf_config.model_type!r} has no v5 fused "
+            "experts (a dense model): drop the lora section"
+        )
     check_lora_targets(hf_config, rc.lora)
 
 
-def build_model(rc, hf_config: Any, mesh: Any, device: torch.device, dtype: torch.dtype,
-                backend=None) -> torch.nn.Module:
+def build_model(
+    rc, hf_config: Any, mesh: Any, device: torch.device, dtype: torch.dtype, backend=None
+) -> torch.nn.Module:
     """The engine's model, or vanilla Transformers for a model without fused experts; sharded over `mesh`.
 
     Every model built with a mesh is FSDP2-sharded over dp (workbench.models.mesh_build), so more
@@ -78,13 +81,21 @@ def build_model(rc, hf_config: Any, mesh: Any, device: torch.device, dtype: torc
     # LoRA: the adapters are seeded by train.seed on every path (the base weights as before).
     lora_kwargs = {"lora": lora, "seed": rc.train.seed} if lora is not None else {}
     if rc.model.path is not None:
-        model = EngineAuto.from_pretrained(rc.model.path, backend=backend or rc.backend, mesh=mesh, device=device,
-                                           config=hf_config, dtype=dtype, **lora_kwargs)
+        model = EngineAuto.from_pretrained(
+            rc.model.path,
+            backend=backend or rc.backend,
+            mesh=mesh,
+            device=device,
+            config=hf_config,
+            dtype=dtype,
+            **lora_kwargs,
+        )
     else:
         extra = {"seed": rc.train.seed}  # seeded builds give the same weights on any world size
         extra.update(lora_kwargs)
-        model = EngineAuto.from_config(hf_config, backend=backend or rc.backend, mesh=mesh, device=device, dtype=dtype,
-                                       **extra)
+        model = EngineAuto.from_config(
+            hf_config, backend=backend or rc.backend, mesh=mesh, device=device, dtype=dtype, **extra
+        )
     if mesh is None:
         from workbench.moe.bias_update import cast_keeping_router_biases
 

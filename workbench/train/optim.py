@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -43,11 +44,17 @@ def build_optimizer(model: torch.nn.Module, train_cfg, device: torch.device) -> 
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.dim() >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": train_cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": train_cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
-    return make_adamw(groups, getattr(train_cfg, "optimizer", "adamw"), device, lr=train_cfg.lr,
-                      betas=train_cfg.betas, precision=getattr(train_cfg, "precision", "auto"), seed=train_cfg.seed)
+    return make_adamw(
+        groups,
+        getattr(train_cfg, "optimizer", "adamw"),
+        device,
+        lr=train_cfg.lr,
+        betas=train_cfg.betas,
+        precision=getattr(train_cfg, "precision", "auto"),
+        seed=train_cfg.seed,
+    )
 
 
 def adamw_precision(precision: str, name: str, params) -> str:
@@ -58,9 +65,15 @@ def adamw_precision(precision: str, name: str, params) -> str:
     return mode
 
 
-def make_adamw(param_groups: list[dict], name: str, device: torch.device, lr: float,
-               betas: tuple[float, float] = (0.9, 0.999), precision: str = "auto",
-               seed: int = 0) -> torch.optim.Optimizer:
+def make_adamw(
+    param_groups: list[dict],
+    name: str,
+    device: torch.device,
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    precision: str = "auto",
+    seed: int = 0,
+) -> torch.optim.Optimizer:
     """The AdamW `name` resolves to on `device`: TritonAdamW, or torch's (fused on CUDA).
 
     `precision` (train.precision, see workbench.train.precision) "bf16_sr" and "fp32_master" on a
@@ -70,11 +83,12 @@ def make_adamw(param_groups: list[dict], name: str, device: torch.device, lr: fl
     mode = adamw_precision(precision, name, [p for g in param_groups for p in g["params"]])
     if needs_workbench_adamw(mode):
         if name == "adamw_torch":
-            raise ValueError(f"train.precision={precision!r} ({mode}) needs the workbench AdamW; use "
-                             "optimizer 'adamw' or 'adamw_triton', or precision 'bf16'")
+            raise ValueError(
+                f"train.precision={precision!r} ({mode}) needs the workbench AdamW; use "
+                "optimizer 'adamw' or 'adamw_triton', or precision 'bf16'"
+            )
         resolve_optimizer(name, device)  # refuses adamw_triton where it cannot run
-        return TritonAdamW(param_groups, lr=lr, betas=betas, precision=mode, seed=seed,
-                           kernel=adamw_kernel(device))
+        return TritonAdamW(param_groups, lr=lr, betas=betas, precision=mode, seed=seed, kernel=adamw_kernel(device))
     if resolve_optimizer(name, device) == "adamw_triton":
         return TritonAdamW(param_groups, lr=lr, betas=betas, kernel=adamw_kernel(device))
     kwargs = {"fused": True} if torch.device(device).type == "cuda" else {"foreach": False}
@@ -84,8 +98,10 @@ def make_adamw(param_groups: list[dict], name: str, device: torch.device, lr: fl
 def describe_optimizer(optimizer: torch.optim.Optimizer) -> str:
     """How an optimizer from `make_adamw` is named in results files."""
     if isinstance(optimizer, TritonAdamW):
-        return (f"workbench TritonAdamW (same math as torch's fused AdamW), kernel {optimizer.kernel}, "
-                f"precision {optimizer.precision}")
+        return (
+            f"workbench TritonAdamW (same math as torch's fused AdamW), kernel {optimizer.kernel}, "
+            f"precision {optimizer.precision}"
+        )
     kind = "fused=True" if optimizer.defaults.get("fused") else "foreach=False"
     return f"torch.optim.AdamW({kind})"
 
@@ -112,8 +128,8 @@ class TritonAdamW(torch.optim.Optimizer):
     so a DCP checkpoint of either optimizer loads into the other. Each step counter has a Python
     int shadow, so a step never reads a tensor. FSDP2 parameters are updated through their local
     shards; a tensor the kernel cannot take (non-contiguous, or on CPU without TRITON_INTERPRET=1)
-    gets the same math in torch ops (`updates` counts both paths). `precise=True` computes the moments and the weight decay in
-    float64 as torch's functor does (bit-exact with it), the default in float32 (at most one
+    gets the same math in torch ops (`updates` counts both paths). `precise=True` computes the moments and the
+    weight decay in float64 as torch's functor does (bit-exact with it), the default in float32 (at most one
     float32 ulp apart).
 
     `precision` (workbench.train.precision) acts on bf16/fp16 parameters only: "bf16" stores the
@@ -127,13 +143,24 @@ class TritonAdamW(torch.optim.Optimizer):
     here, once; `launch` is the Triton kernel's block and warps (AdamWLaunch, a benchmark knob).
     """
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2, *, precise: bool = False,
-                 precision: str = "bf16", seed: int = 0, kernel: str | None = None,
-                 launch: AdamWLaunch = DEFAULT_LAUNCH) -> None:
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        *,
+        precise: bool = False,
+        precision: str = "bf16",
+        seed: int = 0,
+        kernel: str | None = None,
+        launch: AdamWLaunch = DEFAULT_LAUNCH,
+    ) -> None:
         if kernel is not None and kernel not in ADAMW_KERNELS:
-            raise ValueError(f"TritonAdamW kernel must be one of {ADAMW_KERNELS} or None (where the parameters "
-                             f"are), got {kernel!r}")
+            raise ValueError(
+                f"TritonAdamW kernel must be one of {ADAMW_KERNELS} or None (where the parameters are), got {kernel!r}"
+            )
         if not isinstance(launch, AdamWLaunch):
             raise TypeError(f"TritonAdamW launch must be an AdamWLaunch, got {type(launch).__name__}")
         if precision not in OPTIMIZER_PRECISIONS:
@@ -208,8 +235,12 @@ class TritonAdamW(torch.optim.Optimizer):
         out = []
         for pid, p in zip(saved_ids, params):
             for key, value in state_dict["state"].get(pid, {}).items():
-                if (key != "step" and isinstance(value, torch.Tensor) and value.is_floating_point()
-                        and value.dtype != p.dtype):
+                if (
+                    key != "step"
+                    and isinstance(value, torch.Tensor)
+                    and value.is_floating_point()
+                    and value.dtype != p.dtype
+                ):
                     out.append((p, key, value))
         return out
 
@@ -223,8 +254,10 @@ class TritonAdamW(torch.optim.Optimizer):
         index = -1  # the parameter's position over all groups: part of its stochastic-rounding key
         for group in self.param_groups:
             if group.get("amsgrad") or group.get("maximize"):
-                raise ValueError("TritonAdamW implements plain AdamW: amsgrad and maximize must be False "
-                                 "(a checkpoint of such a torch AdamW needs optimizer='adamw_torch')")
+                raise ValueError(
+                    "TritonAdamW implements plain AdamW: amsgrad and maximize must be False "
+                    "(a checkpoint of such a torch AdamW needs optimizer='adamw_torch')"
+                )
             beta1, beta2 = group["betas"]
             lr = float(group["lr"])
             scalars_by_step: dict[int, dict[str, float]] = {}
@@ -260,9 +293,20 @@ class TritonAdamW(torch.optim.Optimizer):
                     sr = SRKeys.make(self.seed, step, index, base, salt)
                 # fp32_master: the master is updated and the bf16 parameter written from it (to nearest)
                 target, out = (_local(state["master"]), _local(p)) if master else (_local(p), None)
-                path = adamw_step_(target, _local(p.grad), _local(state["exp_avg"]),
-                                   _local(state["exp_avg_sq"]), scalars, self.precise, sr, out, self.found_inf,
-                                   self.grad_coef, kernel=self.kernel, launch=self.launch)
+                path = adamw_step_(
+                    target,
+                    _local(p.grad),
+                    _local(state["exp_avg"]),
+                    _local(state["exp_avg_sq"]),
+                    scalars,
+                    self.precise,
+                    sr,
+                    out,
+                    self.found_inf,
+                    self.grad_coef,
+                    kernel=self.kernel,
+                    launch=self.launch,
+                )
                 self.updates[path] += 1
         return loss
 
@@ -333,8 +377,9 @@ def total_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
     return torch.sqrt(torch.stack([s.to(device) for s in squares]).sum())
 
 
-def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float | None,
-                   optimizer: torch.optim.Optimizer | None = None) -> torch.Tensor:
+def clip_grad_norm(
+    params: Iterable[torch.nn.Parameter], max_norm: float | None, optimizer: torch.optim.Optimizer | None = None
+) -> torch.Tensor:
     """Scale all grads so their global norm is at most `max_norm`; return the norm before clipping (a device scalar).
 
     torch's rule, on the device (no host read): grads times min(1, max_norm / (norm + 1e-6)). The
@@ -365,7 +410,8 @@ def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float | None,
 
 def _fused_torch_adam(optimizer: torch.optim.Optimizer) -> bool:
     return isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) and all(
-        g.get("fused") for g in optimizer.param_groups)
+        g.get("fused") for g in optimizer.param_groups
+    )
 
 
 def set_grad_coef(optimizer: torch.optim.Optimizer, coef: torch.Tensor | None) -> bool:

@@ -22,7 +22,7 @@ rounded stochastically; fp16 ones round to nearest (or use fp32_master).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

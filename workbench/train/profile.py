@@ -22,8 +22,20 @@ from typing import Any
 PHASES = ("attention", "router", "dispatch", "experts", "combine", "optimizer", "forward", "backward")
 LABEL_PREFIX = "workbench."
 # c10d covers the functional collectives and their wait_tensor (time spent waiting for the network).
-COMM_PATTERNS = ("nccl", "gloo", "all_to_all", "alltoall", "all_gather", "allgather", "reduce_scatter",
-                 "all_reduce", "allreduce", "broadcast", "c10d", "wait_tensor")
+COMM_PATTERNS = (
+    "nccl",
+    "gloo",
+    "all_to_all",
+    "alltoall",
+    "all_gather",
+    "allgather",
+    "reduce_scatter",
+    "all_reduce",
+    "allreduce",
+    "broadcast",
+    "c10d",
+    "wait_tensor",
+)
 PROFILE_DIR = "profile"
 
 
@@ -46,16 +58,16 @@ def phase_breakdown(events: Any, device_type: str, steps: int) -> dict[str, Any]
     CPU time. Communication is the self time of collective events: kernels on CUDA, ops on CPU.
     """
     on_cuda = device_type == "cuda"
-    phases = {p: 0.0 for p in PHASES}
+    phases = dict.fromkeys(PHASES, 0.0)
     found: set[str] = set()
     communication = 0.0
     self_time: dict[str, list] = {}
     for event in events:
         name = event.name
         device_event = _is_device_event(event)
-        if name.startswith(LABEL_PREFIX) and name[len(LABEL_PREFIX):] in phases:
+        if name.startswith(LABEL_PREFIX) and name[len(LABEL_PREFIX) :] in phases:
             if not device_event:
-                phase = name[len(LABEL_PREFIX):]
+                phase = name[len(LABEL_PREFIX) :]
                 inclusive = float(event.device_time_total) if on_cuda else 0.0
                 phases[phase] += inclusive if inclusive > 0 else float(event.cpu_time_total)
                 found.add(phase)
@@ -76,10 +88,12 @@ def phase_breakdown(events: Any, device_type: str, steps: int) -> dict[str, Any]
                 found.add("optimizer")
     per_step = 1e-3 / max(1, steps)
     top = sorted(((t, n, c) for n, (t, c) in self_time.items()), reverse=True)[:15]
-    return {"phases_ms": {p: phases[p] * per_step for p in PHASES if p in found},
-            "missing_phases": [p for p in PHASES if p not in found],
-            "communication_ms": communication * per_step,
-            "top_ops": [{"name": n, "self_ms": t * per_step, "calls": c} for t, n, c in top]}
+    return {
+        "phases_ms": {p: phases[p] * per_step for p in PHASES if p in found},
+        "missing_phases": [p for p in PHASES if p not in found],
+        "communication_ms": communication * per_step,
+        "top_ops": [{"name": n, "self_ms": t * per_step, "calls": c} for t, n, c in top],
+    }
 
 
 class ProfilerCallback:
@@ -122,16 +136,22 @@ class ProfilerCallback:
     def _write(self, prof: Any) -> None:
         trace = self.out_dir / f"trace_rank{self.rank}.json"
         prof.export_chrome_trace(str(trace))
-        summary = {"rank": self.rank, "device": self.device_type, "steps": self.active,
-                   "unit": "ms per step", "trace": str(trace),
-                   **phase_breakdown(prof.events(), self.device_type, self.active)}
+        summary = {
+            "rank": self.rank,
+            "device": self.device_type,
+            "steps": self.active,
+            "unit": "ms per step",
+            "trace": str(trace),
+            **phase_breakdown(prof.events(), self.device_type, self.active),
+        }
         phases = self.out_dir / f"phases_rank{self.rank}.json"
         phases.write_text(json.dumps(summary, indent=2))
         self.written += [trace, phases]
 
 
-def profile_finetune(run_config: Any, callbacks: list | None = None, skip_steps: int = 1,
-                     profile_steps: int | None = None) -> dict[str, Any]:
+def profile_finetune(
+    run_config: Any, callbacks: list | None = None, skip_steps: int = 1, profile_steps: int | None = None
+) -> dict[str, Any]:
     """`finetune` under torch.profiler on this rank; adds "profile_dir" to the result."""
     from workbench.train.loop import finetune
 

@@ -17,8 +17,11 @@ FALLBACK_COLUMNS = 160  # for a terminal that reports no size (a new pty: 0 x 0)
 
 def live_figures(record: dict[str, Any], eval_loss: float | None = None) -> str:
     """The bar's postfix for one step record: loss, tokens/s and TFLOP/s per GPU, peak memory, eval loss."""
-    parts = [f"loss {record['loss']:.4f}", f"{record['tokens_per_s_per_gpu']:,.0f} tok/s/gpu",
-             f"{record['tflops_per_gpu']:.3g} TFLOP/s/gpu"]
+    parts = [
+        f"loss {record['loss']:.4f}",
+        f"{record['tokens_per_s_per_gpu']:,.0f} tok/s/gpu",
+        f"{record['tflops_per_gpu']:.3g} TFLOP/s/gpu",
+    ]
     if record.get("mem_peak_gib") is not None:
         parts.append(f"peak {record['mem_peak_gib']:.2f} GiB")
     if eval_loss is not None:
@@ -42,9 +45,17 @@ class ProgressBar:
         file = self.file or sys.stdout
         # tqdm's ETA is a smoothed rate, so the first step's warm-up (compilation, allocation) fades out of it.
         # Every record redraws (mininterval=0): at most one per step.
-        self.bar = tqdm(total=info["total_steps"], initial=info["start_step"], unit="step",
-                        desc=str(info.get("run_id") or "run"), file=file, smoothing=0.3, mininterval=0, leave=True,
-                        **_screen(file))
+        self.bar = tqdm(
+            total=info["total_steps"],
+            initial=info["start_step"],
+            unit="step",
+            desc=str(info.get("run_id") or "run"),
+            file=file,
+            smoothing=0.3,
+            mininterval=0,
+            leave=True,
+            **_screen(file),
+        )
 
     def on_step(self, record: dict[str, Any]) -> None:
         if self.bar is None:

@@ -18,8 +18,11 @@ def mesh_label(mesh: Any) -> str:
     """'dp2 ep2' from a mesh dict (sizes of 1 beyond dp and ep left out), '' when unknown."""
     if not isinstance(mesh, dict):
         return str(mesh) if mesh else ""
-    parts = [f"{k}{mesh[k]}" for k in ("dp", "ep", "cp", "tp", "pp")
-             if isinstance(mesh.get(k), int) and (k in ("dp", "ep") or mesh[k] > 1)]
+    parts = [
+        f"{k}{mesh[k]}"
+        for k in ("dp", "ep", "cp", "tp", "pp")
+        if isinstance(mesh.get(k), int) and (k in ("dp", "ep") or mesh[k] > 1)
+    ]
     return " ".join(parts)
 
 
@@ -47,12 +50,18 @@ def run_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
     evals = [r for r in own if isinstance(r.get("eval_loss"), (int, float))]
     peaks = [float(r["mem_peak_gib"]) for r in records if isinstance(r.get("mem_peak_gib"), (int, float))]
     return {
-        "steps": len(steps), "first_step": steps[0], "last_step": steps[-1], "seconds": seconds,
+        "steps": len(steps),
+        "first_step": steps[0],
+        "last_step": steps[-1],
+        "seconds": seconds,
         "warmup_left_out": len(steps) > 1,
-        "tokens_per_s_per_gpu": mean("tokens_per_s_per_gpu", timed), "tflops_per_gpu": mean("tflops_per_gpu", timed),
+        "tokens_per_s_per_gpu": mean("tokens_per_s_per_gpu", timed),
+        "tflops_per_gpu": mean("tflops_per_gpu", timed),
         "peak_gib": max(peaks) if peaks else None,
-        "first_loss": own[0].get("loss"), "final_loss": own[-1].get("loss"),
-        "eval_loss": evals[-1]["eval_loss"] if evals else None, "eval_step": evals[-1]["step"] if evals else None,
+        "first_loss": own[0].get("loss"),
+        "final_loss": own[-1].get("loss"),
+        "eval_loss": evals[-1]["eval_loss"] if evals else None,
+        "eval_step": evals[-1]["step"] if evals else None,
     }
 
 
@@ -71,19 +80,28 @@ def summary_lines(path: str | os.PathLike) -> list[str]:
     lines = [f"run {state}: {summary['path']}"]
     world = summary.get("world_size")
     ranks = f"{world} rank{'s' if world != 1 else ''}" if isinstance(world, int) else "? ranks"
-    where = ", ".join(x for x in (ranks, mesh_label(summary.get("mesh")),
-                                  str(summary.get("model") or "")) if x)
+    where = ", ".join(x for x in (ranks, mesh_label(summary.get("mesh")), str(summary.get("model") or "")) if x)
     total = status.get("total_steps") or summary.get("total_steps") or "?"
     if figures["steps"]:
         took = f" in {figures['seconds']:.1f} s" if figures["seconds"] is not None else ""
         lines.append(f"  steps         {figures['last_step']}/{total}{took} ({where})")
-        warm = (f" (mean of steps {figures['first_step'] + 1}-{figures['last_step']}; step {figures['first_step']}, "
-                "the warm-up, left out)") if figures["warmup_left_out"] else ""
+        warm = (
+            (
+                f" (mean of steps {figures['first_step'] + 1}-{figures['last_step']}; step {figures['first_step']}, "
+                "the warm-up, left out)"
+            )
+            if figures["warmup_left_out"]
+            else ""
+        )
         peak = f", peak {figures['peak_gib']:.2f} GiB" if figures["peak_gib"] is not None else ""
-        lines.append(f"  tokens/s/gpu  {_number(figures['tokens_per_s_per_gpu'], ',.0f')}{warm}; "
-                     f"TFLOP/s/gpu {_number(figures['tflops_per_gpu'], '.3g')}{peak}")
-        lines.append(f"  loss          {_number(figures['first_loss'], '.4f')} at step {figures['first_step']}, "
-                     f"final {_number(figures['final_loss'], '.4f')}")
+        lines.append(
+            f"  tokens/s/gpu  {_number(figures['tokens_per_s_per_gpu'], ',.0f')}{warm}; "
+            f"TFLOP/s/gpu {_number(figures['tflops_per_gpu'], '.3g')}{peak}"
+        )
+        lines.append(
+            f"  loss          {_number(figures['first_loss'], '.4f')} at step {figures['first_step']}, "
+            f"final {_number(figures['final_loss'], '.4f')}"
+        )
         if figures["eval_loss"] is not None:
             lines.append(f"  eval loss     {figures['eval_loss']:.4f} at step {figures['eval_step']}")
     else:
@@ -121,13 +139,19 @@ def terminal_plots(records: list[dict[str, Any]], width: int = 60) -> list[str]:
                 if isinstance(r.get(key), (int, float)):
                     row.setdefault(key, []).append(float(r[key]))
     lines = []
-    for key, label, fmt in (("loss", "loss", ".4f"), ("eval_loss", "eval loss", ".4f"),
-                            ("tokens_per_s_per_gpu", "tokens/s/gpu", ",.0f"), ("tflops_per_gpu", "TFLOP/s/gpu", ".3g"),
-                            ("mem_peak_gib", "peak GiB", ".2f")):
+    for key, label, fmt in (
+        ("loss", "loss", ".4f"),
+        ("eval_loss", "eval loss", ".4f"),
+        ("tokens_per_s_per_gpu", "tokens/s/gpu", ",.0f"),
+        ("tflops_per_gpu", "TFLOP/s/gpu", ".3g"),
+        ("mem_peak_gib", "peak GiB", ".2f"),
+    ):
         series = [(s, sum(row[key]) / len(row[key])) for s, row in sorted(by_step.items()) if key in row]
         if not series:
             continue
         values = [v for _, v in series]
-        lines.append(f"  {label:<13} {sparkline(values, width)}  {format(min(values), fmt)} .. "
-                     f"{format(max(values), fmt)} (steps {series[0][0]}-{series[-1][0]})")
+        lines.append(
+            f"  {label:<13} {sparkline(values, width)}  {format(min(values), fmt)} .. "
+            f"{format(max(values), fmt)} (steps {series[0][0]}-{series[-1][0]})"
+        )
     return lines

@@ -25,8 +25,15 @@ DCP_METADATA_FILE = ".metadata"
 # The classes a DCP `.metadata` pickle names (torch 2.11-2.13); nothing in them runs code when built.
 _DCP_CLASSES = {
     "torch.distributed.checkpoint.metadata": {
-        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
-        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING"},
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorProperties",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+    },
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
     "torch.serialization": {"_get_layout"},
     "torch": {"Size"},
@@ -54,13 +61,14 @@ def read_dcp_metadata(ckpt: Path) -> Any:
     except FileNotFoundError:
         raise CheckpointError(f"cannot resume from {ckpt}: {path.name} is missing") from None
     except Exception as err:  # noqa: BLE001 - any unpickling failure: a damaged or crafted file
-        raise CheckpointError(f"cannot resume from {ckpt}: {path} is not DCP metadata, refused without "
-                              f"loading it ({type(err).__name__}: {err}); use a checkpoint workbench wrote") from None
+        raise CheckpointError(
+            f"cannot resume from {ckpt}: {path} is not DCP metadata, refused without "
+            f"loading it ({type(err).__name__}: {err}); use a checkpoint workbench wrote"
+        ) from None
     from torch.distributed.checkpoint.metadata import Metadata
 
     if not isinstance(metadata, Metadata):
-        raise CheckpointError(f"cannot resume from {ckpt}: {path} holds a {type(metadata).__name__}, "
-                              "not DCP metadata")
+        raise CheckpointError(f"cannot resume from {ckpt}: {path} holds a {type(metadata).__name__}, not DCP metadata")
     return metadata
 
 
@@ -72,8 +80,10 @@ def check_dcp_values(ckpt: Path, metadata: Any, known_files: set[str]) -> None:
     for index, info in (metadata.storage_data or {}).items():
         rel = str(getattr(info, "relative_path", ""))
         if rel not in known_files:
-            raise CheckpointError(f"cannot resume from {ckpt}: {DCP_METADATA_FILE} points {index.fqn} at {rel!r}, "
-                                  "which is not a file of this checkpoint")
+            raise CheckpointError(
+                f"cannot resume from {ckpt}: {DCP_METADATA_FILE} points {index.fqn} at {rel!r}, "
+                "which is not a file of this checkpoint"
+            )
         if index.fqn not in byte_keys or getattr(info, "transform_descriptors", None):
             continue  # tensors load with weights_only inside DCP; transformed values: SafeLoadPlanner
         with open(Path(ckpt) / rel, "rb") as f:
@@ -82,8 +92,10 @@ def check_dcp_values(ckpt: Path, metadata: Any, known_files: set[str]) -> None:
         try:
             torch.load(blob, weights_only=True)
         except Exception as err:  # noqa: BLE001
-            raise CheckpointError(f"cannot resume from {ckpt}: the value {index.fqn} in {Path(ckpt) / rel} is not "
-                                  f"a plain value, refused without loading it ({type(err).__name__})") from None
+            raise CheckpointError(
+                f"cannot resume from {ckpt}: the value {index.fqn} in {Path(ckpt) / rel} is not "
+                f"a plain value, refused without loading it ({type(err).__name__})"
+            ) from None
 
 
 def read_json(path: Path, ckpt: Path) -> dict[str, Any]:
@@ -107,8 +119,10 @@ def load_tensors(path: Path, ckpt: Path) -> Any:
     except FileNotFoundError:
         raise CheckpointError(f"cannot resume from {ckpt}: {path.name} is missing") from None
     except Exception as err:  # noqa: BLE001 - UnpicklingError for a crafted file, RuntimeError for a torn one
-        raise CheckpointError(f"cannot resume from {ckpt}: {path} holds more than tensors and plain values, "
-                              f"refused without loading it ({type(err).__name__})") from None
+        raise CheckpointError(
+            f"cannot resume from {ckpt}: {path} holds more than tensors and plain values, "
+            f"refused without loading it ({type(err).__name__})"
+        ) from None
 
 
 def safe_dcp_reader_and_planner(ckpt: Path) -> tuple[Any, Any]:
@@ -130,9 +144,11 @@ def safe_dcp_reader_and_planner(ckpt: Path) -> tuple[Any, Any]:
             try:
                 obj = torch.load(value, weights_only=True)
             except Exception as err:  # noqa: BLE001
-                raise CheckpointError(f"cannot resume from {ckpt}: the value {read_item.dest_index.fqn} in its "
-                                      f".distcp files is not a plain value, refused without loading it "
-                                      f"({type(err).__name__})") from None
+                raise CheckpointError(
+                    f"cannot resume from {ckpt}: the value {read_item.dest_index.fqn} in its "
+                    f".distcp files is not a plain value, refused without loading it "
+                    f"({type(err).__name__})"
+                ) from None
             # Hand DCP a re-serialized copy of the vetted value: its own loader stays unchanged.
             buf = io.BytesIO()
             torch.save(obj, buf)
@@ -140,4 +156,3 @@ def safe_dcp_reader_and_planner(ckpt: Path) -> tuple[Any, Any]:
             super().load_bytes(read_item, buf)
 
     return SafeFileSystemReader(str(ckpt)), SafeLoadPlanner()
-

@@ -73,8 +73,9 @@ class StatsLayout:
         if len(self.load_shape) not in (0, 2):
             raise ValueError(f"load_shape must be () or (layers, experts), got {self.load_shape}")
 
-    def pack(self, scalars: dict[str, torch.Tensor], load: torch.Tensor | None,
-             biases: list[torch.Tensor] | None) -> torch.Tensor:
+    def pack(
+        self, scalars: dict[str, torch.Tensor], load: torch.Tensor | None, biases: list[torch.Tensor] | None
+    ) -> torch.Tensor:
         """One float64 vector on the scalars' device (int64 counts are exact below 2**53)."""
         parts = [torch.stack([scalars[k].reshape(()).to(torch.float64) for k in SCALARS])]
         if load is not None:
@@ -90,14 +91,14 @@ class StatsLayout:
         out["expert_load"] = None
         if self.load_shape:
             layers, experts = self.load_shape
-            flat = [int(x) for x in values[i:i + layers * experts]]
-            out["expert_load"] = [flat[r * experts:(r + 1) * experts] for r in range(layers)]
+            flat = [int(x) for x in values[i : i + layers * experts]]
+            out["expert_load"] = [flat[r * experts : (r + 1) * experts] for r in range(layers)]
             i += layers * experts
         out["router_bias"] = None
         if self.bias_sizes:
             out["router_bias"] = []
             for n in self.bias_sizes:
-                out["router_bias"].append(values[i:i + n])
+                out["router_bias"].append(values[i : i + n])
                 i += n
         return out
 
@@ -169,8 +170,9 @@ class StepQueue:
         """Queue a step whose stats copy is queued."""
         self.items.append(pending)
 
-    def ready(self, wait: bool, through: int | None = None
-              ) -> tuple[list[tuple[PendingStep, dict[str, Any], float]], tuple | None]:
+    def ready(
+        self, wait: bool, through: int | None = None
+    ) -> tuple[list[tuple[PendingStep, dict[str, Any], float]], tuple | None]:
         """([(step, host values, step seconds)] ready now, (step, values) of the first skipped step or None).
 
         Without `wait` a step is ready once the next one has started on the device (its time needs that

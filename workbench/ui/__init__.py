@@ -12,6 +12,21 @@ from workbench.ui.run_panel import RunPanel
 from workbench.ui.studio import Studio
 from workbench.ui.summary import SummaryStrip, summarize_live
 
-__all__ = ["BackendPanel", "CompareRuns", "LivePlots", "MeshPanel", "ModelPanel", "ProfilePanel", "RunPanel",
-           "Studio", "SummaryStrip", "backend_choices", "estimate_memory", "load_profile", "mesh_options",
-           "param_counts", "resolve_auto", "summarize_live"]
+__all__ = [
+    "BackendPanel",
+    "CompareRuns",
+    "LivePlots",
+    "MeshPanel",
+    "ModelPanel",
+    "ProfilePanel",
+    "RunPanel",
+    "Studio",
+    "SummaryStrip",
+    "backend_choices",
+    "estimate_memory",
+    "load_profile",
+    "mesh_options",
+    "param_counts",
+    "resolve_auto",
+    "summarize_live",
+]

@@ -5,8 +5,9 @@ The widgets in `workbench.ui.panels` only display what these return, so tests ca
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from workbench.backends import AUTO_ORDER, CHOICES, availability, pick_auto
 from workbench.parallel.mesh import MeshConfig, valid_meshes
@@ -69,8 +70,14 @@ def _from_info(info: dict, field: str, value: str) -> tuple[bool, str] | None:
     return bool(entry.get("available")), str(entry.get("reason") or "")
 
 
-def choice_status(field: str, value: str, rank_infos: Sequence[dict] | None = None,
-                  device_type: str = "cpu", world_size: int = 1, ep: int = 1) -> Choice:
+def choice_status(
+    field: str,
+    value: str,
+    rank_infos: Sequence[dict] | None = None,
+    device_type: str = "cpu",
+    world_size: int = 1,
+    ep: int = 1,
+) -> Choice:
     """Availability of `field=value` on all ranks (from `cluster.info()` records, else locally)."""
     if value == "auto":
         return Choice(field, value, True, "")
@@ -90,15 +97,23 @@ def choice_status(field: str, value: str, rank_infos: Sequence[dict] | None = No
     return Choice(field, value, True, "")
 
 
-def backend_choices(rank_infos: Sequence[dict] | None = None, device_type: str = "cpu",
-                    world_size: int = 1, ep: int = 1) -> dict[str, list[Choice]]:
+def backend_choices(
+    rank_infos: Sequence[dict] | None = None, device_type: str = "cpu", world_size: int = 1, ep: int = 1
+) -> dict[str, list[Choice]]:
     """For every BackendConfig field, each choice with availability on every rank and the reason."""
-    return {field: [choice_status(field, value, rank_infos, device_type, world_size, ep) for value in values]
-            for field, values in CHOICES.items()}
+    return {
+        field: [choice_status(field, value, rank_infos, device_type, world_size, ep) for value in values]
+        for field, values in CHOICES.items()
+    }
 
 
-def resolve_auto(field: str, rank_infos: Sequence[dict] | None = None, device_type: str = "cpu",
-                 world_size: int = 1, fp8: bool = False) -> str | None:
+def resolve_auto(
+    field: str,
+    rank_infos: Sequence[dict] | None = None,
+    device_type: str = "cpu",
+    world_size: int = 1,
+    fp8: bool = False,
+) -> str | None:
     """What "auto" becomes for `field` on these ranks: BackendConfig.resolve's own rule (with fp8's), or None."""
     if field not in AUTO_ORDER:
         return None
@@ -111,7 +126,7 @@ def resolve_auto(field: str, rank_infos: Sequence[dict] | None = None, device_ty
 
 
 def device_of(rank_infos: Sequence[dict] | None, default: str = "cpu") -> str:
-    """"cuda" if the ranks report CUDA devices, else `default`."""
+    """ "cuda" if the ranks report CUDA devices, else `default`."""
     if rank_infos and all(str(i.get("device", "")).startswith("cuda") for i in rank_infos):
         return "cuda"
     return default if not rank_infos else "cpu"
@@ -120,10 +135,16 @@ def device_of(rank_infos: Sequence[dict] | None, default: str = "cpu") -> str:
 def model_summary(cfg: Any) -> dict[str, Any]:
     """Layers, experts, top-k and parameter counts of a model config (for the ModelPanel)."""
     counts = param_counts(cfg)
-    return {"model_type": getattr(cfg, "model_type", "?"), "layers": counts.layers,
-            "hidden": cfg.hidden_size, "experts": counts.num_experts, "top_k": counts.top_k,
-            "shared_experts": int(getattr(cfg, "n_shared_experts", 0) or 0),
-            "params_b": counts.total / 1e9, "active_params_b": counts.active / 1e9}
+    return {
+        "model_type": getattr(cfg, "model_type", "?"),
+        "layers": counts.layers,
+        "hidden": cfg.hidden_size,
+        "experts": counts.num_experts,
+        "top_k": counts.top_k,
+        "shared_experts": int(getattr(cfg, "n_shared_experts", 0) or 0),
+        "params_b": counts.total / 1e9,
+        "active_params_b": counts.active / 1e9,
+    }
 
 
 def format_params(n: int) -> str:
@@ -148,8 +169,10 @@ class PresetOption:
     @property
     def label(self) -> str:
         origin = f", {self.source}" if self.source else ""
-        return (f"{self.family} \u00b7 {self.name} ({format_params(self.total)} total, "
-                f"{format_params(self.active)} active{origin})")
+        return (
+            f"{self.family} \u00b7 {self.name} ({format_params(self.total)} total, "
+            f"{format_params(self.active)} active{origin})"
+        )
 
 
 def preset_options() -> list[PresetOption]:
@@ -162,6 +185,5 @@ def preset_options() -> list[PresetOption]:
     for family in families:
         for preset in (p for p in PRESETS.values() if p.family == family):
             counts = param_counts(preset_config(preset.name))
-            out.append(PresetOption(preset.name, family, preset.model_type, counts.total, counts.active,
-                                    preset.source))
+            out.append(PresetOption(preset.name, family, preset.model_type, counts.total, counts.active, preset.source))
     return out

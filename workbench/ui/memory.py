@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from workbench.params import ParamCounts, head_dims, is_mla, moe_layer_flags, param_counts  # noqa: F401 (re-exported)
+from workbench.params import ParamCounts, head_dims, is_mla, moe_layer_flags, param_counts
 from workbench.train.model_setup import resolve_dtype_name
 
 GIB = float(1 << 30)
@@ -74,8 +74,12 @@ def _per_token_layer(cfg: Any, counts: ParamCounts, is_moe: bool) -> int:
     hidden, heads = counts.hidden, cfg.num_attention_heads
     qk, v = head_dims(cfg)
     if is_mla(cfg):
-        attention = heads * (2 * qk + 2 * v) + cfg.kv_lora_rank + cfg.qk_rope_head_dim + (
-            getattr(cfg, "q_lora_rank", None) or 0)
+        attention = (
+            heads * (2 * qk + 2 * v)
+            + cfg.kv_lora_rank
+            + cfg.qk_rope_head_dim
+            + (getattr(cfg, "q_lora_rank", None) or 0)
+        )
     else:
         kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
         attention = 2 * heads * qk + 2 * kv_heads * qk
@@ -97,9 +101,19 @@ def resolve_dtype(dtype: str, device_type: str) -> str:
     return name
 
 
-def estimate_memory(cfg: Any, dp: int, ep: int, *, seq_len: int, local_batch: int, dtype: str = "auto",
-                    device_type: str = "cuda", activation_checkpointing: bool = False, fused_ce: bool = False,
-                    lora=None) -> MemoryEstimate:
+def estimate_memory(
+    cfg: Any,
+    dp: int,
+    ep: int,
+    *,
+    seq_len: int,
+    local_batch: int,
+    dtype: str = "auto",
+    device_type: str = "cuda",
+    activation_checkpointing: bool = False,
+    fused_ce: bool = False,
+    lora=None,
+) -> MemoryEstimate:
     """Estimated memory of one rank training `cfg` on a dp x ep mesh (documented above; `lora`: LoRA's)."""
     if dp < 1 or ep < 1 or dp % ep:
         raise ValueError(f"need dp >= 1 and ep dividing dp, got dp={dp}, ep={ep}")

@@ -7,15 +7,22 @@ the RunConfig; none of them builds a model.
 from __future__ import annotations
 
 import html
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ipywidgets as W
 
 from workbench.backends import CHOICES, BackendConfig
 from workbench.config import DTYPES, PRESETS, ConfigError, ModelConfig
 from workbench.parallel.mesh import MeshConfig
-from workbench.ui.logic import (CUSTOM_CHECKPOINT, backend_choices, model_mesh_options, model_summary,
-                                preset_options, resolve_auto)
+from workbench.ui.logic import (
+    CUSTOM_CHECKPOINT,
+    backend_choices,
+    model_mesh_options,
+    model_summary,
+    preset_options,
+    resolve_auto,
+)
 from workbench.ui.memory import estimate_memory, resolve_dtype
 
 
@@ -48,25 +55,38 @@ def unavailable_html(reasons: list[tuple[str, str]]) -> str:
     if not reasons:
         return ""
     items = "".join(f"<li><code>{html.escape(name)}</code>: {html.escape(why)}</li>" for name, why in reasons)
-    return (f"<details class='mwb-unavailable' style='color:#666;font-size:12px'><summary>{len(reasons)} "
-            "choices unavailable on these ranks (greyed out; hover one for why)</summary>"
-            f"<ul style='margin:2px 0 0 0'>{items}</ul></details>")
+    return (
+        f"<details class='mwb-unavailable' style='color:#666;font-size:12px'><summary>{len(reasons)} "
+        "choices unavailable on these ranks (greyed out; hover one for why)</summary>"
+        f"<ul style='margin:2px 0 0 0'>{items}</ul></details>"
+    )
 
 
 class ModelPanel:
     """A preset (listed by family with total and active parameters) with a layer count, or a local checkpoint."""
 
-    def __init__(self, preset: str = "tiny", layers: int | None = None, path: str | None = None,
-                 dtype: str = "auto") -> None:
+    def __init__(
+        self, preset: str = "tiny", layers: int | None = None, path: str | None = None, dtype: str = "auto"
+    ) -> None:
         options = [(o.label, o.name) for o in preset_options()]
-        self.preset = W.Dropdown(options=[*options, (CUSTOM_CHECKPOINT, CUSTOM_CHECKPOINT)], description="model",
-                                 style=WIDE, layout=W.Layout(width="max-content", max_width="100%"))
-        self.layers = W.BoundedIntText(min=1, max=1024, description="layers", style=WIDE,
-                                       layout=W.Layout(width="150px"))
-        self.path = W.Text(placeholder="/path/to/checkpoint (config.json + safetensors)", description="path",
-                           style=WIDE, layout=W.Layout(width="100%"))
-        self.dtype = W.Dropdown(options=list(DTYPES), value=dtype, description="dtype", style=WIDE,
-                                layout=W.Layout(width="max-content"))
+        self.preset = W.Dropdown(
+            options=[*options, (CUSTOM_CHECKPOINT, CUSTOM_CHECKPOINT)],
+            description="model",
+            style=WIDE,
+            layout=W.Layout(width="max-content", max_width="100%"),
+        )
+        self.layers = W.BoundedIntText(
+            min=1, max=1024, description="layers", style=WIDE, layout=W.Layout(width="150px")
+        )
+        self.path = W.Text(
+            placeholder="/path/to/checkpoint (config.json + safetensors)",
+            description="path",
+            style=WIDE,
+            layout=W.Layout(width="100%"),
+        )
+        self.dtype = W.Dropdown(
+            options=list(DTYPES), value=dtype, description="dtype", style=WIDE, layout=W.Layout(width="max-content")
+        )
         self.summary = W.HTML()
         self.error = W.HTML()
         self._listeners: list[Callable[[], None]] = []
@@ -77,8 +97,15 @@ class ModelPanel:
         self.preset.observe(self._on_preset, "value")
         for w in (self.layers, self.path, self.dtype):
             w.observe(lambda _: self._changed(), "value")
-        self.widget = W.VBox([W.HTML("<b>Model</b>"), wrap_row([self.preset, self.layers, self.dtype]), self.path,
-                              self.summary, self.error])
+        self.widget = W.VBox(
+            [
+                W.HTML("<b>Model</b>"),
+                wrap_row([self.preset, self.layers, self.dtype]),
+                self.path,
+                self.summary,
+                self.error,
+            ]
+        )
         self._sync_path_visibility()
         self._changed()
 
@@ -104,9 +131,11 @@ class ModelPanel:
         if cfg is not None:
             s = model_summary(cfg)
             shared = f" + {s['shared_experts']} shared" if s["shared_experts"] else ""
-            self.summary.value = (f"{s['model_type']}: {s['layers']} layers, hidden {s['hidden']}, "
-                                  f"{s['experts']} experts (top-{s['top_k']}){shared}, "
-                                  f"{s['params_b']:.3g} B params, {s['active_params_b']:.3g} B active")
+            self.summary.value = (
+                f"{s['model_type']}: {s['layers']} layers, hidden {s['hidden']}, "
+                f"{s['experts']} experts (top-{s['top_k']}){shared}, "
+                f"{s['params_b']:.3g} B params, {s['active_params_b']:.3g} B active"
+            )
         else:
             self.summary.value = ""
         for fn in list(self._listeners):
@@ -144,8 +173,9 @@ class MeshPanel:
         self.mesh = W.Dropdown(description="mesh", style=WIDE, layout=W.Layout(width="max-content", max_width="100%"))
         self.details = W.HTML()
         self._cfg: Any = None
-        self._training = dict(seq_len=128, local_batch=4, dtype="auto", activation_checkpointing=False,
-                              fused_ce=False, lora=None)
+        self._training = dict(
+            seq_len=128, local_batch=4, dtype="auto", activation_checkpointing=False, fused_ce=False, lora=None
+        )
         self._listeners: list[Callable[[], None]] = []
         self.mesh.observe(lambda _: self._changed(), "value")
         self.widget = W.VBox([W.HTML(f"<b>Mesh</b> ({world_size} ranks, {device_type})"), self.mesh, self.details])
@@ -181,10 +211,18 @@ class MeshPanel:
         if mesh is None or self._cfg is None:
             return None
         t = self._training
-        return estimate_memory(self._cfg, mesh.dp, mesh.ep, seq_len=t["seq_len"], local_batch=t["local_batch"],
-                               dtype=t["dtype"], device_type=self.device_type,
-                               activation_checkpointing=t["activation_checkpointing"], fused_ce=t["fused_ce"],
-                               lora=t.get("lora"))
+        return estimate_memory(
+            self._cfg,
+            mesh.dp,
+            mesh.ep,
+            seq_len=t["seq_len"],
+            local_batch=t["local_batch"],
+            dtype=t["dtype"],
+            device_type=self.device_type,
+            activation_checkpointing=t["activation_checkpointing"],
+            fused_ce=t["fused_ce"],
+            lora=t.get("lora"),
+        )
 
     def _changed(self) -> None:
         option = self.mesh.value
@@ -193,20 +231,22 @@ class MeshPanel:
             self.details.value = ""
         else:
             ranges = ", ".join(f"ep rank {i}: experts {a}-{b - 1}" for i, (a, b) in enumerate(option.expert_ranges))
-            experts = (f"{option.experts_per_rank} experts per rank ({ranges})" if ranges else "no routed experts")
+            experts = f"{option.experts_per_rank} experts per rank ({ranges})" if ranges else "no routed experts"
             parts = est.as_gib()
             dtype = resolve_dtype(self._training["dtype"], self.device_type)
             fit = ""
             if self.device_memory_gib:
                 ok = parts["total"] <= self.device_memory_gib
-                fit = (f" of {self.device_memory_gib:.0f} GiB: " + ("fits" if ok else
-                       "<span style='color:#b00020'>does not fit</span>"))
+                fit = f" of {self.device_memory_gib:.0f} GiB: " + (
+                    "fits" if ok else "<span style='color:#b00020'>does not fit</span>"
+                )
             self.details.value = (
                 f"{experts}<br>"
                 f"estimated memory per rank ({dtype}): <b>{_size(parts['total'])}</b>{fit}<br>"
                 f"<small>params+grads+AdamW {_size(parts['sharded_state'])}, gathered layers "
                 f"{_size(parts['gathered'])}, activations {_size(parts['activations'])}, logits "
-                f"{_size(parts['logits'])} (estimate from parameter counts; see workbench.ui.memory)</small>")
+                f"{_size(parts['logits'])} (estimate from parameter counts; see workbench.ui.memory)</small>"
+            )
         for fn in list(self._listeners):
             fn()
 
@@ -234,6 +274,7 @@ class ChoiceRow:
                         button.value = False
             elif not any(b.value for b in self.buttons.values()):
                 self.buttons[value].value = True  # one choice stays selected
+
         return handler
 
     def set_choices(self, choices: list) -> None:
@@ -271,33 +312,69 @@ class BackendPanel:
     it trains no router, so it sits under "Benchmark settings", not beside the real router.
     """
 
-    def __init__(self, rank_infos: list[dict] | None = None, device_type: str = "cpu", world_size: int = 1,
-                 backend: BackendConfig | None = None) -> None:
+    def __init__(
+        self,
+        rank_infos: list[dict] | None = None,
+        device_type: str = "cpu",
+        world_size: int = 1,
+        backend: BackendConfig | None = None,
+    ) -> None:
         self.rank_infos, self.device_type, self.world_size, self.ep = rank_infos, device_type, world_size, 1
         backend = backend or BackendConfig()
         choices = backend_choices(rank_infos, device_type, world_size, self.ep)
         self.rows = {f: ChoiceRow(f, choices[f], getattr(backend, f)) for f in CHOICES if f not in BENCHMARK_FIELDS}
-        self.fused_ce = W.Checkbox(value=backend.fused_ce, description="fused linear cross-entropy", indent=False,
-                                   layout=fit_layout())
-        self.expert_recompute = W.Checkbox(value=backend.expert_recompute, indent=False, layout=fit_layout(),
-                                           description="recompute expert MLPs (less memory)")
-        self.fp8 = W.Checkbox(value=backend.fp8, description="FP8 GEMMs (TransformerEngine, Hopper)", indent=False,
-                              layout=fit_layout())
-        self.balanced_gate = W.Checkbox(value=backend.gate == "balanced", indent=False, layout=fit_layout(),
-                                        description="balanced gate: round-robin routing, benchmark only")
-        self.balanced_gate.tooltip = ("gate='balanced' sends tokens to experts round-robin (perfectly even load) "
-                                      "to measure dispatch and expert kernels; the model's router is not used or "
-                                      "trained, so a run with it is no fine-tuning")
-        self.benchmark = W.Accordion(children=[W.VBox([self.balanced_gate, W.HTML(
-            "<small style='color:#666'>For speed measurements (workbench bench): the loss of such a run "
-            "means nothing.</small>")])], titles=("Benchmark settings",), selected_index=None)
+        self.fused_ce = W.Checkbox(
+            value=backend.fused_ce, description="fused linear cross-entropy", indent=False, layout=fit_layout()
+        )
+        self.expert_recompute = W.Checkbox(
+            value=backend.expert_recompute,
+            indent=False,
+            layout=fit_layout(),
+            description="recompute expert MLPs (less memory)",
+        )
+        self.fp8 = W.Checkbox(
+            value=backend.fp8, description="FP8 GEMMs (TransformerEngine, Hopper)", indent=False, layout=fit_layout()
+        )
+        self.balanced_gate = W.Checkbox(
+            value=backend.gate == "balanced",
+            indent=False,
+            layout=fit_layout(),
+            description="balanced gate: round-robin routing, benchmark only",
+        )
+        self.balanced_gate.tooltip = (
+            "gate='balanced' sends tokens to experts round-robin (perfectly even load) "
+            "to measure dispatch and expert kernels; the model's router is not used or "
+            "trained, so a run with it is no fine-tuning"
+        )
+        self.benchmark = W.Accordion(
+            children=[
+                W.VBox(
+                    [
+                        self.balanced_gate,
+                        W.HTML(
+                            "<small style='color:#666'>For speed measurements (workbench bench): "
+                            "the loss of such a run means nothing.</small>"
+                        ),
+                    ]
+                )
+            ],
+            titles=("Benchmark settings",),
+            selected_index=None,
+        )
         self.unavailable = W.HTML()
         self.fp8.observe(lambda _: self._show_auto(), "value")  # fp8 makes an auto linear TE where TE runs
         for row in self.rows.values():
             for b in row.buttons.values():
                 b.observe(lambda _: self._show_auto(), "value")
-        self.widget = W.VBox([W.HTML("<b>Backends</b>"), *[r.widget for r in self.rows.values()], self.unavailable,
-                              wrap_row([self.fused_ce, self.expert_recompute, self.fp8]), self.benchmark])
+        self.widget = W.VBox(
+            [
+                W.HTML("<b>Backends</b>"),
+                *[r.widget for r in self.rows.values()],
+                self.unavailable,
+                wrap_row([self.fused_ce, self.expert_recompute, self.fp8]),
+                self.benchmark,
+            ]
+        )
         self._show_unavailable()
         self._show_auto()
 
@@ -319,16 +396,22 @@ class BackendPanel:
 
     def auto_resolution(self) -> dict[str, str | None]:
         """What each "auto" field resolves to on these ranks."""
-        return {f: resolve_auto(f, self.rank_infos, self.device_type, self.world_size, fp8=self.fp8.value)
-                for f in self.rows if "auto" in CHOICES[f]}
+        return {
+            f: resolve_auto(f, self.rank_infos, self.device_type, self.world_size, fp8=self.fp8.value)
+            for f in self.rows
+            if "auto" in CHOICES[f]
+        }
 
     def _show_auto(self) -> None:
         resolved = self.auto_resolution()
         for field, row in self.rows.items():
-            row.auto.value = (f"<small>&rarr; auto = <b>{resolved.get(field)}</b></small>"
-                              if row.value == "auto" else "")
+            row.auto.value = f"<small>&rarr; auto = <b>{resolved.get(field)}</b></small>" if row.value == "auto" else ""
 
     def backend_config(self) -> BackendConfig:
-        return BackendConfig(**{f: r.value for f, r in self.rows.items()}, fused_ce=self.fused_ce.value,
-                             gate="balanced" if self.balanced_gate.value else "native",
-                             expert_recompute=self.expert_recompute.value, fp8=self.fp8.value)
+        return BackendConfig(
+            **{f: r.value for f, r in self.rows.items()},
+            fused_ce=self.fused_ce.value,
+            gate="balanced" if self.balanced_gate.value else "native",
+            expert_recompute=self.expert_recompute.value,
+            fp8=self.fp8.value,
+        )

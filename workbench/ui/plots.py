@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import ipywidgets as W
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.ui.series import (LIVE_PANELS, axis_range, ema, live_series, load_color_range, load_colorscale,
-                                 run_list_label, split_warmup)
+from workbench.ui.series import (
+    LIVE_PANELS,
+    axis_range,
+    ema,
+    live_series,
+    load_color_range,
+    load_colorscale,
+    run_list_label,
+    split_warmup,
+)
 from workbench.ui.slim_figure import figure_widget
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
@@ -30,24 +39,53 @@ class LivePlots:
     """
 
     def __init__(self, run: Any = None, height: int = 780) -> None:
-        self._titles = [*(LIVE_PANELS[k] for k in ("tokens_per_s_per_gpu", "tflops_per_gpu", "mem_peak_gib",
-                                                   "loss")), "expert load (x uniform)"]
-        base = make_subplots(rows=2, cols=3, subplot_titles=self._titles,
-                             specs=[[{}, {}, {}], [{}, {"colspan": 2}, None]], horizontal_spacing=0.08,
-                             vertical_spacing=0.16)
+        self._titles = [
+            *(LIVE_PANELS[k] for k in ("tokens_per_s_per_gpu", "tflops_per_gpu", "mem_peak_gib", "loss")),
+            "expert load (x uniform)",
+        ]
+        base = make_subplots(
+            rows=2,
+            cols=3,
+            subplot_titles=self._titles,
+            specs=[[{}, {}, {}], [{}, {"colspan": 2}, None]],
+            horizontal_spacing=0.08,
+            vertical_spacing=0.16,
+        )
         self.figure = figure_widget(base)
         # The legend sits under the plots: above them it ran into the subplot titles.
-        self.figure.update_layout(height=height, margin=dict(l=50, r=20, t=60, b=70), showlegend=True,
-                                  legend=dict(orientation="h", y=-0.08, yanchor="top", x=0),
-                                  template="plotly_white")
+        self.figure.update_layout(
+            height=height,
+            margin=dict(l=50, r=20, t=60, b=70),
+            showlegend=True,
+            legend=dict(orientation="h", y=-0.08, yanchor="top", x=0),
+            template="plotly_white",
+        )
         low, high = load_color_range([])
-        self.figure.add_trace(go.Heatmap(z=[[0]], colorscale=load_colorscale(high), zmin=low, zmax=high,
-                                         name="expert load", showscale=True, showlegend=False,
-                                         colorbar=dict(len=0.42, y=0.21, title="x uniform")), row=2, col=2)
+        self.figure.add_trace(
+            go.Heatmap(
+                z=[[0]],
+                colorscale=load_colorscale(high),
+                zmin=low,
+                zmax=high,
+                name="expert load",
+                showscale=True,
+                showlegend=False,
+                colorbar=dict(len=0.42, y=0.21, title="x uniform"),
+            ),
+            row=2,
+            col=2,
+        )
         self._heatmap = len(self.figure.data) - 1
-        self.smoothing = W.FloatSlider(value=0.0, min=0.0, max=0.95, step=0.05, description="loss smoothing",
-                                       style={"description_width": "initial"}, readout_format=".2f",
-                                       layout=W.Layout(width="320px"))
+        self.smoothing = W.FloatSlider(
+            value=0.0,
+            min=0.0,
+            max=0.95,
+            step=0.05,
+            description="loss smoothing",
+            style={"description_width": "initial"},
+            readout_format=".2f",
+            layout=W.Layout(width="320px"),
+        )
         self.smoothing.observe(lambda _: self.update([]), "value")
         self._traces: dict[tuple[str, int], int] = {}
         self._records: dict[tuple[int, int], dict] = {}
@@ -121,22 +159,44 @@ class LivePlots:
         if key not in self._traces:
             color = COLORS[rank % len(COLORS)]
             if warmup:  # a hollow marker, not joined to the line: the step is shown, apart from the rest
-                trace = go.Scatter(x=[], y=[], mode="markers", name=f"warm-up step, rank {rank}",
-                                   legendgroup="warm-up", showlegend=False, hovertemplate=(
-                                       "warm-up step %{x}: %{y:,.4g}<extra>rank " + str(rank) + "</extra>"),
-                                   marker=dict(color=color, symbol="circle-open", size=9))
+                trace = go.Scatter(
+                    x=[],
+                    y=[],
+                    mode="markers",
+                    name=f"warm-up step, rank {rank}",
+                    legendgroup="warm-up",
+                    showlegend=False,
+                    hovertemplate=("warm-up step %{x}: %{y:,.4g}<extra>rank " + str(rank) + "</extra>"),
+                    marker=dict(color=color, symbol="circle-open", size=9),
+                )
             else:
-                trace = go.Scatter(x=[], y=[], mode="lines+markers", name=f"rank {rank}", legendgroup=f"rank {rank}",
-                                   showlegend=metric == "tokens_per_s_per_gpu", line=dict(color=color))
+                trace = go.Scatter(
+                    x=[],
+                    y=[],
+                    mode="lines+markers",
+                    name=f"rank {rank}",
+                    legendgroup=f"rank {rank}",
+                    showlegend=metric == "tokens_per_s_per_gpu",
+                    line=dict(color=color),
+                )
             self.figure.add_trace(trace, row=row, col=col)
             self._traces[key] = len(self.figure.data) - 1
         return self._traces[key]
 
     def _line(self, key: str, name: str, color: str, dash: str | None = None) -> int:
         if (key, 0) not in self._traces:
-            self.figure.add_trace(go.Scatter(x=[], y=[], mode="lines+markers" if dash != "dot" else "lines",
-                                             name=name, showlegend=False, line=dict(color=color, dash=dash)),
-                                  row=2, col=1)
+            self.figure.add_trace(
+                go.Scatter(
+                    x=[],
+                    y=[],
+                    mode="lines+markers" if dash != "dot" else "lines",
+                    name=name,
+                    showlegend=False,
+                    line=dict(color=color, dash=dash),
+                ),
+                row=2,
+                col=1,
+            )
             self._traces[(key, 0)] = len(self.figure.data) - 1
         return self._traces[(key, 0)]
 
@@ -163,7 +223,9 @@ class LivePlots:
             weight = float(self.smoothing.value)
             if weight:
                 lines[self._line("loss_smoothed", "loss (smoothed)", "#1f77b4", "dot")] = (
-                    data["loss"][0], ema(data["loss"][1], weight))
+                    data["loss"][0],
+                    ema(data["loss"][1], weight),
+                )
             elif ("loss_smoothed", 0) in self._traces:
                 lines[self._traces[("loss_smoothed", 0)]] = ([], [])
         if data["eval_loss"][0]:
@@ -199,29 +261,44 @@ class LivePlots:
         return save_live_png(self.figure, self.series(), Path(path))
 
 
-EMPTY_BEFORE = ("No runs compared yet. Select one or more runs in the list above (Ctrl- or Shift-click for "
-                "several) and press <b>Compare</b>; finished runs appear after <b>Refresh</b>.")
-EMPTY_NONE_SELECTED = ("No run selected. Select one or more runs in the list above (Ctrl- or Shift-click for "
-                       "several), then press <b>Compare</b>.")
+EMPTY_BEFORE = (
+    "No runs compared yet. Select one or more runs in the list above (Ctrl- or Shift-click for "
+    "several) and press <b>Compare</b>; finished runs appear after <b>Refresh</b>."
+)
+EMPTY_NONE_SELECTED = (
+    "No run selected. Select one or more runs in the list above (Ctrl- or Shift-click for "
+    "several), then press <b>Compare</b>."
+)
 EMPTY_NO_RUNS = "No runs in {where} yet: start one in the Setup tab, then press <b>Refresh</b>."
 
 
 def _empty_html(text: str) -> str:
-    return (f"<div class='mwb-empty' style='padding:24px;color:#555;border:1px dashed #bbb;border-radius:4px'>"
-            f"{text}</div>")
+    return (
+        f"<div class='mwb-empty' style='padding:24px;color:#555;border:1px dashed #bbb;border-radius:4px'>{text}</div>"
+    )
 
 
 class CompareRuns:
     """Overlay runs (run directories or Run objects): throughput, step time and loss per step."""
 
-    def __init__(self, runs: Iterable[Any] = (), labels: Iterable[str] | None = None,
-                 runs_dir: str | Path | None = None, height: int = 460) -> None:
-        base = make_subplots(rows=1, cols=3, subplot_titles=["tokens/s per GPU", "step time (s)", "loss"],
-                             horizontal_spacing=0.08)
+    def __init__(
+        self,
+        runs: Iterable[Any] = (),
+        labels: Iterable[str] | None = None,
+        runs_dir: str | Path | None = None,
+        height: int = 460,
+    ) -> None:
+        base = make_subplots(
+            rows=1, cols=3, subplot_titles=["tokens/s per GPU", "step time (s)", "loss"], horizontal_spacing=0.08
+        )
         self.figure = figure_widget(base)
         # The legend sits under the plots: above them it ran into the subplot titles.
-        self.figure.update_layout(height=height, template="plotly_white", margin=dict(l=50, r=20, t=50, b=40),
-                                  legend=dict(orientation="h", y=-0.14, yanchor="top", x=0))
+        self.figure.update_layout(
+            height=height,
+            template="plotly_white",
+            margin=dict(l=50, r=20, t=50, b=40),
+            legend=dict(orientation="h", y=-0.14, yanchor="top", x=0),
+        )
         self.table = W.HTML()
         self.empty = W.HTML()
         self.runs_dir = Path(runs_dir).expanduser() if runs_dir else None
@@ -231,8 +308,16 @@ class CompareRuns:
         self.refresh_button.on_click(lambda _: self.refresh())
         self.compare_button.on_click(lambda _: self.compare_selected())
         self.frame = None
-        controls = [W.HBox([self.picker, W.VBox([self.refresh_button, self.compare_button])],
-                           layout=W.Layout(flex_flow="row wrap"))] if self.runs_dir else []
+        controls = (
+            [
+                W.HBox(
+                    [self.picker, W.VBox([self.refresh_button, self.compare_button])],
+                    layout=W.Layout(flex_flow="row wrap"),
+                )
+            ]
+            if self.runs_dir
+            else []
+        )
         self.plots = W.VBox([self.figure, self.table])
         self.widget = W.VBox([W.HTML("<b>Compare runs</b>"), *controls, self.empty, self.plots])
         self._show_empty(EMPTY_BEFORE)
@@ -278,17 +363,31 @@ class CompareRuns:
         with self.figure.batch_update():
             self.figure.data = []
         for i, (label, run_df) in enumerate(frame.groupby("label", sort=False)):
-            per_step = run_df.groupby("step").agg(tokens=("tokens_per_s_per_gpu", "mean"),
-                                                  step_time=("step_time_s", "max"), loss=("loss", "mean"))
+            per_step = run_df.groupby("step").agg(
+                tokens=("tokens_per_s_per_gpu", "mean"), step_time=("step_time_s", "max"), loss=("loss", "mean")
+            )
             color = COLORS[i % len(COLORS)]
             for col, column in enumerate(("tokens", "step_time", "loss"), start=1):
-                self.figure.add_trace(go.Scatter(x=list(per_step.index), y=list(per_step[column]), name=label,
-                                                 legendgroup=label, showlegend=col == 1, mode="lines+markers",
-                                                 line=dict(color=color)), row=1, col=col)
+                self.figure.add_trace(
+                    go.Scatter(
+                        x=list(per_step.index),
+                        y=list(per_step[column]),
+                        name=label,
+                        legendgroup=label,
+                        showlegend=col == 1,
+                        mode="lines+markers",
+                        line=dict(color=color),
+                    ),
+                    row=1,
+                    col=col,
+                )
         summary = summarize(frame)
         table = summary.to_html(float_format=lambda v: f"{v:,.4g}", border=0)
         cell = "style='padding:2px 10px;text-align:right;white-space:nowrap'"
-        self.table.value = ("<div style='overflow-x:auto;font-size:12px'>"
-                            + table.replace("<td>", f"<td {cell}>").replace("<th>", f"<th {cell}>") + "</div>")
+        self.table.value = (
+            "<div style='overflow-x:auto;font-size:12px'>"
+            + table.replace("<td>", f"<td {cell}>").replace("<th>", f"<th {cell}>")
+            + "</div>"
+        )
         self._show_empty(None)
         return summary

@@ -18,8 +18,10 @@ def save_live_png(figure: Any, series: dict[str, Any], path: Path) -> Path:
         try:
             _matplotlib_png(series, path)
         except ImportError:
-            raise RuntimeError(f"cannot write {path}: plotly's export failed ({kaleido_error}) and matplotlib is "
-                               "not installed; pip install matplotlib (or kaleido with a Chrome)") from None
+            raise RuntimeError(
+                f"cannot write {path}: plotly's export failed ({kaleido_error}) and matplotlib is "
+                "not installed; pip install matplotlib (or kaleido with a Chrome)"
+            ) from None
         return path
 
 

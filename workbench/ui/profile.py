@@ -19,10 +19,12 @@ from workbench.ui.slim_figure import figure_widget
 PROFILE_TARGET = "workbench.train.profile:profile_finetune"
 # Traces bigger than this (gzipped) are offered by path only: a data URI that size stalls the browser.
 MAX_INLINE_TRACE_BYTES = 25 << 20
-PROFILE_EMPTY = ("<div class='mwb-empty' style='padding:24px;color:#555;border:1px dashed #bbb;border-radius:4px'>"
-                 "No profile yet. Press <b>Profile</b> to run the Setup tab's run for the profiled steps (plus one "
-                 "warm-up step) with torch.profiler on every rank: the time per phase (router, dispatch, "
-                 "experts, combine, communication), the top ops and each rank's trace appear here.</div>")
+PROFILE_EMPTY = (
+    "<div class='mwb-empty' style='padding:24px;color:#555;border:1px dashed #bbb;border-radius:4px'>"
+    "No profile yet. Press <b>Profile</b> to run the Setup tab's run for the profiled steps (plus one "
+    "warm-up step) with torch.profiler on every rank: the time per phase (router, dispatch, "
+    "experts, combine, communication), the top ops and each rank's trace appear here.</div>"
+)
 
 
 def load_profile(run_dir: str | Path) -> list[dict]:
@@ -30,8 +32,10 @@ def load_profile(run_dir: str | Path) -> list[dict]:
     folder = Path(run_dir).expanduser() / "profile"
     files = sorted(folder.glob("phases_rank*.json"), key=lambda p: int(p.stem.removeprefix("phases_rank")))
     if not files:
-        raise FileNotFoundError(f"no profile in {folder}: run it with target={PROFILE_TARGET!r} "
-                                "(ProfilePanel.profile does) and let at least 2 steps finish")
+        raise FileNotFoundError(
+            f"no profile in {folder}: run it with target={PROFILE_TARGET!r} "
+            "(ProfilePanel.profile does) and let at least 2 steps finish"
+        )
     return [json.loads(p.read_text()) for p in files]
 
 
@@ -55,9 +59,15 @@ def breakdown_figure(profiles: list[dict]) -> go.Figure:
     fig = go.Figure()
     for i, col in enumerate(frame.columns):
         fig.add_bar(x=list(frame.index), y=list(frame[col]), name=col, marker_color=COLORS[i % len(COLORS)])
-    fig.update_layout(barmode="group", template="plotly_white", height=380, yaxis_title=f"{unit} ms per step",
-                      title=f"per-phase time ({profiles[0]['steps'] if profiles else '?'} profiled steps; "
-                            "phases nest, communication overlaps them)", margin=dict(l=50, r=20, t=60, b=40))
+    fig.update_layout(
+        barmode="group",
+        template="plotly_white",
+        height=380,
+        yaxis_title=f"{unit} ms per step",
+        title=f"per-phase time ({profiles[0]['steps'] if profiles else '?'} profiled steps; "
+        "phases nest, communication overlaps them)",
+        margin=dict(l=50, r=20, t=60, b=40),
+    )
     return fig
 
 
@@ -75,8 +85,7 @@ def trace_links(profiles: list[dict]) -> str:
             uri = "data:application/gzip;base64," + base64.b64encode(data).decode()
             link = f"<a download='{path.stem}.json.gz' href='{uri}'>download {path.stem}.json.gz</a> "
         items.append(f"rank {prof['rank']}: {link}<code>{html.escape(str(path))}</code>")
-    return ("<b>Traces</b> (open in ui.perfetto.dev or chrome://tracing):<br>" + "<br>".join(items)
-            if items else "")
+    return "<b>Traces</b> (open in ui.perfetto.dev or chrome://tracing):<br>" + "<br>".join(items) if items else ""
 
 
 class ProfilePanel:
@@ -88,10 +97,17 @@ class ProfilePanel:
 
     def __init__(self, cluster: Any = None, config_fn: Any = None, steps: int = 3) -> None:
         self.cluster, self.config_fn = cluster, config_fn
-        self.steps = W.BoundedIntText(value=steps, min=1, max=100, description="profiled steps",
-                                      style={"description_width": "initial"}, layout=W.Layout(width="auto"))
-        self.button = W.Button(description="Profile", icon="tachometer", button_style="info",
-                               layout=W.Layout(width="auto"))
+        self.steps = W.BoundedIntText(
+            value=steps,
+            min=1,
+            max=100,
+            description="profiled steps",
+            style={"description_width": "initial"},
+            layout=W.Layout(width="auto"),
+        )
+        self.button = W.Button(
+            description="Profile", icon="tachometer", button_style="info", layout=W.Layout(width="auto")
+        )
         self.status = W.HTML()
         self.empty = W.HTML(PROFILE_EMPTY)
         self.figure = figure_widget(go.Figure(layout=dict(template="plotly_white", height=380)))
@@ -102,9 +118,15 @@ class ProfilePanel:
         self._listeners: list[Any] = []
         self.button.on_click(lambda _: self._clicked())
         self.results = W.VBox([self.figure, self.links, self.top], layout=W.Layout(display="none"))
-        self.widget = W.VBox([W.HTML("<b>Profile</b>: torch.profiler on every rank (first step skipped)"),
-                              W.HBox([self.steps, self.button], layout=W.Layout(flex_flow="row wrap")), self.status,
-                              self.empty, self.results])
+        self.widget = W.VBox(
+            [
+                W.HTML("<b>Profile</b>: torch.profiler on every rank (first step skipped)"),
+                W.HBox([self.steps, self.button], layout=W.Layout(flex_flow="row wrap")),
+                self.status,
+                self.empty,
+                self.results,
+            ]
+        )
 
     def _clicked(self) -> None:
         try:
@@ -125,9 +147,14 @@ class ProfilePanel:
             if self.config_fn is None:
                 raise RuntimeError("give a RunConfig, or build the panel with config_fn")
             config = self.config_fn()
-        config = config.with_overrides({"train.steps": self.steps.value + 1,
-                                        "train.save_final_checkpoint": False, "train.checkpoint_every": None,
-                                        "run_id": None})
+        config = config.with_overrides(
+            {
+                "train.steps": self.steps.value + 1,
+                "train.save_final_checkpoint": False,
+                "train.checkpoint_every": None,
+                "run_id": None,
+            }
+        )
         self.run = self.cluster.finetune(config, target=PROFILE_TARGET)
         self.profiles = []
         self.button.disabled = True  # one profile at a time; enabled again when it ends
@@ -158,9 +185,11 @@ class ProfilePanel:
         self.links.value = trace_links(self.profiles)
         self.empty.layout.display, self.results.layout.display = "none", ""
         top = self.profiles[0]["top_ops"][:10]
-        self.top.value = ("<b>Top ops on rank 0</b> (self ms per step)<br>" + "<br>".join(
-            f"{op['self_ms']:.2f} ms &nbsp; {html.escape(op['name'])} ({op['calls']} calls)" for op in top))
+        self.top.value = "<b>Top ops on rank 0</b> (self ms per step)<br>" + "<br>".join(
+            f"{op['self_ms']:.2f} ms &nbsp; {html.escape(op['name'])} ({op['calls']} calls)" for op in top
+        )
         missing = sorted({p for prof in self.profiles for p in prof.get("missing_phases", [])})
-        self.status.value = (f"profiled {self.profiles[0]['steps']} steps on {len(self.profiles)} ranks"
-                             + (f"; no label seen for {', '.join(missing)}" if missing else ""))
+        self.status.value = f"profiled {self.profiles[0]['steps']} steps on {len(self.profiles)} ranks" + (
+            f"; no label seen for {', '.join(missing)}" if missing else ""
+        )
         return self.profiles

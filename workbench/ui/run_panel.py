@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import ipywidgets as W
 
-from workbench.config import (DATA_FILE_BUILDERS, DATA_KINDS, LORA_TARGETS, ConfigError, DataConfig, LoraConfig,
-                              ModelConfig, RunConfig, TrainConfig)
+from workbench.config import (
+    DATA_FILE_BUILDERS,
+    DATA_KINDS,
+    LORA_TARGETS,
+    ConfigError,
+    DataConfig,
+    LoraConfig,
+    ModelConfig,
+    RunConfig,
+    TrainConfig,
+)
 from workbench.ui.panels import WIDE, fit_layout, wrap_row
 from workbench.ui.summary import ProgressLine
 
@@ -20,8 +30,15 @@ class RunPanel:
     `model`, `mesh` and `backend` are the other panels (any may be None: then the demo's choice).
     """
 
-    def __init__(self, cluster: Any = None, model: Any = None, mesh: Any = None, backend: Any = None,
-                 runs_dir: str | None = None, steps: int = 20) -> None:
+    def __init__(
+        self,
+        cluster: Any = None,
+        model: Any = None,
+        mesh: Any = None,
+        backend: Any = None,
+        runs_dir: str | None = None,
+        steps: int = 20,
+    ) -> None:
         self.cluster, self.model, self.mesh, self.backend = cluster, model, mesh, backend
         num = dict(style=WIDE, layout=W.Layout(width="200px"))
         self.steps = W.BoundedIntText(value=steps, min=1, max=10**7, description="steps", **num)
@@ -29,28 +46,60 @@ class RunPanel:
         self.global_batch = W.BoundedIntText(value=8, min=1, max=1 << 20, description="global batch", **num)
         self.local_batch = W.BoundedIntText(value=4, min=1, max=1 << 20, description="local batch", **num)
         self.lr = W.FloatText(value=3e-3, description="lr", **num)
-        self.data_kind = W.Dropdown(options=list(DATA_KINDS), value="jsonl", description="data", style=WIDE,
-                                    layout=W.Layout(width="max-content"))
-        self.data_path = W.Text(placeholder="jsonl file (empty: the shipped tiny SFT set); datasets: a parquet/"
-                                            "json/csv file or a save_to_disk folder", description="path",
-                                style=WIDE, layout=W.Layout(width="100%"))
-        self.activation_checkpointing = W.Checkbox(value=False, description="activation checkpointing",
-                                                   indent=False, layout=fit_layout())
-        self.save_checkpoint = W.Checkbox(value=True, description="save final checkpoint", indent=False,
-                                          layout=fit_layout())
+        self.data_kind = W.Dropdown(
+            options=list(DATA_KINDS),
+            value="jsonl",
+            description="data",
+            style=WIDE,
+            layout=W.Layout(width="max-content"),
+        )
+        self.data_path = W.Text(
+            placeholder="jsonl file (empty: the shipped tiny SFT set); datasets: a parquet/"
+            "json/csv file or a save_to_disk folder",
+            description="path",
+            style=WIDE,
+            layout=W.Layout(width="100%"),
+        )
+        self.activation_checkpointing = W.Checkbox(
+            value=False, description="activation checkpointing", indent=False, layout=fit_layout()
+        )
+        self.save_checkpoint = W.Checkbox(
+            value=True, description="save final checkpoint", indent=False, layout=fit_layout()
+        )
         # LoRA (RunConfig.lora): off = full fine-tuning
         self.lora = W.Checkbox(value=False, description="LoRA", indent=False, layout=fit_layout())
         self.lora_rank = W.BoundedIntText(value=16, min=1, max=4096, description="rank", **num)
         self.lora_alpha = W.BoundedFloatText(value=32.0, min=1e-6, max=1e6, description="alpha", **num)
-        self.lora_targets = W.SelectMultiple(options=list(LORA_TARGETS), value=("attention", "experts"),
-                                             description="targets", rows=len(LORA_TARGETS), style=WIDE,
-                                             layout=W.Layout(width="auto"))
-        self.runs_dir = W.Text(value=runs_dir or "", placeholder="runs directory (empty: default)",
-                               description="runs dir", style=WIDE, layout=W.Layout(width="100%"))
-        self.start_button = W.Button(description="Start", button_style="success", icon="play", layout=fit_layout(),
-                                     tooltip="start the run the Setup tab describes")
-        self.stop_button = W.Button(description="Stop", button_style="danger", icon="stop", disabled=True,
-                                    layout=fit_layout(), tooltip="stop at the next step boundary (checkpoints first)")
+        self.lora_targets = W.SelectMultiple(
+            options=list(LORA_TARGETS),
+            value=("attention", "experts"),
+            description="targets",
+            rows=len(LORA_TARGETS),
+            style=WIDE,
+            layout=W.Layout(width="auto"),
+        )
+        self.runs_dir = W.Text(
+            value=runs_dir or "",
+            placeholder="runs directory (empty: default)",
+            description="runs dir",
+            style=WIDE,
+            layout=W.Layout(width="100%"),
+        )
+        self.start_button = W.Button(
+            description="Start",
+            button_style="success",
+            icon="play",
+            layout=fit_layout(),
+            tooltip="start the run the Setup tab describes",
+        )
+        self.stop_button = W.Button(
+            description="Stop",
+            button_style="danger",
+            icon="stop",
+            disabled=True,
+            layout=fit_layout(),
+            tooltip="stop at the next step boundary (checkpoints first)",
+        )
         self.buttons = wrap_row([self.start_button, self.stop_button])
         self.status = W.HTML()
         self.progress = W.Box()
@@ -59,15 +108,28 @@ class RunPanel:
         self._changed_listeners: list[Callable[[], None]] = []
         self.start_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
-        for w in (self.seq_len, self.local_batch, self.activation_checkpointing, self.lora, self.lora_rank,
-                  self.lora_targets):
+        for w in (
+            self.seq_len,
+            self.local_batch,
+            self.activation_checkpointing,
+            self.lora,
+            self.lora_rank,
+            self.lora_targets,
+        ):
             w.observe(lambda _: self._notify_changed(), "value")
-        self.widget = W.VBox([
-            W.HTML("<b>Run</b>"),
-            wrap_row([self.steps, self.lr, self.global_batch, self.local_batch, self.seq_len, self.data_kind]),
-            self.data_path, wrap_row([self.activation_checkpointing, self.save_checkpoint]),
-            wrap_row([self.lora, self.lora_rank, self.lora_alpha, self.lora_targets]), self.runs_dir,
-            self.buttons, self.progress, self.status])
+        self.widget = W.VBox(
+            [
+                W.HTML("<b>Run</b>"),
+                wrap_row([self.steps, self.lr, self.global_batch, self.local_batch, self.seq_len, self.data_kind]),
+                self.data_path,
+                wrap_row([self.activation_checkpointing, self.save_checkpoint]),
+                wrap_row([self.lora, self.lora_rank, self.lora_alpha, self.lora_targets]),
+                self.runs_dir,
+                self.buttons,
+                self.progress,
+                self.status,
+            ]
+        )
 
     def _say(self, text: str) -> None:
         # Paths and run ids are long unbroken words: let them break rather than run out of the tab.
@@ -91,15 +153,20 @@ class RunPanel:
             lora = self.lora_config()
         except ConfigError:
             lora = None  # run_config() says what is wrong
-        return {"seq_len": self.seq_len.value, "local_batch": self.local_batch.value,
-                "activation_checkpointing": self.activation_checkpointing.value, "lora": lora}
+        return {
+            "seq_len": self.seq_len.value,
+            "local_batch": self.local_batch.value,
+            "activation_checkpointing": self.activation_checkpointing.value,
+            "lora": lora,
+        }
 
     def lora_config(self) -> LoraConfig | None:
         """The LoRA section the LoRA widgets describe, None when LoRA is off."""
         if not self.lora.value:
             return None
-        return LoraConfig(rank=self.lora_rank.value, alpha=float(self.lora_alpha.value),
-                          targets=tuple(self.lora_targets.value))
+        return LoraConfig(
+            rank=self.lora_rank.value, alpha=float(self.lora_alpha.value), targets=tuple(self.lora_targets.value)
+        )
 
     def run_config(self) -> RunConfig:
         """The RunConfig all panels describe (ConfigError / MeshError / BackendError say what is wrong)."""
@@ -109,13 +176,21 @@ class RunPanel:
             is_file = path is not None and Path(path).suffix.lower() in DATA_FILE_BUILDERS
             where = {"data_files": path} if is_file else {"path": path}
         data = DataConfig(kind=kind, seq_len=self.seq_len.value, pack=True, **where)
-        train = TrainConfig(steps=self.steps.value, global_batch_size=self.global_batch.value,
-                            local_batch_size=self.local_batch.value, lr=float(self.lr.value),
-                            warmup_steps=min(2, self.steps.value - 1) if self.steps.value > 1 else 0,
-                            activation_checkpointing=self.activation_checkpointing.value,
-                            save_final_checkpoint=self.save_checkpoint.value)
-        kwargs: dict[str, Any] = {"data": data, "train": train, "lora": self.lora_config(),
-                                  "output_dir": self.runs_dir.value.strip() or None}
+        train = TrainConfig(
+            steps=self.steps.value,
+            global_batch_size=self.global_batch.value,
+            local_batch_size=self.local_batch.value,
+            lr=float(self.lr.value),
+            warmup_steps=min(2, self.steps.value - 1) if self.steps.value > 1 else 0,
+            activation_checkpointing=self.activation_checkpointing.value,
+            save_final_checkpoint=self.save_checkpoint.value,
+        )
+        kwargs: dict[str, Any] = {
+            "data": data,
+            "train": train,
+            "lora": self.lora_config(),
+            "output_dir": self.runs_dir.value.strip() or None,
+        }
         kwargs["model"] = self.model.model_config() if self.model is not None else ModelConfig()
         if self.mesh is not None:
             kwargs["mesh"] = self.mesh.mesh_config()

@@ -5,8 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-LIVE_PANELS = {"tokens_per_s_per_gpu": "tokens/s per GPU", "tflops_per_gpu": "TFLOP/s per GPU",
-               "mem_peak_gib": "peak memory per rank (GiB)", "loss": "loss"}
+LIVE_PANELS = {
+    "tokens_per_s_per_gpu": "tokens/s per GPU",
+    "tflops_per_gpu": "TFLOP/s per GPU",
+    "mem_peak_gib": "peak memory per rank (GiB)",
+    "loss": "loss",
+}
 PER_RANK = ("tokens_per_s_per_gpu", "tflops_per_gpu", "mem_peak_gib")
 
 
@@ -44,9 +48,13 @@ def live_series(records: list[dict]) -> dict[str, Any]:
     if complete:
         step = max(complete)
         load = {"step": step, "z": expert_load_matrix([r["expert_load"] for r in by_step[step]])}
-    return {"per_rank": per_rank, "loss": (list(loss_by_step), list(loss_by_step.values())),
-            "eval_loss": (list(eval_by_step), list(eval_by_step.values())), "expert_load": load,
-            "warmup_step": warmup_step(ordered)}
+    return {
+        "per_rank": per_rank,
+        "loss": (list(loss_by_step), list(loss_by_step.values())),
+        "eval_loss": (list(eval_by_step), list(eval_by_step.values())),
+        "expert_load": load,
+        "warmup_step": warmup_step(ordered),
+    }
 
 
 def warmup_step(records: list[dict]) -> int | None:
@@ -139,8 +147,11 @@ def resolved_settings(config: dict) -> dict:
 
         try:
             mesh = config.get("mesh") or {}
-            out["backend"] = BackendConfig.from_dict(config["backend"]).resolve(
-                config.get("device") or "cpu", world_size=int(mesh.get("ep") or 1)).to_dict()
+            out["backend"] = (
+                BackendConfig.from_dict(config["backend"])
+                .resolve(config.get("device") or "cpu", world_size=int(mesh.get("ep") or 1))
+                .to_dict()
+            )
         except (BackendError, TypeError, ValueError):
             pass  # shown as asked for
     if config.get("resolved_mesh"):
@@ -221,7 +232,7 @@ def compare_frame(runs: list[Any], labels: list[str] | None = None):
     if len(labels) != len(runs):
         raise ValueError(f"{len(labels)} labels for {len(runs)} runs")
     frames = []
-    for (config, records, run_id), label in zip(loaded, labels):
+    for (_config, records, run_id), label in zip(loaded, labels):
         if not records:
             raise ValueError(f"run {run_id} has no step records yet")
         df = pd.DataFrame(records)
@@ -238,11 +249,17 @@ def summarize(frame):
     for label, df in frame.groupby("label", sort=False):
         steady = df[df["step"] > df["step"].min()] if df["step"].nunique() > 1 else df
         last = df[df["step"] == df["step"].max()]
-        rows.append({"run": label, "run_id": df["run_id"].iloc[0], "steps": int(df["step"].max()),
-                     "tokens/s/GPU": steady.groupby("step")["tokens_per_s_per_gpu"].mean().median(),
-                     "TFLOP/s/GPU": steady.groupby("step")["tflops_per_gpu"].mean().median(),
-                     "step s": steady.groupby("step")["step_time_s"].max().median(),
-                     "peak GiB": df["mem_peak_gib"].max(),
-                     "load CV": df["expert_load_cv"].mean() if "expert_load_cv" in df else float("nan"),
-                     "final loss": last["loss"].mean()})
+        rows.append(
+            {
+                "run": label,
+                "run_id": df["run_id"].iloc[0],
+                "steps": int(df["step"].max()),
+                "tokens/s/GPU": steady.groupby("step")["tokens_per_s_per_gpu"].mean().median(),
+                "TFLOP/s/GPU": steady.groupby("step")["tflops_per_gpu"].mean().median(),
+                "step s": steady.groupby("step")["step_time_s"].max().median(),
+                "peak GiB": df["mem_peak_gib"].max(),
+                "load CV": df["expert_load_cv"].mean() if "expert_load_cv" in df else float("nan"),
+                "final loss": last["loss"].mean(),
+            }
+        )
     return pd.DataFrame(rows).set_index("run")

@@ -28,22 +28,32 @@ class Studio:
     is the RunConfig the widgets describe; `studio.start(config=None)` starts a run and follows it.
     """
 
-    def __init__(self, cluster: Any, runs_dir: str | Path | None = None, preset: str = "tiny",
-                 layers: int | None = None, steps: int = 20) -> None:
+    def __init__(
+        self,
+        cluster: Any,
+        runs_dir: str | Path | None = None,
+        preset: str = "tiny",
+        layers: int | None = None,
+        steps: int = 20,
+    ) -> None:
         from workbench.runs.run_dir import default_runs_dir
 
         self.cluster = cluster
         self.rank_infos = cluster.info() if cluster is not None and not cluster.busy else None
         world = cluster.world_size if cluster is not None else 1
         device = device_of(self.rank_infos, getattr(cluster, "device_type", "cpu"))
-        memory = min((i.get("device_memory_gib") or 0 for i in self.rank_infos), default=None) \
-            if self.rank_infos and device == "cuda" else None
+        memory = (
+            min((i.get("device_memory_gib") or 0 for i in self.rank_infos), default=None)
+            if self.rank_infos and device == "cuda"
+            else None
+        )
         self.runs_dir = Path(runs_dir).expanduser() if runs_dir else default_runs_dir()
         self.model = ModelPanel(preset=preset, layers=layers)
         self.mesh = MeshPanel(world, device, memory)
         self.backend = BackendPanel(self.rank_infos, device, world)
-        self.run_panel = RunPanel(cluster, self.model, self.mesh, self.backend, runs_dir=str(self.runs_dir),
-                                  steps=steps)
+        self.run_panel = RunPanel(
+            cluster, self.model, self.mesh, self.backend, runs_dir=str(self.runs_dir), steps=steps
+        )
         self.live = LivePlots()
         self.strip = SummaryStrip(self.rank_infos)
         self.compare = CompareRuns(runs_dir=self.runs_dir)
@@ -61,17 +71,29 @@ class Studio:
         self.live.smoothing.observe(lambda change: self.strip.set_smoothing(float(change["new"])), "value")
         self.mesh.set_model(self.model.hf_config())
         self._training_changed()
-        setup = W.HBox([_column([self.model.widget, self.mesh.widget], "420px"),
-                        _column([self.backend.widget], "480px")],
-                       layout=W.Layout(flex_flow="row wrap", width="100%"))
-        live = W.VBox([self.run_panel.buttons, self.run_panel.progress, self.run_panel.status, self.strip.widget,
-                       self.live.widget])
-        self.tabs = W.Tab(children=[W.VBox([setup, self.run_panel.widget]), live, self.compare.widget,
-                                    self.profiler.widget], layout=W.Layout(width="100%"))
+        setup = W.HBox(
+            [_column([self.model.widget, self.mesh.widget], "420px"), _column([self.backend.widget], "480px")],
+            layout=W.Layout(flex_flow="row wrap", width="100%"),
+        )
+        live = W.VBox(
+            [
+                self.run_panel.buttons,
+                self.run_panel.progress,
+                self.run_panel.status,
+                self.strip.widget,
+                self.live.widget,
+            ]
+        )
+        self.tabs = W.Tab(
+            children=[W.VBox([setup, self.run_panel.widget]), live, self.compare.widget, self.profiler.widget],
+            layout=W.Layout(width="100%"),
+        )
         for i, title in enumerate(("Setup", "Live", "Compare", "Profile")):
             self.tabs.set_title(i, title)
-        header = W.HTML(f"<h3 style='margin:4px 0'>MoE Workbench Studio</h3><div style='overflow-wrap:anywhere'>"
-                        f"{self._cluster_line(device)}</div>")
+        header = W.HTML(
+            f"<h3 style='margin:4px 0'>MoE Workbench Studio</h3><div style='overflow-wrap:anywhere'>"
+            f"{self._cluster_line(device)}</div>"
+        )
         # The figures are drawn in hidden tabs: their width follows the Studio's, not plotly's guess.
         self.fit = FigureFit()
         for figure in (self.live.figure, self.compare.figure, self.profiler.figure):
@@ -90,8 +112,9 @@ class Studio:
             self.backend.set_ep(mesh.ep)
 
     def _training_changed(self) -> None:
-        self.mesh.set_training(**self.run_panel.training(), dtype=self.model.dtype.value,
-                               fused_ce=self.backend.fused_ce.value)
+        self.mesh.set_training(
+            **self.run_panel.training(), dtype=self.model.dtype.value, fused_ce=self.backend.fused_ce.value
+        )
 
     def _hold_buttons(self, run: Any) -> None:
         """While `run` (trained or profiled) goes, neither Start nor Profile can start another."""

@@ -9,8 +9,9 @@ from __future__ import annotations
 import html
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import ipywidgets as W
 
@@ -18,8 +19,15 @@ from workbench.ui.progress import format_eta
 from workbench.ui.series import ema, warmup_step
 
 # Dense bf16 tensor-core peaks from the vendors' datasheets (TFLOP/s, no sparsity): the MFU denominator.
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0,
-                    "B200": 2250.0, "L40S": 362.0}
+PEAK_BF16_TFLOPS = {
+    "H200": 989.0,
+    "H100": 989.0,
+    "H800": 989.0,
+    "A100": 312.0,
+    "A800": 312.0,
+    "B200": 2250.0,
+    "L40S": 362.0,
+}
 # Steps the live figures take their median over (the latest ones, warm-up step left out).
 WINDOW = 10
 
@@ -65,8 +73,13 @@ class LiveSummary:
             raise ValueError(f"step must be >= 0, got {self.step}")
 
 
-def summarize_live(records: Sequence[dict], total_steps: int | None, capacities_gib: dict[int, float] | None = None,
-                   peak: float | None = None, smoothing: float = 0.0) -> LiveSummary:
+def summarize_live(
+    records: Sequence[dict],
+    total_steps: int | None,
+    capacities_gib: dict[int, float] | None = None,
+    peak: float | None = None,
+    smoothing: float = 0.0,
+) -> LiveSummary:
     """The strip's figures from step records (every rank's), the run's total steps, each rank's capacity."""
     by_step: dict[int, dict[int, dict]] = {}
     for r in records:
@@ -79,8 +92,11 @@ def summarize_live(records: Sequence[dict], total_steps: int | None, capacities_
     window = tuple(steady[-WINDOW:])
 
     def median_of(metric: str, over_ranks=statistics.fmean) -> float | None:
-        values = [over_ranks([float(by_step[s][r][metric]) for r in by_step[s]]) for s in window
-                  if all(by_step[s][r].get(metric) is not None for r in by_step[s])]
+        values = [
+            over_ranks([float(by_step[s][r][metric]) for r in by_step[s]])
+            for s in window
+            if all(by_step[s][r].get(metric) is not None for r in by_step[s])
+        ]
         return statistics.median(values) if values else None
 
     step = max(by_step, default=0)
@@ -93,53 +109,92 @@ def summarize_live(records: Sequence[dict], total_steps: int | None, capacities_
     for rank in sorted(ranks):
         latest = by_step[max(s for s in by_step if rank in by_step[s])][rank]
         if latest.get("mem_peak_gib") is not None:
-            memory.append(RankMemory(rank, float(latest["mem_peak_gib"]), (capacities_gib or {}).get(rank),
-                                     str(latest.get("mem_kind", ""))))
-    losses = [(s, rows[min(rows)]["loss"]) for s, rows in sorted(by_step.items())
-              if rows[min(rows)].get("loss") is not None]
+            memory.append(
+                RankMemory(
+                    rank,
+                    float(latest["mem_peak_gib"]),
+                    (capacities_gib or {}).get(rank),
+                    str(latest.get("mem_kind", "")),
+                )
+            )
+    losses = [
+        (s, rows[min(rows)]["loss"]) for s, rows in sorted(by_step.items()) if rows[min(rows)].get("loss") is not None
+    ]
     loss = float(losses[-1][1]) if losses else None
     smoothed = ema([float(v) for _, v in losses], smoothing)[-1] if losses and smoothing else None
     mfu = 100.0 * tflops / peak if tflops is not None and peak else None
-    return LiveSummary(step, total_steps, eta, tokens, tflops, mfu, step_time, tuple(memory), loss, smoothed,
-                       window)
+    return LiveSummary(step, total_steps, eta, tokens, tflops, mfu, step_time, tuple(memory), loss, smoothed, window)
 
 
 def _figure(key: str, label: str, text: str, value: Any = None, title: str = "") -> str:
     data = f" data-value='{value!r}'" if isinstance(value, (int, float)) else ""
     tip = f" title='{html.escape(title, quote=True)}'" if title else ""
-    return (f"<div class='mwb-fig' data-key='{key}'{data}{tip} style='padding:2px 14px 2px 0'>"
-            f"<div style='color:#666;font-size:11px'>{html.escape(label)}</div>"
-            f"<div class='mwb-fig-value' style='font-size:15px;font-weight:600'>{html.escape(text)}</div></div>")
+    return (
+        f"<div class='mwb-fig' data-key='{key}'{data}{tip} style='padding:2px 14px 2px 0'>"
+        f"<div style='color:#666;font-size:11px'>{html.escape(label)}</div>"
+        f"<div class='mwb-fig-value' style='font-size:15px;font-weight:600'>{html.escape(text)}</div></div>"
+    )
 
 
 def strip_html(s: LiveSummary, done: bool = False, elapsed_s: float | None = None) -> str:
     """The strip as HTML: one box per figure, wrapping on a narrow notebook; data-value holds the raw number."""
+
     def num(v: float | None, fmt: str) -> str:
         return format(v, fmt) if v is not None else "\u2013"
 
-    eta_text = (f"done in {format_eta(elapsed_s)}" if done and elapsed_s is not None else
-                "done" if done else format_eta(s.eta_s))
+    eta_text = (
+        f"done in {format_eta(elapsed_s)}"
+        if done and elapsed_s is not None
+        else "done"
+        if done
+        else format_eta(s.eta_s)
+    )
     figures = [
         _figure("step", "step", f"{s.step}/{s.total_steps or '?'}", s.step),
-        _figure("eta", "ETA" if not done else "time", eta_text, s.eta_s if not done else None,
-                "remaining steps x the median step time"),
-        _figure("tokens_per_s_per_gpu", "tokens/s per GPU", num(s.tokens_per_s_per_gpu, ",.0f"),
-                s.tokens_per_s_per_gpu, f"median over steps {list(s.window)} (warm-up step left out)"),
+        _figure(
+            "eta",
+            "ETA" if not done else "time",
+            eta_text,
+            s.eta_s if not done else None,
+            "remaining steps x the median step time",
+        ),
+        _figure(
+            "tokens_per_s_per_gpu",
+            "tokens/s per GPU",
+            num(s.tokens_per_s_per_gpu, ",.0f"),
+            s.tokens_per_s_per_gpu,
+            f"median over steps {list(s.window)} (warm-up step left out)",
+        ),
         _figure("tflops_per_gpu", "TFLOP/s per GPU", num(s.tflops_per_gpu, ".3g"), s.tflops_per_gpu),
-        _figure("mfu_pct", "MFU", f"{s.mfu_pct:.1f} %" if s.mfu_pct is not None else "n/a", s.mfu_pct,
-                "TFLOP/s over the GPU's datasheet bf16 peak" if s.mfu_pct is not None else
-                "no datasheet peak known for this device (CPU or unlisted GPU)"),
+        _figure(
+            "mfu_pct",
+            "MFU",
+            f"{s.mfu_pct:.1f} %" if s.mfu_pct is not None else "n/a",
+            s.mfu_pct,
+            "TFLOP/s over the GPU's datasheet bf16 peak"
+            if s.mfu_pct is not None
+            else "no datasheet peak known for this device (CPU or unlisted GPU)",
+        ),
     ]
     for m in s.memory:
         cap = f" / {m.capacity_gib:.1f}" if m.capacity_gib else ""
         what = "process RSS" if m.kind == "cpu_rss" else "allocated peak"
-        figures.append(_figure(f"mem_rank{m.rank}", f"memory rank {m.rank} (GiB)", f"{m.used_gib:.2f}{cap}",
-                               m.used_gib, f"{what} at the latest step against the device's capacity"))
+        figures.append(
+            _figure(
+                f"mem_rank{m.rank}",
+                f"memory rank {m.rank} (GiB)",
+                f"{m.used_gib:.2f}{cap}",
+                m.used_gib,
+                f"{what} at the latest step against the device's capacity",
+            )
+        )
     figures.append(_figure("loss", "loss", num(s.loss, ".4f"), s.loss))
     if s.loss_smoothed is not None:
         figures.append(_figure("loss_smoothed", "loss (smoothed)", num(s.loss_smoothed, ".4f"), s.loss_smoothed))
-    return ("<div class='mwb-strip' style='display:flex;flex-wrap:wrap;align-items:flex-end;"
-            "border-bottom:1px solid #ddd;margin:4px 0 6px 0'>" + "".join(figures) + "</div>")
+    return (
+        "<div class='mwb-strip' style='display:flex;flex-wrap:wrap;align-items:flex-end;"
+        "border-bottom:1px solid #ddd;margin:4px 0 6px 0'>" + "".join(figures) + "</div>"
+    )
 
 
 class SummaryStrip:
@@ -147,8 +202,11 @@ class SummaryStrip:
 
     def __init__(self, rank_infos: Sequence[dict] | None = None) -> None:
         infos = list(rank_infos or [])
-        self.capacities = {int(i.get("rank", n)): float(i["device_memory_gib"]) for n, i in enumerate(infos)
-                           if i.get("device_memory_gib")}
+        self.capacities = {
+            int(i.get("rank", n)): float(i["device_memory_gib"])
+            for n, i in enumerate(infos)
+            if i.get("device_memory_gib")
+        }
         names = {i.get("device_name") for i in infos if str(i.get("device", "")).startswith("cuda")}
         self.peak = peak_tflops(names.pop()) if len(names) == 1 else None
         self.smoothing = 0.0
@@ -172,8 +230,9 @@ class SummaryStrip:
     def refresh(self) -> None:
         if self.run is None:
             return
-        self.summary = summarize_live(self.run.records, self.run.total_steps, self.capacities, self.peak,
-                                      self.smoothing)
+        self.summary = summarize_live(
+            self.run.records, self.run.total_steps, self.capacities, self.peak, self.smoothing
+        )
         done = self.run.done
         self.widget.value = strip_html(self.summary, done, time.monotonic() - self._started if done else None)
 
@@ -183,11 +242,13 @@ class ProgressLine:
 
     def __init__(self, run: Any) -> None:
         self.run = run
-        self.bar = W.IntProgress(value=0, min=0, max=run.total_steps or 1,
-                                 layout=W.Layout(flex="1 1 200px", min_width="120px"))
+        self.bar = W.IntProgress(
+            value=0, min=0, max=run.total_steps or 1, layout=W.Layout(flex="1 1 200px", min_width="120px")
+        )
         self.label = W.HTML(layout=W.Layout(flex="0 1 auto"))
-        self.widget = W.HBox([self.bar, self.label], layout=W.Layout(flex_flow="row wrap", align_items="center",
-                                                                     width="100%"))
+        self.widget = W.HBox(
+            [self.bar, self.label], layout=W.Layout(flex_flow="row wrap", align_items="center", width="100%")
+        )
         self._started = time.monotonic()
         run.on_metrics(lambda _: self._update())
         self._update()

@@ -66,13 +66,15 @@ def _cluster_model(key: str, info: dict, abbreviate: Any) -> dict:
         engines = engine_set.get("engines") or {"0": engine_set}
         for engine_key in sorted(engines, key=lambda k: int(k) if str(k).isdigit() else 0):
             engine = engines[engine_key]
-            ranks.append({
-                "rank": len(ranks),
-                "engine_set": set_id,
-                "pid": engine.get("pid"),
-                "state": engine.get("state", engine_set.get("state")),
-                "log": engine.get("output_file"),
-            })
+            ranks.append(
+                {
+                    "rank": len(ranks),
+                    "engine_set": set_id,
+                    "pid": engine.get("pid"),
+                    "state": engine.get("state", engine_set.get("state")),
+                    "log": engine.get("output_file"),
+                }
+            )
     return {
         "id": key,
         "readable": True,

@@ -47,9 +47,14 @@ def _run_index_module():
 class MoeWorkbenchLab(Configurable):
     """Server-side settings: the one runs folder this server serves (`c.MoeWorkbenchLab.runs_dir`)."""
 
-    runs_dir = Unicode("", config=True, help=(
-        "The runs folder the lab serves. Empty: $WORKBENCH_RUNS_DIR, else ~/moe-workbench/runs. "
-        "The sidebar's 'Runs directory' setting must name this folder (or be empty)."))
+    runs_dir = Unicode(
+        "",
+        config=True,
+        help=(
+            "The runs folder the lab serves. Empty: $WORKBENCH_RUNS_DIR, else ~/moe-workbench/runs. "
+            "The sidebar's 'Runs directory' setting must name this folder (or be empty)."
+        ),
+    )
 
     def allowed_runs_dir(self) -> Path:
         """The configured runs folder; read per request so $WORKBENCH_RUNS_DIR is honoured."""
@@ -78,10 +83,14 @@ class WorkbenchHandler(APIHandler):
             raise web.HTTPError(400, "runs_dir holds a NUL character")
         # Any other folder is refused: the request must not choose what the server reads.
         if chosen and _real(Path(chosen).expanduser()) != _real(allowed):
-            raise web.HTTPError(403, (
-                f"runs_dir {chosen!r} is not this server's runs directory {str(allowed)!r}; clear the "
-                "sidebar's 'Runs directory' setting, or start jupyter with "
-                "--MoeWorkbenchLab.runs_dir=<folder> (or $WORKBENCH_RUNS_DIR) to serve another folder"))
+            raise web.HTTPError(
+                403,
+                (
+                    f"runs_dir {chosen!r} is not this server's runs directory {str(allowed)!r}; clear the "
+                    "sidebar's 'Runs directory' setting, or start jupyter with "
+                    "--MoeWorkbenchLab.runs_dir=<folder> (or $WORKBENCH_RUNS_DIR) to serve another folder"
+                ),
+            )
         return allowed
 
     def run_index(self):
@@ -139,18 +148,21 @@ class RunMetricsHandler(WorkbenchHandler):
         if not real.is_dir():
             raise web.HTTPError(404, f"no run directory at {path}")
         if not (real / index.CONFIG_FILE).exists() and not (real / index.STATUS_FILE).exists():
-            raise web.HTTPError(
-                404, f"{path} is not a run directory (no {index.CONFIG_FILE} / {index.STATUS_FILE})")
+            raise web.HTTPError(404, f"{path} is not a run directory (no {index.CONFIG_FILE} / {index.STATUS_FILE})")
         run_index = self.run_index()
         fields_arg = self.get_query_argument("fields", "")
         fields = [f for f in fields_arg.split(",") if f] or list(run_index.series_fields)
         # Checked before reading: the index holds only the plotted fields, so others cannot be sent.
         unheld = [f for f in fields if f not in run_index.series_fields] if fields != ["*"] else []
         if unheld:
-            raise web.HTTPError(400, (
-                f"fields {', '.join(unheld)} are not served: the server keeps only the plotted "
-                f"fields ({', '.join(run_index.series_fields)}); read the others in a notebook with "
-                f"workbench.runs.run_dir.RunDir({str(path)!r}).read_metrics()"))
+            raise web.HTTPError(
+                400,
+                (
+                    f"fields {', '.join(unheld)} are not served: the server keeps only the plotted "
+                    f"fields ({', '.join(run_index.series_fields)}); read the others in a notebook with "
+                    f"workbench.runs.run_dir.RunDir({str(path)!r}).read_metrics()"
+                ),
+            )
         rank_arg = self.get_query_argument("rank", "")
         try:
             answer = await asyncio.to_thread(run_index.metrics, root, real / index.METRICS_FILE)
@@ -234,13 +246,20 @@ def setup_handlers(web_app, parent=None) -> None:
     web_app.settings[SETTINGS_KEY] = MoeWorkbenchLab(parent=parent)
     web_app.settings[RUN_INDEX_KEY] = None  # made on first use: importing workbench is not free
     base = url_path_join(web_app.settings["base_url"], "moe-workbench", "api")
-    web_app.add_handlers(".*$", [
-        (url_path_join(base, "gpus"), GpusHandler),
-        (url_path_join(base, "clusters"), ClustersHandler),
-        (url_path_join(base, "runs"), RunsHandler),
-        (url_path_join(base, "runs", r"([^/]+)", "metrics"), RunMetricsHandler),
-        (url_path_join(base, "notebooks"), NotebooksHandler),
-        (url_path_join(base, "notebooks", r"([^/]+\.ipynb)"), NotebookCopyHandler),
-        (url_path_join(web_app.settings["base_url"], "moe-workbench", "plotly", r"([0-9A-Za-z.+-]+)",
-                       "widgetbundle.js"), PlotlyBundleHandler),
-    ])
+    web_app.add_handlers(
+        ".*$",
+        [
+            (url_path_join(base, "gpus"), GpusHandler),
+            (url_path_join(base, "clusters"), ClustersHandler),
+            (url_path_join(base, "runs"), RunsHandler),
+            (url_path_join(base, "runs", r"([^/]+)", "metrics"), RunMetricsHandler),
+            (url_path_join(base, "notebooks"), NotebooksHandler),
+            (url_path_join(base, "notebooks", r"([^/]+\.ipynb)"), NotebookCopyHandler),
+            (
+                url_path_join(
+                    web_app.settings["base_url"], "moe-workbench", "plotly", r"([0-9A-Za-z.+-]+)", "widgetbundle.js"
+                ),
+                PlotlyBundleHandler,
+            ),
+        ],
+    )

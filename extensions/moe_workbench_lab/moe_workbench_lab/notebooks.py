@@ -22,8 +22,10 @@ def notebooks_source_dir() -> tuple[Path | None, str | None]:
         candidate = Path(location).resolve().parent / "notebooks"
         if candidate.is_dir():
             return candidate, None
-    return None, ("no notebooks/ folder beside the workbench package (a non-editable install); "
-                  "set $WORKBENCH_NOTEBOOKS_DIR to the repository's notebooks/ folder")
+    return None, (
+        "no notebooks/ folder beside the workbench package (a non-editable install); "
+        "set $WORKBENCH_NOTEBOOKS_DIR to the repository's notebooks/ folder"
+    )
 
 
 def _title(path: Path) -> str:

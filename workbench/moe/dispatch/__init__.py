@@ -28,8 +28,9 @@ class Dispatcher(Protocol):
 
     num_experts: int
 
-    def dispatch(self, x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    def dispatch(
+        self, x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """Expert-major tokens, tokens per local expert, and a handle for `combine`."""
         ...
 
@@ -124,5 +125,15 @@ def close_live_dispatchers() -> int:
     return closed
 
 
-__all__ = ["Dispatcher", "LocalDispatcher", "Permutation", "close_dispatchers", "close_live_dispatchers",
-           "make_dispatcher", "model_dispatchers", "permute", "sort_by_expert", "unpermute"]
+__all__ = [
+    "Dispatcher",
+    "LocalDispatcher",
+    "Permutation",
+    "close_dispatchers",
+    "close_live_dispatchers",
+    "make_dispatcher",
+    "model_dispatchers",
+    "permute",
+    "sort_by_expert",
+    "unpermute",
+]

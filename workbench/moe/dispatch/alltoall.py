@@ -34,13 +34,13 @@ def _all_to_all(x: torch.Tensor, output_splits: list[int], input_splits: list[in
 @dataclass
 class AllToAllHandle:
     num_tokens: int
-    send_splits: list[int]              # token rows this rank sent to each ep rank
-    recv_splits: list[int]              # token rows this rank received from each ep rank
-    recv_weights_RK: torch.Tensor       # routing weights of the received rows, 0 for other ranks' slots
-    row_of_slot: torch.Tensor           # [R*K] expert-major row of each received slot; N if not local
-    slot_of_row: torch.Tensor           # [N] received slot of each expert-major row
-    home_row_of_slot: torch.Tensor      # [T*P] sent row of (token, rank); S if the token skipped that rank
-    home_slot_of_row: torch.Tensor      # [S] (token, rank) of each sent row
+    send_splits: list[int]  # token rows this rank sent to each ep rank
+    recv_splits: list[int]  # token rows this rank received from each ep rank
+    recv_weights_RK: torch.Tensor  # routing weights of the received rows, 0 for other ranks' slots
+    row_of_slot: torch.Tensor  # [R*K] expert-major row of each received slot; N if not local
+    slot_of_row: torch.Tensor  # [N] received slot of each expert-major row
+    home_row_of_slot: torch.Tensor  # [T*P] sent row of (token, rank); S if the token skipped that rank
+    home_slot_of_row: torch.Tensor  # [S] (token, rank) of each sent row
 
 
 class AllToAllDispatcher:
@@ -63,14 +63,15 @@ class AllToAllDispatcher:
         rank_TK = topk_ids_TK // L
         in_rank_TP = torch.zeros(T, P, dtype=torch.bool, device=device).scatter_(1, rank_TK, True)
         slots_to_P = torch.zeros(P, dtype=torch.int64, device=device).scatter_add_(
-            0, rank_TK.reshape(-1), torch.ones(T * K, dtype=torch.int64, device=device))
+            0, rank_TK.reshape(-1), torch.ones(T * K, dtype=torch.int64, device=device)
+        )
         tokens_to_P = in_rank_TP.sum(0)
         # [src, (rows, slots)] this rank receives; then the layer's one host sync
         counts_sent = torch.stack([tokens_to_P, slots_to_P], 1)
         counts_recv = torch.empty_like(counts_sent)
         dist.all_to_all_single(counts_recv, counts_sent, group=self.group)
         sizes = torch.cat([tokens_to_P, counts_recv[:, 0], counts_recv[:, 1].sum().view(1)]).tolist()
-        send_splits, recv_splits, num_rows = sizes[:P], sizes[P:2 * P], sizes[2 * P]
+        send_splits, recv_splits, num_rows = sizes[:P], sizes[P : 2 * P], sizes[2 * P]
         num_sent, num_recv = sum(send_splits), sum(recv_splits)
 
         # sent rows: by destination rank, then token (a stable sort of the (rank, token) flags)
@@ -96,17 +97,19 @@ class AllToAllDispatcher:
         row_of_slot = torch.full((num_recv * K,), num_rows, dtype=torch.int64, device=device)
         row_of_slot[slot_of_row] = torch.arange(num_rows, device=device)
         tokens_per_local_expert = torch.zeros(L + 1, dtype=torch.int64, device=device).scatter_add_(
-            0, keys, torch.ones_like(keys))[:L]
+            0, keys, torch.ones_like(keys)
+        )[:L]
         x_by_expert = expand_to_rows(recv_x, slot_of_row // K, row_of_slot, K, self.use_triton)
-        handle = AllToAllHandle(T, send_splits, recv_splits, recv_w, row_of_slot, slot_of_row,
-                                home_row_of_slot, home_slot_of_row)
+        handle = AllToAllHandle(
+            T, send_splits, recv_splits, recv_w, row_of_slot, slot_of_row, home_row_of_slot, home_slot_of_row
+        )
         return x_by_expert, tokens_per_local_expert, handle
 
     def combine(self, y_by_expert_ND, handle: AllToAllHandle):
         # weighted sum of this rank's experts per received token, sent home, added per token
-        partial_RD = weighted_sum(y_by_expert_ND, handle.recv_weights_RK, handle.row_of_slot, handle.slot_of_row,
-                                  self.use_triton)
+        partial_RD = weighted_sum(
+            y_by_expert_ND, handle.recv_weights_RK, handle.row_of_slot, handle.slot_of_row, self.use_triton
+        )
         partial_home_SD = _all_to_all(partial_RD, handle.send_splits, handle.recv_splits, self.group)
         ones_TP = torch.ones(handle.num_tokens, self.ep_size, device=partial_home_SD.device)
-        return weighted_sum(partial_home_SD, ones_TP, handle.home_row_of_slot, handle.home_slot_of_row,
-                            self.use_triton)
+        return weighted_sum(partial_home_SD, ones_TP, handle.home_row_of_slot, handle.home_slot_of_row, self.use_triton)

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,10 +43,10 @@ from workbench.moe.dispatch.local import combine_uses_triton, expand_to_rows, we
 
 # Limits of DeepEP 1.2.x's intranode kernels, checked here so that a misfit is a clear error
 # rather than a device-side assert that takes the CUDA context down with it.
-MAX_LOCAL_EXPERTS = 128        # notify_dispatch: one thread per local expert
-MAX_TOP_K = 32                 # dispatch: one lane per top-k slot
-TMA_BYTES_PER_WARP = 8192      # dispatch copies half a row per TMA transfer, plus an 8-byte barrier
-ROW_BYTES_MULTIPLE = 32        # rows are copied as int4 pairs
+MAX_LOCAL_EXPERTS = 128  # notify_dispatch: one thread per local expert
+MAX_TOP_K = 32  # dispatch: one lane per top-k slot
+TMA_BYTES_PER_WARP = 8192  # dispatch copies half a row per TMA transfer, plus an 8-byte barrier
+ROW_BYTES_MULTIPLE = 32  # rows are copied as int4 pairs
 
 
 def import_deep_ep():
@@ -53,8 +54,10 @@ def import_deep_ep():
     try:
         import deep_ep
     except ImportError as err:
-        raise BackendError(f"dispatcher='deepep' needs DeepEP, which cannot be imported here ({err}): "
-                           f"{INSTALL_HINT['deepep']}; or use dispatcher='alltoall'") from err
+        raise BackendError(
+            f"dispatcher='deepep' needs DeepEP, which cannot be imported here ({err}): "
+            f"{INSTALL_HINT['deepep']}; or use dispatcher='alltoall'"
+        ) from err
     return deep_ep
 
 
@@ -71,7 +74,7 @@ class BufferSlot:
         self._make = make
         self.buffer: Any = None
         self.num_bytes = 0
-        self.key: str | None = None   # the same on every rank of the group (see DeepEPDispatcher._new_buffer)
+        self.key: str | None = None  # the same on every rank of the group (see DeepEPDispatcher._new_buffer)
 
     def get(self, num_bytes: int) -> Any:
         """The buffer, at least `num_bytes` large (collective when it has to be made)."""
@@ -110,8 +113,13 @@ class _Dispatch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_TD, weights_TK, ex: _Exchange):
         recv_x, recv_idx, recv_w, counts, handle, _ = ex.buffer.dispatch(
-            x_TD, topk_idx=ex.topk_idx_TK, topk_weights=weights_TK, num_tokens_per_rank=ex.tokens_per_rank,
-            is_token_in_rank=ex.token_in_rank_TP, num_tokens_per_expert=ex.tokens_per_expert_E)
+            x_TD,
+            topk_idx=ex.topk_idx_TK,
+            topk_weights=weights_TK,
+            num_tokens_per_rank=ex.tokens_per_rank,
+            is_token_in_rank=ex.token_in_rank_TP,
+            num_tokens_per_expert=ex.tokens_per_expert_E,
+        )
         ex.handle, ex.recv_idx_RK, ex.recv_counts = handle, recv_idx, list(counts)
         ctx.ex, ctx.hidden = ex, x_TD.shape[1]
         return recv_x, recv_w
@@ -120,8 +128,9 @@ class _Dispatch(torch.autograd.Function):
     def backward(ctx, grad_x_RD, grad_w_RK):
         ex = ctx.ex
         if grad_x_RD is None:
-            grad_x_RD = torch.zeros(ex.recv_idx_RK.shape[0], ctx.hidden, dtype=torch.bfloat16,
-                                    device=ex.recv_idx_RK.device)
+            grad_x_RD = torch.zeros(
+                ex.recv_idx_RK.shape[0], ctx.hidden, dtype=torch.bfloat16, device=ex.recv_idx_RK.device
+            )
         grad_w = None
         if grad_w_RK is not None and ctx.needs_input_grad[1]:
             grad_w = grad_w_RK.float().contiguous()
@@ -147,9 +156,9 @@ class _Combine(torch.autograd.Function):
 @dataclass
 class DeepEPHandle:
     exchange: _Exchange
-    recv_weights_RK: torch.Tensor   # routing weights of the received tokens (0 for other ranks' experts)
-    slot_of_row: torch.Tensor       # [N] flattened (received token, slot) of each expert-major row
-    row_of_slot: torch.Tensor       # [R*K] expert-major row of each slot, N (a zero row) if not local
+    recv_weights_RK: torch.Tensor  # routing weights of the received tokens (0 for other ranks' experts)
+    slot_of_row: torch.Tensor  # [N] flattened (received token, slot) of each expert-major row
+    row_of_slot: torch.Tensor  # [R*K] expert-major row of each slot, N (a zero row) if not local
 
 
 class DeepEPDispatcher:
@@ -159,24 +168,32 @@ class DeepEPDispatcher:
         self.use_triton = combine_uses_triton(combine)
         self._deep_ep = import_deep_ep()
         if not torch.cuda.is_available():
-            raise BackendError("dispatcher='deepep' needs CUDA GPUs joined by NVLink, and there is no CUDA "
-                               "device here; use dispatcher='alltoall'")
+            raise BackendError(
+                "dispatcher='deepep' needs CUDA GPUs joined by NVLink, and there is no CUDA "
+                "device here; use dispatcher='alltoall'"
+            )
         if not dist.is_initialized():
-            raise BackendError("dispatcher='deepep' needs an initialized NCCL process group "
-                               "(torch.distributed.init_process_group('nccl')) before it is built")
+            raise BackendError(
+                "dispatcher='deepep' needs an initialized NCCL process group "
+                "(torch.distributed.init_process_group('nccl')) before it is built"
+            )
         self.group = ep_group if ep_group is not None else dist.group.WORLD
         self.ep_size = dist.get_world_size(self.group)
         self.ep_rank = dist.get_rank(self.group)
         if self.ep_size not in DEEPEP_EP_SIZES:
-            raise BackendError(f"DeepEP's intranode kernels run on {', '.join(map(str, DEEPEP_EP_SIZES))} ranks, "
-                               f"this ep group has {self.ep_size}; use dispatcher='alltoall'")
+            raise BackendError(
+                f"DeepEP's intranode kernels run on {', '.join(map(str, DEEPEP_EP_SIZES))} ranks, "
+                f"this ep group has {self.ep_size}; use dispatcher='alltoall'"
+            )
         if num_experts % self.ep_size:
             raise ValueError(f"{num_experts} experts cannot be split evenly over ep={self.ep_size} ranks")
         self.num_experts = num_experts
         self.num_local_experts = num_experts // self.ep_size
         if self.num_local_experts > MAX_LOCAL_EXPERTS:
-            raise BackendError(f"DeepEP's intranode kernels take at most {MAX_LOCAL_EXPERTS} experts per rank, "
-                               f"got {self.num_local_experts}; use a larger ep or dispatcher='alltoall'")
+            raise BackendError(
+                f"DeepEP's intranode kernels take at most {MAX_LOCAL_EXPERTS} experts per rank, "
+                f"got {self.num_local_experts}; use a larger ep or dispatcher='alltoall'"
+            )
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.group_ranks = dist.get_process_group_ranks(self.group)
         self._slot = BufferSlot(self._new_buffer)
@@ -198,23 +215,29 @@ class DeepEPDispatcher:
         dist.all_gather_object(everyone, mine, group=self.group)
         hosts = sorted({host for host, _ in everyone})
         if len(hosts) > 1:
-            raise BackendError(f"dispatcher='deepep' runs intranode only (NVLink), but this ep group spans "
-                               f"hosts {hosts}; use dispatcher='alltoall' or an ep group within one node")
+            raise BackendError(
+                f"dispatcher='deepep' runs intranode only (NVLink), but this ep group spans "
+                f"hosts {hosts}; use dispatcher='alltoall' or an ep group within one node"
+            )
         buffer = self._deep_ep.Buffer(self.group, num_bytes, 0, low_latency_mode=False, explicitly_destroy=True)
         return buffer, everyone[0][1]
 
     def _buffer_for(self, x_TD: torch.Tensor, top_k: int):
         hidden = x_TD.shape[1]
         if x_TD.dtype != torch.bfloat16:
-            raise BackendError(f"dispatcher='deepep' moves bfloat16 activations only (DeepEP's combine kernel), "
-                               f"got {x_TD.dtype}; load the model in bf16 or use dispatcher='alltoall'")
+            raise BackendError(
+                f"dispatcher='deepep' moves bfloat16 activations only (DeepEP's combine kernel), "
+                f"got {x_TD.dtype}; load the model in bf16 or use dispatcher='alltoall'"
+            )
         if x_TD.device != self.device:
             raise BackendError(f"deepep dispatch got a tensor on {x_TD.device}, its buffer is on {self.device}")
         row_bytes = hidden * x_TD.element_size()
         if row_bytes % ROW_BYTES_MULTIPLE or row_bytes // 2 + 8 > TMA_BYTES_PER_WARP:
-            raise BackendError(f"DeepEP's intranode kernels take rows of a multiple of {ROW_BYTES_MULTIPLE} bytes "
-                               f"up to {2 * (TMA_BYTES_PER_WARP - 8)} bytes; hidden size {hidden} in bf16 is "
-                               f"{row_bytes} bytes; use dispatcher='alltoall'")
+            raise BackendError(
+                f"DeepEP's intranode kernels take rows of a multiple of {ROW_BYTES_MULTIPLE} bytes "
+                f"up to {2 * (TMA_BYTES_PER_WARP - 8)} bytes; hidden size {hidden} in bf16 is "
+                f"{row_bytes} bytes; use dispatcher='alltoall'"
+            )
         if top_k > MAX_TOP_K:
             raise BackendError(f"DeepEP takes at most top-{MAX_TOP_K} routing, got top-{top_k}")
         return self._slot.get(nvl_buffer_bytes(self._deep_ep, hidden * max(x_TD.element_size(), 2), self.ep_size))
@@ -243,6 +266,7 @@ class DeepEPDispatcher:
         return x_by_expert, tokens_per_local_expert, DeepEPHandle(ex, recv_w, slot_of_row, row_of_slot)
 
     def combine(self, y_by_expert_ND, handle: DeepEPHandle):
-        partial_RD = weighted_sum(y_by_expert_ND, handle.recv_weights_RK, handle.row_of_slot, handle.slot_of_row,
-                                  self.use_triton)
+        partial_RD = weighted_sum(
+            y_by_expert_ND, handle.recv_weights_RK, handle.row_of_slot, handle.slot_of_row, self.use_triton
+        )
         return _Combine.apply(partial_RD, handle.exchange)

@@ -13,9 +13,9 @@ import torch
 class Permutation:
     """Where each expert-major row came from: which token and which of its k slots."""
 
-    token_of_row: torch.Tensor   # [N] source token index of each expert-major row
-    slot_order: torch.Tensor     # [N] flattened (token, slot) index of each expert-major row
-    row_of_slot: torch.Tensor    # [N] the inverse: expert-major row of each (token, slot)
+    token_of_row: torch.Tensor  # [N] source token index of each expert-major row
+    slot_order: torch.Tensor  # [N] flattened (token, slot) index of each expert-major row
+    row_of_slot: torch.Tensor  # [N] the inverse: expert-major row of each (token, slot)
     num_tokens: int
     top_k: int
 
@@ -34,14 +34,20 @@ def sort_by_expert(topk_ids_TK: torch.Tensor, num_experts: int) -> tuple[Permuta
     slot_order = torch.argsort(flat_ids, stable=True)
     tokens_per_expert = torch.zeros(num_experts, dtype=torch.int64, device=flat_ids.device)
     tokens_per_expert.scatter_add_(0, flat_ids, torch.ones_like(flat_ids))
-    perm = Permutation(token_of_row=slot_order // top_k, slot_order=slot_order,
-                       row_of_slot=inverse_permutation(slot_order), num_tokens=num_tokens, top_k=top_k)
+    perm = Permutation(
+        token_of_row=slot_order // top_k,
+        slot_order=slot_order,
+        row_of_slot=inverse_permutation(slot_order),
+        num_tokens=num_tokens,
+        top_k=top_k,
+    )
     return perm, tokens_per_expert
 
 
 # Both directions are written as gathers. index_select's own backward is an index_add (atomic
 # scatter-adds), which the profile of a 16-layer Qwen3-30B-A3B step on H200 showed costing
 # ~140 ms of a 490 ms step; a gather by the inverse permutation does the same work without atomics.
+
 
 class GatherRows(torch.autograd.Function):
     """out = x[order] for a permutation `order`; the gradient is gathered back with its inverse."""
@@ -101,8 +107,9 @@ def permute(x_TD: torch.Tensor, perm: Permutation, use_triton: bool = False) -> 
     return expand_to_rows(x_TD, perm.token_of_row, perm.row_of_slot, perm.top_k, use_triton)
 
 
-def expand_to_rows(x_TD: torch.Tensor, token_of_row: torch.Tensor, row_of_slot: torch.Tensor,
-                   top_k: int, use_triton: bool = False) -> torch.Tensor:
+def expand_to_rows(
+    x_TD: torch.Tensor, token_of_row: torch.Tensor, row_of_slot: torch.Tensor, top_k: int, use_triton: bool = False
+) -> torch.Tensor:
     """x[token_of_row] with a gather-sum backward; `row_of_slot` may mark slots without a row."""
     return _ExpandToExperts.apply(x_TD, token_of_row, row_of_slot, top_k, use_triton)
 
@@ -160,22 +167,30 @@ class _WeightedCombine(torch.autograd.Function):
         return grad_y, grad_w, None, None, None
 
 
-def weighted_sum(y_ND: torch.Tensor, weights_TK: torch.Tensor, row_of_slot: torch.Tensor,
-                 slot_of_row: torch.Tensor, use_triton: bool = False) -> torch.Tensor:
+def weighted_sum(
+    y_ND: torch.Tensor,
+    weights_TK: torch.Tensor,
+    row_of_slot: torch.Tensor,
+    slot_of_row: torch.Tensor,
+    use_triton: bool = False,
+) -> torch.Tensor:
     """out[t] = sum_k w[t, k] * y[row_of_slot[t*K + k]] in float32; slots may have no row (gather_slots)."""
     return _WeightedCombine.apply(y_ND, weights_TK, row_of_slot, slot_of_row, use_triton)
 
 
-def unpermute(y_ND: torch.Tensor, weights_TK: torch.Tensor, perm: Permutation,
-              use_triton: bool = False) -> torch.Tensor:
+def unpermute(
+    y_ND: torch.Tensor, weights_TK: torch.Tensor, perm: Permutation, use_triton: bool = False
+) -> torch.Tensor:
     """Each token's weighted sum of its k expert rows (a gather, then a [1,K] x [K,D] product).
 
     In float32: the routing weights' gradient feeds the softmax's, a difference of near-equal
     terms, and a bf16 product there tripled the router-side gradient error in bf16 parity tests.
     """
     if weights_TK.shape != (perm.num_tokens, perm.top_k):
-        raise ValueError(f"routing weights {tuple(weights_TK.shape)} do not match the permutation's "
-                         f"({perm.num_tokens}, {perm.top_k})")
+        raise ValueError(
+            f"routing weights {tuple(weights_TK.shape)} do not match the permutation's "
+            f"({perm.num_tokens}, {perm.top_k})"
+        )
     return weighted_sum(y_ND, weights_TK, perm.row_of_slot, perm.slot_order, use_triton)
 
 

@@ -55,26 +55,34 @@ def _check_symm_mem_support(device: torch.device) -> None:
     try:
         import torch.distributed._symmetric_memory as symm_mem
     except ImportError as err:
-        raise BackendError(f"this torch ({torch.__version__}) has no torch.distributed._symmetric_memory; "
-                           "use dispatcher='alltoall'") from err
+        raise BackendError(
+            f"this torch ({torch.__version__}) has no torch.distributed._symmetric_memory; use dispatcher='alltoall'"
+        ) from err
     if not symm_mem.is_nvshmem_available():
-        raise BackendError("torch symmetric memory cannot load NVSHMEM (libnvshmem_host.so.3) here; "
-                           "install nvshmem (pip install nvidia-nvshmem-cu12/cu13) or use dispatcher='alltoall'")
+        raise BackendError(
+            "torch symmetric memory cannot load NVSHMEM (libnvshmem_host.so.3) here; "
+            "install nvshmem (pip install nvidia-nvshmem-cu12/cu13) or use dispatcher='alltoall'"
+        )
     op = getattr(getattr(torch.ops, "symm_mem", None), "all_to_all_vdev", None)
     if op is None:
-        raise BackendError(f"this torch ({torch.__version__}) has no torch.ops.symm_mem.all_to_all_vdev; "
-                           "use dispatcher='alltoall'")
+        raise BackendError(
+            f"this torch ({torch.__version__}) has no torch.ops.symm_mem.all_to_all_vdev; use dispatcher='alltoall'"
+        )
     names = tuple(a.name for a in op.default._schema.arguments)
     if names != EXPECTED_ARGS:
-        raise BackendError(f"torch.ops.symm_mem.all_to_all_vdev has arguments {names}, this dispatcher expects "
-                           f"{EXPECTED_ARGS} (torch 2.9-2.13); use dispatcher='alltoall'")
+        raise BackendError(
+            f"torch.ops.symm_mem.all_to_all_vdev has arguments {names}, this dispatcher expects "
+            f"{EXPECTED_ARGS} (torch 2.9-2.13); use dispatcher='alltoall'"
+        )
     current = symm_mem.get_backend(device) if hasattr(symm_mem, "get_backend") else None
     if current != "NVSHMEM":
         try:
             symm_mem.set_backend("NVSHMEM")
         except RuntimeError as err:
-            raise BackendError(f"symmetric memory already uses the {current} backend in this process "
-                               "(it cannot change after the first allocation); use dispatcher='alltoall'") from err
+            raise BackendError(
+                f"symmetric memory already uses the {current} backend in this process "
+                "(it cannot change after the first allocation); use dispatcher='alltoall'"
+            ) from err
 
 
 def _enable_group(group_name: str, device: torch.device) -> None:
@@ -90,8 +98,9 @@ def _enable_group(group_name: str, device: torch.device) -> None:
 class _Buffers:
     """Symmetric row buffers and split tensors for one (hidden, dtype), swapped every exchange."""
 
-    def __init__(self, capacity_rows: int, hidden: int, dtype: torch.dtype, device: torch.device,
-                 group_name: str, ep_size: int):
+    def __init__(
+        self, capacity_rows: int, hidden: int, dtype: torch.dtype, device: torch.device, group_name: str, ep_size: int
+    ):
         import torch.distributed._symmetric_memory as symm_mem
 
         self.capacity_rows = capacity_rows
@@ -107,17 +116,18 @@ class _Buffers:
         """Rows of x go to peers by `send_splits_P` (device int64); returns the rows received, by source rank."""
         num_rows = x_ND.shape[0]
         if num_rows > self.capacity_rows or num_out_rows > self.capacity_rows:
-            raise BackendError(f"symm_mem exchange of {num_rows} -> {num_out_rows} rows exceeds the "
-                               f"{self.capacity_rows}-row buffers sized at the first dispatch; keep tokens per "
-                               "rank fixed, or build a new dispatcher for the larger batch")
+            raise BackendError(
+                f"symm_mem exchange of {num_rows} -> {num_out_rows} rows exceeds the "
+                f"{self.capacity_rows}-row buffers sized at the first dispatch; keep tokens per "
+                "rank fixed, or build a new dispatcher for the larger batch"
+            )
         i = self.step % 2
         self.step += 1
         send, recv = self.rows[i], self.rows[1 - i]
         send[:num_rows].copy_(x_ND)
         self.in_splits[i].copy_(send_splits_P)
         # Whole buffers go in: older kernels address a symmetric tensor from its allocation base.
-        torch.ops.symm_mem.all_to_all_vdev(send, recv, self.in_splits[i], self.out_splits_offsets[i],
-                                           self.group_name)
+        torch.ops.symm_mem.all_to_all_vdev(send, recv, self.in_splits[i], self.out_splits_offsets[i], self.group_name)
         return recv[:num_out_rows].clone()  # the buffer is reused by the next exchange
 
 
@@ -146,13 +156,14 @@ def expert_major_order(counts_PL: torch.Tensor, total: int) -> torch.Tensor:
     """
     num_src, num_local = counts_PL.shape
     flat = counts_PL.reshape(-1)
-    starts = torch.cumsum(flat, 0) - flat                   # start of chunk (src, e) in received rows
+    starts = torch.cumsum(flat, 0) - flat  # start of chunk (src, e) in received rows
     order_chunks = torch.arange(num_src * num_local, device=flat.device)
     order_chunks = order_chunks.view(num_src, num_local).t().reshape(-1)  # (e, src) chunk order
     chunk_sizes = flat[order_chunks]
     chunk_starts = starts[order_chunks]
     within = torch.arange(total, device=flat.device) - torch.repeat_interleave(
-        torch.cumsum(chunk_sizes, 0) - chunk_sizes, chunk_sizes, output_size=total)
+        torch.cumsum(chunk_sizes, 0) - chunk_sizes, chunk_sizes, output_size=total
+    )
     return torch.repeat_interleave(chunk_starts, chunk_sizes, output_size=total) + within
 
 
@@ -160,9 +171,9 @@ def expert_major_order(counts_PL: torch.Tensor, total: int) -> torch.Tensor:
 class SymmMemHandle:
     perm: Permutation
     topk_weights_TK: torch.Tensor
-    sent_per_rank: torch.Tensor       # [P] rows this rank sent to each ep rank (device)
-    received_per_rank: torch.Tensor   # [P] rows this rank received from each ep rank (device)
-    received_order: torch.Tensor      # expert-major row -> received row
+    sent_per_rank: torch.Tensor  # [P] rows this rank sent to each ep rank (device)
+    received_per_rank: torch.Tensor  # [P] rows this rank received from each ep rank (device)
+    received_order: torch.Tensor  # expert-major row -> received row
     expert_major_order: torch.Tensor  # its inverse
 
 
@@ -172,11 +183,15 @@ class SymmMemDispatcher:
     def __init__(self, num_experts: int, ep_group=None, combine: str = "torch"):
         self.use_triton = combine_uses_triton(combine)
         if not torch.cuda.is_available():
-            raise BackendError("dispatcher='symm_mem' needs CUDA devices with NVSHMEM (torch symmetric memory) "
-                               "and there is no CUDA device here; use dispatcher='alltoall'")
+            raise BackendError(
+                "dispatcher='symm_mem' needs CUDA devices with NVSHMEM (torch symmetric memory) "
+                "and there is no CUDA device here; use dispatcher='alltoall'"
+            )
         if not dist.is_initialized():
-            raise BackendError("dispatcher='symm_mem' needs an initialized NCCL process group "
-                               "(torch.distributed.init_process_group('nccl')) before it is built")
+            raise BackendError(
+                "dispatcher='symm_mem' needs an initialized NCCL process group "
+                "(torch.distributed.init_process_group('nccl')) before it is built"
+            )
         self.device = torch.device("cuda", torch.cuda.current_device())
         _check_symm_mem_support(self.device)
         self.group = ep_group if ep_group is not None else dist.group.WORLD
@@ -185,8 +200,10 @@ class SymmMemDispatcher:
         self.ep_size = dist.get_world_size(self.group)
         self.ep_rank = dist.get_rank(self.group)
         if self.ep_size < 2:
-            raise BackendError("dispatcher='symm_mem' exchanges tokens between ep ranks and needs ep >= 2; "
-                               "use dispatcher='local' for ep=1")
+            raise BackendError(
+                "dispatcher='symm_mem' exchanges tokens between ep ranks and needs ep >= 2; "
+                "use dispatcher='local' for ep=1"
+            )
         if num_experts % self.ep_size:
             raise ValueError(f"{num_experts} experts cannot be split evenly over ep={self.ep_size} ranks")
         self.num_experts = num_experts
@@ -204,16 +221,19 @@ class SymmMemDispatcher:
         if x_ND.device != self.device:
             raise BackendError(f"symm_mem dispatch got a tensor on {x_ND.device}, its buffers are on {self.device}")
         if (hidden * x_ND.element_size()) % ROW_BYTES_MULTIPLE:
-            raise BackendError(f"symm_mem dispatch needs rows of a multiple of {ROW_BYTES_MULTIPLE} bytes; hidden "
-                               f"size {hidden} in {dtype} is {hidden * x_ND.element_size()} bytes; use 'alltoall'")
+            raise BackendError(
+                f"symm_mem dispatch needs rows of a multiple of {ROW_BYTES_MULTIPLE} bytes; hidden "
+                f"size {hidden} in {dtype} is {hidden * x_ND.element_size()} bytes; use 'alltoall'"
+            )
         key = (hidden, dtype)
         if key not in self._buffers:
             if self._capacity_rows is None:
                 raise BackendError("symm_mem combine before any dispatch (or after release()): dispatch first")
             if not dist.is_initialized():
                 raise BackendError("the process group of this symm_mem dispatcher was destroyed; build a new one")
-            self._buffers[key] = _Buffers(self._capacity_rows, hidden, dtype, self.device, self.group_name,
-                                          self.ep_size)
+            self._buffers[key] = _Buffers(
+                self._capacity_rows, hidden, dtype, self.device, self.group_name, self.ep_size
+            )
         return self._buffers[key]
 
     def dispatch(self, x_TD, topk_ids_TK, topk_weights_TK):
@@ -226,19 +246,22 @@ class SymmMemDispatcher:
         all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in 2.13
         all_gather(counts_PE, tokens_per_expert_E, group=self.group)
         counts_PPL = counts_PE.view(self.ep_size, self.ep_size, self.num_local_experts)  # [src, dst, e]
-        traffic_PP = counts_PPL.sum(2)                                   # rows src sends to dst
+        traffic_PP = counts_PPL.sum(2)  # rows src sends to dst
         sent_max, received_max, received_mine = torch.stack(
-            [traffic_PP.sum(1).max(), traffic_PP.sum(0).max(), traffic_PP[:, self.ep_rank].sum()]).tolist()
+            [traffic_PP.sum(1).max(), traffic_PP.sum(0).max(), traffic_PP[:, self.ep_rank].sum()]
+        ).tolist()
         if self._capacity_rows is None:
             # Worst case: every rank sends all of its rows to one rank.
             self._capacity_rows = self.ep_size * max(sent_max, 1)  # no zero-size symmetric allocation
         if max(sent_max, received_max) > self._capacity_rows:
-            raise BackendError(f"symm_mem dispatch of up to {max(sent_max, received_max)} rows per rank exceeds the "
-                               f"{self._capacity_rows}-row buffers sized at the first dispatch; keep tokens per "
-                               "rank fixed, or build a new dispatcher for the larger batch")
+            raise BackendError(
+                f"symm_mem dispatch of up to {max(sent_max, received_max)} rows per rank exceeds the "
+                f"{self._capacity_rows}-row buffers sized at the first dispatch; keep tokens per "
+                "rank fixed, or build a new dispatcher for the larger batch"
+            )
         buffers = self._buffers_for(x_sorted)
 
-        counts_received_PL = counts_PPL[:, self.ep_rank]                 # [src, my local expert]
+        counts_received_PL = counts_PPL[:, self.ep_rank]  # [src, my local expert]
         sent_per_rank = traffic_PP[self.ep_rank].contiguous()
         received_per_rank = counts_received_PL.sum(1)
         x_received = _SymmMemExchange.apply(x_sorted, buffers, sent_per_rank, received_per_rank, received_mine)
@@ -253,6 +276,7 @@ class SymmMemDispatcher:
         y_received = GatherRows.apply(y_by_expert_ND, handle.expert_major_order, handle.received_order)
         buffers = self._buffers_for(y_received)
         num_home_rows = handle.perm.num_tokens * handle.perm.top_k
-        y_sorted = _SymmMemExchange.apply(y_received, buffers, handle.received_per_rank, handle.sent_per_rank,
-                                          num_home_rows)
+        y_sorted = _SymmMemExchange.apply(
+            y_received, buffers, handle.received_per_rank, handle.sent_per_rank, num_home_rows
+        )
         return unpermute(y_sorted, handle.topk_weights_TK, handle.perm, self.use_triton)
