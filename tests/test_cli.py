@@ -178,7 +178,7 @@ def test_show_prints_the_summary_the_figures_per_step_and_a_png(terminal_run, tm
 
 
 def test_sparkline_scales_low_to_high_and_thins_to_its_width():
-    from workbench.train.run_summary import SPARK_CHARS, sparkline
+    from workbench.runs.run_summary import SPARK_CHARS, sparkline
 
     assert sparkline([3.0, 1.0, 2.0]) == SPARK_CHARS[-1] + SPARK_CHARS[0] + SPARK_CHARS[4]
     assert sparkline([5.0, 5.0]) == SPARK_CHARS[3] * 2 and sparkline([]) == ""

@@ -142,7 +142,9 @@ def test_backend_panel_shows_deepep_missing_with_the_install_command():
     panel = BackendPanel(None, "cpu", 2)
     button = panel.rows["dispatcher"].buttons["deepep"]
     assert button.disabled and install in button.tooltip
-    assert "deepep" in panel.rows["dispatcher"].reasons.value
+    # the panel's one collapsible line of unavailable choices names it with the install command
+    assert any(name == "dispatcher=deepep" and install in why for name, why in panel.rows["dispatcher"].reasons)
+    assert "dispatcher=deepep" in panel.unavailable.value and "moe-workbench[deepep]" in panel.unavailable.value
     assert panel.auto_resolution()["dispatcher"] == "alltoall"
 
 

@@ -198,3 +198,14 @@ def test_test_helpers_shadow_no_workbench_module():
     assert not helpers & ours, sorted(helpers & ours)
     engines = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "workbench").rglob("engine.py"))
     assert len(engines) == 1, f"'engine' names more than one module: {engines}"
+
+
+def test_every_source_folder_is_a_package_the_wheel_ships():
+    # pyproject's [tool.setuptools.packages.find] finds regular packages only: a folder of modules
+    # without __init__.py works from a checkout (editable install) and is missing from a wheel.
+    import setuptools
+
+    found = set(setuptools.find_packages(where=str(ROOT), include=["workbench*"]))
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "workbench").rglob("*.py")}
+    folders.discard("workbench.data")  # package data (pyproject's package-data), its build script included
+    assert sorted(folders - found) == []

@@ -88,8 +88,8 @@ def _progress_callbacks(bar: bool) -> list:
 
 
 def _print_summary(run_path: str) -> None:
-    """The run's summary (workbench.train.run_summary) on stdout; a run directory that cannot be read says so."""
-    from workbench.train.run_summary import summary_lines
+    """The run's summary (workbench.runs.run_summary) on stdout; a run directory that cannot be read says so."""
+    from workbench.runs.run_summary import summary_lines
 
     try:
         lines = summary_lines(run_path)
@@ -276,7 +276,7 @@ def _runs_args(p: argparse.ArgumentParser) -> None:
 
 def _run_runs(args: argparse.Namespace) -> int:
     from workbench.runs.run_dir import default_runs_dir, list_runs
-    from workbench.train.run_summary import mesh_label
+    from workbench.runs.run_summary import mesh_label
 
     runs_dir = args.runs_dir or str(default_runs_dir())
     if not os.path.isdir(os.path.expanduser(runs_dir)):
@@ -327,7 +327,7 @@ def _show_args(p: argparse.ArgumentParser) -> None:
 
 def _run_show(args: argparse.Namespace) -> int:
     from workbench.runs.run_dir import RunDir, default_runs_dir
-    from workbench.train.run_summary import summary_lines, terminal_plots
+    from workbench.runs.run_summary import summary_lines, terminal_plots
 
     path = os.path.expanduser(args.run)
     if not os.path.isdir(path):

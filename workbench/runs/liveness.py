@@ -16,7 +16,8 @@ import signal
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 LIVE_STATES = frozenset({"starting", "running", "stopping"})
 DIED = "died"
@@ -53,8 +54,13 @@ def _boot_id() -> str | None:
 def owner_fields(now: float | None = None) -> dict[str, Any]:
     """The fields a live status carries so that readers can tell whether its writer still lives."""
     pid = os.getpid()
-    return {"pid": pid, "pid_start": _process_start(pid), "host": socket.gethostname(), "boot_id": _boot_id(),
-            "heartbeat_at": time.time() if now is None else now}
+    return {
+        "pid": pid,
+        "pid_start": _process_start(pid),
+        "host": socket.gethostname(),
+        "boot_id": _boot_id(),
+        "heartbeat_at": time.time() if now is None else now,
+    }
 
 
 def pid_alive(pid: int | None, start: int | None = None) -> bool:
@@ -108,8 +114,7 @@ def checked_status(status: dict, now: float | None = None) -> dict:
     last = status["state"]
     step = status.get("step")
     at = f" at step {step}" if step is not None else ""
-    return {**status, "state": DIED, "recorded_state": last,
-            "error": f"the run died while {last}{at}: {reason}"}
+    return {**status, "state": DIED, "recorded_state": last, "error": f"the run died while {last}{at}: {reason}"}
 
 
 class Heartbeat:
@@ -123,7 +128,7 @@ class Heartbeat:
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="workbench-heartbeat", daemon=True)
 
-    def start(self) -> "Heartbeat":
+    def start(self) -> Heartbeat:
         self._thread.start()
         return self
 
@@ -141,7 +146,7 @@ class Heartbeat:
             except OSError:
                 continue  # a full disk now must not kill the thread; the next beat may succeed
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -157,8 +162,10 @@ def record_termination(on_signal: Callable[[str], None]) -> Iterator[None]:
     Only on the main thread, and only where SIGTERM has no handler yet (a notebook kernel's or an
     engine's own handler is left alone).
     """
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
         yield
         return
 

@@ -19,9 +19,10 @@ import secrets
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from workbench.runs.liveness import LIVE_STATES, checked_status, owner_fields
 
@@ -159,7 +160,7 @@ class RunDir:
         return self.path / METRICS_FILE
 
     @classmethod
-    def create(cls, runs_dir: str | os.PathLike, run_id: str | None, config: dict) -> "RunDir":
+    def create(cls, runs_dir: str | os.PathLike, run_id: str | None, config: dict) -> RunDir:
         """Make a new run directory, write config.json and status.json {"state": "starting"}."""
         if not isinstance(config, dict):
             raise TypeError(f"config must be a dict (RunConfig as dict), got {type(config).__name__}")
@@ -181,7 +182,7 @@ class RunDir:
         return run
 
     @classmethod
-    def open(cls, path: str | os.PathLike) -> "RunDir":
+    def open(cls, path: str | os.PathLike) -> RunDir:
         """Open an existing run directory (it must hold config.json or status.json)."""
         path = Path(path).expanduser()
         if not path.is_dir():

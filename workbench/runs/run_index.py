@@ -19,9 +19,10 @@ import json
 import os
 import stat
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from workbench.runs.liveness import checked_status
 from workbench.runs.run_dir import CONFIG_FILE, METRICS_FILE, STATUS_FILE
@@ -31,9 +32,23 @@ SPARK_KEYS = ("tokens_per_s_per_gpu", "loss")
 LAST_KEYS = ("step", "loss", "tokens_per_s_per_gpu")
 # The fields the lab's run view plots; a record's other fields (expert_load matrices) are not held.
 SERIES_FIELDS = (
-    "step", "rank", "loss", "grad_norm", "lr", "tokens_per_s_per_gpu", "tflops_per_gpu",
-    "mem_peak_gib", "mem_now_gib", "expert_load_cv", "step_time_s", "forward_s", "backward_s",
-    "optimizer_s", "time", "eval_loss", "eval_accuracy",
+    "step",
+    "rank",
+    "loss",
+    "grad_norm",
+    "lr",
+    "tokens_per_s_per_gpu",
+    "tflops_per_gpu",
+    "mem_peak_gib",
+    "mem_now_gib",
+    "expert_load_cv",
+    "step_time_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
+    "time",
+    "eval_loss",
+    "eval_accuracy",
 )
 
 
@@ -50,8 +65,15 @@ class IndexLimits:
     series_runs: int = 8  # plotted runs held at once; the one asked for longest ago is dropped
 
     def __post_init__(self) -> None:
-        for name in ("spark_points", "max_bytes_per_poll", "max_line_bytes", "chunk_bytes",
-                     "series_points", "series_ranks", "series_runs"):
+        for name in (
+            "spark_points",
+            "max_bytes_per_poll",
+            "max_line_bytes",
+            "chunk_bytes",
+            "series_points",
+            "series_ranks",
+            "series_runs",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 2:
                 raise ValueError(f"IndexLimits.{name} must be an integer >= 2, got {value!r}")
@@ -203,8 +225,7 @@ class _SeriesTail(_MetricsTail):
         if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.limits.series_ranks:
             return
         # Numbers only: a crafted file must not make the server hold a large value per point.
-        kept = {k: v for k in self.fields
-                if isinstance(v := record.get(k), (int, float)) and not isinstance(v, bool)}
+        kept = {k: v for k in self.fields if isinstance(v := record.get(k), (int, float)) and not isinstance(v, bool)}
         series = self.ranks.get(rank)
         if series is None:
             series = self.ranks[rank] = _Thinned(self.limits.series_points)
@@ -219,8 +240,7 @@ class _SeriesTail(_MetricsTail):
 class RunIndex:
     """Summaries of the runs in one folder, cached per metrics file between polls; thread-safe."""
 
-    def __init__(self, limits: IndexLimits | None = None,
-                 series_fields: tuple[str, ...] = SERIES_FIELDS) -> None:
+    def __init__(self, limits: IndexLimits | None = None, series_fields: tuple[str, ...] = SERIES_FIELDS) -> None:
         self.limits = limits or IndexLimits()
         # step and rank are always held: the plots' x axis and their grouping.
         self.series_fields = tuple(dict.fromkeys(("step", "rank", *series_fields)))
@@ -281,9 +301,14 @@ class RunIndex:
                     seen.add(metrics)
                     summaries.append(summary)
                 except (OSError, ValueError, TypeError, AttributeError) as err:
-                    summaries.append({"id": entry.name, "readable": False,
-                                      "path": str(Path(runs_dir) / entry.name),
-                                      "error": f"{type(err).__name__}: {err}"})
+                    summaries.append(
+                        {
+                            "id": entry.name,
+                            "readable": False,
+                            "path": str(Path(runs_dir) / entry.name),
+                            "error": f"{type(err).__name__}: {err}",
+                        }
+                    )
             # Forget runs that were deleted so the cache does not grow with every run ever seen.
             self._tails = {p: t for p, t in self._tails.items() if p in seen}
             return summaries
@@ -300,8 +325,7 @@ class RunIndex:
         if not has_config and not has_status:
             raise FileNotFoundError(f"{shown} is not a run directory (no {CONFIG_FILE} / {STATUS_FILE})")
         config = read_json_confined(root, config_path) if has_config else {}
-        status = self._read_status(root, status_path) if has_status else {
-            "state": "unknown", "run_id": shown.name}
+        status = self._read_status(root, status_path) if has_status else {"state": "unknown", "run_id": shown.name}
         metrics_path = real / METRICS_FILE
         tail, metrics_key = self._read_tail(root, metrics_path, self._tails, self._new_summary)
         model = config.get("model") or {}
@@ -340,8 +364,9 @@ class RunIndex:
         """status.json, read fresh on every poll: a cached state would hide a run that ended or died."""
         return checked_status(read_json_confined(root, path))
 
-    def _read_tail(self, root: Path, path: Path, cache: dict[Path, Any],
-                   make: Callable[[tuple[int, int]], Any]) -> tuple[Any, Path]:
+    def _read_tail(
+        self, root: Path, path: Path, cache: dict[Path, Any], make: Callable[[tuple[int, int]], Any]
+    ) -> tuple[Any, Path]:
         """The tail of `path` in `cache` (`make` one if new), brought up to date from its new bytes."""
         try:
             fd = open_confined(root, path)
