@@ -125,6 +125,7 @@ def terminal_run(tmp_path_factory):
     return runs, b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n")  # the pty's newlines
 
 
+@pytest.mark.slow
 def test_finetune_on_a_terminal_draws_a_progress_bar_then_a_summary(terminal_run):
     runs, out = terminal_run
     assert not re.search(r"^step\s+\d", out, re.M), out  # the bar replaces the step lines
@@ -140,6 +141,7 @@ def test_finetune_on_a_terminal_draws_a_progress_bar_then_a_summary(terminal_run
     assert summary[4] == f"  eval loss     {metrics[-1]['eval_loss']:.4f} at step 4"
 
 
+@pytest.mark.slow
 def test_runs_lists_model_mesh_state_and_figures(terminal_run):
     runs, _ = terminal_run
     proc = _workbench(["runs"], runs)
@@ -159,6 +161,7 @@ def test_runs_lists_model_mesh_state_and_figures(terminal_run):
     ]
 
 
+@pytest.mark.slow
 def test_show_prints_the_summary_the_figures_per_step_and_a_png(terminal_run, tmp_path):
     pytest.importorskip("matplotlib")
     runs, out = terminal_run
@@ -388,6 +391,7 @@ def _step_1_loss(rank, world, config: dict) -> float:
     return finetune(RunConfig.from_dict(config))["losses"][0]
 
 
+@pytest.mark.slow
 def test_one_config_gives_the_same_step_1_loss_on_one_and_two_ranks(tmp_path):
     # 1 rank built with Transformers' sequential init, 2 ranks with the mesh build's per-module seeds:
     # step 1 read 6.3125 vs 6.3057 for one YAML (issue 18 item 12). The aux loss is a statistic of each

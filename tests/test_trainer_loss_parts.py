@@ -125,6 +125,7 @@ def _vanilla_rank(rank, world, tmp):
     return _vanilla_first_record(tmp, local_batch=2)
 
 
+@pytest.mark.slow
 def test_vanilla_model_on_two_ranks_has_the_global_batch_aux_loss(tmp_path):
     """Each rank's aux loss is its share of the global micro-batch's, as for the engine's model: 2 ranks of 2
     sequences give one process's 4 (a per-rank mean, the old convention for vanilla models, does not)."""
