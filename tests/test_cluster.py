@@ -271,3 +271,41 @@ def test_stop_logs_nothing_in_a_server_that_watches_the_cluster():
         log.removeHandler(handler)
     assert "Event loop stopped" not in handler.text() and "Traceback" not in handler.text()
     assert handler.text(logging.WARNING) == ""
+
+
+_OWNER_SCRIPT = """
+import sys, time
+from workbench.cluster import Cluster
+cluster = Cluster(n=2, devices="cpu")
+print("ENGINES", *sorted(cluster.pids()["engines"].values()), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_engines_exit_when_the_process_that_owns_the_cluster_dies(tmp_path):
+    # A kernel JupyterLab kills (or a crashed script) left its engines training a run nobody could stop.
+    import signal
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"}
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER_SCRIPT], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        line = ""
+        deadline = time.monotonic() + 120
+        while not line.startswith("ENGINES") and time.monotonic() < deadline:
+            line = owner.stdout.readline()
+            assert line or owner.poll() is None, "the owner exited before its cluster started"
+        engines = [int(p) for p in line.split()[1:]]
+        assert len(engines) == 2 and all(_alive(p) for p in engines)
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in engines) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(_alive(p) for p in engines), "engines outlived the process that owns the cluster"

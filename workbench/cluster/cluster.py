@@ -169,6 +169,8 @@ class Cluster:
         for rank, gpu in enumerate(self.gpus):
             env = dict(
                 common,
+                # engine_main.py exits when this process (the kernel that owns the cluster) is gone
+                WORKBENCH_CLUSTER_OWNER_PID=str(os.getpid()),
                 RANK=str(rank),
                 LOCAL_RANK=str(rank),
                 MASTER_ADDR=self.master_addr,
