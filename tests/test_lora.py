@@ -220,23 +220,28 @@ def test_finetune_with_lora_trains_only_the_adapters(tmp_path):
     assert merged.config.model_type == "qwen3_moe"
 
 
+def lora_resume_config(tmp_path, run_id: str, **kw) -> RunConfig:
+    """The LoRA resume tests' run (one process or a 2-rank mesh): 5 steps of the demo with rank-4 adapters."""
+    return RunConfig.demo(
+        output_dir=str(tmp_path / "runs"),
+        run_id=run_id,
+        data__seq_len=64,
+        train__steps=5,
+        train__global_batch_size=4,
+        train__local_batch_size=2,
+        train__warmup_steps=1,
+        train__lr=1e-2,
+        **kw,
+    ).with_overrides({"lora.rank": 4})
+
+
 @pytest.mark.slow
 def test_lora_checkpoint_holds_only_adapters_and_resumes_exactly(tmp_path):
     from workbench.train.checkpoint import list_checkpoints, read_dcp_metadata
     from workbench.train.loop import finetune
 
     def rc(run_id, **kw):
-        return RunConfig.demo(
-            output_dir=str(tmp_path / "runs"),
-            run_id=run_id,
-            data__seq_len=64,
-            train__steps=5,
-            train__global_batch_size=4,
-            train__local_batch_size=2,
-            train__warmup_steps=1,
-            train__lr=1e-2,
-            **kw,
-        ).with_overrides({"lora.rank": 4})
+        return lora_resume_config(tmp_path, run_id, **kw)
 
     full = finetune(rc("full", train__checkpoint_every=3))
     ckpt = list_checkpoints(tmp_path / "runs" / "full" / "checkpoints")[0]

@@ -8,6 +8,7 @@ import transformers
 from launch_utils import run_ranks
 from safetensors.torch import load_file
 from test_expert_parallel import train_losses
+from test_lora import lora_resume_config
 from tiny_models import tiny_qwen3_moe
 
 import workbench
@@ -70,20 +71,9 @@ def _finetune_all(rank, world, configs):
 def test_lora_two_rank_ep_resume_is_exact(tmp_path):
     # dp=2, ep=2 (the default mesh for 2 ranks): each rank's expert adapters and their Adam moments are
     # saved as their own expert block and come back to the same rank.
-    from workbench.config import RunConfig
 
     def rc(run_id, **kw):
-        return RunConfig.demo(
-            output_dir=str(tmp_path / "runs"),
-            run_id=run_id,
-            data__seq_len=64,
-            train__steps=5,
-            train__global_batch_size=4,
-            train__local_batch_size=2,
-            train__warmup_steps=1,
-            train__lr=1e-2,
-            **kw,
-        ).with_overrides({"lora.rank": 4})
+        return lora_resume_config(tmp_path, run_id, **kw)
 
     full = rc("full", train__checkpoint_every=3)
     resumed = rc("resumed", train__resume_from=str(tmp_path / "runs" / "full" / "checkpoints" / "step-00000003"))
