@@ -209,3 +209,22 @@ def test_every_source_folder_is_a_package_the_wheel_ships():
     folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "workbench").rglob("*.py")}
     folders.discard("workbench.data")  # package data (pyproject's package-data), its build script included
     assert sorted(folders - found) == []
+
+
+def test_ui_logic_imports_without_the_widget_packages():
+    # The GPU image has no ipywidgets/plotly/anywidget; its backend-resolution tests import workbench.ui.logic.
+    # Blocked in sys.modules, an import of any of them raises ImportError.
+    code = (
+        "import sys\n"
+        "for m in ('ipywidgets', 'plotly', 'anywidget', 'ipyparallel'):\n"
+        "    sys.modules[m] = None\n"
+        "from workbench.ui import resolve_auto, estimate_memory\n"
+        "import workbench.ui.logic, workbench.ui.memory\n"
+        "try:\n"
+        "    from workbench.ui import Studio\n"
+        "except ImportError:\n"
+        "    print('widgets need the lab extra')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "widgets need the lab extra"

@@ -1,32 +1,39 @@
 """Notebook widgets: setup panels, live plots, run comparison, profiling, and the Studio app.
 
-Importing this needs ipywidgets, plotly and anywidget (the `lab` extra); the engines never do.
+The widgets need ipywidgets, plotly and anywidget (the `lab` extra); the engines never do. Names are
+imported on first use, so the pure-logic modules (workbench.ui.logic, .memory) import without them:
+the GPU image has no ipywidgets, and its tests import the backend resolution from here.
 """
 
-from workbench.ui.logic import backend_choices, mesh_options, resolve_auto
-from workbench.ui.memory import estimate_memory, param_counts
-from workbench.ui.panels import BackendPanel, MeshPanel, ModelPanel
-from workbench.ui.plots import CompareRuns, LivePlots
-from workbench.ui.profile import ProfilePanel, load_profile
-from workbench.ui.run_panel import RunPanel
-from workbench.ui.studio import Studio
-from workbench.ui.summary import SummaryStrip, summarize_live
+from __future__ import annotations
 
-__all__ = [
-    "BackendPanel",
-    "CompareRuns",
-    "LivePlots",
-    "MeshPanel",
-    "ModelPanel",
-    "ProfilePanel",
-    "RunPanel",
-    "Studio",
-    "SummaryStrip",
-    "backend_choices",
-    "estimate_memory",
-    "load_profile",
-    "mesh_options",
-    "param_counts",
-    "resolve_auto",
-    "summarize_live",
-]
+from typing import Any
+
+_LAZY = {
+    "backend_choices": "workbench.ui.logic",
+    "mesh_options": "workbench.ui.logic",
+    "resolve_auto": "workbench.ui.logic",
+    "estimate_memory": "workbench.ui.memory",
+    "param_counts": "workbench.ui.memory",
+    "BackendPanel": "workbench.ui.panels",
+    "MeshPanel": "workbench.ui.panels",
+    "ModelPanel": "workbench.ui.panels",
+    "CompareRuns": "workbench.ui.plots",
+    "LivePlots": "workbench.ui.plots",
+    "ProfilePanel": "workbench.ui.profile",
+    "load_profile": "workbench.ui.profile",
+    "RunPanel": "workbench.ui.run_panel",
+    "Studio": "workbench.ui.studio",
+    "SummaryStrip": "workbench.ui.summary",
+    "summarize_live": "workbench.ui.summary",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'workbench.ui' has no attribute {name!r}")
