@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from workbench.config import ConfigError, RunConfig, TrainConfig
 from workbench.kernels.adamw import SRKeys, adamw_scalars, torch_adamw_step_
-from workbench.kernels.stochastic_round import random_bits, sr_key, stochastic_round_bf16
+from workbench.kernels.stochastic_round import STREAMS, random_bits, sr_key, stochastic_round_bf16, stream_bits
 from workbench.train import finetune
 from workbench.train.checkpoint import list_checkpoints
 from workbench.train.optim import TritonAdamW, make_adamw
@@ -68,6 +68,17 @@ def test_random_bits_are_deterministic_per_seed_step_param_and_element():
     assert torch.equal(random_bits(sr_key(7, 5, 2, 0), 600, 400), a[600:])
     low16 = (a & 0xFFFF).double() / 2**16
     assert abs(low16.mean().item() - 0.5) < 0.05
+    # one hash serves the three stores: each stream's 16 bits are uniform, and no two streams agree
+    big = random_bits(sr_key(7, 5, 2, 0), 0, 1 << 16)
+    per_stream = {name: stream_bits(big, name) for name in STREAMS}
+    for name, bits in per_stream.items():
+        assert int(bits.min()) >= 0 and int(bits.max()) < 1 << 16, name
+        counts = torch.bincount(bits >> 12, minlength=16).double()  # 16 buckets of 4096 expected each
+        assert float(((counts - 4096) ** 2 / 4096).sum()) < 60, (name, counts)  # chi-square, 15 dof
+    names = list(per_stream)
+    for i, x in enumerate(names):
+        for y in names[i + 1 :]:
+            assert (per_stream[x] == per_stream[y]).double().mean() < 0.01, (x, y)
 
 
 def test_bf16_sr_optimizer_steps_are_reproducible_and_seeded():

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 
 from workbench.kernels._triton_util import triton_interpreting
-from workbench.kernels.stochastic_round import STREAMS, random_bits, sr_key, stochastic_round_bf16
+from workbench.kernels.stochastic_round import random_bits, sr_key, stochastic_round_bf16, stream_bits
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ADAMW_KERNELS = ("torch", "triton")
@@ -79,18 +79,16 @@ def adamw_scalars(
 
 
 class SRKeys(NamedTuple):
-    """Stochastic-rounding keys of one tensor's AdamW step (one per stored tensor) and its element base."""
+    """Stochastic-rounding key of one tensor's AdamW step (one hash per element serves its three stores) and
+    its element base."""
 
-    param: int
-    exp_avg: int
-    exp_avg_sq: int
+    key: int
     base: int = 0
 
     @classmethod
     def make(cls, seed: int, step: int, param_index: int, base: int = 0, salt: int = 0) -> SRKeys:
-        """The keys of parameter `param_index` at optimizer step `step` (see stochastic_round.sr_key)."""
-        keys = {name: sr_key(seed, step, param_index, stream, salt) for name, stream in STREAMS.items()}
-        return cls(base=base, **keys)
+        """The key of parameter `param_index` at optimizer step `step` (see stochastic_round.sr_key)."""
+        return cls(sr_key(seed, step, param_index, salt), base)
 
 
 def kernel_supports(*tensors: torch.Tensor) -> bool:
@@ -144,13 +142,12 @@ def torch_adamw_step_(
     root = v.to(torch.float64).sqrt().to(torch.float32)
     denom = ((root / torch.full_like(root, s["bc2_sqrt"])).to(wide) + s["eps"]).to(torch.float32)
     p = p - (m * s["step_size"]) / denom
-    for dst, value, key in (
-        (param, p, None if sr is None else sr.param),
-        (exp_avg, m, None if sr is None else sr.exp_avg),
-        (exp_avg_sq, v, None if sr is None else sr.exp_avg_sq),
-    ):
-        if key is not None and dst.dtype == torch.bfloat16:
-            value = stochastic_round_bf16(value, random_bits(key, sr.base, value.numel(), value.device))
+    bits = None
+    for dst, value, stream in ((param, p, "param"), (exp_avg, m, "exp_avg"), (exp_avg_sq, v, "exp_avg_sq")):
+        if sr is not None and dst.dtype == torch.bfloat16:
+            if bits is None:
+                bits = random_bits(sr.key, sr.base, value.numel(), value.device)
+            value = stochastic_round_bf16(value, stream_bits(bits, stream))
         dst.copy_(_unless(skip, dst, value))
     if out is not None:
         out.copy_(_unless(skip, out, p))

@@ -2,11 +2,16 @@
 
 A bf16 weight ~0.02 has an ulp of 2**-13 ~ 1.2e-4: an AdamW step of lr 1e-5 is under half an ulp
 and round-to-nearest gives the old value back (the update is lost). Rounding up with probability
-(x - down) / ulp keeps E[round(x)] = x, so small updates survive on average. The random 16 bits
-of element i come from lowbias32 (a 32-bit integer mixer) over (seed, step, parameter index,
-stream) folded on the host into one key, then the element's 64-bit index: the same inputs give
-the same bits on CPU, in the Triton kernel (triton_adamw.py) and after a resume, with nothing to
-save. Element indices are global where a shard knows its place (see `element_base`).
+(x - down) / ulp keeps E[round(x)] = x, so small updates survive on average. The random bits
+of element i come from lowbias32 (a 32-bit integer mixer) over (seed, step, parameter index)
+folded on the host into one key, then the element's 64-bit index: the same inputs give the same
+bits on CPU, in the Triton kernel (triton_adamw.py) and after a resume, with nothing to save.
+Element indices are global where a shard knows its place (see `element_base`).
+
+One hash per element serves the three tensors an AdamW step stores (`stream_bits`): the param
+takes its low 16 bits, exp_avg_sq its high 16, exp_avg the high 16 of the hash times an odd
+constant (a bijection of 32 bits, so uniform too). Three hashes cost the H200 kernel 4.6 ms over
+round-to-nearest on the L8 model's tensors, one 0.8 ms (benchmarks/adamw_modes.py).
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ import torch
 
 MASK32 = 0xFFFFFFFF
 _C1, _C2 = 0x7FEB352D, 0x846CA68B  # lowbias32's multipliers (Wellons' hash-prospector)
-# streams: one key per stored tensor of an AdamW step, so param, exp_avg and exp_avg_sq get independent bits
-STREAMS = {"param": 0, "exp_avg": 1, "exp_avg_sq": 2}
+_C_MOMENT = 0x9E3779B1  # odd (golden-ratio) multiplier: exp_avg's bits from the element's one hash
+# What each stored tensor of an AdamW step takes from the element's 32 bits (stream_bits).
+STREAMS = ("param", "exp_avg", "exp_avg_sq")
 
 
 def mix32(x: int) -> int:
@@ -31,10 +37,10 @@ def mix32(x: int) -> int:
     return x ^ (x >> 16)
 
 
-def sr_key(seed: int, step: int, param_index: int, stream: int, salt: int = 0) -> int:
-    """The 32-bit key of one stored tensor at one optimizer step (`salt`: a shard without a global offset)."""
+def sr_key(seed: int, step: int, param_index: int, salt: int = 0) -> int:
+    """The 32-bit key of one parameter's AdamW step (`salt`: a shard without a global offset)."""
     k = mix32(seed)
-    for part in (step, param_index * 4 + stream, salt):
+    for part in (step, param_index, salt):
         k = mix32(k ^ mix32(part))
     return k
 
@@ -59,6 +65,17 @@ def random_bits(key: int, base: int, numel: int, device: torch.device | str = "c
     idx = torch.arange(base, base + numel, dtype=torch.int64, device=device)
     hi = _mix32_t((idx >> 32) ^ key)
     return _mix32_t((idx & MASK32) ^ hi)
+
+
+def stream_bits(bits: torch.Tensor, stream: str) -> torch.Tensor:
+    """The 16 random bits (in the low half) that tensor `stream` of STREAMS takes from `random_bits`."""
+    if stream == "param":
+        return bits & 0xFFFF
+    if stream == "exp_avg_sq":
+        return bits >> 16
+    if stream == "exp_avg":
+        return _mul32(bits, _C_MOMENT) >> 16
+    raise ValueError(f"stream must be one of {STREAMS}, got {stream!r}")
 
 
 def stochastic_round_bf16(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:

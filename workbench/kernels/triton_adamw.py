@@ -20,9 +20,10 @@ so rarely one bf16 ulp). Square root and divisions are IEEE-rounded (`sqrt_rn`, 
 CUDA C++ by default, and FMA contraction is off, so the kernel equals the torch-op version in
 workbench.kernels.adamw bit for bit, compiled or in the interpreter.
 
-With stochastic rounding (train.precision "bf16_sr") each bf16 store adds 16 bits of a counter-
-based hash of (key, global element index) before truncating (stochastic_round.py): the same bits
-as the torch-op version, so the two stay equal bit for bit; float32/fp16 tensors round as usual.
+With stochastic rounding (train.precision "bf16_sr") each bf16 store adds 16 bits of one counter-
+based hash of (key, global element index) per element before truncating (stochastic_round.py): the
+same bits as the torch-op version, so the two stay equal bit for bit; float32/fp16 tensors round as
+usual.
 """
 
 from __future__ import annotations
@@ -68,29 +69,32 @@ def _mix32(x):
 
 
 @triton.jit
-def _sr_bf16(x, key_bits, idx, start, BLOCK: tl.constexpr):
-    # stochastic_round.stochastic_round_bf16 with random_bits(key, ...) of the global element index
-    # idx. The high-word hash is one of two per block (a block spans at most two 2**32 ranges):
-    # two scalar hashes instead of one per element.
+def _element_bits(key_bits, idx, start, BLOCK: tl.constexpr):
+    # stochastic_round.random_bits(key, ...) of the global element index idx: one hash per element
+    # for all three stores. The high-word hash is one of two per block (a block spans at most two
+    # 2**32 ranges): two scalar hashes instead of one per element.
     key = key_bits.to(tl.int32).to(tl.uint32, bitcast=True)
     hi_a = (start >> 32).to(tl.uint32)
     hi_b = ((start + (BLOCK - 1)) >> 32).to(tl.uint32)
     hash_a = _mix32(hi_a ^ key)
     hash_b = _mix32(hi_b ^ key)
     hi = tl.where((idx >> 32).to(tl.uint32) == hi_a, hash_a, hash_b)
-    bits = _mix32((idx & 0xFFFFFFFF).to(tl.uint32) ^ hi)
+    return _mix32((idx & 0xFFFFFFFF).to(tl.uint32) ^ hi)
+
+
+@triton.jit
+def _sr_bf16(x, bits16):
+    # stochastic_round.stochastic_round_bf16: bits16 holds the 16 random bits in its low half
     u = x.to(tl.uint32, bitcast=True)
-    u = (u + (bits & 0xFFFF)) & 0xFFFF0000
+    u = (u + bits16) & 0xFFFF0000
     return tl.where(x != x, x, u.to(tl.float32, bitcast=True))
 
 
 @triton.jit
-def _store_rounded(
-    ptr, offs, x, mask, key_bits, idx, start, SR: tl.constexpr, ROUND_BY_HAND: tl.constexpr, BLOCK: tl.constexpr
-):
+def _store_rounded(ptr, offs, x, mask, bits16, SR: tl.constexpr, ROUND_BY_HAND: tl.constexpr):
     if SR:
         if ptr.dtype.element_ty == tl.bfloat16:
-            x = _sr_bf16(x, key_bits, idx, start, BLOCK)  # exactly representable: the store below does not round
+            x = _sr_bf16(x, bits16)  # exactly representable: the store below does not round
     _store(ptr, offs, x, mask, ROUND_BY_HAND)
 
 
@@ -104,9 +108,7 @@ def _store_rounded(
         "eps_bits",
         "step_size",
         "bc2_sqrt",
-        "key_p",
-        "key_m",
-        "key_v",
+        "key",
         "base",
     ]
 )
@@ -127,9 +129,7 @@ def _adamw_kernel(
     eps_bits,
     step_size,
     bc2_sqrt,
-    key_p,
-    key_m,
-    key_v,
+    key,
     base,
     HAS_WD: tl.constexpr,
     PRECISE: tl.constexpr,
@@ -172,11 +172,16 @@ def _adamw_kernel(
         v = beta2.to(tl.float32) * v + omb2.to(tl.float32) * g * g
         denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps.to(tl.float32)
     p = p - tl.div_rn(step_size * m, denom)
-    start = base.to(tl.int64) + tl.program_id(0).to(tl.int64) * BLOCK
-    idx = base.to(tl.int64) + offs
-    _store_rounded(P, offs, p, mask, key_p, idx, start, SR, ROUND_BY_HAND, BLOCK)
-    _store_rounded(M, offs, m, mask, key_m, idx, start, SR, ROUND_BY_HAND, BLOCK)
-    _store_rounded(V, offs, v, mask, key_v, idx, start, SR, ROUND_BY_HAND, BLOCK)
+    bits_p, bits_m, bits_v = offs, offs, offs  # unused unless SR
+    if SR:  # stochastic_round.stream_bits: the param low 16 bits, exp_avg_sq high 16, exp_avg (h * C) >> 16
+        start = base.to(tl.int64) + tl.program_id(0).to(tl.int64) * BLOCK
+        bits = _element_bits(key, base.to(tl.int64) + offs, start, BLOCK)
+        bits_p = bits & 0xFFFF
+        bits_v = bits >> 16
+        bits_m = (bits * tl.full(bits.shape, 0x9E3779B1, tl.uint32)) >> 16
+    _store_rounded(P, offs, p, mask, bits_p, SR, ROUND_BY_HAND)
+    _store_rounded(M, offs, m, mask, bits_m, SR, ROUND_BY_HAND)
+    _store_rounded(V, offs, v, mask, bits_v, SR, ROUND_BY_HAND)
     if HAS_OUT:  # fp32_master: P is the float32 master, OUT the bf16 parameter (one pass, no extra copy)
         _store(OUT, offs, p, mask, ROUND_BY_HAND)
 
@@ -226,7 +231,7 @@ def triton_adamw_step_(
                 f"{tuple(flag.shape)} on {flag.device}"
             )
     s = scalars
-    keys = sr if sr is not None else SRKeys(0, 0, 0, 0)
+    keys = sr if sr is not None else SRKeys(0, 0)
     # Triton launches on the current device: make it the tensors' one
     guard = torch.cuda.device(param.device) if param.device.type == "cuda" else contextlib.nullcontext()
     with guard:
@@ -247,9 +252,7 @@ def triton_adamw_step_(
             _bits(s["eps"]),
             s["step_size"],
             s["bc2_sqrt"],
-            _i32(keys.param),
-            _i32(keys.exp_avg),
-            _i32(keys.exp_avg_sq),
+            _i32(keys.key),
             keys.base,
             HAS_WD=s["lr_wd"] != 0,
             PRECISE=bool(precise),
