@@ -74,7 +74,7 @@ def idle_gaps(prof, min_us: float = 20.0) -> dict:
 def profile_mode(args, precision: str, out_dir: Path) -> dict:
     """Build the trainer in this precision mode, time queued steps, profile one."""
     from workbench.backends import BackendConfig
-    from workbench.config import DataConfig, ModelConfig, RunConfig, TrainConfig
+    from workbench.config import DataConfig, LoraConfig, ModelConfig, RunConfig, TrainConfig
     from workbench.train.loop import Trainer
     from workbench.train.profile import phase_breakdown
 
@@ -98,6 +98,7 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
         train=train,
         output_dir=str(runs),
         run_id=f"prof-{precision}",
+        lora=LoraConfig(rank=args.lora_rank, alpha=2.0 * args.lora_rank) if args.lora_rank else None,
     )
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
@@ -191,6 +192,7 @@ def main() -> None:
     p.add_argument("--precision", default="bf16_sr,bf16", help="comma-separated train.precision modes")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--lora-rank", type=int, default=0, help="LoRA on attention + experts at this rank (0: full)")
     p.add_argument("--out", default="profile-out")
     args = p.parse_args()
     out_dir = Path(args.out)
