@@ -17,7 +17,7 @@ timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py t
 echo "pytest exit $? after $((SECONDS - t0)) s"; tail -12 "$OUT/pytest-gpu.log"
 mkdir -p "$OUT/bench"
 timeout 250 python3 -m workbench.bench --preset qwen3-30b-a3b --fused-ce --out-dir "$OUT/bench" --no-html \
-  --name "$(date +%F)-1xh200-qwen3-L8-4096x2-s7" --layers 8 --seq 4096 --batch 2 --warmup 2 --steps 20 --rounds 1 \
+  --name "$(date +%F)-1xh200-qwen3-L8-4096x2-s7" --layers 8 --seq 4096 --batch 2 --warmup 2 --steps 30 --rounds 1 \
   --variants anchor,anchor_liger,engine > "$OUT/bench.log" 2>&1
 echo "bench exit $? after $((SECONDS - t0)) s"; grep -v "Loading weights\|^model_type\|Backend impl" "$OUT/bench.log" | tail -22
 timeout 110 python3 benchmarks/profile_trainer.py --layers 8 --batch 1 --lora-rank 16 --precision bf16 --warmup 2 \
