@@ -106,22 +106,28 @@ def grouped_mm_ok(x_ND: torch.Tensor, weight_EKN: torch.Tensor, dtypes: tuple[to
     return all((w * x_ND.element_size()) % 16 == 0 for w in weight_EKN.shape[1:])
 
 
+def row_offsets(tokens_per_expert: torch.Tensor) -> torch.Tensor:
+    """The int32 end offsets of each expert's rows, as grouped_mm takes them."""
+    return torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)
+
+
 def grouped_linear(
     x_ND: torch.Tensor,
     tokens_per_expert: torch.Tensor,
     weight_E: torch.Tensor,
     transposed: bool,
     dtypes: tuple[torch.dtype, ...],
+    offsets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rows of expert e times its weight, for expert-major rows (`tokens_per_expert` rows each).
 
     `dtypes`: what grouped_mm takes on the device (the module's workbench_grouped_mm_dtypes; ()
-    for experts='loop'); operands it does not take run the per-expert loop.
+    for experts='loop'); operands it does not take run the per-expert loop. `offsets`: the int32
+    end offsets (`row_offsets`) where the caller shares them over several GEMMs of the same rows.
     """
     weight_EKN = _weight_KN(weight_E, transposed)
     if grouped_mm_ok(x_ND, weight_EKN, dtypes):
-        offsets = torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)  # end offsets, as torch wants
-        return _grouped_mm()(x_ND, weight_EKN, offs=offsets)
+        return _grouped_mm()(x_ND, weight_EKN, offs=row_offsets(tokens_per_expert) if offsets is None else offsets)
     outputs, start = [], 0
     for e, count in enumerate(tokens_per_expert.tolist()):  # the always-correct path (one host sync)
         if count:
@@ -136,8 +142,11 @@ def grouped_linear(
 def expert_linear(module: nn.Module, weight: str, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
     """grouped_linear of fused weight `weight` of `module`, plus its LoRA rows where it has adapters."""
     dtypes = module.workbench_grouped_mm_dtypes  # decided at install
-    y = grouped_linear(x_ND, tokens_per_expert, getattr(module, weight), module.workbench_layout.is_transposed, dtypes)
-    delta = lora_rows(module, weight, x_ND, tokens_per_expert, dtypes)
+    # One cumsum for the base GEMM and its adapters' two (each is a launch: LoRA steps are launch-bound)
+    offsets = row_offsets(tokens_per_expert) if dtypes else None
+    weight_E = getattr(module, weight)
+    y = grouped_linear(x_ND, tokens_per_expert, weight_E, module.workbench_layout.is_transposed, dtypes, offsets)
+    delta = lora_rows(module, weight, x_ND, tokens_per_expert, dtypes, offsets)
     return y if delta is None else y + delta
 
 

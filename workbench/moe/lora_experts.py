@@ -65,9 +65,18 @@ def add_expert_adapters(
 
 
 def lora_rows(
-    module: nn.Module, weight: str, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor, dtypes: tuple[torch.dtype, ...]
+    module: nn.Module,
+    weight: str,
+    x_ND: torch.Tensor,
+    tokens_per_expert: torch.Tensor,
+    dtypes: tuple[torch.dtype, ...],
+    offsets: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """scaling * (x @ A[e]) @ B[e] for expert-major rows, or None where `weight` has no adapters."""
+    """scaling * (x @ A[e]) @ B[e] for expert-major rows, or None where `weight` has no adapters.
+
+    The scaling multiplies the rank-r rows [N, r], not the output [N, out] (a pass over 1/100 of the
+    bytes; exact for the usual alpha = 2 x rank, a power of two). `offsets`: the base GEMM's row offsets.
+    """
     from workbench.moe.hf_experts import grouped_linear
 
     lora = getattr(module, "workbench_lora", None)
@@ -77,8 +86,8 @@ def lora_rows(
     if lora["dropout"]:
         x_ND = F.dropout(x_ND, lora["dropout"], module.training)
     # A is [E, in, r] and B [E, r, out]: the transposed ([E, K, N]) layout grouped_mm takes as it is.
-    xa_NR = grouped_linear(x_ND, tokens_per_expert, getattr(module, name_a), True, dtypes)
-    return grouped_linear(xa_NR, tokens_per_expert, getattr(module, name_b), True, dtypes) * lora["scaling"]
+    xa_NR = grouped_linear(x_ND, tokens_per_expert, getattr(module, name_a), True, dtypes, offsets)
+    return grouped_linear(xa_NR * lora["scaling"], tokens_per_expert, getattr(module, name_b), True, dtypes, offsets)
 
 
 def expert_delta(module: nn.Module, weight: str, a_E: torch.Tensor, b_E: torch.Tensor) -> torch.Tensor:

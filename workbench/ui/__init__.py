@@ -28,7 +28,7 @@ _LAZY = {
     "summarize_live": "workbench.ui.summary",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
