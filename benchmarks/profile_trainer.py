@@ -90,6 +90,7 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
         precision=precision,
         save_final_checkpoint=False,
         log_every=steps,
+        activation_checkpointing=args.ac,
     )
     rc = RunConfig(
         model=ModelConfig(preset=args.preset, layers=args.layers, dtype="bfloat16"),
@@ -109,7 +110,7 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
     for _ in range(args.warmup):
         step += 1
         trainer.train_step(step)
-    trainer.collect(wait=True)
+    warm_records = trainer.collect(wait=True)
     torch.cuda.synchronize()
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -130,10 +131,17 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
             for k in ("step_time_s", "forward_s", "backward_s", "optimizer_s")
             if k in records[0]
         },
-        "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30,  # build included
+        "losses": [round(float(r["loss"]), 4) for r in warm_records + records],
         "optimizer_updates": dict(getattr(trainer.optimizer, "updates", {})),
     }
     print(precision, json.dumps(res), flush=True)
+    if args.no_trace:
+        del trainer
+        gc.collect()
+        torch.cuda.empty_cache()
+        shutil.rmtree(runs, ignore_errors=True)
+        return res
     with torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     ) as prof:
@@ -193,6 +201,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--lora-rank", type=int, default=0, help="LoRA on attention + experts at this rank (0: full)")
+    p.add_argument("--ac", action="store_true", help="activation checkpointing (train.activation_checkpointing)")
+    p.add_argument("--no-trace", action="store_true", help="time the steps only: no profiled step")
     p.add_argument("--out", default="profile-out")
     args = p.parse_args()
     out_dir = Path(args.out)

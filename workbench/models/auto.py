@@ -134,25 +134,24 @@ def _seeded_generic(config, resolved: BackendConfig, device, seed: int, hf_kwarg
     """A fresh model on one process, built and seeded as the mesh build does it (models/mesh_build.py).
 
     Meta build, then models.generic.init_random (seeded per module and per expert) on the device,
-    in float32, then the cast: a seed gives the same weights on 1 rank as on any mesh, so the same
-    run config starts from the same loss whatever the world size (Transformers' own init draws
-    from one sequence, which a sharded build cannot reproduce).
+    in float32, then the cast, one decoder layer at a time (models/random_init.py): a seed gives the
+    same weights on 1 rank as on any mesh, so the same run config starts from the same loss whatever
+    the world size (Transformers' own init draws from one sequence, which a sharded build cannot
+    reproduce).
     """
-    from workbench.moe.bias_update import cast_keeping_router_biases
+    from workbench.models.random_init import materialize_random
 
     dtype = hf_kwargs.pop("dtype", None) or hf_kwargs.pop("torch_dtype", None)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
     generic.install(model, resolved, lambda n: LocalDispatcher(n, resolved.combine), device=build_device(None, device))
-    # On `device` (the trainer's: where the mesh build would draw too), else the CPU, as Transformers builds
-    model.to_empty(device=torch.device(device) if device is not None else torch.device("cpu"))
-    generic.init_random(model, seed)
-    if lora is not None:
+    # On `device` (the trainer's: where the mesh build would draw too), else the CPU, as Transformers builds;
+    # a block at a time, so the float32 draw never holds the whole model (122 GB at 48 layers of 30B-A3B)
+    materialize_random(model, torch.device(device) if device is not None else torch.device("cpu"), seed, dtype)
+    if lora is not None:  # adapters drawn in float32 and stored in the base's dtype (models/lora.py)
         from workbench.models.lora import apply_lora
 
         apply_lora(model, lora, seed)
-    if dtype is not None:
-        cast_keeping_router_biases(model, dtype)
     model.tie_weights()
     return model
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import zlib
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -20,7 +21,7 @@ from workbench.models.attention_sinks import select_attention
 from workbench.models.generic_extras import install_extras
 from workbench.models.phase_labels import label_phases
 from workbench.moe.hf_experts import engine_experts_modules, install_engine_experts, is_fused_experts
-from workbench.moe.routed_load import load_counters
+from workbench.moe.routed_load import LOAD_BUFFER
 from workbench.params import num_experts as config_num_experts
 
 log = logging.getLogger(__name__)
@@ -180,18 +181,22 @@ def install(
     return len(modules)
 
 
-def init_random(model: nn.Module, seed: int) -> None:
+def init_random(model: nn.Module, seed: int, only: Callable[[str], bool] | None = None) -> None:
     """Transformers' own init per module, seeded by module name; each expert seeded by its id.
 
     Seeding per module keeps dense weights independent of how the experts are sliced, and
-    seeding per (module, expert) keeps an expert's weights independent of the mesh.
+    seeding per (module, expert) keeps an expert's weights independent of the mesh. `only`: the
+    module names to initialize (a block at a time: models/random_init.py); None, every module.
     """
     config = model.config
     std = getattr(config, "initializer_range", None) or 0.02
-    device = next(model.parameters()).device
     engine = dict(engine_experts_modules(model))
+    # Where the weights are drawn (a blockwise build leaves blocks not yet materialized on meta)
+    device = next((t.device for t in model.parameters() if t.device.type != "meta"), torch.device("cpu"))
     with torch.no_grad():
         for name, module in model.named_modules():
+            if only is not None and not only(name):
+                continue
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 torch.manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
                 model._init_weights(module)
@@ -199,6 +204,9 @@ def init_random(model: nn.Module, seed: int) -> None:
                     module.weight.normal_(0.0, std)
                     if module.bias is not None:
                         module.bias.zero_()
+            counter = getattr(module, LOAD_BUFFER, None)
+            if isinstance(counter, torch.Tensor):  # to_empty left it uninitialized
+                counter.zero_()
             if name not in engine:
                 continue
             first, last = module.workbench_expert_range
@@ -210,8 +218,6 @@ def init_random(model: nn.Module, seed: int) -> None:
                 for local, e in enumerate(range(first, last)):
                     g = torch.Generator(device=device).manual_seed(zlib.crc32(f"{seed}/{name}/{pname}/{e}".encode()))
                     param[local].normal_(0.0, std, generator=g)
-        for counter in load_counters(model):  # to_empty left them uninitialized
-            counter.zero_()
 
 
 def full_state_dict(model: nn.Module, to_rank0_only: bool = False) -> dict[str, torch.Tensor]:

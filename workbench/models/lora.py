@@ -48,7 +48,9 @@ def _to_lora_linear(module: nn.Linear, name: str, rank: int, scaling: float, dro
     bound = 1.0 / math.sqrt(module.in_features)  # PEFT's kaiming_uniform(a=sqrt(5)) on [r, in]
     g = torch.Generator(device=weight.device).manual_seed(zlib.crc32(f"{seed}/{name}/lora_A".encode()))
     with torch.no_grad():
-        a.weight.uniform_(-bound, bound, generator=g)
+        # Drawn in float32 whatever the base's dtype (a build casts before or after adding adapters)
+        draw = torch.empty(a.weight.shape, device=weight.device, dtype=torch.float32)
+        a.weight.copy_(draw.uniform_(-bound, bound, generator=g))
         b.weight.zero_()
     module.__class__ = LoraLinear
     module.lora_A, module.lora_B = a, b

@@ -10,6 +10,7 @@ from torch import nn
 
 from workbench.backends import BackendConfig
 from workbench.devices import default_device
+from workbench.models.random_init import materialize_random
 from workbench.models.sliced_load import disk_rules, init_nonpersistent_buffers, load_rank_slice, plan_rank_read
 from workbench.moe.bias_update import cast_keeping_router_biases
 from workbench.moe.dispatch import make_dispatcher
@@ -161,14 +162,13 @@ def build_generic_parallel_model(
         model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, config=config, **hf_kwargs)
         generic.install(model, backend, lambda n: dispatcher, expert_range, device)
         model.to(device)
+    elif plan is None:  # a block at a time: the float32 draw never holds the whole rank's model
+        materialize_random(model, device, seed, dtype)
     else:
         model.to_empty(device=device)
-        if plan is None:
-            generic.init_random(model, seed)
-        else:
-            init_nonpersistent_buffers(model)
-            model.workbench_checkpoint_read = load_rank_slice(model, checkpoint, plan, expert_range)
-    if lora is not None:  # after the base weights, before the cast and FSDP2: adapters shard with their layer
+        init_nonpersistent_buffers(model)
+        model.workbench_checkpoint_read = load_rank_slice(model, checkpoint, plan, expert_range)
+    if lora is not None:  # after the base weights, before FSDP2: adapters shard with their layer
         from workbench.models.lora import apply_lora
 
         apply_lora(model, lora, seed)

@@ -47,7 +47,8 @@ def add_expert_adapters(
     added = []
     for weight in weights:
         fan_in, fan_out = in_out(module, weight)
-        a = torch.empty(last - first, fan_in, rank, device=base.device, dtype=base.dtype)
+        # Drawn in float32 whatever the base's dtype (a build casts before or after adding adapters)
+        a = torch.empty(last - first, fan_in, rank, device=base.device, dtype=torch.float32)
         bound = 1.0 / math.sqrt(fan_in)
         with torch.no_grad():
             for local, e in enumerate(range(first, last)):
@@ -55,6 +56,7 @@ def add_expert_adapters(
                     zlib.crc32(f"{seed}/{name}/{weight}/lora_A/{e}".encode())
                 )
                 a[local].uniform_(-bound, bound, generator=g)
+        a = a.to(base.dtype)
         b = torch.zeros(last - first, rank, fan_out, device=base.device, dtype=base.dtype)
         name_a, name_b = adapter_names(weight)
         setattr(module, name_a, nn.Parameter(a))
