@@ -184,7 +184,14 @@ def run_variants(
                 row.update(init_fingerprint=out["init_fingerprint"], build_s=out["build_s"], setup=out["setup"])
             records[name].append(out["records"])
             if du.rank() == 0:
-                print(f"bench: round {r + 1}/{cfg.rounds} {name}: {n} timed steps", flush=True)
+                # This rank's median step of the round, before the table: a launch cut short keeps it in the log
+                steps_s = sorted(float(rec["step_time_s"]) for rec in out["records"][cfg.warmup :])
+                median = steps_s[len(steps_s) // 2] if steps_s else float("nan")
+                print(
+                    f"bench: round {r + 1}/{cfg.rounds} {name}: {n} timed steps, median step {1e3 * median:.1f} ms "
+                    f"(this rank), build {out.get('build_s', float('nan')):.1f} s",
+                    flush=True,
+                )
     for name, row in rows.items():
         if "status" not in row:
             _finish(row, records[name], cfg, hf_config, world)
