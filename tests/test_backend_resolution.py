@@ -279,7 +279,7 @@ def test_detecting_a_cuda_platform_reads_the_gpu_only_for_the_packages_that_need
 
 def test_the_backend_panel_shows_fp8s_auto_linear():
     # The panel passes its fp8 box to the resolver and redraws when it changes (auto linear is TE with fp8).
-    pytest.importorskip("ipywidgets", reason="the Studio's panels need the lab extra (pip install 'moe-workbench[lab]')")
+    pytest.importorskip("ipywidgets", reason="the Studio's panels need the lab extra: pip install 'moe-workbench[lab]'")
     from workbench.ui.panels import BackendPanel
 
     te_rank = {
