@@ -228,3 +228,21 @@ def test_ui_logic_imports_without_the_widget_packages():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "widgets need the lab extra"
+
+
+def test_the_core_packages_import_only_the_config_checks_leaf():
+    # workbench.config reads presets and builds MeshConfig / model checks (it imports parallel and models);
+    # below it, only the leaf config_checks (ConfigError and the value checks) may be imported.
+    upper = {"workbench.config", "workbench.config_io", "workbench.config_train", "workbench.config_data"}
+    upper.add("workbench.config_lora")
+    offenders = []
+    for package in ("kernels", "moe", "parallel", "models", "runs"):
+        for path in sorted((ROOT / "workbench" / package).rglob("*.py")):
+            bad = sorted(_imported_modules(path) & upper)
+            if bad:
+                offenders.append(f"{path.relative_to(ROOT)}: {bad}")
+    for leaf in ("backends.py", "devices.py", "config_checks.py"):
+        bad = sorted(_imported_modules(ROOT / "workbench" / leaf) & upper)
+        if bad:
+            offenders.append(f"workbench/{leaf}: {bad}")
+    assert not offenders, offenders

@@ -58,7 +58,7 @@ def _to_lora_linear(module: nn.Linear, name: str, rank: int, scaling: float, dro
 
 
 def _check_backend(model: nn.Module, plan: LoraPlan) -> None:
-    from workbench.config import ConfigError
+    from workbench.config_checks import ConfigError
 
     backend = getattr(model, "workbench_backend", None)
     if plan.linears and backend is not None and getattr(backend, "linear", "torch") == "te":

@@ -76,7 +76,7 @@ def plan_lora(model: nn.Module, targets: tuple[str, ...]) -> LoraPlan:
 
 def check_plan(plan: LoraPlan, model_type: str) -> None:
     """Refuse a target the model lacks (it would silently train nothing there)."""
-    from workbench.config import ConfigError
+    from workbench.config_checks import ConfigError
 
     missing = [t for t, count in plan.by_target if count == 0]
     if missing:

@@ -31,7 +31,7 @@ def pick_device(kind: str = "auto") -> torch.device:
 
     "cpu" pins the CPU also where GPUs are visible (a float32 CPU reference on a GPU machine).
     """
-    from workbench.config import ConfigError
+    from workbench.config_checks import ConfigError
     from workbench.devices import default_device
 
     gloo = initialized() and "nccl" not in str(dist.get_backend()).lower()
