@@ -105,6 +105,8 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
     t0 = time.perf_counter()
     trainer = Trainer(rc)
     trainer.setup()
+    if args.adamw_multi_numel:  # TritonAdamW's multi-tensor launches (off by default until measured)
+        trainer.optimizer.multi_tensor_numel = args.adamw_multi_numel
     build_s = time.perf_counter() - t0
     step = 0
     for _ in range(args.warmup):
@@ -203,6 +205,9 @@ def main() -> None:
     p.add_argument("--lora-rank", type=int, default=0, help="LoRA on attention + experts at this rank (0: full)")
     p.add_argument("--ac", action="store_true", help="activation checkpointing (train.activation_checkpointing)")
     p.add_argument("--no-trace", action="store_true", help="time the steps only: no profiled step")
+    p.add_argument(
+        "--adamw-multi-numel", type=int, default=0, help="TritonAdamW: tensors up to this size share one launch"
+    )
     p.add_argument("--out", default="profile-out")
     args = p.parse_args()
     out_dir = Path(args.out)

@@ -98,6 +98,52 @@ def _store_rounded(ptr, offs, x, mask, bits16, SR: tl.constexpr, ROUND_BY_HAND: 
     _store(ptr, offs, x, mask, ROUND_BY_HAND)
 
 
+@triton.jit
+def _update_block(
+    P, G, M, V, OUT, COEF, offs, mask, block_start, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits,
+    eps_bits, step_size, bc2_sqrt, key, base, HAS_WD: tl.constexpr, PRECISE: tl.constexpr, SR: tl.constexpr,
+    HAS_OUT: tl.constexpr, HAS_COEF: tl.constexpr, ROUND_BY_HAND: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    # One block of one tensor (elements `offs`, the block's first at `block_start`): loads, the update, stores.
+    # Shared by the per-tensor kernel and the multi-tensor one (triton_adamw_multi.py): the same bits.
+    p = tl.load(P + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_COEF:  # gradient clipping's coefficient, in float32: saves a read and a write of every gradient
+        g = g * tl.load(COEF)
+    m = tl.load(M + offs, mask=mask, other=0.0).to(tl.float32)
+    v = tl.load(V + offs, mask=mask, other=0.0).to(tl.float32)
+    beta1, omb1 = _f64(beta1_bits), _f64(omb1_bits)
+    beta2, omb2 = _f64(beta2_bits), _f64(omb2_bits)
+    lr_wd, eps = _f64(lr_wd_bits), _f64(eps_bits)
+    if PRECISE:
+        gd = g.to(tl.float64)
+        if HAS_WD:
+            pd = p.to(tl.float64)
+            p = (pd - lr_wd * pd).to(tl.float32)
+        m = (beta1 * m.to(tl.float64) + omb1 * gd).to(tl.float32)
+        v = (beta2 * v.to(tl.float64) + omb2 * gd * gd).to(tl.float32)
+        denom = (tl.div_rn(tl.sqrt_rn(v), bc2_sqrt).to(tl.float64) + eps).to(tl.float32)
+    else:
+        if HAS_WD:
+            p = p - lr_wd.to(tl.float32) * p
+        m = beta1.to(tl.float32) * m + omb1.to(tl.float32) * g
+        v = beta2.to(tl.float32) * v + omb2.to(tl.float32) * g * g
+        denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps.to(tl.float32)
+    p = p - tl.div_rn(step_size * m, denom)
+    bits_p, bits_m, bits_v = offs, offs, offs  # unused unless SR
+    if SR:  # stochastic_round.stream_bits: the param low 16 bits, exp_avg_sq high 16, exp_avg (h * C) >> 16
+        start = base.to(tl.int64) + block_start
+        bits = _element_bits(key, base.to(tl.int64) + offs, start, BLOCK)
+        bits_p = bits & 0xFFFF
+        bits_v = bits >> 16
+        bits_m = (bits * tl.full(bits.shape, 0x9E3779B1, tl.uint32)) >> 16
+    _store_rounded(P, offs, p, mask, bits_p, SR, ROUND_BY_HAND)
+    _store_rounded(M, offs, m, mask, bits_m, SR, ROUND_BY_HAND)
+    _store_rounded(V, offs, v, mask, bits_v, SR, ROUND_BY_HAND)
+    if HAS_OUT:  # fp32_master: P is the float32 master, OUT the bf16 parameter (one pass, no extra copy)
+        _store(OUT, offs, p, mask, ROUND_BY_HAND)
+
+
 @triton.jit(
     do_not_specialize=[
         "beta1_bits",
@@ -148,42 +194,11 @@ def _adamw_kernel(
         # model's tensors on the H200, benchmarks/adamw_modes.py)
         if tl.load(SKIP) != 0.0:
             return
-    p = tl.load(P + offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-    if HAS_COEF:  # gradient clipping's coefficient, in float32: saves a read and a write of every gradient
-        g = g * tl.load(COEF)
-    m = tl.load(M + offs, mask=mask, other=0.0).to(tl.float32)
-    v = tl.load(V + offs, mask=mask, other=0.0).to(tl.float32)
-    beta1, omb1 = _f64(beta1_bits), _f64(omb1_bits)
-    beta2, omb2 = _f64(beta2_bits), _f64(omb2_bits)
-    lr_wd, eps = _f64(lr_wd_bits), _f64(eps_bits)
-    if PRECISE:
-        gd = g.to(tl.float64)
-        if HAS_WD:
-            pd = p.to(tl.float64)
-            p = (pd - lr_wd * pd).to(tl.float32)
-        m = (beta1 * m.to(tl.float64) + omb1 * gd).to(tl.float32)
-        v = (beta2 * v.to(tl.float64) + omb2 * gd * gd).to(tl.float32)
-        denom = (tl.div_rn(tl.sqrt_rn(v), bc2_sqrt).to(tl.float64) + eps).to(tl.float32)
-    else:
-        if HAS_WD:
-            p = p - lr_wd.to(tl.float32) * p
-        m = beta1.to(tl.float32) * m + omb1.to(tl.float32) * g
-        v = beta2.to(tl.float32) * v + omb2.to(tl.float32) * g * g
-        denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps.to(tl.float32)
-    p = p - tl.div_rn(step_size * m, denom)
-    bits_p, bits_m, bits_v = offs, offs, offs  # unused unless SR
-    if SR:  # stochastic_round.stream_bits: the param low 16 bits, exp_avg_sq high 16, exp_avg (h * C) >> 16
-        start = base.to(tl.int64) + tl.program_id(0).to(tl.int64) * BLOCK
-        bits = _element_bits(key, base.to(tl.int64) + offs, start, BLOCK)
-        bits_p = bits & 0xFFFF
-        bits_v = bits >> 16
-        bits_m = (bits * tl.full(bits.shape, 0x9E3779B1, tl.uint32)) >> 16
-    _store_rounded(P, offs, p, mask, bits_p, SR, ROUND_BY_HAND)
-    _store_rounded(M, offs, m, mask, bits_m, SR, ROUND_BY_HAND)
-    _store_rounded(V, offs, v, mask, bits_v, SR, ROUND_BY_HAND)
-    if HAS_OUT:  # fp32_master: P is the float32 master, OUT the bf16 parameter (one pass, no extra copy)
-        _store(OUT, offs, p, mask, ROUND_BY_HAND)
+    block_start = tl.program_id(0).to(tl.int64) * BLOCK
+    _update_block(
+        P, G, M, V, OUT, COEF, offs, mask, block_start, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits,
+        eps_bits, step_size, bc2_sqrt, key, base, HAS_WD, PRECISE, SR, HAS_OUT, HAS_COEF, ROUND_BY_HAND, BLOCK,
+    )  # fmt: skip
 
 
 def _bits(x: float) -> int:

@@ -13,7 +13,15 @@ from torch.distributed.tensor import DTensor
 
 from workbench.backends import BackendError, availability
 from workbench.config import OPTIMIZERS
-from workbench.kernels.adamw import ADAMW_KERNELS, DEFAULT_LAUNCH, AdamWLaunch, SRKeys, adamw_scalars, adamw_step_
+from workbench.kernels.adamw import (
+    ADAMW_KERNELS,
+    DEFAULT_LAUNCH,
+    AdamWLaunch,
+    SRKeys,
+    adamw_scalars,
+    adamw_step_,
+    kernel_supports,
+)
 from workbench.kernels.stochastic_round import element_base
 from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR  # set by the mesh builders, read here
 from workbench.train.precision import OPTIMIZER_PRECISIONS, needs_workbench_adamw, resolve_precision
@@ -156,7 +164,10 @@ class TritonAdamW(torch.optim.Optimizer):
         seed: int = 0,
         kernel: str | None = None,
         launch: AdamWLaunch = DEFAULT_LAUNCH,
+        multi_tensor_numel: int = 0,
     ) -> None:
+        if isinstance(multi_tensor_numel, bool) or not isinstance(multi_tensor_numel, int) or multi_tensor_numel < 0:
+            raise ValueError(f"multi_tensor_numel must be an integer >= 0, got {multi_tensor_numel!r}")
         if kernel is not None and kernel not in ADAMW_KERNELS:
             raise ValueError(
                 f"TritonAdamW kernel must be one of {ADAMW_KERNELS} or None (where the parameters are), got {kernel!r}"
@@ -181,6 +192,10 @@ class TritonAdamW(torch.optim.Optimizer):
             first = next((p for g in self.param_groups for p in g["params"]), None)
             kernel = adamw_kernel(first.device if first is not None else "cpu")
         self.kernel, self.launch = kernel, launch
+        # Tensors of at most this many elements share one launch per group and step (kernels/triton_adamw_multi.py:
+        # a launch per tensor costs ~65 us of host time); 0, one launch each. Off by default until measured on a GPU.
+        self.multi_tensor_numel = multi_tensor_numel
+        self._block_maps: dict = {}
         self.precise = bool(precise)
         self.precision, self.seed = precision, seed
         self._steps: dict[torch.Tensor, int] = {}
@@ -211,6 +226,8 @@ class TritonAdamW(torch.optim.Optimizer):
         self.__dict__.setdefault("grad_coef", None)
         self.__dict__.setdefault("kernel", "triton")  # pickled before the choice was made here: as it ran then
         self.__dict__.setdefault("launch", DEFAULT_LAUNCH)
+        self.__dict__.setdefault("multi_tensor_numel", 0)
+        self.__dict__.setdefault("_block_maps", {})
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's load, then step counters back on the host (a torch fused AdamW keeps them on the GPU).
@@ -261,6 +278,7 @@ class TritonAdamW(torch.optim.Optimizer):
             beta1, beta2 = group["betas"]
             lr = float(group["lr"])
             scalars_by_step: dict[int, dict[str, float]] = {}
+            batches: dict[tuple, list] = {}  # (step, dtypes, device, SR) -> [(tensors, sr keys)]: one launch each
             for p in group["params"]:
                 index += 1
                 if p.grad is None:
@@ -293,6 +311,12 @@ class TritonAdamW(torch.optim.Optimizer):
                     sr = SRKeys.make(self.seed, step, index, base, salt)
                 # fp32_master: the master is updated and the bf16 parameter written from it (to nearest)
                 target, out = (_local(state["master"]), _local(p)) if master else (_local(p), None)
+                if out is None and self.kernel == "triton" and 0 < target.numel() <= self.multi_tensor_numel:
+                    tensors = (target, _local(p.grad), _local(state["exp_avg"]), _local(state["exp_avg_sq"]))
+                    if kernel_supports(*tensors):
+                        batch_key = (step, tuple(t.dtype for t in tensors), target.device, sr is None)
+                        batches.setdefault(batch_key, []).append((tensors, sr))
+                        continue
                 path = adamw_step_(
                     target,
                     _local(p.grad),
@@ -308,7 +332,19 @@ class TritonAdamW(torch.optim.Optimizer):
                     launch=self.launch,
                 )
                 self.updates[path] += 1
+            for (step, *_), items in batches.items():
+                self._step_many(items, scalars_by_step[step])
         return loss
+
+    def _step_many(self, items: list, scalars: dict[str, float]) -> None:
+        from workbench.kernels.triton_adamw_multi import triton_adamw_multi_step_
+
+        keys = None if items[0][1] is None else [sr for _, sr in items]
+        tensors = [t for t, _ in items]
+        triton_adamw_multi_step_(
+            tensors, scalars, self.precise, keys, self.found_inf, self.grad_coef, self.launch, self._block_maps
+        )
+        self.updates["triton_multi"] += len(tensors)
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, min_lr_ratio: float) -> float:

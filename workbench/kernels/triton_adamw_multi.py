@@ -1,0 +1,151 @@
+"""Triton AdamW over many tensors in one launch: the per-tensor kernel's update, addressed through a table.
+
+A LoRA step updates hundreds of small adapters (576 tensors for r=16 on the 48-layer Qwen3-30B-A3B): one
+Triton launch each cost ~65 us of host time, 38 ms of a 365 ms step on the H200 (benchmarks/NOTES.md,
+session 7), while their bytes take about 2 ms. Here one launch covers a list of tensors: program i
+updates block i of the concatenated blocks; its tensor comes from a block -> tensor map (built once per
+list of sizes, kept on the device) and its addresses, size, first block, stochastic-rounding key and
+element base from a table of int64 rows sent each step (grads are new tensors every step). The update
+itself is triton_adamw._update_block, so each tensor's result equals triton_adamw_step_'s bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+from workbench.kernels._triton_util import triton_interpreting
+from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys, kernel_supports
+from workbench.kernels.triton_adamw import _bits, _update_block
+
+# Rows of the per-step table, each n_tensors int64 long.
+_ROWS = ("param", "grad", "exp_avg", "exp_avg_sq", "numel", "first_block", "sr_key", "sr_base")
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+@triton.jit(do_not_specialize=["n_tensors", "beta1_bits", "omb1_bits", "beta2_bits", "omb2_bits", "lr_wd_bits",
+                               "eps_bits", "step_size", "bc2_sqrt"])  # fmt: skip
+def _adamw_multi_kernel(
+    TABLE, BLOCK_TENSOR, SKIP, COEF, n_tensors, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits, eps_bits,
+    step_size, bc2_sqrt, P_DT: tl.constexpr, G_DT: tl.constexpr, M_DT: tl.constexpr, V_DT: tl.constexpr,
+    HAS_WD: tl.constexpr, PRECISE: tl.constexpr, SR: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_COEF: tl.constexpr,
+    ROUND_BY_HAND: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0).to(tl.int64)
+    if HAS_SKIP:  # a scalar test, as in the per-tensor kernel (a per-element flag made every access scalar)
+        if tl.load(SKIP) != 0.0:
+            return
+    t = tl.load(BLOCK_TENSOR + pid).to(tl.int64)
+    P = tl.load(TABLE + t).to(tl.pointer_type(P_DT))
+    G = tl.load(TABLE + n_tensors + t).to(tl.pointer_type(G_DT))
+    M = tl.load(TABLE + 2 * n_tensors + t).to(tl.pointer_type(M_DT))
+    V = tl.load(TABLE + 3 * n_tensors + t).to(tl.pointer_type(V_DT))
+    n = tl.load(TABLE + 4 * n_tensors + t)
+    block_start = (pid - tl.load(TABLE + 5 * n_tensors + t)) * BLOCK
+    key = tl.load(TABLE + 6 * n_tensors + t)
+    base = tl.load(TABLE + 7 * n_tensors + t)
+    offs = block_start + tl.arange(0, BLOCK)
+    mask = offs < n
+    _update_block(
+        P, G, M, V, P, COEF, offs, mask, block_start, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits,
+        eps_bits, step_size, bc2_sqrt, key, base, HAS_WD, PRECISE, SR, False, HAS_COEF, ROUND_BY_HAND, BLOCK,
+    )  # fmt: skip
+
+
+def block_map(numels: list[int], block: int, device: torch.device) -> torch.Tensor:
+    """int32 [total blocks]: the tensor each program updates (tensor i owns cdiv(numel_i, block) blocks)."""
+    counts = torch.tensor([triton.cdiv(n, block) for n in numels], dtype=torch.int64)
+    ids = torch.repeat_interleave(torch.arange(len(numels), dtype=torch.int32), counts)
+    return ids.to(device)
+
+
+def triton_adamw_multi_step_(
+    tensors: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+    scalars: dict[str, float],
+    precise: bool = False,
+    sr: list[SRKeys] | None = None,
+    skip: torch.Tensor | None = None,
+    grad_coef: torch.Tensor | None = None,
+    launch: AdamWLaunch = DEFAULT_LAUNCH,
+    cache: dict | None = None,
+) -> None:
+    """triton_adamw_step_ for every (param, grad, exp_avg, exp_avg_sq) of `tensors` in one launch, in place.
+
+    All share `scalars` (one step count) and, per role, one dtype and device; `sr`: one key per tensor
+    (bf16 stores rounded stochastically) or None; `cache`: a dict kept by the caller, holding the block
+    map of each list of sizes (static over a run) so it is built once.
+    """
+    if not tensors:
+        return
+    first = tensors[0]
+    device = first[0].device
+    for group in tensors:
+        if not kernel_supports(*group) or group[0].device != device:
+            raise ValueError(
+                "the multi-tensor AdamW needs contiguous float tensors of one size per group on one device"
+            )
+        if any(t.dtype != f.dtype for t, f in zip(group, first)):
+            raise ValueError(
+                "the multi-tensor AdamW takes one dtype per role (param, grad, exp_avg, exp_avg_sq), got "
+                f"{[t.dtype for t in group]} beside {[t.dtype for t in first]}"
+            )
+    if sr is not None and len(sr) != len(tensors):
+        raise ValueError(f"sr needs one SRKeys per tensor: {len(sr)} for {len(tensors)} tensors")
+    numels = [g[0].numel() for g in tensors]
+    if min(numels) == 0:
+        raise ValueError("the multi-tensor AdamW takes no empty tensors (the caller skips them)")
+    key = (str(device), launch.block, tuple(numels))
+    cache = {} if cache is None else cache
+    if key not in cache:
+        if len(cache) >= 16:  # a few lists of sizes per step (groups, dtypes); sizes are static over a run
+            cache.pop(next(iter(cache)))
+        cache[key] = block_map(numels, launch.block, device)
+    blocks = cache[key]
+    firsts, at = [], 0
+    for n in numels:
+        firsts.append(at)
+        at += triton.cdiv(n, launch.block)
+    rows = [[g[i].data_ptr() for g in tensors] for i in range(4)]
+    rows += [numels, firsts]
+    rows += [[k.key for k in sr], [k.base for k in sr]] if sr is not None else [[0] * len(tensors)] * 2
+    assert len(rows) == len(_ROWS)
+    table = torch.tensor(rows, dtype=torch.int64)
+    if device.type == "cuda":  # one small host -> device copy per step, queued behind the step's kernels
+        table = table.pin_memory().to(device, non_blocking=True)
+    for name, flag in (("skip", skip), ("grad_coef", grad_coef)):
+        if flag is not None and (flag.numel() != 1 or flag.dtype != torch.float32 or flag.device != device):
+            raise ValueError(f"{name} must be a float32 scalar on {device}, got {flag.dtype} on {flag.device}")
+    s = scalars
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with guard:
+        _adamw_multi_kernel[(blocks.numel(),)](
+            table,
+            blocks,
+            table if skip is None else skip,
+            table if grad_coef is None else grad_coef,
+            len(tensors),
+            _bits(s["beta1"]),
+            _bits(s["omb1"]),
+            _bits(s["beta2"]),
+            _bits(s["omb2"]),
+            _bits(s["lr_wd"]),
+            _bits(s["eps"]),
+            s["step_size"],
+            s["bc2_sqrt"],
+            P_DT=_TL_DTYPES[first[0].dtype],
+            G_DT=_TL_DTYPES[first[1].dtype],
+            M_DT=_TL_DTYPES[first[2].dtype],
+            V_DT=_TL_DTYPES[first[3].dtype],
+            HAS_WD=s["lr_wd"] != 0,
+            PRECISE=bool(precise),
+            SR=sr is not None,
+            HAS_SKIP=skip is not None,
+            HAS_COEF=grad_coef is not None,
+            ROUND_BY_HAND=triton_interpreting(),
+            BLOCK=launch.block,
+            num_warps=launch.num_warps,
+            enable_fp_fusion=False,
+        )
