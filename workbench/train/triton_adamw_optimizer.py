@@ -1,0 +1,257 @@
+"""TritonAdamW: torch's AdamW state and math, updated by the Triton kernels (one launch per tensor, or one per
+list of small tensors), in the precision modes of workbench.train.precision."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from workbench.kernels.adamw import (
+    ADAMW_KERNELS,
+    DEFAULT_LAUNCH,
+    AdamWLaunch,
+    SRKeys,
+    adamw_scalars,
+    adamw_step_,
+    kernel_supports,
+)
+from workbench.kernels.stochastic_round import element_base
+from workbench.train.precision import OPTIMIZER_PRECISIONS
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (without to_local's autograd overhead), or the tensor itself."""
+    local = getattr(t, "_local_tensor", None)
+    return t if local is None else local
+
+
+def _torch_adamw_options() -> dict[str, Any]:
+    """torch AdamW's per-group options besides lr, betas, eps and weight_decay, at its defaults."""
+    ref = torch.optim.AdamW([torch.zeros(1, requires_grad=True)]).defaults
+    return {k: v for k, v in ref.items() if k not in ("lr", "betas", "eps", "weight_decay")}
+
+
+class TritonAdamW(torch.optim.Optimizer):
+    """AdamW with torch's fused CUDA math, one Triton kernel launch per parameter tensor.
+
+    State per parameter is torch AdamW's: "step" (a CPU float32 scalar tensor, as in torch's
+    non-fused AdamW), "exp_avg" and "exp_avg_sq" (shaped, typed and placed like the parameter:
+    DTensors for FSDP2 parameters), so torch.distributed.checkpoint saves and reshards it the same
+    way. Param groups also carry torch AdamW's other options at their defaults (amsgrad, fused, ...)
+    so a DCP checkpoint of either optimizer loads into the other. Each step counter has a Python
+    int shadow, so a step never reads a tensor. FSDP2 parameters are updated through their local
+    shards; a tensor the kernel cannot take (non-contiguous, or on CPU without TRITON_INTERPRET=1)
+    gets the same math in torch ops (`updates` counts both paths). `precise=True` computes the moments and the
+    weight decay in float64 as torch's functor does (bit-exact with it), the default in float32 (at most one
+    float32 ulp apart).
+
+    `precision` (workbench.train.precision) acts on bf16/fp16 parameters only: "bf16" stores the
+    float32 results rounded to nearest, "bf16_sr" rounds bf16 ones stochastically with bits hashed
+    from (`seed`, step, parameter index in param_groups order, element index: global for FSDP2
+    dim-0 shards), so a run and its resume draw the same bits; "fp32_master" keeps a float32
+    "master" copy and float32 moments in the state (saved by DCP like the others), updates it and
+    copies it into the parameter.
+
+    `kernel` ("triton" or "torch"; None: adamw_kernel of the first parameter's device) is decided
+    here, once; `launch` is the Triton kernel's block and warps (AdamWLaunch, a benchmark knob).
+    """
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        *,
+        precise: bool = False,
+        precision: str = "bf16",
+        seed: int = 0,
+        kernel: str | None = None,
+        launch: AdamWLaunch = DEFAULT_LAUNCH,
+        multi_tensor_numel: int = 0,
+    ) -> None:
+        if isinstance(multi_tensor_numel, bool) or not isinstance(multi_tensor_numel, int) or multi_tensor_numel < 0:
+            raise ValueError(f"multi_tensor_numel must be an integer >= 0, got {multi_tensor_numel!r}")
+        if kernel is not None and kernel not in ADAMW_KERNELS:
+            raise ValueError(
+                f"TritonAdamW kernel must be one of {ADAMW_KERNELS} or None (where the parameters are), got {kernel!r}"
+            )
+        if not isinstance(launch, AdamWLaunch):
+            raise TypeError(f"TritonAdamW launch must be an AdamWLaunch, got {type(launch).__name__}")
+        if precision not in OPTIMIZER_PRECISIONS:
+            raise ValueError(f"TritonAdamW precision must be one of {OPTIMIZER_PRECISIONS}, got {precision!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        if isinstance(lr, torch.Tensor) or not 0.0 <= lr:
+            raise ValueError(f"lr must be a float >= 0, got {lr!r}")
+        if not (len(betas) == 2 and all(0.0 <= b < 1.0 for b in betas)):
+            raise ValueError(f"betas must be two floats in [0, 1), got {betas!r}")
+        if not 0.0 <= eps:
+            raise ValueError(f"eps must be >= 0, got {eps!r}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, **_torch_adamw_options())
+        super().__init__(params, defaults)
+        if kernel is None:
+            first = next((p for g in self.param_groups for p in g["params"]), None)
+            from workbench.train.optim import adamw_kernel  # the one decision, beside make_adamw's
+
+            kernel = adamw_kernel(first.device if first is not None else "cpu")
+        self.kernel, self.launch = kernel, launch
+        # Tensors of at most this many elements share one launch per group and step (kernels/triton_adamw_multi.py:
+        # a launch per tensor costs ~65 us of host time); 0, one launch each. Off by default until measured on a GPU.
+        self.multi_tensor_numel = multi_tensor_numel
+        self._block_maps: dict = {}
+        self.precise = bool(precise)
+        self.precision, self.seed = precision, seed
+        self._steps: dict[torch.Tensor, int] = {}
+        self._bases: dict[torch.Tensor, tuple[int, int]] = {}  # element_base per parameter
+        self.updates: Counter[str] = Counter()  # tensor updates by path: "triton", "torch", "empty"
+        # A float32 device scalar, as torch's fused AdamW takes it: 1 skips every update (set_skip_flag)
+        self.found_inf: torch.Tensor | None = None
+        # A float32 device scalar every gradient is multiplied by inside the update (clip_grad_norm's)
+        self.grad_coef: torch.Tensor | None = None
+
+    def forget_skipped_steps(self, n: int) -> None:
+        """Take back `n` counted steps that `found_inf` skipped (host counts, unlike torch's fused ones)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be an integer >= 0, got {n!r}")
+        for p, step in list(self._steps.items()):
+            self._steps[p] = max(0, step - n)
+            self.state[p]["step"].fill_(float(self._steps[p]))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.__dict__.setdefault("_steps", {})
+        self.__dict__.setdefault("precise", False)
+        self.__dict__.setdefault("precision", "bf16")
+        self.__dict__.setdefault("seed", 0)
+        self.__dict__.setdefault("_bases", {})
+        self.__dict__.setdefault("updates", Counter())
+        self.__dict__.setdefault("found_inf", None)
+        self.__dict__.setdefault("grad_coef", None)
+        self.__dict__.setdefault("kernel", "triton")  # pickled before the choice was made here: as it ran then
+        self.__dict__.setdefault("launch", DEFAULT_LAUNCH)
+        self.__dict__.setdefault("multi_tensor_numel", 0)
+        self.__dict__.setdefault("_block_maps", {})
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's load, then step counters back on the host (a torch fused AdamW keeps them on the GPU).
+
+        torch casts every loaded state tensor to its parameter's dtype: the float32 master copy and
+        moments of fp32_master would come back bf16, so the saved dtypes are put back after it.
+        """
+        kept = self._saved_dtype_states(state_dict)
+        super().load_state_dict(state_dict)
+        for p, key, value in kept:
+            self.state[p][key] = value.to(device=p.device)
+        self._steps.clear()  # re-read from state["step"] once, at the next step
+        for state in self.state.values():
+            step = state.get("step")
+            if step is not None and not (isinstance(step, torch.Tensor) and step.device.type == "cpu"):
+                state["step"] = torch.tensor(float(step), dtype=torch.float32)
+
+    def _saved_dtype_states(self, state_dict: dict[str, Any]) -> list[tuple[torch.Tensor, str, torch.Tensor]]:
+        """(param, key, saved tensor) for state tensors whose dtype differs from their parameter's."""
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        out = []
+        for pid, p in zip(saved_ids, params):
+            for key, value in state_dict["state"].get(pid, {}).items():
+                if (
+                    key != "step"
+                    and isinstance(value, torch.Tensor)
+                    and value.is_floating_point()
+                    and value.dtype != p.dtype
+                ):
+                    out.append((p, key, value))
+        return out
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One AdamW update of every parameter that has a gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        index = -1  # the parameter's position over all groups: part of its stochastic-rounding key
+        for group in self.param_groups:
+            if group.get("amsgrad") or group.get("maximize"):
+                raise ValueError(
+                    "TritonAdamW implements plain AdamW: amsgrad and maximize must be False "
+                    "(a checkpoint of such a torch AdamW needs optimizer='adamw_torch')"
+                )
+            beta1, beta2 = group["betas"]
+            lr = float(group["lr"])
+            scalars_by_step: dict[int, dict[str, float]] = {}
+            batches: dict[tuple, list] = {}  # (step, dtypes, device, SR) -> [(tensors, sr keys)]: one launch each
+            for p in group["params"]:
+                index += 1
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("TritonAdamW does not support sparse gradients")
+                state = self.state[p]
+                master = self.precision == "fp32_master" and p.dtype != torch.float32
+                if not state:
+                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                    dtype = torch.float32 if master else p.dtype
+                    state["exp_avg"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
+                    if master:
+                        state["master"] = p.detach().to(torch.float32, copy=True)
+                step = self._steps.get(p)
+                if step is None:  # fresh state or just loaded: the only read of the counter
+                    step = int(state["step"].item())
+                step += 1
+                self._steps[p] = step
+                state["step"].fill_(float(step))
+                if step not in scalars_by_step:  # usually one step count per group
+                    scalars_by_step[step] = adamw_scalars(step, lr, beta1, beta2, group["eps"], group["weight_decay"])
+                scalars = scalars_by_step[step]
+                sr = None
+                if self.precision == "bf16_sr" and p.dtype == torch.bfloat16:
+                    if p not in self._bases:
+                        self._bases[p] = element_base(p)
+                    base, salt = self._bases[p]
+                    sr = SRKeys.make(self.seed, step, index, base, salt)
+                # fp32_master: the master is updated and the bf16 parameter written from it (to nearest)
+                target, out = (_local(state["master"]), _local(p)) if master else (_local(p), None)
+                if out is None and self.kernel == "triton" and 0 < target.numel() <= self.multi_tensor_numel:
+                    tensors = (target, _local(p.grad), _local(state["exp_avg"]), _local(state["exp_avg_sq"]))
+                    if kernel_supports(*tensors):
+                        batch_key = (step, tuple(t.dtype for t in tensors), target.device, sr is None)
+                        batches.setdefault(batch_key, []).append((tensors, sr))
+                        continue
+                path = adamw_step_(
+                    target,
+                    _local(p.grad),
+                    _local(state["exp_avg"]),
+                    _local(state["exp_avg_sq"]),
+                    scalars,
+                    self.precise,
+                    sr,
+                    out,
+                    self.found_inf,
+                    self.grad_coef,
+                    kernel=self.kernel,
+                    launch=self.launch,
+                )
+                self.updates[path] += 1
+            for (step, *_), items in batches.items():
+                self._step_many(items, scalars_by_step[step])
+        return loss
+
+    def _step_many(self, items: list, scalars: dict[str, float]) -> None:
+        from workbench.kernels.triton_adamw_multi import triton_adamw_multi_step_
+
+        keys = None if items[0][1] is None else [sr for _, sr in items]
+        tensors = [t for t, _ in items]
+        triton_adamw_multi_step_(
+            tensors, scalars, self.precise, keys, self.found_inf, self.grad_coef, self.launch, self._block_maps
+        )
+        self.updates["triton_multi"] += len(tensors)
