@@ -45,7 +45,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from workbench.kernels.adamw import adamw_scalars
-    from workbench.kernels.triton_adamw import _adamw_kernel, _bits
+    from workbench.kernels.triton_adamw import _adamw_kernel, scalar_args
 
     shapes = model_shapes(args.layers)
     sizes = [int(torch.Size(s).numel()) for s in shapes]
@@ -59,16 +59,7 @@ def main() -> None:
         views.append(tuple(f[start : start + n] for f in flat))
         start += n
     s = adamw_scalars(3, 1e-5, 0.9, 0.999, 1e-8, 0.01)
-    sargs = (
-        _bits(s["beta1"]),
-        _bits(s["omb1"]),
-        _bits(s["beta2"]),
-        _bits(s["omb2"]),
-        _bits(s["lr_wd"]),
-        _bits(s["eps"]),
-        s["step_size"],
-        s["bc2_sqrt"],
-    )
+    sargs = scalar_args(s)
 
     def launch(tensors, block, warps):
         p, g, m, v = tensors

@@ -5,3 +5,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /
 export PYTHONPATH=/tmp/site:$PWD
 OUT="${OUT:-$PWD/bench-out}"
 mkdir -p "$OUT"
+# The GPU kernel, parity, packing and compiled-AdamW tests the device scripts run (one list for all of them).
+GPU_TESTS=(tests/test_adamw_multi.py tests/test_kernels.py tests/test_optim_triton.py tests/test_adamw_kernel_choice.py
+  tests/test_precision.py tests/test_gpt_oss_gate.py tests/test_te_selection.py tests/test_backend_resolution.py
+  tests/test_trainer_async.py tests/test_packing.py tests/test_mm_fp32.py
+  "tests/test_generic_families.py::test_bf16_on_cuda_matches_transformers_grouped_mm" tests/test_parity.py)

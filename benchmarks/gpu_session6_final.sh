@@ -6,10 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/gpu_env.sh
-timeout 240 python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py tests/test_optim_triton.py \
-  tests/test_adamw_kernel_choice.py tests/test_precision.py tests/test_gpt_oss_gate.py tests/test_te_selection.py \
-  tests/test_backend_resolution.py tests/test_trainer_async.py tests/test_packing.py tests/test_mm_fp32.py \
-  "tests/test_generic_families.py::test_bf16_on_cuda_matches_transformers_grouped_mm" tests/test_parity.py \
+timeout 240 python3 -m pytest -q -rs -p no:cacheprovider "${GPU_TESTS[@]}" \
   > "$OUT/pytest-gpu.log" 2>&1
 echo "pytest exit $?"; tail -15 "$OUT/pytest-gpu.log"
 mkdir -p "$OUT/bench"

@@ -15,9 +15,5 @@ for mode in lora48 lora48_ac; do
     --steps 6 --no-trace $extra --out "$OUT/$mode" > "$OUT/$mode.log" 2>&1
   echo "$mode exit $? after $((SECONDS - t0)) s"; grep -v "^model_type" "$OUT/$mode.log" | tail -4 | cut -c1-900
 done
-timeout $((560 - SECONDS + t0)) python3 -m pytest -q -rs -p no:cacheprovider --durations=30 tests/test_kernels.py \
-  tests/test_optim_triton.py tests/test_adamw_kernel_choice.py tests/test_precision.py tests/test_gpt_oss_gate.py \
-  tests/test_te_selection.py tests/test_backend_resolution.py tests/test_trainer_async.py tests/test_packing.py \
-  tests/test_mm_fp32.py "tests/test_generic_families.py::test_bf16_on_cuda_matches_transformers_grouped_mm" \
-  tests/test_parity.py > "$OUT/pytest-gpu.log" 2>&1
+timeout $((560 - SECONDS + t0)) python3 -m pytest -q -rs -p no:cacheprovider --durations=30 "${GPU_TESTS[@]}" > "$OUT/pytest-gpu.log" 2>&1
 echo "pytest exit $? after $((SECONDS - t0)) s"; grep -E "passed|failed|rror|SKIPPED|^[0-9.]+s " "$OUT/pytest-gpu.log" | tail -45

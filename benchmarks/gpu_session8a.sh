@@ -8,11 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/gpu_env.sh
 t0=$SECONDS
-timeout 240 python3 -m pytest -q -rs -p no:cacheprovider --durations=15 tests/test_adamw_multi.py tests/test_kernels.py \
-  tests/test_optim_triton.py tests/test_adamw_kernel_choice.py tests/test_precision.py tests/test_gpt_oss_gate.py \
-  tests/test_te_selection.py tests/test_backend_resolution.py tests/test_trainer_async.py tests/test_packing.py \
-  tests/test_mm_fp32.py "tests/test_generic_families.py::test_bf16_on_cuda_matches_transformers_grouped_mm" \
-  tests/test_parity.py > "$OUT/pytest-gpu.log" 2>&1
+timeout 240 python3 -m pytest -q -rs -p no:cacheprovider --durations=15 "${GPU_TESTS[@]}" > "$OUT/pytest-gpu.log" 2>&1
 echo "pytest exit $? after $((SECONDS - t0)) s"; grep -E "passed|failed|rror|SKIPPED" "$OUT/pytest-gpu.log" | tail -20
 timeout 100 python3 benchmarks/lora_h200.py peft_ac "$OUT/lora_peft_ac.json" --steps 6 > "$OUT/peft_ac.log" 2>&1
 echo "peft_ac exit $? after $((SECONDS - t0)) s"; grep -E "tokens_per_s|peak_gib|error|loss_falls" "$OUT/lora_peft_ac.json"

@@ -6,14 +6,10 @@ so TRITON_INTERPRET applies before triton is imported.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-import torch
+from triton_script import DEVICES, run_triton_script
 
 _SCRIPT = textwrap.dedent("""
     import sys, torch
@@ -100,28 +96,8 @@ _OPTIMIZER_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize(
-    "device",
-    [
-        "cpu",
-        pytest.param(
-            "cuda",
-            marks=pytest.mark.skipif(
-                not torch.cuda.is_available(), reason="the compiled Triton kernel needs a CUDA GPU"
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("script", ["kernel", "optimizer"])
 def test_multi_tensor_kernel_equals_the_per_tensor_kernel_bit_for_bit(device, script):
-    env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else dict(os.environ)
-    code, ok = (_SCRIPT, "MULTI OK") if script == "kernel" else (_OPTIMIZER_SCRIPT, "OPTIMIZER OK")
-    proc = subprocess.run(
-        [sys.executable, "-c", code, device],
-        env=env,
-        cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0 and ok in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    code, marker = (_SCRIPT, "MULTI OK") if script == "kernel" else (_OPTIMIZER_SCRIPT, "OPTIMIZER OK")
+    run_triton_script(code, device, marker)

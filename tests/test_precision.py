@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from triton_script import DEVICES, run_triton_script
 
 from workbench.config import ConfigError, RunConfig, TrainConfig
 from workbench.kernels.adamw import SRKeys, adamw_scalars, torch_adamw_step_
@@ -241,29 +238,9 @@ _KERNEL_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "device",
-    [
-        "cpu",
-        pytest.param(
-            "cuda",
-            marks=pytest.mark.skipif(
-                not torch.cuda.is_available(), reason="the compiled Triton kernel needs a CUDA GPU"
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("device", DEVICES)
 def test_triton_sr_kernel_equals_the_torch_reference_bit_for_bit(device):
-    env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else dict(os.environ)
-    proc = subprocess.run(
-        [sys.executable, "-c", _KERNEL_SCRIPT, device],
-        env=env,
-        cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0 and "SR KERNEL OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_triton_script(_KERNEL_SCRIPT, device, "SR KERNEL OK", timeout=300)
 
 
 def test_torch_reference_sr_changes_only_bf16_stores():

@@ -205,6 +205,12 @@ def _bits(x: float) -> int:
     return struct.unpack("<q", struct.pack("<d", x))[0]
 
 
+def scalar_args(scalars: dict[str, float]) -> tuple:
+    """adamw_scalars' values as the kernels take them: the six doubles as int64 bits, step size and bc2 as floats."""
+    names = ("beta1", "omb1", "beta2", "omb2", "lr_wd", "eps")
+    return (*(_bits(scalars[n]) for n in names), scalars["step_size"], scalars["bc2_sqrt"])
+
+
 def _i32(key: int) -> int:
     # a uint32 key as the int32 of its bits (one argument type whatever the value; bitcast back in the kernel)
     return key - (1 << 32) if key >= 1 << 31 else key
@@ -259,14 +265,7 @@ def triton_adamw_step_(
             param if skip is None else skip,
             param if grad_coef is None else grad_coef,
             n,
-            _bits(s["beta1"]),
-            _bits(s["omb1"]),
-            _bits(s["beta2"]),
-            _bits(s["omb2"]),
-            _bits(s["lr_wd"]),
-            _bits(s["eps"]),
-            s["step_size"],
-            s["bc2_sqrt"],
+            *scalar_args(s),
             _i32(keys.key),
             keys.base,
             HAS_WD=s["lr_wd"] != 0,

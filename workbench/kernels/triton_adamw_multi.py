@@ -19,7 +19,7 @@ import triton.language as tl
 
 from workbench.kernels._triton_util import triton_interpreting
 from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys, kernel_supports
-from workbench.kernels.triton_adamw import _bits, _update_block
+from workbench.kernels.triton_adamw import _update_block, scalar_args
 
 # Rows of the per-step table, each n_tensors int64 long.
 _ROWS = ("param", "grad", "exp_avg", "exp_avg_sq", "numel", "first_block", "sr_key", "sr_base")
@@ -127,14 +127,7 @@ def triton_adamw_multi_step_(
             table if skip is None else skip,
             table if grad_coef is None else grad_coef,
             len(tensors),
-            _bits(s["beta1"]),
-            _bits(s["omb1"]),
-            _bits(s["beta2"]),
-            _bits(s["omb2"]),
-            _bits(s["lr_wd"]),
-            _bits(s["eps"]),
-            s["step_size"],
-            s["bc2_sqrt"],
+            *scalar_args(s),
             P_DT=_TL_DTYPES[first[0].dtype],
             G_DT=_TL_DTYPES[first[1].dtype],
             M_DT=_TL_DTYPES[first[2].dtype],

@@ -1,0 +1,37 @@
+"""Run a Triton test script in a fresh interpreter: Triton's interpreter on CPU, the compiled kernels on CUDA.
+
+TRITON_INTERPRET must be set before triton is first imported, hence a subprocess per script.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+# The devices a kernel test runs on: the interpreter always, the compiled kernel where a GPU is present.
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled Triton kernel needs a CUDA GPU"),
+    ),
+]
+
+
+def run_triton_script(code: str, device: str, marker: str, timeout: float = 600) -> None:
+    """Run `code` with argv[1] = `device`; fail with its output unless it exits 0 and prints `marker`."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else dict(os.environ)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, device],
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0 and marker in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
