@@ -211,6 +211,30 @@ def scalar_args(scalars: dict[str, float]) -> tuple:
     return (*(_bits(scalars[n]) for n in names), scalars["step_size"], scalars["bc2_sqrt"])
 
 
+def check_flags(skip: torch.Tensor | None, grad_coef: torch.Tensor | None, device: torch.device) -> None:
+    """Refuse a skip flag or clip coefficient that is not a float32 scalar on `device`."""
+    for name, flag in (("skip", skip), ("grad_coef", grad_coef)):
+        if flag is not None and (flag.numel() != 1 or flag.dtype != torch.float32 or flag.device != device):
+            raise ValueError(
+                f"{name} must be a float32 scalar on {device}, got {flag.dtype} {tuple(flag.shape)} on {flag.device}"
+            )
+
+
+def common_flags(scalars: dict[str, float], precise: bool, sr: bool, skip, grad_coef, launch: AdamWLaunch) -> dict:
+    """The constexpr and launch keywords both AdamW kernels take."""
+    return dict(
+        HAS_WD=scalars["lr_wd"] != 0,
+        PRECISE=bool(precise),
+        SR=sr,
+        HAS_SKIP=skip is not None,
+        HAS_COEF=grad_coef is not None,
+        ROUND_BY_HAND=triton_interpreting(),
+        BLOCK=launch.block,
+        num_warps=launch.num_warps,
+        enable_fp_fusion=False,
+    )
+
+
 def _i32(key: int) -> int:
     # a uint32 key as the int32 of its bits (one argument type whatever the value; bitcast back in the kernel)
     return key - (1 << 32) if key >= 1 << 31 else key
@@ -245,12 +269,7 @@ def triton_adamw_step_(
         return
     if not isinstance(launch, AdamWLaunch):
         raise TypeError(f"launch must be an AdamWLaunch, got {type(launch).__name__}")
-    for name, flag in (("skip", skip), ("grad_coef", grad_coef)):
-        if flag is not None and (flag.numel() != 1 or flag.dtype != torch.float32 or flag.device != param.device):
-            raise ValueError(
-                f"{name} must be a float32 scalar on {param.device}, got {flag.dtype} "
-                f"{tuple(flag.shape)} on {flag.device}"
-            )
+    check_flags(skip, grad_coef, param.device)
     s = scalars
     keys = sr if sr is not None else SRKeys(0, 0)
     # Triton launches on the current device: make it the tensors' one
@@ -268,14 +287,6 @@ def triton_adamw_step_(
             *scalar_args(s),
             _i32(keys.key),
             keys.base,
-            HAS_WD=s["lr_wd"] != 0,
-            PRECISE=bool(precise),
-            SR=sr is not None,
             HAS_OUT=out is not None,
-            HAS_SKIP=skip is not None,
-            HAS_COEF=grad_coef is not None,
-            ROUND_BY_HAND=triton_interpreting(),
-            BLOCK=launch.block,
-            num_warps=launch.num_warps,
-            enable_fp_fusion=False,
+            **common_flags(s, precise, sr is not None, skip, grad_coef, launch),
         )

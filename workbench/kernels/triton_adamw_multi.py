@@ -17,9 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.kernels._triton_util import triton_interpreting
 from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys, kernel_supports
-from workbench.kernels.triton_adamw import _update_block, scalar_args
+from workbench.kernels.triton_adamw import _update_block, check_flags, common_flags, scalar_args
 
 # Rows of the per-step table, each n_tensors int64 long.
 _ROWS = ("param", "grad", "exp_avg", "exp_avg_sq", "numel", "first_block", "sr_key", "sr_base")
@@ -115,9 +114,7 @@ def triton_adamw_multi_step_(
     table = torch.tensor(rows, dtype=torch.int64)
     if device.type == "cuda":  # one small host -> device copy per step, queued behind the step's kernels
         table = table.pin_memory().to(device, non_blocking=True)
-    for name, flag in (("skip", skip), ("grad_coef", grad_coef)):
-        if flag is not None and (flag.numel() != 1 or flag.dtype != torch.float32 or flag.device != device):
-            raise ValueError(f"{name} must be a float32 scalar on {device}, got {flag.dtype} on {flag.device}")
+    check_flags(skip, grad_coef, device)
     s = scalars
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with guard:
@@ -132,13 +129,5 @@ def triton_adamw_multi_step_(
             G_DT=_TL_DTYPES[first[1].dtype],
             M_DT=_TL_DTYPES[first[2].dtype],
             V_DT=_TL_DTYPES[first[3].dtype],
-            HAS_WD=s["lr_wd"] != 0,
-            PRECISE=bool(precise),
-            SR=sr is not None,
-            HAS_SKIP=skip is not None,
-            HAS_COEF=grad_coef is not None,
-            ROUND_BY_HAND=triton_interpreting(),
-            BLOCK=launch.block,
-            num_warps=launch.num_warps,
-            enable_fp_fusion=False,
+            **common_flags(s, precise, sr is not None, skip, grad_coef, launch),
         )
