@@ -380,3 +380,27 @@ def test_setup_takes_a_prebuilt_model_and_collect_returns_the_records(tmp_path):
     for key in ("loss", "grad_norm", "tokens", "step_time_s", "forward_s", "backward_s", "optimizer_s", "peak_mem_gib"):
         assert all(isinstance(r[key], float | int) for r in records), key
     assert not torch.equal(model.lm_head.weight, before)  # the given model was trained
+
+
+def test_grad_norm_takes_the_multi_tensor_norm_and_equals_one_norm_per_tensor(monkeypatch):
+    # A LoRA step has hundreds of small adapter grads: one norm launch each was host time per tensor.
+    import torch
+
+    from workbench.train.optim import total_grad_norm
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s, dtype=torch.bfloat16)) for s in ((16, 40), (40,), (3, 5, 7), (1,))]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    calls = []
+    foreach = torch._foreach_norm
+
+    def counting(tensors, *args, **kwargs):
+        calls.append(len(tensors))
+        return foreach(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "_foreach_norm", counting)
+    norm = total_grad_norm(params)
+    assert calls == [4]  # one call for the four grads of one device
+    expected = torch.stack([torch.linalg.vector_norm(p.grad, 2.0, dtype=torch.float32) for p in params]).norm()
+    torch.testing.assert_close(norm, expected, rtol=1e-6, atol=0)

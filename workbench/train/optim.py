@@ -133,6 +133,17 @@ def _is_dtensor(t: torch.Tensor) -> bool:
     return isinstance(t, DTensor)
 
 
+def _norms_fp32(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each gradient's float32 L2 norm: torch's multi-tensor norm where the grads share a device (a few launches
+    instead of one per tensor: a LoRA step has hundreds of small adapter grads), else one norm each."""
+    if len({g.device for g in grads}) == 1:
+        try:
+            return list(torch._foreach_norm(grads, 2.0, dtype=torch.float32))
+        except (RuntimeError, TypeError, NotImplementedError):  # a tensor subclass or version without it
+            pass
+    return [torch.linalg.vector_norm(g, 2.0, dtype=torch.float32) for g in grads]
+
+
 def total_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
     """Global L2 norm of all gradients, the same value on every rank.
 
@@ -156,8 +167,7 @@ def total_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
         groups[key] = marker
     squares: list[torch.Tensor] = []
     for key, grads in buckets.items():
-        norms = [torch.linalg.vector_norm(g.detach(), 2.0, dtype=torch.float32) for g in grads]
-        sq = torch.linalg.vector_norm(torch.stack(norms), 2.0) ** 2
+        sq = torch.linalg.vector_norm(torch.stack(_norms_fp32([g.detach() for g in grads])), 2.0) ** 2
         if _is_dtensor(sq):
             sq = sq.full_tensor()
         marker = groups[key]
