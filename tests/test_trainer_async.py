@@ -60,7 +60,7 @@ def _allowed(sync) -> bool:
     function = sync.origin.rsplit(" ", 1)[-1]
     if sync.device == "cpu" and sync.origin.startswith("workbench/train/data.py"):
         return True  # the data stream picks its host-side sequences (before any copy to the device)
-    if function == "flash_sequences" and "workbench/train/loop.py" in stack and "_sequences" in stack:
+    if function == "flash_sequences" and "workbench/train/loop_step.py" in stack and "_sequences" in stack:
         return True  # the sink attention's documents, counted from the batch's host position_ids
     if function == "check_label_range" and sync.device == "cpu":
         return True  # an asynchronous assert on a device (tests/test_host_syncs.py)

@@ -1,0 +1,82 @@
+"""`workbench demo`: the embedded tiny MoE fine-tuned on spawned ranks, a failed rank recorded in its run."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from workbench.cli_common import _add_common, _overrides, _print_summary, _progress_callbacks, _wants_bar
+
+
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    _add_common(p)
+    p.add_argument(
+        "--ranks", type=int, default=None, help="processes to run (default: all local GPUs, else 2 CPU ranks over gloo)"
+    )
+
+
+def _demo_rank(payload: dict) -> None:
+    """What each spawned demo rank runs: {"config": RunConfig dict, "bar": rank 0 draws a progress bar}."""
+    from workbench.config import RunConfig
+    from workbench.parallel import dist_utils as du
+    from workbench.train import finetune
+
+    finetune(RunConfig.from_dict(payload["config"]), callbacks=_progress_callbacks(payload["bar"] and du.rank() == 0))
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    import torch
+
+    from workbench.config import RunConfig
+    from workbench.runs.run_dir import default_runs_dir, new_run_id
+
+    world = args.ranks or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
+    if world < 1:
+        print("workbench demo: --ranks must be >= 1", file=sys.stderr)
+        return 2
+    rc = RunConfig.demo()
+    rc = rc.with_overrides({**_overrides(args), "run_id": args.run_id or new_run_id()})
+    runs_dir = rc.output_dir or str(default_runs_dir())
+    where = "GPU" if torch.cuda.is_available() else "CPU (gloo)"
+    print(
+        f"workbench demo: tiny Qwen3-MoE, {rc.train.steps} steps on {world} {where} rank(s); "
+        f"run directory {os.path.join(runs_dir, rc.run_id)}",
+        flush=True,
+    )
+    from workbench.parallel.launch import spawn
+
+    run_path = os.path.join(runs_dir, rc.run_id)
+    if spawn(
+        "workbench.cli_demo:_demo_rank",
+        {"config": rc.to_dict(), "bar": _wants_bar(args)},
+        world,
+        "demo",
+        on_failure=lambda exits: _record_rank_failure(run_path, exits),
+    ):
+        return 1
+    _print_summary(run_path)
+    return 0
+
+
+def _record_rank_failure(run_path: str, exits: list) -> None:
+    """The launcher saw ranks fail: make status.json say which and how (a killed rank 0 cannot)."""
+    from workbench.runs.run_dir import RunDir
+
+    if not os.path.isfile(os.path.join(run_path, "status.json")):
+        return  # the run never got a directory; the ranks' errors are on stderr
+    cause = exits[0]
+    error = "; ".join(e.describe() for e in exits)
+    try:
+        # A rank killed by a signal explains what its peers recorded (a broken collective).
+        RunDir(run_path).mark_failed(
+            error,
+            replace_failed=cause.signal_name is not None,
+            rank=cause.rank,
+            signal=cause.signal_name,
+            detected_by="workbench demo",
+        )
+    except OSError as err:
+        print(f"workbench demo: could not record the failure in {run_path}: {err}", file=sys.stderr)
+        return
+    print(f"workbench demo: run {run_path} failed: {error}", file=sys.stderr, flush=True)

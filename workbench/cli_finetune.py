@@ -1,0 +1,99 @@
+"""`workbench finetune CONFIG.yaml`: check the config before any rank starts, then run it (or torchrun it)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from workbench.cli_common import _add_common, _overrides, _print_summary, _progress_callbacks, _wants_bar
+
+
+def _finetune_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="RunConfig YAML file")
+    _add_common(p)
+    p.add_argument("--resume-from", help="checkpoint or run directory to resume from")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override any config field by dotted key, e.g. --set data.seq_len=4096 (repeatable)",
+    )
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        metavar="N",
+        help="check the config for N ranks in this process, then run it under torchrun with N ranks "
+        "on this machine (a config error is then one line, exit code 2, before any rank starts)",
+    )
+
+
+def _torchrun_argv(args: argparse.Namespace) -> list[str]:
+    """This command again, for each rank torchrun starts (without --nproc-per-node)."""
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(args.nproc_per_node),
+        "-m",
+        "workbench.cli",
+        "finetune",
+        args.config,
+    ]
+    for item in args.set or []:
+        argv += ["--set", item]
+    for flag, value in (
+        ("--steps", args.steps),
+        ("--output-dir", args.output_dir),
+        ("--run-id", args.run_id),
+        ("--resume-from", args.resume_from),
+    ):
+        if value is not None:
+            argv += [flag, str(value)]
+    if getattr(args, "progress", "auto") != "auto":
+        argv += ["--progress", args.progress]
+    return argv
+
+
+def _run_finetune(args: argparse.Namespace) -> int:
+    from workbench.backends import BackendError
+    from workbench.config import ConfigError, RunConfig
+    from workbench.parallel import dist_utils as du
+    from workbench.parallel.launch import report_config_error, run_in_launched_group
+    from workbench.train.model_setup import resolve_mesh
+
+    # Everything that can be checked from the config, the model's config.json and the launcher's
+    # WORLD_SIZE is checked here, before the process group: under torchrun a mistake is then one
+    # line from one rank instead of a traceback per rank.
+    launch = args.nproc_per_node is not None and "WORLD_SIZE" not in os.environ
+    if launch and args.nproc_per_node < 1:
+        print(f"workbench finetune: --nproc-per-node must be >= 1, got {args.nproc_per_node}", file=sys.stderr)
+        return 2
+    world = args.nproc_per_node if launch else int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        rc = RunConfig.from_yaml(args.config)
+        overrides = _overrides(args)
+        if overrides:
+            rc = rc.with_overrides(overrides)
+        hf_config = rc.model.hf_config()
+        rc.data.check_fits(hf_config)
+        mesh = resolve_mesh(rc.mesh, world, hf_config)
+        rc.train.accumulation_steps(mesh.dp if mesh is not None else world)
+    except (ConfigError, ValueError, TypeError) as err:
+        report_config_error("finetune", err)
+        return 2
+    if launch:
+        sys.stdout.flush()
+        os.execv(sys.executable, _torchrun_argv(args))  # replaces this process: torchrun's exit code is ours
+
+    def run() -> None:
+        from workbench.train import finetune
+
+        rank0 = du.rank() == 0
+        result = finetune(rc, callbacks=_progress_callbacks(rank0 and _wants_bar(args)))
+        if rank0:
+            _print_summary(result["run_dir"])
+
+    return run_in_launched_group(run, "finetune", config_errors=(ConfigError, BackendError))
