@@ -1,25 +1,24 @@
 """Attention with learned per-head sinks (GPT-OSS) on fused kernels, behind Transformers' AttentionInterface.
 
-A sink is one more logit per head in the softmax denominator, with no value: p_j = exp(s_j) / (Z + exp(sink)),
-Z = sum_j exp(s_j). With lse = log Z the sink-aware output is the plain output times
-w = exp(lse - lse'), lse' = logaddexp(lse, sink), i.e. sigmoid(lse - sink). The backward needs no gradient
-through lse: a flash-style backward recomputes P = exp(S - lse) and D = rowsum(dO * O) from the (O, lse) it is
-given, so handing it the sink-scaled output O' = w * O and lse' yields exactly the sink softmax's dQ, dK, dV
-(P' = exp(S - lse') are the sink probabilities, and D' = rowsum(dO * O') is the sink softmax's row term since
-the sink's value is 0). The sink's own gradient is dsink = -sum over rows of exp(sink - lse') * D'.
+A sink is one more logit per head in the softmax denominator, with no value; attention_sinks_kernels derives
+how the fused kernels' (out, lse) take it exactly, forward and backward.
 
-Kernels (`_SinkAttention` runs either with the same math):
+Kernels (`_SinkAttention` runs either with the same math; attention_sinks_kernels holds them):
 - CUDA: torch's flash kernel in its variable-length form (`aten._flash_attention_forward/backward`): causal,
   sliding windows natively (window_size_left = sliding_window - 1), GQA natively, and packed documents as
   separate sequences (cu_seqlens), so windows and documents cost no dense mask.
 - CPU (tests, small runs): torch's CPU flash kernel with a dense additive mask, k/v expanded for GQA.
 - Anything else (a padding mask, a KV cache with fewer queries than keys, attention dropout, float32 on CUDA,
-  head dims flash refuses): `reference_attention`, Transformers' eager math with the same mask semantics.
+  head dims flash refuses): `reference_attention` (attention_sinks_reference), Transformers' eager math with
+  the same mask semantics.
 
 Packed rows: documents start wherever position_ids do not step by 1 (the rule of Transformers'
 masking_utils.find_packed_sequence_indices, which its sdpa/eager masks use for models that pass position_ids
 to the mask; GPT-OSS's own model does not, so vanilla GPT-OSS eager/flex attend across documents). Here each
 document attends only to itself on every path.
+
+The kernels and the reference math live in their own modules; their names stay importable from here
+(sink_attention looks `_FlashVarlen` up in this module, where tests stand a CPU kernel in for it).
 """
 
 from __future__ import annotations
@@ -31,6 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.kernels.attention_interface import use_attention_implementation
+from workbench.models.attention_sinks_kernels import _CpuFlash, _FlashVarlen, _SinkAttention, sdpa_extra_dim
+from workbench.models.attention_sinks_reference import dense_mask, document_starts, reference_attention, repeat_kv
 
 SINK_ATTENTION = "workbench_sinks"
 # Families whose attention='auto' on the generic path is this function: those whose parity with Transformers'
@@ -46,221 +47,6 @@ AUTO_FAMILIES = ("gpt_oss",)
 # "flash" is the default for both layer types, the one whose numerics are exact by construction.
 CUDA_KERNEL = {"full": "flash", "sliding": "flash"}
 KERNELS = ("flash", "sdpa_extra_dim", "cpu", "reference")
-
-
-def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """[B, Hkv, S, D] -> [B, Hkv * n_rep, S, D], each kv head repeated for its query heads."""
-    if n_rep == 1:
-        return x
-    b, h, s, d = x.shape
-    return x[:, :, None].expand(b, h, n_rep, s, d).reshape(b, h * n_rep, s, d)
-
-
-def document_starts(position_ids: torch.Tensor | None, batch: int, seq: int, device) -> torch.Tensor:
-    """Bool [B, S]: True at the first token of each document (row starts, and where position_ids jump)."""
-    starts = torch.zeros(batch, seq, dtype=torch.bool, device=device)
-    starts[:, 0] = True
-    if position_ids is not None:
-        if position_ids.shape[-1] != seq:
-            raise ValueError(
-                f"position_ids has {position_ids.shape[-1]} positions per row but the attention "
-                f"has {seq} queries; pass position_ids of the input's length"
-            )
-        pos = position_ids.to(device).expand(batch, seq)
-        starts[:, 1:] = (pos[:, 1:] - pos[:, :-1]) != 1
-    return starts
-
-
-def dense_mask(
-    q_len: int,
-    kv_len: int,
-    sliding_window: int | None,
-    starts: torch.Tensor | None,
-    padding: torch.Tensor | None,
-    device,
-) -> torch.Tensor:
-    """Bool [B or 1, 1, q_len, kv_len]: causal (queries are the last q_len positions), window, document, padding."""
-    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
-    kv_pos = torch.arange(kv_len, device=device)[None, :]
-    allowed = kv_pos <= q_pos
-    if sliding_window is not None:
-        allowed = allowed & (q_pos - kv_pos < sliding_window)
-    allowed = allowed[None, None]
-    if starts is not None:
-        doc = starts.cumsum(-1)
-        allowed = allowed & (doc[:, None, :, None] == doc[:, None, None, :])
-    if padding is not None:
-        allowed = allowed & padding[:, None, None, -kv_len:].to(torch.bool)
-    return allowed
-
-
-def reference_attention(
-    q, k, v, sinks, scaling: float, allowed: torch.Tensor, dropout: float = 0.0, training: bool = False
-) -> torch.Tensor:
-    """Transformers' eager GPT-OSS math on [B, H, S, D] tensors and a bool mask; returns [B, S, H, D]."""
-    n_rep = q.shape[1] // k.shape[1]
-    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
-    scores = torch.matmul(q, k.transpose(2, 3)) * scaling
-    # eager adds finfo.min, not -inf: a fully masked (padding) row stays finite
-    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    if sinks is not None:
-        sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[2], 1)
-        scores = torch.cat([scores, sink], dim=-1)
-    scores = scores - scores.max(dim=-1, keepdim=True).values
-    probs = F.softmax(scores, dim=-1, dtype=scores.dtype)
-    if sinks is not None:
-        probs = probs[..., :-1]
-    probs = F.dropout(probs, p=dropout, training=training).to(v.dtype)
-    return torch.matmul(probs, v).transpose(1, 2).contiguous()
-
-
-class _FlashVarlen:
-    """torch's CUDA flash kernel, variable-length form: q/k/v [T, H, D], lse [H, T]."""
-
-    lse_head_axis = 0
-
-    def __init__(self, cu_seqlens: torch.Tensor, max_len: int, scaling: float, sliding_window: int | None):
-        self.cu, self.max_len, self.scaling = cu_seqlens, max_len, scaling
-        # Transformers' window keeps keys with q - kv < sliding_window; flash's left window is inclusive
-        self.left = sliding_window - 1 if sliding_window is not None else None
-
-    def forward(self, q, k, v):
-        out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
-            q,
-            k,
-            v,
-            self.cu,
-            self.cu,
-            self.max_len,
-            self.max_len,
-            0.0,
-            True,
-            False,
-            scale=self.scaling,
-            window_size_left=self.left,
-            window_size_right=0 if self.left is not None else None,
-        )
-        if tuple(lse.shape) != (q.shape[1], q.shape[0]):
-            raise RuntimeError(
-                f"torch's varlen flash kernel returned lse of shape {tuple(lse.shape)}, expected "
-                f"[heads, tokens] = {(q.shape[1], q.shape[0])} (unpadded, torch >= 2.5); the sink attention "
-                "cannot read it on this torch: upgrade torch"
-            )
-        return out, lse, (rng, unused)
-
-    def backward(self, dout, q, k, v, out, lse, state):
-        rng, unused = state
-        return torch.ops.aten._flash_attention_backward(
-            dout,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            self.cu,
-            self.cu,
-            self.max_len,
-            self.max_len,
-            0.0,
-            True,
-            rng,
-            unused,
-            scale=self.scaling,
-            window_size_left=self.left,
-            window_size_right=0 if self.left is not None else None,
-        )
-
-    @staticmethod
-    def lse_to_out(x):  # [H, T] -> broadcastable over [T, H, D]
-        return x.transpose(0, 1).unsqueeze(-1)
-
-
-class _CpuFlash:
-    """torch's CPU flash kernel with a dense additive mask: q/k/v [B, H, S, D] (k/v expanded), lse [B, H, S]."""
-
-    lse_head_axis = 1
-
-    def __init__(self, allowed: torch.Tensor, scaling: float, dtype):
-        self.mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, float("-inf"))
-        self.scaling = scaling
-
-    def forward(self, q, k, v):
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, False, attn_mask=self.mask, scale=self.scaling
-        )
-        return out, lse, None
-
-    def backward(self, dout, q, k, v, out, lse, state):
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout, q, k, v, out, lse, 0.0, False, attn_mask=self.mask, scale=self.scaling
-        )
-
-    @staticmethod
-    def lse_to_out(x):  # [B, H, S] -> broadcastable over [B, H, S, D]
-        return x.unsqueeze(-1)
-
-
-def _sink_view(sinks: torch.Tensor, lse: torch.Tensor, head_axis: int) -> torch.Tensor:
-    shape = [1] * lse.dim()
-    shape[head_axis] = -1
-    return sinks.float().reshape(shape)
-
-
-class _SinkAttention(torch.autograd.Function):
-    """Fused attention (kernel given) whose softmax has one sink logit per head; exact backward (module doc)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, sinks, kernel):
-        out, lse, state = kernel.forward(q, k, v)
-        if sinks is not None:
-            # the kernels' backward read lse and out with their own strides: keep them
-            lse_s = torch.logaddexp(lse, _sink_view(sinks, lse, kernel.lse_head_axis), out=torch.empty_like(lse))
-            w = kernel.lse_to_out(torch.exp(lse - lse_s))
-            out = torch.mul(out, w, out=torch.empty_like(out))
-            lse = lse_s
-        ctx.kernel, ctx.state, ctx.has_sinks = kernel, state, sinks is not None
-        ctx.save_for_backward(q, k, v, out, lse, sinks if sinks is not None else q.new_empty(0))
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse, sinks = ctx.saved_tensors
-        kernel = ctx.kernel
-        dout = dout.contiguous() if dout.stride(-1) != 1 else dout
-        dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, ctx.state)
-        dsinks = None
-        if ctx.has_sinks and ctx.needs_input_grad[3]:
-            head = kernel.lse_head_axis
-            row = (dout.float() * out.float()).sum(-1)  # rowsum(dO * O') in the out layout
-            row = row.transpose(0, 1) if head == 0 else row  # [T, H] -> [H, T]; [B, H, S] stays
-            p_sink = torch.exp(_sink_view(sinks, lse, head) - lse)
-            dims = [d for d in range(lse.dim()) if d != head]
-            dsinks = (-(p_sink * row).sum(dim=dims)).to(sinks.dtype)
-        return dq, dk, dv, dsinks, None
-
-
-def sdpa_extra_dim(q, k, v, sinks, scaling: float) -> torch.Tensor:
-    """Full causal sink attention through public SDPA: the sink is one more key, reached by extra head dims.
-
-    q' = [q, hi, lo, 0...], k' = [k, 0, 0, 0...] for real keys and k_sink = [0, 1, 1, 0...] with value 0,
-    where hi + lo = sink / scaling split into two rounding steps (bf16 keeps ~16 bits of the sink). The sink
-    key goes first, with a dummy zero query first too, so the causal square mask stays aligned. Head dim
-    padded to a multiple of 8. q [B, H, S, D], k/v [B, Hkv, S, D]; returns [B, S, H, D].
-    """
-    b, h, s, d = q.shape
-    hkv = k.shape[1]
-    dp = -(-(d + 2) // 8) * 8
-    target = sinks.float().reshape(1, h, 1, 1) / scaling
-    hi = target.to(q.dtype)
-    lo = (target - hi.float()).to(q.dtype)
-    q_ext = torch.cat([q, hi.expand(b, h, s, 1), lo.expand(b, h, s, 1)], dim=-1)
-    q_ext = F.pad(q_ext, (0, dp - d - 2, 1, 0))
-    sink_key = torch.zeros(dp, dtype=k.dtype, device=k.device)
-    sink_key[d : d + 2] = 1
-    k_ext = torch.cat([sink_key.expand(b, hkv, 1, dp), F.pad(k, (0, dp - d))], dim=2)
-    v_ext = F.pad(v, (0, dp - d, 1, 0))
-    out = F.scaled_dot_product_attention(q_ext, k_ext, v_ext, is_causal=True, scale=scaling, enable_gqa=hkv != h)
-    return out[:, :, 1:, :d].transpose(1, 2).contiguous()
 
 
 def _fallback_reason(query, key, value, attention_mask, dropout: float) -> str | None:

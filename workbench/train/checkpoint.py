@@ -15,123 +15,64 @@ and the next resume from that run removes. Nothing is unpickled beyond allow-lis
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
-import random
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from workbench.config import RESUME_FIELDS
 from workbench.errors import CheckpointError
 from workbench.models.auto import save_pretrained
 from workbench.parallel import dist_utils as du
+from workbench.train.checkpoint_checks import check_compatible, check_settings, run_settings, verify_checkpoint
+from workbench.train.checkpoint_files import (
+    LEFTOVER_PREFIXES,
+    META_FILE,
+    SHAPE_FIELDS,
+    STEP_PREFIX,
+    TRAINER_STATE_FILE,
+    clean_leftovers,
+    list_checkpoints,
+    model_shape,
+    read_meta,
+    resolve_checkpoint,
+    step_dir_name,
+)
+from workbench.train.checkpoint_load import load_checkpoint
+from workbench.train.checkpoint_state import _model_optim_state, _quiet_dcp, _rng_file, _rng_state
 from workbench.train.expert_state import globalize
-from workbench.train.manifest import MANIFEST_FILE, verify_manifest, write_manifest
-from workbench.train.safe_load import (
-    check_dcp_values,
-    load_tensors,
-    read_dcp_metadata,
-    read_json,
-    safe_dcp_reader_and_planner,
-)
+from workbench.train.manifest import write_manifest
+from workbench.train.safe_load import read_dcp_metadata
 
-META_FILE = "meta.json"
-TRAINER_STATE_FILE = "trainer_state.json"
-STEP_PREFIX = "step-"
-LEFTOVER_PREFIXES = (".tmp-step-", ".old-step-")  # saves that never finished (see save_checkpoint)
-SHAPE_FIELDS = (
-    "model_type",
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "intermediate_size",
-    "moe_intermediate_size",
-    "num_experts",
-    "num_experts_per_tok",
-    "tie_word_embeddings",
-)
-
-
-def model_shape(hf_config: Any) -> dict[str, Any]:
-    """The config fields that decide tensor shapes."""
-    return {k: getattr(hf_config, k, None) for k in SHAPE_FIELDS}
-
-
-def step_dir_name(step: int) -> str:
-    return f"{STEP_PREFIX}{step:08d}"
-
-
-def _rng_state() -> dict[str, Any]:
-    # Tensors, ints and tuples only: the file loads with torch.load(weights_only=True).
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _rng_file(ckpt: Path) -> Path:
-    return ckpt / "rng" / f"rank-{du.rank():05d}.pt"
-
-
-def _read_rng(ckpt: Path) -> dict[str, Any] | None:
-    """This rank's RNG states, if the checkpoint was saved with this world size."""
-    path = _rng_file(ckpt)
-    if not path.is_file() or read_meta(ckpt).get("world_size") != du.world_size():
-        return None
-    state = load_tensors(path, ckpt)
-    python = state.get("python") if isinstance(state, dict) else None
-    if (
-        not isinstance(python, (tuple, list))
-        or len(python) != 3
-        or not isinstance(python[1], (tuple, list))
-        or not isinstance(state.get("torch"), torch.Tensor)
-    ):
-        raise CheckpointError(f"cannot resume from {ckpt}: {path} does not hold RNG states")
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-@contextlib.contextmanager
-def _quiet_dcp():
-    """DCP warns when used without a process group; a one-process run is intended here."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
-
-
-def _state_options(model: torch.nn.Module):
-    """LoRA: only the trainable tensors (adapters) and their optimizer state; the frozen base is rebuilt."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    if getattr(model, "workbench_lora", None) is None:
-        return None
-    # The frozen base comes back from the run's model source (preset + seed, or model.path) on resume;
-    # strict=False lets load_state_dict skip exactly those frozen keys (dcp.load already fails on a
-    # missing adapter).
-    return StateDictOptions(ignore_frozen_params=True, strict=False)
-
-
-def _model_optim_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=_state_options(model))
-    return {"model": model_sd, "optim": optim_sd}
+# The directory names, the state saved, the resume checks and the load live in their own modules; every
+# name callers import stays importable from here. save_checkpoint stays here and writes its JSON files
+# through this module's _write_json (tests/save_faults.py replaces it to stop a save midway).
+__all__ = [
+    "LEFTOVER_PREFIXES",
+    "META_FILE",
+    "SHAPE_FIELDS",
+    "STEP_PREFIX",
+    "TRAINER_STATE_FILE",
+    "CheckpointError",
+    "DiskFullError",
+    "check_compatible",
+    "check_settings",
+    "clean_leftovers",
+    "export_hf",
+    "list_checkpoints",
+    "load_checkpoint",
+    "model_shape",
+    "read_dcp_metadata",
+    "read_meta",
+    "resolve_checkpoint",
+    "run_settings",
+    "save_checkpoint",
+    "step_dir_name",
+    "verify_checkpoint",
+]
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -241,190 +182,6 @@ def _write_checkpoint(
             os.replace(tmp, final)
     du.barrier()
     return final
-
-
-def list_checkpoints(checkpoints_dir: str | Path) -> list[Path]:
-    """Complete checkpoints under a checkpoints directory, oldest first."""
-    root = Path(checkpoints_dir)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX) and (p / META_FILE).is_file()]
-    return sorted(found, key=lambda p: p.name)
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory from a step dir, a checkpoints dir or a run dir (latest wins)."""
-    path = Path(path).expanduser()
-    if path.name.startswith(LEFTOVER_PREFIXES):
-        raise CheckpointError(
-            f"{path} is a save that never finished (a run stopped while writing it); "
-            f"pass the run directory or one of its {STEP_PREFIX}* checkpoints"
-        )
-    if (path / META_FILE).is_file():
-        return path
-    for root in (path, path / "checkpoints"):
-        found = list_checkpoints(root)
-        if found:
-            return found[-1]
-    raise CheckpointError(
-        f"no complete checkpoint at {path} (looked for {META_FILE} in it, in step-* "
-        "subdirectories and under checkpoints/); pass a run or checkpoint directory"
-    )
-
-
-def read_meta(ckpt: Path) -> dict[str, Any]:
-    """meta.json of a checkpoint; CheckpointError naming the file if it is not JSON."""
-    return read_json(Path(ckpt) / META_FILE, Path(ckpt))
-
-
-def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
-    """Collective, before anything is built: check every file against the manifest, read the small ones.
-
-    Raises CheckpointError naming the file that is damaged, missing or crafted; returns meta.json.
-    """
-    verify_manifest(ckpt)
-    meta = read_meta(ckpt)
-    state = read_json(ckpt / TRAINER_STATE_FILE, ckpt)
-    if not (
-        isinstance(state.get("step"), int)
-        and isinstance(state.get("scheduler"), dict)
-        and isinstance(state.get("data"), dict)
-    ):
-        raise CheckpointError(f"cannot resume from {ckpt}: {ckpt / TRAINER_STATE_FILE} lacks step, scheduler or data")
-    check_dcp_values(ckpt, read_dcp_metadata(ckpt), set(read_json(ckpt / MANIFEST_FILE, ckpt)["files"]))
-    _read_rng(ckpt)
-    return meta
-
-
-def check_compatible(ckpt: Path, hf_config: Any) -> dict[str, Any]:
-    """Raise CheckpointError if `ckpt` was written for a model of another shape."""
-    meta = read_meta(ckpt)
-    saved, ours = meta.get("model", {}), model_shape(hf_config)
-    diffs = [
-        f"{k}: checkpoint {saved.get(k)!r} vs this run {ours[k]!r}"
-        for k in SHAPE_FIELDS
-        if k in saved and saved.get(k) != ours[k]
-    ]
-    if diffs:
-        raise CheckpointError(
-            f"cannot resume from {ckpt}: it holds a model of another shape ("
-            + "; ".join(diffs)
-            + "); use a checkpoint of this model or change the model config"
-        )
-    return meta
-
-
-def run_settings(rc: Any) -> dict[str, Any]:
-    """The run's values of RESUME_FIELDS (what the LR schedule and the data position depend on)."""
-    out = {}
-    for name in RESUME_FIELDS:
-        section, field = name.split(".")
-        value = getattr(getattr(rc, section), field, None)  # lora: None when the run has no LoRA section
-        out[name] = list(value) if isinstance(value, tuple) else value
-    return out
-
-
-def check_settings(ckpt: Path, rc: Any) -> list[str]:
-    """Refuse a resume whose schedule/data settings differ from the checkpoint's, unless accepted.
-
-    Returns the accepted differences (train.resume_allow_changes), one line each, for the log.
-    """
-    saved, ours = read_meta(ckpt).get("settings", {}), run_settings(rc)
-    diffs = {
-        k: f"{k}: checkpoint {saved[k]!r} vs this run {ours[k]!r}"
-        for k in RESUME_FIELDS
-        if k in saved and saved[k] != ours[k]
-    }
-    refused = [k for k in diffs if k not in rc.train.resume_allow_changes]
-    if refused:
-        names = sorted(set(refused) | set(rc.train.resume_allow_changes))
-        raise CheckpointError(
-            f"cannot resume from {ckpt}: this run changes settings the checkpoint was saved with: "
-            + "; ".join(diffs[k] for k in refused)
-            + ". The LR schedule, the optimizer's update and the data position depend on them. "
-            "Use the checkpoint's values, or accept "
-            f"this run's values with train.resume_allow_changes: [{', '.join(names)}] (CLI: --set "
-            f"'train.resume_allow_changes=[{', '.join(names)}]')"
-        )
-    return list(diffs.values())
-
-
-def clean_leftovers(ckpt: Path) -> list[Path]:
-    """Rank 0: remove unfinished saves (`.tmp-step-*`, `.old-step-*`) next to checkpoint `ckpt`."""
-    if du.rank() != 0 or not ckpt.name.startswith(STEP_PREFIX):
-        return []
-    removed = [p for p in ckpt.parent.iterdir() if p.is_dir() and p.name.startswith(LEFTOVER_PREFIXES)]
-    for p in removed:
-        shutil.rmtree(p, ignore_errors=True)
-    return removed
-
-
-def _check_tensor_shapes(ckpt: Path, state: dict[str, Any]) -> None:
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    saved = read_dcp_metadata(ckpt).state_dict_metadata
-    problems = []
-    for key, value in state["model"].items():
-        full_key = f"model.{key}"
-        if not isinstance(value, torch.Tensor):
-            continue
-        md = saved.get(full_key)
-        if md is None:
-            problems.append(f"{key} missing")
-        elif isinstance(md, TensorStorageMetadata) and tuple(md.size) != tuple(value.shape):
-            problems.append(f"{key} {tuple(md.size)} vs {tuple(value.shape)}")
-    if problems:
-        shown = "; ".join(problems[:5]) + (f"; ... ({len(problems)} in all)" if len(problems) > 5 else "")
-        raise CheckpointError(f"cannot resume from {ckpt}: its tensors do not fit this model ({shown})")
-
-
-_OPTIMIZER_HYPER = ("weight_decay", "betas", "eps")
-
-
-def _restore_schedule(scheduler: Any, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
-    """Continue at the saved step on THIS run's schedule (its lr lambda and peak lr)."""
-    base_lrs = list(scheduler.base_lrs)  # this run's peak lr; the optimizer state brought the old one
-    counters = {k: v for k, v in saved.items() if k in scheduler.state_dict() and k not in ("base_lrs", "lr_lambdas")}
-    state = {**counters, "lr_lambdas": [None] * len(scheduler.lr_lambdas), "base_lrs": base_lrs}
-    scheduler.load_state_dict(state)
-    for group, base, fn in zip(optimizer.param_groups, base_lrs, scheduler.lr_lambdas):
-        group["initial_lr"] = base
-        group["lr"] = base * fn(scheduler.last_epoch)  # what LambdaLR.get_lr computes
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
-
-
-def load_checkpoint(
-    ckpt: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
-) -> dict[str, Any]:
-    """Collective: restore model, optimizer, scheduler and RNG; returns {"step", "data"}."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-
-    ckpt = Path(ckpt)
-    state = _model_optim_state(model, optimizer)
-    view = globalize(model, state)  # shares storage with `state`: loading into it fills `state`
-    _check_tensor_shapes(ckpt, view)
-    reader, planner = safe_dcp_reader_and_planner(ckpt)
-    with _quiet_dcp():
-        dcp.load(view, checkpoint_id=str(ckpt), storage_reader=reader, planner=planner)
-    # The optimizer state brings the saved hyper-parameters back; this run's are the ones
-    # check_settings let through (equal, or accepted in train.resume_allow_changes).
-    hyper = [{k: group[k] for k in _OPTIMIZER_HYPER if k in group} for group in optimizer.param_groups]
-    set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=state["model"],
-        optim_state_dict=state["optim"],
-        options=_state_options(model),
-    )
-    for group, ours in zip(optimizer.param_groups, hyper):
-        group.update(ours)
-    trainer_state = read_json(ckpt / TRAINER_STATE_FILE, ckpt)
-    _restore_schedule(scheduler, optimizer, trainer_state["scheduler"])
-    rng = _read_rng(ckpt)
-    if rng is not None:
-        _set_rng_state(rng)
-    return {"step": trainer_state["step"], "data": trainer_state["data"]}
 
 
 def export_hf(model: torch.nn.Module, out_dir: str | Path) -> Path:
