@@ -1,5 +1,4 @@
-"""Bringing a cluster's ranks up: launching the engines (or finding a running cluster), which engine is which rank, and
-each rank's process-group init."""
+"""Bringing a cluster's ranks up: engine launch (or a running cluster to attach), rank mapping, process-group init."""
 
 from __future__ import annotations
 
