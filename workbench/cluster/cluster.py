@@ -2,80 +2,23 @@
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import psutil
 
 from workbench.cluster import engine as engine_code
 from workbench.cluster import files as ipp_files
+from workbench.cluster import processes, startup
+from workbench.cluster.errors import ClusterError
+from workbench.cluster.placement import DEFAULT_CPU_RANKS, LAUNCHERS, resolve_devices
+from workbench.cluster.startup import ENGINE_MAIN
 from workbench.parallel.launch import free_port
 from workbench.runs.liveness import pid_alive
 
 if TYPE_CHECKING:  # the return type of finetune (run.py imports this module)
     from workbench.cluster.run import Run
 
-# The launchers, by ipyparallel's own engine launcher names (its entry points).
-LAUNCHERS = ("local", "mpi", "slurm", "ssh")
-DEFAULT_CPU_RANKS = 2
-# Each local engine runs ipyparallel's IPEngine through this script (see engine_main.py: a stop
-# then exits cleanly instead of with tornado's "Event loop stopped" traceback).
-ENGINE_MAIN = Path(__file__).with_name("engine_main.py")
-
-
-class ClusterError(RuntimeError):
-    """The cluster could not start, attach, or reach its engines."""
-
-
-def _resolve_devices(n: int | None, devices: str | Sequence[int]) -> tuple[str, list[int | None]]:
-    """-> (device type, one GPU index or None per rank); checked before anything starts."""
-    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
-        raise ValueError(f"n must be a positive number of ranks, got {n!r}")
-    if isinstance(devices, str) and devices not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"devices must be 'auto', 'cpu', 'cuda' or a list of GPU indices, got {devices!r}")
-    if devices == "cpu":
-        return "cpu", [None] * (n or DEFAULT_CPU_RANKS)
-    import torch
-
-    gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if isinstance(devices, str):
-        if gpu_count == 0:
-            if devices == "cuda":
-                raise ClusterError("devices='cuda' but this machine has no CUDA GPU; use devices='cpu'")
-            return "cpu", [None] * (n or DEFAULT_CPU_RANKS)
-        if n is not None and n > gpu_count:
-            raise ValueError(f"n={n} ranks but only {gpu_count} GPUs are visible; one rank per GPU")
-        return "cuda", list(range(n or gpu_count))
-    gpus = [int(d) for d in devices]
-    if not gpus or len(set(gpus)) != len(gpus) or any(g < 0 or g >= gpu_count for g in gpus):
-        raise ValueError(f"devices={list(devices)} must be distinct GPU indices in [0, {gpu_count})")
-    if n is not None and n != len(gpus):
-        raise ValueError(f"n={n} does not match the {len(gpus)} devices given")
-    return "cuda", gpus
-
-
-def _engine_pythonpath() -> str:
-    # Engines must import this very `workbench`, also from a source checkout that is not installed.
-    root = str(Path(engine_code.__file__).resolve().parents[2])
-    existing = os.environ.get("PYTHONPATH", "")
-    return root if not existing else root + os.pathsep + existing
-
-
-def _wait_gone(procs: list[psutil.Process], timeout: float) -> None:
-    """Wait until each process has exited (a zombie awaiting its reaper counts as exited)."""
-    deadline = time.monotonic() + timeout
-    for proc in procs:
-        while time.monotonic() < deadline:
-            try:
-                if proc.status() == psutil.STATUS_ZOMBIE:
-                    break
-            except psutil.NoSuchProcess:
-                break
-            time.sleep(0.02)
+__all__ = ["DEFAULT_CPU_RANKS", "ENGINE_MAIN", "LAUNCHERS", "Cluster", "ClusterError"]
 
 
 class Cluster:
@@ -97,7 +40,7 @@ class Cluster:
     ) -> None:
         if launcher not in LAUNCHERS:
             raise ValueError(f"launcher must be one of {sorted(LAUNCHERS)}, got {launcher!r}")
-        self.device_type, self.gpus = _resolve_devices(n, devices)
+        self.device_type, self.gpus = resolve_devices(n, devices)
         self.world_size = len(self.gpus)
         self.backend = "nccl" if self.device_type == "cuda" else "gloo"
         self.launcher = launcher
@@ -158,45 +101,13 @@ class Cluster:
         return self
 
     def _start_engines(self) -> None:
-        prewarm = f"--IPEngine.startup_command={engine_code.PREWARM_COMMAND}"
-        common = {"WORLD_SIZE": str(self.world_size), "PYTHONPATH": _engine_pythonpath()}
-        if self.launcher != "local":
-            # mpiexec / srun / ssh give the rank; addresses are settled at init from rank 0.
-            # Their engines may run on hosts without this file: ipyparallel's own command.
-            self._ipp.start_engines_sync(n=self.world_size, environment=common, engine_args=[prewarm])
-            return
-        self.master_port = free_port("")
-        for rank, gpu in enumerate(self.gpus):
-            env = dict(
-                common,
-                # engine_main.py exits when this process (the kernel that owns the cluster) is gone
-                WORKBENCH_CLUSTER_OWNER_PID=str(os.getpid()),
-                RANK=str(rank),
-                LOCAL_RANK=str(rank),
-                MASTER_ADDR=self.master_addr,
-                MASTER_PORT=str(self.master_port),
-            )
-            if gpu is not None:
-                env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-            self._ipp.start_engines_sync(
-                n=1,
-                environment=env,
-                engine_args=[f"--IPEngine.id={rank}", prewarm],
-                engine_cmd=[sys.executable, str(ENGINE_MAIN)],
-            )
+        if self.launcher == "local":
+            self.master_port = free_port("")
+        startup.start_engines(self._ipp, self.launcher, self.gpus, self.master_addr, self.master_port)
 
     def _map_ranks(self) -> None:
-        """Find which engine holds which rank: the launcher's rank, else engine-id order."""
-        ids = sorted(self.client.ids)
-        if len(ids) < self.world_size:
-            raise ClusterError(f"expected {self.world_size} engines, {len(ids)} registered")
-        ids = ids[: self.world_size]
-        facts = self.client[ids].apply_sync(engine_code.launcher_rank)
-        ranks = [f["rank"] for f in facts]
-        if sorted(r for r in ranks if r is not None) != list(range(self.world_size)):
-            ranks = list(range(self.world_size))  # no usable launcher rank: engine-id order
-        self._engine_of_rank = dict(zip(ranks, ids))
-        self._rank_facts = dict(zip(ranks, facts))
+        """Find which engine holds which rank (see startup.map_ranks), and view the ranks in order."""
+        self._engine_of_rank, self._rank_facts = startup.map_ranks(self.client, self.world_size)
         self.view = self.client[[self._engine_of_rank[r] for r in range(self.world_size)]]
         self.view.block = False
 
@@ -219,22 +130,15 @@ class Cluster:
             rank0 = self.client[self._engine_of_rank[0]]
             self.master_addr = "127.0.0.1" if len(hosts) == 1 else self._rank_facts[0]["address"]
             self.master_port = rank0.apply_sync(interactive(free_port), "")
-        results = []
-        for rank in range(self.world_size):
-            local_rank = self._rank_facts[rank]["local_rank"]
-            if local_rank is None:
-                local_rank = rank if len(hosts) == 1 else 0
-            results.append(
-                self.client[self._engine_of_rank[rank]].apply_async(
-                    engine_code.init_process_group,
-                    rank,
-                    self.world_size,
-                    local_rank,
-                    self.master_addr,
-                    self.master_port,
-                    self.backend,
-                )
-            )
+        results = startup.start_process_group(
+            self.client,
+            self._engine_of_rank,
+            self._rank_facts,
+            self.world_size,
+            self.master_addr,
+            self.master_port,
+            self.backend,
+        )
         try:
             for ar in results:
                 ar.get(timeout=self.timeout)
@@ -258,7 +162,6 @@ class Cluster:
 
     def _force_stop(self) -> None:
         pids = self.pids()
-        all_pids = [p for p in pids["controller"] + list(pids["engines"].values()) + pids["helpers"] if p]
         files = self.files()
         if self.client is not None:
             try:
@@ -277,29 +180,7 @@ class Cluster:
         # ipyparallel never removes the controller's engine registry (Hub._cleanup_engine_state_file
         # is not called): one file per cluster would pile up in the profile's log folder.
         ipp_files.remove(files["registry"])
-        procs = []
-        for pid in all_pids:
-            try:
-                procs.append(psutil.Process(pid))
-            except psutil.NoSuchProcess:
-                pass
-        # Engine nannies only notice their engine is gone after seconds of polling, and take
-        # more to handle SIGTERM; their engine is gone, so nothing is lost by killing them.
-        for proc in procs:
-            if proc.pid in pids["helpers"]:
-                try:
-                    proc.kill()
-                except psutil.NoSuchProcess:
-                    pass
-        # Anything still alive (a rank stuck in a collective ignores SIGTERM) is killed.
-        _, alive = psutil.wait_procs([p for p in procs if p.pid not in pids["helpers"]], timeout=5)
-        for proc in alive:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=5)
-        _wait_gone([p for p in procs if p.pid in pids["helpers"]], timeout=5)
+        processes.kill_leftovers(pids)
         self._ipp = self.client = self.view = None
         self._engine_of_rank = {}
 
@@ -379,32 +260,7 @@ class Cluster:
 
     def pids(self) -> dict[str, Any]:
         """Local process ids: controller (+ children), each rank's engine, helpers (engine nannies)."""
-        out: dict[str, Any] = {"controller": [], "engines": {}, "helpers": []}
-        if self._ipp is None:
-            return out
-        controller = getattr(self._ipp, "controller", None)
-        pid = getattr(controller, "pid", None) if controller is not None else None
-        if pid:
-            out["controller"].append(pid)
-            try:
-                out["controller"] += [c.pid for c in psutil.Process(pid).children(recursive=True)]
-            except psutil.NoSuchProcess:
-                pass
-        facts = getattr(self, "_rank_facts", {})
-        for rank in self._engine_of_rank:
-            if rank in facts:
-                out["engines"][rank] = facts[rank]["pid"]
-        if not out["engines"]:  # before the ranks were mapped: ask the launchers
-            for engine_set in self._ipp.engines.values():
-                for launcher in getattr(engine_set, "launchers", {}).values():
-                    if getattr(launcher, "pid", None):
-                        out["engines"][len(out["engines"])] = launcher.pid
-        for pid in out["engines"].values():  # each engine's nanny process, and anything it spawned
-            try:
-                out["helpers"] += [c.pid for c in psutil.Process(pid).children(recursive=True)]
-            except psutil.NoSuchProcess:
-                pass
-        return out
+        return processes.cluster_pids(self._ipp, self._engine_of_rank, getattr(self, "_rank_facts", {}))
 
     def files(self) -> dict[str, list[str]]:
         """This cluster's files on this host, by kind (cluster, connection, registry, logs)."""
@@ -414,11 +270,7 @@ class Cluster:
 
     def local_engine_pids(self) -> dict[int, int]:
         """rank -> engine pid for the ranks on this host (whose death we can see directly)."""
-        import socket
-
-        here = socket.gethostname()
-        facts = getattr(self, "_rank_facts", {})
-        return {r: f["pid"] for r, f in facts.items() if f.get("hostname") == here and f.get("pid")}
+        return processes.local_engine_pids(getattr(self, "_rank_facts", {}))
 
     def _engine_output(self) -> str:
         if self._ipp is None:
@@ -471,28 +323,7 @@ class Cluster:
         timeout: float = 60.0,
     ) -> Cluster:
         """Attach to a running ipyparallel cluster (lab sidebar, `ipcluster start`) and init torch."""
-        import ipyparallel
-        from ipyparallel.cluster import ClusterManager
-
-        if cluster_id is None:
-            manager = ClusterManager().load_clusters(profile=profile, profile_dir=profile_dir)
-            found = [c for c in manager.values() if c._is_running()]
-            if not found:
-                raise ClusterError(
-                    f"no running ipyparallel cluster found (profile={profile or 'any'}); "
-                    "start one with workbench.Cluster(...) or `ipcluster start -n 2`"
-                )
-            if len(found) > 1:
-                ids = sorted(c.cluster_id or "''" for c in found)
-                raise ClusterError(f"{len(found)} running clusters {ids}; pass cluster_id=...")
-            ipp = found[0]
-        else:
-            try:
-                ipp = ipyparallel.Cluster.from_file(profile=profile, profile_dir=profile_dir, cluster_id=cluster_id)
-            except FileNotFoundError:
-                raise ClusterError(
-                    f"no cluster file for cluster_id={cluster_id!r} (profile={profile or 'default'})"
-                ) from None
+        ipp = startup.find_running(cluster_id, profile, profile_dir)
         self = cls.__new__(cls)
         self._owned = False  # dropping the handle leaves the cluster running; stop() still stops it
         self._ipp = ipp

@@ -1,7 +1,7 @@
 """`Run`: the notebook's handle on one training run across the ranks of a `Cluster`.
 
 The engines run `workbench.train.finetune` through `apply_async` (one task per rank) and publish
-each step record once over ipyparallel's data channel; a watcher thread here keeps them in the
+each step record once over ipyparallel's data channel; a watcher thread (run_watch.RunWatcher) keeps them in the
 run's one `RecordStore`, reads the records it missed between polls from metrics.jsonl, notices
 failed ranks and dead engines, and feeds subscribers (live plots, the progress bar). The run
 directory on disk stays the record of truth after the kernel is gone.
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,49 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from workbench.cluster import engine as engine_code
+from workbench.cluster.errors import RankError
 from workbench.cluster.records import GapFiller, RecordStore
+from workbench.cluster.run_watch import ENDED_STATES, FAILURE_GRACE_S, TERMINAL_STATES, RunWatcher
 from workbench.runs.liveness import DIED, pid_alive
 from workbench.runs.run_dir import RunDir, default_runs_dir, new_run_id
 
-TERMINAL_STATES = frozenset({"completed", "failed", "stopped"})
-# A reopened run also ends when its owner is gone without recording an end (liveness).
-ENDED_STATES = TERMINAL_STATES | {DIED}
-# After one rank fails, give the others this long to fail too (their tracebacks, the trainer's
-# status.json) before the run counts as done; a rank stuck in a collective never does. 3 s was too
-# short on a loaded 2-core machine (OMP_NUM_THREADS=2): the second rank's data error came later.
-FAILURE_GRACE_S = 10.0
+__all__ = ["ENDED_STATES", "FAILURE_GRACE_S", "TERMINAL_STATES", "RankError", "Run"]
 
 
-class RankError(RuntimeError):
-    """A rank failed: `rank`, its remote `traceback`, and `errors` for every failed rank."""
-
-    def __init__(self, rank: int, traceback: str, errors: dict[int, str] | None = None) -> None:
-        self.rank = rank
-        self.traceback = traceback
-        self.errors = dict(errors or {rank: traceback})
-        others = sorted(set(self.errors) - {rank})
-        also = f" (ranks {others} failed too; see .errors)" if others else ""
-        super().__init__(f"rank {rank} failed{also}:\n{traceback}")
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _describe_remote_error(err: BaseException) -> str:
-    """The remote traceback text of an ipyparallel error (or a local description)."""
-    ename, evalue = getattr(err, "ename", None), getattr(err, "evalue", None)
-    if ename == "RankFailure" and isinstance(evalue, str):
-        # Our engine wrapper carries the plain traceback; drop its "rank N failed:" header.
-        return evalue.split("\n", 1)[1] if evalue.startswith("rank ") else evalue
-    tb = getattr(err, "traceback", None)
-    if isinstance(tb, str) and tb:
-        return _ANSI.sub("", tb)
-    if ename:
-        return f"{ename}: {evalue}"
-    return f"{type(err).__name__}: {err}"
-
-
-class Run:
+class Run(RunWatcher):
     """A training run: `status`, `done`, `progress`, `stop()`, `wait()`, `metrics`, live stream."""
 
     def __init__(
@@ -150,113 +116,6 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({self.run_id!r}, state={self.state!r}, steps={self.last_step})"
-
-    # -- watching ----------------------------------------------------------------------------
-    def _watch(self) -> None:
-        while not self._done.is_set():
-            try:
-                with self._lock:  # on_metrics takes its backlog under it: no record twice, none missed
-                    self._poll()
-            except Exception as err:  # never let the watcher die silently
-                self._errors.setdefault(-1, f"run watcher error: {type(err).__name__}: {err}")
-            time.sleep(self.poll_interval)
-
-    def _poll(self) -> None:
-        new: list[dict] = []
-        for rank, ar in enumerate(self._results):
-            new += self._take_stream(rank, ar.data or {})
-            if ar.ready() and rank not in self._errors and not hasattr(ar, "_wb_collected"):
-                ar._wb_collected = True
-                try:
-                    result = ar.get(timeout=0)
-                except Exception as err:
-                    if "EngineError" in (type(err).__name__, getattr(err, "ename", None)):
-                        self._fail(rank, f"the engine process of rank {rank} died: {err}", died=True)
-                    else:
-                        self._fail(rank, _describe_remote_error(err))
-                else:
-                    if isinstance(result, dict) and isinstance(result.get("published"), int):
-                        self._published[rank] = max(self._published.get(rank, 0), result["published"])
-        for rank, pid in self._engine_pids.items():
-            if pid and rank not in self._errors and not pid_alive(pid) and not self._results[rank].ready():
-                self._fail(rank, f"the engine process of rank {rank} (pid {pid}) died", died=True)
-        new += self._fill_gaps()
-        if new:
-            self._notify(new)
-        self._update_state()
-
-    def _take_stream(self, rank: int, data: dict) -> list[dict]:
-        """The records of rank's latest message that are new here (ipyparallel keeps only the latest)."""
-        last = data.get("last_seq")
-        seen = self._published.get(rank, 0)
-        if not isinstance(last, int) or last <= seen:
-            return []
-        records = data.get("records", [])
-        skip = max(0, seen + 1 - int(data.get("first_seq", 1)))  # only after a resent range
-        self._published[rank] = last
-        return self._store.add(records[skip:], "stream")
-
-    def _fill_gaps(self) -> list[dict]:
-        """The records ranks published that never arrived (replaced between polls), from metrics.jsonl."""
-        return self._gaps.fill(self._published)
-
-    def _fail(self, rank: int, traceback: str, died: bool = False) -> None:
-        with self._lock:
-            self._errors[rank] = traceback
-            if died:
-                self._dead_ranks.add(rank)
-            if self._first_failure_at is None:
-                self._first_failure_at = time.monotonic()
-                self._state = "failed"
-
-    def _update_state(self) -> None:
-        all_ready = all(ar.ready() for ar in self._results)
-        disk = self._read_disk_status()
-        if self._first_failure_at is not None:
-            if all_ready or time.monotonic() - self._first_failure_at > FAILURE_GRACE_S:
-                self._mark_failed_on_disk(disk)
-                self._finish()
-            return
-        if all_ready:
-            state = disk.get("state")
-            self._state = state if state in TERMINAL_STATES else "completed"
-            self._finish()
-        elif disk.get("state") in ("starting", "running", "stopping"):
-            self._state = disk["state"]
-
-    def _read_disk_status(self) -> dict:
-        try:
-            if not self.path.is_dir():
-                return {}
-            # Reopened from disk: nobody watches the ranks, so judge the owner's liveness here.
-            return self._run_dir.read_status() if self._results else self._run_dir.read_checked_status()
-        except (OSError, ValueError):
-            return {}
-
-    def _mark_failed_on_disk(self, disk: dict) -> None:
-        # A killed rank 0 cannot write its own failure; keep the on-disk record truthful.
-        if self.path.is_dir() and disk.get("state") not in TERMINAL_STATES:
-            error = self.error
-            rank = error.rank if error else -1
-            try:
-                self._run_dir.write_status(
-                    "failed", rank=rank, error=error.traceback[-2000:] if error else "", detected_by="notebook"
-                )
-            except OSError:
-                pass
-
-    def _finish(self) -> None:
-        new = self._fill_gaps()
-        self._done.set()
-        self._notify(new)  # subscribers (progress bar, plots) see the final state
-        self._settled.set()
-
-    def _notify(self, records: list[dict]) -> None:
-        for fn in list(self._subscribers):
-            try:
-                fn(records)
-            except Exception:
-                pass  # a broken plot must not stop the run's bookkeeping
 
     # -- public API --------------------------------------------------------------------------
     @property
