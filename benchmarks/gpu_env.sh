@@ -5,6 +5,9 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
   $(ls .whl-ui/*.whl 2>/dev/null)
 export PYTHONPATH=/tmp/site:$PWD
+# The device copy's .git can be stale (results JSON of session 7 said cc4a5af for a de87b59 tree): before a call
+# write `git rev-parse HEAD > .device_commit` here (git-excluded) and carry it; the bench records that commit.
+if [ -f .device_commit ]; then export WORKBENCH_GIT_COMMIT="$(cat .device_commit)"; fi
 OUT="${OUT:-$PWD/bench-out}"
 mkdir -p "$OUT"
 # The GPU kernel, parity, packing and compiled-AdamW tests the device scripts run (one list for all of them).
