@@ -71,12 +71,57 @@ def idle_gaps(prof, min_us: float = 20.0) -> dict:
     }
 
 
+def profile_window(trainer, step: int, res: dict, out_dir: Path, precision: str) -> None:
+    """Profile two more steps: phases, idle gaps, top kernels and CPU ops into `res`, a gzipped trace to `out_dir`."""
+    from workbench.train.profile import phase_breakdown
+
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    ) as prof:
+        for _ in range(2):
+            step += 1
+            trainer.train_step(step)
+        torch.cuda.synchronize()
+    trainer.collect(wait=True)
+    res["phases_ms_per_step"] = phase_breakdown(prof.events(), "cuda", 2)
+    res["gpu_timeline"] = idle_gaps(prof)
+    kernels: dict[str, float] = {}
+    for evt in prof.key_averages():
+        if evt.device_time_total > 0 and str(evt.device_type).endswith("CUDA"):
+            kernels[evt.key] = evt.device_time_total / 1e3 / 2
+    res["top_kernels_ms_per_step"] = sorted(kernels.items(), key=lambda kv: -kv[1])[:40]
+    res["kernel_total_ms_per_step"] = sum(kernels.values())
+    ops = []
+    for evt in prof.key_averages():
+        if evt.key.startswith(("aten::", "workbench.", "cuda")) and evt.cpu_time_total > 0:
+            ops.append((evt.key, evt.cpu_time_total / 1e3 / 2, evt.count // 2))
+    res["top_cpu_ops_ms_per_step"] = sorted(ops, key=lambda o: -o[1])[:40]
+    trace = out_dir / f"trace-{precision}.json"
+    t0 = time.perf_counter()
+    prof.export_chrome_trace(str(trace))
+    res["trace_export_s"] = time.perf_counter() - t0
+    with open(trace, "rb") as src, gzip.open(str(trace) + ".gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    trace.unlink()
+    tl = res["gpu_timeline"]
+    print(
+        f"{precision}: wall {tl.get('wall_ms', 0):.1f} ms busy {tl.get('busy_ms', 0):.1f} "
+        f"idle {tl.get('idle_ms', 0):.1f}"
+    )
+    for g in tl.get("top_gaps", [])[:12]:
+        print(
+            f"  gap {g['gap_us']:8.0f} us  cpu={g['cpu_op_at_gap_start'][:40]:40s} "
+            f"after={g['after'][:50]} before={g['before'][:50]}"
+        )
+    for name, ms in res["top_kernels_ms_per_step"][:20]:
+        print(f"  {ms:8.2f} ms  {name[:110]}")
+
+
 def profile_mode(args, precision: str, out_dir: Path) -> dict:
     """Build the trainer in this precision mode, time queued steps, profile one."""
     from workbench.backends import BackendConfig
     from workbench.config import DataConfig, LoraConfig, ModelConfig, RunConfig, TrainConfig
     from workbench.train.loop import Trainer
-    from workbench.train.profile import phase_breakdown
 
     runs = Path(tempfile.mkdtemp(prefix="prof-trainer-"))
     steps = args.warmup + args.steps + 2
@@ -138,52 +183,8 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
         "optimizer_updates": dict(getattr(trainer.optimizer, "updates", {})),
     }
     print(precision, json.dumps(res), flush=True)
-    if args.no_trace:
-        del trainer
-        gc.collect()
-        torch.cuda.empty_cache()
-        shutil.rmtree(runs, ignore_errors=True)
-        return res
-    with torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    ) as prof:
-        for _ in range(2):
-            step += 1
-            trainer.train_step(step)
-        torch.cuda.synchronize()
-    trainer.collect(wait=True)
-    res["phases_ms_per_step"] = phase_breakdown(prof.events(), "cuda", 2)
-    res["gpu_timeline"] = idle_gaps(prof)
-    kernels: dict[str, float] = {}
-    for evt in prof.key_averages():
-        if evt.device_time_total > 0 and str(evt.device_type).endswith("CUDA"):
-            kernels[evt.key] = evt.device_time_total / 1e3 / 2
-    res["top_kernels_ms_per_step"] = sorted(kernels.items(), key=lambda kv: -kv[1])[:40]
-    res["kernel_total_ms_per_step"] = sum(kernels.values())
-    ops = []
-    for evt in prof.key_averages():
-        if evt.key.startswith(("aten::", "workbench.", "cuda")) and evt.cpu_time_total > 0:
-            ops.append((evt.key, evt.cpu_time_total / 1e3 / 2, evt.count // 2))
-    res["top_cpu_ops_ms_per_step"] = sorted(ops, key=lambda o: -o[1])[:40]
-    trace = out_dir / f"trace-{precision}.json"
-    t0 = time.perf_counter()
-    prof.export_chrome_trace(str(trace))
-    res["trace_export_s"] = time.perf_counter() - t0
-    with open(trace, "rb") as src, gzip.open(str(trace) + ".gz", "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    trace.unlink()
-    tl = res["gpu_timeline"]
-    print(
-        f"{precision}: wall {tl.get('wall_ms', 0):.1f} ms busy {tl.get('busy_ms', 0):.1f} "
-        f"idle {tl.get('idle_ms', 0):.1f}"
-    )
-    for g in tl.get("top_gaps", [])[:12]:
-        print(
-            f"  gap {g['gap_us']:8.0f} us  cpu={g['cpu_op_at_gap_start'][:40]:40s} "
-            f"after={g['after'][:50]} before={g['before'][:50]}"
-        )
-    for name, ms in res["top_kernels_ms_per_step"][:20]:
-        print(f"  {ms:8.2f} ms  {name[:110]}")
+    if not args.no_trace:
+        profile_window(trainer, step, res, out_dir, precision)
     del trainer
     gc.collect()
     torch.cuda.empty_cache()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+import statistics
 import tempfile
 import time
 import traceback
@@ -185,8 +186,8 @@ def run_variants(
             records[name].append(out["records"])
             if du.rank() == 0:
                 # This rank's median step of the round, before the table: a launch cut short keeps it in the log
-                steps_s = sorted(float(rec["step_time_s"]) for rec in out["records"][cfg.warmup :])
-                median = steps_s[len(steps_s) // 2] if steps_s else float("nan")
+                steps_s = [float(rec["step_time_s"]) for rec in out["records"][cfg.warmup :]]
+                median = statistics.median(steps_s) if steps_s else float("nan")
                 print(
                     f"bench: round {r + 1}/{cfg.rounds} {name}: {n} timed steps, median step {1e3 * median:.1f} ms "
                     f"(this rank), build {out.get('build_s', float('nan')):.1f} s",
