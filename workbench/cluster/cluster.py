@@ -101,9 +101,10 @@ class Cluster:
         return self
 
     def _start_engines(self) -> None:
-        if self.launcher == "local":
-            self.master_port = free_port("")
-        startup.start_engines(self._ipp, self.launcher, self.gpus, self.master_addr, self.master_port)
+        # No port yet: the controller and engines bind ports of their own while they start, and one of them
+        # could take a port picked now (EADDRINUSE at init, seen in CI); _init_process_group picks it just before use.
+        self.master_port = None
+        startup.start_engines(self._ipp, self.launcher, self.gpus, self.master_addr, None)
 
     def _map_ranks(self) -> None:
         """Find which engine holds which rank (see startup.map_ranks), and view the ranks in order."""
@@ -124,6 +125,8 @@ class Cluster:
 
     def _init_process_group(self) -> None:
         hosts = {f["hostname"] for f in self._rank_facts.values()}
+        if self.launcher == "local" and self.master_port is None and self.master_addr == "127.0.0.1":
+            self.master_port = free_port("")
         if self.launcher != "local" or self.master_port is None:
             from ipyparallel import interactive  # ships free_port by value: the engine imports no workbench
 

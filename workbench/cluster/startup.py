@@ -40,8 +40,9 @@ def start_engines(ipp: Any, launcher: str, gpus: list[int | None], master_addr: 
             RANK=str(rank),
             LOCAL_RANK=str(rank),
             MASTER_ADDR=master_addr,
-            MASTER_PORT=str(master_port),
         )
+        if master_port is not None:  # else the process-group init sets it (Cluster picks it just before)
+            env["MASTER_PORT"] = str(master_port)
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         ipp.start_engines_sync(
