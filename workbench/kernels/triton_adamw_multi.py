@@ -56,8 +56,9 @@ def _adamw_multi_kernel(
 
 def block_map(numels: list[int], block: int, device: torch.device) -> torch.Tensor:
     """int32 [total blocks]: the tensor each program updates (tensor i owns cdiv(numel_i, block) blocks)."""
-    counts = torch.tensor([triton.cdiv(n, block) for n in numels], dtype=torch.int64)
-    ids = torch.repeat_interleave(torch.arange(len(numels), dtype=torch.int32), counts)
+    # built on the host whatever torch's default device is, then moved once
+    counts = torch.tensor([triton.cdiv(n, block) for n in numels], dtype=torch.int64, device="cpu")
+    ids = torch.repeat_interleave(torch.arange(len(numels), dtype=torch.int32, device="cpu"), counts)
     return ids.to(device)
 
 
@@ -111,7 +112,8 @@ def triton_adamw_multi_step_(
     rows += [numels, firsts]
     rows += [[k.key for k in sr], [k.base for k in sr]] if sr is not None else [[0] * len(tensors)] * 2
     assert len(rows) == len(_ROWS)
-    table = torch.tensor(rows, dtype=torch.int64)
+    # on the host even under torch.set_default_device("cuda"): only a host tensor can be pinned
+    table = torch.tensor(rows, dtype=torch.int64, device="cpu")
     if device.type == "cuda":  # one small host -> device copy per step, queued behind the step's kernels
         table = table.pin_memory().to(device, non_blocking=True)
     check_flags(skip, grad_coef, device)
