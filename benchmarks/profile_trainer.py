@@ -150,7 +150,7 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
     t0 = time.perf_counter()
     trainer = Trainer(rc)
     trainer.setup()
-    if args.adamw_multi_numel:  # TritonAdamW's multi-tensor launches (off by default until measured)
+    if args.adamw_multi_numel is not None:  # TritonAdamW's multi-tensor launches (None: its default)
         trainer.optimizer.multi_tensor_numel = args.adamw_multi_numel
     build_s = time.perf_counter() - t0
     step = 0
@@ -207,7 +207,7 @@ def main() -> None:
     p.add_argument("--ac", action="store_true", help="activation checkpointing (train.activation_checkpointing)")
     p.add_argument("--no-trace", action="store_true", help="time the steps only: no profiled step")
     p.add_argument(
-        "--adamw-multi-numel", type=int, default=0, help="TritonAdamW: tensors up to this size share one launch"
+        "--adamw-multi-numel", type=int, default=None, help="TritonAdamW: tensors up to this size share one launch"
     )
     p.add_argument("--out", default="profile-out")
     args = p.parse_args()
