@@ -70,6 +70,9 @@ class TrainConfig:
     save_final_checkpoint: bool = True
     export_hf: bool = False  # write a vanilla HF checkpoint (save_pretrained) at the end
     log_every: int = 1  # print to stdout every N steps (metrics are recorded every step)
+    # Python's garbage collector off during steps, generations 0-1 collected every N steps (train/step_gc.py); 0 =
+    # Python's automatic collection
+    gc_every: int = 50
     resume_from: str | None = None  # a checkpoint directory, or a run directory (latest checkpoint)
     resume_allow_changes: tuple[str, ...] = ()  # RESUME_FIELDS this run may change from the checkpoint's
 
@@ -113,6 +116,7 @@ class TrainConfig:
         check_float(self.router_bias_update_rate, "train.router_bias_update_rate", 0.0)
         check_int(self.checkpoint_every, "train.checkpoint_every", 1, allow_none=True)
         check_int(self.log_every, "train.log_every", 1)
+        check_int(self.gc_every, "train.gc_every", 0)
         allowed = self.resume_allow_changes
         if (
             not isinstance(allowed, (tuple, list))

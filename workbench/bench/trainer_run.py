@@ -148,6 +148,7 @@ def train_round(
             du.barrier()
             out["build_s"] = time.perf_counter() - t0
             out["setup"] = setup
+            stack.enter_context(trainer.step_gc)  # as fit() steps: Python's collector paused (train.gc_every)
             for step in range(1, steps + 1):
                 trainer.train_step(step)
             out["records"] = trainer.collect(wait=True)

@@ -57,6 +57,7 @@ from workbench.train.loop_support import (
 )
 from workbench.train.model_setup import build_model, check_lora, model_dtype, resolve_mesh
 from workbench.train.optim import build_optimizer, build_scheduler, set_skip_flag
+from workbench.train.step_gc import StepGC
 from workbench.train.step_stats import Clock, SkipFlag, StepQueue
 
 
@@ -66,6 +67,7 @@ class Trainer(TrainStep, StepRecords):
     def __init__(self, rc: RunConfig, callbacks: list | None = None) -> None:
         self.rc = rc
         self.callbacks = Callbacks(callbacks)
+        self.step_gc = StepGC(rc.train.gc_every)  # fit() and the bench step under it
         self.rank, self.world = du.rank(), du.world_size()
         self.device = du.pick_device(rc.model.device)
         self.hf_config = rc.model.hf_config()
@@ -183,6 +185,11 @@ class Trainer(TrainStep, StepRecords):
         )
 
     def fit(self) -> dict[str, Any]:
+        """Run the steps from start_step + 1 to train.steps (Python's collector paused: train.gc_every)."""
+        with self.step_gc:
+            return self._fit()
+
+    def _fit(self) -> dict[str, Any]:
         rc, total = self.rc, self.rc.train.steps
         status_base = {"total_steps": total, "world_size": self.world}
         if self.rank == 0:

@@ -144,6 +144,7 @@ class TrainStep:
         pending.host.update(mem_peak_gib=peak, mem_now_gib=now, mem_kind=kind, time=time.time())
         self._queue.push(pending)
         self._queued = step
+        self.step_gc.after_step(step)
 
     def _sequences(self, mb: Batch) -> dict[str, Any]:
         """GPT-OSS sink attention's documents from the host's position_ids (no device read for their count)."""
