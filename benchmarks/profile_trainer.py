@@ -136,6 +136,7 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
         save_final_checkpoint=False,
         log_every=steps,
         activation_checkpointing=args.ac,
+        gc_every=args.gc_every,
     )
     rc = RunConfig(
         model=ModelConfig(preset=args.preset, layers=args.layers, dtype="bfloat16"),
@@ -154,6 +155,7 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
         trainer.optimizer.multi_tensor_numel = args.adamw_multi_numel
     build_s = time.perf_counter() - t0
     step = 0
+    pause = trainer.step_gc.__enter__()  # as fit() steps: Python's collector paused (train.gc_every)
     for _ in range(args.warmup):
         step += 1
         trainer.train_step(step)
@@ -185,6 +187,7 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
     print(precision, json.dumps(res), flush=True)
     if not args.no_trace:
         profile_window(trainer, step, res, out_dir, precision)
+    pause.__exit__(None, None, None)
     del trainer
     gc.collect()
     torch.cuda.empty_cache()
@@ -209,6 +212,7 @@ def main() -> None:
     p.add_argument(
         "--adamw-multi-numel", type=int, default=None, help="TritonAdamW: tensors up to this size share one launch"
     )
+    p.add_argument("--gc-every", type=int, default=50, help="train.gc_every (0: Python's automatic collection)")
     p.add_argument("--out", default="profile-out")
     args = p.parse_args()
     out_dir = Path(args.out)

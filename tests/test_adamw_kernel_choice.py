@@ -82,7 +82,7 @@ def check_launch_shapes(device: str) -> None:
             assert all(torch.equal(a, b) for a, b in zip(got, ref)), (dtype, launch)
     p = torch.nn.Parameter(torch.randn(300, device=device))
     p.grad = torch.randn(300, device=device)
-    opt = TritonAdamW([p], launch=AdamWLaunch(128, 1))
+    opt = TritonAdamW([p], launch=AdamWLaunch(128, 1), multi_tensor_numel=0)  # the per-tensor launch
     assert opt.kernel == "triton"
     opt.step()
     assert opt.updates == {"triton": 1}, opt.updates

@@ -141,6 +141,9 @@ class Trainer(TrainStep, StepRecords):
         if rc.train.router_bias_update_rate > 0:
             keep_router_biases_fp32(self.model)  # before a resume loads the saved float32 values into it
         self.optimizer = build_optimizer(self.model, rc.train, self.device)
+        # What clipping walks each step: the model's trainable parameters, listed once (a LoRA model's
+        # parameters() walks every frozen base module too, ~5 ms of host time per step at 48 layers)
+        self.grad_params = [p for p in self.model.parameters() if p.requires_grad]
         self.scheduler = build_scheduler(self.optimizer, rc.train)
         self.start_step = 0
         if self.resume_ckpt is not None:

@@ -101,7 +101,7 @@ class TrainStep:
         with record_function("workbench.optimizer"):
             # The norm is computed even with clipping off: the guard needs it.
             # the coefficient goes into the optimizer's update where it can take it (no extra pass)
-            grad_norm = clip_grad_norm(self.model.parameters(), rc.train.clip_grad_norm, self.optimizer)
+            grad_norm = clip_grad_norm(self.grad_params, rc.train.clip_grad_norm, self.optimizer)
             # One reduction gives every rank the same global values, so all ranks skip (and raise) together.
             ce_global, aux_global = all_reduce(torch.stack([ce_sum, aux_sum])).to(device).unbind()
             bad = self._skip.update(step, [ce_global, self.coef * aux_global, grad_norm])
