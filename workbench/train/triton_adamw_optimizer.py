@@ -72,7 +72,7 @@ class TritonAdamW(torch.optim.Optimizer):
         seed: int = 0,
         kernel: str | None = None,
         launch: AdamWLaunch = DEFAULT_LAUNCH,
-        multi_tensor_numel: int = 1 << 22,
+        multi_tensor_numel: int = 0,
     ) -> None:
         if isinstance(multi_tensor_numel, bool) or not isinstance(multi_tensor_numel, int) or multi_tensor_numel < 0:
             raise ValueError(f"multi_tensor_numel must be an integer >= 0, got {multi_tensor_numel!r}")
@@ -103,9 +103,10 @@ class TritonAdamW(torch.optim.Optimizer):
             kernel = adamw_kernel(first.device if first is not None else "cpu")
         self.kernel, self.launch = kernel, launch
         # Tensors of at most this many elements share one launch per group and step (kernels/triton_adamw_multi.py:
-        # a launch per tensor costs ~65 us of host time); 0, one launch each. On the H200 the compiled kernel equals
-        # the per-tensor one bit for bit (tests/test_adamw_multi.py) and the 48-layer LoRA step's optimizer phase
-        # fell 55 -> 27 ms (benchmarks/NOTES.md, session 8).
+        # a launch per tensor costs ~65 us of host time); 0, one launch each. Off by default: on the H200 the compiled
+        # kernel equals the per-tensor one bit for bit (tests/test_adamw_multi.py), but the steps measured with it on
+        # were slower, not faster (the 48-layer LoRA step 10.6k -> 8.3k tokens/s, the L8 bench's forward +5 ms;
+        # benchmarks/NOTES.md, session 8), for a reason not found yet.
         self.multi_tensor_numel = multi_tensor_numel
         self._block_maps: dict = {}
         self.precise = bool(precise)
