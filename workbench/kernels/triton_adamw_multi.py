@@ -5,8 +5,9 @@ Triton launch each cost ~65 us of host time, 38 ms of a 365 ms step on the H200 
 session 7), while their bytes take about 2 ms. Here one launch covers a list of tensors: program i
 updates block i of the concatenated blocks; its tensor comes from a block -> tensor map (built once per
 list of sizes, kept on the device) and its addresses, size, first block, stochastic-rounding key and
-element base from a table of int64 rows sent each step (grads are new tensors every step). The update
-itself is triton_adamw._update_block, so each tensor's result equals triton_adamw_step_'s bit for bit.
+element base from a table of int64 rows sent each step (grads are new tensors every step), through buffers
+allocated once. The update itself is triton_adamw._update_block, so each tensor's result equals
+triton_adamw_step_'s bit for bit.
 """
 
 from __future__ import annotations
@@ -52,6 +53,39 @@ def _adamw_multi_kernel(
         P, G, M, V, P, COEF, offs, mask, block_start, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits,
         eps_bits, step_size, bc2_sqrt, key, base, HAS_WD, PRECISE, SR, False, HAS_COEF, ROUND_BY_HAND, BLOCK,
     )  # fmt: skip
+
+
+class _ListState:
+    """What one list of sizes keeps between steps: its block map, and the step table's buffers on CUDA.
+
+    The table goes to the device through two pinned host buffers used in turn and one device buffer, all
+    allocated once: a `pin_memory()` per step allocated a pinned block whenever the last one's copy had not
+    run yet (the host runs ahead of the device), and the steps measured with that path on the H200 were
+    slower in their forward (benchmarks/NOTES.md, session 8). The device buffer is rewritten on the stream
+    after the previous kernel that read it; a host buffer is rewritten once its copy two steps ago has run.
+    """
+
+    def __init__(self, blocks: torch.Tensor) -> None:
+        self.blocks = blocks
+        self.host: list[torch.Tensor] = []
+        self.copied: list = [None, None]  # the CUDA event after each host buffer's last copy
+        self.device_table: torch.Tensor | None = None
+        self.turn = 0
+
+    def to_device(self, table: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """`table` (int64, on the host) in the device buffer, by an asynchronous copy on the current stream."""
+        if not self.host:
+            self.host = [torch.empty(table.shape, dtype=table.dtype, pin_memory=True) for _ in range(2)]
+            self.device_table = torch.empty(table.shape, dtype=table.dtype, device=device)
+        turn, self.turn = self.turn, 1 - self.turn
+        if self.copied[turn] is not None:
+            self.copied[turn].synchronize()  # queued two steps ago: done unless the host is that far ahead
+        self.host[turn].copy_(table)
+        self.device_table.copy_(self.host[turn], non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.copied[turn] = event
+        return self.device_table
 
 
 def block_map(numels: list[int], block: int, device: torch.device) -> torch.Tensor:
@@ -102,8 +136,9 @@ def triton_adamw_multi_step_(
     if key not in cache:
         if len(cache) >= 16:  # a few lists of sizes per step (groups, dtypes); sizes are static over a run
             cache.pop(next(iter(cache)))
-        cache[key] = block_map(numels, launch.block, device)
-    blocks = cache[key]
+        cache[key] = _ListState(block_map(numels, launch.block, device))
+    state = cache[key]
+    blocks = state.blocks
     firsts, at = [], 0
     for n in numels:
         firsts.append(at)
@@ -112,10 +147,10 @@ def triton_adamw_multi_step_(
     rows += [numels, firsts]
     rows += [[k.key for k in sr], [k.base for k in sr]] if sr is not None else [[0] * len(tensors)] * 2
     assert len(rows) == len(_ROWS)
-    # on the host even under torch.set_default_device("cuda"): only a host tensor can be pinned
+    # on the host even under torch.set_default_device("cuda")
     table = torch.tensor(rows, dtype=torch.int64, device="cpu")
-    if device.type == "cuda":  # one small host -> device copy per step, queued behind the step's kernels
-        table = table.pin_memory().to(device, non_blocking=True)
+    if device.type == "cuda":
+        table = state.to_device(table, device)
     check_flags(skip, grad_coef, device)
     s = scalars
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
