@@ -149,12 +149,12 @@ def triton_adamw_multi_step_(
     assert len(rows) == len(_ROWS)
     # on the host even under torch.set_default_device("cuda")
     table = torch.tensor(rows, dtype=torch.int64, device="cpu")
-    if device.type == "cuda":
-        table = state.to_device(table, device)
     check_flags(skip, grad_coef, device)
     s = scalars
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-    with guard:
+    with guard:  # the table's copy and event on the tensors' device, as the launch
+        if device.type == "cuda":
+            table = state.to_device(table, device)
         _adamw_multi_kernel[(blocks.numel(),)](
             table,
             blocks,
