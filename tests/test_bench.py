@@ -636,6 +636,7 @@ def test_balanced_gate_on_the_generic_experts():
             "sdpa_backend='cudnn' needs attn_implementation='sdpa'",
         ),
         ({"kind": "teacher"}, "variant kind must be 'anchor' or 'engine'"),
+        ({"optimizer_in_backward": True}, "optimizer_in_backward=True runs the engine's trainer"),
     ],
 )
 def test_bad_variant_spec(kwargs, match):
@@ -683,6 +684,27 @@ def test_precision_variants_reach_the_engine_optimizer(tmp_path):
     # the same first step (same weights and tokens); the modes differ only in how the update is stored
     first = rows["engine_bf16"]["loss"][0]
     assert all(rows[n]["loss"][0] == pytest.approx(first, abs=1e-6) for n in ("engine_bf16_sr", "engine_fp32_master"))
+
+
+def _in_backward_rows(rank, world, out_dir):
+    from workbench.bench import run_bench
+
+    cfg = BenchConfig(
+        preset="tiny", seq=16, batch=2, warmup=0, steps=2, variants=("engine", "engine_in_backward"), out_dir=out_dir,
+        html=False, fail_fast=True,
+    )  # fmt: skip
+    return run_bench(cfg)
+
+
+def test_the_in_backward_row_trains_without_clipping(tmp_path):
+    (result,) = run_ranks(_in_backward_rows, 1, str(tmp_path), timeout=180)
+    rows = {r["name"]: r for r in result["variants"]}
+    assert all(r["status"] == "ok" for r in rows.values())
+    inside, after = rows["engine_in_backward"]["setup"], rows["engine"]["setup"]
+    assert inside["optimizer_in_backward"] and inside["clip_grad_norm"] is None
+    assert not after["optimizer_in_backward"] and after["clip_grad_norm"] == 1.0
+    # the same weights and tokens: the first loss is before any update
+    assert rows["engine_in_backward"]["loss"][0] == pytest.approx(rows["engine"]["loss"][0], abs=1e-6)
 
 
 def test_precision_flag_and_bad_values():

@@ -64,6 +64,9 @@ class TrainConfig:
     precision: str = "auto"
     seed: int = 0
     activation_checkpointing: bool = False  # recompute each decoder layer in backward (train/activation_checkpoint.py)
+    # Update each parameter inside the backward and free its gradient (train/backward_updates.py): about one layer's
+    # gradients alive instead of all; needs clip_grad_norm null, one rank and no gradient accumulation
+    optimizer_in_backward: bool = False
     # Aux-loss-free balancing (DeepSeek-V3): after each step, bias_e += rate * sign(mean load - load_e); 0 = off.
     router_bias_update_rate: float = 0.0
     checkpoint_every: int | None = None  # steps; None = only at the end
@@ -135,9 +138,20 @@ class TrainConfig:
                 "(train.export_hf) with another one"
             )
         object.__setattr__(self, "resume_allow_changes", tuple(allowed))
-        for name in ("activation_checkpointing", "save_final_checkpoint", "export_hf"):
+        for name in ("activation_checkpointing", "optimizer_in_backward", "save_final_checkpoint", "export_hf"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"train.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.optimizer_in_backward and self.clip_grad_norm is not None:
+            raise ConfigError(
+                "train.optimizer_in_backward updates each parameter as soon as its gradient is complete, and "
+                f"clipping by the global norm (train.clip_grad_norm={self.clip_grad_norm}) needs every gradient "
+                "first: set train.clip_grad_norm to null, or optimizer_in_backward to false"
+            )
+        if self.optimizer_in_backward and self.optimizer == "adamw_torch":
+            raise ConfigError(
+                "train.optimizer_in_backward runs the workbench AdamW's per-parameter update: set train.optimizer "
+                "to 'adamw' or 'adamw_triton'"
+            )
 
     def accumulation_steps(self, dp: int) -> int:
         """Micro-batches per rank per optimizer step for a data-parallel size `dp`."""

@@ -30,6 +30,7 @@ class VariantSpec:
         "adamw"  # engine only: train.optimizer ("adamw": Triton on CUDA); every anchor runs torch's fused AdamW
     )
     liger: bool = False  # anchor only: Liger kernels patched onto the Transformers model (workbench.bench.liger)
+    optimizer_in_backward: bool = False  # engine only: train.optimizer_in_backward (then without clipping)
 
     def __post_init__(self) -> None:
         from workbench.backends import CHOICES
@@ -46,6 +47,8 @@ class VariantSpec:
             raise ConfigError(f"variant precision {self.precision!r} must be one of {PRECISIONS}, on an engine variant")
         if self.optimizer not in OPTIMIZERS or (self.kind != "engine" and self.optimizer != "adamw"):
             raise ConfigError(f"variant optimizer {self.optimizer!r} must be one of {OPTIMIZERS}, on an engine variant")
+        if self.optimizer_in_backward and self.kind != "engine":
+            raise ConfigError("variant optimizer_in_backward=True runs the engine's trainer: an engine variant only")
         if self.liger and self.kind != "anchor":
             raise ConfigError("variant liger=True patches a Transformers model: an anchor variant only")
         for key, value in self.backend:
@@ -132,6 +135,11 @@ VARIANTS: dict[str, VariantSpec] = {
         "engine", "engine, pure bf16 AdamW (round to nearest: loses small updates)", precision="bf16"
     ),
     "engine_bf16_sr": VariantSpec("engine", "engine, bf16 AdamW with stochastic rounding", precision="bf16_sr"),
+    "engine_in_backward": VariantSpec(
+        "engine",
+        "engine, each parameter updated inside the backward (one layer's gradients alive; no clipping)",
+        optimizer_in_backward=True,
+    ),
     "engine_fp32_master": VariantSpec(
         "engine", "engine, float32 master weights and moments, bf16 compute", precision="fp32_master"
     ),

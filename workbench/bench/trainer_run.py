@@ -33,7 +33,7 @@ def run_config(
     steps: int,
     round_index: int,
 ) -> RunConfig:
-    """The RunConfig a variant's round trains with: synthetic data, clip 1.0 and the default schedule."""
+    """The RunConfig a variant's round trains with: synthetic data, clip 1.0 (none in the backward), the schedule."""
     from workbench.bench.variant_backend import variant_backend
     from workbench.parallel.mesh import MeshConfig
 
@@ -56,6 +56,9 @@ def run_config(
         precision=precision,
         save_final_checkpoint=False,
         log_every=steps,
+        # updates inside the backward cannot clip by the global norm (train/backward_updates.py)
+        optimizer_in_backward=spec.optimizer_in_backward,
+        clip_grad_norm=None if spec.optimizer_in_backward else 1.0,
     )
     return RunConfig(
         model=model,
@@ -138,6 +141,7 @@ def train_round(
                         rc.train.precision, rc.train.optimizer, list(trainer.model.parameters())
                     ),
                     "clip_grad_norm": rc.train.clip_grad_norm,
+                    "optimizer_in_backward": rc.train.optimizer_in_backward,
                     "schedule": f"warmup {rc.train.warmup_steps} + cosine to {rc.train.min_lr_ratio} x lr "
                     f"over {steps} steps",
                     "activation_checkpointing": rc.train.activation_checkpointing,

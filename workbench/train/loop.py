@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from workbench.config import RunConfig
+from workbench.config_checks import ConfigError
 from workbench.models.attention_sinks import SINK_ATTENTION
 from workbench.models.router_aux import ensure_router_logit_hooks
 from workbench.moe.bias_update import keep_router_biases_fp32
@@ -32,6 +33,7 @@ from workbench.parallel import dist_utils as du
 from workbench.runs.liveness import Heartbeat, record_termination
 from workbench.runs.run_dir import private_files
 from workbench.train.activation_checkpoint import apply_activation_checkpointing
+from workbench.train.backward_updates import BackwardUpdates
 from workbench.train.checkpoint import (
     check_compatible,
     check_settings,
@@ -80,6 +82,12 @@ class Trainer(TrainStep, StepRecords):
 
             router_biases_to_update(meta_model(self.hf_config), self.hf_config, meta=True)
         self.accum = rc.train.accumulation_steps(self.dp)
+        if rc.train.optimizer_in_backward and (self.world > 1 or self.accum > 1):
+            raise ConfigError(
+                "train.optimizer_in_backward runs on one rank without gradient accumulation for now (a gradient "
+                f"must be complete when its hook fires): this run has {self.world} ranks and {self.accum} "
+                "micro-batches per step"
+            )
         self.per_rank = rc.train.global_batch_size // self.dp
         self.resume_ckpt = None
         if rc.train.resume_from:
@@ -160,6 +168,9 @@ class Trainer(TrainStep, StepRecords):
         self._queued = self.start_step
         self._skip = SkipFlag(self.device)
         self._device_skip = set_skip_flag(self.optimizer, self._skip.found_inf)
+        self.backward_updates = None
+        if rc.train.optimizer_in_backward:  # each parameter updated by its own hook (train/backward_updates.py)
+            self.backward_updates = BackwardUpdates(self.optimizer, self._skip)
         config = getattr(self.model, "config", None)
         self._host_sequences = getattr(config, "_attn_implementation", None) == SINK_ATTENTION
         self.coef = float(getattr(self.hf_config, "router_aux_loss_coef", 0.0) or 0.0)

@@ -50,6 +50,8 @@ class TrainStep:
         reset_peak_memory(device)
         pending = PendingStep(step=step, host={}, start=clock.mark())
         self._queue.started(pending.start)
+        if self.backward_updates is not None:
+            self.backward_updates.step = step  # the step a non-finite gradient is reported at
         start = self.rank * self.per_rank
         batch = self.stream.next_batch(rc.train.global_batch_size, start, start + self.per_rank)
         micro = micro_batches(batch, rc.train.local_batch_size)
@@ -101,7 +103,10 @@ class TrainStep:
         with record_function("workbench.optimizer"):
             # The norm is computed even with clipping off: the guard needs it.
             # the coefficient goes into the optimizer's update where it can take it (no extra pass)
-            grad_norm = clip_grad_norm(self.grad_params, rc.train.clip_grad_norm, self.optimizer)
+            if self.backward_updates is not None:  # the parameters were updated inside the backward
+                grad_norm = self.backward_updates.take_grad_norm(device)
+            else:
+                grad_norm = clip_grad_norm(self.grad_params, rc.train.clip_grad_norm, self.optimizer)
             # One reduction gives every rank the same global values, so all ranks skip (and raise) together.
             ce_global, aux_global = all_reduce(torch.stack([ce_sum, aux_sum])).to(device).unbind()
             bad = self._skip.update(step, [ce_global, self.coef * aux_global, grad_norm])
@@ -113,7 +118,8 @@ class TrainStep:
                 # runs, the read waits for nothing)
                 values = {"ce": float(ce_global), "aux": float(aux_global), "grad_norm": float(grad_norm)}
                 check_finite(self._guard_values(step, pending.host, values))
-            self.optimizer.step()  # skipped on the device once the flag is set (optimizer.found_inf)
+            if self.backward_updates is None:
+                self.optimizer.step()  # skipped on the device once the flag is set (optimizer.found_inf)
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
         if self._expert_load is not None:

@@ -44,9 +44,12 @@ def build_optimizer(model: torch.nn.Module, train_cfg, device: torch.device) -> 
             (decay if p.dim() >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": train_cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
+    name = getattr(train_cfg, "optimizer", "adamw")
+    if getattr(train_cfg, "optimizer_in_backward", False) and name == "adamw":
+        name = "adamw_triton"  # its per-parameter update (step_param); the torch-op kernel where Triton cannot run
     return make_adamw(
         groups,
-        getattr(train_cfg, "optimizer", "adamw"),
+        name,
         device,
         lr=train_cfg.lr,
         betas=train_cfg.betas,

@@ -183,71 +183,86 @@ class TritonAdamW(torch.optim.Optimizer):
                 loss = closure()
         index = -1  # the parameter's position over all groups: part of its stochastic-rounding key
         for group in self.param_groups:
-            if group.get("amsgrad") or group.get("maximize"):
-                raise ValueError(
-                    "TritonAdamW implements plain AdamW: amsgrad and maximize must be False "
-                    "(a checkpoint of such a torch AdamW needs optimizer='adamw_torch')"
-                )
-            beta1, beta2 = group["betas"]
-            lr = float(group["lr"])
             scalars_by_step: dict[int, dict[str, float]] = {}
             batches: dict[tuple, list] = {}  # (step, dtypes, device, SR) -> [(tensors, sr keys)]: one launch each
             for p in group["params"]:
                 index += 1
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("TritonAdamW does not support sparse gradients")
-                state = self.state[p]
-                master = self.precision == "fp32_master" and p.dtype != torch.float32
-                if not state:
-                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                    dtype = torch.float32 if master else p.dtype
-                    state["exp_avg"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
-                    if master:
-                        state["master"] = p.detach().to(torch.float32, copy=True)
-                step = self._steps.get(p)
-                if step is None:  # fresh state or just loaded: the only read of the counter
-                    step = int(state["step"].item())
-                step += 1
-                self._steps[p] = step
-                state["step"].fill_(float(step))
-                if step not in scalars_by_step:  # usually one step count per group
-                    scalars_by_step[step] = adamw_scalars(step, lr, beta1, beta2, group["eps"], group["weight_decay"])
-                scalars = scalars_by_step[step]
-                sr = None
-                if self.precision == "bf16_sr" and p.dtype == torch.bfloat16:
-                    if p not in self._bases:
-                        self._bases[p] = element_base(p)
-                    base, salt = self._bases[p]
-                    sr = SRKeys.make(self.seed, step, index, base, salt)
-                # fp32_master: the master is updated and the bf16 parameter written from it (to nearest)
-                target, out = (_local(state["master"]), _local(p)) if master else (_local(p), None)
-                if out is None and self.kernel == "triton" and 0 < target.numel() <= self.multi_tensor_numel:
-                    tensors = (target, _local(p.grad), _local(state["exp_avg"]), _local(state["exp_avg_sq"]))
-                    if kernel_supports(*tensors):
-                        batch_key = (step, tuple(t.dtype for t in tensors), target.device, sr is None)
-                        batches.setdefault(batch_key, []).append((tensors, sr))
-                        continue
-                path = adamw_step_(
-                    target,
-                    _local(p.grad),
-                    _local(state["exp_avg"]),
-                    _local(state["exp_avg_sq"]),
-                    scalars,
-                    self.precise,
-                    sr,
-                    out,
-                    self.found_inf,
-                    self.grad_coef,
-                    kernel=self.kernel,
-                    launch=self.launch,
-                )
-                self.updates[path] += 1
+                if p.grad is not None:
+                    self._update(p, group, index, scalars_by_step, batches)
             for (step, *_), items in batches.items():
                 self._step_many(items, scalars_by_step[step])
         return loss
+
+    @torch.no_grad()
+    def step_param(self, p: torch.Tensor, group: dict, index: int) -> None:
+        """The update of one parameter `p` of `group` (its position `index` over all groups), now, in one launch."""
+        if p.grad is not None:
+            self._update(p, group, index, {}, None)
+
+    def _update(self, p: torch.Tensor, group: dict, index: int, scalars_by_step: dict, batches: dict | None) -> None:
+        # One parameter's update; with `batches`, a small one joins its multi-tensor launch instead.
+        if group.get("amsgrad") or group.get("maximize"):
+            raise ValueError(
+                "TritonAdamW implements plain AdamW: amsgrad and maximize must be False "
+                "(a checkpoint of such a torch AdamW needs optimizer='adamw_torch')"
+            )
+        if p.grad.is_sparse:
+            raise RuntimeError("TritonAdamW does not support sparse gradients")
+        beta1, beta2 = group["betas"]
+        state = self.state[p]
+        master = self.precision == "fp32_master" and p.dtype != torch.float32
+        if not state:
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            dtype = torch.float32 if master else p.dtype
+            state["exp_avg"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
+            if master:
+                state["master"] = p.detach().to(torch.float32, copy=True)
+        step = self._steps.get(p)
+        if step is None:  # fresh state or just loaded: the only read of the counter
+            step = int(state["step"].item())
+        step += 1
+        self._steps[p] = step
+        state["step"].fill_(float(step))
+        if step not in scalars_by_step:  # usually one step count per group
+            scalars_by_step[step] = adamw_scalars(
+                step, float(group["lr"]), beta1, beta2, group["eps"], group["weight_decay"]
+            )
+        scalars = scalars_by_step[step]
+        sr = None
+        if self.precision == "bf16_sr" and p.dtype == torch.bfloat16:
+            if p not in self._bases:
+                self._bases[p] = element_base(p)
+            base, salt = self._bases[p]
+            sr = SRKeys.make(self.seed, step, index, base, salt)
+        # fp32_master: the master is updated and the bf16 parameter written from it (to nearest)
+        target, out = (_local(state["master"]), _local(p)) if master else (_local(p), None)
+        if (
+            batches is not None
+            and out is None
+            and self.kernel == "triton"
+            and 0 < target.numel() <= self.multi_tensor_numel
+        ):
+            tensors = (target, _local(p.grad), _local(state["exp_avg"]), _local(state["exp_avg_sq"]))
+            if kernel_supports(*tensors):
+                batch_key = (step, tuple(t.dtype for t in tensors), target.device, sr is None)
+                batches.setdefault(batch_key, []).append((tensors, sr))
+                return
+        path = adamw_step_(
+            target,
+            _local(p.grad),
+            _local(state["exp_avg"]),
+            _local(state["exp_avg_sq"]),
+            scalars,
+            self.precise,
+            sr,
+            out,
+            self.found_inf,
+            self.grad_coef,
+            kernel=self.kernel,
+            launch=self.launch,
+        )
+        self.updates[path] += 1
 
     def _step_many(self, items: list, scalars: dict[str, float]) -> None:
         from workbench.kernels.triton_adamw_multi import triton_adamw_multi_step_

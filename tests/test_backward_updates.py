@@ -1,0 +1,89 @@
+"""Updates inside the backward (train.optimizer_in_backward, workbench/train/backward_updates.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workbench import RunConfig
+from workbench.config_checks import ConfigError
+from workbench.train.guard import NonFiniteError
+from workbench.train.loop import Trainer
+
+
+def _rc(tmp_path, run_id, **overrides):
+    base = dict(
+        output_dir=str(tmp_path / "runs"),
+        run_id=run_id,
+        data__seq_len=64,
+        train__steps=3,
+        train__global_batch_size=2,
+        train__local_batch_size=2,
+        train__save_final_checkpoint=False,
+        train__optimizer="adamw_triton",  # both runs the same AdamW (its torch-op kernel on the CPU)
+        train__clip_grad_norm=None,
+        train__lr=1e-3,
+        model__device="cpu",
+        model__dtype="float32",
+    )
+    base.update(overrides)
+    return RunConfig.demo(**base)
+
+
+def _trained(rc, steps):
+    trainer = Trainer(rc)
+    trainer.setup()
+    for step in range(1, steps + 1):
+        trainer.train_step(step)
+    return trainer, trainer.collect(wait=True)
+
+
+def test_updates_inside_the_backward_equal_the_step_after_it_and_free_the_gradients(tmp_path):
+    after, after_records = _trained(_rc(tmp_path, "after"), 3)
+    inside_rc = _rc(tmp_path, "inside", train__optimizer_in_backward=True)
+    inside = Trainer(inside_rc)
+    inside.setup()
+    params = inside.grad_params
+    alive = []
+    step_param = inside.optimizer.step_param
+
+    def counting(p, group, index):
+        alive.append(sum(q.grad is not None for q in params))
+        step_param(p, group, index)
+
+    inside.optimizer.step_param = counting
+    for step in range(1, 4):
+        inside.train_step(step)
+    inside_records = inside.collect(wait=True)
+    assert [r["loss"] for r in inside_records] == [r["loss"] for r in after_records]
+    assert [r["grad_norm"] for r in inside_records] == pytest.approx([r["grad_norm"] for r in after_records], rel=1e-6)
+    for (name, a), b in zip(after.model.named_parameters(), inside.model.parameters()):
+        assert torch.equal(a, b), name
+    assert len(alive) == 3 * len(params)  # every parameter updated once per step, by its hook
+    assert max(alive) < len(params) / 2  # the gradients never all live at once (after the backward they all do)
+    assert all(p.grad is None for p in params)
+
+
+def test_a_non_finite_gradient_stops_the_run_and_reaches_no_weight(tmp_path):
+    # lr 1e6: step 1 is finite, step 2's backward overflows (as tests/test_trainer.py's guard test)
+    rc = _rc(tmp_path, "diverge", train__steps=4, train__lr=1e6, train__optimizer_in_backward=True)
+    trainer = Trainer(rc)
+    trainer.setup()
+    with pytest.raises(NonFiniteError, match=r"step 2: the gradient norm is (nan|inf)"):
+        trainer.fit()
+    bad = [n for n, p in trainer.model.named_parameters() if not torch.isfinite(p).all()]
+    assert not bad, bad
+    states = [t for s in trainer.optimizer.state.values() for t in s.values() if t.is_floating_point()]
+    assert all(torch.isfinite(t).all() for t in states)
+
+
+def test_bad_settings_are_refused_before_any_model_is_built(tmp_path):
+    with pytest.raises(ConfigError, match=r"clip_grad_norm=1\.0\) needs every gradient first"):
+        RunConfig.demo(train__optimizer_in_backward=True)
+    with pytest.raises(ConfigError, match=r"per-parameter update: set train\.optimizer"):
+        RunConfig.demo(train__optimizer_in_backward=True, train__clip_grad_norm=None, train__optimizer="adamw_torch")
+    with pytest.raises(ConfigError, match="must be true or false"):
+        RunConfig.demo(train__optimizer_in_backward="yes")
+    rc = _rc(tmp_path, "accum", train__optimizer_in_backward=True, train__global_batch_size=4)
+    with pytest.raises(ConfigError, match=r"without gradient accumulation for now.*2 micro-batches"):
+        Trainer(rc)

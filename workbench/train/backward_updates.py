@@ -1,0 +1,66 @@
+"""Each parameter's AdamW update inside the backward, as soon as its gradient is complete (train.optimizer_in_backward).
+
+With the update after the backward every gradient is alive at once: for the 8-layer GPT-OSS-20B architecture
+that is 15.5 GB of bf16 gradients beside 15.5 GB of weights and 31 GB of moments, the whole of the engine's
+57.9 GiB peak (benchmarks/NOTES.md, session 8). Here a post-accumulate-grad hook on each parameter runs
+TritonAdamW's update of that parameter and frees its gradient, so about one layer's gradients are alive at a
+time (torchtitan and PyTorch's own tutorial do the same). What it costs: no clipping by the global norm (it
+needs every gradient before any update) and no gradient accumulation, both refused by the config and the
+trainer. The non-finite guard still holds: a gradient that is not finite sets the sticky skip flag before its
+own update reads it, so no non-finite value reaches a weight; the step is then partly applied (its finite
+gradients, already used) and the run stops at the next read, as every non-finite step does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.train.step_stats import SkipFlag
+from workbench.train.triton_adamw_optimizer import TritonAdamW, _local
+
+
+class BackwardUpdates:
+    """Hooks that update each trainable parameter with `optimizer` when its gradient is complete, then free it."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, skip: SkipFlag) -> None:
+        if not isinstance(optimizer, TritonAdamW):
+            raise TypeError(
+                "updates inside the backward need TritonAdamW (its per-parameter update), got "
+                f"{type(optimizer).__name__}"
+            )
+        self.optimizer = optimizer
+        self.skip = skip  # the trainer's sticky flag, read by every update; step: the step whose backward runs
+        self.step = 0
+        optimizer.found_inf = skip.found_inf
+        optimizer.grad_coef = None  # no clipping: nothing scales the gradients
+        # torch's LR scheduler warns that its step came first unless optimizer.step() ran; the updates run here
+        optimizer._opt_called = True
+        self._where: dict[torch.Tensor, tuple[dict, int]] = {}
+        index = 0
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                self._where[p] = (group, index)  # the index is the stochastic-rounding key's, as in step()
+                index += 1
+        self._squares: list[torch.Tensor] = []  # this step's squared gradient norms, one per parameter
+        self._handles = [p.register_post_accumulate_grad_hook(self._update) for p in self._where]
+
+    def _update(self, p: torch.Tensor) -> None:
+        square = torch.linalg.vector_norm(_local(p.grad), dtype=torch.float32).square()
+        self._squares.append(square)
+        self.skip.update(self.step, [square])  # a non-finite gradient sets the flag before its own update
+        group, index = self._where[p]
+        self.optimizer.step_param(p, group, index)
+        p.grad = None
+
+    def take_grad_norm(self, device: torch.device) -> torch.Tensor:
+        """The global gradient norm of the backward just run (a device scalar), and a fresh start for the next."""
+        squares, self._squares = self._squares, []
+        if not squares:
+            return torch.zeros((), dtype=torch.float32, device=device)
+        return torch.stack(squares).sum().sqrt()
+
+    def remove(self) -> None:
+        """Take the hooks off (the parameters update in optimizer.step() again)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
