@@ -38,9 +38,10 @@ def _trained(rc, steps):
     return trainer, trainer.collect(wait=True)
 
 
-def test_updates_inside_the_backward_equal_the_step_after_it_and_free_the_gradients(tmp_path):
-    after, after_records = _trained(_rc(tmp_path, "after"), 3)
-    inside_rc = _rc(tmp_path, "inside", train__optimizer_in_backward=True)
+@pytest.mark.parametrize("ac", [False, True])  # with activation checkpointing the layers recompute in the backward
+def test_updates_inside_the_backward_equal_the_step_after_it_and_free_the_gradients(tmp_path, ac):
+    after, after_records = _trained(_rc(tmp_path, "after", train__activation_checkpointing=ac), 3)
+    inside_rc = _rc(tmp_path, "inside", train__optimizer_in_backward=True, train__activation_checkpointing=ac)
     inside = Trainer(inside_rc)
     inside.setup()
     params = inside.grad_params
