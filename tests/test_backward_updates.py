@@ -74,6 +74,10 @@ def test_a_non_finite_gradient_stops_the_run_and_reaches_no_weight(tmp_path):
         trainer.fit()
     bad = [n for n, p in trainer.model.named_parameters() if not torch.isfinite(p).all()]
     assert not bad, bad
+    # the run is over, also when it failed: no hook is left on the model, and a further step is refused
+    assert not any(getattr(p, "_post_accumulate_grad_hooks", None) for p in trainer.model.parameters())
+    with pytest.raises(RuntimeError, match="its update hooks are off the parameters"):
+        trainer.train_step(5)
     states = [t for s in trainer.optimizer.state.values() for t in s.values() if t.is_floating_point()]
     assert all(torch.isfinite(t).all() for t in states)
 

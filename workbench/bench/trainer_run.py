@@ -157,6 +157,8 @@ def train_round(
                 trainer.train_step(step)
             out["records"] = trainer.collect(wait=True)
         finally:
+            if trainer is not None:
+                trainer.end_backward_updates()  # as fit() ends: no hooks left on a model
             if trainer is not None and getattr(trainer, "model", None) is not None and spec.kind == "engine":
                 close_dispatchers(trainer.model)  # collective: every rank leaves the round here
             del trainer

@@ -29,8 +29,8 @@ class BackwardUpdates:
                 f"{type(optimizer).__name__}"
             )
         self.optimizer = optimizer
-        self.skip = skip  # the trainer's sticky flag, read by every update; step: the step whose backward runs
-        self.step = 0
+        self.skip = skip  # the trainer's sticky flag, read by every update
+        self.step = 0  # the step whose backward runs (begin), where a non-finite gradient is reported
         optimizer.found_inf = skip.found_inf
         optimizer.grad_coef = None  # no clipping: nothing scales the gradients
         # torch's LR scheduler warns that its step came first unless optimizer.step() ran; the updates run here
@@ -43,6 +43,15 @@ class BackwardUpdates:
                 index += 1
         self._squares: list[torch.Tensor] = []  # this step's squared gradient norms, one per parameter
         self._handles = [p.register_post_accumulate_grad_hook(self._update) for p in self._where]
+
+    def begin(self, step: int) -> None:
+        """Step `step`'s backward comes next; refused once the hooks are off (the run has ended)."""
+        if not self._handles:
+            raise RuntimeError(
+                "this trainer's run has ended and its update hooks are off the parameters: a step now would "
+                "update nothing; build a new Trainer to train on"
+            )
+        self.step = step
 
     def _update(self, p: torch.Tensor) -> None:
         square = torch.linalg.vector_norm(_local(p.grad), dtype=torch.float32).square()
@@ -60,7 +69,7 @@ class BackwardUpdates:
         return torch.stack(squares).sum().sqrt()
 
     def remove(self) -> None:
-        """Take the hooks off (the parameters update in optimizer.step() again)."""
+        """Take the hooks off at the run's end: a model trained on afterwards (another Trainer) is not updated twice."""
         for handle in self._handles:
             handle.remove()
         self._handles = []

@@ -200,8 +200,16 @@ class Trainer(TrainStep, StepRecords):
 
     def fit(self) -> dict[str, Any]:
         """Run the steps from start_step + 1 to train.steps (Python's collector paused: train.gc_every)."""
-        with self.step_gc:
-            return self._fit()
+        try:
+            with self.step_gc:
+                return self._fit()
+        finally:
+            self.end_backward_updates()
+
+    def end_backward_updates(self) -> None:
+        """Take train.optimizer_in_backward's hooks off the parameters (the run's end; nothing without them)."""
+        if getattr(self, "backward_updates", None) is not None:
+            self.backward_updates.remove()
 
     def _fit(self) -> dict[str, Any]:
         rc, total = self.rc, self.rc.train.steps

@@ -51,7 +51,7 @@ class TrainStep:
         pending = PendingStep(step=step, host={}, start=clock.mark())
         self._queue.started(pending.start)
         if self.backward_updates is not None:
-            self.backward_updates.step = step  # the step a non-finite gradient is reported at
+            self.backward_updates.begin(step)
         start = self.rank * self.per_rank
         batch = self.stream.next_batch(rc.train.global_batch_size, start, start + self.per_rank)
         micro = micro_batches(batch, rc.train.local_batch_size)
