@@ -690,7 +690,8 @@ def _in_backward_rows(rank, world, out_dir):
     from workbench.bench import run_bench
 
     cfg = BenchConfig(
-        preset="tiny", seq=16, batch=2, warmup=0, steps=2, variants=("engine", "engine_in_backward"), out_dir=out_dir,
+        preset="tiny", seq=16, batch=2, warmup=0, steps=2, variants=("engine", "engine_in_backward", "engine_adamw_per_tensor"),
+        out_dir=out_dir,
         html=False, fail_fast=True,
     )  # fmt: skip
     return run_bench(cfg)
@@ -703,6 +704,16 @@ def test_the_in_backward_row_trains_without_clipping(tmp_path):
     inside, after = rows["engine_in_backward"]["setup"], rows["engine"]["setup"]
     assert inside["optimizer_in_backward"] and inside["clip_grad_norm"] is None
     assert not after["optimizer_in_backward"] and after["clip_grad_norm"] == 1.0
+    from workbench.train.triton_adamw_optimizer import MULTI_TENSOR_NUMEL
+
+    # the per-tensor row differs from the engine row in its AdamW's launches alone (TritonAdamW's; a float32 model
+    # on CPU trains with torch's AdamW, which has no such setting: recorded as None)
+    per_tensor = rows["engine_adamw_per_tensor"]["setup"]
+    if "TritonAdamW" in after["optimizer"]:
+        assert (after["adamw_multi_tensor_numel"], per_tensor["adamw_multi_tensor_numel"]) == (MULTI_TENSOR_NUMEL, 0)
+    else:
+        assert after["adamw_multi_tensor_numel"] is None is per_tensor["adamw_multi_tensor_numel"]
+    assert rows["engine_adamw_per_tensor"]["loss"] == pytest.approx(rows["engine"]["loss"], abs=1e-6)
     # the same weights and tokens: the first loss is before any update
     assert rows["engine_in_backward"]["loss"][0] == pytest.approx(rows["engine"]["loss"][0], abs=1e-6)
 

@@ -31,6 +31,7 @@ class VariantSpec:
     )
     liger: bool = False  # anchor only: Liger kernels patched onto the Transformers model (workbench.bench.liger)
     optimizer_in_backward: bool = False  # engine only: train.optimizer_in_backward (then without clipping)
+    adamw_multi_numel: int | None = None  # engine only: TritonAdamW.multi_tensor_numel (None: its default)
 
     def __post_init__(self) -> None:
         from workbench.backends import CHOICES
@@ -49,6 +50,12 @@ class VariantSpec:
             raise ConfigError(f"variant optimizer {self.optimizer!r} must be one of {OPTIMIZERS}, on an engine variant")
         if self.optimizer_in_backward and self.kind != "engine":
             raise ConfigError("variant optimizer_in_backward=True runs the engine's trainer: an engine variant only")
+        if self.adamw_multi_numel is not None and (
+            self.kind != "engine" or not isinstance(self.adamw_multi_numel, int) or self.adamw_multi_numel < 0
+        ):
+            raise ConfigError(
+                f"variant adamw_multi_numel {self.adamw_multi_numel!r} must be an integer >= 0, on an engine variant"
+            )
         if self.liger and self.kind != "anchor":
             raise ConfigError("variant liger=True patches a Transformers model: an anchor variant only")
         for key, value in self.backend:
@@ -139,6 +146,10 @@ VARIANTS: dict[str, VariantSpec] = {
         "engine",
         "engine, each parameter updated inside the backward (one layer's gradients alive; no clipping)",
         optimizer_in_backward=True,
+    ),
+    # the Triton AdamW with one launch per tensor: what its multi-tensor launches (the default) are worth
+    "engine_adamw_per_tensor": VariantSpec(
+        "engine", "engine, Triton AdamW with one launch per tensor (no multi-tensor launches)", adamw_multi_numel=0
     ),
     "engine_fp32_master": VariantSpec(
         "engine", "engine, float32 master weights and moments, bf16 compute", precision="fp32_master"

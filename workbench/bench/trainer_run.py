@@ -121,6 +121,8 @@ def train_round(
                 del model
             else:
                 trainer.setup()
+                if spec.adamw_multi_numel is not None and hasattr(trainer.optimizer, "multi_tensor_numel"):
+                    trainer.optimizer.multi_tensor_numel = spec.adamw_multi_numel
                 resolved = getattr(trainer.model, "workbench_backend", None)
                 setup = {
                     "library": "workbench",
@@ -142,6 +144,7 @@ def train_round(
                     ),
                     "clip_grad_norm": rc.train.clip_grad_norm,
                     "optimizer_in_backward": rc.train.optimizer_in_backward,
+                    "adamw_multi_tensor_numel": getattr(trainer.optimizer, "multi_tensor_numel", None),
                     "schedule": f"warmup {rc.train.warmup_steps} + cosine to {rc.train.min_lr_ratio} x lr "
                     f"over {steps} steps",
                     "activation_checkpointing": rc.train.activation_checkpointing,

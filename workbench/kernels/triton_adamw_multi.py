@@ -75,7 +75,7 @@ class _ListState:
     def to_device(self, table: torch.Tensor, device: torch.device) -> torch.Tensor:
         """`table` (int64, on the host) in the device buffer, by an asynchronous copy on the current stream."""
         if not self.host:
-            self.host = [torch.empty(table.shape, dtype=table.dtype, pin_memory=True) for _ in range(2)]
+            self.host = [torch.empty(table.shape, dtype=table.dtype, device="cpu", pin_memory=True) for _ in range(2)]
             self.device_table = torch.empty(table.shape, dtype=table.dtype, device=device)
         turn, self.turn = self.turn, 1 - self.turn
         if self.copied[turn] is not None:

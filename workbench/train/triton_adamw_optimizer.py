@@ -34,6 +34,11 @@ def _torch_adamw_options() -> dict[str, Any]:
     return {k: v for k, v in ref.items() if k not in ("lr", "betas", "eps", "weight_decay")}
 
 
+# The default multi_tensor_numel: every adapter, norm, router and k/v projection of a 30B-class MoE shares the
+# launches; attention's q/o and the fused experts (tens of millions of elements) keep their own.
+MULTI_TENSOR_NUMEL = 1 << 22
+
+
 class TritonAdamW(torch.optim.Optimizer):
     """AdamW with torch's fused CUDA math, one Triton kernel launch per parameter tensor.
 
@@ -72,7 +77,7 @@ class TritonAdamW(torch.optim.Optimizer):
         seed: int = 0,
         kernel: str | None = None,
         launch: AdamWLaunch = DEFAULT_LAUNCH,
-        multi_tensor_numel: int = 0,
+        multi_tensor_numel: int = MULTI_TENSOR_NUMEL,
     ) -> None:
         if isinstance(multi_tensor_numel, bool) or not isinstance(multi_tensor_numel, int) or multi_tensor_numel < 0:
             raise ValueError(f"multi_tensor_numel must be an integer >= 0, got {multi_tensor_numel!r}")
@@ -103,10 +108,10 @@ class TritonAdamW(torch.optim.Optimizer):
             kernel = adamw_kernel(first.device if first is not None else "cpu")
         self.kernel, self.launch = kernel, launch
         # Tensors of at most this many elements share one launch per group and step (kernels/triton_adamw_multi.py:
-        # a launch per tensor costs ~65 us of host time); 0, one launch each. Off by default: on the H200 the compiled
-        # kernel equals the per-tensor one bit for bit (tests/test_adamw_multi.py), but the steps measured with it on
-        # were slower, not faster (the 48-layer LoRA step 10.6k -> 8.3k tokens/s, the L8 bench's forward +5 ms;
-        # benchmarks/NOTES.md, session 8), for a reason not found yet.
+        # a launch per tensor costs ~65 us of host time); 0, one launch each. The compiled kernel equals the
+        # per-tensor one bit for bit (tests/test_adamw_multi.py); on the H200 the 48-layer LoRA step measured
+        # 9.2k / 9.7k tokens/s with it against 7.9k / 8.2k without (alternating, one launch; benchmarks/NOTES.md,
+        # session 9), once its step table went through buffers allocated once.
         self.multi_tensor_numel = multi_tensor_numel
         self._block_maps: dict = {}
         self.precise = bool(precise)
