@@ -690,8 +690,8 @@ def _in_backward_rows(rank, world, out_dir):
     from workbench.bench import run_bench
 
     cfg = BenchConfig(
-        preset="tiny", seq=16, batch=2, warmup=0, steps=2, variants=("engine", "engine_in_backward", "engine_adamw_per_tensor"),
-        out_dir=out_dir,
+        preset="tiny", seq=16, batch=2, warmup=0, steps=2,
+        variants=("engine", "engine_in_backward", "engine_adamw_per_tensor"), out_dir=out_dir,
         html=False, fail_fast=True,
     )  # fmt: skip
     return run_bench(cfg)
