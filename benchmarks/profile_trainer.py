@@ -137,6 +137,7 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
         log_every=steps,
         activation_checkpointing=args.ac,
         gc_every=args.gc_every,
+        cuda_graphs=args.cuda_graphs,
     )
     rc = RunConfig(
         model=ModelConfig(preset=args.preset, layers=args.layers, dtype="bfloat16"),
@@ -183,6 +184,7 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30,  # build included
         "losses": [round(float(r["loss"]), 4) for r in warm_records + records],
         "optimizer_updates": dict(getattr(trainer.optimizer, "updates", {})),
+        "cuda_graph_replays": getattr(getattr(trainer.model, "workbench_stack_graphs", None), "replays", None),
     }
     print(precision, json.dumps(res), flush=True)
     if not args.no_trace:
@@ -209,6 +211,7 @@ def main() -> None:
     p.add_argument("--lora-rank", type=int, default=0, help="LoRA on attention + experts at this rank (0: full)")
     p.add_argument("--ac", action="store_true", help="activation checkpointing (train.activation_checkpointing)")
     p.add_argument("--no-trace", action="store_true", help="time the steps only: no profiled step")
+    p.add_argument("--cuda-graphs", action="store_true", help="train.cuda_graphs: the decoder stack as CUDA graphs")
     p.add_argument(
         "--adamw-multi-numel", type=int, default=None, help="TritonAdamW: tensors up to this size share one launch"
     )

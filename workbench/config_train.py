@@ -67,6 +67,9 @@ class TrainConfig:
     # Update each parameter inside the backward and free its gradient (train/backward_updates.py): about one layer's
     # gradients alive instead of all; needs clip_grad_norm null, one rank and no gradient accumulation
     optimizer_in_backward: bool = False
+    # Replay the decoder stack as CUDA graphs (train/stack_graphs.py): host-bound steps (LoRA) stop waiting for the
+    # launches; one CUDA rank, no activation checkpointing
+    cuda_graphs: bool = False
     # Aux-loss-free balancing (DeepSeek-V3): after each step, bias_e += rate * sign(mean load - load_e); 0 = off.
     router_bias_update_rate: float = 0.0
     checkpoint_every: int | None = None  # steps; None = only at the end
@@ -138,7 +141,13 @@ class TrainConfig:
                 "(train.export_hf) with another one"
             )
         object.__setattr__(self, "resume_allow_changes", tuple(allowed))
-        for name in ("activation_checkpointing", "optimizer_in_backward", "save_final_checkpoint", "export_hf"):
+        for name in (
+            "activation_checkpointing",
+            "optimizer_in_backward",
+            "cuda_graphs",
+            "save_final_checkpoint",
+            "export_hf",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"train.{name} must be true or false, got {getattr(self, name)!r}")
         if self.optimizer_in_backward and self.clip_grad_norm is not None:
@@ -146,6 +155,11 @@ class TrainConfig:
                 "train.optimizer_in_backward updates each parameter as soon as its gradient is complete, and "
                 f"clipping by the global norm (train.clip_grad_norm={self.clip_grad_norm}) needs every gradient "
                 "first: set train.clip_grad_norm to null, or optimizer_in_backward to false"
+            )
+        if self.cuda_graphs and self.activation_checkpointing:
+            raise ConfigError(
+                "train.cuda_graphs captures the decoder stack's forward and backward once; activation checkpointing "
+                "recomputes layers inside the backward, which the capture does not take: set one of them to false"
             )
         if self.optimizer_in_backward and self.optimizer == "adamw_torch":
             raise ConfigError(

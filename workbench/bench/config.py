@@ -32,6 +32,7 @@ class VariantSpec:
     liger: bool = False  # anchor only: Liger kernels patched onto the Transformers model (workbench.bench.liger)
     optimizer_in_backward: bool = False  # engine only: train.optimizer_in_backward (then without clipping)
     adamw_multi_numel: int | None = None  # engine only: TritonAdamW.multi_tensor_numel (None: its default)
+    cuda_graphs: bool = False  # engine only: train.cuda_graphs (the decoder stack replayed as CUDA graphs)
 
     def __post_init__(self) -> None:
         from workbench.backends import CHOICES
@@ -56,6 +57,8 @@ class VariantSpec:
             raise ConfigError(
                 f"variant adamw_multi_numel {self.adamw_multi_numel!r} must be an integer >= 0, on an engine variant"
             )
+        if self.cuda_graphs and self.kind != "engine":
+            raise ConfigError("variant cuda_graphs=True sets the engine trainer's train.cuda_graphs: an engine variant")
         if self.liger and self.kind != "anchor":
             raise ConfigError("variant liger=True patches a Transformers model: an anchor variant only")
         for key, value in self.backend:
@@ -150,6 +153,13 @@ VARIANTS: dict[str, VariantSpec] = {
     # the Triton AdamW with one launch per tensor: what its multi-tensor launches (the default) are worth
     "engine_adamw_per_tensor": VariantSpec(
         "engine", "engine, Triton AdamW with one launch per tensor (no multi-tensor launches)", adamw_multi_numel=0
+    ),
+    "engine_cuda_graphs": VariantSpec(
+        "engine",
+        "engine, the decoder stack replayed as CUDA graphs (train.cuda_graphs)",
+        cuda_graphs=True,
+        needs_cuda=True,
+        cuda_reason="CUDA graphs need a CUDA GPU",
     ),
     "engine_fp32_master": VariantSpec(
         "engine", "engine, float32 master weights and moments, bf16 compute", precision="fp32_master"

@@ -59,6 +59,7 @@ def run_config(
         # updates inside the backward cannot clip by the global norm (train/backward_updates.py)
         optimizer_in_backward=spec.optimizer_in_backward,
         clip_grad_norm=None if spec.optimizer_in_backward else 1.0,
+        cuda_graphs=spec.cuda_graphs,
     )
     return RunConfig(
         model=model,
@@ -145,6 +146,7 @@ def train_round(
                     "clip_grad_norm": rc.train.clip_grad_norm,
                     "optimizer_in_backward": rc.train.optimizer_in_backward,
                     "adamw_multi_tensor_numel": getattr(trainer.optimizer, "multi_tensor_numel", None),
+                    "cuda_graphs": rc.train.cuda_graphs,
                     "schedule": f"warmup {rc.train.warmup_steps} + cosine to {rc.train.min_lr_ratio} x lr "
                     f"over {steps} steps",
                     "activation_checkpointing": rc.train.activation_checkpointing,

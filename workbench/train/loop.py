@@ -59,6 +59,7 @@ from workbench.train.loop_support import (
 )
 from workbench.train.model_setup import build_model, check_lora, model_dtype, resolve_mesh
 from workbench.train.optim import build_optimizer, build_scheduler, set_skip_flag
+from workbench.train.stack_graphs import check_stack_graphs, install_stack_graphs
 from workbench.train.step_gc import StepGC
 from workbench.train.step_stats import Clock, SkipFlag, StepQueue
 
@@ -112,6 +113,7 @@ class Trainer(TrainStep, StepRecords):
         mesh_sizes = self.mesh.to_dict() if self.mesh is not None else {"dp": 1, "ep": 1}
         # Resolved once, with the mesh's ep: the run records the backends the model is then built with.
         self.backend = rc.backend.resolve(self.device, world_size=mesh_sizes["ep"])
+        check_stack_graphs(rc.train, self.backend, self.world, self.accum, self.device)
         self.run = open_run_dir(
             rc,
             {
@@ -146,6 +148,8 @@ class Trainer(TrainStep, StepRecords):
         if rc.train.activation_checkpointing:
             # torch's composable checkpoint per decoder layer, not Transformers' (train/activation_checkpoint.py)
             apply_activation_checkpointing(self.model)
+        if rc.train.cuda_graphs:  # captured at the first training forward (train/stack_graphs.py)
+            install_stack_graphs(self.model)
         if rc.train.router_bias_update_rate > 0:
             keep_router_biases_fp32(self.model)  # before a resume loads the saved float32 values into it
         self.optimizer = build_optimizer(self.model, rc.train, self.device)

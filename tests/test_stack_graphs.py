@@ -1,0 +1,107 @@
+"""The decoder stack replayed as CUDA graphs (train.cuda_graphs, workbench/train/stack_graphs.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from workbench import RunConfig
+from workbench.config import DataConfig, LoraConfig
+from workbench.config_checks import ConfigError
+from workbench.train.loop import Trainer
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+
+
+def _rc(tmp_path, run_id, device, **overrides):
+    base = dict(
+        output_dir=str(tmp_path / "runs"),
+        run_id=run_id,
+        data=DataConfig(kind="synthetic", seq_len=64),
+        train__steps=4,
+        train__global_batch_size=2,
+        train__local_batch_size=2,
+        train__save_final_checkpoint=False,
+        train__lr=1e-3,
+        train__gc_every=0,
+        model__device=device,
+        model__dtype="bfloat16" if device == "cuda" else "float32",
+    )
+    base.update(overrides)
+    return RunConfig.demo(**base)
+
+
+def _trained(rc, steps):
+    trainer = Trainer(rc)
+    trainer.setup()
+    for step in range(1, steps + 1):
+        trainer.train_step(step)
+    return trainer, trainer.collect(wait=True)
+
+
+def test_bad_settings_are_refused_before_any_model_is_built(tmp_path):
+    with pytest.raises(ConfigError, match="activation checkpointing"):
+        _rc(tmp_path, "ac", "cpu", train__cuda_graphs=True, train__activation_checkpointing=True)
+    with pytest.raises(ConfigError, match=r"train\.cuda_graphs must be true or false"):
+        _rc(tmp_path, "bad", "cpu", train__cuda_graphs="yes")
+    with pytest.raises(ConfigError, match="this run's device is cpu"):
+        Trainer(_rc(tmp_path, "cpu", "cpu", train__cuda_graphs=True))
+    if torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="without gradient accumulation"):
+            Trainer(_rc(tmp_path, "accum", "cuda", train__cuda_graphs=True, train__local_batch_size=1))
+        with pytest.raises(ConfigError, match="expert_recompute"):
+            Trainer(_rc(tmp_path, "recompute", "cuda", train__cuda_graphs=True, backend__expert_recompute=True))
+
+
+def test_installed_graphs_leave_names_and_the_eager_forward_alone(tmp_path):
+    # On the CPU (no capture possible) the swapped layers run their own forward: same keys, same logits.
+    from workbench.train.stack_graphs import StackGraphs, install_stack_graphs
+
+    trainer = Trainer(_rc(tmp_path, "plain", "cpu"))
+    trainer.setup()
+    model = trainer.model
+    keys = list(model.state_dict())
+    ids = torch.randint(0, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    graphs = install_stack_graphs(model)
+    assert isinstance(graphs, StackGraphs) and list(model.state_dict()) == keys
+    with torch.no_grad():
+        got = model(input_ids=ids).logits
+    assert torch.equal(got, want)
+    model(input_ids=ids, labels=ids).loss.backward()  # a KV cache (use_cache defaults to the config's true)
+    # a training forward on the CPU: eager, with its reason counted
+    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    assert graphs.replays == 0
+    assert graphs.eager_forwards == {"cache set": 1, "hidden states not on a CUDA device": 1}
+
+
+@CUDA
+@pytest.mark.parametrize("lora", [False, True])
+def test_replayed_steps_equal_eager_steps(tmp_path, lora, caplog):
+    extra = {"lora": LoraConfig(rank=4, alpha=8, targets=("attention", "experts"))} if lora else {}
+    eager, eager_records = _trained(_rc(tmp_path, "eager", "cuda", **extra), 4)
+    with caplog.at_level(logging.INFO, logger="workbench"):
+        graphed, graphed_records = _trained(_rc(tmp_path, "graphed", "cuda", train__cuda_graphs=True, **extra), 4)
+    graphs = graphed.model.workbench_stack_graphs
+    assert graphs.replays == 4 and not graphs.eager_forwards, graphs.eager_forwards
+    assert any("captured" in r.getMessage() for r in caplog.records)
+    # the same kernels in the same order: equal up to what a capture may change (cuBLAS workspaces)
+    for a, b in zip(eager_records, graphed_records, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], abs=2e-3), (a["loss"], b["loss"])
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=2e-2)
+        if a.get("expert_load") is not None:
+            assert b["expert_load"] == a["expert_load"]  # the warm-up passes are not counted
+    assert eager_records[-1]["loss"] < eager_records[0]["loss"]
+    params_a = dict(eager.model.named_parameters())
+    for name, b in graphed.model.named_parameters():
+        if b.requires_grad:
+            torch.testing.assert_close(b.float(), params_a[name].float(), atol=2e-2, rtol=2e-2, msg=name)
+    # eval and another shape run eagerly (and give the eager model's numbers)
+    ids = torch.randint(0, graphed.model.config.vocab_size, (1, 32), device="cuda")
+    with torch.no_grad():
+        torch.testing.assert_close(graphed.model(input_ids=ids).logits, eager.model(input_ids=ids).logits)
+    graphed.model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    assert any("another shape" in why for why in graphs.eager_forwards)

@@ -1,0 +1,219 @@
+"""The decoder stack replayed as CUDA graphs (train.cuda_graphs): one forward and one backward replay per step.
+
+A LoRA step of the 48-layer Qwen3-30B-A3B on an H200 is host-bound: the GPU waits for Python and
+the launches of a few thousand small kernels per step (benchmarks/NOTES.md, sessions 8-9). Here the
+whole stack of decoder layers is captured once, at the first training forward, as one callable
+(torch.cuda.make_graphed_callables: one static input and output, one memory pool, no per-layer
+copies) and each later training forward replays it; autograd runs the captured backward.
+
+Layer 0 runs the graph of the stack; layers 1..L-1, called next by the model's own loop with the
+graph's output, hand it on. A forward the capture cannot stand for runs eagerly, layer by layer:
+gradients off or eval mode (validation, generation), a mask (padding, packed documents), a cache,
+other inputs, another shape. The router logits (the aux loss) and the expert load counters come out
+of the replay as the eager forward gives them. Needs one CUDA rank, no activation checkpointing,
+kernels without host syncs (grouped_mm experts, not TE's or the per-expert loop).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+log = logging.getLogger("workbench")
+
+# Layer keywords a replay ignores: what the stack's forward does not read on the training path
+# (position ids only reach the rotary embedding, computed before the layers; the loss's token count).
+_IGNORED = ("position_ids", "cache_position", "num_items_in_batch")
+_OFF = ("cache", "past_key_values", "use_cache", "output_router_logits", "output_attentions")
+
+
+class _Stack(nn.Module):
+    """The decoder layers as one function of tensors: (hidden, cos, sin) -> (hidden, *router logits)."""
+
+    def __init__(self, layers: list[nn.Module], graphs: StackGraphs) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)  # holds the model's own modules (their names stay the model's)
+        self.graphs = graphs
+
+    def forward(self, hidden_BSD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The layers' eager forward; the router logits their hooks recorded come out as outputs."""
+        sink = self.graphs.sink
+        logits: list[torch.Tensor] = []
+        outer = sink.logits if sink is not None else None
+        if sink is not None:
+            sink.logits = logits
+        try:
+            for layer in self.layers:
+                hidden_BSD = self.graphs.eager(layer, hidden_BSD, (), {"position_embeddings": (cos, sin)})
+        finally:
+            if sink is not None:
+                sink.logits = outer
+        return (hidden_BSD, *logits)
+
+
+class StackGraphs:
+    """The captured stack of one model and the bookkeeping of a replayed forward."""
+
+    def __init__(self, model: nn.Module, layers: nn.ModuleList) -> None:
+        self.layers = list(layers)
+        self.eager_classes = {id(m): type(m) for m in self.layers}
+        self.index = {id(m): i for i, m in enumerate(self.layers)}
+        self.sink = getattr(model, "workbench_router_sink", None)
+        self.model_ref = model
+        self.graphed: nn.Module | None = None
+        self.signature: tuple | None = None
+        self.expect: int | None = None  # the next layer to hand the replay's output on
+        self.output: torch.Tensor | None = None
+        self.replays = 0
+        self.eager_forwards: dict[str, int] = {}  # reason -> training forwards that ran eagerly
+
+    def eager(self, layer: nn.Module, hidden: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
+        """The layer's own (Transformers') forward."""
+        return self.eager_classes[id(layer)].forward(layer, hidden, *args, **kwargs)
+
+    def _why_eager(self, layer: nn.Module, hidden: torch.Tensor, args: tuple, kwargs: dict) -> str | None:
+        if args:
+            return "positional layer arguments"
+        if kwargs.get("attention_mask") is not None:
+            return "an attention mask (padding or packed documents)"
+        for key in _OFF:
+            if kwargs.get(key):
+                return f"{key} set"
+        pe = kwargs.get("position_embeddings")
+        if not (isinstance(pe, tuple) and len(pe) == 2 and all(isinstance(t, torch.Tensor) for t in pe)):
+            return "no (cos, sin) position embeddings"
+        for key, value in kwargs.items():
+            if key not in (*_IGNORED, *_OFF, "attention_mask", "position_embeddings") and value is not None:
+                return f"layer keyword {key!r}"
+        if not hidden.is_cuda:
+            return "hidden states not on a CUDA device"
+        if self.signature is not None and self.signature != _signature(hidden, *pe):
+            return f"another shape than the captured one ({tuple(hidden.shape)})"
+        return None
+
+    def layer_forward(self, layer: nn.Module, hidden: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
+        """What decoder layer `layer` returns: the stack's replay (layer 0), its output handed on, or eager."""
+        i = self.index[id(layer)]
+        if i == 0:
+            self.expect, self.output = None, None
+            if torch.is_grad_enabled() and layer.training:
+                why = self._why_eager(layer, hidden, args, kwargs)
+                if why is None:
+                    return self._replay(hidden, *kwargs["position_embeddings"])
+                if self.eager_forwards.get(why, 0) == 0:
+                    log.warning("train.cuda_graphs: a training forward runs eagerly: %s", why)
+                self.eager_forwards[why] = self.eager_forwards.get(why, 0) + 1
+        elif self.expect is not None:
+            if i != self.expect or hidden is not self.output:
+                raise RuntimeError(
+                    f"train.cuda_graphs: decoder layer {i} was called with other input than the replayed stack's "
+                    f"output (layer {self.expect} expected): the model's loop is not the one captured"
+                )
+            self.expect = i + 1 if i + 1 < len(self.layers) else None
+            return hidden
+        return self.eager(layer, hidden, args, kwargs)
+
+    def _replay(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.graphed is None:
+            self._capture(hidden, cos, sin)
+        outputs = self.graphed(hidden, cos, sin)
+        if self.sink is not None and self.sink.logits is not None:
+            self.sink.logits.extend(outputs[1:])
+        self.replays += 1
+        self.output = outputs[0]
+        self.expect = 1 if len(self.layers) > 1 else None
+        return outputs[0]
+
+    def _capture(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        from workbench.moe.routed_load import load_counters
+
+        counters = load_counters(self.model_ref)
+        before = [c.clone() for c in counters]  # the warm-up forwards count tokens that were never trained on
+        stack = _Stack(self.layers, self)
+        sample = (
+            hidden.detach().clone().requires_grad_(hidden.requires_grad),
+            cos.detach().clone(),
+            sin.detach().clone(),
+        )
+        try:
+            # two warm-up passes: lazy initialization (cuBLAS workspaces, Triton compiles) stays out of the capture
+            self.graphed = torch.cuda.make_graphed_callables(
+                stack, (sample,), num_warmup_iters=2, allow_unused_input=True
+            )
+        except Exception as err:
+            raise RuntimeError(
+                f"train.cuda_graphs: capturing the decoder stack failed ({type(err).__name__}: {err}); an op in "
+                "the layers waits for the host or changes shape from step to step: set train.cuda_graphs to false"
+            ) from err
+        with torch.no_grad():
+            for counter, saved in zip(counters, before, strict=True):
+                counter.copy_(saved)
+        self.signature = _signature(hidden, cos, sin)
+        log.info("train.cuda_graphs: captured %d decoder layers, input %s", len(self.layers), tuple(hidden.shape))
+
+
+def _signature(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
+    return tuple((tuple(t.shape), t.dtype, t.device, t.requires_grad) for t in (hidden, cos, sin))
+
+
+class GraphedLayer:
+    """Mixin put in front of a decoder layer's class: its forward goes through the model's StackGraphs."""
+
+    workbench_graphs: StackGraphs
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        """The replayed stack's output, or the layer's own forward (StackGraphs.layer_forward)."""
+        return self.workbench_graphs.layer_forward(self, hidden_states, args, kwargs)
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The model's decoder layers (Transformers' `model.layers`)."""
+    layers = getattr(getattr(model, "base_model", model), "layers", None)
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        raise ValueError(
+            f"train.cuda_graphs: {type(model).__name__} has no decoder layers at base_model.layers to capture"
+        )
+    return layers
+
+
+def install_stack_graphs(model: nn.Module) -> StackGraphs:
+    """Route `model`'s decoder layers through one StackGraphs (captured at the first training forward)."""
+    layers = decoder_layers(model)
+    graphs = StackGraphs(model, layers)
+    for layer in layers:
+        cls = type(layer)
+        if not issubclass(cls, GraphedLayer):
+            # a class swap, not a wrapper: parameter names and state dict keys stay Transformers'
+            layer.__class__ = type(f"Graphed{cls.__name__}", (GraphedLayer, cls), {"__module__": __name__})
+        layer.workbench_graphs = graphs
+    model.workbench_stack_graphs = graphs
+    return graphs
+
+
+def check_stack_graphs(train, backend, world: int, accum: int, device: torch.device) -> None:
+    """Refuse train.cuda_graphs where a capture cannot run or cannot be right (before any model is built)."""
+    from workbench.config_checks import ConfigError
+
+    if not train.cuda_graphs:
+        return
+    if device.type != "cuda":
+        raise ConfigError(f"train.cuda_graphs replays CUDA graphs: this run's device is {device.type}")
+    if world > 1:
+        raise ConfigError(
+            f"train.cuda_graphs runs on one rank for now (FSDP2's hooks and collectives are not captured): "
+            f"this run has {world}"
+        )
+    if accum > 1:
+        # the replayed backward writes the parameters' gradients into the capture's buffers, which autograd hands
+        # to .grad as they are: a second micro-batch would overwrite the first one's before adding to it
+        raise ConfigError(
+            f"train.cuda_graphs runs without gradient accumulation for now: this run has {accum} micro-batches per "
+            "step (make train.local_batch_size the per-rank batch)"
+        )
+    if backend.experts == "te" or backend.expert_recompute:
+        raise ConfigError(
+            "train.cuda_graphs captures the grouped_mm experts: backend.experts='te' (host-side row counts) and "
+            "backend.expert_recompute are not capturable; set backend.experts='grouped_mm', expert_recompute false"
+        )
