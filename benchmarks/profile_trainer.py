@@ -182,6 +182,10 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
             if k in records[0]
         },
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30,  # build included
+        # a CUDA graph pool's replay memory counts as free to the allocator: added (train/stack_graphs.py)
+        "graph_pool_hidden_gib": getattr(getattr(trainer.model, "workbench_stack_graphs", None), "pool_hidden_bytes", 0)
+        / 2**30,
+        "step_peak_gib": max(r.get("mem_peak_gib", 0.0) for r in records),
         "losses": [round(float(r["loss"]), 4) for r in warm_records + records],
         "optimizer_updates": dict(getattr(trainer.optimizer, "updates", {})),
         "cuda_graph_replays": getattr(getattr(trainer.model, "workbench_stack_graphs", None), "replays", None),

@@ -75,7 +75,8 @@ def test_installed_graphs_leave_names_and_the_eager_forward_alone(tmp_path):
     # a training forward on the CPU: eager, with its reason counted
     model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
     assert graphs.replays == 0
-    assert graphs.eager_forwards == {"cache set": 1, "hidden states not on a CUDA device": 1}
+    cache = "cache set" if "cache set" in graphs.eager_forwards else "past_key_values set"  # transformers 5.17's name
+    assert graphs.eager_forwards == {cache: 1, "hidden states not on a CUDA device": 1}
 
 
 @CUDA
@@ -95,6 +96,9 @@ def test_replayed_steps_equal_eager_steps(tmp_path, lora, caplog):
         if a.get("expert_load") is not None:
             assert b["expert_load"] == a["expert_load"]  # the warm-up passes are not counted
     assert eager_records[-1]["loss"] < eager_records[0]["loss"]
+    # the replays' activations live in the capture's pool, which the allocator counts as free: added back
+    assert graphs.pool_hidden_bytes > 0 and graphed_records[-1]["mem_kind"] == "cuda_allocated+graph_pool"
+    assert graphed_records[-1]["mem_peak_gib"] >= 0.9 * eager_records[-1]["mem_peak_gib"]
     params_a = dict(eager.model.named_parameters())
     for name, b in graphed.model.named_parameters():
         if b.requires_grad:

@@ -96,13 +96,17 @@ def reset_peak_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def memory_gib(device: torch.device) -> tuple[float, float, str]:
-    """(peak, now, kind): CUDA allocated bytes since the last reset, or the process RSS on CPU."""
+def memory_gib(device: torch.device, hidden: int = 0) -> tuple[float, float, str]:
+    """(peak, now, kind): CUDA allocated bytes since the last reset, or the process RSS on CPU.
+
+    `hidden`: bytes the allocator counts as free that are in use all the same (a CUDA graph pool's
+    replay memory, train/stack_graphs.py): added to both figures.
+    """
     if device.type == "cuda":
         return (
-            torch.cuda.max_memory_allocated(device) / GIB,
-            torch.cuda.memory_allocated(device) / GIB,
-            "cuda_allocated",
+            (torch.cuda.max_memory_allocated(device) + hidden) / GIB,
+            (torch.cuda.memory_allocated(device) + hidden) / GIB,
+            "cuda_allocated" if not hidden else "cuda_allocated+graph_pool",
         )
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     peak = peak_kib * (1 if sys.platform == "darwin" else 1024) / GIB  # macOS reports bytes

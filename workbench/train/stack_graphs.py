@@ -67,6 +67,9 @@ class StackGraphs:
         self.expect: int | None = None  # the next layer to hand the replay's output on
         self.output: torch.Tensor | None = None
         self.replays = 0
+        # Bytes of the capture's memory pool that hold no live tensor: the replays' activations. The allocator
+        # counts them as free, so memory figures add them (memory_gib's `hidden` argument)
+        self.pool_hidden_bytes = 0
         self.eager_forwards: dict[str, int] = {}  # reason -> training forwards that ran eagerly
 
     def eager(self, layer: nn.Module, hidden: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -139,8 +142,10 @@ class StackGraphs:
         )
         try:
             # two warm-up passes: lazy initialization (cuBLAS workspaces, Triton compiles) stays out of the capture
+            # one callable: its sample_args are its arguments themselves
+            pool = torch.cuda.graph_pool_handle()
             self.graphed = torch.cuda.make_graphed_callables(
-                stack, (sample,), num_warmup_iters=2, allow_unused_input=True
+                stack, sample, num_warmup_iters=2, allow_unused_input=True, pool=pool
             )
         except Exception as err:
             raise RuntimeError(
@@ -151,7 +156,20 @@ class StackGraphs:
             for counter, saved in zip(counters, before, strict=True):
                 counter.copy_(saved)
         self.signature = _signature(hidden, cos, sin)
+        torch.cuda.empty_cache()  # the warm-up passes' cached blocks: the pool holds what the replays use
+        self.pool_hidden_bytes = pool_hidden_bytes(pool, hidden.device)
         log.info("train.cuda_graphs: captured %d decoder layers, input %s", len(self.layers), tuple(hidden.shape))
+
+
+def pool_hidden_bytes(pool, device: torch.device) -> int:
+    """Bytes of graph memory pool `pool`'s segments that no live tensor holds (what its replays write into)."""
+    segments = torch.cuda.memory_snapshot()
+    if not segments or "segment_pool_id" not in segments[0]:
+        # no pool ids in this torch's snapshot: everything reserved and unallocated (an upper bound)
+        return torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return sum(
+        seg["total_size"] - seg["allocated_size"] for seg in segments if tuple(seg["segment_pool_id"]) == tuple(pool)
+    )
 
 
 def _signature(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
