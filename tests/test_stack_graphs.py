@@ -82,7 +82,7 @@ def test_installed_graphs_leave_names_and_the_eager_forward_alone(tmp_path):
 @CUDA
 @pytest.mark.parametrize("lora", [False, True])
 def test_replayed_steps_equal_eager_steps(tmp_path, lora, caplog):
-    extra = {"lora": LoraConfig(rank=4, alpha=8, targets=("attention", "experts"))} if lora else {}
+    extra = {"lora": LoraConfig(rank=8, alpha=16, targets=("attention", "experts"))} if lora else {}
     eager, eager_records = _trained(_rc(tmp_path, "eager", "cuda", **extra), 4)
     with caplog.at_level(logging.INFO, logger="workbench"):
         graphed, graphed_records = _trained(_rc(tmp_path, "graphed", "cuda", train__cuda_graphs=True, **extra), 4)
