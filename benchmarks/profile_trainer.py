@@ -129,7 +129,7 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
         steps=steps,
         global_batch_size=args.batch,
         local_batch_size=args.batch,
-        lr=1e-5,
+        lr=args.lr,
         seed=0,
         optimizer=args.optimizer,
         precision=precision,
@@ -155,6 +155,15 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
     if args.adamw_multi_numel is not None:  # TritonAdamW's multi-tensor launches (None: its default)
         trainer.optimizer.multi_tensor_numel = args.adamw_multi_numel
     build_s = time.perf_counter() - t0
+    if args.repeat_batch:  # benchmarks/lora_h200.py's setting: the same batch every step (the loss falls: memorized)
+        serve, kept = trainer.stream.next_batch, []
+
+        def same_batch(*where):
+            if not kept:
+                kept.append(serve(*where))
+            return kept[0]
+
+        trainer.stream.next_batch = same_batch
     step = 0
     pause = trainer.step_gc.__enter__()  # as fit() steps: Python's collector paused (train.gc_every)
     for _ in range(args.warmup):
@@ -215,6 +224,8 @@ def main() -> None:
     p.add_argument("--lora-rank", type=int, default=0, help="LoRA on attention + experts at this rank (0: full)")
     p.add_argument("--ac", action="store_true", help="activation checkpointing (train.activation_checkpointing)")
     p.add_argument("--no-trace", action="store_true", help="time the steps only: no profiled step")
+    p.add_argument("--lr", type=float, default=1e-5, help="peak learning rate")
+    p.add_argument("--repeat-batch", action="store_true", help="train on the first batch every step (as lora_h200.py)")
     p.add_argument("--cuda-graphs", action="store_true", help="train.cuda_graphs: the decoder stack as CUDA graphs")
     p.add_argument(
         "--adamw-multi-numel", type=int, default=None, help="TritonAdamW: tensors up to this size share one launch"

@@ -691,7 +691,7 @@ def _in_backward_rows(rank, world, out_dir):
 
     cfg = BenchConfig(
         preset="tiny", seq=16, batch=2, warmup=0, steps=2,
-        variants=("engine", "engine_in_backward", "engine_adamw_per_tensor"), out_dir=out_dir,
+        variants=("engine", "engine_in_backward", "engine_adamw_per_tensor", "engine_in_backward_ac"), out_dir=out_dir,
         html=False, fail_fast=True,
     )  # fmt: skip
     return run_bench(cfg)
@@ -704,6 +704,10 @@ def test_the_in_backward_row_trains_without_clipping(tmp_path):
     inside, after = rows["engine_in_backward"]["setup"], rows["engine"]["setup"]
     assert inside["optimizer_in_backward"] and inside["clip_grad_norm"] is None
     assert not after["optimizer_in_backward"] and after["clip_grad_norm"] == 1.0
+    least = rows["engine_in_backward_ac"]["setup"]
+    assert least["optimizer_in_backward"] and least["activation_checkpointing"]
+    assert not after["activation_checkpointing"]
+    assert rows["engine_in_backward_ac"]["loss"] == pytest.approx(rows["engine_in_backward"]["loss"], abs=1e-5)
     from workbench.train.triton_adamw_optimizer import MULTI_TENSOR_NUMEL
 
     # the per-tensor row differs from the engine row in its AdamW's launches alone (TritonAdamW's; a float32 model

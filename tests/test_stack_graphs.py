@@ -80,14 +80,20 @@ def test_installed_graphs_leave_names_and_the_eager_forward_alone(tmp_path):
 
 
 @CUDA
-@pytest.mark.parametrize("lora", [False, True])
-def test_replayed_steps_equal_eager_steps(tmp_path, lora, caplog):
-    extra = {"lora": LoraConfig(rank=8, alpha=16, targets=("attention", "experts"))} if lora else {}
+@pytest.mark.parametrize(
+    "preset,lora",
+    [("tiny", False), ("tiny", True), ("tiny-deepseek-v3", False), ("tiny-mixtral", False), ("tiny-olmoe", False)],
+)
+def test_replayed_steps_equal_eager_steps(tmp_path, preset, lora, caplog):
+    extra = {"model__preset": preset}
+    if lora:
+        extra["lora"] = LoraConfig(rank=8, alpha=16, targets=("attention", "experts"))
     eager, eager_records = _trained(_rc(tmp_path, "eager", "cuda", **extra), 4)
     with caplog.at_level(logging.INFO, logger="workbench"):
         graphed, graphed_records = _trained(_rc(tmp_path, "graphed", "cuda", train__cuda_graphs=True, **extra), 4)
     graphs = graphed.model.workbench_stack_graphs
-    assert graphs.replays == 4 and not graphs.eager_forwards, graphs.eager_forwards
+    # step 1 runs eagerly and checks every layer's inputs; steps 2-4 replay
+    assert graphs.ready and graphs.replays == 3 and not graphs.eager_forwards, graphs.eager_forwards
     assert any("captured" in r.getMessage() for r in caplog.records)
     # the same kernels in the same order: equal up to what a capture may change (cuBLAS workspaces)
     for a, b in zip(eager_records, graphed_records, strict=True):
@@ -109,3 +115,29 @@ def test_replayed_steps_equal_eager_steps(tmp_path, lora, caplog):
         torch.testing.assert_close(graphed.model(input_ids=ids).logits, eager.model(input_ids=ids).logits)
     graphed.model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
     assert any("another shape" in why for why in graphs.eager_forwards)
+
+
+@CUDA
+def test_a_layer_with_other_inputs_than_layer_0_is_never_replayed(tmp_path):
+    def other_embeddings(module, args, kwargs):  # layer 1 gets its own (equal) position embeddings tuple
+        kwargs["position_embeddings"] = tuple(t.clone() for t in kwargs["position_embeddings"])
+        return args, kwargs
+
+    trainer = Trainer(_rc(tmp_path, "refused", "cuda", train__cuda_graphs=True))
+    trainer.setup()
+    graphs = trainer.model.workbench_stack_graphs
+    handle = graphs.layers[1].register_forward_pre_hook(other_embeddings, with_kwargs=True)
+    for step in (1, 2):
+        trainer.train_step(step)
+    assert graphs.replays == 0 and graphs.graphed is None and "decoder layer 1" in graphs.refused
+    handle.remove()
+    # once captured, a layer called with other inputs than the replay used stops the run
+    other = Trainer(_rc(tmp_path, "stops", "cuda", train__cuda_graphs=True))
+    other.setup()
+    graphs = other.model.workbench_stack_graphs
+    for step in (1, 2):
+        other.train_step(step)
+    assert graphs.replays == 1
+    graphs.layers[1].register_forward_pre_hook(other_embeddings, with_kwargs=True)
+    with pytest.raises(RuntimeError, match="decoder layer 1 was called with other inputs than layer 0"):
+        other.train_step(3)

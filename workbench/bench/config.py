@@ -33,6 +33,7 @@ class VariantSpec:
     optimizer_in_backward: bool = False  # engine only: train.optimizer_in_backward (then without clipping)
     adamw_multi_numel: int | None = None  # engine only: TritonAdamW.multi_tensor_numel (None: its default)
     cuda_graphs: bool = False  # engine only: train.cuda_graphs (the decoder stack replayed as CUDA graphs)
+    activation_checkpointing: bool = False  # engine only: train.activation_checkpointing
 
     def __post_init__(self) -> None:
         from workbench.backends import CHOICES
@@ -57,6 +58,8 @@ class VariantSpec:
             raise ConfigError(
                 f"variant adamw_multi_numel {self.adamw_multi_numel!r} must be an integer >= 0, on an engine variant"
             )
+        if self.activation_checkpointing and self.kind != "engine":
+            raise ConfigError("variant activation_checkpointing=True sets the engine trainer's: an engine variant")
         if self.cuda_graphs and self.kind != "engine":
             raise ConfigError("variant cuda_graphs=True sets the engine trainer's train.cuda_graphs: an engine variant")
         if self.liger and self.kind != "anchor":
@@ -153,6 +156,12 @@ VARIANTS: dict[str, VariantSpec] = {
     # the Triton AdamW with one launch per tensor: what its multi-tensor launches (the default) are worth
     "engine_adamw_per_tensor": VariantSpec(
         "engine", "engine, Triton AdamW with one launch per tensor (no multi-tensor launches)", adamw_multi_numel=0
+    ),
+    "engine_in_backward_ac": VariantSpec(
+        "engine",
+        "engine, updates inside the backward and activation checkpointing per layer (the least memory)",
+        optimizer_in_backward=True,
+        activation_checkpointing=True,
     ),
     "engine_cuda_graphs": VariantSpec(
         "engine",

@@ -60,6 +60,7 @@ def run_config(
         optimizer_in_backward=spec.optimizer_in_backward,
         clip_grad_norm=None if spec.optimizer_in_backward else 1.0,
         cuda_graphs=spec.cuda_graphs,
+        activation_checkpointing=spec.activation_checkpointing,
     )
     return RunConfig(
         model=model,

@@ -2,16 +2,19 @@
 
 A LoRA step of the 48-layer Qwen3-30B-A3B on an H200 is host-bound: the GPU waits for Python and
 the launches of a few thousand small kernels per step (benchmarks/NOTES.md, sessions 8-9). Here the
-whole stack of decoder layers is captured once, at the first training forward, as one callable
-(torch.cuda.make_graphed_callables: one static input and output, one memory pool, no per-layer
-copies) and each later training forward replays it; autograd runs the captured backward.
+whole stack of decoder layers is captured once as one callable (torch.cuda.make_graphed_callables:
+one static input and output, one memory pool, no per-layer copies) and each later training forward
+replays it; autograd runs the captured backward.
 
-Layer 0 runs the graph of the stack; layers 1..L-1, called next by the model's own loop with the
-graph's output, hand it on. A forward the capture cannot stand for runs eagerly, layer by layer:
-gradients off or eval mode (validation, generation), a mask (padding, packed documents), a cache,
-other inputs, another shape. The router logits (the aux loss) and the expert load counters come out
-of the replay as the eager forward gives them. Needs one CUDA rank, no activation checkpointing,
-kernels without host syncs (grouped_mm experts, not TE's or the per-expert loop).
+The first training forward runs eagerly and checks that every layer gets layer 0's inputs (families
+may give layers their own masks); the second captures. Then layer 0 runs the graph of the stack and
+layers 1..L-1, called next by the model's own loop with the graph's output, hand it on (a layer
+called with other inputs than layer 0's stops the run: the replay computed it with layer 0's). A
+forward the capture cannot stand for runs eagerly, layer by layer: gradients off or eval mode
+(validation, generation), a mask (padding, packed documents), a cache, other inputs, another shape.
+The router logits (the aux loss) and the expert load counters come out of the replay as the eager
+forward gives them. Needs one CUDA rank, no activation checkpointing, kernels without host syncs
+(grouped_mm experts, not TE's or the per-expert loop).
 """
 
 from __future__ import annotations
@@ -66,6 +69,10 @@ class StackGraphs:
         self.signature: tuple | None = None
         self.expect: int | None = None  # the next layer to hand the replay's output on
         self.output: torch.Tensor | None = None
+        self.checked = None  # layer 0's position embeddings while an eager training forward checks the layers
+        self.replayed_with = None  # those of the forward being replayed
+        self.ready = False  # an eager training forward found every layer replayable: the next one captures
+        self.refused: str | None = None  # why no capture will be made (a layer with other inputs)
         self.replays = 0
         # Bytes of the capture's memory pool that hold no live tensor: the replays' activations. The allocator
         # counts them as free, so memory figures add them (memory_gib's `hidden` argument)
@@ -99,26 +106,49 @@ class StackGraphs:
     def layer_forward(self, layer: nn.Module, hidden: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
         """What decoder layer `layer` returns: the stack's replay (layer 0), its output handed on, or eager."""
         i = self.index[id(layer)]
+        training = torch.is_grad_enabled() and layer.training
         if i == 0:
-            self.expect, self.output = None, None
-            if torch.is_grad_enabled() and layer.training:
+            self.expect, self.output, self.checked = None, None, None
+            if training:
                 why = self._why_eager(layer, hidden, args, kwargs)
+                if why is None and self.ready:
+                    return self._replay(hidden, kwargs)
                 if why is None:
-                    return self._replay(hidden, *kwargs["position_embeddings"])
-                if self.eager_forwards.get(why, 0) == 0:
-                    log.warning("train.cuda_graphs: a training forward runs eagerly: %s", why)
-                self.eager_forwards[why] = self.eager_forwards.get(why, 0) + 1
+                    self.checked = kwargs.get("position_embeddings")  # this eager forward checks every layer
+                else:
+                    if self.eager_forwards.get(why, 0) == 0:
+                        log.warning("train.cuda_graphs: a training forward runs eagerly: %s", why)
+                    self.eager_forwards[why] = self.eager_forwards.get(why, 0) + 1
         elif self.expect is not None:
-            if i != self.expect or hidden is not self.output:
+            # the replay computed this layer with layer 0's keywords: its own must be those
+            why = self._why_eager(layer, hidden, args, kwargs)
+            if i != self.expect or hidden is not self.output or why is not None or not self._same_inputs(kwargs):
                 raise RuntimeError(
-                    f"train.cuda_graphs: decoder layer {i} was called with other input than the replayed stack's "
-                    f"output (layer {self.expect} expected): the model's loop is not the one captured"
+                    f"train.cuda_graphs: decoder layer {i} was called with other inputs than layer 0 "
+                    f"({why or 'another input or position embeddings'}) after the replay of the stack computed it "
+                    "with layer 0's: this model's layers cannot be replayed as one stack; set train.cuda_graphs false"
                 )
             self.expect = i + 1 if i + 1 < len(self.layers) else None
             return hidden
+        elif self.checked is not None and training:
+            # The capture waits for one eager training forward in which every layer could be replayed with
+            # layer 0's inputs (a family may give layers their own masks: sliding windows, layer types).
+            if self._why_eager(layer, hidden, args, kwargs) is not None or not self._same_inputs(kwargs):
+                self.checked = None
+                self.refused = f"decoder layer {i} takes other inputs than layer 0"
+                log.warning("train.cuda_graphs: no capture: %s; every step runs eagerly", self.refused)
+            elif i == len(self.layers) - 1:
+                self.ready = self.refused is None
         return self.eager(layer, hidden, args, kwargs)
 
-    def _replay(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _same_inputs(self, kwargs: dict) -> bool:
+        # Transformers' loops hand every layer the same position-embedding tuple
+        reference = self.checked if self.expect is None else self.replayed_with
+        return kwargs.get("position_embeddings") is reference
+
+    def _replay(self, hidden: torch.Tensor, kwargs: dict) -> torch.Tensor:
+        cos, sin = kwargs["position_embeddings"]
+        self.replayed_with = kwargs["position_embeddings"]
         if self.graphed is None:
             self._capture(hidden, cos, sin)
         outputs = self.graphed(hidden, cos, sin)
