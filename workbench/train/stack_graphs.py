@@ -83,7 +83,9 @@ class StackGraphs:
         """The layer's own (Transformers') forward."""
         return self.eager_classes[id(layer)].forward(layer, hidden, *args, **kwargs)
 
-    def _why_eager(self, layer: nn.Module, hidden: torch.Tensor, args: tuple, kwargs: dict) -> str | None:
+    def _why_eager(
+        self, layer: nn.Module, hidden: torch.Tensor, args: tuple, kwargs: dict, first: bool = True
+    ) -> str | None:
         if args:
             return "positional layer arguments"
         if kwargs.get("attention_mask") is not None:
@@ -99,7 +101,9 @@ class StackGraphs:
                 return f"layer keyword {key!r}"
         if not hidden.is_cuda:
             return "hidden states not on a CUDA device"
-        if self.signature is not None and self.signature != _signature(hidden, *pe):
+        # only layer 0's input is the graph's: a later layer's is the replay's output (under LoRA it needs a
+        # gradient where layer 0's input, the frozen embedding's, does not)
+        if first and self.signature is not None and self.signature != _signature(hidden, *pe):
             return f"another shape than the captured one ({tuple(hidden.shape)})"
         return None
 
@@ -113,15 +117,16 @@ class StackGraphs:
                 why = self._why_eager(layer, hidden, args, kwargs)
                 if why is None and self.ready:
                     return self._replay(hidden, kwargs)
-                if why is None:
+                if why is None and self.refused is None:
                     self.checked = kwargs.get("position_embeddings")  # this eager forward checks every layer
                 else:
+                    why = why or self.refused
                     if self.eager_forwards.get(why, 0) == 0:
                         log.warning("train.cuda_graphs: a training forward runs eagerly: %s", why)
                     self.eager_forwards[why] = self.eager_forwards.get(why, 0) + 1
         elif self.expect is not None:
             # the replay computed this layer with layer 0's keywords: its own must be those
-            why = self._why_eager(layer, hidden, args, kwargs)
+            why = self._why_eager(layer, hidden, args, kwargs, first=False)
             if i != self.expect or hidden is not self.output or why is not None or not self._same_inputs(kwargs):
                 raise RuntimeError(
                     f"train.cuda_graphs: decoder layer {i} was called with other inputs than layer 0 "
@@ -133,7 +138,7 @@ class StackGraphs:
         elif self.checked is not None and training:
             # The capture waits for one eager training forward in which every layer could be replayed with
             # layer 0's inputs (a family may give layers their own masks: sliding windows, layer types).
-            if self._why_eager(layer, hidden, args, kwargs) is not None or not self._same_inputs(kwargs):
+            if self._why_eager(layer, hidden, args, kwargs, first=False) is not None or not self._same_inputs(kwargs):
                 self.checked = None
                 self.refused = f"decoder layer {i} takes other inputs than layer 0"
                 log.warning("train.cuda_graphs: no capture: %s; every step runs eagerly", self.refused)
