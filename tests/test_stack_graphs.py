@@ -79,13 +79,61 @@ def test_installed_graphs_leave_names_and_the_eager_forward_alone(tmp_path):
     assert graphs.eager_forwards == {cache: 1, "hidden states not on a CUDA device": 1}
 
 
+@pytest.mark.parametrize(
+    "preset,lora,packed",
+    [("tiny", False, True), ("tiny", True, False), ("tiny-deepseek-v3", False, False), ("tiny-olmoe", False, True)],
+)
+def test_the_bookkeeping_around_the_capture_on_the_cpu(tmp_path, monkeypatch, preset, lora, packed):
+    # CUDA graphs need a GPU: here the captured callable is the eager stack itself, so the check pass, the hand-on
+    # of the later layers, the router logits (the aux loss) and the packed documents' mask as an input are what is
+    # tested; test_replayed_steps_equal_eager_steps replays real graphs on a GPU
+    from workbench.train import stack_graphs as sg
+
+    def eager_capture(self, inputs):
+        self.graphed = sg._Stack(self.layers, self)
+        self.signature = sg._signature(*inputs[:3], inputs[3] if len(inputs) > 3 else None)
+
+    why = sg.StackGraphs._why_eager
+    monkeypatch.setattr(sg.StackGraphs, "_capture", eager_capture)
+    monkeypatch.setattr(
+        sg.StackGraphs,
+        "_why_eager",
+        lambda self, *a, **k: {"hidden states not on a CUDA device": None}.get(why(self, *a, **k), why(self, *a, **k)),
+    )
+    extra = {"model__preset": preset}
+    if lora:
+        extra["lora"] = LoraConfig(rank=8, alpha=16, targets=("attention", "experts"))
+    if packed:  # the shipped SFT rows packed: a [B, 1, S, S] mask per step
+        extra["data"] = DataConfig(kind="jsonl", seq_len=64, pack=True)
+    _, eager_records = _trained(_rc(tmp_path, "eager", "cpu", **extra), 4)
+    trainer = Trainer(_rc(tmp_path, "graphed", "cpu", **extra))
+    trainer.setup()
+    graphs = sg.install_stack_graphs(trainer.model)
+    for step in range(1, 5):
+        trainer.train_step(step)
+    records = trainer.collect(wait=True)
+    assert graphs.ready and graphs.replays == 3 and not graphs.eager_forwards and graphs.refused is None
+    assert (graphs.signature[-1] is False) == packed  # the mask is an input exactly where the data has one
+    assert [r["loss"] for r in records] == [r["loss"] for r in eager_records]
+    assert [r["expert_load"] for r in records] == [r["expert_load"] for r in eager_records]
+
+
 @CUDA
 @pytest.mark.parametrize(
-    "preset,lora",
-    [("tiny", False), ("tiny", True), ("tiny-deepseek-v3", False), ("tiny-mixtral", False), ("tiny-olmoe", False)],
+    "preset,lora,packed",
+    [
+        ("tiny", False, False),
+        ("tiny", True, False),
+        ("tiny", True, True),
+        ("tiny-deepseek-v3", False, False),
+        ("tiny-mixtral", False, False),
+        ("tiny-olmoe", False, False),
+    ],
 )
-def test_replayed_steps_equal_eager_steps(tmp_path, preset, lora, caplog):
+def test_replayed_steps_equal_eager_steps(tmp_path, preset, lora, packed, caplog):
     extra = {"model__preset": preset}
+    if packed:
+        extra["data"] = DataConfig(kind="jsonl", seq_len=64, pack=True)
     if lora:
         extra["lora"] = LoraConfig(rank=8, alpha=16, targets=("attention", "experts"))
     eager, eager_records = _trained(_rc(tmp_path, "eager", "cuda", **extra), 4)

@@ -11,7 +11,8 @@ may give layers their own masks); the second captures. Then layer 0 runs the gra
 layers 1..L-1, called next by the model's own loop with the graph's output, hand it on (a layer
 called with other inputs than layer 0's stops the run: the replay computed it with layer 0's). A
 forward the capture cannot stand for runs eagerly, layer by layer: gradients off or eval mode
-(validation, generation), a mask (padding, packed documents), a cache, other inputs, another shape.
+(validation, generation), a cache, other inputs, other shapes (a boolean mask, packed documents or
+padding, is an input of the graph: a step without one where the capture had one runs eagerly).
 The router logits (the aux loss) and the expert load counters come out of the replay as the eager
 forward gives them. Needs one CUDA rank, no activation checkpointing, kernels without host syncs
 (grouped_mm experts, not TE's or the per-expert loop).
@@ -33,14 +34,14 @@ _OFF = ("cache", "past_key_values", "use_cache", "output_router_logits", "output
 
 
 class _Stack(nn.Module):
-    """The decoder layers as one function of tensors: (hidden, cos, sin) -> (hidden, *router logits)."""
+    """The decoder layers as one function of tensors: (hidden, cos, sin[, mask]) -> (hidden, *router logits)."""
 
     def __init__(self, layers: list[nn.Module], graphs: StackGraphs) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)  # holds the model's own modules (their names stay the model's)
         self.graphs = graphs
 
-    def forward(self, hidden_BSD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(self, hidden_BSD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *mask) -> tuple:
         """The layers' eager forward; the router logits their hooks recorded come out as outputs."""
         sink = self.graphs.sink
         logits: list[torch.Tensor] = []
@@ -49,7 +50,8 @@ class _Stack(nn.Module):
             sink.logits = logits
         try:
             for layer in self.layers:
-                hidden_BSD = self.graphs.eager(layer, hidden_BSD, (), {"position_embeddings": (cos, sin)})
+                kwargs = {"position_embeddings": (cos, sin), "attention_mask": mask[0] if mask else None}
+                hidden_BSD = self.graphs.eager(layer, hidden_BSD, (), kwargs)
         finally:
             if sink is not None:
                 sink.logits = outer
@@ -69,7 +71,7 @@ class StackGraphs:
         self.signature: tuple | None = None
         self.expect: int | None = None  # the next layer to hand the replay's output on
         self.output: torch.Tensor | None = None
-        self.checked = None  # layer 0's position embeddings while an eager training forward checks the layers
+        self.checked = None  # layer 0's (position embeddings, mask) while an eager training forward checks the layers
         self.replayed_with = None  # those of the forward being replayed
         self.ready = False  # an eager training forward found every layer replayable: the next one captures
         self.refused: str | None = None  # why no capture will be made (a layer with other inputs)
@@ -88,8 +90,9 @@ class StackGraphs:
     ) -> str | None:
         if args:
             return "positional layer arguments"
-        if kwargs.get("attention_mask") is not None:
-            return "an attention mask (padding or packed documents)"
+        mask = kwargs.get("attention_mask")
+        if mask is not None and not isinstance(mask, torch.Tensor):
+            return f"an attention mask that is not a tensor ({type(mask).__name__})"
         for key in _OFF:
             if kwargs.get(key):
                 return f"{key} set"
@@ -103,8 +106,8 @@ class StackGraphs:
             return "hidden states not on a CUDA device"
         # only layer 0's input is the graph's: a later layer's is the replay's output (under LoRA it needs a
         # gradient where layer 0's input, the frozen embedding's, does not)
-        if first and self.signature is not None and self.signature != _signature(hidden, *pe):
-            return f"another shape than the captured one ({tuple(hidden.shape)})"
+        if first and self.signature is not None and self.signature != _signature(hidden, *pe, mask):
+            return f"other input shapes than the captured ones ({tuple(hidden.shape)}, mask {_shape(mask)})"
         return None
 
     def layer_forward(self, layer: nn.Module, hidden: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -118,7 +121,7 @@ class StackGraphs:
                 if why is None and self.ready:
                     return self._replay(hidden, kwargs)
                 if why is None and self.refused is None:
-                    self.checked = kwargs.get("position_embeddings")  # this eager forward checks every layer
+                    self.checked = _inputs(kwargs)  # this eager forward checks every layer
                 else:
                     why = why or self.refused
                     if self.eager_forwards.get(why, 0) == 0:
@@ -147,16 +150,19 @@ class StackGraphs:
         return self.eager(layer, hidden, args, kwargs)
 
     def _same_inputs(self, kwargs: dict) -> bool:
-        # Transformers' loops hand every layer the same position-embedding tuple
+        # Transformers' loops hand every layer the same position-embedding tuple and mask (a family with
+        # per-layer masks, sliding windows, hands some layers another one)
         reference = self.checked if self.expect is None else self.replayed_with
-        return kwargs.get("position_embeddings") is reference
+        return all(a is b for a, b in zip(_inputs(kwargs), reference, strict=True))
 
     def _replay(self, hidden: torch.Tensor, kwargs: dict) -> torch.Tensor:
         cos, sin = kwargs["position_embeddings"]
-        self.replayed_with = kwargs["position_embeddings"]
+        mask = kwargs.get("attention_mask")
+        self.replayed_with = _inputs(kwargs)
+        inputs = (hidden, cos, sin) if mask is None else (hidden, cos, sin, mask)
         if self.graphed is None:
-            self._capture(hidden, cos, sin)
-        outputs = self.graphed(hidden, cos, sin)
+            self._capture(inputs)
+        outputs = self.graphed(*inputs)
         if self.sink is not None and self.sink.logits is not None:
             self.sink.logits.extend(outputs[1:])
         self.replays += 1
@@ -164,17 +170,15 @@ class StackGraphs:
         self.expect = 1 if len(self.layers) > 1 else None
         return outputs[0]
 
-    def _capture(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    def _capture(self, inputs: tuple[torch.Tensor, ...]) -> None:
         from workbench.moe.routed_load import load_counters
 
         counters = load_counters(self.model_ref)
         before = [c.clone() for c in counters]  # the warm-up forwards count tokens that were never trained on
         stack = _Stack(self.layers, self)
-        sample = (
-            hidden.detach().clone().requires_grad_(hidden.requires_grad),
-            cos.detach().clone(),
-            sin.detach().clone(),
-        )
+        hidden = inputs[0]
+        # the hidden states need a gradient exactly where the real ones do (LoRA: not at layer 0)
+        sample = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
         try:
             # two warm-up passes: lazy initialization (cuBLAS workspaces, Triton compiles) stays out of the capture
             # one callable: its sample_args are its arguments themselves
@@ -190,10 +194,15 @@ class StackGraphs:
         with torch.no_grad():
             for counter, saved in zip(counters, before, strict=True):
                 counter.copy_(saved)
-        self.signature = _signature(hidden, cos, sin)
+        self.signature = _signature(*inputs[:3], inputs[3] if len(inputs) > 3 else None)
         torch.cuda.empty_cache()  # the warm-up passes' cached blocks: the pool holds what the replays use
         self.pool_hidden_bytes = pool_hidden_bytes(pool, hidden.device)
-        log.info("train.cuda_graphs: captured %d decoder layers, input %s", len(self.layers), tuple(hidden.shape))
+        log.info(
+            "train.cuda_graphs: captured %d decoder layers, input %s, mask %s",
+            len(self.layers),
+            tuple(hidden.shape),
+            _shape(inputs[3] if len(inputs) > 3 else None),
+        )
 
 
 def pool_hidden_bytes(pool, device: torch.device) -> int:
@@ -207,8 +216,17 @@ def pool_hidden_bytes(pool, device: torch.device) -> int:
     )
 
 
-def _signature(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
-    return tuple((tuple(t.shape), t.dtype, t.device, t.requires_grad) for t in (hidden, cos, sin))
+def _inputs(kwargs: dict) -> tuple:
+    return kwargs.get("position_embeddings"), kwargs.get("attention_mask")
+
+
+def _shape(t: torch.Tensor | None) -> tuple | None:
+    return None if t is None else tuple(t.shape)
+
+
+def _signature(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> tuple:
+    tensors = (hidden, cos, sin) if mask is None else (hidden, cos, sin, mask)
+    return tuple((tuple(t.shape), t.dtype, t.device, t.requires_grad) for t in tensors) + ((mask is None),)
 
 
 class GraphedLayer:
