@@ -23,6 +23,16 @@ def test_run_panel_lora_settings_make_the_lora_section():
     assert panel.training()["lora"] is None
 
 
+def test_run_panel_cuda_graphs_setting():
+    panel = RunPanel()
+    assert not panel.run_config().train.cuda_graphs  # off by default
+    panel.lora.value, panel.cuda_graphs.value = True, True  # LoRA's host-bound step replayed as CUDA graphs
+    assert panel.run_config().train.cuda_graphs
+    panel.activation_checkpointing.value = True
+    with pytest.raises(ConfigError, match="activation checkpointing"):
+        panel.run_config()
+
+
 def test_mesh_panel_estimate_follows_lora():
     panel = MeshPanel(world_size=1, device_type="cuda", device_memory_gib=140)
     panel.set_model(preset_config("qwen3-30b-a3b", layers=4))

@@ -63,6 +63,15 @@ class RunPanel:
         self.activation_checkpointing = W.Checkbox(
             value=False, description="activation checkpointing", indent=False, layout=fit_layout()
         )
+        # train.cuda_graphs: the decoder stack replayed as CUDA graphs (one GPU; host-bound steps such as LoRA)
+        self.cuda_graphs = W.Checkbox(
+            value=False,
+            description="CUDA graphs",
+            indent=False,
+            layout=fit_layout(),
+            tooltip="replay the decoder layers as CUDA graphs: one GPU, no activation checkpointing (LoRA steps "
+            "stop waiting on Python)",
+        )
         self.save_checkpoint = W.Checkbox(
             value=True, description="save final checkpoint", indent=False, layout=fit_layout()
         )
@@ -122,7 +131,7 @@ class RunPanel:
                 W.HTML("<b>Run</b>"),
                 wrap_row([self.steps, self.lr, self.global_batch, self.local_batch, self.seq_len, self.data_kind]),
                 self.data_path,
-                wrap_row([self.activation_checkpointing, self.save_checkpoint]),
+                wrap_row([self.activation_checkpointing, self.cuda_graphs, self.save_checkpoint]),
                 wrap_row([self.lora, self.lora_rank, self.lora_alpha, self.lora_targets]),
                 self.runs_dir,
                 self.buttons,
@@ -183,6 +192,7 @@ class RunPanel:
             lr=float(self.lr.value),
             warmup_steps=min(2, self.steps.value - 1) if self.steps.value > 1 else 0,
             activation_checkpointing=self.activation_checkpointing.value,
+            cuda_graphs=self.cuda_graphs.value,
             save_final_checkpoint=self.save_checkpoint.value,
         )
         kwargs: dict[str, Any] = {
