@@ -584,6 +584,11 @@ def test_readme_shows_the_latest_launch_per_setup_and_never_a_balanced_headline(
     bold = [line for line in lines if "**" in line]
     assert len(bold) == 2 and all("| **engine** |" in line for line in bold)  # one headline per setup
     assert "| **2.00x** |" in bold[1] and "| 3.00x |" in next(line for line in lines if "balanced gate" in line)
+    # a later launch without an engine row (a memory variant beside its anchor) leaves the headline launch quoted
+    memory_only = [_row("anchor", "anchor", 10.0), _row("engine_in_backward_ac", "engine", 12.0)]
+    (tmp_path / "d.json").write_text(json.dumps(_result("2026-12-01T14:00:00", "qwen3-30b-a3b", memory_only)))
+    assert table(tmp_path).splitlines()[2:] == lines
+    (tmp_path / "d.json").unlink()
     history = history_table(tmp_path).splitlines()[2:]
     assert [line.split(" | ")[-1] for line in history] == ["[b.json](results/b.json) |"] * 2 + [
         "[a.json](results/a.json) |",
