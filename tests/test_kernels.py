@@ -336,6 +336,15 @@ _TRITON_PARITY_SCRIPT = textwrap.dedent("""
         w = 1 + 0.3 * torch.randn(48, device=device)
         check("rms_norm_mixed", lambda b: lambda x, w: rms_norm(x, w, 1e-6, backend=b), [x, w],
               torch.randn(9, 48, device=device), tol)
+        # a frozen weight (LoRA): the kernel computes no weight gradient; the input's gradient is unchanged
+        x, dy = torch.randn(9, 48, device=device).to(dtype), torch.randn(9, 48, device=device).to(dtype)
+        w = w.to(dtype)
+        frozen = {}
+        for b in ("torch", "triton"):
+            leaf = x.clone().requires_grad_()
+            rms_norm(leaf, w, 1e-6, backend=b).backward(dy)
+            frozen[b] = leaf.grad
+        assert w.grad is None and rel(frozen["triton"], frozen["torch"]) < tol, rel(frozen["triton"], frozen["torch"])
     print("TRITON PARITY OK")
 """)
 

@@ -47,6 +47,7 @@ def _rms_norm_bwd_kernel(
     tiles_per_program,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    WANT_DW: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -63,12 +64,14 @@ def _rms_norm_bwd_kernel(
         x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
         x_hat = x * rstd[:, None]
-        dw_acc += tl.sum(dy * x_hat.to(X.dtype.element_ty).to(tl.float32), axis=0)
+        if WANT_DW:
+            dw_acc += tl.sum(dy * x_hat.to(X.dtype.element_ty).to(tl.float32), axis=0)
         # autograd rounds d(x_hat) to the input dtype (the cast in the forward); do the same
         g = (dy * w[None, :]).to(X.dtype.element_ty).to(tl.float32)
         dx = rstd[:, None] * (g - x_hat * (tl.sum(g * x_hat, axis=1) / N)[:, None])
         tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
-    tl.store(DW_PARTIAL + pid * N + cols, dw_acc, mask=cmask)
+    if WANT_DW:
+        tl.store(DW_PARTIAL + pid * N + cols, dw_acc, mask=cmask)
 
 
 def _launch_config(n: int) -> tuple[int, int, int]:
@@ -121,7 +124,9 @@ class _RMSNormFunction(torch.autograd.Function):
         rows, block, warps = _launch_config(N)
         tiles = triton.cdiv(M, rows)
         programs = max(num_programs_for(x_MN.device, tiles), 1)
-        dw_partial = torch.zeros((programs, N), dtype=torch.float32, device=x_MN.device)
+        # A frozen weight (LoRA's norms) needs no gradient: no partial sums, their zeroing and reduction (3 launches)
+        want_dw = ctx.needs_input_grad[1]
+        dw_partial = torch.zeros((programs, N), dtype=torch.float32, device=x_MN.device) if want_dw else dx_MN
         if M > 0:
             _rms_norm_bwd_kernel[(programs,)](
                 dy_MN,
@@ -138,9 +143,10 @@ class _RMSNormFunction(torch.autograd.Function):
                 triton.cdiv(tiles, programs),
                 BLOCK_M=rows,
                 BLOCK_N=block,
+                WANT_DW=want_dw,
                 num_warps=warps,
             )
-        dw = dw_partial.sum(0).to(weight.dtype)
+        dw = dw_partial.sum(0).to(weight.dtype) if want_dw else None
         return dx_MN.view(ctx.shape), dw, None
 
 
