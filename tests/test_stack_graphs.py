@@ -89,12 +89,8 @@ def test_the_bookkeeping_around_the_capture_on_the_cpu(tmp_path, monkeypatch, pr
     # tested; test_replayed_steps_equal_eager_steps replays real graphs on a GPU
     from workbench.train import stack_graphs as sg
 
-    def eager_capture(self, inputs):
-        self.graphed = sg._Stack(self.layers, self)
-        self.signature = sg._signature(*inputs[:3], inputs[3] if len(inputs) > 3 else None)
-
     why = sg.StackGraphs._why_eager
-    monkeypatch.setattr(sg.StackGraphs, "_capture", eager_capture)
+    monkeypatch.setattr(sg, "graph_stack", lambda stack, sample: (stack, 0))
     monkeypatch.setattr(
         sg.StackGraphs,
         "_why_eager",
@@ -113,7 +109,9 @@ def test_the_bookkeeping_around_the_capture_on_the_cpu(tmp_path, monkeypatch, pr
         trainer.train_step(step)
     records = trainer.collect(wait=True)
     assert graphs.ready and graphs.replays == 3 and not graphs.eager_forwards and graphs.refused is None
-    assert (graphs.signature[-1] is False) == packed  # the mask is an input exactly where the data has one
+    # the mask is an input exactly where the data has one; the position ids always are
+    named = dict(graphs.signature[3:])
+    assert (named["attention_mask"] is not None) == packed and named["position_ids"] is not None
     assert [r["loss"] for r in records] == [r["loss"] for r in eager_records]
     assert [r["expert_load"] for r in records] == [r["expert_load"] for r in eager_records]
 

@@ -12,7 +12,8 @@ layers 1..L-1, called next by the model's own loop with the graph's output, hand
 called with other inputs than layer 0's stops the run: the replay computed it with layer 0's). A
 forward the capture cannot stand for runs eagerly, layer by layer: gradients off or eval mode
 (validation, generation), a cache, other inputs, other shapes (a boolean mask, packed documents or
-padding, is an input of the graph: a step without one where the capture had one runs eagerly).
+padding, and the position ids are inputs of the graph: a step without a mask where the capture had one
+runs eagerly).
 The router logits (the aux loss) and the expert load counters come out of the replay as the eager
 forward gives them. Needs one CUDA rank, no activation checkpointing, kernels without host syncs
 (grouped_mm experts, not TE's or the per-expert loop).
@@ -27,21 +28,25 @@ from torch import nn
 
 log = logging.getLogger("workbench")
 
-# Layer keywords a replay ignores: what the stack's forward does not read on the training path
-# (position ids only reach the rotary embedding, computed before the layers; the loss's token count).
-_IGNORED = ("position_ids", "cache_position", "num_items_in_batch")
+# Layer keywords whose tensors are inputs of the graph, copied in at each replay: the mask of packed documents or
+# padding, and the position ids (an attention implementation may read the documents from them).
+_TENSOR_INPUTS = ("attention_mask", "position_ids")
+# Layer keywords a replay ignores: not read by the layers on the training path (the cache's positions, the loss's
+# token count).
+_IGNORED = ("cache_position", "num_items_in_batch")
 _OFF = ("cache", "past_key_values", "use_cache", "output_router_logits", "output_attentions")
 
 
 class _Stack(nn.Module):
-    """The decoder layers as one function of tensors: (hidden, cos, sin[, mask]) -> (hidden, *router logits)."""
+    """The decoder layers as one function of tensors: (hidden, cos, sin, *named) -> (hidden, *router logits)."""
 
-    def __init__(self, layers: list[nn.Module], graphs: StackGraphs) -> None:
+    def __init__(self, layers: list[nn.Module], graphs: StackGraphs, names: tuple[str, ...]) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)  # holds the model's own modules (their names stay the model's)
         self.graphs = graphs
+        self.names = names  # the layer keywords of the tensors after (hidden, cos, sin)
 
-    def forward(self, hidden_BSD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *mask) -> tuple:
+    def forward(self, hidden_BSD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *named) -> tuple:
         """The layers' eager forward; the router logits their hooks recorded come out as outputs."""
         sink = self.graphs.sink
         logits: list[torch.Tensor] = []
@@ -50,7 +55,7 @@ class _Stack(nn.Module):
             sink.logits = logits
         try:
             for layer in self.layers:
-                kwargs = {"position_embeddings": (cos, sin), "attention_mask": mask[0] if mask else None}
+                kwargs = {"position_embeddings": (cos, sin), **dict(zip(self.names, named, strict=True))}
                 hidden_BSD = self.graphs.eager(layer, hidden_BSD, (), kwargs)
         finally:
             if sink is not None:
@@ -71,7 +76,7 @@ class StackGraphs:
         self.signature: tuple | None = None
         self.expect: int | None = None  # the next layer to hand the replay's output on
         self.output: torch.Tensor | None = None
-        self.checked = None  # layer 0's (position embeddings, mask) while an eager training forward checks the layers
+        self.checked = None  # layer 0's (position embeddings, *tensor inputs) while an eager forward checks the layers
         self.replayed_with = None  # those of the forward being replayed
         self.ready = False  # an eager training forward found every layer replayable: the next one captures
         self.refused: str | None = None  # why no capture will be made (a layer with other inputs)
@@ -90,9 +95,9 @@ class StackGraphs:
     ) -> str | None:
         if args:
             return "positional layer arguments"
-        mask = kwargs.get("attention_mask")
-        if mask is not None and not isinstance(mask, torch.Tensor):
-            return f"an attention mask that is not a tensor ({type(mask).__name__})"
+        for key in _TENSOR_INPUTS:
+            if kwargs.get(key) is not None and not isinstance(kwargs[key], torch.Tensor):
+                return f"{key} that is not a tensor ({type(kwargs[key]).__name__})"
         for key in _OFF:
             if kwargs.get(key):
                 return f"{key} set"
@@ -100,14 +105,15 @@ class StackGraphs:
         if not (isinstance(pe, tuple) and len(pe) == 2 and all(isinstance(t, torch.Tensor) for t in pe)):
             return "no (cos, sin) position embeddings"
         for key, value in kwargs.items():
-            if key not in (*_IGNORED, *_OFF, "attention_mask", "position_embeddings") and value is not None:
+            if key not in (*_IGNORED, *_OFF, *_TENSOR_INPUTS, "position_embeddings") and value is not None:
                 return f"layer keyword {key!r}"
         if not hidden.is_cuda:
             return "hidden states not on a CUDA device"
         # only layer 0's input is the graph's: a later layer's is the replay's output (under LoRA it needs a
         # gradient where layer 0's input, the frozen embedding's, does not)
-        if first and self.signature is not None and self.signature != _signature(hidden, *pe, mask):
-            return f"other input shapes than the captured ones ({tuple(hidden.shape)}, mask {_shape(mask)})"
+        if first and self.signature is not None and self.signature != _signature(hidden, *pe, _named(kwargs)):
+            shapes = {k: tuple(v.shape) for k, v in _named(kwargs).items()}
+            return f"other inputs than the captured ones (hidden {tuple(hidden.shape)}, {shapes})"
         return None
 
     def layer_forward(self, layer: nn.Module, hidden: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -150,18 +156,18 @@ class StackGraphs:
         return self.eager(layer, hidden, args, kwargs)
 
     def _same_inputs(self, kwargs: dict) -> bool:
-        # Transformers' loops hand every layer the same position-embedding tuple and mask (a family with
-        # per-layer masks, sliding windows, hands some layers another one)
+        # Transformers' loops hand every layer the same position-embedding tuple, mask and position ids (a
+        # family with per-layer masks, sliding windows, hands some layers another one)
         reference = self.checked if self.expect is None else self.replayed_with
         return all(a is b for a, b in zip(_inputs(kwargs), reference, strict=True))
 
     def _replay(self, hidden: torch.Tensor, kwargs: dict) -> torch.Tensor:
         cos, sin = kwargs["position_embeddings"]
-        mask = kwargs.get("attention_mask")
+        named = _named(kwargs)
         self.replayed_with = _inputs(kwargs)
-        inputs = (hidden, cos, sin) if mask is None else (hidden, cos, sin, mask)
+        inputs = (hidden, cos, sin, *named.values())
         if self.graphed is None:
-            self._capture(inputs)
+            self._capture(inputs, tuple(named))
         outputs = self.graphed(*inputs)
         if self.sink is not None and self.sink.logits is not None:
             self.sink.logits.extend(outputs[1:])
@@ -170,22 +176,15 @@ class StackGraphs:
         self.expect = 1 if len(self.layers) > 1 else None
         return outputs[0]
 
-    def _capture(self, inputs: tuple[torch.Tensor, ...]) -> None:
+    def _capture(self, inputs: tuple[torch.Tensor, ...], names: tuple[str, ...]) -> None:
         from workbench.moe.routed_load import load_counters
 
         counters = load_counters(self.model_ref)
         before = [c.clone() for c in counters]  # the warm-up forwards count tokens that were never trained on
-        stack = _Stack(self.layers, self)
-        hidden = inputs[0]
         # the hidden states need a gradient exactly where the real ones do (LoRA: not at layer 0)
         sample = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
         try:
-            # two warm-up passes: lazy initialization (cuBLAS workspaces, Triton compiles) stays out of the capture
-            # one callable: its sample_args are its arguments themselves
-            pool = torch.cuda.graph_pool_handle()
-            self.graphed = torch.cuda.make_graphed_callables(
-                stack, sample, num_warmup_iters=2, allow_unused_input=True, pool=pool
-            )
+            self.graphed, self.pool_hidden_bytes = graph_stack(_Stack(self.layers, self, names), sample)
         except Exception as err:
             raise RuntimeError(
                 f"train.cuda_graphs: capturing the decoder stack failed ({type(err).__name__}: {err}); an op in "
@@ -194,15 +193,23 @@ class StackGraphs:
         with torch.no_grad():
             for counter, saved in zip(counters, before, strict=True):
                 counter.copy_(saved)
-        self.signature = _signature(*inputs[:3], inputs[3] if len(inputs) > 3 else None)
-        torch.cuda.empty_cache()  # the warm-up passes' cached blocks: the pool holds what the replays use
-        self.pool_hidden_bytes = pool_hidden_bytes(pool, hidden.device)
+        self.signature = _signature(*inputs[:3], dict(zip(names, inputs[3:], strict=True)))
         log.info(
-            "train.cuda_graphs: captured %d decoder layers, input %s, mask %s",
+            "train.cuda_graphs: captured %d decoder layers, input %s, also %s",
             len(self.layers),
-            tuple(hidden.shape),
-            _shape(inputs[3] if len(inputs) > 3 else None),
+            tuple(inputs[0].shape),
+            {name: tuple(t.shape) for name, t in zip(names, inputs[3:], strict=True)},
         )
+
+
+def graph_stack(stack: nn.Module, sample: tuple[torch.Tensor, ...]) -> tuple[nn.Module, int]:
+    """`stack` made into its replayed CUDA graphs (forward and backward), and its pool's replay memory in bytes."""
+    pool = torch.cuda.graph_pool_handle()
+    # two warm-up passes: lazy initialization (cuBLAS workspaces, Triton compiles) stays out of the capture;
+    # one callable, so its sample_args are its arguments themselves
+    graphed = torch.cuda.make_graphed_callables(stack, sample, num_warmup_iters=2, allow_unused_input=True, pool=pool)
+    torch.cuda.empty_cache()  # the warm-up passes' cached blocks: the pool holds what the replays use
+    return graphed, pool_hidden_bytes(pool, sample[0].device)
 
 
 def pool_hidden_bytes(pool, device: torch.device) -> int:
@@ -217,16 +224,18 @@ def pool_hidden_bytes(pool, device: torch.device) -> int:
 
 
 def _inputs(kwargs: dict) -> tuple:
-    return kwargs.get("position_embeddings"), kwargs.get("attention_mask")
+    return (kwargs.get("position_embeddings"), *(kwargs.get(k) for k in _TENSOR_INPUTS))
 
 
-def _shape(t: torch.Tensor | None) -> tuple | None:
-    return None if t is None else tuple(t.shape)
+def _named(kwargs: dict) -> dict[str, torch.Tensor]:
+    return {k: kwargs[k] for k in _TENSOR_INPUTS if kwargs.get(k) is not None}
 
 
-def _signature(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> tuple:
-    tensors = (hidden, cos, sin) if mask is None else (hidden, cos, sin, mask)
-    return tuple((tuple(t.shape), t.dtype, t.device, t.requires_grad) for t in tensors) + ((mask is None),)
+def _signature(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, named: dict[str, torch.Tensor]) -> tuple:
+    def of(t: torch.Tensor) -> tuple:
+        return tuple(t.shape), t.dtype, t.device, t.requires_grad
+
+    return (of(hidden), of(cos), of(sin), *((k, of(named[k]) if k in named else None) for k in _TENSOR_INPUTS))
 
 
 class GraphedLayer:
