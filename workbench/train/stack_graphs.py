@@ -28,6 +28,8 @@ from torch import nn
 
 log = logging.getLogger("workbench")
 
+# Shape suffixes: B batch, S sequence, D hidden.
+
 # Layer keywords whose tensors are inputs of the graph, copied in at each replay: the mask of packed documents or
 # padding, and the position ids (an attention implementation may read the documents from them).
 _TENSOR_INPUTS = ("attention_mask", "position_ids")
