@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import trained
 
 from workbench import RunConfig
 from workbench.config_checks import ConfigError
@@ -30,17 +31,9 @@ def _rc(tmp_path, run_id, **overrides):
     return RunConfig.demo(**base)
 
 
-def _trained(rc, steps):
-    trainer = Trainer(rc)
-    trainer.setup()
-    for step in range(1, steps + 1):
-        trainer.train_step(step)
-    return trainer, trainer.collect(wait=True)
-
-
 @pytest.mark.parametrize("ac", [False, True])  # with activation checkpointing the layers recompute in the backward
 def test_updates_inside_the_backward_equal_the_step_after_it_and_free_the_gradients(tmp_path, ac):
-    after, after_records = _trained(_rc(tmp_path, "after", train__activation_checkpointing=ac), 3)
+    after, after_records = trained(_rc(tmp_path, "after", train__activation_checkpointing=ac), 3)
     inside_rc = _rc(tmp_path, "inside", train__optimizer_in_backward=True, train__activation_checkpointing=ac)
     inside = Trainer(inside_rc)
     inside.setup()

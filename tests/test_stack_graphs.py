@@ -6,6 +6,7 @@ import logging
 
 import pytest
 import torch
+from tiny_models import trained
 
 from workbench import RunConfig
 from workbench.config import DataConfig, LoraConfig
@@ -31,14 +32,6 @@ def _rc(tmp_path, run_id, device, **overrides):
     )
     base.update(overrides)
     return RunConfig.demo(**base)
-
-
-def _trained(rc, steps):
-    trainer = Trainer(rc)
-    trainer.setup()
-    for step in range(1, steps + 1):
-        trainer.train_step(step)
-    return trainer, trainer.collect(wait=True)
 
 
 def test_bad_settings_are_refused_before_any_model_is_built(tmp_path):
@@ -101,7 +94,7 @@ def test_the_bookkeeping_around_the_capture_on_the_cpu(tmp_path, monkeypatch, pr
         extra["lora"] = LoraConfig(rank=8, alpha=16, targets=("attention", "experts"))
     if packed:  # the shipped SFT rows packed: a [B, 1, S, S] mask per step
         extra["data"] = DataConfig(kind="jsonl", seq_len=64, pack=True)
-    _, eager_records = _trained(_rc(tmp_path, "eager", "cpu", **extra), 4)
+    _, eager_records = trained(_rc(tmp_path, "eager", "cpu", **extra), 4)
     trainer = Trainer(_rc(tmp_path, "graphed", "cpu", **extra))
     trainer.setup()
     graphs = sg.install_stack_graphs(trainer.model)
@@ -134,9 +127,9 @@ def test_replayed_steps_equal_eager_steps(tmp_path, preset, lora, packed, caplog
         extra["data"] = DataConfig(kind="jsonl", seq_len=64, pack=True)
     if lora:
         extra["lora"] = LoraConfig(rank=8, alpha=16, targets=("attention", "experts"))
-    eager, eager_records = _trained(_rc(tmp_path, "eager", "cuda", **extra), 4)
+    eager, eager_records = trained(_rc(tmp_path, "eager", "cuda", **extra), 4)
     with caplog.at_level(logging.INFO, logger="workbench"):
-        graphed, graphed_records = _trained(_rc(tmp_path, "graphed", "cuda", train__cuda_graphs=True, **extra), 4)
+        graphed, graphed_records = trained(_rc(tmp_path, "graphed", "cuda", train__cuda_graphs=True, **extra), 4)
     graphs = graphed.model.workbench_stack_graphs
     # step 1 runs eagerly and checks every layer's inputs; steps 2-4 replay
     assert graphs.ready and graphs.replays == 3 and not graphs.eager_forwards, graphs.eager_forwards

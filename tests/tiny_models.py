@@ -44,3 +44,14 @@ PARITY_SHAPES = {
         vocab_size=101,
     ),
 }
+
+
+def trained(rc, steps: int):
+    """A Trainer set up from RunConfig `rc` after `steps` train steps, and those steps' records."""
+    from workbench.train.loop import Trainer
+
+    trainer = Trainer(rc)
+    trainer.setup()
+    for step in range(1, steps + 1):
+        trainer.train_step(step)
+    return trainer, trainer.collect(wait=True)
