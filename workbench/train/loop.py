@@ -106,14 +106,14 @@ class Trainer(TrainStep, StepRecords):
                 )
             for leftover in clean_leftovers(self.resume_ckpt):
                 print(f"removed {leftover}: a save that never finished", flush=True)
+        mesh_sizes = self.mesh.to_dict() if self.mesh is not None else {"dp": 1, "ep": 1}
+        # Resolved once, with the mesh's ep: the run records the backends the model is then built with.
+        self.backend = rc.backend.resolve(self.device, world_size=mesh_sizes["ep"])
+        check_stack_graphs(rc.train, self.backend, self.world, self.accum, self.device)  # before the data is read
         torch.manual_seed(rc.train.seed)
         self.stream = build_stream(
             rc.data, rc.train.seed, self.hf_config.vocab_size, model_path=rc.model.path, runs_dir=rc.output_dir
         )
-        mesh_sizes = self.mesh.to_dict() if self.mesh is not None else {"dp": 1, "ep": 1}
-        # Resolved once, with the mesh's ep: the run records the backends the model is then built with.
-        self.backend = rc.backend.resolve(self.device, world_size=mesh_sizes["ep"])
-        check_stack_graphs(rc.train, self.backend, self.world, self.accum, self.device)
         self.run = open_run_dir(
             rc,
             {

@@ -146,7 +146,8 @@ class TrainStep:
             tuple(load.shape) if load is not None else (), tuple(b.numel() for b in self.router_biases or ())
         )
         pending.queue_copy(layout, layout.pack(scalars, load, self.router_biases), clock)
-        graphs = getattr(self.model, "workbench_stack_graphs", None)  # its replays' memory is not "allocated"
+        # A CUDA graph pool's replay memory is not "allocated"; the capture's own step counts it twice (an overestimate)
+        graphs = getattr(self.model, "workbench_stack_graphs", None)
         # the allocator's counters: host-side, no wait
         peak, now, kind = memory_gib(device, graphs.pool_hidden_bytes if graphs is not None else 0)
         pending.host.update(mem_peak_gib=peak, mem_now_gib=now, mem_kind=kind, time=time.time())
