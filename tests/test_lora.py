@@ -290,3 +290,28 @@ def test_dropout_acts_on_adapter_inputs_in_training_only():
         torch.testing.assert_close(models[1](ids).logits, models[0](ids).logits, rtol=1e-5, atol=1e-6)
         models[1].train()
         assert (models[1](ids).logits - models[0](ids).logits).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("trainable", ["adapters", "adapters_and_input", "all"])
+def test_lora_linear_function_equals_autograd_over_the_plain_ops(bias, trainable):
+    # The engine's LoRA linear (3 GEMMs forward, <= 5 backward, no gradient for frozen weights) against
+    # autograd over x W^T + b + s (x A^T) B^T, float64, fresh random values
+    from workbench.models.lora import _LoraLinearFunction
+
+    g = torch.Generator().manual_seed(7)
+    x, w, b = torch.randn(2, 5, 7, generator=g), torch.randn(6, 7, generator=g), torch.randn(6, generator=g)
+    a, lb = torch.randn(3, 7, generator=g), torch.randn(6, 3, generator=g)
+    leaves = [t.double() for t in (x, w, b, a, lb)]
+    needs = {"adapters": (0, 0, 0, 1, 1), "adapters_and_input": (1, 0, 0, 1, 1), "all": (1, 1, 1, 1, 1)}[trainable]
+    for t, need in zip(leaves, needs):
+        t.requires_grad_(bool(need))
+    x, w, b, a, lb = leaves
+    b = b if bias else None
+    y = _LoraLinearFunction.apply(x, w, b, a, lb, 0.7)
+    ref = torch.nn.functional.linear(x, w, b) + 0.7 * (x @ a.t()) @ lb.t()
+    torch.testing.assert_close(y, ref)
+    wanted = [t for t in (x, w, b, a, lb) if t is not None and t.requires_grad]
+    dy = torch.randn(y.shape, generator=g, dtype=torch.float64)
+    for got, want in zip(torch.autograd.grad(y, wanted, dy), torch.autograd.grad(ref, wanted, dy), strict=True):
+        torch.testing.assert_close(got, want)

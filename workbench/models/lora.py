@@ -20,6 +20,47 @@ from workbench.models.lora_targets import LoraPlan, check_plan, plan_lora
 from workbench.moe.lora_experts import add_expert_adapters
 
 
+class _LoraLinearFunction(torch.autograd.Function):
+    """x W^T + b + s (x A^T) B^T as 3 GEMMs forward and at most 5 backward, each with the scaling as its alpha.
+
+    Autograd over linear + linear + addmm launches about twice the kernels, scalar multiplies and views
+    for the same GEMMs (LoRA steps are launch-bound: each op is host time), and a separate add for the
+    input's two gradients. Weights that need no gradient (the frozen base) get none computed.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, lora_a, lora_b, scaling: float):
+        x_TI = x.reshape(-1, x.shape[-1])
+        xa_TR = x_TI @ lora_a.t()
+        out_TO = torch.addmm(bias, x_TI, weight.t()) if bias is not None else x_TI @ weight.t()
+        out_TO.addmm_(xa_TR, lora_b.t(), alpha=scaling)  # B's GEMM accumulates onto the base output
+        ctx.save_for_backward(x_TI, weight, lora_a, lora_b, xa_TR)
+        ctx.scaling, ctx.x_shape, ctx.has_bias = scaling, x.shape, bias is not None
+        return out_TO.view(*x.shape[:-1], out_TO.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x_TI, weight, lora_a, lora_b, xa_TR = ctx.saved_tensors
+        need_x, need_w, need_b, need_a, need_lb = ctx.needs_input_grad[:5]
+        g_TO = grad_out.reshape(-1, grad_out.shape[-1])
+        s = ctx.scaling
+        grad_x = grad_w = grad_bias = grad_a = grad_lb = None
+        g_xa_TR = None
+        if need_x or need_a:
+            g_xa_TR = torch.addmm(xa_TR, g_TO, lora_b, beta=0, alpha=s)  # s * g B (beta 0: xa only gives the shape)
+        if need_lb:
+            grad_lb = torch.addmm(lora_b, g_TO.t(), xa_TR, beta=0, alpha=s)
+        if need_a:
+            grad_a = g_xa_TR.t() @ x_TI
+        if need_x:
+            grad_x = (g_TO @ weight).addmm_(g_xa_TR, lora_a).view(ctx.x_shape)
+        if need_w:
+            grad_w = g_TO.t() @ x_TI
+        if need_b and ctx.has_bias:
+            grad_bias = g_TO.sum(0)
+        return grad_x, grad_w, grad_bias, grad_a, grad_lb, None
+
+
 class LoraLinear(nn.Linear):
     """nn.Linear plus a low-rank update: x W^T + b + scaling * B(A(dropout(x)))."""
 
@@ -28,12 +69,13 @@ class LoraLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The base projection plus the adapter's."""
+        if not (self.lora_dropout_p and self.training):
+            return _LoraLinearFunction.apply(
+                x, self.weight, self.bias, self.lora_A.weight, self.lora_B.weight, self.lora_scaling
+            )
+        # With dropout the adapter sees another input than the base: autograd over the plain ops
         base = F.linear(x, self.weight, self.bias)
-        x = F.dropout(x, self.lora_dropout_p, self.training) if self.lora_dropout_p else x
-        # B's GEMM accumulates onto the base output with the scaling as its alpha (addmm's float32 epilogue):
-        # two passes over [tokens, out] fewer than PEFT's B(A(x)) * scaling + base, and no separate multiply
-        # (LoRA steps are launch-bound: each op is host time)
-        xa = self.lora_A(x)
+        xa = self.lora_A(F.dropout(x, self.lora_dropout_p, self.training))
         out = torch.addmm(
             base.reshape(-1, base.shape[-1]),
             xa.reshape(-1, xa.shape[-1]),
