@@ -19,6 +19,8 @@ from torch import nn
 from workbench.models.lora_targets import LoraPlan, check_plan, plan_lora
 from workbench.moe.lora_experts import add_expert_adapters
 
+# Shape suffixes: T tokens, I in features, O out features, R LoRA rank.
+
 
 class _LoraLinearFunction(torch.autograd.Function):
     """x W^T + b + s (x A^T) B^T as 3 GEMMs forward and at most 5 backward, each with the scaling as its alpha.

@@ -44,10 +44,11 @@ def gpt_oss_expert_rows(
     module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor, kernel: str = "triton"
 ) -> torch.Tensor:
     """GPT-OSS experts on expert-major rows with the `kernel` ("torch" or "triton") bias and gate."""
-    from workbench.moe.hf_experts import expert_linear
+    from workbench.moe.hf_experts import expert_linear, expert_offsets
 
     seg = row_segments(tokens_per_expert, x_ND.shape[0])
-    h = expert_linear(module, "gate_up_proj", x_ND, tokens_per_expert)  # with its LoRA rows, if any
+    offsets = expert_offsets(module, tokens_per_expert)  # one cumsum for both GEMMs and their adapters
+    h = expert_linear(module, "gate_up_proj", x_ND, tokens_per_expert, offsets)  # with its LoRA rows, if any
     act = gpt_oss_gate(h, module.gate_up_proj_bias, seg, module.alpha, module.limit, backend=kernel)
-    y = expert_linear(module, "down_proj", act, tokens_per_expert)
+    y = expert_linear(module, "down_proj", act, tokens_per_expert, offsets)
     return add_row_bias(y, module.down_proj_bias, seg, backend=kernel)

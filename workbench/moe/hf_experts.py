@@ -139,11 +139,26 @@ def grouped_linear(
     return torch.cat(outputs, dim=0)
 
 
-def expert_linear(module: nn.Module, weight: str, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
-    """grouped_linear of fused weight `weight` of `module`, plus its LoRA rows where it has adapters."""
+def expert_offsets(module: nn.Module, tokens_per_expert: torch.Tensor) -> torch.Tensor | None:
+    """The grouped GEMMs' row offsets, None where `module` runs the per-expert loop."""
+    return row_offsets(tokens_per_expert) if module.workbench_grouped_mm_dtypes else None
+
+
+def expert_linear(
+    module: nn.Module,
+    weight: str,
+    x_ND: torch.Tensor,
+    tokens_per_expert: torch.Tensor,
+    offsets: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """grouped_linear of fused weight `weight` of `module`, plus its LoRA rows where it has adapters.
+
+    `offsets`: expert_offsets of the rows, where the caller shares them over its GEMMs (up and down and their
+    adapters use the same rows: one cumsum per layer, each a launch, and LoRA steps are launch-bound).
+    """
     dtypes = module.workbench_grouped_mm_dtypes  # decided at install
-    # One cumsum for the base GEMM and its adapters' two (each is a launch: LoRA steps are launch-bound)
-    offsets = row_offsets(tokens_per_expert) if dtypes else None
+    if offsets is None and dtypes:
+        offsets = row_offsets(tokens_per_expert)
     weight_E = getattr(module, weight)
     y = grouped_linear(x_ND, tokens_per_expert, weight_E, module.workbench_layout.is_transposed, dtypes, offsets)
     delta = lora_rows(module, weight, x_ND, tokens_per_expert, dtypes, offsets)
@@ -227,11 +242,12 @@ def _expert_rows_torch(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert:
     if module.workbench_swiglu == "triton" and module.workbench_gpt_oss_gate:
         return gpt_oss_expert_rows(module, x_ND, tokens_per_expert)
     rows = x_ND.shape[0]
-    h = expert_linear(module, layout.up_name, x_ND, tokens_per_expert)
+    offsets = expert_offsets(module, tokens_per_expert)
+    h = expert_linear(module, layout.up_name, x_ND, tokens_per_expert, offsets)
     if layout.has_bias:
         h = h + expert_row_bias(getattr(module, f"{layout.up_name}_bias"), tokens_per_expert, rows)
     h = _gate(module, h)
-    y = expert_linear(module, "down_proj", h, tokens_per_expert)
+    y = expert_linear(module, "down_proj", h, tokens_per_expert, offsets)
     if layout.has_bias:
         y = y + expert_row_bias(module.down_proj_bias, tokens_per_expert, rows)
     if layout.has_post_expert_norm:
