@@ -275,27 +275,32 @@ def install_stack_graphs(model: nn.Module) -> StackGraphs:
 
 
 def check_stack_graphs(train, backend, world: int, accum: int, device: torch.device) -> None:
-    """Refuse train.cuda_graphs where a capture cannot run or cannot be right (before any model is built)."""
+    """Refuse train.cuda_graphs where a capture cannot run or cannot be right (before any model is built).
+
+    Every reason at once, so one edit of the config fixes them all.
+    """
     from workbench.config_checks import ConfigError
 
     if not train.cuda_graphs:
         return
+    reasons = []
     if device.type != "cuda":
-        raise ConfigError(f"train.cuda_graphs replays CUDA graphs: this run's device is {device.type}")
+        reasons.append(f"it replays CUDA graphs, and this run's device is {device.type}")
     if world > 1:
-        raise ConfigError(
-            f"train.cuda_graphs runs on one rank for now (FSDP2's hooks and collectives are not captured): "
-            f"this run has {world}"
+        reasons.append(
+            f"it runs on one rank for now (FSDP2's hooks and collectives are not captured): this run has {world}"
         )
     if accum > 1:
         # the replayed backward writes the parameters' gradients into the capture's buffers, which autograd hands
         # to .grad as they are: a second micro-batch would overwrite the first one's before adding to it
-        raise ConfigError(
-            f"train.cuda_graphs runs without gradient accumulation for now: this run has {accum} micro-batches per "
-            "step (make train.local_batch_size the per-rank batch)"
+        reasons.append(
+            f"it runs without gradient accumulation for now: this run has {accum} micro-batches per step (make "
+            "train.local_batch_size the per-rank batch)"
         )
     if backend.experts == "te" or backend.expert_recompute:
-        raise ConfigError(
-            "train.cuda_graphs captures the grouped_mm experts: backend.experts='te' (host-side row counts) and "
+        reasons.append(
+            "it captures the grouped_mm experts: backend.experts='te' (host-side row counts) and "
             "backend.expert_recompute are not capturable; set backend.experts='grouped_mm', expert_recompute false"
         )
+    if reasons:
+        raise ConfigError("train.cuda_graphs cannot run here: " + "; ".join(reasons))
