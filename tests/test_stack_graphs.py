@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -179,3 +180,19 @@ def test_a_layer_with_other_inputs_than_layer_0_is_never_replayed(tmp_path):
     graphs.layers[1].register_forward_pre_hook(other_embeddings, with_kwargs=True)
     with pytest.raises(RuntimeError, match="decoder layer 1 was called with other inputs than layer 0"):
         other.train_step(3)
+
+
+def _refusal_on(rank, world, out_dir):
+    try:
+        Trainer(_rc(Path(out_dir), f"ranks-{rank}", "cpu", train__cuda_graphs=True, train__local_batch_size=1))
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
+@pytest.mark.slow
+def test_several_ranks_are_refused(tmp_path):
+    from launch_utils import run_ranks
+
+    for message in run_ranks(_refusal_on, 2, str(tmp_path), timeout=120):
+        assert message is not None and "this run has 2" in message and "device is cpu" in message, message
