@@ -162,6 +162,16 @@ def train_round(
             for step in range(1, steps + 1):
                 trainer.train_step(step)
             out["records"] = trainer.collect(wait=True)
+            graphs = getattr(trainer.model, "workbench_stack_graphs", None)
+            if graphs is not None:  # a graphs row says whether it replayed, and why a step did not
+                setup["cuda_graph_replays"] = graphs.replays
+                setup["cuda_graph_eager_forwards"] = dict(graphs.eager_forwards)
+                setup["cuda_graph_refused"] = graphs.refused
+                if graphs.replays < steps - 1:  # the first step runs eagerly by design: it checks the layers
+                    raise RuntimeError(
+                        f"{name}: train.cuda_graphs replayed {graphs.replays} of {steps} steps "
+                        f"({graphs.refused or graphs.eager_forwards}): the row would time eager steps as graphed ones"
+                    )
         finally:
             if trainer is not None:
                 trainer.end_backward_updates()  # as fit() ends: no hooks left on a model
