@@ -50,18 +50,17 @@ class VariantSpec:
             raise ConfigError(f"variant precision {self.precision!r} must be one of {PRECISIONS}, on an engine variant")
         if self.optimizer not in OPTIMIZERS or (self.kind != "engine" and self.optimizer != "adamw"):
             raise ConfigError(f"variant optimizer {self.optimizer!r} must be one of {OPTIMIZERS}, on an engine variant")
-        if self.optimizer_in_backward and self.kind != "engine":
-            raise ConfigError("variant optimizer_in_backward=True runs the engine's trainer: an engine variant only")
+        for flag in ENGINE_TRAIN_FLAGS:  # train settings of the engine's trainer
+            if getattr(self, flag) and self.kind != "engine":
+                raise ConfigError(
+                    f"variant {flag}=True runs the engine's trainer (train.{flag}): an engine variant only"
+                )
         if self.adamw_multi_numel is not None and (
             self.kind != "engine" or not isinstance(self.adamw_multi_numel, int) or self.adamw_multi_numel < 0
         ):
             raise ConfigError(
                 f"variant adamw_multi_numel {self.adamw_multi_numel!r} must be an integer >= 0, on an engine variant"
             )
-        if self.activation_checkpointing and self.kind != "engine":
-            raise ConfigError("variant activation_checkpointing=True sets the engine trainer's: an engine variant")
-        if self.cuda_graphs and self.kind != "engine":
-            raise ConfigError("variant cuda_graphs=True sets the engine trainer's train.cuda_graphs: an engine variant")
         if self.liger and self.kind != "anchor":
             raise ConfigError("variant liger=True patches a Transformers model: an anchor variant only")
         for key, value in self.backend:
@@ -73,6 +72,9 @@ class VariantSpec:
             if not ok:
                 raise ConfigError(f"variant backend override {key}={value!r} is not a BackendConfig choice")
 
+
+# VariantSpec's flags that are TrainConfig fields of the same name, for engine variants only
+ENGINE_TRAIN_FLAGS = ("optimizer_in_backward", "cuda_graphs", "activation_checkpointing")
 
 # Transformers' attention implementations an anchor may use (all ship with torch; flash_attention_2 is not installed).
 ANCHOR_ATTENTION = ("sdpa", "eager", "flex_attention")

@@ -157,8 +157,8 @@ def expert_linear(
     adapters use the same rows: one cumsum per layer, each a launch, and LoRA steps are launch-bound).
     """
     dtypes = module.workbench_grouped_mm_dtypes  # decided at install
-    if offsets is None and dtypes:
-        offsets = row_offsets(tokens_per_expert)
+    if offsets is None:
+        offsets = expert_offsets(module, tokens_per_expert)
     weight_E = getattr(module, weight)
     y = grouped_linear(x_ND, tokens_per_expert, weight_E, module.workbench_layout.is_transposed, dtypes, offsets)
     delta = lora_rows(module, weight, x_ND, tokens_per_expert, dtypes, offsets)
