@@ -153,7 +153,7 @@ def test_replayed_steps_equal_eager_steps(tmp_path, preset, lora, packed, caplog
     with torch.no_grad():
         torch.testing.assert_close(graphed.model(input_ids=ids).logits, eager.model(input_ids=ids).logits)
     graphed.model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
-    assert any("another shape" in why for why in graphs.eager_forwards)
+    assert any(why.startswith("other inputs than the captured ones (hidden (1, 32, ") for why in graphs.eager_forwards)
 
 
 @CUDA
