@@ -76,7 +76,7 @@ def profile_window(trainer, step: int, res: dict, out_dir: Path, precision: str)
     from workbench.train.profile import phase_breakdown
 
     with torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA], record_shapes=True
     ) as prof:
         for _ in range(2):
             step += 1
@@ -96,6 +96,13 @@ def profile_window(trainer, step: int, res: dict, out_dir: Path, precision: str)
         if evt.key.startswith(("aten::", "workbench.", "cuda")) and evt.cpu_time_total > 0:
             ops.append((evt.key, evt.cpu_time_total / 1e3 / 2, evt.count // 2))
     res["top_cpu_ops_ms_per_step"] = sorted(ops, key=lambda o: -o[1])[:40]
+    # which aten call (with its input shapes) launched the device time: names the generic elementwise kernels
+    by_call = [
+        (evt.key, str(evt.input_shapes)[:160], evt.self_device_time_total / 1e3 / 2, evt.count // 2)
+        for evt in prof.key_averages(group_by_input_shape=True)
+        if evt.key.startswith("aten::") and evt.self_device_time_total > 0
+    ]
+    res["top_aten_calls_device_ms_per_step"] = sorted(by_call, key=lambda o: -o[2])[:60]
     trace = out_dir / f"trace-{precision}.json"
     t0 = time.perf_counter()
     prof.export_chrome_trace(str(trace))
@@ -115,6 +122,8 @@ def profile_window(trainer, step: int, res: dict, out_dir: Path, precision: str)
         )
     for name, ms in res["top_kernels_ms_per_step"][:20]:
         print(f"  {ms:8.2f} ms  {name[:110]}")
+    for name, shapes, ms, calls in res["top_aten_calls_device_ms_per_step"][:40]:
+        print(f"  {ms:8.2f} ms  {calls:4d}x {name} {shapes[:120]}")
 
 
 def profile_mode(args, precision: str, out_dir: Path) -> dict:
