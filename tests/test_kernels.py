@@ -163,6 +163,21 @@ def _ours_loss_and_grads(fn, hidden, weight, labels, **kwargs):
     return loss.detach(), h.grad, w.grad
 
 
+def test_ce_chunks_are_as_few_as_the_budget_allows_and_about_equal():
+    from workbench.kernels.cross_entropy import chunk_bounds
+
+    # Moonlight's vocab: 6 chunks of 1365-1366 tokens, not 5 of 1638 and one of 2
+    assert [b - a for a, b in chunk_bounds(8192, 1638)] == [1365, 1365, 1366, 1365, 1365, 1366]
+    assert chunk_bounds(0, 5) == []
+    for tokens in (1, 2, 15, 17, 100, 1000, 4097, 8192, 8193):
+        for budget in (1, 3, 16, 64, 1638, 1766, 8192):
+            bounds = chunk_bounds(tokens, budget)
+            sizes = [b - a for a, b in bounds]
+            assert bounds[0][0] == 0 and bounds[-1][1] == tokens and sum(sizes) == tokens
+            assert all(a == b for (_, a), (b, _) in zip(bounds, bounds[1:], strict=False))
+            assert len(sizes) == -(-tokens // budget) and max(sizes) <= budget and max(sizes) - min(sizes) <= 1
+
+
 @pytest.mark.parametrize("num_items", [None, 11, "tensor"])
 @pytest.mark.parametrize("chunk_size", [1, 5, 64])
 def test_fused_ce_matches_hf_for_causal_lm_loss_fp32(num_items, chunk_size):

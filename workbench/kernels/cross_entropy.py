@@ -160,8 +160,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         # float32 accumulation across chunks keeps bf16 weight gradients as exact as one big matmul;
         # the first chunk's product initializes it (no zero fill of a [V, D] float32 buffer)
         grad_weight_VD = torch.empty(weight_VD.shape, dtype=torch.float32, device=weight_VD.device) if need_dw else None
-        for start in range(0, N, chunk_size):
-            end = min(start + chunk_size, N)
+        for start, end in chunk_bounds(N, chunk_size):
             h_CD, y_C = hidden_ND[start:end], labels_N[start:end]
             if use_triton:
                 from workbench.kernels.triton_cross_entropy import ce_rows_
@@ -191,6 +190,17 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         dh = None if grad_hidden_ND is None else _scaled(grad_hidden_ND, scale, ctx.use_triton)
         dw = None if grad_weight_VD is None else _scaled(grad_weight_VD, scale, ctx.use_triton)
         return dh, dw, None, None, None, None, None
+
+
+def chunk_bounds(tokens: int, chunk_size: int) -> list[tuple[int, int]]:
+    """(start, end) of as few chunks as `chunk_size` allows, their sizes differing by at most one token.
+
+    The weight gradient is a [V, D] GEMM per chunk whatever its rows: 8192 tokens in chunks of 1638 left a
+    2-row chunk that cost a full pass over Moonlight's [163840, 2048] gradient (~1 ms on an H200).
+    """
+    chunks = max(1, -(-tokens // chunk_size))
+    edges = [tokens * i // chunks for i in range(chunks + 1)]
+    return [(a, b) for a, b in zip(edges, edges[1:], strict=False) if b > a]
 
 
 def default_chunk_size(vocab_size: int, logit_bytes: int = 4) -> int:
