@@ -1,0 +1,81 @@
+"""DeepSeek-V3's multi-head latent attention (Moonlight too) with the engine's fused q/k/v assembly (training path).
+
+The engine changes only how the projections' outputs become query, key and value: one Triton kernel per
+direction applies RoPE to q's and the shared key's rotary parts and lays out the three tensors
+(kernels/triton_mla.py), where Transformers splits, rotates, concatenates and copies. The projections, the
+latent norm, the attention function (sdpa with cuDNN first, eager) and o_proj are Transformers' own modules
+and functions, so parameters and state dict keys do not change. With a KV cache (generation), shapes the
+kernel does not take, or rope other than 'triton', Transformers' own forward runs.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
+
+# Shape suffixes: B batch, S sequence, H heads, Q query/key head dim, K kv_b head dim (nope + v), R rotary dim.
+
+
+class DeepseekV3EngineAttention(hf.DeepseekV3Attention):
+    """Transformers' DeepseekV3Attention whose training forward builds q/k/v with one fused kernel."""
+
+    workbench_rope = "torch"  # the resolved BackendConfig.rope, set by use_mla_attention
+
+    def forward(self, hidden_states, position_embeddings, attention_mask=None, *args, **kwargs):
+        """Transformers' forward; without a cache and with rope='triton', q/k/v come from the fused kernel."""
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if args or cache is not None or self.workbench_rope != "triton":
+            return super().forward(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
+        from workbench.kernels.triton_mla import mla_qkv, supported
+
+        B, S = hidden_states.shape[:-1]
+        if self.q_lora_rank is None:
+            q = self.q_proj(hidden_states)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
+        q_BSHQ = q.view(B, S, self.num_heads, self.qk_head_dim)
+        kv_nope, k_rot_BSR = torch.split(
+            self.kv_a_proj_with_mqa(hidden_states), [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1
+        )
+        kv_BSHK = self.kv_b_proj(self.kv_a_layernorm(kv_nope)).view(
+            B, S, self.num_heads, self.qk_nope_head_dim + self.v_head_dim
+        )
+        cos, sin = position_embeddings
+        if not supported(q_BSHQ, kv_BSHK, k_rot_BSR, cos, self.qk_nope_head_dim):
+            return super().forward(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
+        kwargs.pop("cache", None)
+        kwargs.pop("past_key_values", None)
+        query, key, value = mla_qkv(
+            q_BSHQ, kv_BSHK, k_rot_BSR, cos, sin, self.qk_nope_head_dim, bool(self.config.rope_interleave)
+        )
+        impl, registry = self.config._attn_implementation, hf.ALL_ATTENTION_FUNCTIONS
+        if hasattr(registry, "get_interface"):
+            attention = registry.get_interface(impl, hf.eager_attention_forward)
+        else:
+            attention = hf.eager_attention_forward if impl == "eager" else registry[impl]
+        out, weights = attention(
+            self,
+            query.transpose(1, 2),
+            key.transpose(1, 2),
+            value.transpose(1, 2),
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        return self.o_proj(out.reshape(B, S, -1).contiguous()), weights
+
+
+def use_mla_attention(model: torch.nn.Module, rope: str) -> int:
+    """rope='triton': every DeepseekV3Attention of `model` gets the fused q/k/v forward (same module, parameters)."""
+    if rope not in ("torch", "triton"):
+        raise ValueError(f"rope must be a resolved BackendConfig.rope, 'torch' or 'triton'; got {rope!r}")
+    if rope == "torch":
+        return 0
+    swapped = 0
+    for module in model.modules():
+        if type(module) is hf.DeepseekV3Attention:
+            module.__class__ = DeepseekV3EngineAttention  # a class swap: parameter names stay Transformers'
+            module.workbench_rope = rope
+            swapped += 1
+    return swapped
