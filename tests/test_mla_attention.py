@@ -2,16 +2,16 @@
 
 The kernel against Transformers' own split/rotate/cat steps in float64 (interleaved and rotate_half RoPE,
 values and gradients), then the whole tiny engine model against Transformers in float32, with q_lora_rank
-and without. Triton's interpreter on CPU, the compiled kernel where a CUDA GPU is present (a subprocess, so
-TRITON_INTERPRET applies before triton is imported).
+and without, and its generation (a KV cache: Transformers' forward). A subprocess, so TRITON_INTERPRET applies
+before triton is imported.
 """
 
 from __future__ import annotations
 
 import textwrap
 
-import pytest
-from triton_script import DEVICES, run_triton_script
+import torch
+from triton_script import run_triton_script
 
 _SCRIPT = textwrap.dedent("""
 import sys, torch
@@ -82,6 +82,7 @@ print("TRITON MLA OK")
 """)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_mla_kernel_and_engine_match_transformers(device):
-    run_triton_script(_SCRIPT, device, "TRITON MLA OK")
+def test_mla_kernel_and_engine_match_transformers():
+    # the compiled kernel where a GPU is present; Triton's interpreter otherwise (the GPU image's Triton 3.6
+    # interpreter cannot run the RMSNorm backward's tensor-bounded loop that the whole model needs)
+    run_triton_script(_SCRIPT, "cuda" if torch.cuda.is_available() else "cpu", "TRITON MLA OK")
