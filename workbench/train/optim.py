@@ -147,6 +147,22 @@ def _norms_fp32(grads: list[torch.Tensor]) -> list[torch.Tensor]:
     return [torch.linalg.vector_norm(g, 2.0, dtype=torch.float32) for g in grads]
 
 
+def _local_sum_of_squares(grads: list[torch.Tensor]) -> torch.Tensor | None:
+    """Σ ||g||² by the Triton kernel where plain grads on one device include large ones it takes; else None."""
+    if len({g.device for g in grads}) != 1 or (grads[0].device.type != "cuda" and not _interpreting()):
+        return None
+    from workbench.kernels.triton_sum_squares import sum_of_squares, takes
+
+    detached = [g.detach() for g in grads]
+    return sum_of_squares(detached) if any(takes(g) for g in detached) else None
+
+
+def _interpreting() -> bool:
+    from workbench.kernels._triton_util import triton_interpreting
+
+    return triton_interpreting()
+
+
 def total_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
     """Global L2 norm of all gradients, the same value on every rank.
 
@@ -170,7 +186,9 @@ def total_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
         groups[key] = marker
     squares: list[torch.Tensor] = []
     for key, grads in buckets.items():
-        sq = torch.linalg.vector_norm(torch.stack(_norms_fp32([g.detach() for g in grads])), 2.0) ** 2
+        sq = _local_sum_of_squares(grads) if key[0] == "local" else None
+        if sq is None:
+            sq = torch.linalg.vector_norm(torch.stack(_norms_fp32([g.detach() for g in grads])), 2.0) ** 2
         if _is_dtensor(sq):
             sq = sq.full_tensor()
         marker = groups[key]
