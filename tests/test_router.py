@@ -58,3 +58,43 @@ def test_aux_loss_equals_transformers(masked):
     ours = load_balancing_loss(layers, 8, 2, mask)
     ref = load_balancing_loss_func(layers, 8, 2, mask)
     torch.testing.assert_close(ours, ref, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("groups,kept", [(2, 1), (1, 1), (4, 4), (4, 2)])
+def test_deepseek_engine_router_equals_transformers(groups, kept):
+    # bf16 weights and inputs (the engine's fast path), a correction bias that moves the choice; fresh inputs
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
+
+    from workbench.models.deepseek_router import DeepseekV3EngineRouter, use_deepseek_router
+    from workbench.presets import build_preset_config
+
+    cfg = build_preset_config("tiny-deepseek-v3", 2)
+    cfg.n_group, cfg.topk_group, cfg.n_routed_experts, cfg.num_experts_per_tok = groups, kept, 16, 3
+    g = torch.Generator().manual_seed(groups * 10 + kept)
+    ref = hf.DeepseekV3TopkRouter(cfg)
+    with torch.no_grad():
+        ref.weight.copy_(torch.randn(ref.weight.shape, generator=g) * 0.3)
+        ref.e_score_correction_bias.copy_(torch.randn(16, generator=g) * 0.2)
+    ref = ref.to(torch.bfloat16)
+    ref.e_score_correction_bias.data = ref.e_score_correction_bias.float()
+    ours = hf.DeepseekV3TopkRouter(cfg).to(torch.bfloat16)
+    ours.load_state_dict(ref.state_dict())
+    ours.e_score_correction_bias.data = ref.e_score_correction_bias.clone()
+    holder = torch.nn.ModuleList([ours])
+    assert use_deepseek_router(holder) == 1 and type(ours) is DeepseekV3EngineRouter
+    x = torch.randn(2, 37, cfg.hidden_size, generator=g).to(torch.bfloat16)
+    x_ref, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+    logits_r, weights_r, ids_r = ref(x_ref)
+    logits_o, weights_o, ids_o = ours(x_ours)
+    torch.testing.assert_close(logits_o, logits_r, rtol=1e-5, atol=1e-5)
+    order_r, order_o = ids_r.sort(-1), ids_o.sort(-1)
+    assert torch.equal(order_o.values, order_r.values)  # the same experts for every token
+    torch.testing.assert_close(weights_o.gather(1, order_o.indices), weights_r.gather(1, order_r.indices))
+    upstream = torch.randn(weights_r.shape, generator=g).to(weights_r.dtype)
+    (weights_r.gather(1, order_r.indices) * upstream).sum().backward()
+    (weights_o.gather(1, order_o.indices) * upstream).sum().backward()
+    torch.testing.assert_close(x_ours.grad, x_ref.grad, rtol=2e-2, atol=1e-3)
+    torch.testing.assert_close(ours.weight.grad, ref.weight.grad, rtol=2e-2, atol=1e-3)
+    if groups > kept:  # the limit really limits: some token's top-k avoids an expert it would otherwise pick
+        free = (torch.sigmoid(logits_r) + ref.e_score_correction_bias).topk(3, dim=-1)[1].sort(-1).values
+        assert not torch.equal(free, order_r.values)

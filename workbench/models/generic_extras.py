@@ -9,7 +9,8 @@
 - Qwen3-MoE's own extras: with rope='triton' its attention applies RoPE with one fused kernel
   (models/qwen3_attention.py); its router computes float32 logits (models/qwen3_router.py).
 - DeepSeek-V3's (and Moonlight's) latent attention: with rope='triton' one kernel builds query, key and
-  value with RoPE (models/mla_attention.py).
+  value with RoPE (models/mla_attention.py); its router's float32 logits run on tensor cores
+  (models/deepseek_router.py).
 
 Experts-side extras (Triton SwiGLU, TE experts, expert_recompute) live in moe/hf_experts.py, the
 Triton combine in the dispatchers.
@@ -319,6 +320,7 @@ def install_extras(model: nn.Module, backend, num_experts: int) -> dict[str, int
     if backend.fused_ce:
         check_fused_ce(model)
         model.get_output_embeddings().__class__ = DeferredLMHead
+    from workbench.models.deepseek_router import use_deepseek_router
     from workbench.models.mla_attention import use_mla_attention
     from workbench.models.qwen3_attention import use_engine_attention
     from workbench.models.qwen3_router import use_engine_router
@@ -327,7 +329,7 @@ def install_extras(model: nn.Module, backend, num_experts: int) -> dict[str, int
         "rms_norm": len(swap_rms_norms(model, backend.rms_norm)),
         "linear": len(swap_linears(model, backend.linear, num_experts)),
         "rope": use_engine_attention(model, backend.rope) + use_mla_attention(model, backend.rope),
-        "float32_router": use_engine_router(model),
+        "float32_router": use_engine_router(model) + use_deepseek_router(model),
     }
     model.__class__ = engine_lm_class(type(model))
     if isinstance(model, EngineCausalLMSharedAux) and model.workbench_router_sink is None:
