@@ -8,7 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/gpu_env.sh
 t0=$SECONDS
-timeout 170 python3 -m pytest -q -rs -p no:cacheprovider tests/test_mla_attention.py tests/test_sum_squares.py \
+timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_mla_attention.py tests/test_sum_squares.py \
   tests/test_stack_graphs.py tests/test_router.py \
   "tests/test_generic_families.py::test_bf16_on_cuda_matches_transformers_grouped_mm" > "$OUT/pytest.log" 2>&1
 echo "tests exit $? after $((SECONDS - t0)) s"; tail -1 "$OUT/pytest.log" | cut -c1-300
@@ -24,6 +24,6 @@ bench() {  # name, limit, args...
 }
 bench qwen3-L8-4096x2-s10d 170 --preset qwen3-30b-a3b --layers 8 --seq 4096 --batch 2 \
   --variants anchor,engine,engine_cuda_graphs
-bench moonlight-L8-s10d $((560 - SECONDS + t0)) --preset moonlight-16b-a3b --layers 8 --seq 4096 --batch 2 \
+bench moonlight-L8-s10d $((500 - SECONDS + t0)) --preset moonlight-16b-a3b --layers 8 --seq 4096 --batch 2 \
   --variants anchor,engine,engine_cuda_graphs
 find "$OUT" -name "*.html" -delete
