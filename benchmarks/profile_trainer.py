@@ -232,6 +232,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--lora-rank", type=int, default=0, help="LoRA on attention + experts at this rank (0: full)")
     p.add_argument("--ac", action="store_true", help="activation checkpointing (train.activation_checkpointing)")
+    p.add_argument(
+        "--no-packed-check",
+        action="store_true",
+        help="experiment: Transformers' per-forward packed-rows check (a host sync) answers 'not packed' without a "
+        "read (valid for the synthetic rows only)",
+    )
     p.add_argument("--no-trace", action="store_true", help="time the steps only: no profiled step")
     p.add_argument("--lr", type=float, default=1e-5, help="peak learning rate")
     p.add_argument("--repeat-batch", action="store_true", help="train on the first batch every step (as lora_h200.py)")
@@ -245,8 +251,17 @@ def main() -> None:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {"args": vars(args), "device": torch.cuda.get_device_name(), "torch": torch.__version__, "modes": []}
+    import contextlib
+    from unittest import mock
+
+    check = (
+        mock.patch("transformers.masking_utils.find_packed_sequence_indices", lambda position_ids: None)
+        if args.no_packed_check
+        else contextlib.nullcontext()
+    )
     for precision in args.precision.split(","):
-        result["modes"].append(profile_mode(args, precision, out_dir))
+        with check:
+            result["modes"].append(profile_mode(args, precision, out_dir))
         (out_dir / "profile-trainer.json").write_text(json.dumps(result, indent=1, default=str))
     print("wrote", out_dir / "profile-trainer.json")
 
