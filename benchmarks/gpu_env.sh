@@ -16,3 +16,22 @@ GPU_TESTS=(tests/test_adamw_multi.py tests/test_kernels.py tests/test_optim_trit
   tests/test_trainer_async.py tests/test_packing.py tests/test_mm_fp32.py
   "tests/test_generic_families.py::test_bf16_on_cuda_matches_transformers_grouped_mm" tests/test_parity.py
   tests/test_stack_graphs.py tests/test_mla_attention.py tests/test_sum_squares.py)
+T0=$SECONDS
+# gpu_tests LIMIT FILES...: pytest into $OUT/pytest.log, its summary and first errors printed, Triton's stray
+# subprocesses of a cut run killed.
+gpu_tests() {
+  timeout "$1" python3 -m pytest -q -rs -p no:cacheprovider "${@:2}" > "$OUT/pytest.log" 2>&1
+  echo "tests exit $? after $((SECONDS - T0)) s"; tail -1 "$OUT/pytest.log" | cut -c1-300
+  grep -E "^E |^FAILED" "$OUT/pytest.log" | head -6 | cut -c1-300
+  pkill -9 -f "python[0-9.]* -c " 2>/dev/null
+}
+# bench_row NAME LIMIT ARGS...: one `workbench bench` launch (2 warm-up + 30 timed steps, one round) into
+# $OUT/bench/<date>-1xh200-NAME.json, its log appended to $OUT/bench.log and its rows printed.
+bench_row() {
+  mkdir -p "$OUT/bench"
+  echo "== $1" >> "$OUT/bench.log"
+  timeout "$2" python3 -m workbench.bench --fused-ce --out-dir "$OUT/bench" --no-html --name "$(date +%F)-1xh200-$1" \
+    --warmup 2 --steps 30 --rounds 1 "${@:3}" >> "$OUT/bench.log" 2>&1
+  echo "bench $1 exit $? after $((SECONDS - T0)) s"
+  sed -n "/== $1/,\$p" "$OUT/bench.log" | grep -E "^bench: [a-z_]+:|x tokens/s|failed|Error" | cut -c1-260
+}

@@ -6,14 +6,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/gpu_env.sh
-t0=$SECONDS
-timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_stack_graphs.py > "$OUT/pytest.log" 2>&1
-echo "tests exit $? after $((SECONDS - t0)) s"; tail -1 "$OUT/pytest.log" | cut -c1-300
-grep -E "^E " "$OUT/pytest.log" | head -4 | cut -c1-300
-pkill -9 -f "python[0-9.]* -c " 2>/dev/null
+gpu_tests 150 tests/test_stack_graphs.py
 for preset in moonlight-16b-a3b qwen3-30b-a3b; do
   timeout 150 python3 benchmarks/profile_trainer.py --preset $preset --layers 8 --precision auto --warmup 3 --steps 8 \
     --out /tmp/prof-$preset > "$OUT/prof-$preset.log" 2>&1
-  echo "$preset exit $? after $((SECONDS - t0)) s"; grep -E "^auto" "$OUT/prof-$preset.log" | cut -c1-400
+  echo "$preset exit $? after $((SECONDS - T0)) s"; grep -E "^auto" "$OUT/prof-$preset.log" | cut -c1-400
   cp /tmp/prof-$preset/profile-trainer.json "$OUT/prof-$preset.json"
 done

@@ -39,6 +39,18 @@ def _rotation(cos_ptr, sin_ptr, cols, cmask, HALF: tl.constexpr, INTERLEAVE: tl.
 
 
 @triton.jit
+def _head_columns(H, NOPE: tl.constexpr, HALF: tl.constexpr, H_P2: tl.constexpr, NOPE_P2: tl.constexpr,
+                  HALF_P2: tl.constexpr):  # fmt: skip
+    """One program's head rows, no-position columns and rotary pair columns, with their masks."""
+    heads = tl.arange(0, H_P2)[:, None]
+    hmask = heads < H
+    nope = tl.arange(0, NOPE_P2)[None, :]
+    cols = tl.arange(0, HALF_P2)
+    cmask = cols < HALF
+    return heads, hmask, nope, hmask & (nope < NOPE), cols, cmask
+
+
+@triton.jit
 def _mla_fwd_kernel(
     Q, KV, KR, COS, SIN, QO, KO, VO,
     S, H,
@@ -51,12 +63,7 @@ def _mla_fwd_kernel(
     b = pid // S
     s = pid % S
     QD: tl.constexpr = NOPE + 2 * HALF
-    heads = tl.arange(0, H_P2)[:, None]
-    hmask = heads < H
-    nope = tl.arange(0, NOPE_P2)[None, :]
-    nmask = hmask & (nope < NOPE)
-    cols = tl.arange(0, HALF_P2)
-    cmask = cols < HALF
+    heads, hmask, nope, nmask, cols, cmask = _head_columns(H, NOPE, HALF, H_P2, NOPE_P2, HALF_P2)
     out_row = pid * H * QD + heads * QD  # query and key: contiguous [B, S, H, QD]
     # the no-position parts: copies
     q_row = Q + b * sq_b + s * sq_s + heads * sq_h
@@ -100,12 +107,7 @@ def _mla_bwd_kernel(
     s = pid % S
     QD: tl.constexpr = NOPE + 2 * HALF
     KD: tl.constexpr = NOPE + V
-    heads = tl.arange(0, H_P2)[:, None]
-    hmask = heads < H
-    nope = tl.arange(0, NOPE_P2)[None, :]
-    nmask = hmask & (nope < NOPE)
-    cols = tl.arange(0, HALF_P2)
-    cmask = cols < HALF
+    heads, hmask, nope, nmask, cols, cmask = _head_columns(H, NOPE, HALF, H_P2, NOPE_P2, HALF_P2)
     qmask = hmask & cmask[None, :]
     row = pid * H * QD + heads * QD  # every gradient here is contiguous
     kv_row = pid * H * KD + heads * KD

@@ -46,9 +46,6 @@ class DeepseekV3EngineRouter(hf.DeepseekV3TopkRouter):
 
 def use_deepseek_router(model: torch.nn.Module) -> int:
     """Every DeepseekV3TopkRouter of `model` computes its logits on tensor cores (a class swap: same parameters)."""
-    swapped = 0
-    for module in model.modules():
-        if type(module) is hf.DeepseekV3TopkRouter:
-            module.__class__ = DeepseekV3EngineRouter
-            swapped += 1
-    return swapped
+    from workbench.models.class_swap import swap_classes
+
+    return swap_classes(model, hf.DeepseekV3TopkRouter, DeepseekV3EngineRouter)

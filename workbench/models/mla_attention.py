@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
 
+from workbench.models.engine_attention import attention_function, engine_forward_applies
+
 # Shape suffixes: B batch, S sequence, H heads, Q query/key head dim, K kv_b head dim (nope + v), R rotary dim.
 
 
@@ -23,8 +25,7 @@ class DeepseekV3EngineAttention(hf.DeepseekV3Attention):
 
     def forward(self, hidden_states, position_embeddings, attention_mask=None, *args, **kwargs):
         """Transformers' forward; without a cache and with rope='triton', q/k/v come from the fused kernel."""
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        if args or cache is not None or self.workbench_rope != "triton":
+        if not engine_forward_applies(self, args, kwargs):
             return super().forward(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
         from workbench.kernels.triton_mla import mla_qkv, supported
 
@@ -48,12 +49,7 @@ class DeepseekV3EngineAttention(hf.DeepseekV3Attention):
         query, key, value = mla_qkv(
             q_BSHQ, kv_BSHK, k_rot_BSR, cos, sin, self.qk_nope_head_dim, bool(self.config.rope_interleave)
         )
-        impl, registry = self.config._attn_implementation, hf.ALL_ATTENTION_FUNCTIONS
-        if hasattr(registry, "get_interface"):
-            attention = registry.get_interface(impl, hf.eager_attention_forward)
-        else:
-            attention = hf.eager_attention_forward if impl == "eager" else registry[impl]
-        out, weights = attention(
+        out, weights = attention_function(hf, self.config._attn_implementation)(
             self,
             query.transpose(1, 2),
             key.transpose(1, 2),
@@ -72,10 +68,6 @@ def use_mla_attention(model: torch.nn.Module, rope: str) -> int:
         raise ValueError(f"rope must be a resolved BackendConfig.rope, 'torch' or 'triton'; got {rope!r}")
     if rope == "torch":
         return 0
-    swapped = 0
-    for module in model.modules():
-        if type(module) is hf.DeepseekV3Attention:
-            module.__class__ = DeepseekV3EngineAttention  # a class swap: parameter names stay Transformers'
-            module.workbench_rope = rope
-            swapped += 1
-    return swapped
+    from workbench.models.class_swap import swap_classes
+
+    return swap_classes(model, hf.DeepseekV3Attention, DeepseekV3EngineAttention, workbench_rope=rope)

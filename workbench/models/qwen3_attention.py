@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 
+from workbench.models.engine_attention import attention_function, engine_forward_applies
+
 # Shape suffixes: B batch, H heads, S sequence, D head dim.
 
 
@@ -22,8 +24,7 @@ class Qwen3MoeEngineAttention(hf.Qwen3MoeAttention):
 
     def forward(self, hidden_states, position_embeddings, attention_mask=None, *args, **kwargs):
         """Transformers' forward; without a cache and with rope='triton', RoPE is the fused kernel."""
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        if args or cache is not None or self.workbench_rope != "triton":
+        if not engine_forward_applies(self, args, kwargs):
             return super().forward(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
         from workbench.kernels.triton_rope import apply_rope, supported
 
@@ -39,12 +40,7 @@ class Qwen3MoeEngineAttention(hf.Qwen3MoeAttention):
             q_BHSD, k_BHSD = apply_rope(q_BHSD, k_BHSD, cos, sin)
         else:
             q_BHSD, k_BHSD = hf.apply_rotary_pos_emb(q_BHSD, k_BHSD, cos, sin)
-        impl, registry = self.config._attn_implementation, hf.ALL_ATTENTION_FUNCTIONS
-        if hasattr(registry, "get_interface"):  # transformers >= 5.2x
-            attention = registry.get_interface(impl, hf.eager_attention_forward)
-        else:
-            attention = hf.eager_attention_forward if impl == "eager" else registry[impl]
-        out, weights = attention(
+        out, weights = attention_function(hf, self.config._attn_implementation)(
             self,
             q_BHSD,
             k_BHSD,
@@ -65,11 +61,7 @@ def use_engine_attention(model: torch.nn.Module, rope: str) -> int:
         raise ValueError(f"rope must be a resolved BackendConfig.rope, 'torch' or 'triton'; got {rope!r}")
     if rope == "torch":
         return 0  # Transformers' own forward is the torch path
-    swapped = 0
-    for module in model.modules():
-        if type(module) is hf.Qwen3MoeAttention:
-            # a class swap, not a wrapper: parameter names and state dict keys stay Transformers'
-            module.__class__ = Qwen3MoeEngineAttention
-            module.workbench_rope = rope
-            swapped += 1
-    return swapped
+    from workbench.models.class_swap import swap_classes
+
+    # a class swap, not a wrapper: parameter names and state dict keys stay Transformers'
+    return swap_classes(model, hf.Qwen3MoeAttention, Qwen3MoeEngineAttention, workbench_rope=rope)

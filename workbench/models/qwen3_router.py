@@ -30,9 +30,6 @@ class Qwen3MoeEngineRouter(hf.Qwen3MoeTopKRouter):
 
 def use_engine_router(model: torch.nn.Module) -> int:
     """Every Qwen3MoeTopKRouter of `model` computes float32 logits (a class swap: same parameters)."""
-    swapped = 0
-    for module in model.modules():
-        if type(module) is hf.Qwen3MoeTopKRouter:
-            module.__class__ = Qwen3MoeEngineRouter
-            swapped += 1
-    return swapped
+    from workbench.models.class_swap import swap_classes
+
+    return swap_classes(model, hf.Qwen3MoeTopKRouter, Qwen3MoeEngineRouter)
