@@ -12,6 +12,7 @@ from torch.distributed.tensor import DTensor
 
 from workbench.backends import BackendError, availability
 from workbench.config import OPTIMIZERS
+from workbench.kernels._triton_util import triton_interpreting
 from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR  # set by the mesh builders, read here
 from workbench.train.precision import needs_workbench_adamw, resolve_precision
 from workbench.train.triton_adamw_optimizer import TritonAdamW, _local
@@ -149,18 +150,12 @@ def _norms_fp32(grads: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def _local_sum_of_squares(grads: list[torch.Tensor]) -> torch.Tensor | None:
     """Σ ||g||² by the Triton kernel where plain grads on one device include large ones it takes; else None."""
-    if len({g.device for g in grads}) != 1 or (grads[0].device.type != "cuda" and not _interpreting()):
+    if len({g.device for g in grads}) != 1 or (grads[0].device.type != "cuda" and not triton_interpreting()):
         return None
     from workbench.kernels.triton_sum_squares import sum_of_squares, takes
 
     detached = [g.detach() for g in grads]
     return sum_of_squares(detached) if any(takes(g) for g in detached) else None
-
-
-def _interpreting() -> bool:
-    from workbench.kernels._triton_util import triton_interpreting
-
-    return triton_interpreting()
 
 
 def total_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
