@@ -49,6 +49,15 @@ for interleave in (True, False):
     grads = torch.autograd.grad(sum((o.transpose(1, 2) * ww.float().to(device)).sum() for o, ww in zip(outs, w)), args)
     for a, b in zip(grads, ref_grads):
         assert rel_err(a.cpu().double(), b) < 1e-6, (interleave, rel_err(a.cpu().double(), b))
+# shapes the kernel cannot take are refused, not computed wrong: an odd rotary dim
+odd = torch.zeros(B, S, H, NOPE + 3, device=device)
+try:
+    mla_qkv(odd, torch.zeros(B, S, H, NOPE + V, device=device), torch.zeros(B, S, 3, device=device),
+            torch.zeros(B, S, 3, device=device), torch.zeros(B, S, 3, device=device), NOPE, True)
+except ValueError as err:
+    assert "unsupported shapes" in str(err), err
+else:
+    raise AssertionError("an odd rotary dim was not refused")
 print("kernel ok")
 import workbench
 from workbench.presets import build_preset_config

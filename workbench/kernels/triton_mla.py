@@ -140,21 +140,29 @@ def _sizes(q_BSHQ: torch.Tensor, kv_BSHK: torch.Tensor, nope: int) -> dict:
     )  # fmt: skip
 
 
+def angles_supported(cos_BSR: torch.Tensor, batch: int, seq: int, rot_dim: int) -> bool:
+    """Whether the kernels take these RoPE angles: [1 or B, S, R], R even, unit stride on R."""
+    return (
+        cos_BSR.dim() == 3
+        and rot_dim > 0
+        and rot_dim % 2 == 0
+        and cos_BSR.shape[1:] == (seq, rot_dim)
+        and cos_BSR.shape[0] in (1, batch)
+        and cos_BSR.stride(-1) == 1
+    )
+
+
 def supported(q_BSHQ, kv_BSHK, k_rot_BSR, cos_BSR, nope: int) -> bool:
-    """Shapes the kernels take: unit stride on the last dim of every input, an even rotary dim."""
-    if not (q_BSHQ.dim() == kv_BSHK.dim() == 4 and k_rot_BSR.dim() == cos_BSR.dim() == 3):
+    """Shapes the kernels take: the angles', and unit stride on the last dim of every input."""
+    if not (q_BSHQ.dim() == kv_BSHK.dim() == 4 and k_rot_BSR.dim() == 3):
         return False
     B, S, H, QD = q_BSHQ.shape
-    R = QD - nope
     return (
-        R > 0
-        and R % 2 == 0
+        angles_supported(cos_BSR, B, S, QD - nope)
         and kv_BSHK.shape[:3] == (B, S, H)
         and kv_BSHK.shape[3] > nope
-        and k_rot_BSR.shape == (B, S, R)
-        and cos_BSR.shape[1:] == (S, R)
-        and cos_BSR.shape[0] in (1, B)
-        and all(t.stride(-1) == 1 for t in (q_BSHQ, kv_BSHK, k_rot_BSR, cos_BSR))
+        and k_rot_BSR.shape == (B, S, QD - nope)
+        and all(t.stride(-1) == 1 for t in (q_BSHQ, kv_BSHK, k_rot_BSR))
     )
 
 
@@ -222,4 +230,7 @@ def mla_qkv(
     cos, sin = cos_BSR.detach(), sin_BSR.detach()
     if sin.shape != cos.shape or sin.stride() != cos.stride():
         raise ValueError(f"mla_qkv: cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must share shape and strides")
+    if not supported(q_BSHQ, kv_BSHK, k_rot_BSR, cos, nope):
+        shapes = [tuple(t.shape) for t in (q_BSHQ, kv_BSHK, k_rot_BSR, cos)]
+        raise ValueError(f"mla_qkv: unsupported shapes q, kv, k_rot, cos {shapes} for nope={nope}")
     return _MlaQKV.apply(q_BSHQ, kv_BSHK, k_rot_BSR, cos, sin, int(nope), bool(interleave))

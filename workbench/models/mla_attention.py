@@ -4,8 +4,8 @@ The engine changes only how the projections' outputs become query, key and value
 direction applies RoPE to q's and the shared key's rotary parts and lays out the three tensors
 (kernels/triton_mla.py), where Transformers splits, rotates, concatenates and copies. The projections, the
 latent norm, the attention function (sdpa with cuDNN first, eager) and o_proj are Transformers' own modules
-and functions, so parameters and state dict keys do not change. With a KV cache (generation), shapes the
-kernel does not take, or rope other than 'triton', Transformers' own forward runs.
+and functions, so parameters and state dict keys do not change. With a KV cache (generation), RoPE angles
+the kernel does not take, or rope other than 'triton', Transformers' own forward runs.
 """
 
 from __future__ import annotations
@@ -27,9 +27,12 @@ class DeepseekV3EngineAttention(hf.DeepseekV3Attention):
         """Transformers' forward; without a cache and with rope='triton', q/k/v come from the fused kernel."""
         if not engine_forward_applies(self, args, kwargs):
             return super().forward(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
-        from workbench.kernels.triton_mla import mla_qkv, supported
+        from workbench.kernels.triton_mla import angles_supported, mla_qkv
 
         B, S = hidden_states.shape[:-1]
+        cos, sin = position_embeddings
+        if not angles_supported(cos, B, S, self.qk_rope_head_dim):  # before any projection runs
+            return super().forward(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
         if self.q_lora_rank is None:
             q = self.q_proj(hidden_states)
         else:
@@ -41,9 +44,6 @@ class DeepseekV3EngineAttention(hf.DeepseekV3Attention):
         kv_BSHK = self.kv_b_proj(self.kv_a_layernorm(kv_nope)).view(
             B, S, self.num_heads, self.qk_nope_head_dim + self.v_head_dim
         )
-        cos, sin = position_embeddings
-        if not supported(q_BSHQ, kv_BSHK, k_rot_BSR, cos, self.qk_nope_head_dim):
-            return super().forward(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
         kwargs.pop("cache", None)
         kwargs.pop("past_key_values", None)
         query, key, value = mla_qkv(
