@@ -24,3 +24,10 @@ def attention_function(family: ModuleType, impl: str) -> Callable:
     if hasattr(registry, "get_interface"):  # transformers >= 5.2x
         return registry.get_interface(impl, family.eager_attention_forward)
     return family.eager_attention_forward if impl == "eager" else registry[impl]
+
+
+def wants_engine_attention(rope: str) -> bool:
+    """Whether a resolved BackendConfig.rope asks for the engine's attention classes ('triton'; 'torch': no)."""
+    if rope not in ("torch", "triton"):
+        raise ValueError(f"rope must be a resolved BackendConfig.rope, 'torch' or 'triton'; got {rope!r}")
+    return rope == "triton"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
 
-from workbench.models.engine_attention import attention_function, engine_forward_applies
+from workbench.models.engine_attention import attention_function, engine_forward_applies, wants_engine_attention
 
 # Shape suffixes: B batch, S sequence, H heads, Q query/key head dim, K kv_b head dim (nope + v), R rotary dim.
 
@@ -64,9 +64,7 @@ class DeepseekV3EngineAttention(hf.DeepseekV3Attention):
 
 def use_mla_attention(model: torch.nn.Module, rope: str) -> int:
     """rope='triton': every DeepseekV3Attention of `model` gets the fused q/k/v forward (same module, parameters)."""
-    if rope not in ("torch", "triton"):
-        raise ValueError(f"rope must be a resolved BackendConfig.rope, 'torch' or 'triton'; got {rope!r}")
-    if rope == "torch":
+    if not wants_engine_attention(rope):  # 'torch': Transformers' own forward
         return 0
     from workbench.models.class_swap import swap_classes
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 
-from workbench.models.engine_attention import attention_function, engine_forward_applies
+from workbench.models.engine_attention import attention_function, engine_forward_applies, wants_engine_attention
 
 # Shape suffixes: B batch, H heads, S sequence, D head dim.
 
@@ -57,10 +57,8 @@ class Qwen3MoeEngineAttention(hf.Qwen3MoeAttention):
 
 def use_engine_attention(model: torch.nn.Module, rope: str) -> int:
     """rope='triton': every Qwen3MoeAttention of `model` gets the fused-RoPE forward (same module, parameters)."""
-    if rope not in ("torch", "triton"):
-        raise ValueError(f"rope must be a resolved BackendConfig.rope, 'torch' or 'triton'; got {rope!r}")
-    if rope == "torch":
-        return 0  # Transformers' own forward is the torch path
+    if not wants_engine_attention(rope):  # 'torch': Transformers' own forward
+        return 0
     from workbench.models.class_swap import swap_classes
 
     # a class swap, not a wrapper: parameter names and state dict keys stay Transformers'
