@@ -233,10 +233,10 @@ def main() -> None:
     p.add_argument("--lora-rank", type=int, default=0, help="LoRA on attention + experts at this rank (0: full)")
     p.add_argument("--ac", action="store_true", help="activation checkpointing (train.activation_checkpointing)")
     p.add_argument(
-        "--no-packed-check",
-        action="store_true",
-        help="experiment: Transformers' per-forward packed-rows check (a host sync) answers 'not packed' without a "
-        "read (valid for the synthetic rows only)",
+        "--ce-chunk-mib",
+        type=int,
+        default=None,
+        help="experiment: the fused CE's logits budget per chunk in MiB (kernels/cross_entropy.LOGITS_CHUNK_BYTES)",
     )
     p.add_argument("--no-trace", action="store_true", help="time the steps only: no profiled step")
     p.add_argument("--lr", type=float, default=1e-5, help="peak learning rate")
@@ -251,16 +251,13 @@ def main() -> None:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {"args": vars(args), "device": torch.cuda.get_device_name(), "torch": torch.__version__, "modes": []}
-    import contextlib
     from unittest import mock
 
-    check = (
-        mock.patch("transformers.masking_utils.find_packed_sequence_indices", lambda position_ids: None)
-        if args.no_packed_check
-        else contextlib.nullcontext()
-    )
+    from workbench.kernels import cross_entropy
+
+    budget = args.ce_chunk_mib * 2**20 if args.ce_chunk_mib else cross_entropy.LOGITS_CHUNK_BYTES
     for precision in args.precision.split(","):
-        with check:
+        with mock.patch.object(cross_entropy, "LOGITS_CHUNK_BYTES", budget):
             result["modes"].append(profile_mode(args, precision, out_dir))
         (out_dir / "profile-trainer.json").write_text(json.dumps(result, indent=1, default=str))
     print("wrote", out_dir / "profile-trainer.json")

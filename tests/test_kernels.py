@@ -192,11 +192,12 @@ def test_fused_ce_matches_hf_for_causal_lm_loss_fp32(num_items, chunk_size):
             assert rel_err(a, b) < 1e-5, (fn.__name__, name, rel_err(a, b))
 
 
-def test_fused_ce_bf16_within_tolerance_of_fp32_hf():
+@pytest.mark.parametrize("chunk_size", [16, 4096])  # float32 accumulation over chunks; one chunk's bf16 product
+def test_fused_ce_bf16_within_tolerance_of_fp32_hf(chunk_size):
     hidden, weight, labels = _ce_inputs(torch.bfloat16, seq=33, vocab=97, hidden=40)
     ref = _hf_loss_and_grads(hidden.float(), weight.float(), labels)
-    ours = _ours_loss_and_grads(fused_linear_cross_entropy, hidden, weight, labels, chunk_size=16)
-    assert ours[0].dtype == torch.float32 and ours[1].dtype == torch.bfloat16
+    ours = _ours_loss_and_grads(fused_linear_cross_entropy, hidden, weight, labels, chunk_size=chunk_size)
+    assert ours[0].dtype == torch.float32 and ours[1].dtype == torch.bfloat16 and ours[2].dtype == torch.bfloat16
     for name, a, b in zip(("loss", "d_hidden", "d_weight"), ours, ref):
         assert rel_err(a, b) < 2e-2, (name, rel_err(a, b))
 

@@ -157,10 +157,17 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_hidden_ND = (
             torch.empty(hidden_ND.shape, dtype=hidden_ND.dtype, device=hidden_ND.device) if need_dh else None
         )
+        bounds = chunk_bounds(N, chunk_size)
         # float32 accumulation across chunks keeps bf16 weight gradients as exact as one big matmul;
-        # the first chunk's product initializes it (no zero fill of a [V, D] float32 buffer)
-        grad_weight_VD = torch.empty(weight_VD.shape, dtype=torch.float32, device=weight_VD.device) if need_dw else None
-        for start, end in chunk_bounds(N, chunk_size):
+        # the first chunk's product initializes it (no zero fill of a [V, D] float32 buffer). One chunk is that
+        # matmul: its product comes out in the weight's dtype, without the float32 buffer and its cast.
+        one_chunk = len(bounds) == 1
+        grad_weight_VD = (
+            torch.empty(weight_VD.shape, dtype=torch.float32, device=weight_VD.device)
+            if need_dw and not one_chunk
+            else None
+        )
+        for start, end in bounds:
             h_CD, y_C = hidden_ND[start:end], labels_N[start:end]
             if use_triton:
                 from workbench.kernels.triton_cross_entropy import ce_rows_
@@ -175,9 +182,11 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 continue
             if need_dh:
                 torch.mm(grad_CV, weight_VD, out=grad_hidden_ND[start:end])
-            if need_dw:
+            if need_dw and one_chunk:
+                grad_weight_VD = torch.mm(grad_CV.t(), h_CD)
+            elif need_dw:
                 mm_fp32(grad_CV.t(), h_CD, out=grad_weight_VD, accumulate=start > 0)
-        if need_dw:
+        if need_dw and not one_chunk:
             grad_weight_VD = grad_weight_VD.to(weight_VD.dtype)
         ctx.save_for_backward(grad_hidden_ND, grad_weight_VD)
         ctx.use_triton = use_triton

@@ -10,6 +10,7 @@ from torch.profiler import record_function
 
 from workbench.models.attention_sinks import forward_sequences
 from workbench.models.router_aux import forward_loss_parts
+from workbench.models.unpacked_rows import rows_known_unpacked
 from workbench.moe.bias_update import global_load, update_router_biases
 from workbench.parallel import dist_utils as du
 from workbench.params import num_experts
@@ -64,12 +65,13 @@ class TrainStep:
         loads = []
         for i, mb in enumerate(micro):
             extra = self._sequences(mb)  # from the host's position_ids, before the copy
+            host_positions = mb.position_ids
             mb = Batch(*(to_device(t, device) for t in (mb.input_ids, mb.labels, mb.position_ids)))
             last = i == len(micro) - 1
             if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2: reduce once per step
                 self.model.set_requires_gradient_sync(last)
             t0 = clock.mark()
-            with record_function("workbench.forward"):
+            with record_function("workbench.forward"), rows_known_unpacked(host_positions):
                 # the cross-entropy and the aux loss come apart (models/router_aux): each is computed once
                 parts = forward_loss_parts(
                     self.model,
