@@ -56,8 +56,9 @@ def main() -> None:
     args = p.parse_args()
     for tokens in args.tokens:
         for vocab in args.vocab:
-            default = default_chunk_size(vocab, 2)
-            for chunk in sorted({default, 2 * default, tokens // 3 + 1, tokens // 2, tokens}):
+            small = default_chunk_size(tokens, vocab, 2048, 2)  # the frozen-head budget (session 10's default)
+            default = default_chunk_size(tokens, vocab, 2048, 2, weight_grad=True)
+            for chunk in sorted({small, 2 * small, tokens // 3 + 1, tokens // 2, tokens, default}):
                 print(json.dumps({**measure(tokens, vocab, chunk), "default": chunk == default}), flush=True)
 
 

@@ -236,7 +236,7 @@ def main() -> None:
         "--ce-chunk-mib",
         type=int,
         default=None,
-        help="experiment: the fused CE's logits budget per chunk in MiB (kernels/cross_entropy.LOGITS_CHUNK_BYTES)",
+        help="experiment: the fused CE's budget with a trained lm_head in MiB (cross_entropy.TRAINED_HEAD_CE_BYTES)",
     )
     p.add_argument("--no-trace", action="store_true", help="time the steps only: no profiled step")
     p.add_argument("--lr", type=float, default=1e-5, help="peak learning rate")
@@ -255,9 +255,9 @@ def main() -> None:
 
     from workbench.kernels import cross_entropy
 
-    budget = args.ce_chunk_mib * 2**20 if args.ce_chunk_mib else cross_entropy.LOGITS_CHUNK_BYTES
+    budget = args.ce_chunk_mib * 2**20 if args.ce_chunk_mib else cross_entropy.TRAINED_HEAD_CE_BYTES
     for precision in args.precision.split(","):
-        with mock.patch.object(cross_entropy, "LOGITS_CHUNK_BYTES", budget):
+        with mock.patch.object(cross_entropy, "TRAINED_HEAD_CE_BYTES", budget):
             result["modes"].append(profile_mode(args, precision, out_dir))
         (out_dir / "profile-trainer.json").write_text(json.dumps(result, indent=1, default=str))
     print("wrote", out_dir / "profile-trainer.json")

@@ -178,6 +178,28 @@ def test_ce_chunks_are_as_few_as_the_budget_allows_and_about_equal():
             assert len(sizes) == -(-tokens // budget) and max(sizes) <= budget and max(sizes) - min(sizes) <= 1
 
 
+def test_ce_default_chunks_keep_their_buffers_within_the_budget():
+    from workbench.kernels import cross_entropy as ce
+
+    for tokens, vocab, hidden in (
+        (8192, 163840, 2048),
+        (8192, 151936, 2048),
+        (16384, 163840, 2048),
+        (8192, 201088, 2880),
+    ):
+        frozen = ce.default_chunk_size(tokens, vocab, hidden, 2)
+        assert frozen * vocab * 2 <= ce.LOGITS_CHUNK_BYTES < (frozen + 1) * vocab * 2  # a frozen head: logits only
+        trained = ce.default_chunk_size(tokens, vocab, hidden, 2, weight_grad=True)
+        if trained >= tokens:  # one chunk: its logits, no float32 accumulator
+            assert tokens * vocab * 2 <= ce.TRAINED_HEAD_CE_BYTES
+        else:  # a chunk's logits plus the [V, D] float32 accumulator
+            assert trained * vocab * 2 + 4 * vocab * hidden <= ce.TRAINED_HEAD_CE_BYTES
+            assert trained > frozen
+    # 4096 x 2 tokens of Moonlight and Qwen3 are one chunk; 16k tokens of Moonlight three of 5462 or so
+    assert ce.default_chunk_size(8192, 163840, 2048, 2, weight_grad=True) == 8192
+    assert len(ce.chunk_bounds(16384, ce.default_chunk_size(16384, 163840, 2048, 2, weight_grad=True))) == 3
+
+
 @pytest.mark.parametrize("num_items", [None, 11, "tensor"])
 @pytest.mark.parametrize("chunk_size", [1, 5, 64])
 def test_fused_ce_matches_hf_for_causal_lm_loss_fp32(num_items, chunk_size):

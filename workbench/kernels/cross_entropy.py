@@ -16,8 +16,13 @@ from workbench.kernels.mm_fp32 import mm_fp32
 
 # Shape suffixes: N tokens (batch x sequence), D hidden, V vocab, C one chunk of tokens.
 
-# Budget for one chunk's logits; sets the default chunk size from the vocab size and logit width.
+# Budget for one chunk's logits where the lm_head is frozen (LoRA): chunking then only saves memory.
 LOGITS_CHUNK_BYTES = 512 * 2**20
+# Budget for the buffers where the lm_head trains: a chunk's logits plus, with more than one chunk, the float32
+# weight-gradient accumulator [V, D], which every further chunk reads and writes once. 1 x H200, bf16, D 2048
+# (benchmarks/ce_chunks.py, session 11): 8192 tokens of Moonlight's 163840 vocab in 6 chunks 29.0 ms, 3 chunks
+# 27.6, one 25.8 (2.3, 2.9, 3.2 GiB); 16384 tokens in 11 chunks 59.8 ms, 3 chunks 54.5 (4.6 GiB).
+TRAINED_HEAD_CE_BYTES = 3 * 2**30
 
 
 def shift_labels(labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
@@ -212,9 +217,16 @@ def chunk_bounds(tokens: int, chunk_size: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(edges, edges[1:], strict=False) if b > a]
 
 
-def default_chunk_size(vocab_size: int, logit_bytes: int = 4) -> int:
-    """Tokens per chunk so one chunk's logits (`logit_bytes` each) stay within LOGITS_CHUNK_BYTES."""
-    return max(1, LOGITS_CHUNK_BYTES // (logit_bytes * vocab_size))
+def default_chunk_size(
+    tokens: int, vocab_size: int, hidden_size: int, logit_bytes: int = 4, weight_grad: bool = False
+) -> int:
+    """Tokens per chunk: logits within LOGITS_CHUNK_BYTES, or with `weight_grad` all within TRAINED_HEAD_CE_BYTES."""
+    if not weight_grad:
+        return max(1, LOGITS_CHUNK_BYTES // (logit_bytes * vocab_size))
+    if tokens * vocab_size * logit_bytes <= TRAINED_HEAD_CE_BYTES:
+        return max(1, tokens)  # one chunk: no float32 accumulator, the weight gradient straight in its dtype
+    room = max(TRAINED_HEAD_CE_BYTES - 4 * vocab_size * hidden_size, LOGITS_CHUNK_BYTES)
+    return max(1, room // (logit_bytes * vocab_size))
 
 
 def fused_linear_cross_entropy(
@@ -245,7 +257,13 @@ def fused_linear_cross_entropy(
         check_triton_device(hidden_flat, "cross_entropy")
     if chunk_size is None:
         # the Triton path keeps logits in the model dtype (no float32 chunk), so more tokens fit
-        chunk_size = default_chunk_size(weight_VD.shape[0], hidden_flat.element_size() if use_triton else 4)
+        chunk_size = default_chunk_size(
+            hidden_flat.shape[0],
+            weight_VD.shape[0],
+            weight_VD.shape[1],
+            hidden_flat.element_size() if use_triton else 4,
+            weight_grad=weight_VD.requires_grad and torch.is_grad_enabled(),
+        )
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive int (tokens per chunk), got {chunk_size!r}")
     denom = _denominator(labels_flat, ignore_index, num_items_in_batch)
