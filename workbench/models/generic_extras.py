@@ -8,6 +8,8 @@
 - fp8: TransformerEngine's FP8 region around the forward; attention='sdpa' on CUDA: cuDNN first.
 - Qwen3-MoE's own extras: with rope='triton' its attention applies RoPE with one fused kernel
   (models/qwen3_attention.py); its router computes float32 logits (models/qwen3_router.py).
+- swiglu='triton': the dense SwiGLU MLPs (shared experts, dense layers) run the fused SwiGLU kernel
+  (models/swiglu_mlp.py).
 - DeepSeek-V3's (and Moonlight's) latent attention: with rope='triton' one kernel builds query, key and
   value with RoPE (models/mla_attention.py); its router's float32 logits run on tensor cores
   (models/deepseek_router.py).
@@ -324,12 +326,14 @@ def install_extras(model: nn.Module, backend, num_experts: int) -> dict[str, int
     from workbench.models.mla_attention import use_mla_attention
     from workbench.models.qwen3_attention import use_engine_attention
     from workbench.models.qwen3_router import use_engine_router
+    from workbench.models.swiglu_mlp import use_swiglu_mlps
 
     counts = {
         "rms_norm": len(swap_rms_norms(model, backend.rms_norm)),
         "linear": len(swap_linears(model, backend.linear, num_experts)),
         "rope": use_engine_attention(model, backend.rope) + use_mla_attention(model, backend.rope),
         "float32_router": use_engine_router(model) + use_deepseek_router(model),
+        "swiglu_mlp": use_swiglu_mlps(model, backend.swiglu),
     }
     model.__class__ = engine_lm_class(type(model))
     if isinstance(model, EngineCausalLMSharedAux) and model.workbench_router_sink is None:
