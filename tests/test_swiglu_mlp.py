@@ -9,10 +9,11 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+import torch
 import transformers
 from generic_families import tiny_config
 from torch import nn
-from triton_script import DEVICES, run_triton_script
+from triton_script import run_triton_script
 
 from workbench.models.swiglu_mlp import is_standard_swiglu_mlp, use_swiglu_mlps
 
@@ -86,6 +87,7 @@ print("SWIGLU MLP OK")
 """)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_engine_with_fused_mlps_matches_transformers(device):
-    run_triton_script(_SCRIPT, device, "SWIGLU MLP OK")
+def test_engine_with_fused_mlps_matches_transformers():
+    # compiled where a GPU is present; Triton's interpreter otherwise (the GPU image's Triton 3.6 interpreter cannot
+    # run the combine kernels' column loops that the whole model needs)
+    run_triton_script(_SCRIPT, "cuda" if torch.cuda.is_available() else "cpu", "SWIGLU MLP OK")
