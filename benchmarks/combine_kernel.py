@@ -3,7 +3,9 @@
     python benchmarks/combine_kernel.py
 
 Moonlight's (top-6) and Qwen3-MoE's (top-8) shapes at 8192 tokens, hidden 2048, bf16; CUDA-event medians of 50
-calls after 5. Bytes: forward K + 1 rows per token, backward 2K + 1.
+calls after 5. Bytes: forward K + 1 rows per token, backward 2K + 1. Session 11 (gpu_session11e.sh) measured a
+forward with one program per token looping over the columns, as the backward does: 214 us (1.1 TB/s) at top-6,
+224 us at top-8, no better than the per-512-column programs' ~190 us in the step's profile; it was reverted.
 """
 
 from __future__ import annotations

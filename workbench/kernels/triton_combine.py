@@ -28,22 +28,17 @@ BLOCK_D = 512
 
 @triton.jit
 def _combine_fwd_kernel(Y, W, ROWS, OUT, stride_y, stride_out, K, D, N, K_P2: tl.constexpr, BLOCK: tl.constexpr):
-    # One program per token over all of D, as the backward: a program per (token, 512 columns) moved too little per
-    # dependent load chain (ROWS, then Y) to hide its latency (1 x H200, Moonlight L8: ~190 us per call for 235 MB,
-    # 1.2 TB/s, where the backward's loop moved 435 MB in ~130 us).
     t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ks = tl.arange(0, K_P2)
     rows = tl.load(ROWS + t * K + ks, mask=ks < K, other=N).to(tl.int64)
     kmask = (ks < K) & (rows < N)
     w = tl.load(W + t * K + ks, mask=kmask, other=0.0).to(tl.float32)
-    for start in range(0, D, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        cmask = cols < D
-        tile = tl.load(
-            Y + rows[:, None] * stride_y + cols[None, :], mask=kmask[:, None] & cmask[None, :], other=0.0
-        ).to(tl.float32)
-        acc = tl.sum(w[:, None] * tile, axis=0)
-        tl.store(OUT + t * stride_out + cols, acc.to(OUT.dtype.element_ty), mask=cmask)
+    tile = tl.load(
+        Y + rows[:, None] * stride_y + cols[None, :], mask=kmask[:, None] & (cols[None, :] < D), other=0.0
+    ).to(tl.float32)
+    acc = tl.sum(w[:, None] * tile, axis=0)
+    tl.store(OUT + t * stride_out + cols, acc.to(OUT.dtype.element_ty), mask=cols < D)
 
 
 @triton.jit
@@ -84,7 +79,7 @@ def combine_forward(y_ND: torch.Tensor, weights_TK: torch.Tensor, row_of_slot: t
     D = y_ND.shape[1]
     out_TD = torch.empty((T, D), dtype=y_ND.dtype, device=y_ND.device)
     if T and D:
-        _combine_fwd_kernel[(T,)](
+        _combine_fwd_kernel[(T, triton.cdiv(D, BLOCK_D))](
             y_ND,
             weights_TK.contiguous(),
             row_of_slot.contiguous(),
