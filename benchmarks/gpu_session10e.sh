@@ -3,7 +3,7 @@
 # check costs (`(packed_sequence_mask[:, -1] == 0).all()`, a host sync at the start of every training forward; 10d's
 # Moonlight profile: 15 ms of cudaStreamSynchronize per step). profile_trainer --no-packed-check answers it without a
 # read; eager engine steps, alternating, Moonlight L8 and Qwen3 L8 at seq 4096 x 2.
-# (Session 11: the trainer now answers the check from the host position ids, models/unpacked_rows.py, and the flag is gone.)
+# (Session 11: the trainer now answers the check from the host position ids, models/host_packing.py, and the flag is gone.)
 #   OUT=/path bash benchmarks/gpu_session10e.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."

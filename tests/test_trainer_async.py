@@ -62,12 +62,12 @@ def _allowed(sync) -> bool:
         return True  # the data stream picks its host-side sequences (before any copy to the device)
     if function == "flash_sequences" and "workbench/train/loop_step.py" in stack and "_sequences" in stack:
         return True  # the sink attention's documents, counted from the batch's host position_ids
-    if function == "host_rows_unpacked" and sync.device == "cpu":
-        return True  # whether the batch's rows restart, from its host position ids (models/unpacked_rows.py)
+    if function == "host_rows_packed" and sync.device == "cpu":
+        return True  # whether the batch's rows restart, from its host position ids (models/host_packing.py)
     if function == "check_label_range" and sync.device == "cpu":
         return True  # an asynchronous assert on a device (tests/test_host_syncs.py)
     # any other read, Transformers' too: its 5.17 aux loss had one per layer (the engine's has none), and its masks'
-    # packed-rows check is answered from the host's position ids (models/unpacked_rows.py)
+    # packed-rows check is answered from the host's position ids (models/host_packing.py)
     return False
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from workbench.models.unpacked_rows import rows_known_unpacked
+from workbench.models.host_packing import host_packing
 from workbench.parallel import dist_utils as du
 from workbench.train.data import IGNORE_INDEX
 
@@ -37,7 +37,7 @@ def evaluate(model: torch.nn.Module, sequences, local_batch_size: int, device: t
                 batch.labels.fill_(IGNORE_INDEX)
             host_positions = batch.position_ids
             batch = batch.to(device)
-            with rows_known_unpacked(host_positions):
+            with host_packing(host_positions):
                 out = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False)
             for row in range(len(batch)):  # float32 logits one sequence at a time: [S, vocab], not [B, S, vocab]
                 logits = out.logits[row, :-1].float()

@@ -9,8 +9,8 @@ import torch
 from torch.profiler import record_function
 
 from workbench.models.attention_sinks import forward_sequences
+from workbench.models.host_packing import host_packing
 from workbench.models.router_aux import forward_loss_parts
-from workbench.models.unpacked_rows import rows_known_unpacked
 from workbench.moe.bias_update import global_load, update_router_biases
 from workbench.parallel import dist_utils as du
 from workbench.params import num_experts
@@ -71,7 +71,7 @@ class TrainStep:
             if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2: reduce once per step
                 self.model.set_requires_gradient_sync(last)
             t0 = clock.mark()
-            with record_function("workbench.forward"), rows_known_unpacked(host_positions):
+            with record_function("workbench.forward"), host_packing(host_positions):
                 # the cross-entropy and the aux loss come apart (models/router_aux): each is computed once
                 parts = forward_loss_parts(
                     self.model,
