@@ -97,6 +97,28 @@ def test_a_train_step_reads_nothing_back_from_the_device(family, tmp_path):
     assert [r["step"] for r in records] == [2] and records[0]["loss"] > 0
 
 
+def test_a_train_step_on_packed_documents_reads_nothing_back(tmp_path):
+    """Packed user data (the shipped JSONL, pack=True): Transformers' packed-rows check is answered from the host."""
+    from workbench.config import ModelConfig
+    from workbench.models.host_packing import host_rows_packed
+
+    rc = RunConfig.demo(
+        model=ModelConfig(dtype="float32", device="cpu"),
+        output_dir=str(tmp_path / "runs"),
+        data__seq_len=64,
+        data__pack=True,
+        train__global_batch_size=4,
+        train__local_batch_size=2,
+        train__log_every=100,
+        train__save_final_checkpoint=False,
+        train__optimizer="adamw_triton",  # its skip flag lives on the device (torch's CPU AdamW looks first)
+    )
+    trainer = Trainer(rc)
+    trainer.setup()
+    assert host_rows_packed(trainer.stream.next_batch(4).position_ids)  # the stream's rows hold several documents
+    assert _step_syncs(trainer) == []
+
+
 # The all-to-all dispatcher's one read per MoE layer: the uneven exchange's split sizes are host ints
 # (workbench/moe/dispatch/alltoall.py); everything the trainer adds is reduced on the device.
 DISPATCH = "tolist @ workbench/moe/dispatch/alltoall.py"
