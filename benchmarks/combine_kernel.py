@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import functools
 import json
-import statistics
 
 import torch
+from cuda_timing import cuda_event_ms  # benchmarks/ is this script's folder, first on sys.path
 
 from workbench.kernels.triton_combine import combine_backward, combine_forward
 
@@ -22,15 +22,7 @@ from workbench.kernels.triton_combine import combine_backward, combine_forward
 def _median_us(fn, reps: int = 50) -> float:
     for _ in range(5):
         fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return statistics.median(times)
+    return cuda_event_ms(fn, reps) * 1000
 
 
 def main() -> None:
