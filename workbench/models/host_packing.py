@@ -20,6 +20,8 @@ from functools import wraps
 import torch
 from transformers import masking_utils
 
+from workbench.models.attention_sinks_reference import document_starts
+
 # (sequence length, whether a row restarts) of the host batch whose forward is running; None: no claim.
 _HOST_ROWS: ContextVar[tuple[int, bool] | None] = ContextVar("workbench_host_rows", default=None)
 _MARK = "_workbench_host_answer"
@@ -29,13 +31,18 @@ def host_rows_packed(position_ids: torch.Tensor | None) -> bool | None:
     """Whether a row of host-side `position_ids` [B, S] restarts (a step other than +1); None: not host [B, S] ids."""
     if position_ids is None or position_ids.device.type != "cpu" or position_ids.dim() != 2:
         return None
-    return not bool((position_ids.diff(dim=-1) == 1).all())
+    return bool(_starts(position_ids)[:, 1:].any())
 
 
 def document_index(position_ids: torch.Tensor) -> torch.Tensor:
     """Transformers' packed_sequence_mask: per token, its document's index in the row (a new one at each restart)."""
-    first = position_ids[:, :1] - 1  # the first token always continues "its" document
-    return (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
+    return _starts(position_ids).cumsum(-1) - 1
+
+
+def _starts(position_ids: torch.Tensor) -> torch.Tensor:
+    """Bool [B, S]: each document's first token, by the one rule the sink attention uses too."""
+    batch, seq = position_ids.shape
+    return document_starts(position_ids, batch, seq, position_ids.device)
 
 
 def _install() -> None:

@@ -52,7 +52,7 @@ def is_standard_swiglu_mlp(module: nn.Module) -> bool:
             got = torch.func.functional_call(module, probe, (x,))
     except Exception:  # a forward that needs more than (x,) is not this MLP
         return False
-    return isinstance(got, torch.Tensor) and got.shape == want.shape and torch.allclose(got, want, 1e-5, 1e-6)
+    return isinstance(got, torch.Tensor) and got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def _forward(self, x: torch.Tensor) -> torch.Tensor:
