@@ -6,6 +6,8 @@ Moonlight's (top-6) and Qwen3-MoE's (top-8) shapes at 8192 tokens, hidden 2048, 
 calls after 5. Bytes: forward K + 1 rows per token, backward 2K + 1. Session 11 (gpu_session11e.sh) measured a
 forward with one program per token looping over the columns, as the backward does: 214 us (1.1 TB/s) at top-6,
 224 us at top-8, no better than the per-512-column programs' ~190 us in the step's profile; it was reverted.
+Candidate for the next call: `by_row`, the forward with each of the K rows loaded as its own [BLOCK] vector and
+summed in registers (no reduction across the tile's K axis), checked against the product kernel before timing.
 """
 
 from __future__ import annotations
@@ -14,9 +16,46 @@ import functools
 import json
 
 import torch
+import triton
+import triton.language as tl
 from cuda_timing import cuda_event_ms  # benchmarks/ is this script's folder, first on sys.path
 
 from workbench.kernels.triton_combine import combine_backward, combine_forward
+
+
+@triton.jit
+def _combine_fwd_by_row_kernel(Y, W, ROWS, OUT, stride_y, stride_out, K, D, N, K_P2: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    cmask = cols < D
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for k in tl.static_range(K_P2):
+        row = tl.load(ROWS + t * K + k, mask=k < K, other=N).to(tl.int64)  # a slot past K: no row
+        w = tl.load(W + t * K + k, mask=k < K, other=0.0).to(tl.float32)
+        acc += w * tl.load(Y + row * stride_y + cols, mask=cmask & (row + 0 * cols < N), other=0.0).to(tl.float32)
+    tl.store(OUT + t * stride_out + cols, acc.to(OUT.dtype.element_ty), mask=cmask)
+
+
+def combine_forward_by_row(y_ND: torch.Tensor, weights_TK: torch.Tensor, row_of_slot: torch.Tensor, block: int = 512):
+    """The candidate forward: what combine_forward computes, each expert row its own vector load."""
+    T, K = weights_TK.shape
+    D = y_ND.shape[1]
+    out_TD = torch.empty((T, D), dtype=y_ND.dtype, device=y_ND.device)
+    _combine_fwd_by_row_kernel[(T, triton.cdiv(D, block))](
+        y_ND,
+        weights_TK,
+        row_of_slot,
+        out_TD,
+        y_ND.stride(0),
+        out_TD.stride(0),
+        K,
+        D,
+        y_ND.shape[0],
+        K_P2=max(2, triton.next_power_of_2(K)),
+        BLOCK=block,
+        num_warps=4,
+    )
+    return out_TD
 
 
 def _median_us(fn, reps: int = 50) -> float:
@@ -34,6 +73,10 @@ def main() -> None:
         row_of_slot = torch.randperm(rows, device="cuda")
         g = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
         fwd = _median_us(functools.partial(combine_forward, y, w, row_of_slot))
+        torch.testing.assert_close(combine_forward_by_row(y, w, row_of_slot), combine_forward(y, w, row_of_slot))
+        by_row = {
+            b: _median_us(functools.partial(combine_forward_by_row, y, w, row_of_slot, b)) for b in (256, 512, 1024)
+        }
         bwd = _median_us(functools.partial(combine_backward, g, y, w, row_of_slot))
         row_bytes = hidden * 2
         print(
@@ -42,6 +85,7 @@ def main() -> None:
                     "top_k": top_k,
                     "forward_us": round(fwd, 1),
                     "forward_tb_s": round(tokens * (top_k + 1) * row_bytes / fwd / 1e6, 2),
+                    "by_row_us": {b: round(us, 1) for b, us in by_row.items()},
                     "backward_us": round(bwd, 1),
                     "backward_tb_s": round(tokens * (2 * top_k + 1) * row_bytes / bwd / 1e6, 2),
                 }
