@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
+from cuda_timing import cuda_event_ms  # benchmarks/ is this script's folder, first on sys.path
 
 from workbench.kernels.cross_entropy import chunk_bounds, default_chunk_size, fused_linear_cross_entropy
 
@@ -24,27 +24,25 @@ def measure(tokens: int, vocab: int, chunk: int, hidden: int = 2048) -> dict:
     h = (torch.randn(tokens, hidden, device="cuda", generator=g) * 0.5).bfloat16().requires_grad_()
     w = (torch.randn(vocab, hidden, device="cuda", generator=g) * 0.02).bfloat16().requires_grad_()
     y = torch.randint(0, vocab, (tokens,), device="cuda", generator=g)
-    times = []
-    for i in range(13):
+
+    def step() -> None:
         h.grad = w.grad = None
-        torch.cuda.synchronize()
-        if i == 3:
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
         fused_linear_cross_entropy(h, w, y, chunk_size=chunk, use_triton=True).backward()
-        end.record()
-        torch.cuda.synchronize()
-        if i >= 3:
-            times.append(start.elapsed_time(end))
+
+    for _ in range(3):
+        step()
+    h.grad = w.grad = None  # the base holds the inputs only, as each timed call starts
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    ms = cuda_event_ms(step, 10)
     peak = (torch.cuda.max_memory_allocated() - base) / 2**30
     return {
         "tokens": tokens,
         "vocab": vocab,
         "chunk": chunk,
         "chunks": len(chunk_bounds(tokens, chunk)),
-        "ms": round(statistics.median(times), 3),
+        "ms": round(ms, 3),
         "peak_gib": round(peak, 3),
     }
 
