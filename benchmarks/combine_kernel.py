@@ -22,6 +22,8 @@ from cuda_timing import cuda_event_ms  # benchmarks/ is this script's folder, fi
 
 from workbench.kernels.triton_combine import combine_backward, combine_forward
 
+# Shape suffixes: T tokens, D hidden, K top-k, N routed rows.
+
 
 @triton.jit
 def _combine_fwd_by_row_kernel(Y, W, ROWS, OUT, stride_y, stride_out, K, D, N, K_P2: tl.constexpr, BLOCK: tl.constexpr):
