@@ -696,7 +696,11 @@ def _in_backward_rows(rank, world, out_dir):
 
     cfg = BenchConfig(
         preset="tiny", seq=16, batch=2, warmup=0, steps=2,
-        variants=("engine", "engine_in_backward", "engine_adamw_per_tensor", "engine_in_backward_ac"), out_dir=out_dir,
+        variants=(
+            "engine", "engine_in_backward", "engine_adamw_per_tensor", "engine_in_backward_ac", "engine_adamw8",
+            "engine_in_backward_adamw8",
+        ),
+        out_dir=out_dir,
         html=False, fail_fast=True,
     )  # fmt: skip
     return run_bench(cfg)
@@ -723,6 +727,13 @@ def test_the_in_backward_row_trains_without_clipping(tmp_path):
     else:
         assert after["adamw_multi_tensor_numel"] is None is per_tensor["adamw_multi_tensor_numel"]
     assert rows["engine_adamw_per_tensor"]["loss"] == pytest.approx(rows["engine"]["loss"], abs=1e-6)
+    # the 8-bit rows: the workbench AdamW with one-byte moments, from the same weights and tokens (equal first loss)
+    for name, inside_backward in (("engine_adamw8", False), ("engine_in_backward_adamw8", True)):
+        setup = rows[name]["setup"]
+        assert setup["optimizer_states"] == "8bit" and setup["optimizer"].endswith("8bit moments"), setup
+        assert setup["optimizer_in_backward"] is inside_backward
+        assert rows[name]["loss"][0] == pytest.approx(rows["engine"]["loss"][0], abs=1e-6)
+    assert after["optimizer_states"] == "full" and "moments" not in after["optimizer"]
     # the same weights and tokens: the first loss is before any update
     assert rows["engine_in_backward"]["loss"][0] == pytest.approx(rows["engine"]["loss"][0], abs=1e-6)
 

@@ -43,3 +43,23 @@ def test_mesh_panel_estimate_follows_lora():
     # frozen bf16 base: weights only instead of weights + grads + two AdamW moments
     assert lora.sharded_state < 0.3 * full.sharded_state
     assert "GiB" in panel.details.value
+
+
+def test_run_panel_8bit_moments_reach_the_config_and_the_estimate():
+    panel = RunPanel()
+    assert panel.run_config().train.optimizer_states == "full"  # off by default
+    changed = []
+    panel.on_change(lambda: changed.append(True))
+    panel.adamw_8bit.value = True
+    assert changed and panel.run_config().train.optimizer_states == "8bit"
+    assert panel.training()["optimizer_states"] == "8bit"
+    mesh = MeshPanel(world_size=1, device_type="cuda", device_memory_gib=140)
+    mesh.set_model(preset_config("gpt-oss-20b", layers=8))
+    panel.seq_len.value, panel.local_batch.value = 4096, 2
+    mesh.set_training(**{**panel.training(), "optimizer_states": "full"}, dtype="bfloat16")
+    full = mesh.memory_estimate()
+    mesh.set_training(**panel.training())
+    eight = mesh.memory_estimate()
+    # bf16: 8 bytes per parameter (param, grad, two moments) -> 6.125 (one byte per moment, scales per 64)
+    assert eight.sharded_state == pytest.approx(full.sharded_state * 6.125 / 8)
+    assert eight.activations == full.activations

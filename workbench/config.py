@@ -27,7 +27,7 @@ from workbench.config_data import (
     DataConfig,
 )
 from workbench.config_lora import LORA_TARGETS, LoraConfig, lora_from_dict
-from workbench.config_train import OPTIMIZERS, PRECISIONS, RESUME_FIELDS, TrainConfig
+from workbench.config_train import OPTIMIZER_STATES, OPTIMIZERS, PRECISIONS, RESUME_FIELDS, TrainConfig
 from workbench.presets import PRESETS, TINY_VOCAB_SIZE, build_preset_config
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "DTYPES",
     "LORA_TARGETS",
     "OPTIMIZERS",
+    "OPTIMIZER_STATES",
     "PRECISIONS",
     "PRESETS",
     "RESUME_FIELDS",

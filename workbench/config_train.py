@@ -11,6 +11,8 @@ from workbench.config_checks import ConfigError, check_float, check_int
 OPTIMIZERS = ("adamw", "adamw_torch", "adamw_triton")
 # How a bf16 model's weights are updated (workbench.train.precision); on float32 weights every one is plain float32.
 PRECISIONS = ("auto", "bf16", "bf16_sr", "fp32_master")
+# How the workbench AdamW keeps its moments: in the weights' dtype, or 8-bit blockwise (workbench.kernels.adamw8)
+OPTIMIZER_STATES = ("full", "8bit")
 
 # Settings a resume must keep unless train.resume_allow_changes names them: the LR schedule, the
 # optimizer's update and the data position in the checkpoint depend on them. train.optimizer is
@@ -24,6 +26,7 @@ RESUME_FIELDS = (
     "train.weight_decay",
     "train.betas",
     "train.precision",
+    "train.optimizer_states",
     "data.kind",
     "data.path",
     "data.tokenizer",
@@ -62,6 +65,9 @@ class TrainConfig:
     # one of PRECISIONS: "bf16" rounds each update to nearest (loses most at lr 1e-5), "bf16_sr" rounds
     # it stochastically, "fp32_master" keeps float32 weights in the optimizer; "auto" = bf16_sr
     precision: str = "auto"
+    # one of OPTIMIZER_STATES: "8bit" stores exp_avg and exp_avg_sq in one byte each (plus a float32 scale per
+    # block of up to 256 elements), rounded stochastically: 6 -> ~4 bytes per bf16 parameter
+    optimizer_states: str = "full"
     seed: int = 0
     activation_checkpointing: bool = False  # recompute each decoder layer in backward (train/activation_checkpoint.py)
     # Update each parameter inside the backward and free its gradient (train/backward_updates.py): about one layer's
@@ -118,6 +124,15 @@ class TrainConfig:
                 f"train.precision={self.precision!r} needs the workbench AdamW: set train.optimizer "
                 "to 'adamw' (or 'adamw_triton'), or train.precision to 'bf16'"
             )
+        if self.optimizer_states not in OPTIMIZER_STATES:
+            raise ConfigError(
+                f"train.optimizer_states must be one of {OPTIMIZER_STATES}, got {self.optimizer_states!r}"
+            )
+        if self.optimizer == "adamw_torch" and self.optimizer_states != "full":
+            raise ConfigError(
+                "train.optimizer_states='8bit' needs the workbench AdamW (torch's keeps full moments): set "
+                "train.optimizer to 'adamw' (or 'adamw_triton'), or optimizer_states to 'full'"
+            )
         check_int(self.seed, "train.seed", 0)
         check_float(self.router_bias_update_rate, "train.router_bias_update_rate", 0.0)
         check_int(self.checkpoint_every, "train.checkpoint_every", 1, allow_none=True)
@@ -139,6 +154,11 @@ class TrainConfig:
                 "train.precision cannot change on resume (its optimizer state differs between modes); "
                 "keep the checkpoint's precision, or start a new run from the exported model "
                 "(train.export_hf) with another one"
+            )
+        if "train.optimizer_states" in allowed:
+            raise ConfigError(
+                "train.optimizer_states cannot change on resume (8-bit and full moments are different state); "
+                "keep the checkpoint's, or start a new run from the exported model (train.export_hf)"
             )
         object.__setattr__(self, "resume_allow_changes", tuple(allowed))
         for name in (

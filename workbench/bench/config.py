@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.backends import BackendConfig
-from workbench.config import OPTIMIZERS, PRECISIONS, PRESETS, ConfigError
+from workbench.config import OPTIMIZER_STATES, OPTIMIZERS, PRECISIONS, PRESETS, ConfigError
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class VariantSpec:
     adamw_multi_numel: int | None = None  # engine only: TritonAdamW.multi_tensor_numel (None: its default)
     cuda_graphs: bool = False  # engine only: train.cuda_graphs (the decoder stack replayed as CUDA graphs)
     activation_checkpointing: bool = False  # engine only: train.activation_checkpointing
+    optimizer_states: str = "full"  # engine only: train.optimizer_states ("8bit": one-byte AdamW moments)
 
     def __post_init__(self) -> None:
         from workbench.backends import CHOICES
@@ -50,6 +51,11 @@ class VariantSpec:
             raise ConfigError(f"variant precision {self.precision!r} must be one of {PRECISIONS}, on an engine variant")
         if self.optimizer not in OPTIMIZERS or (self.kind != "engine" and self.optimizer != "adamw"):
             raise ConfigError(f"variant optimizer {self.optimizer!r} must be one of {OPTIMIZERS}, on an engine variant")
+        if self.optimizer_states not in OPTIMIZER_STATES or (self.kind != "engine" and self.optimizer_states != "full"):
+            raise ConfigError(
+                f"variant optimizer_states {self.optimizer_states!r} must be one of {OPTIMIZER_STATES}, "
+                "on an engine variant"
+            )
         for flag in ENGINE_TRAIN_FLAGS:  # train settings of the engine's trainer
             if getattr(self, flag) and self.kind != "engine":
                 raise ConfigError(
@@ -164,6 +170,17 @@ VARIANTS: dict[str, VariantSpec] = {
         "engine, updates inside the backward and activation checkpointing per layer (the least memory)",
         optimizer_in_backward=True,
         activation_checkpointing=True,
+    ),
+    # 8-bit AdamW moments (train.optimizer_states): the anchor's optimizer keeps bf16 ones, so these rows change
+    # the optimizer's storage, and say so in their names
+    "engine_adamw8": VariantSpec(
+        "engine", "engine, AdamW moments in 8 bits (blockwise scales, stochastic rounding)", optimizer_states="8bit"
+    ),
+    "engine_in_backward_adamw8": VariantSpec(
+        "engine",
+        "engine, updates inside the backward with 8-bit AdamW moments (no clipping)",
+        optimizer_in_backward=True,
+        optimizer_states="8bit",
     ),
     "engine_cuda_graphs": VariantSpec(
         "engine",

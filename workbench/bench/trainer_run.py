@@ -61,6 +61,7 @@ def run_config(
         clip_grad_norm=None if spec.optimizer_in_backward else 1.0,
         cuda_graphs=spec.cuda_graphs,
         activation_checkpointing=spec.activation_checkpointing,
+        optimizer_states=spec.optimizer_states if spec.kind == "engine" else "full",
     )
     return RunConfig(
         model=model,
@@ -151,6 +152,7 @@ def train_round(
                     "schedule": f"warmup {rc.train.warmup_steps} + cosine to {rc.train.min_lr_ratio} x lr "
                     f"over {steps} steps",
                     "activation_checkpointing": rc.train.activation_checkpointing,
+                    "optimizer_states": rc.train.optimizer_states,
                 }
             )
             if fingerprint:

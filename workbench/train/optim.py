@@ -56,6 +56,7 @@ def build_optimizer(model: torch.nn.Module, train_cfg, device: torch.device) -> 
         betas=train_cfg.betas,
         precision=getattr(train_cfg, "precision", "auto"),
         seed=train_cfg.seed,
+        states=getattr(train_cfg, "optimizer_states", "full"),
     )
 
 
@@ -75,14 +76,31 @@ def make_adamw(
     betas: tuple[float, float] = (0.9, 0.999),
     precision: str = "auto",
     seed: int = 0,
+    states: str = "full",
 ) -> torch.optim.Optimizer:
     """The AdamW `name` resolves to on `device`: TritonAdamW, or torch's (fused on CUDA).
 
     `precision` (train.precision, see workbench.train.precision) "bf16_sr" and "fp32_master" on a
     bf16 model need TritonAdamW: it is used for "adamw" on every device (its torch-op path on CPU).
-    With "adamw_torch", "auto" is what torch's AdamW does (bf16: round to nearest).
+    With "adamw_torch", "auto" is what torch's AdamW does (bf16: round to nearest). `states` "8bit"
+    (train.optimizer_states) keeps 8-bit moments: TritonAdamW for "adamw" on every device too.
     """
     mode = adamw_precision(precision, name, [p for g in param_groups for p in g["params"]])
+    if states != "full":
+        if name == "adamw_torch":
+            raise ValueError(
+                f"train.optimizer_states={states!r} needs the workbench AdamW; use optimizer 'adamw' or 'adamw_triton'"
+            )
+        resolve_optimizer(name, device)
+        return TritonAdamW(
+            param_groups,
+            lr=lr,
+            betas=betas,
+            precision="bf16" if mode == "fp32" else mode,
+            seed=seed,
+            kernel=adamw_kernel(device),
+            states=states,
+        )
     if needs_workbench_adamw(mode):
         if name == "adamw_torch":
             raise ValueError(
@@ -102,7 +120,7 @@ def describe_optimizer(optimizer: torch.optim.Optimizer) -> str:
     if isinstance(optimizer, TritonAdamW):
         return (
             f"workbench TritonAdamW (same math as torch's fused AdamW), kernel {optimizer.kernel}, "
-            f"precision {optimizer.precision}"
+            f"precision {optimizer.precision}" + ("" if optimizer.states == "full" else f", {optimizer.states} moments")
         )
     kind = "fused=True" if optimizer.defaults.get("fused") else "foreach=False"
     return f"torch.optim.AdamW({kind})"

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from workbench.config import OPTIMIZER_STATES
 from workbench.kernels.adamw import (
     ADAMW_KERNELS,
     DEFAULT_LAUNCH,
@@ -18,6 +19,7 @@ from workbench.kernels.adamw import (
     adamw_step_,
     kernel_supports,
 )
+from workbench.kernels.adamw8 import adamw8_step_, quant_block, scale_shape
 from workbench.kernels.stochastic_round import element_base
 from workbench.train.precision import OPTIMIZER_PRECISIONS
 
@@ -32,6 +34,28 @@ def _torch_adamw_options() -> dict[str, Any]:
     """torch AdamW's per-group options besides lr, betas, eps and weight_decay, at its defaults."""
     ref = torch.optim.AdamW([torch.zeros(1, requires_grad=True)]).defaults
     return {k: v for k, v in ref.items() if k not in ("lr", "betas", "eps", "weight_decay")}
+
+
+_STATE_KEYS_8BIT = ("exp_avg_q8", "exp_avg_absmax", "exp_avg_sq_q8", "exp_avg_sq_absmax")
+
+
+def _blocks_along_rows(p: torch.Tensor) -> bool:
+    # a DTensor whose shards cut its rows cannot keep one scale per block of a row on each shard
+    placements = getattr(p, "placements", None)
+    return placements is None or all(not pl.is_shard() or pl.dim != p.dim() - 1 for pl in placements)
+
+
+def _scales_like(p: torch.Tensor, qblock: int) -> torch.Tensor:
+    """float32 zeros, one per `qblock` elements of each row of `p`; a DTensor sharded as `p` for FSDP2's."""
+    local = _local(p)
+    scales = torch.zeros(scale_shape(local.shape, qblock), dtype=torch.float32, device=local.device)
+    if local is p:
+        return scales
+    from torch.distributed.tensor import DTensor
+
+    shape = scale_shape(p.shape, qblock)
+    stride = tuple(int(torch.Size(shape)[i + 1 :].numel()) for i in range(len(shape)))
+    return DTensor.from_local(scales, p.device_mesh, p.placements, run_check=False, shape=shape, stride=stride)
 
 
 # The default multi_tensor_numel: every adapter, norm, router and k/v projection of a 30B-class MoE shares the
@@ -60,6 +84,11 @@ class TritonAdamW(torch.optim.Optimizer):
     "master" copy and float32 moments in the state (saved by DCP like the others), updates it and
     copies it into the parameter.
 
+    `states` "8bit" keeps exp_avg and exp_avg_sq as one-byte codes with a float32 scale per block of
+    each row ("exp_avg_q8", "exp_avg_absmax", "exp_avg_sq_q8", "exp_avg_sq_absmax"; rounded
+    stochastically, workbench.kernels.adamw8) for every tensor adamw8.quant_block can block; the
+    others keep "full" moments. Its checkpoints load only into an optimizer with the same `states`.
+
     `kernel` ("triton" or "torch"; None: adamw_kernel of the first parameter's device) is decided
     here, once; `launch` is the Triton kernel's block and warps (AdamWLaunch, a benchmark knob).
     """
@@ -78,7 +107,10 @@ class TritonAdamW(torch.optim.Optimizer):
         kernel: str | None = None,
         launch: AdamWLaunch = DEFAULT_LAUNCH,
         multi_tensor_numel: int = MULTI_TENSOR_NUMEL,
+        states: str = "full",
     ) -> None:
+        if states not in OPTIMIZER_STATES:
+            raise ValueError(f"TritonAdamW states must be one of {OPTIMIZER_STATES}, got {states!r}")
         if isinstance(multi_tensor_numel, bool) or not isinstance(multi_tensor_numel, int) or multi_tensor_numel < 0:
             raise ValueError(f"multi_tensor_numel must be an integer >= 0, got {multi_tensor_numel!r}")
         if kernel is not None and kernel not in ADAMW_KERNELS:
@@ -116,6 +148,7 @@ class TritonAdamW(torch.optim.Optimizer):
         self._block_maps: dict = {}
         self.precise = bool(precise)
         self.precision, self.seed = precision, seed
+        self.states = states
         self._steps: dict[torch.Tensor, int] = {}
         self._bases: dict[torch.Tensor, tuple[int, int]] = {}  # element_base per parameter
         self.updates: Counter[str] = Counter()  # tensor updates by path: "triton", "torch", "empty"
@@ -146,6 +179,7 @@ class TritonAdamW(torch.optim.Optimizer):
         self.__dict__.setdefault("launch", DEFAULT_LAUNCH)
         self.__dict__.setdefault("multi_tensor_numel", 0)
         self.__dict__.setdefault("_block_maps", {})
+        self.__dict__.setdefault("states", "full")
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's load, then step counters back on the host (a torch fused AdamW keeps them on the GPU).
@@ -153,6 +187,7 @@ class TritonAdamW(torch.optim.Optimizer):
         torch casts every loaded state tensor to its parameter's dtype: the float32 master copy and
         moments of fp32_master would come back bf16, so the saved dtypes are put back after it.
         """
+        self._check_states_layout(state_dict)
         kept = self._saved_dtype_states(state_dict)
         super().load_state_dict(state_dict)
         for p, key, value in kept:
@@ -162,6 +197,21 @@ class TritonAdamW(torch.optim.Optimizer):
             step = state.get("step")
             if step is not None and not (isinstance(step, torch.Tensor) and step.device.type == "cpu"):
                 state["step"] = torch.tensor(float(step), dtype=torch.float32)
+
+    def _check_states_layout(self, state_dict: dict[str, Any]) -> None:
+        """Refuse a state dict whose moments are kept otherwise (8-bit vs full) than this optimizer keeps them."""
+        saved = [s for s in state_dict.get("state", {}).values() if isinstance(s, dict)]
+        eight = sum(1 for s in saved if "exp_avg_q8" in s)
+        if self.states == "full" and eight:
+            raise ValueError(
+                f"the checkpoint's optimizer keeps 8-bit moments for {eight} tensors (train.optimizer_states='8bit') "
+                "and this one keeps full ones: resume with train.optimizer_states='8bit'"
+            )
+        if self.states == "8bit" and saved and not eight and any("exp_avg" in s for s in saved):
+            raise ValueError(
+                "the checkpoint's optimizer keeps full moments (train.optimizer_states='full') and this one keeps "
+                "8-bit ones: resume with train.optimizer_states='full'"
+            )
 
     def _saved_dtype_states(self, state_dict: dict[str, Any]) -> list[tuple[torch.Tensor, str, torch.Tensor]]:
         """(param, key, saved tensor) for state tensors whose dtype differs from their parameter's."""
@@ -216,7 +266,16 @@ class TritonAdamW(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         state = self.state[p]
         master = self.precision == "fp32_master" and p.dtype != torch.float32
-        if not state:
+        qblock = quant_block(p.shape) if self.states == "8bit" and _blocks_along_rows(p) else 0
+        if not state and qblock:
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            for key in ("exp_avg_q8", "exp_avg_sq_q8"):
+                state[key] = torch.zeros_like(p, dtype=torch.uint8, memory_format=torch.contiguous_format)
+            for key in ("exp_avg_absmax", "exp_avg_sq_absmax"):
+                state[key] = _scales_like(p, qblock)
+            if master:
+                state["master"] = p.detach().to(torch.float32, copy=True)
+        elif not state:
             state["step"] = torch.tensor(0.0, dtype=torch.float32)
             dtype = torch.float32 if master else p.dtype
             state["exp_avg"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
@@ -234,6 +293,9 @@ class TritonAdamW(torch.optim.Optimizer):
                 step, float(group["lr"]), beta1, beta2, group["eps"], group["weight_decay"]
             )
         scalars = scalars_by_step[step]
+        if "exp_avg_q8" in state:
+            self._update8(p, state, group, index, step, scalars, master, qblock)
+            return
         sr = None
         if self.precision == "bf16_sr" and p.dtype == torch.bfloat16:
             if p not in self._bases:
@@ -264,6 +326,36 @@ class TritonAdamW(torch.optim.Optimizer):
             out,
             self.found_inf,
             self.grad_coef,
+            kernel=self.kernel,
+            launch=self.launch,
+        )
+        self.updates[path] += 1
+
+    def _update8(self, p, state, group, index: int, step: int, scalars: dict, master: bool, qblock: int) -> None:
+        # One parameter with 8-bit moments: its own launch; the moment codes are always rounded stochastically
+        if not qblock or tuple(state["exp_avg_absmax"].shape) != scale_shape(p.shape, qblock):
+            raise ValueError(
+                f"8-bit AdamW state of a parameter of shape {tuple(p.shape)} has scales shaped "
+                f"{tuple(state['exp_avg_absmax'].shape)}: the checkpoint is of another model or layout"
+            )
+        if p not in self._bases:
+            self._bases[p] = element_base(p)
+        base, salt = self._bases[p]
+        keys = SRKeys.make(self.seed, step, index, base, salt)
+        target, out = (_local(state["master"]), _local(p)) if master else (_local(p), None)
+        q = [_local(state[k]) for k in _STATE_KEYS_8BIT]
+        path = adamw8_step_(
+            target,
+            _local(p.grad),
+            *q,
+            scalars,
+            keys,
+            qblock,
+            sr_param=self.precision == "bf16_sr",
+            precise=self.precise,
+            out=out,
+            skip=self.found_inf,
+            grad_coef=self.grad_coef,
             kernel=self.kernel,
             launch=self.launch,
         )

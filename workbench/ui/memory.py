@@ -5,6 +5,8 @@ The estimate (bytes on one rank, b = bytes per element of the training dtype):
     sharded state   = (dense / dp + experts / (ep * edp)) * 4b
                       # param + grad + AdamW exp_avg + exp_avg_sq, all in the model dtype
                       # (torch AdamW keeps its states in the parameter dtype; no fp32 master copy)
+                      # optimizer_states "8bit": the two moments take 2 + 8/64 bytes instead of 2b
+                      # (one byte each and a float32 scale per block of at most 64..256 elements)
     gathered (dp>1) = b * (2 * (embed + lm_head)            # root module stays unsharded (+ its grad)
                            + 3 * one decoder layer)          # all-gathered layer, prefetch, grad
                       # one decoder layer = attention + router + shared experts + this rank's E/ep
@@ -38,6 +40,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from workbench.config import OPTIMIZER_STATES
 from workbench.params import ParamCounts, head_dims, is_mla, moe_layer_flags, param_counts
 from workbench.train.model_setup import resolve_dtype_name
 
@@ -113,8 +116,12 @@ def estimate_memory(
     activation_checkpointing: bool = False,
     fused_ce: bool = False,
     lora=None,
+    optimizer_states: str = "full",
 ) -> MemoryEstimate:
-    """Estimated memory of one rank training `cfg` on a dp x ep mesh (documented above; `lora`: LoRA's)."""
+    """Estimated memory of one rank training `cfg` on a dp x ep mesh (documented above; `lora`: LoRA's;
+    `optimizer_states`: train.optimizer_states)."""
+    if optimizer_states not in OPTIMIZER_STATES:
+        raise ValueError(f"optimizer_states must be one of {OPTIMIZER_STATES}, got {optimizer_states!r}")
     if dp < 1 or ep < 1 or dp % ep:
         raise ValueError(f"need dp >= 1 and ep dividing dp, got dp={dp}, ep={ep}")
     counts = param_counts(cfg)
@@ -122,13 +129,16 @@ def estimate_memory(
         raise ValueError(f"ep={ep} does not divide the model's {counts.num_experts} experts")
     b = DTYPE_BYTES[resolve_dtype(dtype, device_type)]
     edp = dp // ep
-    per_param = 4 * b  # param + grad + AdamW's two moments
+    # param + grad + AdamW's two moments; 8-bit moments: a byte each plus the scales (blocks of 64 at the least
+    # that the engine's families use: 2880 = 45 * 64 for GPT-OSS, 256 for most)
+    moments = 2 * b if optimizer_states == "full" else 2 + 8 / 64
+    per_param = 2 * b + moments
     adapters = lora_adapters = 0
     if lora is not None:
         from workbench.models.lora_targets import adapter_counts
 
         dense_adapters, expert_adapters, lora_adapters = adapter_counts(cfg, lora)
-        adapters = (dense_adapters + expert_adapters) / dp * 4 * b
+        adapters = (dense_adapters + expert_adapters) / dp * (2 * b + moments)
         per_param = b  # the frozen base: its weights only
     sharded = (counts.dense / dp + counts.experts / (ep * edp)) * per_param + adapters
     gathered = 0.0

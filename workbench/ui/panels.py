@@ -174,7 +174,13 @@ class MeshPanel:
         self.details = W.HTML()
         self._cfg: Any = None
         self._training = dict(
-            seq_len=128, local_batch=4, dtype="auto", activation_checkpointing=False, fused_ce=False, lora=None
+            seq_len=128,
+            local_batch=4,
+            dtype="auto",
+            activation_checkpointing=False,
+            fused_ce=False,
+            lora=None,
+            optimizer_states="full",
         )
         self._listeners: list[Callable[[], None]] = []
         self.mesh.observe(lambda _: self._changed(), "value")
@@ -198,7 +204,7 @@ class MeshPanel:
         self._changed()
 
     def set_training(self, **training: Any) -> None:
-        """seq_len, local_batch, dtype, activation_checkpointing, fused_ce, lora for the memory estimate."""
+        """seq_len, local_batch, dtype, activation_checkpointing, fused_ce, lora, optimizer_states for the estimate."""
         self._training.update(training)
         self._changed()
 
@@ -222,6 +228,7 @@ class MeshPanel:
             activation_checkpointing=t["activation_checkpointing"],
             fused_ce=t["fused_ce"],
             lora=t.get("lora"),
+            optimizer_states=t.get("optimizer_states", "full"),
         )
 
     def _changed(self) -> None:

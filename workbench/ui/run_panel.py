@@ -72,6 +72,14 @@ class RunPanel:
             tooltip="replay the decoder layers as CUDA graphs: one GPU, no activation checkpointing (LoRA steps "
             "stop waiting on Python)",
         )
+        # train.optimizer_states: AdamW's two moments in one byte each (blockwise scales, stochastic rounding)
+        self.adamw_8bit = W.Checkbox(
+            value=False,
+            description="8-bit AdamW moments",
+            indent=False,
+            layout=fit_layout(),
+            tooltip="keep AdamW's moments in 8 bits: about 2 bytes less per bf16 parameter (train.optimizer_states)",
+        )
         self.save_checkpoint = W.Checkbox(
             value=True, description="save final checkpoint", indent=False, layout=fit_layout()
         )
@@ -121,6 +129,7 @@ class RunPanel:
             self.seq_len,
             self.local_batch,
             self.activation_checkpointing,
+            self.adamw_8bit,
             self.lora,
             self.lora_rank,
             self.lora_targets,
@@ -131,7 +140,7 @@ class RunPanel:
                 W.HTML("<b>Run</b>"),
                 wrap_row([self.steps, self.lr, self.global_batch, self.local_batch, self.seq_len, self.data_kind]),
                 self.data_path,
-                wrap_row([self.activation_checkpointing, self.cuda_graphs, self.save_checkpoint]),
+                wrap_row([self.activation_checkpointing, self.cuda_graphs, self.adamw_8bit, self.save_checkpoint]),
                 wrap_row([self.lora, self.lora_rank, self.lora_alpha, self.lora_targets]),
                 self.runs_dir,
                 self.buttons,
@@ -167,7 +176,12 @@ class RunPanel:
             "local_batch": self.local_batch.value,
             "activation_checkpointing": self.activation_checkpointing.value,
             "lora": lora,
+            "optimizer_states": self.optimizer_states(),
         }
+
+    def optimizer_states(self) -> str:
+        """train.optimizer_states the checkbox stands for."""
+        return "8bit" if self.adamw_8bit.value else "full"
 
     def lora_config(self) -> LoraConfig | None:
         """The LoRA section the LoRA widgets describe, None when LoRA is off."""
@@ -193,6 +207,7 @@ class RunPanel:
             warmup_steps=min(2, self.steps.value - 1) if self.steps.value > 1 else 0,
             activation_checkpointing=self.activation_checkpointing.value,
             cuda_graphs=self.cuda_graphs.value,
+            optimizer_states=self.optimizer_states(),
             save_final_checkpoint=self.save_checkpoint.value,
         )
         kwargs: dict[str, Any] = {

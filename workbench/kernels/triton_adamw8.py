@@ -1,0 +1,181 @@
+"""Triton AdamW with 8-bit moments (the format in workbench.kernels.adamw8): one streaming kernel per tensor.
+
+Each program takes BLOCK // QB scale blocks of QB elements as a [rows, QB] tile: it decodes the old
+moments, runs triton_adamw's update math in the same order, takes each row's largest magnitude as
+the new scale and stores the codes rounded stochastically. Reads 2 + 2 + 1 + 1 bytes per bf16
+element and writes 2 + 1 + 1 (+ 8 / QB of scales), against 8 + 6 for bf16 moments. The bits equal
+adamw8.torch_adamw8_step_'s, compiled or in the interpreter (tests/test_adamw8.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys
+from workbench.kernels.adamw8 import kernel_supports8
+from workbench.kernels.triton_adamw import (
+    _element_bits,
+    _f64,
+    _i32,
+    _store,
+    _store_rounded,
+    check_flags,
+    common_flags,
+    scalar_args,
+)
+
+_LOW20_CLEARED = -(1 << 20)  # 0xFFF00000 as an int32: keeps sign, exponent and 3 mantissa bits
+
+
+@triton.jit
+def _decode(code, OFFSET: tl.constexpr):
+    e = code >> 3
+    bits = ((e + OFFSET) << 23) | ((code & 7) << 20)
+    return tl.where(e == 0, 0.0, bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _encode(y, r16, OFFSET: tl.constexpr, TINY: tl.constexpr, FLOOR_TINY: tl.constexpr):
+    # adamw8._encode: y in [0, 1], 16 random bits r16 (int32) -> code
+    u = y.to(tl.int32, bitcast=True)
+    u = (u + (r16 << 4)) & _LOW20_CLEARED
+    code = (((u >> 23) - OFFSET) << 3) | ((u >> 20) & 7)
+    if FLOOR_TINY:
+        low = tl.where(y > 0.0, 8, 0)
+    else:
+        low = tl.where(y * (1.0 / TINY) > r16.to(tl.float32) * (1.0 / 65536), 8, 0)
+    return tl.where(y < TINY, low, code)
+
+
+@triton.jit(
+    do_not_specialize=[
+        "beta1_bits",
+        "omb1_bits",
+        "beta2_bits",
+        "omb2_bits",
+        "lr_wd_bits",
+        "eps_bits",
+        "step_size",
+        "bc2_sqrt",
+        "key",
+        "base",
+    ]
+)
+def _adamw8_kernel(
+    P, G, MQ, MS, VQ, VS, OUT, SKIP, COEF, n_blocks, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits,
+    eps_bits, step_size, bc2_sqrt, key, base, HAS_WD: tl.constexpr, PRECISE: tl.constexpr, SR: tl.constexpr,
+    HAS_OUT: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_COEF: tl.constexpr, ROUND_BY_HAND: tl.constexpr,
+    QB: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    if HAS_SKIP:  # torch's found_inf: a nonzero flag stores nothing
+        if tl.load(SKIP) != 0.0:
+            return
+    ROWS: tl.constexpr = BLOCK // QB
+    block_start = tl.program_id(0).to(tl.int64) * BLOCK
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < n_blocks
+    offs = rows[:, None] * QB + tl.arange(0, QB)[None, :]
+    mask = rmask[:, None]
+    p = tl.load(P + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_COEF:
+        g = g * tl.load(COEF)
+    mc = tl.load(MQ + offs, mask=mask, other=0).to(tl.int32)
+    m = _decode(mc & 0x7F, 112) * tl.load(MS + rows, mask=rmask, other=0.0)[:, None]
+    m = tl.where(mc >= 128, -m, m)
+    v = _decode(tl.load(VQ + offs, mask=mask, other=0).to(tl.int32), 96)
+    v = v * tl.load(VS + rows, mask=rmask, other=0.0)[:, None]
+    beta1, omb1 = _f64(beta1_bits), _f64(omb1_bits)
+    beta2, omb2 = _f64(beta2_bits), _f64(omb2_bits)
+    lr_wd, eps = _f64(lr_wd_bits), _f64(eps_bits)
+    if PRECISE:
+        gd = g.to(tl.float64)
+        if HAS_WD:
+            pd = p.to(tl.float64)
+            p = (pd - lr_wd * pd).to(tl.float32)
+        m = (beta1 * m.to(tl.float64) + omb1 * gd).to(tl.float32)
+        v = (beta2 * v.to(tl.float64) + omb2 * gd * gd).to(tl.float32)
+        denom = (tl.div_rn(tl.sqrt_rn(v), bc2_sqrt).to(tl.float64) + eps).to(tl.float32)
+    else:
+        if HAS_WD:
+            p = p - lr_wd.to(tl.float32) * p
+        m = beta1.to(tl.float32) * m + omb1.to(tl.float32) * g
+        v = beta2.to(tl.float32) * v + omb2.to(tl.float32) * g * g
+        denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps.to(tl.float32)
+    p = p - tl.div_rn(step_size * m, denom)
+    bits = _element_bits(key, base.to(tl.int64) + offs, base.to(tl.int64) + block_start, BLOCK)
+    m_abs = tl.abs(m)
+    m_max = tl.max(m_abs, axis=1)
+    v_max = tl.max(v, axis=1)
+    # one reciprocal per block, not a division per element; capped at 1 against its rounding
+    ones = tl.full(m_max.shape, 1.0, tl.float32)
+    y_m = tl.minimum(m_abs * tl.div_rn(ones, tl.where(m_max > 0.0, m_max, ones))[:, None], 1.0)
+    y_v = tl.minimum(v * tl.div_rn(ones, tl.where(v_max > 0.0, v_max, ones))[:, None], 1.0)
+    r_m = ((bits * tl.full(bits.shape, 0x9E3779B1, tl.uint32)) >> 16).to(tl.int32)
+    r_v = (bits >> 16).to(tl.int32)
+    mag = _encode(y_m, r_m, 112, 6.103515625e-05, False)  # 2**-14
+    m_code = tl.where((m < 0.0) & (mag != 0), mag | 128, mag)
+    v_code = _encode(y_v, r_v, 96, 9.313225746154785e-10, True)  # 2**-30
+    _store_rounded(P, offs, p, mask, bits & 0xFFFF, SR, ROUND_BY_HAND)
+    tl.store(MQ + offs, m_code.to(tl.uint8), mask=mask)
+    tl.store(VQ + offs, v_code.to(tl.uint8), mask=mask)
+    tl.store(MS + rows, m_max, mask=rmask)
+    tl.store(VS + rows, v_max, mask=rmask)
+    if HAS_OUT:  # fp32_master: P is the float32 master, OUT the bf16 parameter
+        _store(OUT, offs, p, mask, ROUND_BY_HAND)
+
+
+def triton_adamw8_step_(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    m_q: torch.Tensor,
+    m_scale: torch.Tensor,
+    v_q: torch.Tensor,
+    v_scale: torch.Tensor,
+    scalars: dict[str, float],
+    keys: SRKeys,
+    qblock: int,
+    sr_param: bool = False,
+    precise: bool = False,
+    out: torch.Tensor | None = None,
+    skip: torch.Tensor | None = None,
+    grad_coef: torch.Tensor | None = None,
+    launch: AdamWLaunch = DEFAULT_LAUNCH,
+) -> None:
+    """One 8-bit-moment AdamW update of one contiguous tensor, in place (as adamw8.torch_adamw8_step_)."""
+    if not kernel_supports8(param, grad, m_q, m_scale, v_q, v_scale, out):
+        raise ValueError(
+            "the Triton 8-bit AdamW kernel needs contiguous tensors on one CUDA device (or TRITON_INTERPRET=1)"
+        )
+    if m_q.dtype != torch.uint8 or v_q.dtype != torch.uint8 or m_scale.dtype != torch.float32:
+        raise ValueError(f"8-bit AdamW state must be uint8 codes and float32 scales, got {m_q.dtype}, {m_scale.dtype}")
+    n = param.numel()
+    if n == 0:
+        return
+    check_flags(skip, grad_coef, param.device)
+    flags = common_flags(scalars, precise, bool(sr_param and param.dtype == torch.bfloat16), skip, grad_coef, launch)
+    flags["BLOCK"] = max(launch.block, qblock)
+    guard = torch.cuda.device(param.device) if param.device.type == "cuda" else contextlib.nullcontext()
+    with guard:
+        _adamw8_kernel[(triton.cdiv(n, flags["BLOCK"]),)](
+            param,
+            grad,
+            m_q,
+            m_scale,
+            v_q,
+            v_scale,
+            param if out is None else out,
+            param if skip is None else skip,
+            param if grad_coef is None else grad_coef,
+            n // qblock,
+            *scalar_args(scalars),
+            _i32(keys.key),
+            keys.base,
+            QB=qblock,
+            HAS_OUT=out is not None,
+            **flags,
+        )
