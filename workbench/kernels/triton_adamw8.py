@@ -28,7 +28,8 @@ from workbench.kernels.triton_adamw import (
     scalar_args,
 )
 
-_LOW20_CLEARED = -(1 << 20)  # 0xFFF00000 as an int32: keeps sign, exponent and 3 mantissa bits
+# 0xFFF00000 as an int32: keeps sign, exponent and 3 mantissa bits (a constexpr: compiled kernels read no other globals)
+_LOW20_CLEARED = tl.constexpr(-(1 << 20))
 
 
 @triton.jit
