@@ -27,7 +27,7 @@ from workbench.config_data import (
     DataConfig,
 )
 from workbench.config_lora import LORA_TARGETS, LoraConfig, lora_from_dict
-from workbench.config_train import OPTIMIZER_STATES, OPTIMIZERS, PRECISIONS, RESUME_FIELDS, TrainConfig
+from workbench.config_train import FIXED_ON_RESUME, OPTIMIZER_STATES, OPTIMIZERS, PRECISIONS, RESUME_FIELDS, TrainConfig
 from workbench.presets import PRESETS, TINY_VOCAB_SIZE, build_preset_config
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "DATA_KINDS",
     "DEVICES",
     "DTYPES",
+    "FIXED_ON_RESUME",
     "LORA_TARGETS",
     "OPTIMIZERS",
     "OPTIMIZER_STATES",

@@ -14,6 +14,8 @@ PRECISIONS = ("auto", "bf16", "bf16_sr", "fp32_master")
 # How the workbench AdamW keeps its moments: in the weights' dtype, or 8-bit blockwise (workbench.kernels.adamw8)
 OPTIMIZER_STATES = ("full", "8bit")
 
+# Settings a resume must keep, always: the optimizer state in the checkpoint is laid out by them.
+FIXED_ON_RESUME = ("train.precision", "train.optimizer_states")
 # Settings a resume must keep unless train.resume_allow_changes names them: the LR schedule, the
 # optimizer's update and the data position in the checkpoint depend on them. train.optimizer is
 # not one: torch's and the Triton AdamW share their state and may be swapped on resume.
@@ -147,7 +149,7 @@ class TrainConfig:
             raise ConfigError(
                 f"train.resume_allow_changes must be a list of names from {list(RESUME_FIELDS)}, got {allowed!r}"
             )
-        if "train.precision" in allowed:
+        if "train.precision" in allowed:  # FIXED_ON_RESUME, each with its own reason
             # fp32_master keeps float32 master weights in the optimizer state and the others do not: the
             # checkpoint's optimizer state cannot be read as another mode's.
             raise ConfigError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workbench.config import RESUME_FIELDS
+from workbench.config import FIXED_ON_RESUME, RESUME_FIELDS
 from workbench.errors import CheckpointError
 from workbench.train.checkpoint_files import SHAPE_FIELDS, TRAINER_STATE_FILE, model_shape, read_meta
 from workbench.train.checkpoint_state import _read_rng
@@ -71,6 +71,15 @@ def check_settings(ckpt: Path, rc: Any) -> list[str]:
         for k in RESUME_FIELDS
         if k in saved and saved[k] != ours[k]
     }
+    fixed = [k for k in diffs if k in FIXED_ON_RESUME]
+    if fixed:
+        raise CheckpointError(
+            f"cannot resume from {ckpt}: "
+            + "; ".join(diffs[k] for k in fixed)
+            + ". The checkpoint's optimizer state is laid out by these, so they cannot change on resume: run with "
+            + " ".join(f"--set {k}={saved[k]}" for k in fixed)
+            + ", or start a new run from the exported model (train.export_hf)"
+        )
     refused = [k for k in diffs if k not in rc.train.resume_allow_changes]
     if refused:
         names = sorted(set(refused) | set(rc.train.resume_allow_changes))
