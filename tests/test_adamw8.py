@@ -8,6 +8,7 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
+from launch_utils import run_ranks
 from triton_script import DEVICES, run_triton_script
 
 from workbench.config import ConfigError, RunConfig, TrainConfig
@@ -285,6 +286,23 @@ def test_a_run_trains_and_resumes_exactly(tmp_path):
         finetune(_rc(tmp_path, run_id="other", train__optimizer_states="full", train__resume_from=str(ckpt)))
 
 
+def _two_rank_losses(rank, world, configs):
+    return [finetune(RunConfig.from_dict(c))["losses"] for c in configs]
+
+
+@pytest.mark.slow
+def test_two_rank_dp2_ep2_run_resumes_exactly(tmp_path):
+    # FSDP2 DTensor codes and scales (DCP saves and loads them sharded) beside the expert-parallel slices' plain ones
+    full = _rc(tmp_path, run_id="full2", train__checkpoint_every=3)
+    ckpt = tmp_path / "runs" / "full2" / "checkpoints" / "step-00000003"
+    resumed = _rc(tmp_path, run_id="resumed2", train__resume_from=str(ckpt))
+    r0, r1 = run_ranks(_two_rank_losses, 2, [full.to_dict(), resumed.to_dict()])
+    assert r0 == r1
+    full_losses, resumed_losses = r0
+    assert len(full_losses) == 5 and resumed_losses == full_losses[3:]
+    assert full_losses[-1] < full_losses[0]
+
+
 # ---------------------------------------------------------------- FSDP2 shards
 
 
@@ -320,8 +338,6 @@ def _sharded_steps(rank, world):
 
 @pytest.mark.slow
 def test_fsdp2_shards_update_as_the_whole_tensor():
-    from launch_utils import run_ranks
-
     ((whole_p, whole_s, n),) = run_ranks(_sharded_steps, 1)
     assert n == 6
     for got_p, got_s, _ in run_ranks(_sharded_steps, 2):
