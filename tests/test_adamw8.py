@@ -223,6 +223,18 @@ def test_small_and_1d_tensors_keep_full_moments():
     assert opt.updates["torch8"] == 1
 
 
+def test_tensors_that_share_multi_tensor_launches_keep_full_moments():
+    # with the Triton kernel, tensors up to multi_tensor_numel share launches (host time): they keep full moments;
+    # on CPU without the interpreter the kernel takes no tensor, so both run the torch ops
+    small, big = torch.nn.Parameter(torch.randn(64, 128)), torch.nn.Parameter(torch.randn(128, 256))
+    opt = TritonAdamW([small, big], lr=1e-3, states="8bit", kernel="triton", multi_tensor_numel=64 * 128)
+    for p in (small, big):
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert "exp_avg" in opt.state[small] and "exp_avg_q8" in opt.state[big]
+    assert opt.updates["torch8"] == 1
+
+
 # ---------------------------------------------------------------- checkpoints and resume
 
 

@@ -86,8 +86,10 @@ class TritonAdamW(torch.optim.Optimizer):
 
     `states` "8bit" keeps exp_avg and exp_avg_sq as one-byte codes with a float32 scale per block of
     each row ("exp_avg_q8", "exp_avg_absmax", "exp_avg_sq_q8", "exp_avg_sq_absmax"; rounded
-    stochastically, workbench.kernels.adamw8) for every tensor adamw8.quant_block can block; the
-    others keep "full" moments. Its checkpoints load only into an optimizer with the same `states`.
+    stochastically, workbench.kernels.adamw8) for every tensor adamw8.quant_block can block, except
+    those that share multi-tensor launches (Triton kernel, at most `multi_tensor_numel` elements: a
+    LoRA step's hundreds of adapters stay in a few launches; their moments are a negligible share of
+    memory); the others keep "full" moments. Its checkpoints load only into an optimizer with the same `states`.
 
     `kernel` ("triton" or "torch"; None: adamw_kernel of the first parameter's device) is decided
     here, once; `launch` is the Triton kernel's block and warps (AdamWLaunch, a benchmark knob).
@@ -267,6 +269,8 @@ class TritonAdamW(torch.optim.Optimizer):
         state = self.state[p]
         master = self.precision == "fp32_master" and p.dtype != torch.float32
         qblock = quant_block(p.shape) if self.states == "8bit" and _blocks_along_rows(p) else 0
+        if qblock and self.kernel == "triton" and _local(p).numel() <= self.multi_tensor_numel:
+            qblock = 0  # it shares a multi-tensor launch: full moments (a launch of its own costs ~65 us of host time)
         if not state and qblock:
             state["step"] = torch.tensor(0.0, dtype=torch.float32)
             for key in ("exp_avg_q8", "exp_avg_sq_q8"):
