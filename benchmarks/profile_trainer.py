@@ -147,6 +147,7 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
         activation_checkpointing=args.ac,
         gc_every=args.gc_every,
         cuda_graphs=args.cuda_graphs,
+        optimizer_states=args.optimizer_states,
     )
     rc = RunConfig(
         model=ModelConfig(preset=args.preset, layers=args.layers, dtype="bfloat16"),
@@ -228,6 +229,7 @@ def main() -> None:
     p.add_argument("--gate", default="native")
     p.add_argument("--optimizer", default="adamw")
     p.add_argument("--precision", default="bf16_sr,bf16", help="comma-separated train.precision modes")
+    p.add_argument("--optimizer-states", default="full", help="train.optimizer_states: full, or 8bit moments")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--lora-rank", type=int, default=0, help="LoRA on attention + experts at this rank (0: full)")
