@@ -8,6 +8,9 @@ forward with one program per token looping over the columns, as the backward doe
 224 us at top-8, no better than the per-512-column programs' ~190 us in the step's profile; it was reverted.
 Candidate for the next call: `by_row`, the forward with each of the K rows loaded as its own [BLOCK] vector and
 summed in registers (no reduction across the tile's K axis), checked against the product kernel before timing.
+Session 12 found on CPU (the kernels compiled for sm_90, tests/test_kernels.py) that the product's forward at 512
+columns a program summed K across two warps through shared memory, and at 1024 in registers: the product now runs
+1024 (BLOCK_D_FWD); `forward_block512_us` times the old width beside it.
 """
 
 from __future__ import annotations
@@ -75,6 +78,8 @@ def main() -> None:
         row_of_slot = torch.randperm(rows, device="cuda")
         g = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
         fwd = _median_us(functools.partial(combine_forward, y, w, row_of_slot))
+        # the product's forward before session 12 (512 columns a program: a cross-warp sum over K)
+        fwd_512 = _median_us(functools.partial(combine_forward, y, w, row_of_slot, 512))
         torch.testing.assert_close(combine_forward_by_row(y, w, row_of_slot), combine_forward(y, w, row_of_slot))
         by_row = {
             b: _median_us(functools.partial(combine_forward_by_row, y, w, row_of_slot, b)) for b in (256, 512, 1024)
@@ -87,6 +92,7 @@ def main() -> None:
                     "top_k": top_k,
                     "forward_us": round(fwd, 1),
                     "forward_tb_s": round(tokens * (top_k + 1) * row_bytes / fwd / 1e6, 2),
+                    "forward_block512_us": round(fwd_512, 1),
                     "by_row_us": {b: round(us, 1) for b, us in by_row.items()},
                     "backward_us": round(bwd, 1),
                     "backward_tb_s": round(tokens * (2 * top_k + 1) * row_bytes / bwd / 1e6, 2),

@@ -381,25 +381,15 @@ def test_bad_optimizer_states_are_refused():
 @pytest.mark.slow
 @pytest.mark.parametrize("precise", [False, True])
 def test_kernel_compiles_for_the_h200(precise):
-    # Triton's interpreter runs what the compiler may refuse (a global read, a shape it cannot lay out): compile
-    # to an sm_90 cubin with the ptxas Triton ships, no GPU needed, so CPU CI sees such an error first.
-    import inspect
-
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    # the interpreter let a plain global through that the compiler refuses: compiled for sm_90 here, no GPU needed
+    pytest.importorskip("triton")
+    from compile_sm90 import compile_for_h200
 
     from workbench.kernels.triton_adamw8 import _adamw8_kernel
 
-    pointers = dict(P="*bf16", G="*bf16", MQ="*u8", MS="*fp32", VQ="*u8", VS="*fp32", OUT="*bf16", SKIP="*fp32")
-    pointers["COEF"] = "*fp32"
-    scalars = dict(step_size="fp32", bc2_sqrt="fp32", key="i32")
+    types = dict(P="*bf16", G="*bf16", MQ="*u8", MS="*fp32", VQ="*u8", VS="*fp32", OUT="*bf16", SKIP="*fp32")
+    types.update(COEF="*fp32", step_size="fp32", bc2_sqrt="fp32", key="i32")
     flags = dict(HAS_WD=True, PRECISE=precise, SR=True, HAS_OUT=True, HAS_SKIP=True, HAS_COEF=True)
     flags.update(ROUND_BY_HAND=False, QB=64, BLOCK=1024)
-    signature = {
-        name: pointers.get(name) or scalars.get(name) or ("constexpr" if name in flags else "i64")
-        for name in inspect.signature(_adamw8_kernel.fn).parameters
-    }
-    source = ASTSource(fn=_adamw8_kernel, signature=signature, constexprs=flags)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    compiled = compile_for_h200(_adamw8_kernel, types, flags, divisible=("P", "G", "MQ", "MS", "VQ", "VS", "OUT"))
     assert compiled.asm["cubin"] and "st.global" in compiled.asm["ptx"]

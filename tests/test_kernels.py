@@ -564,6 +564,29 @@ def test_triton_combine_matches_float64_reference():
     _run_script(_TRITON_COMBINE_SCRIPT, "TRITON COMBINE OK", "cuda" if HAS_CUDA else "cpu", interpret=not HAS_CUDA)
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (it ships the ptxas this test compiles with)")
+@pytest.mark.parametrize("k_p2", [2, 4, 8, 16])
+def test_combine_forward_sums_top_k_in_registers(k_p2):
+    # The layout Triton gives the [K, BLOCK] tile decides whether the sum over K crosses warps (shared memory and
+    # barriers in every program): compiled for sm_90, as a launch on an aligned [N, D] bf16 tensor specializes it.
+    from compile_sm90 import compile_for_h200
+
+    from workbench.kernels.triton_combine import BLOCK_D_FWD, _combine_fwd_kernel
+
+    types = dict(Y="*bf16", W="*fp32", ROWS="*i32", OUT="*bf16", stride_y="i32", stride_out="i32", K="i32", D="i32")
+    types["N"] = "i32"
+    aligned = ("Y", "W", "ROWS", "OUT", "stride_y", "stride_out", "D", "N")
+
+    def compiled(block):
+        return compile_for_h200(_combine_fwd_kernel, types, dict(K_P2=k_p2, BLOCK=block), divisible=aligned)
+
+    ours = compiled(BLOCK_D_FWD)
+    assert ours.metadata.shared == 0 and "bar.sync" not in ours.asm["ptx"]
+    assert "ld.global.v4.b32" in ours.asm["ptx"] and "st.global.v4.b32" in ours.asm["ptx"]  # 16-byte accesses
+    old = compiled(512)  # what the forward ran with before: 2 x 2 warps, the K sum through shared memory
+    assert old.metadata.shared > 0 and "bar.sync" in old.asm["ptx"]
+
+
 _TRITON_ENGINE_SCRIPT = textwrap.dedent("""
 import sys, torch
 sys.path.insert(0, "tests")

@@ -24,6 +24,12 @@ from workbench.kernels._triton_util import check_triton_device
 # Shape suffixes: T tokens, D hidden, K top-k, N routed rows.
 
 BLOCK_D = 512
+# The forward's columns per program. At 512 with 4 warps Triton lays the [K, 512] tile out as 2 warps of rows x
+# 2 of columns (sizePerThread [1, 8], warpsPerCTA [2, 2] in its TTGIR, Triton 3.6 and 3.9 alike), so the sum over
+# K crosses warps: shared memory and 9 barriers a program (the H200 profile: ~190 us a call, 1.2 TB/s, where the
+# backward moves twice the bytes at 3.3 TB/s). At 1024 all 4 warps lie along the columns and each thread sums its
+# K rows in registers (no shared memory, 16-byte loads and stores). tests/test_kernels.py compiles both for sm_90.
+BLOCK_D_FWD = 1024
 
 
 @triton.jit
@@ -71,15 +77,20 @@ def _k_p2(k: int) -> int:
     return max(2, triton.next_power_of_2(k))
 
 
-def combine_forward(y_ND: torch.Tensor, weights_TK: torch.Tensor, row_of_slot: torch.Tensor) -> torch.Tensor:
-    """out[t] = sum_k w[t, k] * y[row_of_slot[t*K + k]] (no term where the row is >= N), float32 sums."""
+def combine_forward(
+    y_ND: torch.Tensor, weights_TK: torch.Tensor, row_of_slot: torch.Tensor, block: int = BLOCK_D_FWD
+) -> torch.Tensor:
+    """out[t] = sum_k w[t, k] * y[row_of_slot[t*K + k]] (no term where the row is >= N), float32 sums.
+
+    `block`: columns per program (a power of two; BLOCK_D_FWD, a benchmark knob otherwise).
+    """
     check_triton_device(y_ND, "combine")
     y_ND = y_ND if y_ND.stride(-1) == 1 else y_ND.contiguous()
     T, K = weights_TK.shape
     D = y_ND.shape[1]
     out_TD = torch.empty((T, D), dtype=y_ND.dtype, device=y_ND.device)
     if T and D:
-        _combine_fwd_kernel[(T, triton.cdiv(D, BLOCK_D))](
+        _combine_fwd_kernel[(T, triton.cdiv(D, block))](
             y_ND,
             weights_TK.contiguous(),
             row_of_slot.contiguous(),
@@ -90,7 +101,7 @@ def combine_forward(y_ND: torch.Tensor, weights_TK: torch.Tensor, row_of_slot: t
             D,
             y_ND.shape[0],
             K_P2=_k_p2(K),
-            BLOCK=BLOCK_D,
+            BLOCK=block,
             num_warps=4,
         )
     return out_TD
