@@ -587,6 +587,27 @@ def test_combine_forward_sums_top_k_in_registers(k_p2):
     assert old.metadata.shared > 0 and "bar.sync" in old.asm["ptx"]
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (it ships the ptxas this test compiles with)")
+@pytest.mark.parametrize("width", [128, 2048])
+def test_rms_norm_backward_sums_the_weight_gradient_after_its_loop(width):
+    # Each tile of the backward sums over its row (dx); the weight gradient's sum over the tile's rows, which
+    # crosses warps, waits until after the loop over tiles: compiled for sm_90, the loop holds one reduction.
+    from compile_sm90 import compile_for_h200
+
+    from workbench.kernels.triton_rms_norm import _launch_config, _rms_norm_bwd_kernel
+
+    types = dict(DY="*bf16", X="*bf16", W="*bf16", RSTD="*fp32", DX="*bf16", DW_PARTIAL="*fp32")
+    types.update(stride_dy="i32", stride_x="i32", stride_dx="i32", M="i32", N="i32", tiles_per_program="i32")
+    rows, block, warps = _launch_config(width)
+    aligned = ("DY", "X", "W", "RSTD", "DX", "DW_PARTIAL", "stride_dy", "stride_x", "stride_dx", "N")
+    flags = dict(BLOCK_M=rows, BLOCK_N=block, WANT_DW=True)
+    ir = compile_for_h200(_rms_norm_bwd_kernel, types, flags, divisible=aligned, warps=warps).asm["ttgir"]
+    loop = ir[ir.index("scf.for") :]
+    loop = loop[: loop.index("scf.yield")]
+    reductions = [line for line in loop.splitlines() if '"tt.reduce"' in line]
+    assert len(reductions) == 1 and "axis = 1" in reductions[0], reductions
+
+
 _TRITON_ENGINE_SCRIPT = textwrap.dedent("""
 import sys, torch
 sys.path.insert(0, "tests")
