@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from launch_utils import run_ranks
 from triton_script import DEVICES, run_triton_script
 
-from workbench.config import ConfigError, RunConfig, TrainConfig
+from workbench.config import ConfigError, LoraConfig, RunConfig, TrainConfig
 from workbench.kernels.adamw8 import decode_moments, encode_moments, quant_block, scale_shape
 from workbench.kernels.stochastic_round import random_bits, sr_key
 from workbench.train import finetune
@@ -287,15 +287,17 @@ def _rc(tmp_path, **overrides):
 
 
 @pytest.mark.slow
-def test_a_run_trains_and_resumes_exactly(tmp_path):
-    full = finetune(_rc(tmp_path, run_id="full", train__checkpoint_every=3))
+@pytest.mark.parametrize("lora", [None, LoraConfig(rank=8, targets=("attention", "experts"))])
+def test_a_run_trains_and_resumes_exactly(tmp_path, lora):
+    # LoRA: the checkpoint keeps only the adapters and their (8-bit where they are large enough) moments
+    full = finetune(_rc(tmp_path, run_id="full", train__checkpoint_every=3, lora=lora))
     assert full["losses"][-1] < full["losses"][0]
     ckpt = list_checkpoints(tmp_path / "runs" / "full" / "checkpoints")[0]
-    resumed = finetune(_rc(tmp_path, run_id="resumed", train__resume_from=str(ckpt)))
+    resumed = finetune(_rc(tmp_path, run_id="resumed", train__resume_from=str(ckpt), lora=lora))
     assert resumed["losses"] == full["losses"][3:]  # the codes, scales and SR bits come back
     # refused before any weight is read, with the one way out (accepting the change cannot make the state readable)
     with pytest.raises(Exception, match=r"cannot change on resume: run with --set train\.optimizer_states=8bit"):
-        finetune(_rc(tmp_path, run_id="other", train__optimizer_states="full", train__resume_from=str(ckpt)))
+        finetune(_rc(tmp_path, run_id="other", train__optimizer_states="full", train__resume_from=str(ckpt), lora=lora))
 
 
 def _two_rank_losses(rank, world, configs):
