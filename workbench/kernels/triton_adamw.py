@@ -99,19 +99,12 @@ def _store_rounded(ptr, offs, x, mask, bits16, SR: tl.constexpr, ROUND_BY_HAND: 
 
 
 @triton.jit
-def _update_block(
-    P, G, M, V, OUT, COEF, offs, mask, block_start, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits,
-    eps_bits, step_size, bc2_sqrt, key, base, HAS_WD: tl.constexpr, PRECISE: tl.constexpr, SR: tl.constexpr,
-    HAS_OUT: tl.constexpr, HAS_COEF: tl.constexpr, ROUND_BY_HAND: tl.constexpr, BLOCK: tl.constexpr,
+def adam_update(
+    p, g, m, v, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits, eps_bits, step_size, bc2_sqrt,
+    HAS_WD: tl.constexpr, PRECISE: tl.constexpr,
 ):  # fmt: skip
-    # One block of one tensor (elements `offs`, the block's first at `block_start`): loads, the update, stores.
-    # Shared by the per-tensor kernel and the multi-tensor one (triton_adamw_multi.py): the same bits.
-    p = tl.load(P + offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-    if HAS_COEF:  # gradient clipping's coefficient, in float32: saves a read and a write of every gradient
-        g = g * tl.load(COEF)
-    m = tl.load(M + offs, mask=mask, other=0.0).to(tl.float32)
-    v = tl.load(V + offs, mask=mask, other=0.0).to(tl.float32)
+    # The float32 (p, m, v) after one step from float32 p, g, m, v: torch's functor, in its order (module docstring).
+    # Every AdamW kernel here runs it, the 8-bit one too (triton_adamw8.py): one formula, the same bits.
     beta1, omb1 = _f64(beta1_bits), _f64(omb1_bits)
     beta2, omb2 = _f64(beta2_bits), _f64(omb2_bits)
     lr_wd, eps = _f64(lr_wd_bits), _f64(eps_bits)
@@ -129,7 +122,27 @@ def _update_block(
         m = beta1.to(tl.float32) * m + omb1.to(tl.float32) * g
         v = beta2.to(tl.float32) * v + omb2.to(tl.float32) * g * g
         denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps.to(tl.float32)
-    p = p - tl.div_rn(step_size * m, denom)
+    return p - tl.div_rn(step_size * m, denom), m, v
+
+
+@triton.jit
+def _update_block(
+    P, G, M, V, OUT, COEF, offs, mask, block_start, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits,
+    eps_bits, step_size, bc2_sqrt, key, base, HAS_WD: tl.constexpr, PRECISE: tl.constexpr, SR: tl.constexpr,
+    HAS_OUT: tl.constexpr, HAS_COEF: tl.constexpr, ROUND_BY_HAND: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    # One block of one tensor (elements `offs`, the block's first at `block_start`): loads, the update, stores.
+    # Shared by the per-tensor kernel and the multi-tensor one (triton_adamw_multi.py): the same bits.
+    p = tl.load(P + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_COEF:  # gradient clipping's coefficient, in float32: saves a read and a write of every gradient
+        g = g * tl.load(COEF)
+    m = tl.load(M + offs, mask=mask, other=0.0).to(tl.float32)
+    v = tl.load(V + offs, mask=mask, other=0.0).to(tl.float32)
+    p, m, v = adam_update(
+        p, g, m, v, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits, eps_bits, step_size, bc2_sqrt, HAS_WD,
+        PRECISE,
+    )  # fmt: skip
     bits_p, bits_m, bits_v = offs, offs, offs  # unused unless SR
     if SR:  # stochastic_round.stream_bits: the param low 16 bits, exp_avg_sq high 16, exp_avg (h * C) >> 16
         start = base.to(tl.int64) + block_start

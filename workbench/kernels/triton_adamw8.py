@@ -19,10 +19,10 @@ from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys
 from workbench.kernels.adamw8 import kernel_supports8
 from workbench.kernels.triton_adamw import (
     _element_bits,
-    _f64,
     _i32,
     _store,
     _store_rounded,
+    adam_update,
     check_flags,
     common_flags,
     scalar_args,
@@ -90,24 +90,10 @@ def _adamw8_kernel(
     m = tl.where(mc >= 128, -m, m)
     v = _decode(tl.load(VQ + offs, mask=mask, other=0).to(tl.int32), 96)
     v = v * tl.load(VS + rows, mask=rmask, other=0.0)[:, None]
-    beta1, omb1 = _f64(beta1_bits), _f64(omb1_bits)
-    beta2, omb2 = _f64(beta2_bits), _f64(omb2_bits)
-    lr_wd, eps = _f64(lr_wd_bits), _f64(eps_bits)
-    if PRECISE:
-        gd = g.to(tl.float64)
-        if HAS_WD:
-            pd = p.to(tl.float64)
-            p = (pd - lr_wd * pd).to(tl.float32)
-        m = (beta1 * m.to(tl.float64) + omb1 * gd).to(tl.float32)
-        v = (beta2 * v.to(tl.float64) + omb2 * gd * gd).to(tl.float32)
-        denom = (tl.div_rn(tl.sqrt_rn(v), bc2_sqrt).to(tl.float64) + eps).to(tl.float32)
-    else:
-        if HAS_WD:
-            p = p - lr_wd.to(tl.float32) * p
-        m = beta1.to(tl.float32) * m + omb1.to(tl.float32) * g
-        v = beta2.to(tl.float32) * v + omb2.to(tl.float32) * g * g
-        denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps.to(tl.float32)
-    p = p - tl.div_rn(step_size * m, denom)
+    p, m, v = adam_update(
+        p, g, m, v, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits, eps_bits, step_size, bc2_sqrt, HAS_WD,
+        PRECISE,
+    )  # fmt: skip
     bits = _element_bits(key, base.to(tl.int64) + offs, base.to(tl.int64) + block_start, BLOCK)
     m_abs = tl.abs(m)
     m_max = tl.max(m_abs, axis=1)
