@@ -102,6 +102,36 @@ def kernel_supports(*tensors: torch.Tensor) -> bool:
     )
 
 
+def adam_update(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    scalars: dict[str, float],
+    precise: bool = False,
+    grad_coef: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The float32 (param, exp_avg, exp_avg_sq) after one step, in the kernels' operation order (torch ops)."""
+    s = scalars
+    wide = torch.float64 if precise else torch.float32
+    p, m, v = param.to(torch.float32), exp_avg.to(wide), exp_avg_sq.to(wide)
+    g = grad.to(torch.float32)
+    if grad_coef is not None:
+        g = g * grad_coef.to(g.device)
+    g = g.to(wide)
+    if s["lr_wd"] != 0:
+        pw = p.to(wide)
+        p = (pw - s["lr_wd"] * pw).to(torch.float32)
+    # the same operation order as the kernel: b1*m + (1-b1)*g and (1-b2)*g*g, rounded to float32
+    m = (m * s["beta1"] + (g * s["omb1"])).to(torch.float32)
+    v = (v * s["beta2"] + (g * s["omb2"]) * g).to(torch.float32)
+    # sqrt in float64 rounded to float32 is the correctly rounded float32 sqrt (CPU torch.sqrt is
+    # not); a tensor divisor, since CUDA torch multiplies by the reciprocal of a Python scalar one
+    root = v.to(torch.float64).sqrt().to(torch.float32)
+    denom = ((root / torch.full_like(root, s["bc2_sqrt"])).to(wide) + s["eps"]).to(torch.float32)
+    return p - (m * s["step_size"]) / denom, m, v
+
+
 def torch_adamw_step_(
     param: torch.Tensor,
     grad: torch.Tensor,
@@ -124,24 +154,7 @@ def torch_adamw_step_(
     multiplied by in float32 first (gradient clipping's coefficient, applied here instead of in a
     separate pass over every gradient).
     """
-    s = scalars
-    wide = torch.float64 if precise else torch.float32
-    p, m, v = param.to(torch.float32), exp_avg.to(wide), exp_avg_sq.to(wide)
-    g = grad.to(torch.float32)
-    if grad_coef is not None:
-        g = g * grad_coef.to(g.device)
-    g = g.to(wide)
-    if s["lr_wd"] != 0:
-        pw = p.to(wide)
-        p = (pw - s["lr_wd"] * pw).to(torch.float32)
-    # the same operation order as the kernel: b1*m + (1-b1)*g and (1-b2)*g*g, rounded to float32
-    m = (m * s["beta1"] + (g * s["omb1"])).to(torch.float32)
-    v = (v * s["beta2"] + (g * s["omb2"]) * g).to(torch.float32)
-    # sqrt in float64 rounded to float32 is the correctly rounded float32 sqrt (CPU torch.sqrt is
-    # not); a tensor divisor, since CUDA torch multiplies by the reciprocal of a Python scalar one
-    root = v.to(torch.float64).sqrt().to(torch.float32)
-    denom = ((root / torch.full_like(root, s["bc2_sqrt"])).to(wide) + s["eps"]).to(torch.float32)
-    p = p - (m * s["step_size"]) / denom
+    p, m, v = adam_update(param, grad, exp_avg, exp_avg_sq, scalars, precise, grad_coef)
     bits = None
     for dst, value, stream in ((param, p, "param"), (exp_avg, m, "exp_avg"), (exp_avg_sq, v, "exp_avg_sq")):
         if sr is not None and dst.dtype == torch.bfloat16:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from workbench.kernels._triton_util import triton_interpreting
-from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys, _unless
+from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys, _unless, adam_update
 from workbench.kernels.stochastic_round import random_bits, stochastic_round_bf16, stream_bits
 
 QBLOCK_MAX = 256
@@ -139,22 +139,8 @@ def torch_adamw8_step_(
     `keys`: the element hashes' key and base (moments are always rounded stochastically); `sr_param`: the
     bf16 parameter too (train.precision "bf16_sr"), else to nearest; `out`, `skip`, `grad_coef` as there.
     """
-    s = scalars
-    wide = torch.float64 if precise else torch.float32
     m_old, v_old = decode_moments(m_q, m_scale, v_q, v_scale, qblock)
-    p = param.reshape(-1).to(torch.float32)
-    g = grad.reshape(-1).to(torch.float32)
-    if grad_coef is not None:
-        g = g * grad_coef.to(g.device)
-    g = g.to(wide)
-    if s["lr_wd"] != 0:
-        pw = p.to(wide)
-        p = (pw - s["lr_wd"] * pw).to(torch.float32)
-    m = (m_old.to(wide) * s["beta1"] + (g * s["omb1"])).to(torch.float32)
-    v = (v_old.to(wide) * s["beta2"] + (g * s["omb2"]) * g).to(torch.float32)
-    root = v.to(torch.float64).sqrt().to(torch.float32)
-    denom = ((root / torch.full_like(root, s["bc2_sqrt"])).to(wide) + s["eps"]).to(torch.float32)
-    p = p - (m * s["step_size"]) / denom
+    p, m, v = adam_update(param.reshape(-1), grad.reshape(-1), m_old, v_old, scalars, precise, grad_coef)
     bits = random_bits(keys.key, keys.base, p.numel(), p.device)
     m_code, m_max, v_code, v_max = encode_moments(m, v, bits, qblock)
     new_p = p
