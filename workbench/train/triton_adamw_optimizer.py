@@ -201,18 +201,18 @@ class TritonAdamW(torch.optim.Optimizer):
                 state["step"] = torch.tensor(float(step), dtype=torch.float32)
 
     def _check_states_layout(self, state_dict: dict[str, Any]) -> None:
-        """Refuse a state dict whose moments are kept otherwise (8-bit vs full) than this optimizer keeps them."""
+        """Refuse 8-bit moments for an optimizer that keeps full ones (it has no code to read them).
+
+        The other way round needs no refusal: each tensor's update follows the layout of its own state, and an
+        8-bit run keeps full moments for some tensors anyway (small ones, or all of a LoRA run's adapters on a
+        GPU). A resume that changes train.optimizer_states is refused before this, with the settings.
+        """
         saved = [s for s in state_dict.get("state", {}).values() if isinstance(s, dict)]
         eight = sum(1 for s in saved if "exp_avg_q8" in s)
         if self.states == "full" and eight:
             raise ValueError(
                 f"the checkpoint's optimizer keeps 8-bit moments for {eight} tensors (train.optimizer_states='8bit') "
                 "and this one keeps full ones: resume with train.optimizer_states='8bit'"
-            )
-        if self.states == "8bit" and saved and not eight and any("exp_avg" in s for s in saved):
-            raise ValueError(
-                "the checkpoint's optimizer keeps full moments (train.optimizer_states='full') and this one keeps "
-                "8-bit ones: resume with train.optimizer_states='full'"
             )
 
     def _saved_dtype_states(self, state_dict: dict[str, Any]) -> list[tuple[torch.Tensor, str, torch.Tensor]]:
@@ -297,8 +297,8 @@ class TritonAdamW(torch.optim.Optimizer):
                 step, float(group["lr"]), beta1, beta2, group["eps"], group["weight_decay"]
             )
         scalars = scalars_by_step[step]
-        if "exp_avg_q8" in state:
-            self._update8(p, state, group, index, step, scalars, master, qblock)
+        if "exp_avg_q8" in state:  # the state's layout decides (a checkpoint may come from another kernel choice)
+            self._update8(p, state, index, step, scalars, master)
             return
         sr = None
         if self.precision == "bf16_sr" and p.dtype == torch.bfloat16:
@@ -335,12 +335,15 @@ class TritonAdamW(torch.optim.Optimizer):
         )
         self.updates[path] += 1
 
-    def _update8(self, p, state, group, index: int, step: int, scalars: dict, master: bool, qblock: int) -> None:
-        # One parameter with 8-bit moments: its own launch; the moment codes are always rounded stochastically
-        if not qblock or tuple(state["exp_avg_absmax"].shape) != scale_shape(p.shape, qblock):
+    def _update8(self, p, state, index: int, step: int, scalars: dict, master: bool) -> None:
+        # One parameter with 8-bit moments: its own launch; the moment codes are always rounded stochastically.
+        # The block size is the state's own (its scales per row), whichever rule made it.
+        scales = tuple(state["exp_avg_absmax"].shape)
+        qblock = p.shape[-1] // scales[-1] if p.dim() >= 2 and scales and scales[-1] else 0
+        if not qblock or scales != scale_shape(p.shape, qblock):
             raise ValueError(
-                f"8-bit AdamW state of a parameter of shape {tuple(p.shape)} has scales shaped "
-                f"{tuple(state['exp_avg_absmax'].shape)}: the checkpoint is of another model or layout"
+                f"8-bit AdamW state of a parameter of shape {tuple(p.shape)} has scales shaped {scales}: "
+                "the checkpoint is of another model or layout"
             )
         if p not in self._bases:
             self._bases[p] = element_base(p)
