@@ -10,7 +10,8 @@ Candidate for the next call: `by_row`, the forward with each of the K rows loade
 summed in registers (no reduction across the tile's K axis), checked against the product kernel before timing.
 Session 12 found on CPU (the kernels compiled for sm_90, tests/test_kernels.py) that the product's forward at 512
 columns a program summed K across two warps through shared memory, and at 1024 in registers: the product now runs
-1024 (BLOCK_D_FWD); `forward_block512_us` times the old width beside it.
+1024 (BLOCK_D_FWD); `forward_block512_us` times the old width beside it. `backward_sum_after_loop_us`: the
+backward with its weight gradient summed after the column loop (more registers, fewer cross-warp sums).
 """
 
 from __future__ import annotations
@@ -63,6 +64,43 @@ def combine_forward_by_row(y_ND: torch.Tensor, weights_TK: torch.Tensor, row_of_
     return out_TD
 
 
+@triton.jit
+def _combine_bwd_sum_after_kernel(
+    G, Y, W, ROWS, GY, GW, stride_g, stride_y, stride_gy, K, D, N, K_P2: tl.constexpr, BLOCK: tl.constexpr
+):
+    # Candidate backward: the weight gradient kept per element of the tile and summed over the columns once after
+    # the loop (no cross-warp sum per iteration), at the cost of registers (64 -> 96 at top-8 in the sm_90 cubin).
+    t = tl.program_id(0).to(tl.int64)
+    ks = tl.arange(0, K_P2)
+    rows = tl.load(ROWS + t * K + ks, mask=ks < K, other=N).to(tl.int64)
+    kmask = (ks < K) & (rows < N)
+    w = tl.load(W + t * K + ks, mask=kmask, other=0.0).to(tl.float32)
+    dw_tile = tl.zeros((K_P2, BLOCK), tl.float32)
+    for start in range(0, D, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        cmask = cols < D
+        g = tl.load(G + t * stride_g + cols, mask=cmask, other=0.0).to(tl.float32)
+        mask2 = kmask[:, None] & cmask[None, :]
+        tile = tl.load(Y + rows[:, None] * stride_y + cols[None, :], mask=mask2, other=0.0).to(tl.float32)
+        dw_tile += tile * g[None, :]
+        gy = (w[:, None] * g[None, :]).to(GY.dtype.element_ty)
+        tl.store(GY + rows[:, None] * stride_gy + cols[None, :], gy, mask=mask2)
+    tl.store(GW + t * K + ks, tl.sum(dw_tile, axis=1).to(GW.dtype.element_ty), mask=ks < K)
+
+
+def combine_backward_sum_after(grad_TD, y_ND, weights_TK, row_of_slot):
+    """The candidate backward: what combine_backward computes (every slot has a row here: N == T * K)."""
+    T, K = weights_TK.shape
+    N, D = y_ND.shape
+    grad_y_ND = torch.empty_like(y_ND)
+    grad_w_TK = torch.empty_like(weights_TK)
+    _combine_bwd_sum_after_kernel[(T,)](
+        grad_TD, y_ND, weights_TK, row_of_slot, grad_y_ND, grad_w_TK, grad_TD.stride(0), y_ND.stride(0),
+        grad_y_ND.stride(0), K, D, N, K_P2=max(2, triton.next_power_of_2(K)), BLOCK=512, num_warps=4,
+    )  # fmt: skip
+    return grad_y_ND, grad_w_TK
+
+
 def _median_us(fn, reps: int = 50) -> float:
     for _ in range(5):
         fn()
@@ -85,6 +123,9 @@ def main() -> None:
             b: _median_us(functools.partial(combine_forward_by_row, y, w, row_of_slot, b)) for b in (256, 512, 1024)
         }
         bwd = _median_us(functools.partial(combine_backward, g, y, w, row_of_slot))
+        for got, want in zip(combine_backward_sum_after(g, y, w, row_of_slot), combine_backward(g, y, w, row_of_slot)):
+            torch.testing.assert_close(got, want)
+        bwd_after = _median_us(functools.partial(combine_backward_sum_after, g, y, w, row_of_slot))
         row_bytes = hidden * 2
         print(
             json.dumps(
@@ -96,6 +137,7 @@ def main() -> None:
                     "by_row_us": {b: round(us, 1) for b, us in by_row.items()},
                     "backward_us": round(bwd, 1),
                     "backward_tb_s": round(tokens * (2 * top_k + 1) * row_bytes / bwd / 1e6, 2),
+                    "backward_sum_after_loop_us": round(bwd_after, 1),
                 }
             ),
             flush=True,
