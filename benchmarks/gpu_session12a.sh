@@ -9,7 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/gpu_env.sh
-gpu_tests 90 tests/test_adamw8.py tests/test_optim_triton.py tests/test_precision.py
+gpu_tests 90 tests/test_adamw8.py tests/test_optim_triton.py tests/test_precision.py tests/test_kernels.py -k "cuda or combine_matches or rope_and_engine"
 bench_row gpt-oss-20b-L8-s12a 230 --preset gpt-oss-20b --layers 8 --seq 4096 --batch 2 \
   --variants anchor_flex,engine_in_backward,engine_in_backward_adamw8,engine_adamw8
 bench_row qwen3-L8-s12a 150 --preset qwen3-30b-a3b --layers 8 --seq 4096 --batch 2 \
