@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from launch_utils import run_ranks
+from test_precision import STEPS, mlp, teacher_data, train_mlp
 from triton_script import DEVICES, run_triton_script
 
 from workbench.config import ConfigError, LoraConfig, RunConfig, TrainConfig
@@ -137,41 +138,10 @@ def test_triton_8bit_kernel_equals_the_torch_ops_bit_for_bit(device):
 
 # ---------------------------------------------------------------- training against float32
 
-STEPS = 300
-
-
-def _train(dtype, lr, states, data, precision="auto"):
-    init, xs, ys = data
-    ws = [torch.nn.Parameter(w.to(dtype).clone()) for w in init]
-    opt = make_adamw(
-        [{"params": ws, "weight_decay": 0.0}],
-        "adamw",
-        torch.device("cpu"),
-        lr=lr,
-        betas=(0.9, 0.95),
-        precision=precision,
-        seed=0,
-        states=states,
-    )
-    for x, y in zip(xs, ys):
-        F.cross_entropy(_mlp(ws, x.to(dtype)).float(), y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return [w.detach() for w in ws], opt
-
-
-def _mlp(ws, x):
-    return F.gelu(x @ ws[0].T) @ ws[1].T
-
 
 @pytest.fixture(scope="module")
 def data():
-    g = torch.Generator().manual_seed(1)
-    teacher = torch.randn(64, 32, generator=g)
-    xs = torch.randn(STEPS, 64, 64, generator=g)
-    x_eval = torch.randn(512, 64, generator=g)
-    init = [0.02 * torch.randn(256, 64, generator=g), 0.02 * torch.randn(32, 256, generator=g)]
-    return (init, xs, (xs @ teacher).argmax(-1)), (x_eval, (x_eval @ teacher).argmax(-1))
+    return teacher_data()
 
 
 @pytest.mark.slow
@@ -181,15 +151,15 @@ def test_8bit_moments_track_the_float32_reference(data, lr):
     init = train_data[0]
 
     def loss(ws):
-        return F.cross_entropy(_mlp([w.float() for w in ws], x_eval), y_eval).item()
+        return F.cross_entropy(mlp([w.float() for w in ws], x_eval), y_eval).item()
 
-    ref, _ = _train(torch.float32, lr, "full", train_data)
+    ref, _ = train_mlp(torch.float32, "auto", train_data, lr)
     ref_delta = torch.cat([(r - i).flatten() for r, i in zip(ref, init)]).double()
     drop = loss(init) - loss(ref)
     assert drop > 0
     out = {}
     for dtype, states in ((torch.float32, "8bit"), (torch.bfloat16, "8bit"), (torch.bfloat16, "full")):
-        ws, opt = _train(dtype, lr, states, train_data)
+        ws, opt = train_mlp(dtype, "auto", train_data, lr, states)
         assert opt.updates["torch8"] == (2 * STEPS if states == "8bit" else 0)  # both matrices took the 8-bit path
         delta = torch.cat([(w.double() - i.to(dtype).double()).flatten() for w, i in zip(ws, init)])
         out[(dtype, states)] = {
@@ -205,7 +175,7 @@ def test_8bit_moments_track_the_float32_reference(data, lr):
         assert abs(r["gap"]) < 0.1 and 0.9 < r["kept"] < 1.1, out
     assert out[(torch.float32, "8bit")]["cos"] > 0.99, out
     assert out[(torch.bfloat16, "8bit")]["cos"] > out[(torch.bfloat16, "full")]["cos"] - 0.02, out
-    opt = _train(torch.bfloat16, lr, "8bit", (init, train_data[1][:1], train_data[2][:1]))[1]
+    opt = train_mlp(torch.bfloat16, "auto", (init, train_data[1][:1], train_data[2][:1]), lr, "8bit")[1]
     # rounding the codes to nearest instead would freeze exp_avg_sq: not what ships
     state = opt.state[opt.param_groups[0]["params"][0]]
     assert state["exp_avg_q8"].dtype == torch.uint8 and state["exp_avg_sq_absmax"].dtype == torch.float32

@@ -98,32 +98,34 @@ def test_bf16_sr_optimizer_steps_are_reproducible_and_seeded():
 STEPS, LR = 300, 1e-5
 
 
-def _train_mlp(dtype: torch.dtype, precision: str, data) -> list[torch.Tensor]:
-    """A 64 -> 256 -> 32 MLP (weights ~N(0, 0.02)) trained with the real optimizer code at lr 1e-5."""
+def train_mlp(dtype: torch.dtype, precision: str, data, lr: float = LR, states: str = "full"):
+    """(weights, optimizer) of a 64 -> 256 -> 32 MLP (weights ~N(0, 0.02)) trained with the real optimizer code."""
     init, xs, ys = data
     ws = [torch.nn.Parameter(w.to(dtype).clone()) for w in init]
     opt = make_adamw(
         [{"params": ws, "weight_decay": 0.0}],
         "adamw",
         torch.device("cpu"),
-        lr=LR,
+        lr=lr,
         betas=(0.9, 0.95),
         precision=precision,
         seed=0,
+        states=states,
     )
     for x, y in zip(xs, ys):
-        F.cross_entropy(_mlp(ws, x.to(dtype)).float(), y).backward()
+        F.cross_entropy(mlp(ws, x.to(dtype)).float(), y).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return [w.detach() for w in ws]
+    return [w.detach() for w in ws], opt
 
 
-def _mlp(ws, x):
+def mlp(ws, x):
+    """The MLP train_mlp trains."""
     return F.gelu(x @ ws[0].T) @ ws[1].T
 
 
-@pytest.fixture(scope="module")
-def mode_results():
+def teacher_data():
+    """((init weights, inputs, labels) for STEPS steps, (eval inputs, eval labels)): a random linear teacher."""
     g = torch.Generator().manual_seed(1)
     teacher = torch.randn(64, 32, generator=g)
     xs = torch.randn(STEPS, 64, 64, generator=g)
@@ -131,19 +133,25 @@ def mode_results():
     x_eval = torch.randn(512, 64, generator=g)
     y_eval = (x_eval @ teacher).argmax(-1)
     init = [0.02 * torch.randn(256, 64, generator=g), 0.02 * torch.randn(32, 256, generator=g)]
-    data = (init, xs, ys)
+    return (init, xs, ys), (x_eval, y_eval)
+
+
+@pytest.fixture(scope="module")
+def mode_results():
+    data, (x_eval, y_eval) = teacher_data()
+    init = data[0]
 
     def loss(ws):
-        return F.cross_entropy(_mlp([w.float() for w in ws], x_eval), y_eval).item()
+        return F.cross_entropy(mlp([w.float() for w in ws], x_eval), y_eval).item()
 
-    ref = _train_mlp(torch.float32, "auto", data)
+    ref = train_mlp(torch.float32, "auto", data)[0]
     start = torch.cat([w.bfloat16().flatten() for w in init])
     moved = torch.cat([w.bfloat16().flatten() for w in ref]) != start  # the reference left its bf16 value
     ref_delta = torch.cat([(r - i).flatten() for r, i in zip(ref, init)]).double()
     drop = loss(init) - loss(ref)
     out = {"moved": moved.float().mean().item(), "drop": drop}
     for mode in ("bf16", "bf16_sr", "fp32_master"):
-        ws = _train_mlp(torch.bfloat16, mode, data)
+        ws = train_mlp(torch.bfloat16, mode, data)[0]
         flat = torch.cat([w.flatten() for w in ws])
         delta = flat.double() - start.double()
         out[mode] = {

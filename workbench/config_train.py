@@ -15,7 +15,11 @@ PRECISIONS = ("auto", "bf16", "bf16_sr", "fp32_master")
 OPTIMIZER_STATES = ("full", "8bit")
 
 # Settings a resume must keep, always: the optimizer state in the checkpoint is laid out by them.
-FIXED_ON_RESUME = ("train.precision", "train.optimizer_states")
+_FIXED_WHY = {
+    "train.precision": "fp32_master keeps float32 master weights in the optimizer state and the others do not",
+    "train.optimizer_states": "8-bit and full moments are different state",
+}
+FIXED_ON_RESUME = tuple(_FIXED_WHY)
 # Settings a resume must keep unless train.resume_allow_changes names them: the LR schedule, the
 # optimizer's update and the data position in the checkpoint depend on them. train.optimizer is
 # not one: torch's and the Triton AdamW share their state and may be swapped on resume.
@@ -149,19 +153,12 @@ class TrainConfig:
             raise ConfigError(
                 f"train.resume_allow_changes must be a list of names from {list(RESUME_FIELDS)}, got {allowed!r}"
             )
-        if "train.precision" in allowed:  # FIXED_ON_RESUME, each with its own reason
-            # fp32_master keeps float32 master weights in the optimizer state and the others do not: the
-            # checkpoint's optimizer state cannot be read as another mode's.
-            raise ConfigError(
-                "train.precision cannot change on resume (its optimizer state differs between modes); "
-                "keep the checkpoint's precision, or start a new run from the exported model "
-                "(train.export_hf) with another one"
-            )
-        if "train.optimizer_states" in allowed:
-            raise ConfigError(
-                "train.optimizer_states cannot change on resume (8-bit and full moments are different state); "
-                "keep the checkpoint's, or start a new run from the exported model (train.export_hf)"
-            )
+        for name in FIXED_ON_RESUME:
+            if name in allowed:  # accepting the change would get past the settings check, then fail inside DCP
+                raise ConfigError(
+                    f"{name} cannot change on resume ({_FIXED_WHY[name]}); keep the checkpoint's value, or start a "
+                    "new run from the exported model (train.export_hf) with another one"
+                )
         object.__setattr__(self, "resume_allow_changes", tuple(allowed))
         for name in (
             "activation_checkpointing",

@@ -61,7 +61,7 @@ def run_config(
         clip_grad_norm=None if spec.optimizer_in_backward else 1.0,
         cuda_graphs=spec.cuda_graphs,
         activation_checkpointing=spec.activation_checkpointing,
-        optimizer_states=spec.optimizer_states if spec.kind == "engine" else "full",
+        optimizer_states=spec.optimizer_states,  # "full" on every anchor (VariantSpec refuses anything else)
     )
     return RunConfig(
         model=model,

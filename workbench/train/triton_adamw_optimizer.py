@@ -268,15 +268,12 @@ class TritonAdamW(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         state = self.state[p]
         master = self.precision == "fp32_master" and p.dtype != torch.float32
-        qblock = quant_block(p.shape) if self.states == "8bit" and _blocks_along_rows(p) else 0
-        if qblock and self.kernel == "triton" and _local(p).numel() <= self.multi_tensor_numel:
-            qblock = 0  # it shares a multi-tensor launch: full moments (a launch of its own costs ~65 us of host time)
-        if not state and qblock:
+        if not state and self._moments_in_8bit(p):
             state["step"] = torch.tensor(0.0, dtype=torch.float32)
             for key in ("exp_avg_q8", "exp_avg_sq_q8"):
                 state[key] = torch.zeros_like(p, dtype=torch.uint8, memory_format=torch.contiguous_format)
             for key in ("exp_avg_absmax", "exp_avg_sq_absmax"):
-                state[key] = _scales_like(p, qblock)
+                state[key] = _scales_like(p, quant_block(p.shape))
             if master:
                 state["master"] = p.detach().to(torch.float32, copy=True)
         elif not state:
@@ -334,6 +331,13 @@ class TritonAdamW(torch.optim.Optimizer):
             launch=self.launch,
         )
         self.updates[path] += 1
+
+    def _moments_in_8bit(self, p: torch.Tensor) -> bool:
+        # decided once, when the state is made; afterwards each update follows its state's layout
+        if self.states != "8bit" or not quant_block(p.shape) or not _blocks_along_rows(p):
+            return False
+        # a tensor that shares a multi-tensor launch keeps full moments (a launch of its own costs ~65 us of host time)
+        return not (self.kernel == "triton" and _local(p).numel() <= self.multi_tensor_numel)
 
     def _update8(self, p, state, index: int, step: int, scalars: dict, master: bool) -> None:
         # One parameter with 8-bit moments: its own launch; the moment codes are always rounded stochastically.
