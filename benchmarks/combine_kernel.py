@@ -123,8 +123,11 @@ def main() -> None:
             b: _median_us(functools.partial(combine_forward_by_row, y, w, row_of_slot, b)) for b in (256, 512, 1024)
         }
         bwd = _median_us(functools.partial(combine_backward, g, y, w, row_of_slot))
-        for got, want in zip(combine_backward_sum_after(g, y, w, row_of_slot), combine_backward(g, y, w, row_of_slot)):
-            torch.testing.assert_close(got, want)
+        got_y, got_w = combine_backward_sum_after(g, y, w, row_of_slot)
+        want_y, want_w = combine_backward(g, y, w, row_of_slot)
+        torch.testing.assert_close(got_y, want_y)
+        # the weight gradient is a float32 sum over D in another order: equal to float32 rounding of D terms
+        torch.testing.assert_close(got_w, want_w, rtol=1e-3, atol=1e-4)
         bwd_after = _median_us(functools.partial(combine_backward_sum_after, g, y, w, row_of_slot))
         row_bytes = hidden * 2
         print(

@@ -97,13 +97,16 @@ _KERNEL_SCRIPT = textwrap.dedent("""
 
     device = sys.argv[1]
     g = torch.Generator().manual_seed(0)
-    cases = [  # shape, dtype, sr_param, weight decay, precise, fp32_master, skip, clip coefficient, block
-        ((3, 64, 96), torch.bfloat16, True, 0.0, False, False, False, False, 1024),
-        ((40, 256), torch.float32, False, 0.1, True, False, False, True, 1024),
-        ((9, 2880), torch.bfloat16, False, 0.0, False, False, True, False, 1024),
-        ((12, 384), torch.bfloat16, True, 0.01, False, True, False, True, 128),
+    # shape, dtype, sr_param, weight decay, precise, fp32_master, skip, clip coefficient, block, element base (the
+    # last case's second block straddles 2**32: two high words of the hash in one program)
+    cases = [
+        ((3, 64, 96), torch.bfloat16, True, 0.0, False, False, False, False, 1024, 1000),
+        ((40, 256), torch.float32, False, 0.1, True, False, False, True, 1024, 1000),
+        ((9, 2880), torch.bfloat16, False, 0.0, False, False, True, False, 1024, 3 * 2**32 + 5),
+        ((12, 384), torch.bfloat16, True, 0.01, False, True, False, True, 128, 1000),
+        ((4, 1024), torch.bfloat16, True, 0.0, False, False, False, False, 1024, 2**32 - 1500),
     ]
-    for shape, dtype, sr, wd, precise, master, skip, coef, block in cases:
+    for shape, dtype, sr, wd, precise, master, skip, coef, block, base in cases:
         qb = quant_block(shape)
         p0 = (torch.randn(shape, generator=g) * 0.02).to(dtype).to(device)
         spread = torch.logspace(-7, 0, shape[-1])  # gradients over seven decades within each row
@@ -122,7 +125,7 @@ _KERNEL_SCRIPT = textwrap.dedent("""
                 kw = dict(sr_param=sr, precise=precise, out=out, skip=flag, grad_coef=c)
                 if impl is triton_adamw8_step_:
                     kw["launch"] = AdamWLaunch(block=block)
-                impl(target, grad, *state, s, SRKeys.make(7, step, 2, 1000), qb, **kw)
+                impl(target, grad, *state, s, SRKeys.make(7, step, 2, base), qb, **kw)
             results.append([target, *state] + ([out] if master else []))
         for a, b in zip(*results):
             assert torch.equal(a, b), (shape, dtype, (a.float() - b.float()).abs().max().item())

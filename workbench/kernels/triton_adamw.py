@@ -69,17 +69,18 @@ def _mix32(x):
 
 
 @triton.jit
-def _element_bits(key_bits, idx, start, BLOCK: tl.constexpr):
-    # stochastic_round.random_bits(key, ...) of the global element index idx: one hash per element
-    # for all three stores. The high-word hash is one of two per block (a block spans at most two
-    # 2**32 ranges): two scalar hashes instead of one per element.
+def _element_bits(key_bits, local, start, BLOCK: tl.constexpr):
+    # stochastic_round.random_bits(key, ...) of the global element index start + local (local: int32 in
+    # [0, BLOCK)): one hash per element for all three stores. The index's high word is one of two per block (a
+    # block spans at most two 2**32 ranges), so two scalar hashes, and the low word is a wrapping 32-bit add: its
+    # carry (a low word under the start's) picks the second. The kernel issues more instructions than it loads,
+    # and int64 index math per element was a share of them.
     key = key_bits.to(tl.int32).to(tl.uint32, bitcast=True)
-    hi_a = (start >> 32).to(tl.uint32)
-    hi_b = ((start + (BLOCK - 1)) >> 32).to(tl.uint32)
-    hash_a = _mix32(hi_a ^ key)
-    hash_b = _mix32(hi_b ^ key)
-    hi = tl.where((idx >> 32).to(tl.uint32) == hi_a, hash_a, hash_b)
-    return _mix32((idx & 0xFFFFFFFF).to(tl.uint32) ^ hi)
+    start_lo = (start & 0xFFFFFFFF).to(tl.uint32)
+    hash_a = _mix32((start >> 32).to(tl.uint32) ^ key)
+    hash_b = _mix32(((start + (BLOCK - 1)) >> 32).to(tl.uint32) ^ key)
+    lo = start_lo + local.to(tl.uint32)
+    return _mix32(lo ^ tl.where(lo >= start_lo, hash_a, hash_b))
 
 
 @triton.jit
@@ -146,7 +147,7 @@ def _update_block(
     bits_p, bits_m, bits_v = offs, offs, offs  # unused unless SR
     if SR:  # stochastic_round.stream_bits: the param low 16 bits, exp_avg_sq high 16, exp_avg (h * C) >> 16
         start = base.to(tl.int64) + block_start
-        bits = _element_bits(key, base.to(tl.int64) + offs, start, BLOCK)
+        bits = _element_bits(key, (offs - block_start).to(tl.int32), start, BLOCK)
         bits_p = bits & 0xFFFF
         bits_v = bits >> 16
         bits_m = (bits * tl.full(bits.shape, 0x9E3779B1, tl.uint32)) >> 16

@@ -28,27 +28,25 @@ from workbench.kernels.triton_adamw import (
     scalar_args,
 )
 
-# 0xFFF00000 as an int32: keeps sign, exponent and 3 mantissa bits (a constexpr: compiled kernels read no other globals)
-_LOW20_CLEARED = tl.constexpr(-(1 << 20))
-
 
 @triton.jit
 def _decode(code, OFFSET: tl.constexpr):
-    e = code >> 3
-    bits = ((e + OFFSET) << 23) | ((code & 7) << 20)
-    return tl.where(e == 0, 0.0, bits.to(tl.float32, bitcast=True))
+    # adamw8._decode in fewer instructions (the kernel issues more than it loads): the code's exponent and mantissa
+    # fields shifted into place are the float's, so one shift and one add of the exponent offset give its bits
+    bits = (code << 20) + (OFFSET << 23)
+    return tl.where(code < 8, 0.0, bits.to(tl.float32, bitcast=True))  # exponent field 0: zero
 
 
 @triton.jit
 def _encode(y, r16, OFFSET: tl.constexpr, TINY: tl.constexpr, FLOOR_TINY: tl.constexpr):
-    # adamw8._encode: y in [0, 1], 16 random bits r16 (int32) -> code
-    u = y.to(tl.int32, bitcast=True)
-    u = (u + (r16 << 4)) & _LOW20_CLEARED
-    code = (((u >> 23) - OFFSET) << 3) | ((u >> 20) & 7)
+    # adamw8._encode: y in [0, 1], 16 random bits r16 (int32) -> code. For y >= TINY the rounded float's bits
+    # shifted right by 20 are its exponent and 3 mantissa bits: the code less OFFSET's exponent (no mask, no fields)
+    code = ((y.to(tl.int32, bitcast=True) + (r16 << 4)) >> 20) - (OFFSET << 3)
     if FLOOR_TINY:
         low = tl.where(y > 0.0, 8, 0)
     else:
-        low = tl.where(y * (1.0 / TINY) > r16.to(tl.float32) * (1.0 / 65536), 8, 0)
+        # adamw8's y / TINY > r16 / 2**16 with both scalings moved to one side: powers of two, exact
+        low = tl.where(y > r16.to(tl.float32) * (TINY / 65536), 8, 0)
     return tl.where(y < TINY, low, code)
 
 
@@ -86,15 +84,18 @@ def _adamw8_kernel(
     if HAS_COEF:
         g = g * tl.load(COEF)
     mc = tl.load(MQ + offs, mask=mask, other=0).to(tl.int32)
-    m = _decode(mc & 0x7F, 112) * tl.load(MS + rows, mask=rmask, other=0.0)[:, None]
-    m = tl.where(mc >= 128, -m, m)
+    # the code's sign bit moved to the float's (a negated decode times a positive scale is the negated product)
+    m_bits = ((mc & 0x7F) << 20) + (112 << 23) | ((mc & 0x80) << 24)
+    m = tl.where((mc & 0x7F) < 8, 0.0, m_bits.to(tl.float32, bitcast=True))
+    m = m * tl.load(MS + rows, mask=rmask, other=0.0)[:, None]
     v = _decode(tl.load(VQ + offs, mask=mask, other=0).to(tl.int32), 96)
     v = v * tl.load(VS + rows, mask=rmask, other=0.0)[:, None]
     p, m, v = adam_update(
         p, g, m, v, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits, eps_bits, step_size, bc2_sqrt, HAS_WD,
         PRECISE,
     )  # fmt: skip
-    bits = _element_bits(key, base.to(tl.int64) + offs, base.to(tl.int64) + block_start, BLOCK)
+    local = tl.arange(0, ROWS)[:, None] * QB + tl.arange(0, QB)[None, :]  # offs - block_start, in int32
+    bits = _element_bits(key, local, base.to(tl.int64) + block_start, BLOCK)
     m_abs = tl.abs(m)
     m_max = tl.max(m_abs, axis=1)
     v_max = tl.max(v, axis=1)
