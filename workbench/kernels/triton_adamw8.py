@@ -40,14 +40,20 @@ def _decode(code, OFFSET: tl.constexpr):
 @triton.jit
 def _encode(y, r16, OFFSET: tl.constexpr, TINY: tl.constexpr, FLOOR_TINY: tl.constexpr):
     # adamw8._encode: y in [0, 1], 16 random bits r16 (int32) -> code. For y >= TINY the rounded float's bits
-    # shifted right by 20 are its exponent and 3 mantissa bits: the code less OFFSET's exponent (no mask, no fields)
-    code = ((y.to(tl.int32, bitcast=True) + (r16 << 4)) >> 20) - (OFFSET << 3)
+    # shifted right by 20 are its exponent and 3 mantissa bits: the code less OFFSET's exponent (no mask, no fields).
+    # FLOOR_TINY: (0, TINY) takes TINY's code (8) by a clamp before the arithmetic, and one select keeps zeros 0.
     if FLOOR_TINY:
-        low = tl.where(y > 0.0, 8, 0)
+        y_code = tl.maximum(y, TINY)
+    else:
+        y_code = y
+    code = ((y_code.to(tl.int32, bitcast=True) + (r16 << 4)) >> 20) - (OFFSET << 3)
+    if FLOOR_TINY:
+        code = tl.where(y > 0.0, code, 0)
     else:
         # adamw8's y / TINY > r16 / 2**16 with both scalings moved to one side: powers of two, exact
         low = tl.where(y > r16.to(tl.float32) * (TINY / 65536), 8, 0)
-    return tl.where(y < TINY, low, code)
+        code = tl.where(y < TINY, low, code)
+    return code
 
 
 @triton.jit(
@@ -106,7 +112,7 @@ def _adamw8_kernel(
     r_m = ((bits * tl.full(bits.shape, 0x9E3779B1, tl.uint32)) >> 16).to(tl.int32)
     r_v = (bits >> 16).to(tl.int32)
     mag = _encode(y_m, r_m, 112, 6.103515625e-05, False)  # 2**-14
-    m_code = tl.where((m < 0.0) & (mag != 0), mag | 128, mag)
+    m_code = mag | ((m.to(tl.int32, bitcast=True) >> 24) & 128)  # the float's sign bit, zeros included
     v_code = _encode(y_v, r_v, 96, 9.313225746154785e-10, True)  # 2**-30
     _store_rounded(P, offs, p, mask, bits & 0xFFFF, SR, ROUND_BY_HAND)
     tl.store(MQ + offs, m_code.to(tl.uint8), mask=mask)
