@@ -148,6 +148,8 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
         gc_every=args.gc_every,
         cuda_graphs=args.cuda_graphs,
         optimizer_states=args.optimizer_states,
+        optimizer_in_backward=args.in_backward,
+        clip_grad_norm=None if args.in_backward else 1.0,  # the backward's updates cannot clip by the global norm
     )
     rc = RunConfig(
         model=ModelConfig(preset=args.preset, layers=args.layers, dtype="bfloat16"),
@@ -164,6 +166,11 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
     trainer.setup()
     if args.adamw_multi_numel is not None:  # TritonAdamW's multi-tensor launches (None: its default)
         trainer.optimizer.multi_tensor_numel = args.adamw_multi_numel
+    if args.updates_one_stream and trainer.backward_updates is not None:  # the A/B of the update stream
+        from workbench.train.backward_updates import BackwardUpdates
+
+        trainer.backward_updates.remove()
+        trainer.backward_updates = BackwardUpdates(trainer.optimizer, trainer._skip, side_stream=False)
     build_s = time.perf_counter() - t0
     if args.repeat_batch:  # benchmarks/lora_h200.py's setting: the same batch every step (the loss falls: memorized)
         serve, kept = trainer.stream.next_batch, []
@@ -192,6 +199,9 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
     res = {
         "precision": precision,
         "optimizer": args.optimizer,
+        "optimizer_states": args.optimizer_states,
+        "in_backward": args.in_backward,
+        "updates_one_stream": args.updates_one_stream,
         "build_s": build_s,
         "step_ms_queued": step_ms,
         "tokens_per_s": args.batch * args.seq / step_ms * 1e3,
@@ -243,6 +253,8 @@ def main() -> None:
     p.add_argument("--no-trace", action="store_true", help="time the steps only: no profiled step")
     p.add_argument("--lr", type=float, default=1e-5, help="peak learning rate")
     p.add_argument("--repeat-batch", action="store_true", help="train on the first batch every step (as lora_h200.py)")
+    p.add_argument("--in-backward", action="store_true", help="train.optimizer_in_backward (no clipping)")
+    p.add_argument("--updates-one-stream", action="store_true", help="in-backward updates on the backward's stream")
     p.add_argument("--cuda-graphs", action="store_true", help="train.cuda_graphs: the decoder stack as CUDA graphs")
     p.add_argument(
         "--adamw-multi-numel", type=int, default=None, help="TritonAdamW: tensors up to this size share one launch"

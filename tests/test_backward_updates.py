@@ -85,3 +85,26 @@ def test_bad_settings_are_refused_before_any_model_is_built(tmp_path):
     rc = _rc(tmp_path, "accum", train__optimizer_in_backward=True, train__global_batch_size=4)
     with pytest.raises(ConfigError, match=r"without gradient accumulation for now.*2 micro-batches"):
         Trainer(rc)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the update stream is CUDA's (this machine has no GPU)")
+def test_updates_on_their_own_cuda_stream_equal_those_on_the_backwards_stream(tmp_path):
+    from workbench.train.backward_updates import BackwardUpdates
+
+    kw = dict(model__device="cuda", train__optimizer_in_backward=True, train__optimizer="adamw", train__steps=4)
+    results = {}
+    for side_stream in (False, True):
+        trainer = Trainer(_rc(tmp_path, f"side{side_stream}", **kw))
+        trainer.setup()
+        trainer.backward_updates.remove()
+        trainer.backward_updates = BackwardUpdates(trainer.optimizer, trainer._skip, side_stream=side_stream)
+        for step in range(1, 5):
+            trainer.train_step(step)
+        records = trainer.collect(wait=True)
+        assert bool(trainer.backward_updates._streams) == side_stream  # the updates ran where they were asked to
+        results[side_stream] = ([r["loss"] for r in records], [p.detach().clone() for p in trainer.model.parameters()])
+        trainer.end_backward_updates()
+    (loss_a, params_a), (loss_b, params_b) = results[False], results[True]
+    assert loss_b == pytest.approx(loss_a, rel=1e-5)
+    for a, b in zip(params_a, params_b):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)

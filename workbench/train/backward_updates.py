@@ -9,6 +9,11 @@ needs every gradient before any update) and no gradient accumulation, both refus
 trainer. The non-finite guard still holds: a gradient that is not finite sets the sticky skip flag before its
 own update reads it, so no non-finite value reaches a weight; the step is then partly applied (its finite
 gradients, already used) and the run stops at the next read, as every non-finite step does.
+
+On CUDA the updates run on a stream of their own, each after the backward work queued before its hook: the
+update streams memory while the backward's GEMMs that follow hold the tensor cores, instead of between them.
+The freed gradient stays reserved for that stream (record_stream) until its update has read it, and the step's
+end waits for the stream (take_grad_norm) before anything reads a weight or a moment again.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from workbench.train.triton_adamw_optimizer import TritonAdamW, _local
 class BackwardUpdates:
     """Hooks that update each trainable parameter with `optimizer` when its gradient is complete, then free it."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, skip: SkipFlag) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, skip: SkipFlag, side_stream: bool = True) -> None:
         if not isinstance(optimizer, TritonAdamW):
             raise TypeError(
                 "updates inside the backward need TritonAdamW (its per-parameter update), got "
@@ -42,6 +47,8 @@ class BackwardUpdates:
                 self._where[p] = (group, index)  # the index is the stochastic-rounding key's, as in step()
                 index += 1
         self._squares: list[torch.Tensor] = []  # this step's squared gradient norms, one per parameter
+        self._side_stream = side_stream  # `side_stream=False`: every update on the backward's own stream (the A/B)
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._handles = [p.register_post_accumulate_grad_hook(self._update) for p in self._where]
 
     def begin(self, step: int) -> None:
@@ -54,15 +61,40 @@ class BackwardUpdates:
         self.step = step
 
     def _update(self, p: torch.Tensor) -> None:
+        grad = p.grad
+        stream = self._stream_for(grad)
+        if stream is None:
+            self._apply(p)
+        else:
+            stream.wait_stream(torch.cuda.current_stream(grad.device))  # the backward that made this gradient
+            with torch.cuda.stream(stream):
+                self._apply(p)
+            grad.record_stream(stream)  # its memory is not handed out again before the update has read it
+        p.grad = None
+
+    def _apply(self, p: torch.Tensor) -> None:
         square = torch.linalg.vector_norm(_local(p.grad), dtype=torch.float32).square()
         self._squares.append(square)
         self.skip.update(self.step, [square])  # a non-finite gradient sets the flag before its own update
         group, index = self._where[p]
         self.optimizer.step_param(p, group, index)
-        p.grad = None
+
+    def _stream_for(self, grad: torch.Tensor) -> torch.cuda.Stream | None:
+        # a plain CUDA gradient outside graph capture; the rest update where the backward runs
+        if not self._side_stream or grad.device.type != "cuda" or hasattr(grad, "_local_tensor"):
+            return None
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        if grad.device not in self._streams:
+            self._streams[grad.device] = torch.cuda.Stream(grad.device)
+        return self._streams[grad.device]
 
     def take_grad_norm(self, device: torch.device) -> torch.Tensor:
-        """The global gradient norm of the backward just run (a device scalar), and a fresh start for the next."""
+        """The global gradient norm of the backward just run (a device scalar), and a fresh start for the next.
+
+        Also where the step's updates are joined: the current stream waits for the update stream."""
+        for stream in self._streams.values():
+            torch.cuda.current_stream(stream.device).wait_stream(stream)
         squares, self._squares = self._squares, []
         if not squares:
             return torch.zeros((), dtype=torch.float32, device=device)
@@ -70,6 +102,8 @@ class BackwardUpdates:
 
     def remove(self) -> None:
         """Take the hooks off at the run's end: a model trained on afterwards (another Trainer) is not updated twice."""
+        for stream in self._streams.values():  # an update still queued there finishes before anything after
+            torch.cuda.current_stream(stream.device).wait_stream(stream)
         for handle in self._handles:
             handle.remove()
         self._handles = []
