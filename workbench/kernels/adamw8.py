@@ -7,7 +7,7 @@ al.'s blockwise 8-bit Adam (bitsandbytes, HF Trainer's optim="adamw_bnb_8bit", U
 6 -> ~4 bytes per parameter, and 14 -> 10 bytes of optimizer traffic per element.
 
 The codes are small floats relative to the block's scale, so small moments keep relative precision:
-    exp_avg     sign, 4-bit exponent, 3-bit mantissa: |m| / absmax in {0} and [2**-14, 1] (a signed 0 reads 0)
+    exp_avg     sign, 4-bit exponent, 3-bit mantissa: |m| / absmax in {0} and [2**-14, 1] (a signed 0 reads -0)
     exp_avg_sq  5-bit exponent, 3-bit mantissa:        v / absmax  in {0} and [2**-30, 1]
 A 3-bit mantissa is coarse (one part in 16): exp_avg_sq moves by (1 - beta2) = 0.1% a step, far
 under that, and rounding to nearest would freeze it. Every code is therefore rounded stochastically
@@ -86,7 +86,7 @@ def decode_moments(
     """The float32 exp_avg and exp_avg_sq that the codes and scales stand for (flat)."""
     mc = m_q.reshape(-1).to(torch.int64)
     m = _decode(mc & 0x7F, _M_OFFSET) * m_scale.reshape(-1).repeat_interleave(qblock)
-    m = torch.where(mc >= 128 + 8, -m, m)  # a sign on a zero magnitude (the float's -0.0) decodes to +0.0
+    m = torch.where(mc >= 128, -m, m)  # a sign on a zero magnitude (the float's -0.0) decodes to -0.0
     v = _decode(v_q.reshape(-1).to(torch.int64), _V_OFFSET) * v_scale.reshape(-1).repeat_interleave(qblock)
     return m, v
 

@@ -30,11 +30,12 @@ from workbench.kernels.triton_adamw import (
 
 
 @triton.jit
-def _decode(code, OFFSET: tl.constexpr):
-    # adamw8._decode in fewer instructions (the kernel issues more than it loads): the code's exponent and mantissa
-    # fields shifted into place are the float's, so one shift and one add of the exponent offset give its bits
-    bits = (code << 20) + (OFFSET << 23)
-    return tl.where(code < 8, 0.0, bits.to(tl.float32, bitcast=True))  # exponent field 0: zero
+def _decode(bits, OFFSET: tl.constexpr):
+    # adamw8._decode in fewer instructions (the kernel is bound by the instructions it issues, not by its bytes):
+    # the code's exponent and mantissa fields shifted into place (`bits`, sign included) are a float whose
+    # exponent is OFFSET too small, and an exact multiply by 2**OFFSET restores it. A zero exponent field (code
+    # 0, or the signed 128) is a float zero already: no test, no select.
+    return bits.to(tl.float32, bitcast=True) * (2.0**OFFSET)
 
 
 @triton.jit
@@ -91,10 +92,9 @@ def _adamw8_kernel(
         g = g * tl.load(COEF)
     mc = tl.load(MQ + offs, mask=mask, other=0).to(tl.int32)
     # the code's sign bit moved to the float's (a negated decode times a positive scale is the negated product)
-    m_bits = ((mc & 0x7F) << 20) + (112 << 23) | ((mc & 0x80) << 24)
-    m = tl.where((mc & 0x7F) < 8, 0.0, m_bits.to(tl.float32, bitcast=True))
+    m = _decode(((mc & 0x7F) << 20) | ((mc & 0x80) << 24), 112)
     m = m * tl.load(MS + rows, mask=rmask, other=0.0)[:, None]
-    v = _decode(tl.load(VQ + offs, mask=mask, other=0).to(tl.int32), 96)
+    v = _decode(tl.load(VQ + offs, mask=mask, other=0).to(tl.int32) << 20, 96)
     v = v * tl.load(VS + rows, mask=rmask, other=0.0)[:, None]
     p, m, v = adam_update(
         p, g, m, v, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits, eps_bits, step_size, bc2_sqrt, HAS_WD,
