@@ -373,8 +373,8 @@ def test_kernel_compiles_for_the_h200(precise):
     from workbench.kernels.triton_adamw8 import _adamw8_kernel
 
     types = dict(P="*bf16", G="*bf16", MQ="*u8", MS="*fp32", VQ="*u8", VS="*fp32", OUT="*bf16", SKIP="*fp32")
-    types.update(COEF="*fp32", step_size="fp32", bc2_sqrt="fp32", key="i32")
-    flags = dict(HAS_WD=True, PRECISE=precise, SR=True, HAS_OUT=True, HAS_SKIP=True, HAS_COEF=True)
+    types.update(COEF="*fp32", SQ="*fp32", step_size="fp32", bc2_sqrt="fp32", key="i32")
+    flags = dict(HAS_WD=True, PRECISE=precise, SR=True, HAS_OUT=True, HAS_SKIP=True, HAS_COEF=True, HAS_SQ=precise)
     flags.update(ROUND_BY_HAND=False, QB=64, BLOCK=1024)
     compiled = compile_for_h200(_adamw8_kernel, types, flags, divisible=("P", "G", "MQ", "MS", "VQ", "VS", "OUT"))
     assert compiled.asm["cubin"] and "st.global" in compiled.asm["ptx"]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 import torch
 from tiny_models import trained
+from triton_script import DEVICES, run_triton_script
 
 from workbench import RunConfig
 from workbench.config_checks import ConfigError
@@ -108,3 +111,67 @@ def test_updates_on_their_own_cuda_stream_equal_those_on_the_backwards_stream(tm
     assert loss_b == pytest.approx(loss_a, rel=1e-5)
     for a, b in zip(params_a, params_b):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+_SQUARES_SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+    from workbench.kernels.adamw import AdamWLaunch, SRKeys, adamw_scalars, squares_size
+    from workbench.kernels.adamw8 import quant_block, scale_shape
+    from workbench.kernels.triton_adamw import triton_adamw_step_
+    from workbench.kernels.triton_adamw8 import triton_adamw8_step_
+
+    device = sys.argv[1]
+    g = torch.Generator().manual_seed(0)
+    launch = AdamWLaunch(block=256)
+    shape, programs = (16, 256), 16  # one row a program (16 rows: 8-bit moments start at 4096 elements)
+    p0 = (torch.randn(shape, generator=g) * 0.02).bfloat16().to(device)
+    grad = (torch.randn(shape, generator=g) * 1e-3).bfloat16().to(device)
+    coef, skip = torch.tensor(0.5, device=device), torch.zeros((), device=device)
+    s = adamw_scalars(2, 1e-3, 0.9, 0.999, 1e-8, 0.01)
+    keys = SRKeys.make(3, 2, 1, 2**32 - 700)  # its second program straddles 2**32
+    qb = quant_block(shape)
+
+    def full_state():
+        return [p0.clone(), (torch.rand(shape, generator=g) * 1e-4).bfloat16().to(device),
+                (torch.rand(shape, generator=g) * 1e-8).bfloat16().to(device)]
+
+    def full(state, grad, squares):
+        triton_adamw_step_(state[0], grad, state[1], state[2], s, False, keys, None, skip, coef, launch, squares)
+
+    def eight_state():
+        return [p0.clone(), torch.randint(8, 250, shape, generator=g, dtype=torch.uint8).to(device),
+                (torch.rand(scale_shape(shape, qb), generator=g) * 1e-4).to(device),
+                torch.randint(8, 250, shape, generator=g, dtype=torch.uint8).to(device),
+                (torch.rand(scale_shape(shape, qb), generator=g) * 1e-8).to(device)]
+
+    def eight(state, grad, squares):
+        triton_adamw8_step_(state[0], grad, *state[1:], s, keys, qb, True, False, None, skip, coef, launch, squares)
+
+    for make, update in ((full_state, full), (eight_state, eight)):
+        start = make()
+        plain, fused = [t.clone() for t in start], [t.clone() for t in start]
+        update(plain, grad, None)
+        squares = torch.zeros(squares_size(grad.numel(), 256), device=device)
+        update(fused, grad, squares)
+        assert all(torch.equal(a, b) for a, b in zip(plain, fused)), update.__name__  # the same bits
+        assert squares.numel() == programs
+        torch.testing.assert_close(squares.sum(), (grad.float() * 0.5).square().sum(), rtol=1e-5, atol=0)
+        # an inf in row 3 (program 3): that block keeps its old values, every other block updates as before
+        bad = grad.clone()
+        bad[3, 17] = float("inf")
+        broken = [t.clone() for t in start]
+        squares.zero_()
+        update(broken, bad, squares)
+        others = [r for r in range(programs) if r != 3]
+        assert not torch.isfinite(squares[3]) and bool(torch.isfinite(squares[others]).all())
+        for old, a, b in zip(start, plain, broken):  # weights, moments, codes and scales alike, row by row
+            assert torch.equal(b[3], old[3]) and not torch.equal(a[3], old[3]), update.__name__
+            assert torch.equal(a[others], b[others]), update.__name__
+    print("SQUARES OK")
+""")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_kernels_sum_the_gradients_squares_and_store_no_block_that_is_not_finite(device):
+    run_triton_script(_SQUARES_SCRIPT, device, "SQUARES OK", timeout=300)

@@ -91,6 +91,16 @@ class SRKeys(NamedTuple):
         return cls(sr_key(seed, step, param_index, salt), base)
 
 
+def squares_size(n: int, block: int) -> int:
+    """Floats a `squares` buffer needs: one per program of a launch over `n` elements in blocks of `block`."""
+    return -(-n // block)
+
+
+def _refuse_squares(squares: torch.Tensor | None) -> None:
+    if squares is not None:
+        raise ValueError("per-block squared gradients come from the Triton AdamW kernel: these tensors take torch ops")
+
+
 def kernel_supports(*tensors: torch.Tensor) -> bool:
     """Whether the Triton kernel can update these (param, grad, exp_avg, exp_avg_sq) tensors."""
     first = tensors[0]
@@ -187,12 +197,14 @@ def adamw_step_(
     *,
     kernel: str,
     launch: AdamWLaunch = DEFAULT_LAUNCH,
+    squares: torch.Tensor | None = None,
 ) -> str:
     """Update one tensor in place with `kernel` ("triton": where it takes the tensors, else torch ops); says which.
 
     `skip`: a float32 scalar tensor on the tensors' device; nonzero leaves every tensor unchanged.
     `grad_coef`: a float32 scalar tensor on that device multiplying the gradient (clipping).
     `launch`: the Triton kernel's block and warps.
+    `squares`: the Triton kernel's per-block sums of squared gradients (triton_adamw_step_); refused elsewhere.
     """
     if kernel not in ADAMW_KERNELS:
         raise ValueError(f"AdamW kernel must be one of {ADAMW_KERNELS} (resolved by the caller), got {kernel!r}")
@@ -202,7 +214,10 @@ def adamw_step_(
     if kernel == "triton" and kernel_supports(param, grad, exp_avg, exp_avg_sq, *extra):
         from workbench.kernels.triton_adamw import triton_adamw_step_
 
-        triton_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise, sr, out, skip, grad_coef, launch)
+        triton_adamw_step_(
+            param, grad, exp_avg, exp_avg_sq, scalars, precise, sr, out, skip, grad_coef, launch, squares
+        )  # fmt: skip
         return "triton"
+    _refuse_squares(squares)
     torch_adamw_step_(param, grad, exp_avg, exp_avg_sq, scalars, precise, sr, out, skip, grad_coef)
     return "torch"

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from workbench.kernels._triton_util import triton_interpreting
-from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys, _unless, adam_update
+from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys, _refuse_squares, _unless, adam_update
 from workbench.kernels.stochastic_round import random_bits, stochastic_round_bf16, stream_bits
 
 QBLOCK_MAX = 256
@@ -171,8 +171,10 @@ def adamw8_step_(
     *,
     kernel: str,
     launch: AdamWLaunch = DEFAULT_LAUNCH,
+    squares: torch.Tensor | None = None,
 ) -> str:
-    """Update one tensor with 8-bit moments in place by `kernel` ("triton" where it takes them, else torch ops)."""
+    """Update one tensor with 8-bit moments in place by `kernel` ("triton" where it takes them, else torch ops);
+    `squares` as adamw.adamw_step_'s (the Triton kernel only)."""
     if param.numel() == 0:
         return "empty"
     if param.numel() % qblock or m_scale.numel() * qblock != param.numel():
@@ -181,7 +183,8 @@ def adamw8_step_(
     if kernel == "triton" and kernel_supports8(*args, out):
         from workbench.kernels.triton_adamw8 import triton_adamw8_step_
 
-        triton_adamw8_step_(*args, scalars, keys, qblock, sr_param, precise, out, skip, grad_coef, launch)
+        triton_adamw8_step_(*args, scalars, keys, qblock, sr_param, precise, out, skip, grad_coef, launch, squares)
         return "triton8"
+    _refuse_squares(squares)
     torch_adamw8_step_(*args, scalars, keys, qblock, sr_param, precise, out, skip, grad_coef)
     return "torch8"

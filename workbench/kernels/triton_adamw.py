@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from workbench.kernels._triton_util import triton_interpreting
-from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys, kernel_supports
+from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys, kernel_supports, squares_size
 
 
 @triton.jit
@@ -84,6 +84,15 @@ def _element_bits(key_bits, local, start, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _block_squares(SQ, g):
+    # The program's sum of squared gradients into SQ[program] (the update's caller sums them: the gradient norm
+    # without a second read of the gradient); whether it is finite, so a block with an inf or nan stores nothing.
+    partial = tl.sum(g * g)
+    tl.store(SQ + tl.program_id(0), partial)
+    return partial <= 3.4028234663852886e38  # float32's largest: false for inf and nan
+
+
+@triton.jit
 def _sr_bf16(x, bits16):
     # stochastic_round.stochastic_round_bf16: bits16 holds the 16 random bits in its low half
     u = x.to(tl.uint32, bitcast=True)
@@ -128,9 +137,10 @@ def adam_update(
 
 @triton.jit
 def _update_block(
-    P, G, M, V, OUT, COEF, offs, mask, block_start, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits,
+    P, G, M, V, OUT, COEF, SQ, offs, mask, block_start, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits,
     eps_bits, step_size, bc2_sqrt, key, base, HAS_WD: tl.constexpr, PRECISE: tl.constexpr, SR: tl.constexpr,
-    HAS_OUT: tl.constexpr, HAS_COEF: tl.constexpr, ROUND_BY_HAND: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_OUT: tl.constexpr, HAS_COEF: tl.constexpr, HAS_SQ: tl.constexpr, ROUND_BY_HAND: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):  # fmt: skip
     # One block of one tensor (elements `offs`, the block's first at `block_start`): loads, the update, stores.
     # Shared by the per-tensor kernel and the multi-tensor one (triton_adamw_multi.py): the same bits.
@@ -138,6 +148,8 @@ def _update_block(
     g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_COEF:  # gradient clipping's coefficient, in float32: saves a read and a write of every gradient
         g = g * tl.load(COEF)
+    if HAS_SQ:  # (a where, not a scalar `&`: Triton's interpreter refuses a scalar and a tensor mask)
+        mask = tl.where(_block_squares(SQ, g), mask, False)
     m = tl.load(M + offs, mask=mask, other=0.0).to(tl.float32)
     v = tl.load(V + offs, mask=mask, other=0.0).to(tl.float32)
     p, m, v = adam_update(
@@ -180,6 +192,7 @@ def _adamw_kernel(
     OUT,
     SKIP,
     COEF,
+    SQ,
     n_elements,
     beta1_bits,
     omb1_bits,
@@ -197,6 +210,7 @@ def _adamw_kernel(
     HAS_OUT: tl.constexpr,
     HAS_SKIP: tl.constexpr,
     HAS_COEF: tl.constexpr,
+    HAS_SQ: tl.constexpr,
     ROUND_BY_HAND: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -210,8 +224,9 @@ def _adamw_kernel(
             return
     block_start = tl.program_id(0).to(tl.int64) * BLOCK
     _update_block(
-        P, G, M, V, OUT, COEF, offs, mask, block_start, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits,
-        eps_bits, step_size, bc2_sqrt, key, base, HAS_WD, PRECISE, SR, HAS_OUT, HAS_COEF, ROUND_BY_HAND, BLOCK,
+        P, G, M, V, OUT, COEF, SQ, offs, mask, block_start, beta1_bits, omb1_bits, beta2_bits, omb2_bits,
+        lr_wd_bits, eps_bits, step_size, bc2_sqrt, key, base, HAS_WD, PRECISE, SR, HAS_OUT, HAS_COEF, HAS_SQ,
+        ROUND_BY_HAND, BLOCK,
     )  # fmt: skip
 
 
@@ -232,6 +247,17 @@ def check_flags(skip: torch.Tensor | None, grad_coef: torch.Tensor | None, devic
             raise ValueError(
                 f"{name} must be a float32 scalar on {device}, got {flag.dtype} {tuple(flag.shape)} on {flag.device}"
             )
+
+
+def check_squares(squares: torch.Tensor | None, n: int, block: int, device: torch.device) -> None:
+    """Refuse a `squares` buffer that is not float32 on `device` with a float per program."""
+    if squares is not None and (
+        squares.dtype != torch.float32 or squares.device != device or squares.numel() < squares_size(n, block)
+    ):
+        raise ValueError(
+            f"squares must be {squares_size(n, block)} float32 values on {device}, got {squares.dtype} "
+            f"{tuple(squares.shape)} on {squares.device}"
+        )
 
 
 def common_flags(scalars: dict[str, float], precise: bool, sr: bool, skip, grad_coef, launch: AdamWLaunch) -> dict:
@@ -266,11 +292,14 @@ def triton_adamw_step_(
     skip: torch.Tensor | None = None,
     grad_coef: torch.Tensor | None = None,
     launch: AdamWLaunch = DEFAULT_LAUNCH,
+    squares: torch.Tensor | None = None,
 ) -> None:
     """One AdamW update of one contiguous tensor, in place (scalars from `adamw_scalars`; `sr`: bf16 stores
     rounded stochastically; `out`: also gets the new parameter; `skip`: a float32 scalar on the device,
     nonzero stores nothing; `grad_coef`: a float32 scalar on the device multiplying the gradient; as
-    workbench.kernels.adamw.torch_adamw_step_; `launch`: block and warps, AdamWLaunch's default measured best)."""
+    workbench.kernels.adamw.torch_adamw_step_; `launch`: block and warps, AdamWLaunch's default measured best;
+    `squares`: zeros of `squares_size(n, launch.block)` floats that get each block's sum of squared gradients,
+    and a block whose sum is not finite stores nothing)."""
     tensors = (param, grad, exp_avg, exp_avg_sq) + (() if out is None else (out,))
     if not kernel_supports(*tensors):
         got = [(tuple(t.shape), t.dtype, str(t.device), t.is_contiguous()) for t in tensors]
@@ -284,6 +313,7 @@ def triton_adamw_step_(
     if not isinstance(launch, AdamWLaunch):
         raise TypeError(f"launch must be an AdamWLaunch, got {type(launch).__name__}")
     check_flags(skip, grad_coef, param.device)
+    check_squares(squares, n, launch.block, param.device)
     s = scalars
     keys = sr if sr is not None else SRKeys(0, 0)
     # Triton launches on the current device: make it the tensors' one
@@ -297,10 +327,12 @@ def triton_adamw_step_(
             param if out is None else out,
             param if skip is None else skip,
             param if grad_coef is None else grad_coef,
+            param if squares is None else squares,
             n,
             *scalar_args(s),
             _i32(keys.key),
             keys.base,
             HAS_OUT=out is not None,
+            HAS_SQ=squares is not None,
             **common_flags(s, precise, sr is not None, skip, grad_coef, launch),
         )

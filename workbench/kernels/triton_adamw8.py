@@ -18,12 +18,14 @@ import triton.language as tl
 from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys
 from workbench.kernels.adamw8 import kernel_supports8
 from workbench.kernels.triton_adamw import (
+    _block_squares,
     _element_bits,
     _i32,
     _store,
     _store_rounded,
     adam_update,
     check_flags,
+    check_squares,
     common_flags,
     scalar_args,
 )
@@ -72,10 +74,10 @@ def _encode(y, r16, OFFSET: tl.constexpr, TINY: tl.constexpr, FLOOR_TINY: tl.con
     ]
 )
 def _adamw8_kernel(
-    P, G, MQ, MS, VQ, VS, OUT, SKIP, COEF, n_blocks, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits,
+    P, G, MQ, MS, VQ, VS, OUT, SKIP, COEF, SQ, n_blocks, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits,
     eps_bits, step_size, bc2_sqrt, key, base, HAS_WD: tl.constexpr, PRECISE: tl.constexpr, SR: tl.constexpr,
-    HAS_OUT: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_COEF: tl.constexpr, ROUND_BY_HAND: tl.constexpr,
-    QB: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_OUT: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_COEF: tl.constexpr, HAS_SQ: tl.constexpr,
+    ROUND_BY_HAND: tl.constexpr, QB: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     if HAS_SKIP:  # torch's found_inf: a nonzero flag stores nothing
         if tl.load(SKIP) != 0.0:
@@ -90,6 +92,10 @@ def _adamw8_kernel(
     g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_COEF:
         g = g * tl.load(COEF)
+    if HAS_SQ:  # a program whose gradients are not all finite stores nothing (its codes and scales too)
+        finite = _block_squares(SQ, g)
+        mask = tl.where(finite, mask, False)  # (a where: the interpreter refuses a scalar `&` a tensor mask)
+        rmask = tl.where(finite, rmask, False)
     mc = tl.load(MQ + offs, mask=mask, other=0).to(tl.int32)
     # the code's sign bit moved to the float's (a negated decode times a positive scale is the negated product)
     m = _decode(((mc & 0x7F) << 20) | ((mc & 0x80) << 24), 112)
@@ -139,8 +145,10 @@ def triton_adamw8_step_(
     skip: torch.Tensor | None = None,
     grad_coef: torch.Tensor | None = None,
     launch: AdamWLaunch = DEFAULT_LAUNCH,
+    squares: torch.Tensor | None = None,
 ) -> None:
-    """One 8-bit-moment AdamW update of one contiguous tensor, in place (as adamw8.torch_adamw8_step_)."""
+    """One 8-bit-moment AdamW update of one contiguous tensor, in place (as adamw8.torch_adamw8_step_);
+    `squares` as triton_adamw.triton_adamw_step_'s, one float per program of max(launch.block, qblock)."""
     if not kernel_supports8(param, grad, m_q, m_scale, v_q, v_scale, out):
         raise ValueError(
             "the Triton 8-bit AdamW kernel needs contiguous tensors on one CUDA device (or TRITON_INTERPRET=1)"
@@ -153,6 +161,7 @@ def triton_adamw8_step_(
     check_flags(skip, grad_coef, param.device)
     flags = common_flags(scalars, precise, bool(sr_param and param.dtype == torch.bfloat16), skip, grad_coef, launch)
     flags["BLOCK"] = max(launch.block, qblock)
+    check_squares(squares, n, flags["BLOCK"], param.device)
     guard = torch.cuda.device(param.device) if param.device.type == "cuda" else contextlib.nullcontext()
     with guard:
         _adamw8_kernel[(triton.cdiv(n, flags["BLOCK"]),)](
@@ -165,11 +174,13 @@ def triton_adamw8_step_(
             param if out is None else out,
             param if skip is None else skip,
             param if grad_coef is None else grad_coef,
+            param if squares is None else squares,
             n // qblock,
             *scalar_args(scalars),
             _i32(keys.key),
             keys.base,
             QB=qblock,
             HAS_OUT=out is not None,
+            HAS_SQ=squares is not None,
             **flags,
         )

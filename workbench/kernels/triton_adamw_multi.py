@@ -50,8 +50,8 @@ def _adamw_multi_kernel(
     offs = block_start + tl.arange(0, BLOCK)
     mask = offs < n
     _update_block(
-        P, G, M, V, P, COEF, offs, mask, block_start, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits,
-        eps_bits, step_size, bc2_sqrt, key, base, HAS_WD, PRECISE, SR, False, HAS_COEF, ROUND_BY_HAND, BLOCK,
+        P, G, M, V, P, COEF, P, offs, mask, block_start, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits,
+        eps_bits, step_size, bc2_sqrt, key, base, HAS_WD, PRECISE, SR, False, HAS_COEF, False, ROUND_BY_HAND, BLOCK,
     )  # fmt: skip
 
 

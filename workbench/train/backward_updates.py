@@ -6,9 +6,12 @@ that is 15.5 GB of bf16 gradients beside 15.5 GB of weights and 31 GB of moments
 TritonAdamW's update of that parameter and frees its gradient, so about one layer's gradients are alive at a
 time (torchtitan and PyTorch's own tutorial do the same). What it costs: no clipping by the global norm (it
 needs every gradient before any update) and no gradient accumulation, both refused by the config and the
-trainer. The non-finite guard still holds: a gradient that is not finite sets the sticky skip flag before its
-own update reads it, so no non-finite value reaches a weight; the step is then partly applied (its finite
-gradients, already used) and the run stops at the next read, as every non-finite step does.
+trainer. The non-finite guard still holds: no non-finite value reaches a weight. The Triton kernel sums each
+gradient's squares as it updates (the norm without a second read of every gradient) and stores nothing for a
+block whose sum is not finite; with torch ops the norm comes first and a non-finite one sets the sticky skip
+flag before the update reads it. Either way the step is then partly applied (its finite gradients, already
+used), the step's end sets the flag from the global norm, and the run stops at the next read, as every
+non-finite step does.
 
 On CUDA the updates run on a stream of their own, each after the backward work queued before its hook: the
 update streams memory while the backward's GEMMs that follow hold the tensor cores, instead of between them.
@@ -73,11 +76,15 @@ class BackwardUpdates:
         p.grad = None
 
     def _apply(self, p: torch.Tensor) -> None:
-        square = torch.linalg.vector_norm(_local(p.grad), dtype=torch.float32).square()
-        self._squares.append(square)
-        self.skip.update(self.step, [square])  # a non-finite gradient sets the flag before its own update
         group, index = self._where[p]
-        self.optimizer.step_param(p, group, index)
+        # The Triton kernel sums the gradient's squares as it updates (no second read of the gradient) and
+        # stores nothing for a block that is not finite; the step's end sets the flag from the norm.
+        square = self.optimizer.step_param_squares(p, group, index)
+        if square is None:  # torch ops: the norm first, so a non-finite gradient sets the flag before its update
+            square = torch.linalg.vector_norm(_local(p.grad), dtype=torch.float32).square()
+            self.skip.update(self.step, [square])
+            self.optimizer.step_param(p, group, index)
+        self._squares.append(square)
 
     def _stream_for(self, grad: torch.Tensor) -> torch.cuda.Stream | None:
         # a plain CUDA gradient outside graph capture; the rest update where the backward runs

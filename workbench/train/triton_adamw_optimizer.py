@@ -18,6 +18,7 @@ from workbench.kernels.adamw import (
     adamw_scalars,
     adamw_step_,
     kernel_supports,
+    squares_size,
 )
 from workbench.kernels.adamw8 import adamw8_step_, quant_block, scale_shape
 from workbench.kernels.stochastic_round import element_base
@@ -256,8 +257,33 @@ class TritonAdamW(torch.optim.Optimizer):
         if p.grad is not None:
             self._update(p, group, index, {}, None)
 
-    def _update(self, p: torch.Tensor, group: dict, index: int, scalars_by_step: dict, batches: dict | None) -> None:
-        # One parameter's update; with `batches`, a small one joins its multi-tensor launch instead.
+    def step_param_squares(self, p: torch.Tensor, group: dict, index: int) -> torch.Tensor | None:
+        """step_param by the Triton kernel, which also sums the gradient's squares (a device scalar, returned) and
+        stores nothing for a block of it that is not finite; None, with nothing updated, where torch ops would run."""
+        if p.grad is None or self.kernel != "triton" or not kernel_supports(_local(p), _local(p.grad)):
+            return None
+        squares: list[torch.Tensor] = []
+        self._update(p, group, index, {}, None, squares)
+        return squares[0]
+
+    def _squares_buffer(self, squares: list | None, n: int, block: int, device: torch.device) -> torch.Tensor | None:
+        # zeros: a program that the skip flag stops before its sum adds nothing
+        if squares is None:
+            return None
+        squares.append(torch.zeros(squares_size(n, block), dtype=torch.float32, device=device))
+        return squares[-1]
+
+    def _update(
+        self,
+        p: torch.Tensor,
+        group: dict,
+        index: int,
+        scalars_by_step: dict,
+        batches: dict | None,
+        squares: list | None = None,
+    ) -> None:
+        # One parameter's update; with `batches`, a small one joins its multi-tensor launch instead; with
+        # `squares`, the kernel's per-block sums of squared gradients are appended there, summed
         if group.get("amsgrad") or group.get("maximize"):
             raise ValueError(
                 "TritonAdamW implements plain AdamW: amsgrad and maximize must be False "
@@ -295,7 +321,7 @@ class TritonAdamW(torch.optim.Optimizer):
             )
         scalars = scalars_by_step[step]
         if "exp_avg_q8" in state:  # the state's layout decides (a checkpoint may come from another kernel choice)
-            self._update8(p, state, index, step, scalars, master)
+            self._update8(p, state, index, step, scalars, master, squares)
             return
         sr = None
         if self.precision == "bf16_sr" and p.dtype == torch.bfloat16:
@@ -329,8 +355,11 @@ class TritonAdamW(torch.optim.Optimizer):
             self.grad_coef,
             kernel=self.kernel,
             launch=self.launch,
+            squares=self._squares_buffer(squares, target.numel(), self.launch.block, target.device),
         )
         self.updates[path] += 1
+        if squares is not None:
+            squares[-1] = squares[-1].sum()
 
     def _moments_in_8bit(self, p: torch.Tensor) -> bool:
         # decided once, when the state is made; afterwards each update follows its state's layout
@@ -339,7 +368,7 @@ class TritonAdamW(torch.optim.Optimizer):
         # a tensor that shares a multi-tensor launch keeps full moments (a launch of its own costs ~65 us of host time)
         return not (self.kernel == "triton" and _local(p).numel() <= self.multi_tensor_numel)
 
-    def _update8(self, p, state, index: int, step: int, scalars: dict, master: bool) -> None:
+    def _update8(self, p, state, index: int, step: int, scalars: dict, master: bool, squares: list | None) -> None:
         # One parameter with 8-bit moments: its own launch; the moment codes are always rounded stochastically.
         # The block size is the state's own (its scales per row), whichever rule made it.
         scales = tuple(state["exp_avg_absmax"].shape)
@@ -369,8 +398,11 @@ class TritonAdamW(torch.optim.Optimizer):
             grad_coef=self.grad_coef,
             kernel=self.kernel,
             launch=self.launch,
+            squares=self._squares_buffer(squares, target.numel(), max(self.launch.block, qblock), target.device),
         )
         self.updates[path] += 1
+        if squares is not None:
+            squares[-1] = squares[-1].sum()
 
     def _step_many(self, items: list, scalars: dict[str, float]) -> None:
         from workbench.kernels.triton_adamw_multi import triton_adamw_multi_step_
