@@ -9,7 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/gpu_env.sh
-gpu_tests 80 tests/test_adamw8.py tests/test_backward_updates.py tests/test_optim_triton.py -k "cuda or stream"
+gpu_tests 90 tests/test_adamw8.py tests/test_backward_updates.py tests/test_optim_triton.py -k "cuda or stream"
 bench_row moonlight-L8-s13b 130 --preset moonlight-16b-a3b --layers 8 --seq 4096 --batch 2 --variants anchor,engine
 bench_row gpt-oss-20b-L8-s13b 150 --preset gpt-oss-20b --layers 8 --seq 4096 --batch 2 \
   --variants anchor_flex,engine_in_backward,engine_in_backward_adamw8

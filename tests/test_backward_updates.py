@@ -61,9 +61,11 @@ def test_updates_inside_the_backward_equal_the_step_after_it_and_free_the_gradie
     assert all(p.grad is None for p in params)
 
 
-def test_a_non_finite_gradient_stops_the_run_and_reaches_no_weight(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)  # CUDA: the Triton kernels' own squares and non-finite blocks
+def test_a_non_finite_gradient_stops_the_run_and_reaches_no_weight(tmp_path, device):
     # lr 1e6: step 1 is finite, step 2's backward overflows (as tests/test_trainer.py's guard test)
-    rc = _rc(tmp_path, "diverge", train__steps=4, train__lr=1e6, train__optimizer_in_backward=True)
+    on_gpu = dict(model__device="cuda", train__optimizer="adamw") if device == "cuda" else {}
+    rc = _rc(tmp_path, "diverge", train__steps=4, train__lr=1e6, train__optimizer_in_backward=True, **on_gpu)
     trainer = Trainer(rc)
     trainer.setup()
     with pytest.raises(NonFiniteError, match=r"step 2: the gradient norm is (nan|inf)"):
