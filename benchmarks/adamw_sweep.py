@@ -44,8 +44,8 @@ def main() -> None:
     ap.add_argument("--out", default="adamw-sweep.json")
     args = ap.parse_args()
 
-    from workbench.kernels.adamw import adamw_scalars
-    from workbench.kernels.triton_adamw import _adamw_kernel, scalar_args
+    from workbench.kernels.adamw import AdamWLaunch, adamw_scalars
+    from workbench.kernels.triton_adamw import triton_adamw_step_
 
     shapes = model_shapes(args.layers)
     sizes = [int(torch.Size(s).numel()) for s in shapes]
@@ -59,25 +59,10 @@ def main() -> None:
         views.append(tuple(f[start : start + n] for f in flat))
         start += n
     s = adamw_scalars(3, 1e-5, 0.9, 0.999, 1e-8, 0.01)
-    sargs = scalar_args(s)
 
     def launch(tensors, block, warps):
-        p, g, m, v = tensors
-        n = p.numel()
-        _adamw_kernel[(triton.cdiv(n, block),)](
-            p,
-            g,
-            m,
-            v,
-            n,
-            *sargs,
-            HAS_WD=True,
-            PRECISE=False,
-            ROUND_BY_HAND=False,
-            BLOCK=block,
-            num_warps=warps,
-            enable_fp_fusion=False,
-        )
+        # the product's launcher (argument checks, flags) with this block and warps
+        triton_adamw_step_(*tensors, s, launch=AdamWLaunch(block, warps))
 
     result = {
         "device": torch.cuda.get_device_name(),
