@@ -177,3 +177,33 @@ _SQUARES_SCRIPT = textwrap.dedent("""
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_kernels_sum_the_gradients_squares_and_store_no_block_that_is_not_finite(device):
     run_triton_script(_SQUARES_SCRIPT, device, "SQUARES OK", timeout=300)
+
+
+@pytest.mark.parametrize("kernel", ["bf16 moments", "8-bit moments"])
+def test_the_kernels_norm_keeps_their_16_byte_loads_and_stores(kernel):
+    # a data-dependent mask once made the AdamW kernel load and store one element at a time (3x slower on the
+    # H200): the finite test of a block's squares is a scalar, so the compiled sm_90 code keeps its vector accesses
+    pytest.importorskip("triton")
+    from compile_sm90 import compile_for_h200
+
+    from workbench.kernels.triton_adamw import _adamw_kernel
+    from workbench.kernels.triton_adamw8 import _adamw8_kernel
+
+    flags = dict(HAS_WD=True, PRECISE=False, SR=True, HAS_OUT=False, HAS_SKIP=True, HAS_COEF=False)
+    scalars = dict(SKIP="*fp32", COEF="*fp32", SQ="*fp32", step_size="fp32", bc2_sqrt="fp32", key="i32")
+    if kernel == "bf16 moments":
+        fn, types = _adamw_kernel, dict(P="*bf16", G="*bf16", M="*bf16", V="*bf16", OUT="*bf16", **scalars)
+        divisible, extra = ("P", "G", "M", "V", "OUT", "n_elements"), {}
+    else:
+        fn = _adamw8_kernel
+        types = dict(P="*bf16", G="*bf16", MQ="*u8", MS="*fp32", VQ="*u8", VS="*fp32", OUT="*bf16", **scalars)
+        divisible, extra = ("P", "G", "MQ", "MS", "VQ", "VS", "OUT"), dict(QB=64)
+    ptx = {
+        sq: compile_for_h200(
+            fn, types, dict(flags, HAS_SQ=sq, ROUND_BY_HAND=False, BLOCK=1024, **extra), divisible
+        ).asm["ptx"]
+        for sq in (False, True)
+    }
+    for access in ("ld.global.v4", "st.global.v4", "st.global.v2"):
+        assert ptx[True].count(access) == ptx[False].count(access), access
+    assert ptx[True].count("st.global.v4") > 0
