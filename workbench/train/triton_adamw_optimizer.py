@@ -264,7 +264,7 @@ class TritonAdamW(torch.optim.Optimizer):
             return None
         squares: list[torch.Tensor] = []
         self._update(p, group, index, {}, None, squares)
-        return squares[0]
+        return squares[0].sum()
 
     def _squares_buffer(self, squares: list | None, n: int, block: int, device: torch.device) -> torch.Tensor | None:
         # zeros: a program that the skip flag stops before its sum adds nothing
@@ -283,7 +283,7 @@ class TritonAdamW(torch.optim.Optimizer):
         squares: list | None = None,
     ) -> None:
         # One parameter's update; with `batches`, a small one joins its multi-tensor launch instead; with
-        # `squares`, the kernel's per-block sums of squared gradients are appended there, summed
+        # `squares`, the buffer of the kernel's per-block sums of squared gradients is appended there
         if group.get("amsgrad") or group.get("maximize"):
             raise ValueError(
                 "TritonAdamW implements plain AdamW: amsgrad and maximize must be False "
@@ -358,8 +358,6 @@ class TritonAdamW(torch.optim.Optimizer):
             squares=self._squares_buffer(squares, target.numel(), self.launch.block, target.device),
         )
         self.updates[path] += 1
-        if squares is not None:
-            squares[-1] = squares[-1].sum()
 
     def _moments_in_8bit(self, p: torch.Tensor) -> bool:
         # decided once, when the state is made; afterwards each update follows its state's layout
@@ -401,8 +399,6 @@ class TritonAdamW(torch.optim.Optimizer):
             squares=self._squares_buffer(squares, target.numel(), max(self.launch.block, qblock), target.device),
         )
         self.updates[path] += 1
-        if squares is not None:
-            squares[-1] = squares[-1].sum()
 
     def _step_many(self, items: list, scalars: dict[str, float]) -> None:
         from workbench.kernels.triton_adamw_multi import triton_adamw_multi_step_
