@@ -96,12 +96,16 @@ class BackwardUpdates:
             self._streams[grad.device] = torch.cuda.Stream(grad.device)
         return self._streams[grad.device]
 
+    def _join(self) -> None:
+        # work queued after this on the current stream waits for every update queued on the update streams
+        for stream in self._streams.values():
+            torch.cuda.current_stream(stream.device).wait_stream(stream)
+
     def take_grad_norm(self, device: torch.device) -> torch.Tensor:
         """The global gradient norm of the backward just run (a device scalar), and a fresh start for the next.
 
         Also where the step's updates are joined: the current stream waits for the update stream."""
-        for stream in self._streams.values():
-            torch.cuda.current_stream(stream.device).wait_stream(stream)
+        self._join()
         squares, self._squares = self._squares, []
         if not squares:
             return torch.zeros((), dtype=torch.float32, device=device)
@@ -109,8 +113,7 @@ class BackwardUpdates:
 
     def remove(self) -> None:
         """Take the hooks off at the run's end: a model trained on afterwards (another Trainer) is not updated twice."""
-        for stream in self._streams.values():  # an update still queued there finishes before anything after
-            torch.cuda.current_stream(stream.device).wait_stream(stream)
+        self._join()  # an update still queued there finishes before anything after
         for handle in self._handles:
             handle.remove()
         self._handles = []
