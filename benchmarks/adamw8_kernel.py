@@ -6,7 +6,8 @@ Both kernels compile to more instructions than their bytes need (sm_90 SASS: ~11
 moments, ~160 for 8-bit), so they are timed here on the largest tensors of the Qwen3-30B-A3B and gpt-oss-20b
 architectures in the bench's mode (bf16 weights, bf16_sr, weight decay, clipping coefficient, skip flag):
 milliseconds, elements per second and bytes per second (14 bytes an element for bf16 moments, 10 for 8-bit).
-A measurement tool, not a test.
+Also the in-backward launches (no clipping coefficient) without and with the kernels' sums of squared gradients
+(the fused norm, NOTES.md s14). A measurement tool, not a test.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 import triton
 from cuda_timing import cuda_event_ms
 
-from workbench.kernels.adamw import AdamWLaunch, SRKeys, adamw_scalars
+from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys, adamw_scalars, squares_size
 from workbench.kernels.adamw8 import quant_block, scale_shape
 from workbench.kernels.triton_adamw import triton_adamw_step_
 from workbench.kernels.triton_adamw8 import triton_adamw8_step_
@@ -61,6 +62,18 @@ def main() -> None:
                 AdamWLaunch(block, warps),
             )  # fmt: skip
             row["adamw8_ms_by_launch"][f"{block}x{warps}"] = round(_ms(step), 3)
+        # in-backward's launches (no clipping coefficient): without and with the kernel's sums of squares
+        for kind, fn in (("full", triton_adamw_step_), ("adamw8", triton_adamw8_step_)):
+            block = DEFAULT_LAUNCH.block if kind == "full" else max(DEFAULT_LAUNCH.block, qb)
+            sq = torch.zeros(squares_size(n, block), device="cuda")
+            for label, buffer in (("no_sq", None), ("sq", sq)):
+                if kind == "full":
+                    call = functools.partial(fn, p, g, m, v, scalars, False, keys, None, skip, None, squares=buffer)
+                else:
+                    call = functools.partial(
+                        fn, p, g, *state, scalars, keys, qb, True, False, None, skip, None, squares=buffer
+                    )
+                row[f"in_backward_{kind}_{label}_ms"] = round(_ms(call), 3)
         best = min(row["adamw8_ms_by_launch"].values())
         row["adamw8_default_tb_s"] = round(10 * n / row["adamw8_ms_by_launch"]["1024x4"] / 1e9, 2)
         row["adamw8_best_tb_s"] = round(10 * n / best / 1e9, 2)

@@ -148,10 +148,12 @@ def _update_block(
     g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_COEF:  # gradient clipping's coefficient, in float32: saves a read and a write of every gradient
         g = g * tl.load(COEF)
-    if HAS_SQ:  # (a where, not a scalar `&`: Triton's interpreter refuses a scalar and a tensor mask)
-        mask = tl.where(_block_squares(SQ, g), mask, False)
     m = tl.load(M + offs, mask=mask, other=0.0).to(tl.float32)
     v = tl.load(V + offs, mask=mask, other=0.0).to(tl.float32)
+    # The block's sum masks the stores only: loads behind a block reduction wait for it, and this memory-bound
+    # kernel then has half its bytes in flight (gpt-oss in-backward 8-bit: +8 ms a step, benchmarks/NOTES.md s14).
+    if HAS_SQ:  # (a where, not a scalar `&`: Triton's interpreter refuses a scalar and a tensor mask)
+        mask = tl.where(_block_squares(SQ, g), mask, False)
     p, m, v = adam_update(
         p, g, m, v, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits, eps_bits, step_size, bc2_sqrt, HAS_WD,
         PRECISE,

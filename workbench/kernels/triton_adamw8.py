@@ -92,16 +92,17 @@ def _adamw8_kernel(
     g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_COEF:
         g = g * tl.load(COEF)
-    if HAS_SQ:  # a program whose gradients are not all finite stores nothing (its codes and scales too)
-        finite = _block_squares(SQ, g)
-        mask = tl.where(finite, mask, False)  # (a where: the interpreter refuses a scalar `&` a tensor mask)
-        rmask = tl.where(finite, rmask, False)
     mc = tl.load(MQ + offs, mask=mask, other=0).to(tl.int32)
     # the code's sign bit moved to the float's (a negated decode times a positive scale is the negated product)
     m = _decode(((mc & 0x7F) << 20) | ((mc & 0x80) << 24), 112)
     m = m * tl.load(MS + rows, mask=rmask, other=0.0)[:, None]
     v = _decode(tl.load(VQ + offs, mask=mask, other=0).to(tl.int32) << 20, 96)
     v = v * tl.load(VS + rows, mask=rmask, other=0.0)[:, None]
+    if HAS_SQ:  # a program whose gradients are not all finite stores nothing (its codes and scales too); after
+        # the loads, which would wait for the block's sum (triton_adamw._update_block)
+        finite = _block_squares(SQ, g)
+        mask = tl.where(finite, mask, False)  # (a where: the interpreter refuses a scalar `&` a tensor mask)
+        rmask = tl.where(finite, rmask, False)
     p, m, v = adam_update(
         p, g, m, v, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits, eps_bits, step_size, bc2_sqrt, HAS_WD,
         PRECISE,
