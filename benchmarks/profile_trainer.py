@@ -171,9 +171,6 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
 
         trainer.backward_updates.remove()
         trainer.backward_updates = BackwardUpdates(trainer.optimizer, trainer._skip, side_stream=False)
-    if args.norm_after_backward and trainer.grad_squares is not None:  # the A/B of the norm's squares in the backward
-        trainer.grad_squares.remove()
-        trainer.grad_squares = None
     build_s = time.perf_counter() - t0
     if args.repeat_batch:  # benchmarks/lora_h200.py's setting: the same batch every step (the loss falls: memorized)
         serve, kept = trainer.stream.next_batch, []
@@ -205,8 +202,6 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
         "optimizer_states": args.optimizer_states,
         "in_backward": args.in_backward,
         "updates_one_stream": args.updates_one_stream,
-        "norm_after_backward": args.norm_after_backward,
-        "norm_groups_from_backward": getattr(trainer.grad_squares, "taken", 0),
         "build_s": build_s,
         "step_ms_queued": step_ms,
         "tokens_per_s": args.batch * args.seq / step_ms * 1e3,
@@ -260,9 +255,6 @@ def main() -> None:
     p.add_argument("--repeat-batch", action="store_true", help="train on the first batch every step (as lora_h200.py)")
     p.add_argument("--in-backward", action="store_true", help="train.optimizer_in_backward (no clipping)")
     p.add_argument("--updates-one-stream", action="store_true", help="in-backward updates on the backward's stream")
-    p.add_argument(
-        "--norm-after-backward", action="store_true", help="the clipping norm's squares summed after the backward"
-    )
     p.add_argument("--cuda-graphs", action="store_true", help="train.cuda_graphs: the decoder stack as CUDA graphs")
     p.add_argument(
         "--adamw-multi-numel", type=int, default=None, help="TritonAdamW: tensors up to this size share one launch"

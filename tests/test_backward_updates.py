@@ -108,7 +108,7 @@ def test_updates_on_their_own_cuda_stream_equal_those_on_the_backwards_stream(tm
         records = trainer.collect(wait=True)
         assert bool(trainer.backward_updates._streams) == side_stream  # the updates ran where they were asked to
         results[side_stream] = ([r["loss"] for r in records], [p.detach().clone() for p in trainer.model.parameters()])
-        trainer.remove_step_hooks()
+        trainer.end_backward_updates()
     (loss_a, params_a), (loss_b, params_b) = results[False], results[True]
     assert loss_b == pytest.approx(loss_a, rel=1e-5)
     for a, b in zip(params_a, params_b):

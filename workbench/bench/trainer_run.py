@@ -176,7 +176,7 @@ def train_round(
                     )
         finally:
             if trainer is not None:
-                trainer.remove_step_hooks()  # as fit() ends: no hooks left on a model
+                trainer.end_backward_updates()  # as fit() ends: no hooks left on a model
             if trainer is not None and getattr(trainer, "model", None) is not None and spec.kind == "engine":
                 close_dispatchers(trainer.model)  # collective: every rank leaves the round here
             del trainer

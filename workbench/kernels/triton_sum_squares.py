@@ -26,7 +26,7 @@ def _sum_squares_kernel(X, PARTIAL, numel, first, BLOCK: tl.constexpr, ITERS: tl
     pid = tl.program_id(0).to(tl.int64)
     start = pid * BLOCK * ITERS
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for i in tl.static_range(ITERS):  # unrolled: all ITERS loads in flight at once (a loop issued one at a time)
+    for i in range(ITERS):
         offs = start + i * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(X + offs, mask=offs < numel, other=0.0).to(tl.float32)
         acc += x * x
@@ -44,36 +44,22 @@ def takes(g: torch.Tensor) -> bool:
     )
 
 
-def programs_for(numel: int) -> int:
-    """How many partial sums (kernel programs) a tensor of `numel` elements writes."""
-    return triton.cdiv(numel, BLOCK * ITERS)
-
-
-def squares_into(g: torch.Tensor, partial: torch.Tensor, first: int) -> None:
-    """Write the partial sums of `g`'s squares (a tensor `takes`) to partial[first : first + programs_for(numel)]."""
-    n = programs_for(g.numel())
-    _sum_squares_kernel[(n,)](g, partial, g.numel(), first, BLOCK=BLOCK, ITERS=ITERS, num_warps=8)
-
-
-def sum_of_squares(grads: list[torch.Tensor], large_sum: torch.Tensor | None = None) -> torch.Tensor:
-    """Σ ||g||² over `grads` (plain tensors on one device) as a float32 device scalar; no host sync.
-
-    `large_sum`: the sum of the partials of the tensors this kernel takes, already computed (train/grad_squares.py
-    sums them during the backward, in this order): only the small ones are summed here."""
+def sum_of_squares(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Σ ||g||² over `grads` (plain tensors on one device) as a float32 device scalar; no host sync."""
     if not grads:
         raise ValueError("sum_of_squares needs at least one tensor")
     large = [g for g in grads if takes(g)]
     small = [g for g in grads if not takes(g)]
     device = grads[0].device
     parts: list[torch.Tensor] = []
-    if large_sum is not None:
-        parts.append(large_sum)
-    elif large:
-        partial = torch.empty(sum(programs_for(g.numel()) for g in large), dtype=torch.float32, device=device)
+    if large:
+        span = BLOCK * ITERS
+        programs = [triton.cdiv(g.numel(), span) for g in large]
+        partial = torch.empty(sum(programs), dtype=torch.float32, device=device)
         first = 0
-        for g in large:
-            squares_into(g, partial, first)
-            first += programs_for(g.numel())
+        for g, n in zip(large, programs, strict=True):
+            _sum_squares_kernel[(n,)](g, partial, g.numel(), first, BLOCK=BLOCK, ITERS=ITERS, num_warps=8)
+            first += n
         parts.append(partial.sum())
     if small:
         norms = torch._foreach_norm(small, 2.0, dtype=torch.float32)

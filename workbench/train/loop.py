@@ -47,7 +47,6 @@ from workbench.train.checkpoint import (
 )
 from workbench.train.data import build_stream
 from workbench.train.data_eval import eval_metrics
-from workbench.train.grad_squares import grad_squares_for
 from workbench.train.guard import NonFiniteError
 from workbench.train.loop_records import StepRecords
 from workbench.train.loop_step import TrainStep
@@ -173,11 +172,9 @@ class Trainer(TrainStep, StepRecords):
         self._queued = self.start_step
         self._skip = SkipFlag(self.device)
         self._device_skip = set_skip_flag(self.optimizer, self._skip.found_inf)
-        self.backward_updates = self.grad_squares = None
+        self.backward_updates = None
         if rc.train.optimizer_in_backward:  # each parameter updated by its own hook (train/backward_updates.py)
             self.backward_updates = BackwardUpdates(self.optimizer, self._skip)
-        else:  # the clipping norm's squares summed during the last backward (train/grad_squares.py)
-            self.grad_squares = grad_squares_for(self.grad_params)
         config = getattr(self.model, "config", None)
         self._host_sequences = getattr(config, "_attn_implementation", None) == SINK_ATTENTION
         self.coef = float(getattr(self.hf_config, "router_aux_loss_coef", 0.0) or 0.0)
@@ -211,14 +208,12 @@ class Trainer(TrainStep, StepRecords):
             with self.step_gc:
                 return self._fit()
         finally:
-            self.remove_step_hooks()
+            self.end_backward_updates()
 
-    def remove_step_hooks(self) -> None:
-        """Take the step's gradient hooks (train.optimizer_in_backward's updates, the norm's squares) off the
-        parameters: the run's end, so a model trained on afterwards is not updated or summed twice."""
-        for hooks in (getattr(self, "backward_updates", None), getattr(self, "grad_squares", None)):
-            if hooks is not None:
-                hooks.remove()
+    def end_backward_updates(self) -> None:
+        """Take train.optimizer_in_backward's hooks off the parameters (the run's end; nothing without them)."""
+        if getattr(self, "backward_updates", None) is not None:
+            self.backward_updates.remove()
 
     def _fit(self) -> dict[str, Any]:
         rc, total = self.rc, self.rc.train.steps

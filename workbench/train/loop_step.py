@@ -70,8 +70,6 @@ class TrainStep:
             last = i == len(micro) - 1
             if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2: reduce once per step
                 self.model.set_requires_gradient_sync(last)
-            if last and self.grad_squares is not None:  # this backward completes the gradients the norm sums
-                self.grad_squares.arm()
             t0 = clock.mark()
             with record_function("workbench.forward"), host_packing(host_positions):
                 # the cross-entropy and the aux loss come apart (models/router_aux): each is computed once
@@ -110,7 +108,7 @@ class TrainStep:
             if self.backward_updates is not None:  # the parameters were updated inside the backward
                 grad_norm = self.backward_updates.take_grad_norm(device)
             else:
-                grad_norm = clip_grad_norm(self.grad_params, rc.train.clip_grad_norm, self.optimizer, self.grad_squares)
+                grad_norm = clip_grad_norm(self.grad_params, rc.train.clip_grad_norm, self.optimizer)
             # One reduction gives every rank the same global values, so all ranks skip (and raise) together.
             ce_global, aux_global = all_reduce(torch.stack([ce_sum, aux_sum])).to(device).unbind()
             bad = self._skip.update(step, [ce_global, self.coef * aux_global, grad_norm])

@@ -166,27 +166,25 @@ def _norms_fp32(grads: list[torch.Tensor]) -> list[torch.Tensor]:
     return [torch.linalg.vector_norm(g, 2.0, dtype=torch.float32) for g in grads]
 
 
-def _local_sum_of_squares(grads: list[torch.Tensor], large_sum: torch.Tensor | None = None) -> torch.Tensor | None:
-    """Σ ||g||² by the Triton kernel where plain grads on one device include large ones it takes; else None.
-    `large_sum`: the large ones' sum, already computed in the backward (train/grad_squares.py)."""
+def _local_sum_of_squares(grads: list[torch.Tensor]) -> torch.Tensor | None:
+    """Σ ||g||² by the Triton kernel where plain grads on one device include large ones it takes; else None."""
     if len({g.device for g in grads}) != 1 or (grads[0].device.type != "cuda" and not triton_interpreting()):
         return None
     from workbench.kernels.triton_sum_squares import sum_of_squares, takes
 
     detached = [g.detach() for g in grads]
-    return sum_of_squares(detached, large_sum) if any(takes(g) for g in detached) else None
+    return sum_of_squares(detached) if any(takes(g) for g in detached) else None
 
 
-def total_grad_norm(params: Iterable[torch.nn.Parameter], squares=None) -> torch.Tensor:
+def total_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
     """Global L2 norm of all gradients, the same value on every rank.
 
     DTensor grads (FSDP2 shards) are grouped by mesh and placement, and their norms reduced over
     that mesh with `full_tensor()`. Plain or DTensor grads marked with GRAD_NORM_GROUP_ATTR have
     their squared norm summed over the marked group. Unmarked plain grads are replicated and
-    counted once. `squares` (a train.grad_squares.GradSquares): the large plain gradients' squares
-    it summed during the backward are taken from it instead of read again.
+    counted once.
     """
-    buckets: dict[tuple, list[torch.nn.Parameter]] = defaultdict(list)
+    buckets: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     groups: dict[tuple, object] = {}
     for p in params:
         if p.grad is None:
@@ -197,19 +195,11 @@ def total_grad_norm(params: Iterable[torch.nn.Parameter], squares=None) -> torch
             key = ("dtensor", id(g.device_mesh), tuple(g.placements), id(marker))
         else:
             key = ("local", id(marker))
-        buckets[key].append(p)
+        buckets[key].append(g)
         groups[key] = marker
-    squares_list: list[torch.Tensor] = []
-    for key, bucket in buckets.items():
-        grads = [p.grad for p in bucket]
-        sq = None
-        if key[0] == "local":
-            large_sum = None
-            if squares is not None:
-                from workbench.kernels.triton_sum_squares import takes
-
-                large_sum = squares.sum_for([p for p in bucket if takes(p.grad)])
-            sq = _local_sum_of_squares(grads, large_sum)
+    squares: list[torch.Tensor] = []
+    for key, grads in buckets.items():
+        sq = _local_sum_of_squares(grads) if key[0] == "local" else None
         if sq is None:
             sq = torch.linalg.vector_norm(torch.stack(_norms_fp32([g.detach() for g in grads])), 2.0) ** 2
         if _is_dtensor(sq):
@@ -217,18 +207,15 @@ def total_grad_norm(params: Iterable[torch.nn.Parameter], squares=None) -> torch
         marker = groups[key]
         if marker is not None:
             dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=marker)
-        squares_list.append(sq)
-    if not squares_list:
+        squares.append(sq)
+    if not squares:
         return torch.zeros(())
-    device = squares_list[0].device
-    return torch.sqrt(torch.stack([s.to(device) for s in squares_list]).sum())
+    device = squares[0].device
+    return torch.sqrt(torch.stack([s.to(device) for s in squares]).sum())
 
 
 def clip_grad_norm(
-    params: Iterable[torch.nn.Parameter],
-    max_norm: float | None,
-    optimizer: torch.optim.Optimizer | None = None,
-    squares=None,
+    params: Iterable[torch.nn.Parameter], max_norm: float | None, optimizer: torch.optim.Optimizer | None = None
 ) -> torch.Tensor:
     """Scale all grads so their global norm is at most `max_norm`; return the norm before clipping (a device scalar).
 
@@ -237,10 +224,10 @@ def clip_grad_norm(
     norm clips nothing (its coefficient would turn every grad into NaN): the guard skips the step.
     With an `optimizer` that can apply the coefficient inside its update (set_grad_coef), the
     grads are left as they are and the next `optimizer.step()` clips them (one pass over the
-    gradients fewer: a read and a write of each). `squares`: see total_grad_norm.
+    gradients fewer: a read and a write of each).
     """
     params = [p for p in params if p.grad is not None]
-    norm = total_grad_norm(params, squares)
+    norm = total_grad_norm(params)
     if max_norm is None or not params:
         if optimizer is not None:
             set_grad_coef(optimizer, None)
