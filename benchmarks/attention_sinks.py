@@ -6,6 +6,7 @@ Shapes of gpt-oss-20b: batch 2, seq 4096, 64 query heads, 8 kv heads, head dim 6
 use a 128-token window, "full" layers plain causal. Options:
 - hf_eager, hf_flex: Transformers' own eager and flex_attention functions (the anchor's attention);
 - flash: workbench.models.attention_sinks on torch's varlen flash kernel (both layer types; the default);
+- cudnn: workbench.models.attention_sinks on torch's cuDNN attention op (full causal layers only);
 - sdpa_extra_dim_cudnn / _flash: the sink as an extra key through public SDPA, one backend forced (full only);
 - sdpa_no_sinks_cudnn / _flash: plain causal SDPA WITHOUT sinks (not exact: the speed floor, for scale);
 - flash_packed: the flash option on packed rows (documents 1500 + 2596 | 4096), error vs a masked reference.
@@ -250,6 +251,7 @@ def main() -> None:
     packed_starts = sk.document_starts(pos, B, S, DEVICE)
     options = [
         ("flash", engine("flash"), (None, WINDOW), None),
+        ("cudnn", engine("cudnn"), (None,), None),
         ("flash_packed", engine("flash", pos), (None, WINDOW), packed_starts),
         ("sdpa_extra_dim_cudnn", forced("CUDNN_ATTENTION", extra_dim), (None,), None),
         ("sdpa_extra_dim_flash", forced("FLASH_ATTENTION", extra_dim), (None,), None),

@@ -202,6 +202,7 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
         "optimizer_states": args.optimizer_states,
         "in_backward": args.in_backward,
         "updates_one_stream": args.updates_one_stream,
+        "sink_kernel_full": args.sink_kernel_full,
         "build_s": build_s,
         "step_ms_queued": step_ms,
         "tokens_per_s": args.batch * args.seq / step_ms * 1e3,
@@ -255,6 +256,9 @@ def main() -> None:
     p.add_argument("--repeat-batch", action="store_true", help="train on the first batch every step (as lora_h200.py)")
     p.add_argument("--in-backward", action="store_true", help="train.optimizer_in_backward (no clipping)")
     p.add_argument("--updates-one-stream", action="store_true", help="in-backward updates on the backward's stream")
+    p.add_argument(
+        "--sink-kernel-full", default=None, help="experiment: GPT-OSS sink attention's kernel for full layers (cudnn)"
+    )
     p.add_argument("--cuda-graphs", action="store_true", help="train.cuda_graphs: the decoder stack as CUDA graphs")
     p.add_argument(
         "--adamw-multi-numel", type=int, default=None, help="TritonAdamW: tensors up to this size share one launch"
@@ -270,8 +274,14 @@ def main() -> None:
     from workbench.kernels import cross_entropy
 
     budget = args.ce_chunk_mib * 2**20 if args.ce_chunk_mib else cross_entropy.TRAINED_HEAD_CE_BYTES
+    from workbench.models import attention_sinks
+
+    kernels = dict(attention_sinks.CUDA_KERNEL, **({"full": args.sink_kernel_full} if args.sink_kernel_full else {}))
     for precision in args.precision.split(","):
-        with mock.patch.object(cross_entropy, "TRAINED_HEAD_CE_BYTES", budget):
+        with (
+            mock.patch.object(cross_entropy, "TRAINED_HEAD_CE_BYTES", budget),
+            mock.patch.dict(attention_sinks.CUDA_KERNEL, kernels),
+        ):
             result["modes"].append(profile_mode(args, precision, out_dir))
         (out_dir / "profile-trainer.json").write_text(json.dumps(result, indent=1, default=str))
     print("wrote", out_dir / "profile-trainer.json")

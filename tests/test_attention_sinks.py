@@ -123,9 +123,8 @@ def _qkv(b=2, h=4, hkv=2, s=SEQ, d=8, seed=4):
 
 def _fwd_bwd(fn, q, k, v, sinks):
     out = fn()
-    grads = torch.autograd.grad(
-        (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(5))).sum(), (q, k, v, sinks)
-    )
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(out.device)
+    grads = torch.autograd.grad((out * weights).sum(), (q, k, v, sinks))
     return (out, *grads)
 
 
@@ -214,6 +213,76 @@ def test_flash_varlen_glue_equals_reference(monkeypatch, window, packed):
     got = _fwd_bwd(lambda: sink_attention(q, k, v, s, 0.3, window, pos, kernel="flash"), q, k, v, s)
     for name, a, b in zip(("out", "dq", "dk", "dv", "dsinks"), got, want):
         close(a, b, name)
+
+
+class _CudnnOnCpu(sinks_mod._CudnnSdpa):
+    """Stand-in for torch's CUDA cuDNN attention op (absent on CPU), with its contract: q [B, H, S, D] and k/v with
+    fewer heads (GQA), out shaped as q, lse [B, H, S, 1] (the shape torch returns on some versions), the backward
+    given (out, lse) and dO; computed with the CPU flash op, so the runner's glue around the kernel runs for real."""
+
+    def forward(self, q, k, v):
+        rep = q.shape[1] // k.shape[1]
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), 0.0, True, scale=self.scaling
+        )
+        return out, lse.reshape(*lse.shape[:3]), ((*lse.shape[:3], 1),)
+
+    def backward(self, dout, q, k, v, out, lse, state):
+        rep = q.shape[1] // k.shape[1]
+        assert tuple(lse.reshape(state[0]).shape) == state[0]  # the lse handed back keeps the op's own shape
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout, q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), out, lse, 0.0, True, scale=self.scaling
+        )
+        fold = lambda t: t.view(k.shape[0], k.shape[1], rep, *t.shape[2:]).sum(2)  # noqa: E731 (GQA heads back)
+        return dq, fold(dk), fold(dv)
+
+
+def test_cudnn_runner_glue_equals_reference(monkeypatch):
+    """The cuDNN path's glue (GQA as given, lse layout, sinks' gradient) equals eager math, kernel stood in on CPU."""
+    monkeypatch.setattr(sinks_mod, "_CudnnSdpa", _CudnnOnCpu)
+    q, k, v, s = _qkv()
+    allowed = dense_mask(SEQ, SEQ, None, None, None, q.device)
+    want = _fwd_bwd(lambda: reference_attention(q, k, v, s, 0.3, allowed), q, k, v, s)
+    got = _fwd_bwd(lambda: sink_attention(q, k, v, s, 0.3, None, None, kernel="cudnn"), q, k, v, s)
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dsinks"), got, want):
+        close(a, b, name)
+
+
+def test_full_only_kernels_refuse_windows_and_documents_and_auto_falls_back(monkeypatch):
+    q, k, v, s = _qkv()
+    pos = torch.cat([torch.arange(5), torch.arange(SEQ - 5)])[None].expand(2, -1)
+    for kernel in sinks_mod.FULL_ONLY:
+        with pytest.raises(ValueError, match="full causal attention of unpacked rows only"):
+            sink_attention(q, k, v, s, 0.3, WINDOW, None, kernel=kernel)
+        with pytest.raises(ValueError, match="full causal attention of unpacked rows only"):
+            sink_attention(q, k, v, s, 0.3, None, pos, kernel=kernel)
+    monkeypatch.setitem(sinks_mod.CUDA_KERNEL, "full", "cudnn")
+    cuda = torch.device("cuda")
+    assert sinks_mod.pick_kernel(cuda, None, packed=False) == "cudnn"
+    assert sinks_mod.pick_kernel(cuda, WINDOW, packed=False) == "flash"
+    assert sinks_mod.pick_kernel(cuda, None, packed=True) == "flash"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's cuDNN attention needs a CUDA GPU")
+def test_cudnn_kernel_equals_flash_and_float32_reference_on_cuda():
+    """The real cuDNN op (bf16, GPT-OSS's head dim 64, GQA 4:1) against the flash path and float32 eager math."""
+    g = torch.Generator(device="cuda").manual_seed(8)
+    b, h, hkv, seq, d = 2, 8, 2, 512, 64
+    q = torch.randn(b, seq, h, d, device="cuda", generator=g).to(torch.bfloat16).transpose(1, 2)  # as q_proj's view
+    k, v = (torch.randn(b, hkv, seq, d, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+    s = (torch.randn(h, device="cuda", generator=g) + 1).to(torch.bfloat16)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v, s)]
+    allowed = dense_mask(seq, seq, None, None, None, q.device)
+    ref32 = [t.float().detach().requires_grad_() for t in leaves]
+    want = _fwd_bwd(lambda: reference_attention(*ref32, d**-0.5, allowed), *ref32)
+    errors = {}
+    for kernel in ("cudnn", "flash"):
+        got = _fwd_bwd(lambda kernel=kernel: sink_attention(*leaves, d**-0.5, None, None, kernel=kernel), *leaves)
+        assert got[0].dtype == torch.bfloat16 and torch.isfinite(got[0]).all()
+        errors[kernel] = [((a.float() - w).norm() / w.norm()).item() for a, w in zip(got, want)]
+    for name, cudnn, flash in zip(("out", "dq", "dk", "dv", "dsinks"), errors["cudnn"], errors["flash"]):
+        # both are the exact sink softmax in bf16: cuDNN's error at the flash kernel's level
+        assert cudnn <= 2 * flash + 1e-3 and cudnn < 3e-2, f"{name}: cudnn {cudnn:.3g}, flash {flash:.3g}"
 
 
 def test_generic_path_selects_sink_attention_for_gpt_oss_only():

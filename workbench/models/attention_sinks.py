@@ -30,7 +30,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.kernels.attention_interface import use_attention_implementation
-from workbench.models.attention_sinks_kernels import _CpuFlash, _FlashVarlen, _SinkAttention, sdpa_extra_dim
+from workbench.models.attention_sinks_kernels import (
+    _CpuFlash,
+    _CudnnSdpa,
+    _FlashVarlen,
+    _SinkAttention,
+    sdpa_extra_dim,
+)
 from workbench.models.attention_sinks_reference import dense_mask, document_starts, reference_attention, repeat_kv
 
 SINK_ATTENTION = "workbench_sinks"
@@ -46,7 +52,9 @@ AUTO_FAMILIES = ("gpt_oss",)
 # benchmarks/attention_sinks.py on the H200 (fwd+bwd time, peak memory, error vs float32); until then
 # "flash" is the default for both layer types, the one whose numerics are exact by construction.
 CUDA_KERNEL = {"full": "flash", "sliding": "flash"}
-KERNELS = ("flash", "sdpa_extra_dim", "cpu", "reference")
+KERNELS = ("flash", "cudnn", "sdpa_extra_dim", "cpu", "reference")
+# kernels for full causal attention of unpacked rows only: a sliding or packed call takes "flash" instead
+FULL_ONLY = ("cudnn", "sdpa_extra_dim")
 
 
 def _fallback_reason(query, key, value, attention_mask, dropout: float) -> str | None:
@@ -75,7 +83,7 @@ def pick_kernel(device: torch.device, sliding_window: int | None, packed: bool) 
     if device.type != "cuda":
         return "cpu"
     choice = CUDA_KERNEL["sliding" if sliding_window is not None else "full"]
-    if choice == "sdpa_extra_dim" and (sliding_window is not None or packed):
+    if choice in FULL_ONLY and (sliding_window is not None or packed):
         return "flash"
     return choice
 
@@ -142,9 +150,12 @@ def sink_attention(
     kernel = kernel or pick_kernel(q.device, sliding_window, packed)
     if kernel == "reference":
         return reference_attention(q, k, v, sinks, scaling, dense_mask(s, s, sliding_window, starts, None, q.device))
+    if kernel in FULL_ONLY and (sliding_window is not None or packed):
+        raise ValueError(f"kernel={kernel!r} runs full causal attention of unpacked rows only")
+    if kernel == "cudnn":
+        out = _SinkAttention.apply(q, k, v, sinks, _CudnnSdpa(scaling))
+        return out.transpose(1, 2).contiguous()
     if kernel == "sdpa_extra_dim":
-        if sliding_window is not None or packed:
-            raise ValueError("kernel='sdpa_extra_dim' runs full causal attention of unpacked rows only")
         if q.device.type != "cuda":
             return sdpa_extra_dim(q, k, v, sinks, scaling)
         from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -1,4 +1,5 @@
-"""The sink-aware autograd function on fused kernels, its runners (CUDA varlen flash, CPU flash), sdpa_extra_dim.
+"""The sink-aware autograd function on fused kernels, its runners (CUDA varlen flash, CUDA cuDNN, CPU flash),
+sdpa_extra_dim.
 
 A sink is one more logit per head in the softmax denominator, with no value: p_j = exp(s_j) / (Z + exp(sink)),
 Z = sum_j exp(s_j). With lse = log Z the sink-aware output is the plain output times
@@ -74,6 +75,44 @@ class _FlashVarlen:
     @staticmethod
     def lse_to_out(x):  # [H, T] -> broadcastable over [T, H, D]
         return x.transpose(0, 1).unsqueeze(-1)
+
+
+class _CudnnSdpa:
+    """torch's cuDNN attention, full causal over unpacked rows: q [B, H, S, D], k/v [B, Hkv, S, D] (GQA as given,
+    any strides SDPA takes), lse [B, H, S] (torch returns it [B, H, S] or [B, H, S, 1]: kept as returned for the
+    backward). The one runner whose kernel is not flash: on Hopper cuDNN's causal attention ran 1.8x torch's
+    flash at head dim 128 (benchmarks/NOTES.md); windows and packed documents stay with _FlashVarlen."""
+
+    lse_head_axis = 1
+
+    def __init__(self, scaling: float):
+        self.scaling = scaling
+
+    def forward(self, q, k, v):
+        out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True, 0.0, True, False, scale=self.scaling
+        )
+        b, h, s = q.shape[:3]
+        if lse.numel() != b * h * s or tuple(out.shape) != tuple(q.shape):
+            raise RuntimeError(
+                f"torch's cuDNN attention returned out {tuple(out.shape)} and lse {tuple(lse.shape)} for q "
+                f"{tuple(q.shape)}; the sink attention expects out shaped as q and one lse per query and head"
+            )
+        return out, lse.reshape(b, h, s), (tuple(lse.shape), cum_q, cum_k, max_q, max_k, seed, offset)
+
+    def backward(self, dout, q, k, v, out, lse, state):
+        lse_shape, cum_q, cum_k, max_q, max_k, seed, offset = state
+        if dout.stride() != out.stride():  # cuDNN reads dO in O's layout
+            dout = torch.empty_like(out).copy_(dout)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            dout, q, k, v, out, lse.reshape(lse_shape), seed, offset, None, cum_q, cum_k, max_q, max_k, 0.0, True,
+            scale=self.scaling,
+        )  # fmt: skip
+        return dq, dk, dv
+
+    @staticmethod
+    def lse_to_out(x):  # [B, H, S] -> broadcastable over [B, H, S, D]
+        return x.unsqueeze(-1)
 
 
 class _CpuFlash:
