@@ -656,6 +656,66 @@ def test_triton_rope_and_engine_match_transformers():
     _run_script(_TRITON_ENGINE_SCRIPT, "TRITON ENGINE OK", "cuda" if HAS_CUDA else "cpu", interpret=not HAS_CUDA)
 
 
+_GPT_OSS_ROPE_SCRIPT = textwrap.dedent("""
+import sys, torch, transformers
+sys.path.insert(0, "tests")
+from generic_families import tiny_config
+from test_generic_families import randomize
+from test_parity import rel_err
+from transformers.models.gpt_oss import modeling_gpt_oss as hf
+import workbench
+from workbench.kernels.triton_rope import apply_rope, rope
+from workbench.models.gpt_oss_attention import GptOssEngineAttention
+
+device = sys.argv[1]
+# the kernel alone with GPT-OSS's half-width cos/sin against Transformers' formula, float64, q as [B, S, H, D] memory
+g = torch.Generator().manual_seed(3)
+x = torch.randn(2, 5, 3, 16, generator=g).transpose(1, 2).to(device)
+cos, sin = torch.randn(2, 2, 5, 8, generator=g).to(device)
+ref = hf._apply_rotary_emb(x.double(), cos.double()[:, None], sin.double()[:, None])
+assert rel_err(rope(x, cos, sin), ref) < 1e-6
+# its backward (the rotation's transpose) against float64 autograd of the same formula
+w = torch.randn(x.shape, generator=g).to(device)
+xd = x.double().requires_grad_()
+(hf._apply_rotary_emb(xd, cos.double()[:, None], sin.double()[:, None]) * w.double()).sum().backward()
+xg = x.clone().requires_grad_()
+(apply_rope(xg, x.clone(), cos, sin)[0] * w).sum().backward()
+assert rel_err(xg.grad, xd.grad) < 1e-6
+# whole engine model (fused RoPE in both layer types, sinks) against vanilla eager Transformers, float32
+cfg = tiny_config("gpt_oss")
+torch.manual_seed(0)
+ref_model = transformers.AutoModelForCausalLM.from_config(
+    cfg, attn_implementation="eager", experts_implementation="eager"
+)
+randomize(ref_model)
+engine = workbench.AutoModelForCausalLM.from_config(cfg, backend=workbench.BackendConfig(rope="triton"), device=device)
+engine.load_state_dict(ref_model.state_dict())
+assert all(type(l.self_attn) is GptOssEngineAttention for l in engine.model.layers)
+ref_model.to(device), engine.to(device)
+ids = torch.randint(0, cfg.vocab_size, (2, 11), generator=torch.Generator().manual_seed(6)).to(device)
+outs = []
+for model in (ref_model, engine):
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    outs.append((out.logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+tol = 1e-5 if device == "cpu" else 1e-4
+assert rel_err(outs[1][0], outs[0][0]) < tol
+assert set(outs[1][1]) == set(outs[0][1])
+for name, gr in outs[0][1].items():
+    assert rel_err(outs[1][1][name], gr) < tol, (name, rel_err(outs[1][1][name], gr))
+print("GPT-OSS ROPE OK")
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not HAS_TRITON, reason="triton is not installed (pip install triton to run the kernels in Triton's CPU interpreter)"
+)
+def test_gpt_oss_fused_rope_matches_transformers():
+    # CPU: the interpreter; CUDA: the compiled kernel (the tiny model's fp32 parity holds on both)
+    _run_script(_GPT_OSS_ROPE_SCRIPT, "GPT-OSS ROPE OK", "cuda" if HAS_CUDA else "cpu", interpret=not HAS_CUDA)
+
+
 @needs_cuda_triton
 def test_triton_scaled_equals_torch_mul_by_device_scalar():
     from workbench.kernels.triton_cross_entropy import scaled

@@ -5,6 +5,8 @@ multiplies and an add per tensor, each a full pass over q ([B, 32, S, 128] for Q
 k, and as many again in backward: ~7 ms of a 141 ms 1 x H200 step at 8k tokens (profile of
 2026-12-01). One kernel per direction reads x (or its gradient) once and writes the result once.
 Numerics: float32 inside, rounded once to x's dtype (Transformers rounds after each op in bf16).
+cos/sin come as Transformers' rotary embeddings make them: [B, S, D] (cos = cat(c, c), Llama / Qwen style) or
+[B, S, D / 2] (GPT-OSS's half-width c and s, applied to both halves: the same rotation).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def _rope_kernel(
     HALF: tl.constexpr,
     H_P2: tl.constexpr,
     BACKWARD: tl.constexpr,
+    COS_HALF_WIDTH: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)  # one (batch, position): every head shares its cos/sin
     b = pid // S
@@ -46,9 +49,13 @@ def _rope_kernel(
     hmask = heads[:, None] < H
     c_base = b * sc_b + s * sc_s
     c1 = tl.load(COS + c_base + cols).to(tl.float32)[None, :]
-    c2 = tl.load(COS + c_base + HALF + cols).to(tl.float32)[None, :]
     s1 = tl.load(SIN + c_base + cols).to(tl.float32)[None, :]
-    s2 = tl.load(SIN + c_base + HALF + cols).to(tl.float32)[None, :]
+    if COS_HALF_WIDTH:  # one c and s for both halves
+        c2 = c1
+        s2 = s1
+    else:
+        c2 = tl.load(COS + c_base + HALF + cols).to(tl.float32)[None, :]
+        s2 = tl.load(SIN + c_base + HALF + cols).to(tl.float32)[None, :]
     x_ptr = X + b * sx_b + s * sx_s + heads[:, None] * sx_h + cols[None, :]
     x1 = tl.load(x_ptr, mask=hmask, other=0.0).to(tl.float32)
     x2 = tl.load(x_ptr + HALF, mask=hmask, other=0.0).to(tl.float32)
@@ -65,7 +72,8 @@ def _rope_kernel(
 
 
 def supported(x: torch.Tensor, cos: torch.Tensor) -> bool:
-    """Shapes the kernel takes: x [B, H, S, D] with unit stride on D, cos [B or 1, S, D], D even and a power of 2."""
+    """Shapes the kernel takes: x [B, H, S, D] with unit stride on D, cos [B or 1, S, D or D / 2], D even and a
+    power of 2."""
     D = x.shape[-1]
     return (
         x.dim() == 4
@@ -73,14 +81,16 @@ def supported(x: torch.Tensor, cos: torch.Tensor) -> bool:
         and x.stride(-1) == 1
         and D % 2 == 0
         and (D & (D - 1)) == 0
-        and cos.shape[-2:] == (x.shape[2], D)
+        and cos.shape[-2] == x.shape[2]
+        and cos.shape[-1] in (D, D // 2)
         and cos.shape[0] in (1, x.shape[0])
         and cos.stride(-1) == 1
     )
 
 
 def rope(x_BHSD: torch.Tensor, cos_BSD: torch.Tensor, sin_BSD: torch.Tensor, backward: bool = False) -> torch.Tensor:
-    """x * cos + rotate_half(x) * sin (or, with `backward`, its transpose applied to a gradient)."""
+    """x * cos + rotate_half(x) * sin (or, with `backward`, its transpose applied to a gradient); half-width cos/sin
+    [B, S, D / 2] stand for cat(cos, cos) and cat(sin, sin)."""
     check_triton_device(x_BHSD, "rope")
     if not supported(x_BHSD, cos_BSD) or sin_BSD.shape != cos_BSD.shape or sin_BSD.stride() != cos_BSD.stride():
         raise ValueError(f"rope kernel: unsupported shapes x {tuple(x_BHSD.shape)} cos {tuple(cos_BSD.shape)}")
@@ -108,6 +118,7 @@ def rope(x_BHSD: torch.Tensor, cos_BSD: torch.Tensor, sin_BSD: torch.Tensor, bac
             HALF=D // 2,
             H_P2=max(2, triton.next_power_of_2(H)),
             BACKWARD=backward,
+            COS_HALF_WIDTH=cos_BSD.shape[-1] != D,
             num_warps=4,
         )
     return out

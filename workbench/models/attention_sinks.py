@@ -3,9 +3,11 @@
 A sink is one more logit per head in the softmax denominator, with no value; attention_sinks_kernels derives
 how the fused kernels' (out, lse) take it exactly, forward and backward.
 
-Kernels (`_SinkAttention` runs either with the same math; attention_sinks_kernels holds them):
-- CUDA: torch's flash kernel in its variable-length form (`aten._flash_attention_forward/backward`): causal,
-  sliding windows natively (window_size_left = sliding_window - 1), GQA natively, and packed documents as
+Kernels (`_SinkAttention` runs each with the same math; attention_sinks_kernels holds them):
+- CUDA, full causal layers of unpacked rows: torch's cuDNN attention op (`aten._scaled_dot_product_cudnn_attention`
+  and its backward), GQA natively.
+- CUDA, the rest: torch's flash kernel in its variable-length form (`aten._flash_attention_forward/backward`):
+  causal, sliding windows natively (window_size_left = sliding_window - 1), GQA natively, and packed documents as
   separate sequences (cu_seqlens), so windows and documents cost no dense mask.
 - CPU (tests, small runs): torch's CPU flash kernel with a dense additive mask, k/v expanded for GQA.
 - Anything else (a padding mask, a KV cache with fewer queries than keys, attention dropout, float32 on CUDA,
@@ -45,13 +47,12 @@ SINK_ATTENTION = "workbench_sinks"
 # granite_swa, ...) keep Transformers' attention unless attention='sinks' is asked for.
 AUTO_FAMILIES = ("gpt_oss",)
 
-# Which kernel `sink_attention` runs on CUDA. "flash" (torch's flash kernel, varlen form) serves both layer
-# types; "sdpa_extra_dim" (full causal layers of unpacked rows only, through public SDPA with cuDNN first) is
-# expected faster for full layers on Hopper (cuDNN 2.00 vs flash 3.55 ms at d128, benchmarks/NOTES.md) but costs a
-# head dim padded 64 -> 72 and rounds the sink logit through bf16 twice. Both are choices to be confirmed by
-# benchmarks/attention_sinks.py on the H200 (fwd+bwd time, peak memory, error vs float32); until then
-# "flash" is the default for both layer types, the one whose numerics are exact by construction.
-CUDA_KERNEL = {"full": "flash", "sliding": "flash"}
+# Which kernel `sink_attention` runs on CUDA, per layer type, from benchmarks/attention_sinks.py on the H200 (B2
+# S4096, 64/8 heads of 64, bf16, fwd+bwd; session 15): full causal layers on torch's cuDNN op 3.44 ms against flash
+# 4.77 (the same errors against float32); sliding-window layers on the varlen flash kernel, 1.83 ms (windows native).
+# "cudnn" takes unpacked rows only: packed documents take "flash" for full layers too. "sdpa_extra_dim" (5.07 ms:
+# head dim padded 64 -> 72, the sink logit rounded through bf16 twice) stays a choice for the record.
+CUDA_KERNEL = {"full": "cudnn", "sliding": "flash"}
 KERNELS = ("flash", "cudnn", "sdpa_extra_dim", "cpu", "reference")
 # kernels for full causal attention of unpacked rows only: a sliding or packed call takes "flash" instead
 FULL_ONLY = ("cudnn", "sdpa_extra_dim")
@@ -79,7 +80,7 @@ def _fallback_reason(query, key, value, attention_mask, dropout: float) -> str |
 
 
 def pick_kernel(device: torch.device, sliding_window: int | None, packed: bool) -> str:
-    """The kernel for one call: CUDA_KERNEL on CUDA (sdpa_extra_dim only where it applies), "cpu" on the CPU."""
+    """The kernel for one call: CUDA_KERNEL on CUDA (its full-only kernels only where they apply), "cpu" on the CPU."""
     if device.type != "cuda":
         return "cpu"
     choice = CUDA_KERNEL["sliding" if sliding_window is not None else "full"]

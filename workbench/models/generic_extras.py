@@ -7,7 +7,8 @@
   family's own forward, so its aux loss and output stay Transformers'.
 - fp8: TransformerEngine's FP8 region around the forward; attention='sdpa' on CUDA: cuDNN first.
 - Qwen3-MoE's own extras: with rope='triton' its attention applies RoPE with one fused kernel
-  (models/qwen3_attention.py); its router computes float32 logits (models/qwen3_router.py).
+  (models/qwen3_attention.py); its router computes float32 logits (models/qwen3_router.py). GPT-OSS's
+  attention the same (models/gpt_oss_attention.py: its half-width cos/sin, its sinks).
 - swiglu='triton': the dense SwiGLU MLPs (shared experts, dense layers) run the fused SwiGLU kernel
   (models/swiglu_mlp.py).
 - DeepSeek-V3's (and Moonlight's) latent attention: with rope='triton' one kernel builds query, key and
@@ -323,6 +324,7 @@ def install_extras(model: nn.Module, backend, num_experts: int) -> dict[str, int
         check_fused_ce(model)
         model.get_output_embeddings().__class__ = DeferredLMHead
     from workbench.models.deepseek_router import use_deepseek_router
+    from workbench.models.gpt_oss_attention import use_gpt_oss_attention
     from workbench.models.mla_attention import use_mla_attention
     from workbench.models.qwen3_attention import use_engine_attention
     from workbench.models.qwen3_router import use_engine_router
@@ -331,7 +333,9 @@ def install_extras(model: nn.Module, backend, num_experts: int) -> dict[str, int
     counts = {
         "rms_norm": len(swap_rms_norms(model, backend.rms_norm)),
         "linear": len(swap_linears(model, backend.linear, num_experts)),
-        "rope": use_engine_attention(model, backend.rope) + use_mla_attention(model, backend.rope),
+        "rope": use_engine_attention(model, backend.rope)
+        + use_mla_attention(model, backend.rope)
+        + use_gpt_oss_attention(model, backend.rope),
         "float32_router": use_engine_router(model) + use_deepseek_router(model),
         "swiglu_mlp": use_swiglu_mlps(model, backend.swiglu),
     }
