@@ -207,3 +207,48 @@ def test_the_kernels_norm_keeps_their_16_byte_loads_and_stores(kernel):
     for access in ("ld.global.v4", "st.global.v4", "st.global.v2"):
         assert ptx[True].count(access) == ptx[False].count(access), access
     assert ptx[True].count("st.global.v4") > 0
+
+
+_BLOCKS_SCRIPT = textwrap.dedent("""
+    import copy, sys
+    import torch
+    from workbench.train.backward_updates import BackwardUpdates
+    from workbench.train.step_stats import SkipFlag
+    from workbench.train.triton_adamw_optimizer import TritonAdamW
+
+    device = torch.device(sys.argv[1])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Tanh(), torch.nn.Linear(96, 8)).to(device)
+    twin = copy.deepcopy(model)
+    optimizer = TritonAdamW(model.parameters(), lr=1e-2, kernel="triton")
+    skip = SkipFlag(device)
+    updates = BackwardUpdates(optimizer, skip)
+
+    def step(n, x):
+        twin.load_state_dict(model.state_dict())  # the reference gradients, from this step's weights
+        twin.zero_grad()
+        twin(x).square().mean().backward()
+        want = torch.stack([p.grad.float().square().sum() for p in twin.parameters()]).sum().sqrt()
+        updates.begin(n)
+        model(x).square().mean().backward()
+        return updates.take_grad_norm(device), want
+
+    # each step's norm is its own gradients' (the block buffers kept from step 1 and zeroed at every begin)
+    for n in (1, 2, 3):
+        got, want = step(n, torch.randn(16, 64, device=device))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+        assert all(p.grad is None for p in model.parameters())
+    # with the skip flag set the kernels store no block sums: the norm is 0, not the last step's left in the buffers
+    skip.found_inf.fill_(1.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    got, want = step(4, torch.randn(16, 64, device=device))
+    assert float(want) > 0 and float(got) == 0.0, (float(got), float(want))
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))  # and nothing was updated
+    updates.remove()
+    print("BLOCKS OK")
+""")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_steps_block_squares_are_their_own_and_zeroed_each_step(device):
+    run_triton_script(_BLOCKS_SCRIPT, device, "BLOCKS OK", timeout=300)
