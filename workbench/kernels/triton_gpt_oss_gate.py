@@ -6,10 +6,9 @@ saved GEMM output h and writes dh; the bias gradient is the per-expert sum of dh
 `row_bias_(y, bias, ids, offsets)`: y += bias[expert of row] in place; its bias gradient is the
 same per-expert sum of the incoming gradient.
 
-Per-expert sums without atomics or host syncs (`_segment_sum_kernel`): rows are sorted by expert, so
-SPLITS programs per (expert, column block) each walk an equal run of that expert's rows from `offsets`,
-add them per element in registers and sum over rows once at the end; a float32 sum over the SPLITS
-partials follows: deterministic. The gate's
+Per-expert sums without atomics or host syncs (`_segment_sum_kernel`): rows are sorted by expert, so one
+program per (expert, column block) walks that expert's rows from `offsets`, adds them per element in
+registers and sums over rows once at the end: deterministic, every [E, C] value written once. The gate's
 backward used to sum each 32-row tile inside its own pass (partials per tile, then per expert): that
 reduction across warps took 31 barriers a program and the pass ran at ~1.2 TB/s (0.79 ms a gpt-oss-20b
 layer, session 15's profile); a second read of dh costs ~0.1 ms.
@@ -30,9 +29,6 @@ import triton.language as tl
 BLOCK_M = 32  # rows per tile (also the partial-sum granularity)
 BLOCK_I = 64  # output columns per tile: 2 * BLOCK_I input columns (gate/up interleaved)
 BLOCK_C = 128  # columns per program of the plain row-bias kernels
-# programs per expert and column block of a segmented sum: routing is uneven, and one expert's rows in one program
-# would make the busiest expert the whole kernel's time
-SPLITS = 8
 
 
 @triton.jit
@@ -113,38 +109,31 @@ def _row_bias_fwd_kernel(Y, B, IDS, N, C, stride_y, stride_b, BM: tl.constexpr, 
 
 
 @triton.jit
-def _segment_sum_kernel(
-    X, OFFS, PART, C, stride_x, stride_part, BM: tl.constexpr, BC: tl.constexpr, SPLITS: tl.constexpr
-):
+def _segment_sum_kernel(X, OFFS, DB, C, stride_x, stride_db, BM: tl.constexpr, BC: tl.constexpr):
     e = tl.program_id(0)
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
-    split = tl.program_id(2)
     col_ok = cols < C
     start = tl.load(OFFS + e)
     end = tl.load(OFFS + e + 1)
-    share = (end - start + SPLITS - 1) // SPLITS  # this program's run of expert e's rows
-    lo = start + split * share
-    hi = tl.minimum(lo + share, end)
     acc = tl.zeros([BM, BC], dtype=tl.float32)
-    r = lo
-    while r < hi:  # a while loop: Triton's interpreter takes no loaded value as a range() bound
+    r = start
+    while r < end:  # a while loop: Triton's interpreter takes no loaded value as a range() bound
         rows = r + tl.arange(0, BM)
-        mask = (rows < hi)[:, None] & col_ok[None, :]
+        mask = (rows < end)[:, None] & col_ok[None, :]
         acc += tl.load(X + rows.to(tl.int64)[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         r += BM
-    row = split * tl.num_programs(0) + e  # PART [SPLITS, E, C] as [SPLITS * E, C]
-    tl.store(PART + row.to(tl.int64) * stride_part + cols, tl.sum(acc, axis=0), mask=col_ok)
+    tl.store(DB + e.to(tl.int64) * stride_db + cols, tl.sum(acc, axis=0).to(DB.dtype.element_ty), mask=col_ok)
 
 
 def segment_sums(x_NC: torch.Tensor, offsets: torch.Tensor, like_EC: torch.Tensor) -> torch.Tensor:
     """Per-expert column sums of expert-major rows: out[e] = x[offsets[e]:offsets[e + 1]].sum(0), shaped as like_EC."""
     E, C = like_EC.shape
-    part = torch.empty((SPLITS * E, C), dtype=torch.float32, device=like_EC.device)
+    out = torch.empty_like(like_EC)
     if E and C:
-        _segment_sum_kernel[(E, triton.cdiv(C, BLOCK_C), SPLITS)](
-            x_NC, offsets, part, C, x_NC.stride(0), part.stride(0), BM=BLOCK_M, BC=BLOCK_C, SPLITS=SPLITS
+        _segment_sum_kernel[(E, triton.cdiv(C, BLOCK_C))](
+            x_NC, offsets, out, C, x_NC.stride(0), out.stride(0), BM=BLOCK_M, BC=BLOCK_C
         )
-    return part.view(SPLITS, E, C).sum(0).to(like_EC.dtype)
+    return out
 
 
 class _GateFunction(torch.autograd.Function):

@@ -49,12 +49,7 @@ class BackwardUpdates:
             for p in group["params"]:
                 self._where[p] = (group, index)  # the index is the stochastic-rounding key's, as in step()
                 index += 1
-        # Each parameter's per-block squared gradients, kept from its first update and zeroed together once a step,
-        # then summed together: a fill and a sum per parameter were ~230 small launches a gpt-oss-20b L8 step (~4 ms
-        # of GPU time, session 15's profile)
-        self._blocks: dict[torch.Tensor, torch.Tensor] = {}
-        self._updated: list[torch.Tensor] = []  # this step's block buffers, in update order
-        self._squares: list[torch.Tensor] = []  # this step's squared norms from torch ops, one per parameter
+        self._squares: list[torch.Tensor] = []  # this step's squared gradient norms, one per parameter
         self._side_stream = side_stream  # `side_stream=False`: every update on the backward's own stream (the A/B)
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._handles = [p.register_post_accumulate_grad_hook(self._update) for p in self._where]
@@ -67,8 +62,6 @@ class BackwardUpdates:
                 "update nothing; build a new Trainer to train on"
             )
         self.step = step
-        if self._blocks:  # on the step's stream, which each update waits for before it writes its blocks
-            torch._foreach_zero_(list(self._blocks.values()))
 
     def _update(self, p: torch.Tensor) -> None:
         grad = p.grad
@@ -86,15 +79,11 @@ class BackwardUpdates:
         group, index = self._where[p]
         # The Triton kernel sums the gradient's squares as it updates (no second read of the gradient) and
         # stores nothing for a block that is not finite; the step's end sets the flag from the norm.
-        blocks = self.optimizer.step_param_squares(p, group, index, out=self._blocks.get(p))
-        if blocks is not None:
-            self._blocks[p] = blocks
-            self._updated.append(blocks)
-            return
-        # torch ops: the norm first, so a non-finite gradient sets the flag before its update
-        square = torch.linalg.vector_norm(_local(p.grad), dtype=torch.float32).square()
-        self.skip.update(self.step, [square])
-        self.optimizer.step_param(p, group, index)
+        square = self.optimizer.step_param_squares(p, group, index)
+        if square is None:  # torch ops: the norm first, so a non-finite gradient sets the flag before its update
+            square = torch.linalg.vector_norm(_local(p.grad), dtype=torch.float32).square()
+            self.skip.update(self.step, [square])
+            self.optimizer.step_param(p, group, index)
         self._squares.append(square)
 
     def _stream_for(self, grad: torch.Tensor) -> torch.cuda.Stream | None:
@@ -118,9 +107,6 @@ class BackwardUpdates:
         Also where the step's updates are joined: the current stream waits for the update stream."""
         self._join()
         squares, self._squares = self._squares, []
-        if self._updated:
-            squares.append(torch.cat(self._updated).sum())
-            self._updated = []
         if not squares:
             return torch.zeros((), dtype=torch.float32, device=device)
         return torch.stack(squares).sum().sqrt()

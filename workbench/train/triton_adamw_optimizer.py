@@ -257,30 +257,19 @@ class TritonAdamW(torch.optim.Optimizer):
         if p.grad is not None:
             self._update(p, group, index, {}, None)
 
-    def step_param_squares(
-        self, p: torch.Tensor, group: dict, index: int, out: torch.Tensor | None = None
-    ) -> torch.Tensor | None:
-        """step_param by the Triton kernel, which also sums the gradient's squares per block of it and stores nothing
-        for a block that is not finite; returns the per-block sums (float32, their sum is ||grad||²), written into `out`
-        where given (zeroed, as many floats as the update has blocks: the buffer an earlier update of `p` returned),
-        else into a new buffer. None, with nothing updated, where torch ops would run."""
+    def step_param_squares(self, p: torch.Tensor, group: dict, index: int) -> torch.Tensor | None:
+        """step_param by the Triton kernel, which also sums the gradient's squares (a device scalar, returned) and
+        stores nothing for a block of it that is not finite; None, with nothing updated, where torch ops would run."""
         if p.grad is None or self.kernel != "triton" or not kernel_supports(_local(p), _local(p.grad)):
             return None
-        squares: list[torch.Tensor] = [] if out is None else [out]
+        squares: list[torch.Tensor] = []
         self._update(p, group, index, {}, None, squares)
-        return squares[0]
+        return squares[0].sum()
 
     def _squares_buffer(self, squares: list | None, n: int, block: int, device: torch.device) -> torch.Tensor | None:
         # zeros: a program that the skip flag stops before its sum adds nothing
         if squares is None:
             return None
-        if squares:  # the caller's buffer (step_param_squares' `out`)
-            if squares[0].numel() != squares_size(n, block) or squares[0].dtype != torch.float32:
-                raise ValueError(
-                    f"the squares buffer holds {squares[0].numel()} {squares[0].dtype} values; this update writes "
-                    f"{squares_size(n, block)} float32 ones"
-                )
-            return squares[0]
         squares.append(torch.zeros(squares_size(n, block), dtype=torch.float32, device=device))
         return squares[-1]
 
