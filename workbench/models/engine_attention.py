@@ -1,4 +1,4 @@
-"""What the engine's attention classes (Qwen3-MoE's fused RoPE, DeepSeek-V3's fused MLA q/k/v) share.
+"""What the engine's attention classes (Qwen3-MoE's and GPT-OSS's fused RoPE, DeepSeek-V3's fused MLA q/k/v) share.
 
 Each runs its own training forward only where it stands for Transformers' exactly: rope='triton', no KV cache
 and no extra positional arguments; and it calls the attention function Transformers' own forward would call.
@@ -9,7 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from types import ModuleType
 
+import torch
 from torch import nn
+
+# Shape suffixes: B batch, H heads, S sequence, D head dim.
 
 
 def engine_forward_applies(module: nn.Module, args: tuple, kwargs: dict) -> bool:
@@ -31,3 +34,48 @@ def wants_engine_attention(rope: str) -> bool:
     if rope not in ("torch", "triton"):
         raise ValueError(f"rope must be a resolved BackendConfig.rope, 'torch' or 'triton'; got {rope!r}")
     return rope == "triton"
+
+
+def fused_rope_forward(
+    module: nn.Module,
+    family: ModuleType,
+    hidden_states: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor],
+    attention_mask: torch.Tensor | None,
+    kwargs: dict,
+    q_norm: nn.Module | None = None,
+    k_norm: nn.Module | None = None,
+    **attention_extras,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A Llama-style attention forward of `family` (q/k/v projections, per-head q/k norms where given, RoPE, the
+    family's attention function with `attention_extras`, o_proj) with RoPE on the fused kernel where it applies."""
+    from workbench.kernels.triton_rope import apply_rope, supported
+
+    kwargs.pop("cache", None)
+    kwargs.pop("past_key_values", None)
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, module.head_dim)
+    q = module.q_proj(hidden_states).view(hidden_shape)
+    k = module.k_proj(hidden_states).view(hidden_shape)
+    q_BHSD = (q_norm(q) if q_norm is not None else q).transpose(1, 2)
+    k_BHSD = (k_norm(k) if k_norm is not None else k).transpose(1, 2)
+    v_BHSD = module.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+    cos, sin = position_embeddings
+    if supported(q_BHSD, cos) and supported(k_BHSD, cos):
+        q_BHSD, k_BHSD = apply_rope(q_BHSD, k_BHSD, cos, sin)
+    else:
+        q_BHSD, k_BHSD = family.apply_rotary_pos_emb(q_BHSD, k_BHSD, cos, sin)
+    out, weights = attention_function(family, module.config._attn_implementation)(
+        module,
+        q_BHSD,
+        k_BHSD,
+        v_BHSD,
+        attention_mask,
+        dropout=0.0 if not module.training else module.attention_dropout,
+        scaling=module.scaling,
+        sliding_window=getattr(module, "sliding_window", None),
+        **attention_extras,
+        **kwargs,
+    )
+    out = out.reshape(*input_shape, -1).contiguous()
+    return module.o_proj(out), weights

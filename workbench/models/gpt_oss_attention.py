@@ -13,9 +13,7 @@ from __future__ import annotations
 import torch
 from transformers.models.gpt_oss import modeling_gpt_oss as hf
 
-from workbench.models.engine_attention import attention_function, engine_forward_applies, wants_engine_attention
-
-# Shape suffixes: B batch, H heads, S sequence, D head dim.
+from workbench.models.engine_attention import engine_forward_applies, fused_rope_forward, wants_engine_attention
 
 
 class GptOssEngineAttention(hf.GptOssAttention):
@@ -27,34 +25,9 @@ class GptOssEngineAttention(hf.GptOssAttention):
         """Transformers' forward; without a cache and with rope='triton', RoPE is the fused kernel."""
         if not engine_forward_applies(self, args, kwargs):
             return super().forward(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
-        from workbench.kernels.triton_rope import apply_rope, supported
-
-        kwargs.pop("cache", None)
-        kwargs.pop("past_key_values", None)
-        input_shape = hidden_states.shape[:-1]
-        hidden_shape = (*input_shape, -1, self.head_dim)
-        q_BHSD = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        k_BHSD = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        v_BHSD = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        cos, sin = position_embeddings
-        if supported(q_BHSD, cos) and supported(k_BHSD, cos):
-            q_BHSD, k_BHSD = apply_rope(q_BHSD, k_BHSD, cos, sin)
-        else:
-            q_BHSD, k_BHSD = hf.apply_rotary_pos_emb(q_BHSD, k_BHSD, cos, sin)
-        out, weights = attention_function(hf, self.config._attn_implementation)(
-            self,
-            q_BHSD,
-            k_BHSD,
-            v_BHSD,
-            attention_mask,
-            dropout=0.0 if not self.training else self.attention_dropout,
-            scaling=self.scaling,
-            sliding_window=getattr(self, "sliding_window", None),
-            s_aux=self.sinks,
-            **kwargs,
+        return fused_rope_forward(
+            self, hf, hidden_states, position_embeddings, attention_mask, kwargs, s_aux=self.sinks
         )
-        out = out.reshape(*input_shape, -1).contiguous()
-        return self.o_proj(out), weights
 
 
 def use_gpt_oss_attention(model: torch.nn.Module, rope: str) -> int:
