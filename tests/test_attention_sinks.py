@@ -261,6 +261,8 @@ def test_full_only_kernels_refuse_windows_and_documents_and_auto_falls_back(monk
     assert sinks_mod.pick_kernel(cuda, None, packed=False) == "cudnn"
     assert sinks_mod.pick_kernel(cuda, WINDOW, packed=False) == "flash"
     assert sinks_mod.pick_kernel(cuda, None, packed=True) == "flash"
+    assert sinks_mod.pick_kernel(cuda, None, packed=False, head_dim=sinks_mod.CUDNN_MAX_HEAD_DIM) == "cudnn"
+    assert sinks_mod.pick_kernel(cuda, None, packed=False, head_dim=2 * sinks_mod.CUDNN_MAX_HEAD_DIM) == "flash"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's cuDNN attention needs a CUDA GPU")

@@ -56,6 +56,9 @@ CUDA_KERNEL = {"full": "cudnn", "sliding": "flash"}
 KERNELS = ("flash", "cudnn", "sdpa_extra_dim", "cpu", "reference")
 # kernels for full causal attention of unpacked rows only: a sliding or packed call takes "flash" instead
 FULL_ONLY = ("cudnn", "sdpa_extra_dim")
+# the largest head dim "cudnn" is picked for: the sizes it was measured and tested at (GPT-OSS's 64; Qwen3's 128
+# through SDPA); a larger one takes "flash", which runs up to 256
+CUDNN_MAX_HEAD_DIM = 128
 
 
 def _fallback_reason(query, key, value, attention_mask, dropout: float) -> str | None:
@@ -79,12 +82,15 @@ def _fallback_reason(query, key, value, attention_mask, dropout: float) -> str |
     return None
 
 
-def pick_kernel(device: torch.device, sliding_window: int | None, packed: bool) -> str:
-    """The kernel for one call: CUDA_KERNEL on CUDA (its full-only kernels only where they apply), "cpu" on the CPU."""
+def pick_kernel(device: torch.device, sliding_window: int | None, packed: bool, head_dim: int = 64) -> str:
+    """The kernel for one call: CUDA_KERNEL on CUDA (its full-only kernels only where they apply, cuDNN up to
+    CUDNN_MAX_HEAD_DIM), "cpu" on the CPU."""
     if device.type != "cuda":
         return "cpu"
     choice = CUDA_KERNEL["sliding" if sliding_window is not None else "full"]
     if choice in FULL_ONLY and (sliding_window is not None or packed):
+        return "flash"
+    if choice == "cudnn" and head_dim > CUDNN_MAX_HEAD_DIM:
         return "flash"
     return choice
 
@@ -148,7 +154,7 @@ def sink_attention(
     cu, max_len = sequences
     packed = cu.numel() - 1 != b  # each row starts a document: more documents than rows means packing
     starts = _starts_of(cu, b, s) if packed else None
-    kernel = kernel or pick_kernel(q.device, sliding_window, packed)
+    kernel = kernel or pick_kernel(q.device, sliding_window, packed, d)
     if kernel == "reference":
         return reference_attention(q, k, v, sinks, scaling, dense_mask(s, s, sliding_window, starts, None, q.device))
     if kernel in FULL_ONLY and (sliding_window is not None or packed):
