@@ -15,7 +15,8 @@ GPU_TESTS=(tests/test_adamw_multi.py tests/test_kernels.py tests/test_optim_trit
   tests/test_precision.py tests/test_gpt_oss_gate.py tests/test_te_selection.py tests/test_backend_resolution.py
   tests/test_trainer_async.py tests/test_packing.py tests/test_mm_fp32.py
   "tests/test_generic_families.py::test_bf16_on_cuda_matches_transformers_grouped_mm" tests/test_parity.py
-  tests/test_stack_graphs.py tests/test_mla_attention.py tests/test_sum_squares.py)
+  tests/test_stack_graphs.py tests/test_mla_attention.py tests/test_sum_squares.py tests/test_attention_sinks.py
+  tests/test_gpt_oss_gate.py tests/test_backward_updates.py)
 T0=$SECONDS
 # gpu_tests LIMIT FILES...: pytest into $OUT/pytest.log, its summary and first errors printed, Triton's stray
 # subprocesses of a cut run killed.
