@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Ready for the next session's first call (1 x H200; carry .whl with `datasets` and its missing dependencies, see
-# the device README, and .device_commit): the GPU tests (gpu_env.sh's list, now with the sink attention, the GPT-OSS
-# gate and the in-backward updates, whose trainer cases read the demo's JSONL through `datasets`), then issue 14's
-# gpt-oss row twice on one machine (session 15 measured 2.01x, 1.96x and 1.98x at 0.53x on three machines).
+# Session 16's first call (1 x H200; carry .whl with datasets, dill, multiprocess, and .device_commit): the GPU tests
+# (gpu_env.sh's list; the in-backward trainer cases read the demo's JSONL through `datasets`), then where GPT-OSS-20B
+# L8's in-backward step goes with 8-bit moments (one profiled step: kernels and aten calls), beside the step time
+# with bf16 moments.
 #   OUT=/path bash benchmarks/gpu_session16a.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/gpu_env.sh
-gpu_tests 200 "${GPU_TESTS[@]}" -k "cuda or rope"
-for run in 1 2; do
-  bench_row "gpt-oss-20b-L8-s16a-$run" $(((560 - SECONDS + T0) / (3 - run))) --preset gpt-oss-20b --layers 8 --seq 4096 \
-    --batch 2 --variants anchor_flex,engine_in_backward_adamw8,engine_in_backward
+gpu_tests 220 "${GPU_TESTS[@]}" -k "cuda or rope"
+for states in 8bit full; do
+  trace=$([ "$states" = full ] && echo --no-trace)
+  timeout 170 python3 benchmarks/profile_trainer.py --preset gpt-oss-20b --layers 8 --precision auto --steps 10 \
+    --in-backward --optimizer-states $states $trace --out "$OUT/prof-$states" > "$OUT/prof-$states.log" 2>&1
+  echo "profile $states exit $? after $((SECONDS - T0)) s"
+  grep -v '^auto {' "$OUT/prof-$states.log" | grep -E "ms|wall|gap" | head -80 | cut -c1-250
+  grep '^auto {' "$OUT/prof-$states.log" | python3 -c "import json,sys; r=json.loads(sys.stdin.read()[5:]); \
+print('$states', round(r['step_ms_queued'],2), {k: round(v,2) for k,v in r['records_median_ms'].items()}, \
+'peak', round(r['peak_gib'],2))"
 done
