@@ -692,17 +692,35 @@ engine = workbench.AutoModelForCausalLM.from_config(cfg, backend=workbench.Backe
 engine.load_state_dict(ref_model.state_dict())
 assert all(type(l.self_attn) is GptOssEngineAttention for l in engine.model.layers)
 ref_model.to(device), engine.to(device)
+# count the fused kernel's calls: parity alone holds on Transformers' own RoPE too (5.17's transposed cos/sin once
+# sent every layer there, unnoticed)
+import workbench.kernels.triton_rope as triton_rope
+fused = []
+real_apply = triton_rope.apply_rope
+triton_rope.apply_rope = lambda *a: fused.append(a[0].shape) or real_apply(*a)
 ids = torch.randint(0, cfg.vocab_size, (2, 11), generator=torch.Generator().manual_seed(6)).to(device)
 outs = []
 for model in (ref_model, engine):
-    out = model(input_ids=ids, labels=ids)
+    out = model(input_ids=ids, labels=ids, use_cache=False)
     out.loss.backward()
     outs.append((out.logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+assert len(fused) == cfg.num_hidden_layers, fused
 tol = 1e-5 if device == "cpu" else 1e-4
 assert rel_err(outs[1][0], outs[0][0]) < tol
 assert set(outs[1][1]) == set(outs[0][1])
 for name, gr in outs[0][1].items():
     assert rel_err(outs[1][1][name], gr) < tol, (name, rel_err(outs[1][1][name], gr))
+# one layer with cos/sin as transposed views (Transformers 5.17's layout, whichever version runs here)
+x = torch.randn(2, 11, cfg.hidden_size, generator=torch.Generator().manual_seed(8)).to(device)
+ang = torch.randn(2, cfg.head_dim // 2, 11, generator=torch.Generator().manual_seed(9)).to(device).transpose(1, 2)
+pe = (ang.cos(), ang.sin())
+assert pe[0].stride(-1) != 1
+fused.clear()
+attn = engine.model.layers[0].self_attn
+got = attn(x, pe, None)[0]
+attn.workbench_rope = "torch"  # the same module on Transformers' own forward: its RoPE, the same attention function
+want = attn(x, pe, None)[0]
+assert len(fused) == 1 and rel_err(got, want) < tol, (fused, rel_err(got, want))
 print("GPT-OSS ROPE OK")
 """)
 

@@ -61,6 +61,11 @@ def fused_rope_forward(
     k_BHSD = (k_norm(k) if k_norm is not None else k).transpose(1, 2)
     v_BHSD = module.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
     cos, sin = position_embeddings
+    if cos.dim() == 3 and cos.stride(-1) != 1:
+        # Transformers 5.17's GPT-OSS rotary embedding hands cos/sin as a transposed view (stride S on the last dim):
+        # without this copy (two [B, S, D / 2] tensors, once per layer) every layer took the eager RoPE (the H200
+        # profile of session 16: ~8 ms a step of strided muls, cats and copies in gpt-oss-20b L8)
+        cos, sin = cos.contiguous(), sin.contiguous()
     if supported(q_BHSD, cos) and supported(k_BHSD, cos):
         q_BHSD, k_BHSD = apply_rope(q_BHSD, k_BHSD, cos, sin)
     else:
