@@ -7,6 +7,7 @@ use a 128-token window, "full" layers plain causal. Options:
 - hf_eager, hf_flex: Transformers' own eager and flex_attention functions (the anchor's attention);
 - flash: workbench.models.attention_sinks on torch's varlen flash kernel (both layer types; the default);
 - cudnn: workbench.models.attention_sinks on torch's cuDNN attention op (full causal layers only);
+- flash_torch_glue / cudnn_torch_glue: the same with the sink's scaling and gradient in torch ops (default: Triton);
 - sdpa_extra_dim_cudnn / _flash: the sink as an extra key through public SDPA, one backend forced (full only);
 - sdpa_no_sinks_cudnn / _flash: plain causal SDPA WITHOUT sinks (not exact: the speed floor, for scale);
 - flash_packed: the flash option on packed rows (documents 1500 + 2596 | 4096), error vs a masked reference.
@@ -133,10 +134,10 @@ def hf_flex(window):
     return run
 
 
-def engine(kernel, position_ids=None):
+def engine(kernel, position_ids=None, glue=None):
     def make(window):
         def run(q, k, v, sinks):
-            return sk.sink_attention(q, k, v, sinks, SCALE, window, position_ids, kernel=kernel)
+            return sk.sink_attention(q, k, v, sinks, SCALE, window, position_ids, kernel=kernel, glue=glue)
 
         return run
 
@@ -252,6 +253,9 @@ def main() -> None:
     options = [
         ("flash", engine("flash"), (None, WINDOW), None),
         ("cudnn", engine("cudnn"), (None,), None),
+        # the sink's scaling and gradient in torch ops (the default glue is Triton: sk.GLUE_CUDA)
+        ("flash_torch_glue", engine("flash", glue="torch"), (None, WINDOW), None),
+        ("cudnn_torch_glue", engine("cudnn", glue="torch"), (None,), None),
         ("flash_packed", engine("flash", pos), (None, WINDOW), packed_starts),
         ("sdpa_extra_dim_cudnn", forced("CUDNN_ATTENTION", extra_dim), (None,), None),
         ("sdpa_extra_dim_flash", forced("FLASH_ATTENTION", extra_dim), (None,), None),

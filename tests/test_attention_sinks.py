@@ -314,3 +314,51 @@ def test_te_attention_refused_for_sinks():
     model = transformers.AutoModelForCausalLM.from_config(tiny_config("gpt_oss"))
     with pytest.raises(BackendError, match="attention='te' cannot run the attention sinks"):
         select_attention(model, "te")
+
+
+_TRITON_GLUE_SCRIPT = """
+import sys, torch
+sys.path.insert(0, "tests")
+import test_attention_sinks as t
+from workbench.models import attention_sinks as sinks_mod
+from workbench.models.attention_sinks import sink_attention
+
+# the CUDA runners stood in on CPU (their layouts: varlen [T, H, D] with lse [H, T]; cuDNN's [B, H, S, D]), the
+# sink's glue on the Triton kernels in the interpreter against the torch ops
+sinks_mod._FlashVarlen, sinks_mod._CudnnSdpa = t._VarlenOnCpu, t._CudnnOnCpu
+q, k, v, s = t._qkv(d=12)  # a head dim that is no power of two: the kernels' column mask
+pos = torch.cat([torch.arange(5), torch.arange(t.SEQ - 5)])[None].expand(2, -1)
+for kernel, window, position_ids in (("flash", t.WINDOW, None), ("flash", None, pos), ("cudnn", None, None)):
+    run = lambda glue: t._fwd_bwd(
+        lambda: sink_attention(q, k, v, s, 0.3, window, position_ids, kernel=kernel, glue=glue), q, k, v, s
+    )
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dsinks"), run("triton"), run("torch")):
+        assert a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-6), (kernel, name, (a - b).abs().max())
+print("SINK GLUE OK")
+"""
+
+
+def test_sink_glue_triton_equals_torch_ops_in_the_interpreter():
+    """The Triton kernels for the sink's scaling and gradient equal the torch ops, for both CUDA runners' layouts."""
+    from test_kernels import _run_script
+
+    _run_script(_TRITON_GLUE_SCRIPT, "SINK GLUE OK", interpret=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled Triton glue needs a CUDA GPU")
+def test_sink_glue_triton_equals_torch_ops_on_cuda():
+    """Compiled glue against the torch ops on the real kernels (bf16, GPT-OSS's head dim 64, both layer types)."""
+    g = torch.Generator(device="cuda").manual_seed(9)
+    b, h, hkv, seq, d = 2, 8, 2, 1024, 64
+    q = torch.randn(b, seq, h, d, device="cuda", generator=g).to(torch.bfloat16).transpose(1, 2)
+    k, v = (torch.randn(b, hkv, seq, d, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+    s = (torch.randn(h, device="cuda", generator=g) + 1).to(torch.bfloat16)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v, s)]
+    for kernel, window in (("cudnn", None), ("flash", 128), ("flash", None)):
+        got, want = (
+            _fwd_bwd(lambda glue=glue: sink_attention(*leaves, d**-0.5, window, None, kernel=kernel, glue=glue), *leaves)
+            for glue in ("triton", "torch")
+        )
+        for name, a, w in zip(("out", "dq", "dk", "dv", "dsinks"), got, want):
+            err = ((a.float() - w.float()).norm() / w.float().norm()).item()
+            assert err < 1e-2, f"{kernel} window {window} {name}: {err:.3g}"

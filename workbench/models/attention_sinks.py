@@ -59,6 +59,10 @@ FULL_ONLY = ("cudnn", "sdpa_extra_dim")
 # the largest head dim "cudnn" is picked for: the sizes it was measured and tested at (GPT-OSS's 64; Qwen3's 128
 # through SDPA); a larger one takes "flash", which runs up to 256
 CUDNN_MAX_HEAD_DIM = 128
+# The sink's elementwise work beside the CUDA kernels (scale O and lse forward, the sink's gradient backward):
+# "triton" (kernels/triton_attention_sinks.py, one pass each way) or "torch" ops (~4-5 ms a step of gpt-oss-20b L8)
+GLUE_CUDA = "triton"
+GLUES = ("triton", "torch")
 
 
 def _fallback_reason(query, key, value, attention_mask, dropout: float) -> str | None:
@@ -141,11 +145,13 @@ def sink_attention(
     position_ids: torch.Tensor | None = None,
     kernel: str | None = None,
     sequences: tuple[torch.Tensor, int] | None = None,
+    glue: str | None = None,
 ) -> torch.Tensor:
     """Causal (optionally windowed, packed) attention with sinks on fused kernels: [B, H, S, D] -> [B, S, H, D].
 
     `sequences`: (cu_seqlens, max_len) of the rows' documents (flash_sequences), which then take the
-    place of position_ids; without them they are derived from position_ids here.
+    place of position_ids; without them they are derived from position_ids here. `glue` (one of GLUES; None:
+    GLUE_CUDA on CUDA, torch elsewhere): what runs the sink's elementwise work beside the "flash" and "cudnn" kernels.
     """
     b, h, s, d = q.shape
     if sequences is None:
@@ -155,12 +161,15 @@ def sink_attention(
     packed = cu.numel() - 1 != b  # each row starts a document: more documents than rows means packing
     starts = _starts_of(cu, b, s) if packed else None
     kernel = kernel or pick_kernel(q.device, sliding_window, packed, d)
+    glue = glue or (GLUE_CUDA if q.device.type == "cuda" else "torch")
+    if glue not in GLUES:
+        raise ValueError(f"unknown sink attention glue {glue!r}; choose one of {list(GLUES)}")
     if kernel == "reference":
         return reference_attention(q, k, v, sinks, scaling, dense_mask(s, s, sliding_window, starts, None, q.device))
     if kernel in FULL_ONLY and (sliding_window is not None or packed):
         raise ValueError(f"kernel={kernel!r} runs full causal attention of unpacked rows only")
     if kernel == "cudnn":
-        out = _SinkAttention.apply(q, k, v, sinks, _CudnnSdpa(scaling))
+        out = _SinkAttention.apply(q, k, v, sinks, _CudnnSdpa(scaling), glue)
         return out.transpose(1, 2).contiguous()
     if kernel == "sdpa_extra_dim":
         if q.device.type != "cuda":
@@ -184,7 +193,7 @@ def sink_attention(
     runner = _FlashVarlen(cu.to(device=q.device, dtype=torch.int32), max_len, scaling, sliding_window)
     # Transformers hands [B, H, S, D]; the varlen kernel takes [B*S, H, D] (a copy only where RoPE made q/k new)
     q_t, k_t, v_t = (t.transpose(1, 2).reshape(b * s, t.shape[1], d) for t in (q, k, v))
-    out = _SinkAttention.apply(q_t, k_t, v_t, sinks, runner)
+    out = _SinkAttention.apply(q_t, k_t, v_t, sinks, runner, glue)
     return out.view(b, s, h, d)
 
 

@@ -141,6 +141,14 @@ class _CpuFlash:
         return x.unsqueeze(-1)
 
 
+def _bhsd(x: torch.Tensor, head_axis: int) -> torch.Tensor:
+    # a runner's out ([T, H, D] or [B, H, S, D]) or lse ([H, T] or [B, H, S]) as the [B, H, S(, D)] view the
+    # Triton glue takes (no copy)
+    if head_axis == 1:
+        return x
+    return x.transpose(0, 1).unsqueeze(0) if x.dim() == 3 else x.unsqueeze(0)
+
+
 def _sink_view(sinks: torch.Tensor, lse: torch.Tensor, head_axis: int) -> torch.Tensor:
     shape = [1] * lse.dim()
     shape[head_axis] = -1
@@ -151,15 +159,23 @@ class _SinkAttention(torch.autograd.Function):
     """Fused attention (kernel given) whose softmax has one sink logit per head; exact backward (module doc)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, kernel):
+    def forward(ctx, q, k, v, sinks, kernel, glue="torch"):
+        # glue: the sink's elementwise work on "triton" (kernels/triton_attention_sinks.py, one pass each way) or
+        # "torch" ops
         out, lse, state = kernel.forward(q, k, v)
         if sinks is not None:
             # the kernels' backward read lse and out with their own strides: keep them
-            lse_s = torch.logaddexp(lse, _sink_view(sinks, lse, kernel.lse_head_axis), out=torch.empty_like(lse))
-            w = kernel.lse_to_out(torch.exp(lse - lse_s))
-            out = torch.mul(out, w, out=torch.empty_like(out))
-            lse = lse_s
-        ctx.kernel, ctx.state, ctx.has_sinks = kernel, state, sinks is not None
+            lse_s, out_s = torch.empty_like(lse), torch.empty_like(out)
+            if glue == "triton":
+                from workbench.kernels.triton_attention_sinks import sink_scale
+
+                head = kernel.lse_head_axis
+                sink_scale(_bhsd(out, head), _bhsd(lse, head), sinks, _bhsd(out_s, head), _bhsd(lse_s, head))
+            else:
+                torch.logaddexp(lse, _sink_view(sinks, lse, kernel.lse_head_axis), out=lse_s)
+                torch.mul(out, kernel.lse_to_out(torch.exp(lse - lse_s)), out=out_s)
+            out, lse = out_s, lse_s
+        ctx.kernel, ctx.state, ctx.has_sinks, ctx.glue = kernel, state, sinks is not None, glue
         ctx.save_for_backward(q, k, v, out, lse, sinks if sinks is not None else q.new_empty(0))
         return out
 
@@ -172,12 +188,17 @@ class _SinkAttention(torch.autograd.Function):
         dsinks = None
         if ctx.has_sinks and ctx.needs_input_grad[3]:
             head = kernel.lse_head_axis
-            row = (dout.float() * out.float()).sum(-1)  # rowsum(dO * O') in the out layout
-            row = row.transpose(0, 1) if head == 0 else row  # [T, H] -> [H, T]; [B, H, S] stays
-            p_sink = torch.exp(_sink_view(sinks, lse, head) - lse)
-            dims = [d for d in range(lse.dim()) if d != head]
-            dsinks = (-(p_sink * row).sum(dim=dims)).to(sinks.dtype)
-        return dq, dk, dv, dsinks, None
+            if ctx.glue == "triton":
+                from workbench.kernels.triton_attention_sinks import sink_grad
+
+                dsinks = sink_grad(_bhsd(dout, head), _bhsd(out, head), _bhsd(lse, head), sinks).to(sinks.dtype)
+            else:
+                row = (dout.float() * out.float()).sum(-1)  # rowsum(dO * O') in the out layout
+                row = row.transpose(0, 1) if head == 0 else row  # [T, H] -> [H, T]; [B, H, S] stays
+                p_sink = torch.exp(_sink_view(sinks, lse, head) - lse)
+                dims = [d for d in range(lse.dim()) if d != head]
+                dsinks = (-(p_sink * row).sum(dim=dims)).to(sinks.dtype)
+        return dq, dk, dv, dsinks, None, None
 
 
 def sdpa_extra_dim(q, k, v, sinks, scaling: float) -> torch.Tensor:
