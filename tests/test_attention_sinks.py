@@ -329,10 +329,11 @@ sinks_mod._FlashVarlen, sinks_mod._CudnnSdpa = t._VarlenOnCpu, t._CudnnOnCpu
 q, k, v, s = t._qkv(d=12)  # a head dim that is no power of two: the kernels' column mask
 pos = torch.cat([torch.arange(5), torch.arange(t.SEQ - 5)])[None].expand(2, -1)
 for kernel, window, position_ids in (("flash", t.WINDOW, None), ("flash", None, pos), ("cudnn", None, None)):
-    run = lambda glue: t._fwd_bwd(
-        lambda: sink_attention(q, k, v, s, 0.3, window, position_ids, kernel=kernel, glue=glue), q, k, v, s
-    )
-    for name, a, b in zip(("out", "dq", "dk", "dv", "dsinks"), run("triton"), run("torch")):
+    runs = [
+        t._fwd_bwd(lambda: sink_attention(q, k, v, s, 0.3, window, position_ids, kernel=kernel, glue=g), q, k, v, s)
+        for g in ("triton", "torch")
+    ]
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dsinks"), *runs):
         assert a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-6), (kernel, name, (a - b).abs().max())
 print("SINK GLUE OK")
 """
@@ -354,11 +355,12 @@ def test_sink_glue_triton_equals_torch_ops_on_cuda():
     k, v = (torch.randn(b, hkv, seq, d, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
     s = (torch.randn(h, device="cuda", generator=g) + 1).to(torch.bfloat16)
     leaves = [t.detach().requires_grad_() for t in (q, k, v, s)]
+
+    def run(kernel, window, glue):
+        return _fwd_bwd(lambda: sink_attention(*leaves, d**-0.5, window, None, kernel=kernel, glue=glue), *leaves)
+
     for kernel, window in (("cudnn", None), ("flash", 128), ("flash", None)):
-        got, want = (
-            _fwd_bwd(lambda glue=glue: sink_attention(*leaves, d**-0.5, window, None, kernel=kernel, glue=glue), *leaves)
-            for glue in ("triton", "torch")
-        )
+        got, want = run(kernel, window, "triton"), run(kernel, window, "torch")
         for name, a, w in zip(("out", "dq", "dk", "dv", "dsinks"), got, want):
             err = ((a.float() - w.float()).norm() / w.float().norm()).item()
             assert err < 1e-2, f"{kernel} window {window} {name}: {err:.3g}"
