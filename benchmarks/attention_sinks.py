@@ -1,6 +1,7 @@
 """GPT-OSS attention with sinks on one GPU: fwd+bwd time, peak memory and error of every option.
 
     python benchmarks/attention_sinks.py $OUT/attention_sinks.json      # ~1 minute on 1 x H200
+    python benchmarks/attention_sinks.py $OUT/glue.json flash,cudnn,flash_torch_glue,cudnn_torch_glue  # some only
 
 Shapes of gpt-oss-20b: batch 2, seq 4096, 64 query heads, 8 kv heads, head dim 64, bf16; "sliding" layers
 use a 128-token window, "full" layers plain causal. Options:
@@ -264,6 +265,9 @@ def main() -> None:
         ("hf_eager", hf_eager, (None, WINDOW), None),
         ("hf_flex", hf_flex, (None, WINDOW), None),  # last: its compile (max-autotune in training) is the slowest
     ]
+    if len(sys.argv) > 2:  # a comma-separated subset of the options, by name
+        wanted = sys.argv[2].split(",")
+        options = [o for o in options if o[0] in wanted]
     refs: dict = {}
     for name, make, windows, starts in options:
         for window in windows:
