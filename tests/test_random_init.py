@@ -11,7 +11,7 @@ from tests.generic_families import tiny_config
 from workbench.backends import BackendConfig
 from workbench.models import generic, random_init
 from workbench.models.auto import AutoModelForCausalLM
-from workbench.moe.bias_update import cast_keeping_router_biases
+from workbench.models.cast import cast_like_transformers
 from workbench.moe.dispatch.local import LocalDispatcher
 
 
@@ -29,7 +29,7 @@ def test_blockwise_build_equals_the_whole_model_float32_draw_then_cast(family):
     whole = _meta_engine(config)
     whole.to_empty(device="cpu")
     generic.init_random(whole, 3)
-    cast_keeping_router_biases(whole, torch.bfloat16)
+    cast_like_transformers(whole, torch.bfloat16)
     blockwise = _meta_engine(config)
     random_init.materialize_random(blockwise, torch.device("cpu"), 3, torch.bfloat16)
     a, b = dict(whole.named_parameters()), dict(blockwise.named_parameters())

@@ -10,9 +10,9 @@ from torch import nn
 
 from workbench.backends import BackendConfig
 from workbench.devices import default_device
+from workbench.models.cast import cast_like_transformers
 from workbench.models.random_init import materialize_random
 from workbench.models.sliced_load import disk_rules, init_nonpersistent_buffers, load_rank_slice, plan_rank_read
-from workbench.moe.bias_update import cast_keeping_router_biases
 from workbench.moe.dispatch import make_dispatcher
 from workbench.moe.hf_experts import EngineExperts, engine_experts_modules
 from workbench.parallel.fsdp import EXPERT_SHARD_ATTR, GRAD_NORM_GROUP_ATTR, apply_fsdp_any, decoder_layers
@@ -173,7 +173,7 @@ def build_generic_parallel_model(
 
         apply_lora(model, lora, seed)
     if dtype is not None:
-        cast_keeping_router_biases(model, dtype)
+        cast_like_transformers(model, dtype)
     model.tie_weights()
     if dist.get_world_size() > 1:
         apply_fsdp_generic(model, device_mesh)

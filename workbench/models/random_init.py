@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from workbench.models import generic
-from workbench.moe.bias_update import cast_keeping_router_biases
+from workbench.models.cast import cast_like_transformers, computed_float32_buffers
 
 
 def decoder_layer_names(model: nn.Module) -> list[str]:
@@ -52,15 +52,17 @@ def materialize_random(model: nn.Module, device: torch.device, seed: int, dtype:
         block.to_empty(device=device)
         generic.init_random(model, seed, only=lambda name, layer=layer: _inside(name, layer))
         if dtype is not None:
-            cast_keeping_router_biases(block, dtype)
+            cast_like_transformers(block, dtype)
 
 
 def _cast_own(module: nn.Module, dtype: torch.dtype) -> None:
     # What module.to(dtype) does to the module's own floating-point parameters and buffers, without
-    # recursing: a child still on meta would be cast there and then drawn in bf16.
+    # recursing: a child still on meta would be cast there and then drawn in bf16. Computed float32 buffers
+    # (rotary frequencies) stay float32, as in Transformers' own bf16 models (models/cast.py).
     for param in module.parameters(recurse=False):
         if param.is_floating_point():
             param.data = param.data.to(dtype)
+    kept = {name for _, name in computed_float32_buffers(module, recurse=False)}
     for name, buf in list(module.named_buffers(recurse=False)):
-        if buf.is_floating_point():
+        if buf.is_floating_point() and name not in kept:
             module._buffers[name] = buf.to(dtype)

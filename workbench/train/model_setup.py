@@ -97,7 +97,7 @@ def build_model(
             hf_config, backend=backend or rc.backend, mesh=mesh, device=device, dtype=dtype, **extra
         )
     if mesh is None:
-        from workbench.moe.bias_update import cast_keeping_router_biases
+        from workbench.models.cast import cast_like_transformers
 
-        model = cast_keeping_router_biases(model.to(device=device), dtype)
+        model = cast_like_transformers(model.to(device=device), dtype)
     return model
