@@ -78,6 +78,7 @@ def main() -> None:
     import workbench
     from workbench.bench.anchor import build_hf_model
     from workbench.config import preset_config
+    from workbench.models.cast import cast_like_transformers
 
     t0 = time.time()
     dev = torch.device(args.device)
@@ -117,7 +118,8 @@ def main() -> None:
             engine = workbench.AutoModelForCausalLM.from_config(
                 cfg, backend=workbench.BackendConfig(**fields), device=dev
             )
-            engine.to(dtype).load_state_dict({k: v.to(dtype) for k, v in state.items()})
+            # the Trainer's cast (train/model_setup): float32 rotary frequencies stay float32, as Transformers'
+            cast_like_transformers(engine, dtype).load_state_dict({k: v.to(dtype) for k, v in state.items()})
             loss, grads = loss_and_grads(engine, ids)
         except Exception as err:  # one variant failing (a kernel without float32) must not lose the others
             result.setdefault("errors", {})[variant] = f"{type(err).__name__}: {err}"[:500]
