@@ -23,7 +23,10 @@ def _vanilla_bf16(cfg, seed: int = 0):
 
 
 def _float32_buffers(model) -> dict[str, torch.Tensor]:
-    return {n: b for n, b in model.named_buffers() if b.dtype == torch.float32}
+    # the unsaved ones (rotary frequencies): the score-correction bias, float32 in the engine always, is bf16 in
+    # Transformers 5.17's `dtype=` build (5.24 keeps it float32); tests/test_generic_features.py covers it
+    computed = {id(m._buffers[name]) for m, name in computed_float32_buffers(model)}
+    return {n: b for n, b in model.named_buffers() if id(b) in computed}
 
 
 def _trainer_build(path: str | None = None, preset: str | None = None):
