@@ -734,6 +734,31 @@ def test_gpt_oss_fused_rope_matches_transformers():
     _run_script(_GPT_OSS_ROPE_SCRIPT, "GPT-OSS ROPE OK", "cuda" if HAS_CUDA else "cpu", interpret=not HAS_CUDA)
 
 
+def test_engine_attention_says_when_the_fused_rope_falls_back():
+    """A layout the fused RoPE refuses (here a head dim that is no power of two) runs Transformers' RoPE, with a
+    warning naming the shapes: the fallback that kept GPT-OSS's fused RoPE off on Transformers 5.17 was silent."""
+    import copy
+    import sys
+
+    import transformers
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from generic_families import tiny_config
+
+    from workbench.models.gpt_oss_attention import GptOssEngineAttention, use_gpt_oss_attention
+
+    cfg = tiny_config("gpt_oss", head_dim=12)
+    torch.manual_seed(0)
+    vanilla = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    engine = copy.deepcopy(vanilla)
+    assert use_gpt_oss_attention(engine, "triton") == cfg.num_hidden_layers
+    assert all(type(layer.self_attn) is GptOssEngineAttention for layer in engine.model.layers)
+    ids = torch.randint(0, cfg.vocab_size, (2, 7), generator=torch.Generator().manual_seed(1))
+    with pytest.warns(UserWarning, match="fused RoPE kernel does not take q"):
+        got = engine(input_ids=ids, use_cache=False).logits
+    torch.testing.assert_close(got, vanilla(input_ids=ids, use_cache=False).logits, rtol=0, atol=0)
+
+
 @needs_cuda_triton
 def test_triton_scaled_equals_torch_mul_by_device_scalar():
     from workbench.kernels.triton_cross_entropy import scaled

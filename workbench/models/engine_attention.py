@@ -6,6 +6,7 @@ and no extra positional arguments; and it calls the attention function Transform
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from types import ModuleType
 
@@ -69,6 +70,13 @@ def fused_rope_forward(
     if supported(q_BHSD, cos) and supported(k_BHSD, cos):
         q_BHSD, k_BHSD = apply_rope(q_BHSD, k_BHSD, cos, sin)
     else:
+        # said, not silent: a layout the kernel refuses once kept session 15's fused RoPE off on one Transformers
+        # version while every parity test passed (Python shows each distinct message once)
+        warnings.warn(
+            f"rope='triton': the fused RoPE kernel does not take q {tuple(q_BHSD.shape)} / cos {tuple(cos.shape)} "
+            f"(strides {cos.stride()}); {type(module).__name__} applies Transformers' RoPE instead",
+            stacklevel=2,
+        )
         q_BHSD, k_BHSD = family.apply_rotary_pos_emb(q_BHSD, k_BHSD, cos, sin)
     out, weights = attention_function(family, module.config._attn_implementation)(
         module,
