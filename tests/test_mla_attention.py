@@ -63,6 +63,12 @@ import workbench
 from workbench.presets import build_preset_config
 from workbench.models.mla_attention import DeepseekV3EngineAttention
 import transformers
+import warnings
+import workbench.kernels.triton_mla as tm
+# count the fused kernel's calls: parity alone holds on Transformers' own forward too
+calls = []
+real_qkv, real_supported = tm.mla_qkv, tm.angles_supported
+tm.mla_qkv = lambda *a: calls.append(1) or real_qkv(*a)
 for overrides in ({}, {"q_lora_rank": None, "rope_interleave": False}):
     cfg = build_preset_config("tiny-deepseek-v3", 3)
     for k, v in overrides.items():
@@ -77,7 +83,9 @@ for overrides in ({}, {"q_lora_rank": None, "rope_interleave": False}):
     hf_model.to(device), engine.to(device)
     ids, labels = (t.to(device) for t in fresh_batch(cfg, 6))
     ref, ref_grads = forward_backward(hf_model, ids, labels)
+    calls.clear()
     out, grads = forward_backward(engine, ids, labels)
+    assert len(calls) == cfg.num_hidden_layers, calls
     tol = 1e-5 if device == "cpu" else 1e-4
     errs = rel_err(out.loss, ref.loss), rel_err(out.logits, ref.logits)
     assert max(errs) < tol, errs
@@ -87,6 +95,27 @@ for overrides in ({}, {"q_lora_rank": None, "rope_interleave": False}):
         a = engine(input_ids=ids, use_cache=True).logits
         b = hf_model(input_ids=ids, use_cache=True).logits
     assert rel_err(a, b) < tol
+    # one layer on cos/sin as transposed views (GPT-OSS's layout on Transformers 5.17): still the fused kernel
+    attn = engine.model.layers[0].self_attn
+    x = torch.randn(2, 6, cfg.hidden_size, generator=torch.Generator().manual_seed(4)).to(device)
+    ang = torch.randn(2, cfg.qk_rope_head_dim, 6, generator=torch.Generator().manual_seed(5)).to(device).transpose(1, 2)
+    pe = (ang.cos(), ang.sin())
+    assert pe[0].stride(-1) != 1
+    calls.clear()
+    got = attn(x, pe, None)[0]
+    assert len(calls) == 1, calls
+    attn.workbench_rope = "torch"  # Transformers' own forward on the same module
+    want = attn(x, pe, None)[0]
+    attn.workbench_rope = "triton"
+    assert rel_err(got, want) < tol, rel_err(got, want)
+    # angles the kernel refuses: Transformers' forward, said in a warning
+    tm.angles_supported = lambda *a: False
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        again = attn(x, pe, None)[0]
+    tm.angles_supported = real_supported
+    assert any("fused MLA kernel does not take" in str(w.message) for w in said), [str(w.message) for w in said]
+    assert rel_err(again, want) < tol
 print("TRITON MLA OK")
 """)
 

@@ -38,7 +38,8 @@ def fresh_batch(cfg, seed: int, batch=3, seq=11):
 
 def forward_backward(model, ids, labels):
     model.zero_grad(set_to_none=True)
-    out = model(input_ids=ids, labels=labels, output_router_logits=True)
+    # no KV cache, as the Trainer runs: with one, the engine's attention classes run Transformers' own forward
+    out = model(input_ids=ids, labels=labels, output_router_logits=True, use_cache=False)
     out.loss.backward()
     grads = {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
     return out, grads

@@ -10,6 +10,8 @@ the kernel does not take, or rope other than 'triton', Transformers' own forward
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
 
@@ -31,7 +33,15 @@ class DeepseekV3EngineAttention(hf.DeepseekV3Attention):
 
         B, S = hidden_states.shape[:-1]
         cos, sin = position_embeddings
+        if cos.dim() == 3 and cos.stride(-1) != 1:  # a transposed view (as GPT-OSS's on Transformers 5.17)
+            cos, sin = cos.contiguous(), sin.contiguous()
         if not angles_supported(cos, B, S, self.qk_rope_head_dim):  # before any projection runs
+            # said, not silent (as engine_attention.fused_rope_forward's fallback)
+            warnings.warn(
+                f"rope='triton': the fused MLA kernel does not take cos {tuple(cos.shape)} (strides {cos.stride()}) "
+                f"for {B} x {S} tokens; {type(self).__name__} runs Transformers' forward instead",
+                stacklevel=2,
+            )
             return super().forward(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
         if self.q_lora_rank is None:
             q = self.q_proj(hidden_states)
