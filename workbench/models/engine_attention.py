@@ -30,6 +30,18 @@ def attention_function(family: ModuleType, impl: str) -> Callable:
     return family.eager_attention_forward if impl == "eager" else registry[impl]
 
 
+def unit_stride_angles(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [B, S, R] with unit stride on R, as the fused kernels take them.
+
+    Transformers 5.17's GPT-OSS rotary embedding hands them as transposed views (stride S on the last dim): without
+    this copy (two small tensors, once per layer) every layer took the eager RoPE (the H200 profile of session 16:
+    ~8 ms a step of strided muls, cats and copies in gpt-oss-20b L8).
+    """
+    if cos.dim() == 3 and cos.stride(-1) != 1:
+        return cos.contiguous(), sin.contiguous()
+    return cos, sin
+
+
 def wants_engine_attention(rope: str) -> bool:
     """Whether a resolved BackendConfig.rope asks for the engine's attention classes ('triton'; 'torch': no)."""
     if rope not in ("torch", "triton"):
@@ -61,12 +73,7 @@ def fused_rope_forward(
     q_BHSD = (q_norm(q) if q_norm is not None else q).transpose(1, 2)
     k_BHSD = (k_norm(k) if k_norm is not None else k).transpose(1, 2)
     v_BHSD = module.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-    cos, sin = position_embeddings
-    if cos.dim() == 3 and cos.stride(-1) != 1:
-        # Transformers 5.17's GPT-OSS rotary embedding hands cos/sin as a transposed view (stride S on the last dim):
-        # without this copy (two [B, S, D / 2] tensors, once per layer) every layer took the eager RoPE (the H200
-        # profile of session 16: ~8 ms a step of strided muls, cats and copies in gpt-oss-20b L8)
-        cos, sin = cos.contiguous(), sin.contiguous()
+    cos, sin = unit_stride_angles(*position_embeddings)
     if supported(q_BHSD, cos) and supported(k_BHSD, cos):
         q_BHSD, k_BHSD = apply_rope(q_BHSD, k_BHSD, cos, sin)
     else:

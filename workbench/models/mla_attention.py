@@ -15,7 +15,12 @@ import warnings
 import torch
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
 
-from workbench.models.engine_attention import attention_function, engine_forward_applies, wants_engine_attention
+from workbench.models.engine_attention import (
+    attention_function,
+    engine_forward_applies,
+    unit_stride_angles,
+    wants_engine_attention,
+)
 
 # Shape suffixes: B batch, S sequence, H heads, Q query/key head dim, K kv_b head dim (nope + v), R rotary dim.
 
@@ -32,9 +37,7 @@ class DeepseekV3EngineAttention(hf.DeepseekV3Attention):
         from workbench.kernels.triton_mla import angles_supported, mla_qkv
 
         B, S = hidden_states.shape[:-1]
-        cos, sin = position_embeddings
-        if cos.dim() == 3 and cos.stride(-1) != 1:  # a transposed view (as GPT-OSS's on Transformers 5.17)
-            cos, sin = cos.contiguous(), sin.contiguous()
+        cos, sin = unit_stride_angles(*position_embeddings)
         if not angles_supported(cos, B, S, self.qk_rope_head_dim):  # before any projection runs
             # said, not silent (as engine_attention.fused_rope_forward's fallback)
             warnings.warn(
