@@ -31,15 +31,11 @@ def _float32_buffers(model) -> dict[str, torch.Tensor]:
 
 def _trainer_build(path: str | None = None, preset: str | None = None):
     """The model the Trainer trains (train/model_setup.build_model), bf16 on CPU, one process."""
-    from workbench.config import ModelConfig, RunConfig
+    from workbench.config import ModelConfig, RunConfig, preset_config
     from workbench.train.model_setup import build_model
 
     rc = RunConfig.demo(model=ModelConfig(preset=preset, path=path, dtype="bfloat16", device="cpu"))
-    hf_config = transformers.AutoConfig.from_pretrained(path) if path else None
-    if hf_config is None:
-        from workbench.config import preset_config
-
-        hf_config = preset_config(preset)
+    hf_config = transformers.AutoConfig.from_pretrained(path) if path else preset_config(preset)
     return build_model(rc, hf_config, None, torch.device("cpu"), torch.bfloat16)
 
 

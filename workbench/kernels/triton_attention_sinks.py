@@ -106,7 +106,8 @@ def sink_grad(do_BHSD: torch.Tensor, o_BHSD: torch.Tensor, lse_BHS: torch.Tensor
         raise ValueError(f"dO must be shaped as O with unit stride on D; got {tuple(do_BHSD.shape)}")
     B, H, S, D = o_BHSD.shape
     n_blocks = triton.cdiv(S, _BLOCK_S)
-    partial = torch.zeros(H, B * n_blocks, dtype=torch.float32, device=o_BHSD.device)
+    # every (head, row, block) program writes its slot: no fill needed
+    partial = torch.empty(H, B * n_blocks, dtype=torch.float32, device=o_BHSD.device)
     if B * H * S:
         _sink_grad_kernel[(B * H, n_blocks)](
             do_BHSD, o_BHSD, lse_BHS, sinks, partial, H, S, D, n_blocks, B * n_blocks,
