@@ -109,3 +109,24 @@ def test_combine_of_a_rank_that_received_no_tokens():
     assert out.shape == (0, 6)
     out.sum().backward()
     assert y.grad.shape == (0, 6) and w.grad.shape == (0, 2)
+
+
+@pytest.mark.parametrize("bound", [0, 1, 127, 255, 256, 4000, 32767, 32768, 70000])
+def test_stable_order_on_narrow_keys_is_int64s_stable_order(bound):
+    """Expert-major order from keys cast to the narrowest type that holds [0, bound] (one radix pass per byte
+    on CUDA) equals int64's stable argsort, ties in slot order, at each type's edge."""
+    from workbench.moe.dispatch.local import sort_by_expert, stable_order
+
+    g = torch.Generator().manual_seed(bound)
+    keys = torch.randint(0, bound + 1, (4096,), generator=g)
+    keys[:3] = bound  # the bound itself, tied
+    got = stable_order(keys, bound)
+    assert torch.equal(got, torch.argsort(keys, stable=True))
+    if bound < 300:
+        experts = bound + 1
+        perm, counts = sort_by_expert(keys.view(-1, 8)[:, : min(8, experts)], experts)
+        flat = keys.view(-1, 8)[:, : min(8, experts)].reshape(-1)
+        assert torch.equal(perm.slot_order, torch.argsort(flat, stable=True))
+        assert torch.equal(counts, torch.bincount(flat, minlength=experts))
+    with pytest.raises(ValueError, match="bound"):
+        stable_order(keys, -1)

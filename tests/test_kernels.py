@@ -608,6 +608,40 @@ def test_rms_norm_backward_sums_the_weight_gradient_after_its_loop(width):
     assert len(reductions) == 1 and "axis = 1" in reductions[0], reductions
 
 
+_RMS_NORM_DW_SCRIPT = textwrap.dedent("""
+import sys, torch
+from workbench.kernels.triton_rms_norm import _RMSNormFunction, sum_partials
+
+device = sys.argv[1]
+g = torch.Generator().manual_seed(0)
+# the partials' sum: every row, a ragged last row tile and column block, the weight's dtype
+for R, N in ((528, 2048), (130, 17), (1, 128)):
+    p = torch.randn(R, N, generator=g).to(device)
+    for dtype in (torch.float32, torch.bfloat16):
+        got = sum_partials(p, dtype)
+        ref = p.double().sum(0)
+        assert got.dtype == dtype and got.shape == (N,)
+        err = ((got.double() - ref).abs() / ref.abs().clamp_min(1.0)).max().item()
+        assert err < (1e-2 if dtype == torch.bfloat16 else 1e-4), (R, N, dtype, err)
+# the norm's weight gradient (its partials no longer zero-filled) against autograd of the formula
+for M, N in ((2048, 96), (37, 128), (0, 64)):
+    x = torch.randn(M, N, generator=g).to(device).requires_grad_()
+    w = (1 + 0.1 * torch.randn(N, generator=g)).to(device).requires_grad_()
+    dy = torch.randn(M, N, generator=g).to(device)
+    (_RMSNormFunction.apply(x, w, 1e-6) * dy).sum().backward()
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    ((w2 * (x2 * torch.rsqrt(x2.pow(2).mean(-1, keepdim=True) + 1e-6))) * dy).sum().backward()
+    assert torch.allclose(w.grad, w2.grad, rtol=1e-4, atol=1e-4), (M, N, (w.grad - w2.grad).abs().max())
+    assert M or torch.equal(w.grad, torch.zeros_like(w))
+print("RMS NORM DW OK")
+""")
+
+
+def test_rms_norm_weight_gradient_from_its_partials():
+    """The Triton norm's dW (per-program partials, no zero fill, summed and cast in one launch) equals autograd's."""
+    _run_script(_RMS_NORM_DW_SCRIPT, "RMS NORM DW OK", "cuda" if HAS_CUDA else "cpu", interpret=not HAS_CUDA)
+
+
 _TRITON_ENGINE_SCRIPT = textwrap.dedent("""
 import sys, torch
 sys.path.insert(0, "tests")

@@ -98,3 +98,65 @@ def test_deepseek_engine_router_equals_transformers(groups, kept):
     if groups > kept:  # the limit really limits: some token's top-k avoids an expert it would otherwise pick
         free = (torch.sigmoid(logits_r) + ref.e_score_correction_bias).topk(3, dim=-1)[1].sort(-1).values
         assert not torch.equal(free, order_r.values)
+
+
+def test_aux_loss_reuses_the_engine_routers_top_k_ids(monkeypatch):
+    """The engine's Qwen3 router hands its top-k ids to the aux loss: one top-k per layer, the same loss and
+    gradients as the formula's own top-k (and as Transformers' load_balancing_loss_func on the same logits)."""
+    from generic_families import tiny_config
+
+    from workbench.models.auto import AutoModelForCausalLM
+    from workbench.models.router_aux import forward_loss_parts
+
+    cfg = tiny_config("qwen3_moe", num_experts=8, num_experts_per_tok=3, num_hidden_layers=3)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, device="cpu", dtype=torch.float32)
+    ids = torch.randint(0, cfg.vocab_size, (2, 24))
+    kwargs = dict(input_ids=ids, labels=ids, use_cache=False)
+    calls = []
+    topk = torch.topk
+    monkeypatch.setattr(torch, "topk", lambda *a, **k: calls.append(1) or topk(*a, **k))
+    parts = forward_loss_parts(model, model, kwargs)
+    assert len(parts.router_logits) == 3 and len(calls) == 3  # the routers' own: the aux loss sorted nothing
+    monkeypatch.setattr(torch, "topk", topk)
+    want = load_balancing_loss(parts.router_logits, 8, 3)  # the formula's own top-k
+    assert torch.equal(parts.aux, want)
+    assert torch.allclose(parts.aux, load_balancing_loss_func(parts.router_logits, 8, 3), rtol=1e-6, atol=0)
+    grads = torch.autograd.grad(parts.aux, parts.router_logits, retain_graph=True)
+    want_grads = torch.autograd.grad(want, parts.router_logits)
+    assert all(torch.equal(g, w) for g, w in zip(grads, want_grads, strict=True))
+    # a router that does not declare its ids (Transformers' own) leaves the formula its own top-k
+    model.workbench_router_sink.topk_ids = None
+    for m in model.modules():
+        if hasattr(m, "workbench_topk_ids_index"):
+            monkeypatch.setattr(type(m), "workbench_topk_ids_index", None)
+    calls.clear()
+    monkeypatch.setattr(torch, "topk", lambda *a, **k: calls.append(1) or topk(*a, **k))
+    again = forward_loss_parts(model, model, kwargs)
+    assert len(calls) == 6 and torch.equal(again.aux, parts.aux)
+
+
+def test_routed_load_of_a_single_rank_dispatch_is_the_routers_choices():
+    """The counter reuses the local dispatch's counts (no second scatter_add): they equal the router's top-k ids'
+    per-expert counts, layer by layer; a dispatcher that does not count every expert leaves it counting itself."""
+    from workbench.moe.dispatch.local import LocalDispatcher
+    from workbench.moe.routed_load import pop_routed_load
+
+    cfg = tiny_qwen3_moe(num_experts=8, num_experts_per_tok=3)
+    model = workbench.AutoModelForCausalLM.from_config(cfg, device="cpu")
+    routers = [m for m in model.modules() if "Router" in type(m).__name__]
+    chosen = []
+    for r in routers:
+        r.register_forward_hook(lambda mod, args, out: chosen.append(out[2].reshape(-1)))
+    ids = torch.randint(0, cfg.vocab_size, (3, 20))
+    pop_routed_load(model)
+    model(input_ids=ids, labels=ids).loss.backward()
+    want = torch.stack([torch.bincount(c, minlength=8) for c in chosen])
+    assert torch.equal(pop_routed_load(model), want) and int(want.sum()) == 2 * 3 * 20 * 3
+    assert LocalDispatcher.counts_every_expert
+    experts = [m for m in model.modules() if hasattr(m, "workbench_dispatcher")]
+    for m in experts:  # as an expert-parallel dispatcher: its counts are its own experts' rows
+        m.workbench_dispatcher = type("Partial", (LocalDispatcher,), {"counts_every_expert": False})(8)
+    chosen.clear()
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert torch.equal(pop_routed_load(model), torch.stack([torch.bincount(c, minlength=8) for c in chosen]))

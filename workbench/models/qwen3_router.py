@@ -20,6 +20,10 @@ from workbench.moe.router import router_logits, softmax_topk
 class Qwen3MoeEngineRouter(hf.Qwen3MoeTopKRouter):
     """Transformers' Qwen3MoeTopKRouter whose logits are computed in float32."""
 
+    # Output 2, the top-k ids, is the top-k of the float32 softmax of float32 logits: what the aux loss's
+    # formula picks (models/router_aux records them; the loss then sorts no probabilities again).
+    workbench_topk_ids_index = 2
+
     def forward(self, hidden_states: torch.Tensor):
         """(router logits [T, E] float32, top-k weights [T, K], top-k ids [T, K]) as Transformers returns them."""
         x_TD = hidden_states.reshape(-1, self.hidden_dim)

@@ -24,10 +24,16 @@ from torch import nn
 
 
 class RouterLogitSink:
-    """Where the router hooks put one forward's router logits (None between forwards: nothing is kept)."""
+    """Where the router hooks put one forward's router logits (None between forwards: nothing is kept).
+
+    `topk_ids` gets the top-k ids of the routers that declare them equal to the aux loss's own choice
+    (`workbench_topk_ids_index`: the output index of ids that are top-k of the float32 softmax of float32
+    logits), so the aux loss does not sort each layer's [T, E] probabilities again.
+    """
 
     def __init__(self) -> None:
         self.logits: list[torch.Tensor] | None = None
+        self.topk_ids: list[torch.Tensor] | None = None
 
 
 def _router_logit_specs(model: nn.Module) -> list[tuple[type, int]]:
@@ -45,6 +51,9 @@ def _router_logit_specs(model: nn.Module) -> list[tuple[type, int]]:
 def _record_router_logits(sink: RouterLogitSink, index: int, module, args, output) -> None:
     if sink.logits is not None:
         sink.logits.append(output[index] if isinstance(output, tuple) else output)
+        ids_index = getattr(module, "workbench_topk_ids_index", None)
+        if sink.topk_ids is not None and ids_index is not None and isinstance(output, tuple):
+            sink.topk_ids.append(output[ids_index])
 
 
 def attach_router_logit_hooks(model: nn.Module) -> int:
@@ -135,13 +144,18 @@ def forward_loss_parts(model: nn.Module, forward: Callable[..., Any], kwargs: di
     if sink is None:
         out = forward(**kwargs)
         return LossParts(out, out.loss, None, ())
-    sink.logits = []
+    sink.logits, sink.topk_ids = [], []
     try:
         out = forward(**kwargs)
-        logits = tuple(sink.logits)
+        logits, ids = tuple(sink.logits), tuple(sink.topk_ids)
     finally:
-        sink.logits = None  # a recompute in backward (activation checkpointing) records nothing
+        sink.logits = sink.topk_ids = None  # a recompute in backward (activation checkpointing) records nothing
     aux = load_balancing_loss(
-        logits, model.num_experts, model.num_experts_per_tok, kwargs.get("attention_mask"), group=group
+        logits,
+        model.num_experts,
+        model.num_experts_per_tok,
+        kwargs.get("attention_mask"),
+        group=group,
+        topk_ids=ids if len(ids) == len(logits) else None,  # every router gave its ids, or none are used
     )
     return LossParts(out, out.loss, aux, logits)

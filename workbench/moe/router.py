@@ -100,6 +100,7 @@ def load_balancing_loss(
     top_k: int,
     attention_mask: torch.Tensor | None = None,
     group=None,
+    topk_ids: Sequence[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Switch-Transformer auxiliary loss as Transformers computes it for Qwen-MoE families.
 
@@ -118,9 +119,14 @@ def load_balancing_loss(
     mask_T = None
     if attention_mask is not None:
         mask_T = attention_mask.reshape(-1).to(device=device, dtype=torch.float32)
-    for logits_TE in router_logits:
+    if topk_ids is not None and len(topk_ids) != len(router_logits):
+        raise ValueError(f"topk_ids has {len(topk_ids)} layers, router_logits {len(router_logits)}")
+    for layer, logits_TE in enumerate(router_logits):
         probs_TE = F.softmax(logits_TE.to(device), dim=-1).float()
-        _, ids_TK = torch.topk(probs_TE, top_k, dim=-1)
+        if topk_ids is None:
+            _, ids_TK = torch.topk(probs_TE, top_k, dim=-1)
+        else:
+            ids_TK = topk_ids[layer].to(device)
         slot_weight = torch.ones(ids_TK.numel(), device=device) if mask_T is None else mask_T.repeat_interleave(top_k)
         assigned_E = assigned_E.scatter_add(0, ids_TK.reshape(-1), slot_weight)
         if mask_T is None:

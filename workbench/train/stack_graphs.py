@@ -52,16 +52,17 @@ class _Stack(nn.Module):
         """The layers' eager forward; the router logits their hooks recorded come out as outputs."""
         sink = self.graphs.sink
         logits: list[torch.Tensor] = []
-        outer = sink.logits if sink is not None else None
+        outer = (sink.logits, sink.topk_ids) if sink is not None else None
         if sink is not None:
-            sink.logits = logits
+            # the captured run's ids are not the replay's: none are recorded (the aux loss sorts its own)
+            sink.logits, sink.topk_ids = logits, None
         try:
             for layer in self.layers:
                 kwargs = {"position_embeddings": (cos, sin), **dict(zip(self.names, named, strict=True))}
                 hidden_BSD = self.graphs.eager(layer, hidden_BSD, (), kwargs)
         finally:
             if sink is not None:
-                sink.logits = outer
+                sink.logits, sink.topk_ids = outer
         return (hidden_BSD, *logits)
 
 

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 
-from workbench.moe.dispatch.local import combine_uses_triton, expand_to_rows, weighted_sum
+from workbench.moe.dispatch.local import combine_uses_triton, expand_to_rows, stable_order, weighted_sum
 
 # Shape suffixes: T tokens, D hidden, K top-k, P ep ranks, S rows sent, R rows received, N routed rows.
 
@@ -93,7 +93,7 @@ class AllToAllDispatcher:
 
         # expert-major rows: a stable sort of the received slots by local expert (others' slots last)
         keys = torch.where(recv_ids >= 0, recv_ids, L).reshape(-1)
-        slot_of_row = torch.argsort(keys, stable=True)[:num_rows]
+        slot_of_row = stable_order(keys, L)[:num_rows]
         row_of_slot = torch.full((num_recv * K,), num_rows, dtype=torch.int64, device=device)
         row_of_slot[slot_of_row] = torch.arange(num_rows, device=device)
         tokens_per_local_expert = torch.zeros(L + 1, dtype=torch.int64, device=device).scatter_add_(

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.backends import DEEPEP_EP_SIZES, INSTALL_HINT, BackendError
-from workbench.moe.dispatch.local import combine_uses_triton, expand_to_rows, weighted_sum
+from workbench.moe.dispatch.local import combine_uses_triton, expand_to_rows, stable_order, weighted_sum
 
 # Shape suffixes: T tokens, D hidden, K top-k, R rows received, N routed rows.
 
@@ -258,7 +258,7 @@ class DeepEPDispatcher:
         num_rows = sum(ex.recv_counts)  # known on the host: DeepEP's dispatch already synced for it
         flat_idx = ex.recv_idx_RK.reshape(-1)
         keys = torch.where(flat_idx >= 0, flat_idx, torch.full_like(flat_idx, self.num_local_experts))
-        slot_of_row = torch.argsort(keys, stable=True)[:num_rows]
+        slot_of_row = stable_order(keys, self.num_local_experts)[:num_rows]
         row_of_slot = torch.full_like(flat_idx, num_rows, dtype=torch.int64)
         row_of_slot[slot_of_row] = torch.arange(num_rows, device=flat_idx.device)
         x_by_expert = expand_to_rows(recv_x, slot_of_row // top_k, row_of_slot, top_k, self.use_triton)

@@ -27,11 +27,25 @@ def inverse_permutation(order: torch.Tensor) -> torch.Tensor:
     return inverse
 
 
+def stable_order(keys: torch.Tensor, bound: int) -> torch.Tensor:
+    """argsort(keys, stable=True) for keys in [0, bound], sorted as the narrowest integer type that holds them.
+
+    CUDA's sort is a radix sort with one pass per key byte: int64 expert ids took 8 passes (64 kernels, 0.4 ms
+    per Qwen3-30B-A3B L8 step on H200) where uint8 ids need one. The order is the same for any key type.
+    """
+    if bound < 0:
+        raise ValueError(f"bound must be >= 0, got {bound}")
+    for dtype in (torch.uint8, torch.int16, torch.int32):
+        if bound <= (255 if dtype == torch.uint8 else torch.iinfo(dtype).max):
+            return torch.argsort(keys.to(dtype), stable=True)
+    return torch.argsort(keys, stable=True)
+
+
 def sort_by_expert(topk_ids_TK: torch.Tensor, num_experts: int) -> tuple[Permutation, torch.Tensor]:
     """Stable sort of (token, slot) pairs by expert id; counts per expert without a host sync."""
     num_tokens, top_k = topk_ids_TK.shape
     flat_ids = topk_ids_TK.reshape(-1)
-    slot_order = torch.argsort(flat_ids, stable=True)
+    slot_order = stable_order(flat_ids, num_experts - 1)
     tokens_per_expert = torch.zeros(num_experts, dtype=torch.int64, device=flat_ids.device)
     tokens_per_expert.scatter_add_(0, flat_ids, torch.ones_like(flat_ids))
     perm = Permutation(
@@ -202,6 +216,9 @@ class LocalHandle:
 
 class LocalDispatcher:
     """Single-rank dispatch: all experts are local, so dispatch is a permutation."""
+
+    # dispatch's tokens_per_expert counts every expert's (token, slot) pairs: the routed-load counter reuses them
+    counts_every_expert = True
 
     def __init__(self, num_experts: int, combine: str = "torch"):
         self.num_experts = num_experts
