@@ -96,6 +96,9 @@ def test_two_ranks_schema_and_same_init(two_rank_result):
     # alternating rounds: in order, then reversed; the timed steps of both rounds combined
     assert result["order"] == ran + ran[::-1]
     assert "run order (alternating rounds): " + " ".join(ran + ran[::-1]) in stdout
+    # no NVML on a CPU: every ok row says its clocks were not sampled, and why
+    assert all(rows[n]["gpu_clocks"] is None and rows[n]["gpu_clocks_unavailable"] == "not a CUDA device" for n in ran)
+    assert "gpu clocks engine: not sampled (not a CUDA device)" in stdout
     for name in ran:
         row = rows[name]
         assert row["rounds"] == 2 and [len(t) for t in row["round_step_time_s"]] == [2, 2]

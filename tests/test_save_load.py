@@ -101,9 +101,17 @@ def test_fused_experts_get_the_generic_path_and_a_dense_model_vanilla_with_a_not
         model = workbench.AutoModelForCausalLM.from_config(cfg)
     assert isinstance(model, transformers.MixtralForCausalLM) and engine_experts_modules(model)
     assert [r.getMessage() for r in caplog.records].count(
-        "model_type 'mixtral': generic engine path (Transformers' router and attention, the engine's experts in 1 "
-        "MoE layers of 4 experts, backend grouped_mm)"
+        "model_type 'mixtral': generic engine path (Transformers' router, Transformers' attention, the engine's "
+        "experts in 1 MoE layers of 4 experts, backend grouped_mm)"
     ) == 1
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="workbench.models"):
+        workbench.AutoModelForCausalLM.from_config(tiny_qwen3_moe())
+    # Qwen3's float32 router is the engine's on every device (the fused-RoPE attention needs rope='triton')
+    assert any(
+        "model_type 'qwen3_moe': generic engine path (the engine's float32 router, Transformers' attention, " in m
+        for m in [r.getMessage() for r in caplog.records]
+    ), [r.getMessage() for r in caplog.records]
     caplog.clear()
     dense = transformers.LlamaConfig(
         vocab_size=64,

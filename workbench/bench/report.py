@@ -234,6 +234,27 @@ def build_result(
     }
 
 
+def clock_lines(variants: list[dict[str, Any]]) -> list[str]:
+    """Each ok row's SM clock and power over its timed steps (rank 0's GPU), or why they were not sampled."""
+    lines = []
+    for r in variants:
+        if r["status"] != "ok":
+            continue
+        c = r.get("gpu_clocks")
+        if c is None:
+            if r.get("gpu_clocks_unavailable"):
+                lines.append(f"gpu clocks {r['name']}: not sampled ({r['gpu_clocks_unavailable']})")
+            continue
+        limit = f" of {c['power_limit_w']:.0f} W" if c.get("power_limit_w") else ""
+        top = f" (max {c['sm_clock_mhz_max']})" if c.get("sm_clock_mhz_max") else ""
+        lines.append(
+            f"gpu clocks {r['name']}: SM {c['sm_clock_mhz_mean']:,.0f} MHz mean, {c['sm_clock_mhz_min']:,} min{top}; "
+            f"{c['power_w_mean']:.0f} W{limit}; power cap held the clock in {100 * c['power_capped_share']:.0f}% "
+            f"of {c['samples']} samples, heat in {100 * c['thermal_share']:.0f}%"
+        )
+    return lines
+
+
 def format_table(result: dict[str, Any]) -> str:
     """Plain-text table of every variant, then the engine/anchor ratios."""
     ref_name = (result.get("reference_anchor") or {}).get("variant")
@@ -269,6 +290,7 @@ def format_table(result: dict[str, Any]) -> str:
             f"|loss diff| step0 {c['loss_step0_abs_diff']:.2e} max {c['loss_max_abs_diff']:.2e}"
             + (" (reference anchor)" if c.get("reference") else "")
         )
+    lines += clock_lines(result["variants"])
     if result.get("order"):
         lines.append("run order (alternating rounds): " + " ".join(result["order"]))
     mem_kind = next((r["mem_kind"] for r in result["variants"] if r["status"] == "ok"), None)

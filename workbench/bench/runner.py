@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.bench.config import VARIANTS, BenchConfig, VariantSpec
+from workbench.bench.gpu_clocks import merge as merge_clocks
 from workbench.parallel import dist_utils as du
 from workbench.parallel.launch import free_port
 from workbench.train.metrics import flops_per_token, tflops_per_gpu
@@ -150,6 +151,7 @@ def run_variants(
         if reason is not None:
             row.update(status="skipped", reason=reason)
     records: dict[str, list[list[dict]]] = {name: [] for name in cfg.variants}
+    clocks: dict[str, list[dict | None]] = {name: [] for name in cfg.variants}
     order: list[str] = []
     for r, (names, n) in enumerate(zip(round_orders(cfg.variants, cfg.rounds), split_steps(cfg.steps, cfg.rounds))):
         for name in names:
@@ -184,6 +186,9 @@ def run_variants(
             if r == 0:
                 row.update(init_fingerprint=out["init_fingerprint"], build_s=out["build_s"], setup=out["setup"])
             records[name].append(out["records"])
+            clocks[name].append(out.get("gpu_clocks"))
+            if out.get("gpu_clocks_unavailable"):
+                row["gpu_clocks_unavailable"] = out["gpu_clocks_unavailable"]
             if du.rank() == 0:
                 # This rank's median step of the round, before the table: a launch cut short keeps it in the log
                 steps_s = [float(rec["step_time_s"]) for rec in out["records"][cfg.warmup :]]
@@ -196,6 +201,7 @@ def run_variants(
     for name, row in rows.items():
         if "status" not in row:
             _finish(row, records[name], cfg, hf_config, world)
+            row["gpu_clocks"] = merge_clocks(clocks[name])  # this rank's GPU over the variant's timed steps
     return [rows[name] for name in cfg.variants], order
 
 

@@ -94,6 +94,7 @@ def train_round(
     Frees the model, optimizer and Trainer before returning (the next variant needs the memory).
     """
     from workbench.bench.anchor import build_anchor
+    from workbench.bench.gpu_clocks import ClockSampler
     from workbench.bench.variant import weight_fingerprint
     from workbench.moe.dispatch import close_dispatchers
     from workbench.parallel import dist_utils as du
@@ -161,9 +162,14 @@ def train_round(
             out["build_s"] = time.perf_counter() - t0
             out["setup"] = setup
             stack.enter_context(trainer.step_gc)  # as fit() steps: Python's collector paused (train.gc_every)
+            clocks = ClockSampler(device)  # SM clock and power of the timed steps (the GPU may cap its power)
             for step in range(1, steps + 1):
+                if step == cfg.warmup + 1:
+                    clocks.start()
                 trainer.train_step(step)
             out["records"] = trainer.collect(wait=True)
+            out["gpu_clocks"] = clocks.stop()
+            out["gpu_clocks_unavailable"] = clocks.unavailable
             graphs = getattr(trainer.model, "workbench_stack_graphs", None)
             if graphs is not None:  # a graphs row says whether it replayed, and why a step did not
                 setup["cuda_graph_replays"] = graphs.replays

@@ -159,10 +159,16 @@ def install(
         if model_type in TESTED_FAMILIES
         else (f"; {model_type!r} is not among the families tested against Transformers ({', '.join(TESTED_FAMILIES)})")
     )
+    # which parts are the engine's own: the line used to say "Transformers' router and attention" for every family,
+    # also where the float32 router and the fused-RoPE attention had replaced them
+    router = "the engine's float32 router" if extras.get("float32_router") else "Transformers' router"
+    attention = "the engine's fused-RoPE attention" if extras.get("rope") else "Transformers' attention"
     log.warning(
-        "model_type %r: generic engine path (Transformers' router and attention, the engine's experts "
-        "in %d MoE layers of %d experts, backend %s)%s",
+        "model_type %r: generic engine path (%s, %s, the engine's experts in %d MoE layers of %d experts, "
+        "backend %s)%s",
         model_type,
+        router,
+        attention,
         len(modules),
         total,
         backend.experts,
