@@ -63,3 +63,18 @@ def test_table_lines_name_clock_power_and_the_unsampled():
         "of 2 samples, heat in 0%"
     )
     assert lines[1] == "gpu clocks engine: not sampled (not a CUDA device)" and len(lines) == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (NVML samples a GPU)")
+def test_sampler_reads_a_busy_gpu():
+    pytest.importorskip("pynvml", reason="NVML bindings not installed (pip install nvidia-ml-py)")
+    sampler = ClockSampler(torch.device("cuda"), period_s=0.02)
+    assert sampler.unavailable is None, sampler.unavailable
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    sampler.start()
+    for _ in range(200):
+        a = (a @ a).clamp_(-1, 1)
+    torch.cuda.synchronize()
+    s = sampler.stop()
+    assert s["samples"] > 0 and 0 < s["sm_clock_mhz_min"] <= s["sm_clock_mhz_mean"] <= s["sm_clock_mhz_max"]
+    assert 0 < s["power_w_mean"] and s["power_limit_w"] > 0 and 0 <= s["power_capped_share"] <= 1
