@@ -592,6 +592,14 @@ def test_readme_shows_the_latest_launch_per_setup_and_never_a_balanced_headline(
     (tmp_path / "d.json").write_text(json.dumps(_result("2026-12-01T14:00:00", "qwen3-30b-a3b", memory_only)))
     assert table(tmp_path).splitlines()[2:] == lines
     (tmp_path / "d.json").unlink()
+    # the SM clock column: the row's mean clock and power-capped share where NVML sampled it, n/a where not
+    assert all(line.split(" | ")[-4] == "n/a" for line in lines)
+    capped = {"sm_clock_mhz_mean": 1634.6, "power_capped_share": 0.98, "samples": 50}
+    clocked = [_row("anchor", "anchor", 10.0), {**_row("engine", "engine", 21.0), "gpu_clocks": capped}]
+    (tmp_path / "e.json").write_text(json.dumps(_result("2026-12-01T15:00:00", "qwen3-30b-a3b", clocked)))
+    engine = next(line for line in table(tmp_path).splitlines() if "e.json" in line and "**engine**" in line)
+    assert engine.split(" | ")[-4] == "1,635 (98%)"
+    (tmp_path / "e.json").unlink()
     history = history_table(tmp_path).splitlines()[2:]
     assert [line.split(" | ")[-1] for line in history] == ["[b.json](results/b.json) |"] * 2 + [
         "[a.json](results/a.json) |",

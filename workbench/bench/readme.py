@@ -19,8 +19,8 @@ _STEP = {"workbench.bench/1": "bench loop", "workbench.bench/2": "Trainer.train_
 
 LATEST_HEADER = (
     "| GPUs | model | layers | seq x batch | variant | tokens/s/GPU median (p10-p90) | vs anchor | vs anchor_liger "
-    "| TFLOP/s/GPU | peak GiB | memory vs anchor | timed | date | results |\n"
-    "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|"
+    "| TFLOP/s/GPU | peak GiB | memory vs anchor | SM MHz (power-capped) | timed | date | results |\n"
+    "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|"
 )
 HISTORY_HEADER = (
     "| date | GPUs | model | layers | seq x batch | engine (gate) | anchor | anchor tokens/s/GPU | "
@@ -74,6 +74,14 @@ def _ratio(num: float | None, den: float | None, bold: bool = False) -> str:
     return f"**{text}**" if bold else text
 
 
+def _clock(row: dict[str, Any]) -> str:
+    """Mean SM clock of the row's timed steps and the share of samples the power cap held ('n/a': not sampled)."""
+    c = row.get("gpu_clocks")
+    if not c:
+        return "n/a"
+    return f"{c['sm_clock_mhz_mean']:,.0f} ({100 * c['power_capped_share']:.0f}%)"
+
+
 def _latest_rows(path: Path, data: dict[str, Any]) -> list[str]:
     ok = [r for r in data["variants"] if r.get("status") == "ok"]
     # files older than the reference field: the same rule, applied now
@@ -96,7 +104,8 @@ def _latest_rows(path: Path, data: dict[str, Any]) -> list[str]:
             f"{_ratio(r['tokens_per_s_per_gpu'], ref and ref['tokens_per_s_per_gpu'], headline)} | "
             f"{_ratio(r['tokens_per_s_per_gpu'], liger and liger['tokens_per_s_per_gpu'], headline)} | "
             f"{r['tflops_per_gpu']:.0f} | {r['peak_mem_gib']:.1f} | {_ratio(r['peak_mem_gib'], anchor_mem)} | "
-            f"{_STEP[data['schema']]} | {data['date'][:10]} | [{path.name}](benchmarks/results/{path.name}) |"
+            f"{_clock(r)} | {_STEP[data['schema']]} | {data['date'][:10]} | "
+            f"[{path.name}](benchmarks/results/{path.name}) |"
         )
     return out
 
