@@ -251,6 +251,56 @@ def test_triton_sr_kernel_equals_the_torch_reference_bit_for_bit(device):
     run_triton_script(_KERNEL_SCRIPT, device, "SR KERNEL OK", timeout=300)
 
 
+_ONE_DIVISION_SCRIPT = textwrap.dedent("""
+    import sys, torch, triton, triton.language as tl
+    from workbench.kernels import triton_adamw as ta
+    from workbench.kernels.adamw import adam_update, adamw_scalars
+
+    @triton.jit
+    def _probe(P, G, M, V, OUT, n, b1, o1, b2, o2, lwd, eps, step_size, bc2, ONE: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        p = tl.load(P + offs, mask=mask, other=0.0)
+        g = tl.load(G + offs, mask=mask, other=0.0)
+        m = tl.load(M + offs, mask=mask, other=0.0)
+        v = tl.load(V + offs, mask=mask, other=1.0)
+        p, m, v = ta.adam_update(p, g, m, v, b1, o1, b2, o2, lwd, eps, step_size, bc2, True, False, ONE)
+        tl.store(OUT + offs, p, mask=mask)
+
+    device = sys.argv[1]
+    torch.manual_seed(0)
+    n = 1 << 16
+    p, g = 0.02 * torch.randn(n, device=device), torch.randn(n, device=device)
+    m, v = 0.1 * torch.randn(n, device=device), torch.rand(n, device=device) ** 4  # small v: eps matters too
+    s = adamw_scalars(5, 3e-4, 0.9, 0.95, 1e-8, 1e-2)
+    args = ta.scalar_args(s)
+    got = {}
+    for one in (False, True):
+        out = torch.empty_like(p)
+        _probe[(triton.cdiv(n, 1024),)](p, g, m, v, out, n, *args, ONE=one, BLOCK=1024, enable_fp_fusion=False)
+        want = adam_update(p, g, m, v, s, one_division=one)[0]
+        assert torch.equal(out, want), (one, (out - want).abs().max())  # the kernel's float32 bits, each formula
+        got[one] = out
+    moved = got[True] != got[False]
+    assert moved.any()  # the two formulas round differently somewhere: this test tells them apart
+    # ... and by float32 roundings only: at most two float32 steps of the larger of old and new parameter (a new one
+    # near zero is a difference of two near-equal terms, each rounded at its own size)
+    size = torch.maximum(p.abs(), got[False].abs())
+    ulp = torch.nextafter(size, torch.full_like(size, float("inf"))) - size
+    worst = ((got[True] - got[False]).abs() / ulp).max().item()
+    assert worst <= 2.0, worst
+    assert moved.float().mean().item() < 0.05, moved.float().mean().item()
+    print("ONE DIVISION OK")
+""")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_division_update_is_the_kernels_and_torch_steps_within_float32_rounding(device):
+    """SR's one-division step: kernel and torch reference give the same float32 bits, and differ from the
+    two-division step (torch's) only by float32 roundings of the step."""
+    run_triton_script(_ONE_DIVISION_SCRIPT, device, "ONE DIVISION OK", timeout=300)
+
+
 def test_torch_reference_sr_changes_only_bf16_stores():
     torch.manual_seed(0)
     n = 500

@@ -120,8 +120,13 @@ def adam_update(
     scalars: dict[str, float],
     precise: bool = False,
     grad_coef: torch.Tensor | None = None,
+    one_division: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The float32 (param, exp_avg, exp_avg_sq) after one step, in the kernels' operation order (torch ops)."""
+    """The float32 (param, exp_avg, exp_avg_sq) after one step, in the kernels' operation order (torch ops).
+
+    `one_division` (stochastically rounded bf16 parameters, as the kernels): the step as
+    (step_size * bc2) * m / (sqrt(v) + eps * bc2), one division instead of two (triton_adamw.adam_update).
+    """
     s = scalars
     wide = torch.float64 if precise else torch.float32
     p, m, v = param.to(torch.float32), exp_avg.to(wide), exp_avg_sq.to(wide)
@@ -138,6 +143,12 @@ def adam_update(
     # sqrt in float64 rounded to float32 is the correctly rounded float32 sqrt (CPU torch.sqrt is
     # not); a tensor divisor, since CUDA torch multiplies by the reciprocal of a Python scalar one
     root = v.to(torch.float64).sqrt().to(torch.float32)
+    if one_division and not precise:
+        # the kernel's float32 scalar products (a product of two float32 values is exact in a double, so rounding
+        # it to float32 is float32's own multiply), then one division of tensors (IEEE on CPU and CUDA alike)
+        scale = _f32(_f32(s["step_size"]) * _f32(s["bc2_sqrt"]))
+        eps_bc2 = _f32(_f32(s["eps"]) * _f32(s["bc2_sqrt"]))
+        return p - (m * scale) / (root + eps_bc2), m, v
     denom = ((root / torch.full_like(root, s["bc2_sqrt"])).to(wide) + s["eps"]).to(torch.float32)
     return p - (m * s["step_size"]) / denom, m, v
 
@@ -164,7 +175,8 @@ def torch_adamw_step_(
     multiplied by in float32 first (gradient clipping's coefficient, applied here instead of in a
     separate pass over every gradient).
     """
-    p, m, v = adam_update(param, grad, exp_avg, exp_avg_sq, scalars, precise, grad_coef)
+    one_division = sr is not None and param.dtype == torch.bfloat16  # as the kernels decide it
+    p, m, v = adam_update(param, grad, exp_avg, exp_avg_sq, scalars, precise, grad_coef, one_division)
     bits = None
     for dst, value, stream in ((param, p, "param"), (exp_avg, m, "exp_avg"), (exp_avg_sq, v, "exp_avg_sq")):
         if sr is not None and dst.dtype == torch.bfloat16:

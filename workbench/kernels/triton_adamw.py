@@ -111,10 +111,14 @@ def _store_rounded(ptr, offs, x, mask, bits16, SR: tl.constexpr, ROUND_BY_HAND: 
 @triton.jit
 def adam_update(
     p, g, m, v, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits, eps_bits, step_size, bc2_sqrt,
-    HAS_WD: tl.constexpr, PRECISE: tl.constexpr,
+    HAS_WD: tl.constexpr, PRECISE: tl.constexpr, ONE_DIVISION: tl.constexpr,
 ):  # fmt: skip
     # The float32 (p, m, v) after one step from float32 p, g, m, v: torch's functor, in its order (module docstring).
     # Every AdamW kernel here runs it, the 8-bit one too (triton_adamw8.py): one formula, the same bits.
+    # ONE_DIVISION (stochastically rounded bf16 parameters): the step as (step_size * bc2) * m / (sqrt(v) + eps * bc2),
+    # torch's step with one IEEE division instead of two; it differs from torch's by float32 roundings, far under the
+    # bf16 rounding that follows. The kernel issues more instructions than its bytes need (a division ~8 of ~115
+    # an element on sm_90), so one fewer is time (benchmarks/NOTES.md, session 17).
     beta1, omb1 = _f64(beta1_bits), _f64(omb1_bits)
     beta2, omb2 = _f64(beta2_bits), _f64(omb2_bits)
     lr_wd, eps = _f64(lr_wd_bits), _f64(eps_bits)
@@ -131,6 +135,8 @@ def adam_update(
             p = p - lr_wd.to(tl.float32) * p
         m = beta1.to(tl.float32) * m + omb1.to(tl.float32) * g
         v = beta2.to(tl.float32) * v + omb2.to(tl.float32) * g * g
+        if ONE_DIVISION:
+            return p - tl.div_rn((step_size * bc2_sqrt) * m, tl.sqrt_rn(v) + eps.to(tl.float32) * bc2_sqrt), m, v
         denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps.to(tl.float32)
     return p - tl.div_rn(step_size * m, denom), m, v
 
@@ -156,7 +162,7 @@ def _update_block(
         mask = tl.where(_block_squares(SQ, g), mask, False)
     p, m, v = adam_update(
         p, g, m, v, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits, eps_bits, step_size, bc2_sqrt, HAS_WD,
-        PRECISE,
+        PRECISE, SR and P.dtype.element_ty == tl.bfloat16,
     )  # fmt: skip
     bits_p, bits_m, bits_v = offs, offs, offs  # unused unless SR
     if SR:  # stochastic_round.stream_bits: the param low 16 bits, exp_avg_sq high 16, exp_avg (h * C) >> 16

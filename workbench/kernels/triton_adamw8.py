@@ -105,7 +105,7 @@ def _adamw8_kernel(
         rmask = tl.where(finite, rmask, False)
     p, m, v = adam_update(
         p, g, m, v, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits, eps_bits, step_size, bc2_sqrt, HAS_WD,
-        PRECISE,
+        PRECISE, False,
     )  # fmt: skip
     local = tl.arange(0, ROWS)[:, None] * QB + tl.arange(0, QB)[None, :]  # offs - block_start, in int32
     bits = _element_bits(key, local, base.to(tl.int64) + block_start, BLOCK)
