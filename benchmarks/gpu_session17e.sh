@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Session 17's fifth call (1 x H200; carry .whl, .device_commit and .ab with the previous commit's workbench/ in
-# .ab/old): same-machine A/B of the step (profile_trainer.py --no-trace, old/new alternating, twice), the GPU's
+# .ab/old): same-machine A/B of the one-division AdamW (profile_trainer.py --no-trace, old/new alternating, twice), the GPU's
 # clocks and power meanwhile, the AdamW CUDA tests, and the Qwen3 L8 bench row with its anchor.
-#   OUT=/path bash benchmarks/gpu_session17c.sh
+#   OUT=/path bash benchmarks/gpu_session17e.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/gpu_env.sh
