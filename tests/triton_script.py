@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,14 +25,23 @@ DEVICES = [
 
 
 def run_triton_script(code: str, device: str, marker: str, timeout: float = 600) -> None:
-    """Run `code` with argv[1] = `device`; fail with its output unless it exits 0 and prints `marker`."""
+    """Run `code` with argv[1] = `device`; fail with its output unless it exits 0 and prints `marker`.
+
+    The code runs from a file, not `python -c`: Triton compiles a script's own @triton.jit functions from their
+    source file (the interpreter does not need one, so `-c` passed on CPU and failed on the GPU).
+    """
+    repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "TRITON_INTERPRET": "1"} if device == "cpu" else dict(os.environ)
-    proc = subprocess.run(
-        [sys.executable, "-c", code, device],
-        env=env,
-        cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH", "")) if p)
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "triton_test_script.py"
+        script.write_text(code)
+        proc = subprocess.run(
+            [sys.executable, str(script), device],
+            env=env,
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     assert proc.returncode == 0 and marker in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
