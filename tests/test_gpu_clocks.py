@@ -31,7 +31,11 @@ def test_rounds_merge_weighted_by_their_samples():
     m = merge([a, None, b])
     assert m["samples"] == 4 and m["sm_clock_mhz_mean"] == pytest.approx((3 * 1900 + 1500) / 4)
     assert m["power_capped_share"] == pytest.approx(0.25) and m["sm_clock_mhz_min"] == 1500
-    assert merge([None, None]) is None
+    assert merge([None, None]) is None and "energy_j" not in m
+    with_energy = [{**a, "energy_j": 30.0, "window_s": 0.5}, {**b, "energy_j": 12.0, "window_s": 0.2}]
+    e = merge(with_energy)
+    assert e["energy_j"] == 42.0 and e["window_s"] == pytest.approx(0.7)
+    assert "energy_j" not in merge([with_energy[0], b])  # a round without the counter: no total
 
 
 def test_sampler_on_a_cpu_device_says_why_it_sampled_nothing():
@@ -63,6 +67,8 @@ def test_table_lines_name_clock_power_and_the_unsampled():
         "of 2 samples, heat in 0%"
     )
     assert lines[1] == "gpu clocks engine: not sampled (not a CUDA device)" and len(lines) == 2
+    rows[0]["gpu_clocks"]["energy_j_per_step"] = 81.25
+    assert clock_lines(rows)[0].endswith("heat in 0%; 81.2 J a step")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (NVML samples a GPU)")
@@ -78,3 +84,5 @@ def test_sampler_reads_a_busy_gpu():
     s = sampler.stop()
     assert s["samples"] > 0 and 0 < s["sm_clock_mhz_min"] <= s["sm_clock_mhz_mean"] <= s["sm_clock_mhz_max"]
     assert 0 < s["power_w_mean"] and s["power_limit_w"] > 0 and 0 <= s["power_capped_share"] <= 1
+    # the energy counter over the window: about the mean power times its length (samples are instants)
+    assert s["window_s"] > 0 and 0.3 < s["energy_j"] / (s["power_w_mean"] * s["window_s"]) < 3

@@ -4,7 +4,9 @@ Why the bench records them: on the H200 the engine's Qwen3-30B-A3B step draws th
 clock falls to ~1,500-1,800 MHz (NVML's software power cap active in ~all samples), while Transformers' slower step
 runs at ~1,950 MHz under the same limit (session 17, nvidia-smi at 250 ms). A speed ratio is then a ratio at
 different clocks: the rows say which. NVML comes from `nvidia-ml-py` (the `gpu` extra); without it, or without an
-NVIDIA driver, nothing is sampled and the rows say why.
+NVIDIA driver, nothing is sampled and the rows say why. The board's energy counter over the same window gives joules
+per step (energy is what a power-capped board rations). The window opens when the first timed step is queued and
+closes when the last one is read back, so it can hold the tail of a warm-up step the device was still running.
 """
 
 from __future__ import annotations
@@ -58,6 +60,12 @@ def merge(summaries: list[dict[str, Any] | None]) -> dict[str, Any] | None:
         out[key] = sum(s[key] * s["samples"] for s in parts) / n
     out["sm_clock_mhz_min"] = min(s["sm_clock_mhz_min"] for s in parts)
     out["samples"] = n
+    if all("energy_j" in s for s in parts):  # the board's energy counter over every round's window
+        out["energy_j"] = sum(s["energy_j"] for s in parts)
+        out["window_s"] = sum(s["window_s"] for s in parts)
+    else:
+        out.pop("energy_j", None)
+        out.pop("window_s", None)
     return out
 
 
@@ -92,6 +100,7 @@ class ClockSampler:
         self._samples: list[ClockSample] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._window: tuple[float, int | None] = (0.0, None)
 
     def _read(self) -> ClockSample:
         nvml, h = self._nvml, self._handle
@@ -113,10 +122,19 @@ class ClockSampler:
                 return
             self._stop.wait(self.period_s)
 
+    def _energy_mj(self) -> int | None:
+        # the board's energy since the driver loaded (mJ, Volta and later): energy per step under a power cap,
+        # where time alone hides what the clock gave up
+        try:
+            return int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
+        except Exception:  # noqa: BLE001 - a board without the counter: no energy, the rest stands
+            return None
+
     def start(self) -> None:
         """Start sampling (again: earlier samples are dropped)."""
         if self._nvml is None or self._thread is not None:
             return
+        self._window = (time.monotonic(), self._energy_mj())
         self._samples = []
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="workbench-clocks", daemon=True)
@@ -124,8 +142,13 @@ class ClockSampler:
 
     def stop(self) -> dict[str, Any] | None:
         """Stop sampling; the summary of the samples (None without NVML or samples)."""
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
-        return summarize(self._samples, self._limits)
+        if self._thread is None:
+            return summarize(self._samples, self._limits)
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+        summary = summarize(self._samples, self._limits)
+        (t0, e0), e1 = self._window, self._energy_mj()
+        if summary is not None and e0 is not None and e1 is not None:
+            summary.update(energy_j=(e1 - e0) / 1e3, window_s=time.monotonic() - t0)
+        return summary

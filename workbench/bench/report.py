@@ -251,6 +251,7 @@ def clock_lines(variants: list[dict[str, Any]]) -> list[str]:
             f"gpu clocks {r['name']}: SM {c['sm_clock_mhz_mean']:,.0f} MHz mean, {c['sm_clock_mhz_min']:,} min{top}; "
             f"{c['power_w_mean']:.0f} W{limit}; power cap held the clock in {100 * c['power_capped_share']:.0f}% "
             f"of {c['samples']} samples, heat in {100 * c['thermal_share']:.0f}%"
+            + (f"; {c['energy_j_per_step']:.1f} J a step" if c.get("energy_j_per_step") is not None else "")
         )
     return lines
 

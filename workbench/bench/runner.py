@@ -202,6 +202,8 @@ def run_variants(
         if "status" not in row:
             _finish(row, records[name], cfg, hf_config, world)
             row["gpu_clocks"] = merge_clocks(clocks[name])  # this rank's GPU over the variant's timed steps
+            if row["gpu_clocks"] and "energy_j" in row["gpu_clocks"] and row["steps"]:
+                row["gpu_clocks"]["energy_j_per_step"] = row["gpu_clocks"]["energy_j"] / row["steps"]
     return [rows[name] for name in cfg.variants], order
 
 
