@@ -15,6 +15,7 @@ import json
 import time
 
 import torch
+from cuda_timing import cuda_event_ms  # benchmarks/ is this script's folder, first on sys.path
 
 
 def expert_counts(tokens: int, hidden: int, experts: int, top_k: int, seed: int = 0) -> torch.Tensor:
@@ -46,16 +47,10 @@ def problems(rows: int, hidden: int, inter2: int, inter: int, experts: int) -> d
 
 
 def time_ms(fn, reps: int) -> float:
+    """Median ms of `fn()` after three warm-up calls (benchmarks/cuda_timing.py's timer)."""
     for _ in range(3):
         fn()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    stop.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(stop) / reps
+    return cuda_event_ms(fn, reps)
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ import json
 
 import torch
 import torch.nn.functional as F
+from cuda_timing import cuda_event_ms  # benchmarks/ is this script's folder, first on sys.path
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
@@ -86,15 +87,10 @@ def make_update(layers: int, device: str = "cuda"):
 
 
 def elapsed_ms(fn, reps: int = 5) -> float:
+    """Median ms of `fn()` after one warm-up call (benchmarks/cuda_timing.py's timer)."""
     fn()
     torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    stop.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(stop) / reps
+    return cuda_event_ms(fn, reps)
 
 
 def main() -> None:
