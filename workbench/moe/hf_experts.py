@@ -282,14 +282,13 @@ class EngineExperts:
             # softmax), so a step's work and numerics differ from a native step only by the assignment.
             top_k_index = balanced_ids(x_TD.shape[0], top_k_index.shape[-1], self.num_experts, x_TD.device)
         dispatcher = self.workbench_dispatcher
-        counted_all = getattr(dispatcher, "counts_every_expert", False)  # its counts are the router's choices
-        if not counted_all:
-            count_routed(self, top_k_index)  # the expert load of the plots and the router-bias update
         # The profiler's phases (train/profile.py); about a microsecond each with no profiler running.
         with record_function("workbench.dispatch"):
             x_ND, tokens_per_expert, handle = dispatcher.dispatch(x_TD, top_k_index.long(), top_k_weights)
-        if counted_all:
-            count_routed(self, top_k_index, tokens_per_expert)
+        # the expert load of the plots and the router-bias update; a dispatch that counts every expert's rows
+        # already counted the router's choices
+        counted = tokens_per_expert if getattr(dispatcher, "counts_every_expert", False) else None
+        count_routed(self, top_k_index, counted)
         with record_function("workbench.experts"):
             if self.workbench_recompute and torch.is_grad_enabled():
                 # Saves only the input rows; the [N, 2I] and [N, I] intermediates are rebuilt in backward.

@@ -36,7 +36,7 @@ def stable_order(keys: torch.Tensor, bound: int) -> torch.Tensor:
     if bound < 0:
         raise ValueError(f"bound must be >= 0, got {bound}")
     for dtype in (torch.uint8, torch.int16, torch.int32):
-        if bound <= (255 if dtype == torch.uint8 else torch.iinfo(dtype).max):
+        if bound <= torch.iinfo(dtype).max:
             return torch.argsort(keys.to(dtype), stable=True)
     return torch.argsort(keys, stable=True)
 
