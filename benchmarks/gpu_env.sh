@@ -36,3 +36,19 @@ bench_row() {
   echo "bench $1 exit $? after $((SECONDS - T0)) s"
   sed -n "/== $1/,\$p" "$OUT/bench.log" | grep -E "^bench: [a-z_]+:|x tokens/s|failed|Error" | cut -c1-260
 }
+# ab_rounds ROUNDS ARGS...: same-machine A/B of profile_trainer.py ARGS, the previous commit's workbench/ (carried in
+# .ab/old, first on PYTHONPATH) against this tree's, alternating old/new ROUNDS times; each side's queued step and
+# phase medians printed, its log in $OUT/ab-SIDE-ROUND.log.
+ab_rounds() {
+  local base=$PYTHONPATH round side log
+  for round in $(seq 1 "$1"); do
+    for side in old new; do
+      if [ "$side" = old ]; then export PYTHONPATH=$PWD/.ab/old:$base; else export PYTHONPATH=$base; fi
+      log="$OUT/ab-$side-$round.log"
+      timeout 150 python3 benchmarks/profile_trainer.py "${@:2}" --out "$OUT/ab-$side-$round" > "$log" 2>&1
+      echo "$side $round: $(grep -oE '"step_ms_queued": [0-9.]+' "$log") $(grep -oE '"records_median_ms": \{[^}]*\}' "$log")"
+      grep -E "Error|Traceback" "$log" | head -3
+    done
+  done
+  export PYTHONPATH=$base
+}

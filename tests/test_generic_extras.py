@@ -246,7 +246,7 @@ for family in sys.argv[1:]:
         saved[(mod, name)] = getattr(mod, name)
         setattr(mod, name, lambda *a, **k: (_ for _ in ()).throw(AssertionError(f"{mod.__name__}.{name} ran")))
     for mod, name in ((tc, "combine_forward"), (tc, "combine_backward"), (ts, "swiglu_packed"),
-                      (tr, "rms_norm"), (tce, "ce_rows_"), (tce, "scaled"), (tg, "gate"), (tg, "row_bias_")):
+                      (tr, "rms_norm"), (tce, "ce_rows_"), (tce, "scale_"), (tg, "gate"), (tg, "row_bias_")):
         forbid(mod, name)
     torch_only = BackendConfig(experts="grouped_mm", fused_ce=True, rms_norm="torch", swiglu="torch", combine="torch",
                                cross_entropy="torch", rope="torch")

@@ -473,6 +473,33 @@ for dtype, tol, vocab in ((torch.float32, 1e-5, 53), (torch.float32, 1e-5, 5000)
                                           fromlist=["x"]).shift_labels(labels), num_items_in_batch=17,
                                           use_triton=True)
     assert rel_err(loss, ref[0]) < tol
+# the rows' split over programs and pass 2's direction change no bit of the loss or the gradient
+from workbench.kernels.triton_cross_entropy import ce_rows_
+logits = torch.randn(23, 5000, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+targets = torch.randint(0, 5000, (23,), generator=torch.Generator().manual_seed(4))
+targets[5] = -100
+denom = torch.tensor(19.0)
+runs = []
+for programs, reverse in ((None, True), (1, False), (5, True), (23, False), (64, True)):
+    grad = logits.clone()
+    runs.append((ce_rows_(grad, targets, denom, -100, True, programs=programs, reverse=reverse), grad))
+for loss_C, grad in runs[1:]:
+    assert torch.equal(loss_C, runs[0][0]) and torch.equal(grad, runs[0][1])
+# an upstream gradient scales the forward's buffers in place (1 leaves them); a second backward is refused
+from workbench.kernels.cross_entropy import shift_labels
+hidden, weight, labels = _ce_inputs(torch.float32, seq=11, vocab=300, hidden=16)
+ref = _hf_loss_and_grads(hidden, weight, labels)
+for upstream in (1.0, 2.5):
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    loss = fused_linear_cross_entropy(h, w, shift_labels(labels), chunk_size=7, use_triton=True)
+    (upstream * loss).backward(retain_graph=True)
+    assert rel_err(h.grad, upstream * ref[1]) < 1e-5 and rel_err(w.grad, upstream * ref[2]) < 1e-5, upstream
+    try:
+        loss.backward()
+    except RuntimeError as err:
+        assert "ran twice" in str(err), err
+    else:
+        raise AssertionError("a second backward through the fused loss was not refused")
 print("TRITON CE OK")
 """)
 
@@ -794,18 +821,19 @@ def test_engine_attention_says_when_the_fused_rope_falls_back():
 
 
 @needs_cuda_triton
-def test_triton_scaled_equals_torch_mul_by_device_scalar():
-    from workbench.kernels.triton_cross_entropy import scaled
+def test_triton_scale_in_place_equals_torch_mul_by_device_scalar():
+    from workbench.kernels.triton_cross_entropy import scale_
 
     g = torch.Generator(device="cuda").manual_seed(5)
     for dtype in (torch.bfloat16, torch.float32):
         x = torch.randn(3001, 517, device="cuda", generator=g).to(dtype)
-        scale = torch.rand((), device="cuda", generator=g) + 0.5
-        got = scaled(x, scale)
-        assert got.dtype == dtype and got.data_ptr() != x.data_ptr()
-        # float32 product, one rounding to the tensor's dtype (torch's bf16 * 0-dim float32 tensor
-        # would round the scale to bf16 first)
-        torch.testing.assert_close(got, (x.float() * scale).to(dtype), rtol=0, atol=0)
+        for scale in (torch.rand((), device="cuda", generator=g) + 0.5, torch.ones((), device="cuda")):
+            # float32 product, one rounding to the tensor's dtype (torch's bf16 * 0-dim float32 tensor
+            # would round the scale to bf16 first)
+            expected = (x.float() * scale).to(dtype)
+            got = scale_(x, scale)
+            assert got.data_ptr() == x.data_ptr()
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
 def test_kernels_import_no_config_and_no_moe_modules():

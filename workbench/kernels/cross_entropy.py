@@ -135,11 +135,11 @@ def _chunk_torch(
 
 
 def _scaled(grad: torch.Tensor, scale: torch.Tensor, use_triton: bool) -> torch.Tensor:
-    """grad * scale in grad's dtype; one Triton pass with `use_triton` (see triton_cross_entropy.scaled)."""
+    """grad * scale in grad's dtype; with `use_triton` in place in one Triton pass, no bytes moved for a scale of 1."""
     if use_triton and grad.is_contiguous():
-        from workbench.kernels.triton_cross_entropy import scaled
+        from workbench.kernels.triton_cross_entropy import scale_
 
-        return scaled(grad, scale.to(grad.device))
+        return scale_(grad, scale.to(grad.device))
     return (grad * scale).to(grad.dtype)
 
 
@@ -195,10 +195,19 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             grad_weight_VD = grad_weight_VD.to(weight_VD.dtype)
         ctx.save_for_backward(grad_hidden_ND, grad_weight_VD)
         ctx.use_triton = use_triton
+        ctx.handed_out = False
         return loss_sum / denom
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
+        if ctx.handed_out:
+            # the gradients are the forward's buffers, scaled in place and handed to autograd (which may keep
+            # them as .grad and let an optimizer or clipping change them): a second backward cannot reuse them
+            raise RuntimeError(
+                "backward ran twice through the fused linear cross-entropy (retain_graph): its gradients are "
+                "computed in the forward and handed out once; run the forward again for another backward"
+            )
+        ctx.handed_out = True
         grad_hidden_ND, grad_weight_VD = ctx.saved_tensors
         scale = grad_loss.to(torch.float32)
         dh = None if grad_hidden_ND is None else _scaled(grad_hidden_ND, scale, ctx.use_triton)

@@ -19,44 +19,64 @@ from workbench.kernels._triton_util import check_triton_device
 # Shape suffixes: C one chunk of tokens, V vocab.
 
 BLOCK_V = 4096
+# Programs of the softmax-gradient kernel per multiprocessor: see _ce_rows_kernel.
+PROGRAMS_PER_SM = 1
 
 
 @triton.jit
 def _ce_rows_kernel(
-    LOGITS, LABELS, LOSS, DENOM, stride_row, V, ignore_index, WRITE_GRAD: tl.constexpr, BLOCK: tl.constexpr
-):
-    row = tl.program_id(0).to(tl.int64)
-    base = LOGITS + row * stride_row
-    label = tl.load(LABELS + row).to(tl.int64)
-    valid = label != ignore_index
-    target = tl.where(valid, label, 0)
-    # pass 1: online log-sum-exp in float32
-    m = tl.full((), float("-inf"), tl.float32)
-    s = tl.zeros((), tl.float32)
-    for start in range(0, V, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
-        m = m_new
-    lse = m + tl.log(s)
-    target_logit = tl.load(base + target).to(tl.float32)
-    tl.store(LOSS + row, tl.where(valid, lse - target_logit, 0.0))
-    if WRITE_GRAD:
-        # pass 2: d(loss)/d(logits) = (softmax - onehot) * valid / denom, over the logits
-        scale = tl.where(valid, 1.0 / tl.load(DENOM).to(tl.float32), 0.0)
+    LOGITS, LABELS, LOSS, DENOM, stride_row, C, V, ignore_index, WRITE_GRAD: tl.constexpr, REVERSE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    # Rows pid, pid + programs, ...: with about one program per SM the rows in flight (~40 MB of Qwen3's
+    # 151936-wide bf16 rows on 132 SMs) fit the L2, so pass 2 re-reads a row from the L2 instead of HBM, and
+    # REVERSE walks it back from the blocks pass 1 read last (the ones still most surely cached).
+    first, step = tl.program_id(0).to(tl.int64), tl.num_programs(0).to(tl.int64)
+    for i in range(0, tl.cdiv(C - tl.program_id(0), tl.num_programs(0))):
+        row = first + i * step
+        base = LOGITS + row * stride_row
+        label = tl.load(LABELS + row).to(tl.int64)
+        valid = label != ignore_index
+        target = tl.where(valid, label, 0)
+        # pass 1: online log-sum-exp in float32
+        m = tl.full((), float("-inf"), tl.float32)
+        s = tl.zeros((), tl.float32)
         for start in range(0, V, BLOCK):
             cols = start + tl.arange(0, BLOCK)
-            mask = cols < V
-            x = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
-            g = tl.exp(x - lse) - tl.where(cols == target, 1.0, 0.0)
-            tl.store(base + cols, (g * scale).to(LOGITS.dtype.element_ty), mask=mask)
+            x = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+            m = m_new
+        lse = m + tl.log(s)
+        target_logit = tl.load(base + target).to(tl.float32)
+        tl.store(LOSS + row, tl.where(valid, lse - target_logit, 0.0))
+        if WRITE_GRAD:
+            # pass 2: d(loss)/d(logits) = (softmax - onehot) * valid / denom, over the logits
+            scale = tl.where(valid, 1.0 / tl.load(DENOM).to(tl.float32), 0.0)
+            n_blocks = tl.cdiv(V, BLOCK)
+            for i in range(0, n_blocks):
+                start = ((n_blocks - 1 - i) if REVERSE else i) * BLOCK
+                cols = start + tl.arange(0, BLOCK)
+                mask = cols < V
+                x = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
+                g = tl.exp(x - lse) - tl.where(cols == target, 1.0, 0.0)
+                tl.store(base + cols, (g * scale).to(LOGITS.dtype.element_ty), mask=mask)
 
 
 def ce_rows_(
-    logits_CV: torch.Tensor, labels_C: torch.Tensor, denom: torch.Tensor, ignore_index: int, write_grad: bool
+    logits_CV: torch.Tensor,
+    labels_C: torch.Tensor,
+    denom: torch.Tensor,
+    ignore_index: int,
+    write_grad: bool,
+    programs: int | None = None,
+    reverse: bool = True,
 ) -> torch.Tensor:
-    """Per-row loss (float32 [C]); with `write_grad`, overwrite logits with d(sum loss / denom)/d(logits)."""
+    """Per-row loss (float32 [C]); with `write_grad`, overwrite logits with d(sum loss / denom)/d(logits).
+
+    `programs`: how many programs share the rows (None: PROGRAMS_PER_SM a multiprocessor); `reverse`: pass 2
+    walks each row backwards. Both are benchmark knobs (benchmarks/ce_rows_kernel.py); the bits do not change.
+    """
     check_triton_device(logits_CV, "cross_entropy")
     if logits_CV.stride(-1) != 1:
         raise ValueError("ce_rows_ needs logits with unit stride along the vocabulary")
@@ -64,41 +84,53 @@ def ce_rows_(
     loss_C = torch.empty(C, dtype=torch.float32, device=logits_CV.device)
     if C:
         block = min(BLOCK_V, triton.next_power_of_2(V))
-        _ce_rows_kernel[(C,)](
+        grid = min(C, programs if programs is not None else PROGRAMS_PER_SM * multiprocessors(logits_CV.device))
+        _ce_rows_kernel[(max(1, grid),)](
             logits_CV,
             labels_C,
             loss_C,
             denom,
             logits_CV.stride(0),
+            C,
             V,
             ignore_index,
             WRITE_GRAD=write_grad,
+            REVERSE=reverse,
             BLOCK=block,
             num_warps=8 if block >= 2048 else 4,
         )
     return loss_C
 
 
+def multiprocessors(device: torch.device) -> int:
+    """The device's streaming multiprocessors (4 for the CPU interpreter: several programs, a few rows each)."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 @triton.jit
-def _scale_kernel(X, OUT, SCALE, n_elements, BLOCK: tl.constexpr):
+def _scale_kernel(X, SCALE, n_elements, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n_elements
     s = tl.load(SCALE).to(tl.float32)
+    # a scale of exactly 1 (a plain loss.backward()) moves no bytes: masked loads and stores issue no requests
+    # (a where, not `&`: Triton's interpreter refuses a scalar and a tensor mask)
+    mask = tl.where(s != 1.0, offs < n_elements, False)
     x = tl.load(X + offs, mask=mask).to(tl.float32)
-    tl.store(OUT + offs, (x * s).to(OUT.dtype.element_ty), mask=mask)
+    tl.store(X + offs, (x * s).to(X.dtype.element_ty), mask=mask)
 
 
-def scaled(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x * scale (a 0-dim float tensor on x's device) as a new tensor, float32 math, one pass.
+def scale_(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x *= scale in place (a 0-dim float tensor on x's device), float32 math; no memory traffic when it is 1.
 
-    torch's `x * scale` by a 0-dim CUDA tensor takes its broadcasting, unvectorized elementwise
-    path: 1.1 ms for the [151936, 2048] bf16 lm_head gradient on H200, ~0.3 ms here.
+    torch's `x * scale` by a 0-dim CUDA tensor takes its broadcasting, unvectorized elementwise path (1.1 ms for
+    the [151936, 2048] bf16 lm_head gradient on H200); a new tensor here took ~0.3 ms, in place with a scale of 1
+    (what `loss.backward()` hands the fused loss) only the launch.
     """
     check_triton_device(x, "cross_entropy")
     if not x.is_contiguous() or scale.numel() != 1 or scale.device != x.device:
-        raise ValueError("scaled() needs a contiguous tensor and a one-element scale on its device")
-    out = torch.empty_like(x)
+        raise ValueError("scale_() needs a contiguous tensor and a one-element scale on its device")
     n = x.numel()
     if n:
-        _scale_kernel[(triton.cdiv(n, 2048),)](x, out, scale, n, BLOCK=2048, num_warps=4)
-    return out
+        _scale_kernel[(triton.cdiv(n, 4096),)](x, scale, n, BLOCK=4096, num_warps=4)
+    return x
