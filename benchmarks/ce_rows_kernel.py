@@ -2,8 +2,9 @@
 
     python benchmarks/ce_rows_kernel.py --out $OUT/ce_rows.json
 
-The kernel reads each logits row twice (log-sum-exp, then the gradient over the logits). With one program per row
-the rows in flight outgrow the L2, so pass 2 reads HBM again; `programs` near the SM count keeps them cached.
+The kernel reads each logits row twice (log-sum-exp, then the gradient over the logits). With one program a row the
+rows in flight outgrow the L2, so pass 2 reads HBM again; `programs` near the SM count would keep them cached
+(session 18: slower, the fewer programs keep too few bytes in flight).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 from cuda_timing import cuda_event_ms  # benchmarks/ is this script's folder, first on sys.path
 
-from workbench.kernels.triton_cross_entropy import ce_rows_, multiprocessors, scale_
+from workbench.kernels.triton_cross_entropy import ce_rows_, scale_
 
 
 def main() -> None:
@@ -27,7 +28,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--out", default="ce_rows.json")
     args = p.parse_args()
-    sms = multiprocessors(torch.device("cuda"))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     results = {"device": torch.cuda.get_device_name(), "sms": sms, "vocab": args.vocab, "rows": {}}
     for rows in args.rows:
         gen = torch.Generator(device="cuda").manual_seed(0)

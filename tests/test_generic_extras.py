@@ -370,3 +370,24 @@ def test_from_config_builds_on_the_device_it_resolved_for():
     """
     model = AutoModelForCausalLM.from_config(tiny_config("qwen3_moe"), device="meta")
     assert {p.device.type for p in model.parameters()} == {"meta"}
+
+
+def test_family_without_router_modules_keeps_transformers_aux_loss(monkeypatch):
+    """Transformers 5.17's GraniteMoE records no router module in `_can_record_outputs` (its layer loop returns the
+    logits): the engine builds it with Transformers' own aux loss instead of refusing the model."""
+    from transformers.models.qwen3_moe import modeling_qwen3_moe
+
+    from workbench.models.generic_extras import EngineCausalLMSharedAux
+    from workbench.models.router_aux import ensure_router_logit_hooks
+
+    recorded = dict(modeling_qwen3_moe.Qwen3MoeModel._can_record_outputs)
+    recorded.pop("router_logits")
+    monkeypatch.setattr(modeling_qwen3_moe.Qwen3MoeModel, "_can_record_outputs", recorded)
+    cfg = tiny_config("qwen3_moe", router_aux_loss_coef=0.1)
+    eng = AutoModelForCausalLM.from_config(cfg, device="cpu")
+    assert not isinstance(eng, EngineCausalLMSharedAux)
+    assert getattr(eng, "workbench_router_sink", None) is None
+    assert ensure_router_logit_hooks(eng) is False
+    ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    out = eng(input_ids=ids, labels=ids)
+    assert torch.isfinite(out.loss)

@@ -19,8 +19,6 @@ from workbench.kernels._triton_util import check_triton_device
 # Shape suffixes: C one chunk of tokens, V vocab.
 
 BLOCK_V = 4096
-# Programs of the softmax-gradient kernel per multiprocessor: see _ce_rows_kernel.
-PROGRAMS_PER_SM = 1
 
 
 @triton.jit
@@ -28,11 +26,12 @@ def _ce_rows_kernel(
     LOGITS, LABELS, LOSS, DENOM, stride_row, C, V, ignore_index, WRITE_GRAD: tl.constexpr, REVERSE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):  # fmt: skip
-    # Rows pid, pid + programs, ...: with about one program per SM the rows in flight (~40 MB of Qwen3's
-    # 151936-wide bf16 rows on 132 SMs) fit the L2, so pass 2 re-reads a row from the L2 instead of HBM, and
-    # REVERSE walks it back from the blocks pass 1 read last (the ones still most surely cached).
+    # Rows pid, pid + programs, ... (ce_rows_ launches one program a row). REVERSE walks pass 2 back from the blocks
+    # pass 1 read last, the likeliest still in the L2: 2.069 -> 2.050 ms for 8192 x 151936 on the H200. Fewer
+    # programs, to keep every row in flight within the L2, were slower: 132 programs 4.7 ms, 528 2.2 ms
+    # (benchmarks/ce_rows_kernel.py, NOTES.md session 18).
     first, step = tl.program_id(0).to(tl.int64), tl.num_programs(0).to(tl.int64)
-    for i in range(0, tl.cdiv(C - tl.program_id(0), tl.num_programs(0))):
+    for i in range(tl.cdiv(C - tl.program_id(0), tl.num_programs(0))):
         row = first + i * step
         base = LOGITS + row * stride_row
         label = tl.load(LABELS + row).to(tl.int64)
@@ -54,7 +53,7 @@ def _ce_rows_kernel(
             # pass 2: d(loss)/d(logits) = (softmax - onehot) * valid / denom, over the logits
             scale = tl.where(valid, 1.0 / tl.load(DENOM).to(tl.float32), 0.0)
             n_blocks = tl.cdiv(V, BLOCK)
-            for i in range(0, n_blocks):
+            for i in range(n_blocks):
                 start = ((n_blocks - 1 - i) if REVERSE else i) * BLOCK
                 cols = start + tl.arange(0, BLOCK)
                 mask = cols < V
@@ -74,8 +73,8 @@ def ce_rows_(
 ) -> torch.Tensor:
     """Per-row loss (float32 [C]); with `write_grad`, overwrite logits with d(sum loss / denom)/d(logits).
 
-    `programs`: how many programs share the rows (None: PROGRAMS_PER_SM a multiprocessor); `reverse`: pass 2
-    walks each row backwards. Both are benchmark knobs (benchmarks/ce_rows_kernel.py); the bits do not change.
+    `programs`: how many programs share the rows (None: one a row); `reverse`: pass 2 walks each row backwards.
+    Both are benchmark knobs (benchmarks/ce_rows_kernel.py); the bits do not change.
     """
     check_triton_device(logits_CV, "cross_entropy")
     if logits_CV.stride(-1) != 1:
@@ -84,8 +83,8 @@ def ce_rows_(
     loss_C = torch.empty(C, dtype=torch.float32, device=logits_CV.device)
     if C:
         block = min(BLOCK_V, triton.next_power_of_2(V))
-        grid = min(C, programs if programs is not None else PROGRAMS_PER_SM * multiprocessors(logits_CV.device))
-        _ce_rows_kernel[(max(1, grid),)](
+        grid = C if programs is None else max(1, min(C, programs))
+        _ce_rows_kernel[(grid,)](
             logits_CV,
             labels_C,
             loss_C,
@@ -100,13 +99,6 @@ def ce_rows_(
             num_warps=8 if block >= 2048 else 4,
         )
     return loss_C
-
-
-def multiprocessors(device: torch.device) -> int:
-    """The device's streaming multiprocessors (4 for the CPU interpreter: several programs, a few rows each)."""
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @triton.jit
@@ -124,13 +116,13 @@ def scale_(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x *= scale in place (a 0-dim float tensor on x's device), float32 math; no memory traffic when it is 1.
 
     torch's `x * scale` by a 0-dim CUDA tensor takes its broadcasting, unvectorized elementwise path (1.1 ms for
-    the [151936, 2048] bf16 lm_head gradient on H200); a new tensor here took ~0.3 ms, in place with a scale of 1
-    (what `loss.backward()` hands the fused loss) only the launch.
+    the [151936, 2048] bf16 lm_head gradient on H200); here 0.35 ms, and with a scale of 1 (what `loss.backward()`
+    hands the fused loss) 0.08 ms at 4096 elements a program, only the programs' launches.
     """
     check_triton_device(x, "cross_entropy")
     if not x.is_contiguous() or scale.numel() != 1 or scale.device != x.device:
         raise ValueError("scale_() needs a contiguous tensor and a one-element scale on its device")
     n = x.numel()
     if n:
-        _scale_kernel[(triton.cdiv(n, 4096),)](x, scale, n, BLOCK=4096, num_warps=4)
+        _scale_kernel[(triton.cdiv(n, 16384),)](x, scale, n, BLOCK=16384, num_warps=8)
     return x

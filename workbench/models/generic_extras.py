@@ -33,6 +33,7 @@ from workbench.models.router_aux import (
     attach_router_logit_hooks,
     forward_loss_parts,
     has_standard_aux_loss,
+    records_router_logits,
 )
 
 log = logging.getLogger(__name__)
@@ -310,11 +311,16 @@ class EngineCausalLMSharedAux(EngineCausalLM):
         return out
 
 
-def engine_lm_class(hf_class: type) -> type:
-    """A same-named subclass of the Transformers causal LM with the engine's forward (save writes its name)."""
+def engine_lm_class(hf_class: type, router_modules: bool = True) -> type:
+    """A same-named subclass of the Transformers causal LM with the engine's forward (save writes its name).
+
+    `router_modules`: whether Transformers records the router logits from modules (router_aux.records_router_logits);
+    the engine's shared aux loss needs them.
+    """
     if issubclass(hf_class, EngineCausalLM):
         return hf_class
-    mixin = EngineCausalLMSharedAux if has_standard_aux_loss(hf_class) else EngineCausalLM
+    shared = router_modules and has_standard_aux_loss(hf_class)
+    mixin = EngineCausalLMSharedAux if shared else EngineCausalLM
     return type(hf_class.__name__, (mixin, hf_class), {"__module__": __name__, "__qualname__": hf_class.__qualname__})
 
 
@@ -339,7 +345,7 @@ def install_extras(model: nn.Module, backend, num_experts: int) -> dict[str, int
         "float32_router": use_engine_router(model) + use_deepseek_router(model),
         "swiglu_mlp": use_swiglu_mlps(model, backend.swiglu),
     }
-    model.__class__ = engine_lm_class(type(model))
+    model.__class__ = engine_lm_class(type(model), records_router_logits(model))
     if isinstance(model, EngineCausalLMSharedAux) and model.workbench_router_sink is None:
         counts["router_hooks"] = attach_router_logit_hooks(model)
     model.workbench_backend = backend

@@ -109,11 +109,20 @@ def has_standard_aux_loss(hf_class: type) -> bool:
     return False
 
 
+def records_router_logits(model: nn.Module) -> bool:
+    """Whether Transformers records `model`'s router logits from router modules (what the engine's hooks need).
+
+    Transformers 5.17's GraniteMoE, for one, returns them from its own layer loop instead (no module in
+    `_can_record_outputs`): such a family keeps Transformers' aux loss.
+    """
+    return bool(_router_logit_specs(model))
+
+
 def ensure_router_logit_hooks(model: nn.Module) -> bool:
     """Give a Transformers model with the standard aux loss its router hooks (the engine's has them); whether it has."""
     if getattr(model, "workbench_router_sink", None) is not None:
         return True
-    if not has_standard_aux_loss(type(model)):
+    if not (has_standard_aux_loss(type(model)) and records_router_logits(model)):
         return False
     attach_router_logit_hooks(model)
     return True
