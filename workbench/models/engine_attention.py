@@ -13,6 +13,8 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from workbench.models.qkv_projection import qkv_projection
+
 # Shape suffixes: B batch, H heads, S sequence, D head dim.
 
 
@@ -68,11 +70,11 @@ def fused_rope_forward(
     kwargs.pop("past_key_values", None)
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, module.head_dim)
-    q = module.q_proj(hidden_states).view(hidden_shape)
-    k = module.k_proj(hidden_states).view(hidden_shape)
+    q, k, v = qkv_projection(hidden_states, module.q_proj, module.k_proj, module.v_proj)
+    q, k = q.view(hidden_shape), k.view(hidden_shape)
     q_BHSD = (q_norm(q) if q_norm is not None else q).transpose(1, 2)
     k_BHSD = (k_norm(k) if k_norm is not None else k).transpose(1, 2)
-    v_BHSD = module.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+    v_BHSD = v.view(hidden_shape).transpose(1, 2)
     cos, sin = unit_stride_angles(*position_embeddings)
     if supported(q_BHSD, cos) and supported(k_BHSD, cos):
         q_BHSD, k_BHSD = apply_rope(q_BHSD, k_BHSD, cos, sin)
