@@ -698,13 +698,18 @@ assert all(type(l.self_attn) is Qwen3MoeEngineAttention for l in engine.model.la
 hf_model.to(device), engine.to(device)
 ids, labels = (t.to(device) for t in fresh_batch(cfg, 6))
 ref, ref_grads = forward_backward(hf_model, ids, labels)
-import workbench.models.qkv_projection as qkv
-nodes = []
-qkv_apply = qkv._QKVProjection.apply
+import workbench.models.qkv_projection as qkv, workbench.models.qwen3_decoder as decoder
+import workbench.kernels.triton_norm_rope as norm_rope
+nodes, norms, ropes = [], [], []
+qkv_apply, norm_residual, rope_apply = qkv._QKVProjection.apply, decoder.norm_residual, norm_rope._NormRope.apply
 qkv._QKVProjection.apply = lambda *a: nodes.append(1) or qkv_apply(*a)
+decoder.norm_residual = lambda *a: norms.append(1) or norm_residual(*a)
+norm_rope._NormRope.apply = lambda *a: ropes.append(1) or rope_apply(*a)
 out, grads = forward_backward(engine, ids, labels)
-qkv._QKVProjection.apply = qkv_apply
+qkv._QKVProjection.apply, decoder.norm_residual, norm_rope._NormRope.apply = qkv_apply, norm_residual, rope_apply
 assert len(nodes) == cfg.num_hidden_layers, nodes  # every layer's q/k/v projections as one node
+assert len(norms) == 2 * cfg.num_hidden_layers, norms  # and its residual adds fused (models/qwen3_decoder.py)
+assert len(ropes) == 2 * cfg.num_hidden_layers, ropes  # q and k: the per-head norm and RoPE in one kernel
 # CUDA matmuls may use TF32 differently on each side: 1e-4 there, float32 rounding on the CPU
 tol = 1e-5 if device == "cpu" else 1e-4
 assert rel_err(out.loss, ref.loss) < tol and rel_err(out.logits, ref.logits) < tol

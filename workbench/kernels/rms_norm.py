@@ -64,6 +64,22 @@ def _check_rms_norm_args(x: torch.Tensor, weight: torch.Tensor) -> None:
         )
 
 
+def rms_norm_residual(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, backend: str = "torch"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x), x) for a pre-norm block whose residual stream goes on from x.
+
+    With backend 'triton' one autograd node returns both, and the residual's gradient is added to the norm's input
+    gradient in the norm's backward kernel; elsewhere the two are the plain norm and x itself.
+    """
+    _check_rms_norm_args(x, weight)
+    if backend == "triton":
+        from workbench.kernels import triton_rms_norm
+
+        return triton_rms_norm.rms_norm_residual(x, weight, eps)
+    return rms_norm(x, weight, eps, backend), x
+
+
 class RMSNorm(nn.Module):
     """Drop-in for Qwen3MoeRMSNorm (same `weight` parameter name) with a selectable backend."""
 
@@ -86,6 +102,10 @@ class RMSNorm(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Normalize the last dim, then scale by `weight`."""
         return rms_norm(hidden_states, self.weight, self.variance_epsilon, self.backend)
+
+    def forward_residual(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(hidden_states), hidden_states) with the residual's gradient summed in the norm (rms_norm_residual)."""
+        return rms_norm_residual(hidden_states, self.weight, self.variance_epsilon, self.backend)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, backend={self.backend!r}"

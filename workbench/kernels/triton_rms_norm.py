@@ -39,15 +39,18 @@ def _rms_norm_bwd_kernel(
     RSTD,
     DX,
     DW_PARTIAL,
+    DRES,
     stride_dy,
     stride_x,
     stride_dx,
+    stride_dres,
     M,
     N,
     tiles_per_program,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     WANT_DW: tl.constexpr,
+    HAS_DRES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -72,6 +75,8 @@ def _rms_norm_bwd_kernel(
         # autograd rounds d(x_hat) to the input dtype (the cast in the forward); do the same
         g = (dy * w[None, :]).to(X.dtype.element_ty).to(tl.float32)
         dx = rstd[:, None] * (g - x_hat * (tl.sum(g * x_hat, axis=1) / N)[:, None])
+        if HAS_DRES:  # the residual stream's gradient, which autograd would add in a kernel of its own
+            dx += tl.load(DRES + rows[:, None] * stride_dres + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
     if WANT_DW:
         tl.store(DW_PARTIAL + pid * N + cols, tl.sum(dw_acc, axis=0), mask=cmask)
@@ -113,73 +118,117 @@ def _launch_config(n: int) -> tuple[int, int, int]:
     return rows, block, min(max(rows * block // 256, 1), 16)
 
 
+def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y [M, N], x as [M, N] rows, rstd [M]) of the forward kernel."""
+    x_MN = x.reshape(-1, x.shape[-1])
+    if x_MN.stride(-1) != 1:
+        x_MN = x_MN.contiguous()
+    M, N = x_MN.shape
+    y_MN = torch.empty((M, N), dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    rstd_M = torch.empty(M, dtype=torch.float32, device=x.device)
+    rows, block, warps = _launch_config(N)
+    if M > 0:
+        _rms_norm_fwd_kernel[(triton.cdiv(M, rows),)](
+            x_MN,
+            weight,
+            y_MN,
+            rstd_M,
+            x_MN.stride(0),
+            y_MN.stride(0),
+            M,
+            N,
+            eps,
+            BLOCK_M=rows,
+            BLOCK_N=block,
+            num_warps=warps,
+        )
+    return y_MN, x_MN, rstd_M
+
+
+def _backward(
+    dy: torch.Tensor,
+    x_MN: torch.Tensor,
+    weight: torch.Tensor,
+    rstd_M: torch.Tensor,
+    want_dw: bool,
+    d_res: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dx [M, N], dw or None) of the backward kernel; `d_res` (the shape of x) is added to dx in the same pass."""
+    M, N = x_MN.shape
+    dy_MN = dy.reshape(M, N)
+    if dy_MN.stride(-1) != 1:
+        dy_MN = dy_MN.contiguous()
+    dres_MN = None if d_res is None else d_res.reshape(M, N)
+    if dres_MN is not None and dres_MN.stride(-1) != 1:
+        dres_MN = dres_MN.contiguous()
+    dx_MN = torch.empty_like(x_MN)
+    rows, block, warps = _launch_config(N)
+    tiles = triton.cdiv(M, rows)
+    programs = max(num_programs_for(x_MN.device, tiles), 1)
+    # every program stores its row of partials (rows past M add zeros): no zero fill unless nothing runs
+    make = torch.empty if M > 0 else torch.zeros
+    dw_partial = make((programs, N), dtype=torch.float32, device=x_MN.device) if want_dw else dx_MN
+    if M > 0:
+        _rms_norm_bwd_kernel[(programs,)](
+            dy_MN,
+            x_MN,
+            weight,
+            rstd_M,
+            dx_MN,
+            dw_partial,
+            dx_MN if dres_MN is None else dres_MN,
+            dy_MN.stride(0),
+            x_MN.stride(0),
+            dx_MN.stride(0),
+            0 if dres_MN is None else dres_MN.stride(0),
+            M,
+            N,
+            triton.cdiv(tiles, programs),
+            BLOCK_M=rows,
+            BLOCK_N=block,
+            WANT_DW=want_dw,
+            HAS_DRES=dres_MN is not None,
+            num_warps=warps,
+        )
+    return dx_MN, (sum_partials(dw_partial, weight.dtype) if want_dw else None)
+
+
 class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        shape = x.shape
-        x_MN = x.reshape(-1, shape[-1])
-        if x_MN.stride(-1) != 1:
-            x_MN = x_MN.contiguous()
         weight = weight.contiguous()
-        M, N = x_MN.shape
-        y_MN = torch.empty((M, N), dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
-        rstd_M = torch.empty(M, dtype=torch.float32, device=x.device)
-        rows, block, warps = _launch_config(N)
-        if M > 0:
-            _rms_norm_fwd_kernel[(triton.cdiv(M, rows),)](
-                x_MN,
-                weight,
-                y_MN,
-                rstd_M,
-                x_MN.stride(0),
-                y_MN.stride(0),
-                M,
-                N,
-                eps,
-                BLOCK_M=rows,
-                BLOCK_N=block,
-                num_warps=warps,
-            )
+        y_MN, x_MN, rstd_M = _forward(x, weight, eps)
         ctx.save_for_backward(x_MN, weight, rstd_M)
-        ctx.shape = shape
-        return y_MN.view(shape)
+        ctx.shape = x.shape
+        return y_MN.view(x.shape)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         x_MN, weight, rstd_M = ctx.saved_tensors
-        M, N = x_MN.shape
-        dy_MN = dy.reshape(M, N)
-        if dy_MN.stride(-1) != 1:
-            dy_MN = dy_MN.contiguous()
-        dx_MN = torch.empty_like(x_MN)
-        rows, block, warps = _launch_config(N)
-        tiles = triton.cdiv(M, rows)
-        programs = max(num_programs_for(x_MN.device, tiles), 1)
         # A frozen weight (LoRA's norms) needs no gradient: no partial sums, their zeroing and reduction (3 launches)
-        want_dw = ctx.needs_input_grad[1]
-        # every program stores its row of partials (rows past M add zeros): no zero fill unless nothing runs
-        make = torch.empty if M > 0 else torch.zeros
-        dw_partial = make((programs, N), dtype=torch.float32, device=x_MN.device) if want_dw else dx_MN
-        if M > 0:
-            _rms_norm_bwd_kernel[(programs,)](
-                dy_MN,
-                x_MN,
-                weight,
-                rstd_M,
-                dx_MN,
-                dw_partial,
-                dy_MN.stride(0),
-                x_MN.stride(0),
-                dx_MN.stride(0),
-                M,
-                N,
-                triton.cdiv(tiles, programs),
-                BLOCK_M=rows,
-                BLOCK_N=block,
-                WANT_DW=want_dw,
-                num_warps=warps,
-            )
-        dw = sum_partials(dw_partial, weight.dtype) if want_dw else None
+        dx_MN, dw = _backward(dy, x_MN, weight, rstd_M, ctx.needs_input_grad[1])
+        return dx_MN.view(ctx.shape), dw, None
+
+
+class _RMSNormResidualFunction(torch.autograd.Function):
+    """(rms_norm(x), x): the second output carries the residual stream on; its gradient is added to the norm's
+    input gradient inside the backward kernel, where autograd would add the two in a kernel of its own."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float):
+        weight = weight.contiguous()
+        y_MN, x_MN, rstd_M = _forward(x, weight, eps)
+        ctx.save_for_backward(x_MN, weight, rstd_M)
+        ctx.shape = x.shape
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None, not a zero tensor to add
+        return y_MN.view(x.shape), x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor | None, d_res: torch.Tensor | None):
+        x_MN, weight, rstd_M = ctx.saved_tensors
+        if dy is None:  # only the residual was used
+            return d_res, None, None
+        dx_MN, dw = _backward(dy, x_MN, weight, rstd_M, ctx.needs_input_grad[1], d_res)
         return dx_MN.view(ctx.shape), dw, None
 
 
@@ -191,3 +240,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
             f"rms_norm='triton' handles widths up to {MAX_FUSED_WIDTH}, got {x.shape[-1]}; use backend='torch'"
         )
     return _RMSNormFunction.apply(x, weight, eps)
+
+
+def rms_norm_residual(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x), x), the input's gradient from both summed in the norm's backward kernel."""
+    check_triton_device(x, "rms_norm")
+    if x.shape[-1] > MAX_FUSED_WIDTH:
+        raise ValueError(
+            f"rms_norm='triton' handles widths up to {MAX_FUSED_WIDTH}, got {x.shape[-1]}; use backend='torch'"
+        )
+    return _RMSNormResidualFunction.apply(x, weight, eps)

@@ -60,10 +60,12 @@ def fused_rope_forward(
     kwargs: dict,
     q_norm: nn.Module | None = None,
     k_norm: nn.Module | None = None,
+    residual: torch.Tensor | None = None,
     **attention_extras,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A Llama-style attention forward of `family` (q/k/v projections, per-head q/k norms where given, RoPE, the
-    family's attention function with `attention_extras`, o_proj) with RoPE on the fused kernel where it applies."""
+    family's attention function with `attention_extras`, o_proj) with RoPE on the fused kernel where it applies;
+    with `residual`, o_proj's output comes back with it added (o_proj_residual)."""
     from workbench.kernels.triton_rope import apply_rope, supported
 
     kwargs.pop("cache", None)
@@ -72,13 +74,22 @@ def fused_rope_forward(
     hidden_shape = (*input_shape, -1, module.head_dim)
     q, k, v = qkv_projection(hidden_states, module.q_proj, module.k_proj, module.v_proj)
     q, k = q.view(hidden_shape), k.view(hidden_shape)
-    q_BHSD = (q_norm(q) if q_norm is not None else q).transpose(1, 2)
-    k_BHSD = (k_norm(k) if k_norm is not None else k).transpose(1, 2)
     v_BHSD = v.view(hidden_shape).transpose(1, 2)
     cos, sin = unit_stride_angles(*position_embeddings)
-    if supported(q_BHSD, cos) and supported(k_BHSD, cos):
-        q_BHSD, k_BHSD = apply_rope(q_BHSD, k_BHSD, cos, sin)
+    fused = fused_norm_rope_applies(q_norm, q.transpose(1, 2), cos) and fused_norm_rope_applies(
+        k_norm, k.transpose(1, 2), cos
+    )
+    if fused:  # the per-head norms and RoPE in one kernel each way (kernels/triton_norm_rope.py)
+        from workbench.kernels.triton_norm_rope import norm_rope
+
+        q_BHSD = norm_rope(q.transpose(1, 2), q_norm.weight, q_norm.variance_epsilon, cos, sin)
+        k_BHSD = norm_rope(k.transpose(1, 2), k_norm.weight, k_norm.variance_epsilon, cos, sin)
     else:
+        q_BHSD = (q_norm(q) if q_norm is not None else q).transpose(1, 2)
+        k_BHSD = (k_norm(k) if k_norm is not None else k).transpose(1, 2)
+    if not fused and supported(q_BHSD, cos) and supported(k_BHSD, cos):
+        q_BHSD, k_BHSD = apply_rope(q_BHSD, k_BHSD, cos, sin)
+    elif not fused:
         # said, not silent: a layout the kernel refuses once kept session 15's fused RoPE off on one Transformers
         # version while every parity test passed (Python shows each distinct message once)
         warnings.warn(
@@ -100,4 +111,30 @@ def fused_rope_forward(
         **kwargs,
     )
     out = out.reshape(*input_shape, -1).contiguous()
-    return module.o_proj(out), weights
+    return o_proj_residual(module.o_proj, out, residual), weights
+
+
+def o_proj_residual(o_proj: nn.Module, out: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """o_proj(out), plus `residual` when given: added by the GEMM (addmm, beta 1) where o_proj is a plain linear.
+
+    The sum is float32 in cuBLAS and rounded once, where Transformers rounds the projection and then the add; the
+    residual's gradient is the output's own (addmm's backward hands it on without a copy).
+    """
+    if residual is None:
+        return o_proj(out)
+    plain = type(o_proj) is nn.Linear and o_proj.bias is None and residual.dtype == out.dtype == o_proj.weight.dtype
+    if not plain or torch.is_autocast_enabled(out.device.type):
+        return residual + o_proj(out)
+    out_ND = out.reshape(-1, out.shape[-1])
+    return torch.addmm(residual.reshape(-1, residual.shape[-1]), out_ND, o_proj.weight.t()).view(residual.shape)
+
+
+def fused_norm_rope_applies(norm: nn.Module | None, x_BHSD: torch.Tensor, cos: torch.Tensor) -> bool:
+    """Whether a per-head norm and RoPE run as one kernel: the engine's Triton RMSNorm over a layout it takes."""
+    from workbench.kernels.rms_norm import RMSNorm
+
+    if not isinstance(norm, RMSNorm) or norm.backend != "triton":
+        return False
+    from workbench.kernels.triton_norm_rope import supported as norm_rope_supported
+
+    return norm_rope_supported(x_BHSD, norm.weight, cos)

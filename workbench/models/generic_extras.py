@@ -333,6 +333,7 @@ def install_extras(model: nn.Module, backend, num_experts: int) -> dict[str, int
     from workbench.models.gpt_oss_attention import use_gpt_oss_attention
     from workbench.models.mla_attention import use_mla_attention
     from workbench.models.qwen3_attention import use_engine_attention
+    from workbench.models.qwen3_decoder import use_engine_decoder_layers
     from workbench.models.qwen3_router import use_engine_router
     from workbench.models.swiglu_mlp import use_swiglu_mlps
 
@@ -342,6 +343,7 @@ def install_extras(model: nn.Module, backend, num_experts: int) -> dict[str, int
         "rope": use_engine_attention(model, backend.rope)
         + use_mla_attention(model, backend.rope)
         + use_gpt_oss_attention(model, backend.rope),
+        "fused_residual": use_engine_decoder_layers(model, backend.rope),
         "float32_router": use_engine_router(model) + use_deepseek_router(model),
         "swiglu_mlp": use_swiglu_mlps(model, backend.swiglu),
     }

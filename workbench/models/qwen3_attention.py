@@ -20,12 +20,24 @@ class Qwen3MoeEngineAttention(hf.Qwen3MoeAttention):
 
     workbench_rope = "torch"  # the resolved BackendConfig.rope, set by use_engine_attention
 
-    def forward(self, hidden_states, position_embeddings, attention_mask=None, *args, **kwargs):
-        """Transformers' forward; without a cache and with rope='triton', RoPE is the fused kernel."""
+    def forward(self, hidden_states, position_embeddings, attention_mask=None, *args, residual=None, **kwargs):
+        """Transformers' forward; without a cache and with rope='triton', RoPE is the fused kernel.
+
+        `residual` (the engine's decoder layer): the output comes back with it added (in o_proj's GEMM).
+        """
         if not engine_forward_applies(self, args, kwargs):
-            return super().forward(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
+            out, weights = super().forward(hidden_states, position_embeddings, attention_mask, *args, **kwargs)
+            return (out if residual is None else residual + out), weights
         return fused_rope_forward(
-            self, hf, hidden_states, position_embeddings, attention_mask, kwargs, q_norm=self.q_norm, k_norm=self.k_norm
+            self,
+            hf,
+            hidden_states,
+            position_embeddings,
+            attention_mask,
+            kwargs,
+            q_norm=self.q_norm,
+            k_norm=self.k_norm,
+            residual=residual,
         )
 
 

@@ -1,0 +1,53 @@
+"""Qwen3-MoE's decoder layer with the residual stream's adds folded into the kernels around them (training path).
+
+Transformers' layer adds the attention output and the MoE output to the residual stream in two elementwise kernels
+in the forward, and autograd adds the stream's gradient to each norm's input gradient in two more in the backward
+(four passes over the [tokens, hidden] activations a layer). Here the attention's output projection adds the
+residual in its GEMM (addmm, beta 1: models/engine_attention.o_proj_residual) and each RMSNorm returns its input as
+the residual stream too, summing the two gradients in its backward kernel (kernels/rms_norm.rms_norm_residual). The
+layer keeps Transformers' parameters and submodules; with a KV cache or Transformers' attention it runs
+Transformers' forward.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
+
+from workbench.models.engine_attention import engine_forward_applies
+
+
+def norm_residual(norm: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x), x): the engine's RMSNorm fuses the residual's gradient into its backward; any other norm does not."""
+    forward_residual = getattr(norm, "forward_residual", None)
+    return forward_residual(x) if forward_residual is not None else (norm(x), x)
+
+
+class Qwen3MoeEngineDecoderLayer(hf.Qwen3MoeDecoderLayer):
+    """Transformers' Qwen3MoeDecoderLayer whose training forward folds the residual adds into its kernels."""
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        """Transformers' forward; with the engine's attention applying (no cache), the residual adds are fused."""
+        from workbench.models.qwen3_attention import Qwen3MoeEngineAttention
+
+        if not (
+            isinstance(self.self_attn, Qwen3MoeEngineAttention) and engine_forward_applies(self.self_attn, args, kwargs)
+        ):
+            return super().forward(hidden_states, *args, **kwargs)
+        normed, residual = norm_residual(self.input_layernorm, hidden_states)
+        hidden_states, _ = self.self_attn(hidden_states=normed, residual=residual, **kwargs)
+        normed, residual = norm_residual(self.post_attention_layernorm, hidden_states)
+        out = self.mlp(normed)
+        if isinstance(out, tuple):  # Transformers versions whose MoE block also returns its router logits
+            out = out[0]
+        return residual + out
+
+
+def use_engine_decoder_layers(model: nn.Module, rope: str) -> int:
+    """rope='triton' (the engine's attention): every Qwen3MoeDecoderLayer of `model` fuses its residual adds."""
+    if rope != "triton":
+        return 0
+    from workbench.models.class_swap import swap_classes
+
+    return swap_classes(model, hf.Qwen3MoeDecoderLayer, Qwen3MoeEngineDecoderLayer)
