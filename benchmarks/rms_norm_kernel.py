@@ -72,8 +72,8 @@ def _bwd(dy_MN, x_MN, w, rstd_M, dx_MN, rows, warps, programs_per_sm, kernel=_rm
     programs = min(tiles, programs_per_sm * sms) if programs_per_sm else num_programs_for(x_MN.device, tiles)
     dw_partial = torch.zeros((programs, N), dtype=torch.float32, device=x_MN.device)
     kernel[(programs,)](
-        dy_MN, x_MN, w, rstd_M, dx_MN, dw_partial, dy_MN.stride(0), x_MN.stride(0), dx_MN.stride(0), M, N,
-        triton.cdiv(tiles, programs), BLOCK_M=rows, BLOCK_N=triton.next_power_of_2(N), WANT_DW=True,
+        dy_MN, x_MN, w, rstd_M, dx_MN, dw_partial, dx_MN, dy_MN.stride(0), x_MN.stride(0), dx_MN.stride(0), 0, M, N,
+        triton.cdiv(tiles, programs), BLOCK_M=rows, BLOCK_N=triton.next_power_of_2(N), WANT_DW=True, HAS_DRES=False,
         num_warps=warps,
     )  # fmt: skip
     return dw_partial.sum(0)

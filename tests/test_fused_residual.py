@@ -118,3 +118,37 @@ print("FUSED RESIDUAL AC OK")
 @pytest.mark.parametrize("device", DEVICES)
 def test_fused_decoder_layer_replays_under_activation_checkpointing(device):
     run_triton_script(_AC_SCRIPT, device, "FUSED RESIDUAL AC OK")
+
+
+_COMBINE_SCRIPT = textwrap.dedent("""
+import sys, torch
+from workbench.moe.dispatch.local import LocalDispatcher
+
+device = sys.argv[1]
+g = torch.Generator().manual_seed(0)
+T, K, E, D = 13, 3, 5, 64
+for combine in ("torch", "triton"):
+    dispatcher = LocalDispatcher(E, combine)
+    x = torch.randn(T, D, generator=g).to(device)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(device)
+    w = torch.rand(T, K, generator=g).to(device).requires_grad_()
+    residual = torch.randn(T, D, generator=g).to(device).requires_grad_()
+    x_ND, _, handle = dispatcher.dispatch(x, ids, w)
+    y = (x_ND * 1.5).detach().requires_grad_()
+    upstream = torch.randn(T, D, generator=g).to(device)
+    got = dispatcher.combine(y, handle, residual)
+    grads = torch.autograd.grad(got, (y, w, residual), upstream)
+    want = residual + dispatcher.combine(y, handle)
+    want_grads = torch.autograd.grad(want, (y, w, residual), upstream)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    for a, b in zip(grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert torch.equal(grads[2], upstream)  # the residual's gradient is the output's own
+print("COMBINE RESIDUAL OK")
+""")
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton: its interpreter runs on CPU)")
+@pytest.mark.parametrize("device", DEVICES)
+def test_local_combine_adds_the_residual_in_its_sum(device):
+    run_triton_script(_COMBINE_SCRIPT, device, "COMBINE RESIDUAL OK")

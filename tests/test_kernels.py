@@ -600,16 +600,17 @@ def test_combine_forward_sums_top_k_in_registers(k_p2):
 
     from workbench.kernels.triton_combine import BLOCK_D_FWD, _combine_fwd_kernel
 
-    types = dict(Y="*bf16", W="*fp32", ROWS="*i32", OUT="*bf16", stride_y="i32", stride_out="i32", K="i32", D="i32")
-    types["N"] = "i32"
-    aligned = ("Y", "W", "ROWS", "OUT", "stride_y", "stride_out", "D", "N")
+    types = dict(Y="*bf16", W="*fp32", ROWS="*i32", OUT="*bf16", RES="*bf16", stride_y="i32", stride_out="i32")
+    types.update(stride_res="i32", K="i32", D="i32", N="i32")
+    aligned = ("Y", "W", "ROWS", "OUT", "RES", "stride_y", "stride_out", "stride_res", "D", "N")
 
-    def compiled(block):
-        return compile_for_h200(_combine_fwd_kernel, types, dict(K_P2=k_p2, BLOCK=block), divisible=aligned)
+    def compiled(block, residual=False):
+        flags = dict(K_P2=k_p2, BLOCK=block, HAS_RES=residual)
+        return compile_for_h200(_combine_fwd_kernel, types, flags, divisible=aligned)
 
-    ours = compiled(BLOCK_D_FWD)
-    assert ours.metadata.shared == 0 and "bar.sync" not in ours.asm["ptx"]
-    assert "ld.global.v4.b32" in ours.asm["ptx"] and "st.global.v4.b32" in ours.asm["ptx"]  # 16-byte accesses
+    for ours in (compiled(BLOCK_D_FWD), compiled(BLOCK_D_FWD, residual=True)):
+        assert ours.metadata.shared == 0 and "bar.sync" not in ours.asm["ptx"]
+        assert "ld.global.v4.b32" in ours.asm["ptx"] and "st.global.v4.b32" in ours.asm["ptx"]  # 16-byte accesses
     old = compiled(512)  # what the forward ran with before: 2 x 2 warps, the K sum through shared memory
     assert old.metadata.shared > 0 and "bar.sync" in old.asm["ptx"]
 
@@ -623,11 +624,12 @@ def test_rms_norm_backward_sums_the_weight_gradient_after_its_loop(width):
 
     from workbench.kernels.triton_rms_norm import _launch_config, _rms_norm_bwd_kernel
 
-    types = dict(DY="*bf16", X="*bf16", W="*bf16", RSTD="*fp32", DX="*bf16", DW_PARTIAL="*fp32")
-    types.update(stride_dy="i32", stride_x="i32", stride_dx="i32", M="i32", N="i32", tiles_per_program="i32")
+    types = dict(DY="*bf16", X="*bf16", W="*bf16", RSTD="*fp32", DX="*bf16", DW_PARTIAL="*fp32", DRES="*bf16")
+    types.update(stride_dy="i32", stride_x="i32", stride_dx="i32", stride_dres="i32", M="i32", N="i32")
+    types["tiles_per_program"] = "i32"
     rows, block, warps = _launch_config(width)
-    aligned = ("DY", "X", "W", "RSTD", "DX", "DW_PARTIAL", "stride_dy", "stride_x", "stride_dx", "N")
-    flags = dict(BLOCK_M=rows, BLOCK_N=block, WANT_DW=True)
+    aligned = ("DY", "X", "W", "RSTD", "DX", "DW_PARTIAL", "DRES", "stride_dy", "stride_x", "stride_dx", "N")
+    flags = dict(BLOCK_M=rows, BLOCK_N=block, WANT_DW=True, HAS_DRES=True)
     ir = compile_for_h200(_rms_norm_bwd_kernel, types, flags, divisible=aligned, warps=warps).asm["ttgir"]
     loop = ir[ir.index("scf.for") :]
     loop = loop[: loop.index("scf.yield")]

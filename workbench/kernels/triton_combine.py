@@ -33,7 +33,10 @@ BLOCK_D_FWD = 1024
 
 
 @triton.jit
-def _combine_fwd_kernel(Y, W, ROWS, OUT, stride_y, stride_out, K, D, N, K_P2: tl.constexpr, BLOCK: tl.constexpr):
+def _combine_fwd_kernel(
+    Y, W, ROWS, OUT, RES, stride_y, stride_out, stride_res, K, D, N,
+    K_P2: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr,
+):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ks = tl.arange(0, K_P2)
@@ -44,6 +47,8 @@ def _combine_fwd_kernel(Y, W, ROWS, OUT, stride_y, stride_out, K, D, N, K_P2: tl
         Y + rows[:, None] * stride_y + cols[None, :], mask=kmask[:, None] & (cols[None, :] < D), other=0.0
     ).to(tl.float32)
     acc = tl.sum(w[:, None] * tile, axis=0)
+    if HAS_RES:  # a residual stream added to the sum before the one rounding (models/qwen3_decoder.py)
+        acc += tl.load(RES + t * stride_res + cols, mask=cols < D, other=0.0).to(tl.float32)
     tl.store(OUT + t * stride_out + cols, acc.to(OUT.dtype.element_ty), mask=cols < D)
 
 
@@ -78,30 +83,42 @@ def _k_p2(k: int) -> int:
 
 
 def combine_forward(
-    y_ND: torch.Tensor, weights_TK: torch.Tensor, row_of_slot: torch.Tensor, block: int = BLOCK_D_FWD
+    y_ND: torch.Tensor,
+    weights_TK: torch.Tensor,
+    row_of_slot: torch.Tensor,
+    block: int = BLOCK_D_FWD,
+    residual_TD: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """out[t] = sum_k w[t, k] * y[row_of_slot[t*K + k]] (no term where the row is >= N), float32 sums.
 
-    `block`: columns per program (a power of two; BLOCK_D_FWD, a benchmark knob otherwise).
+    `block`: columns per program (a power of two; BLOCK_D_FWD, a benchmark knob otherwise). `residual_TD`: added
+    to each token's sum before its rounding.
     """
     check_triton_device(y_ND, "combine")
     y_ND = y_ND if y_ND.stride(-1) == 1 else y_ND.contiguous()
     T, K = weights_TK.shape
     D = y_ND.shape[1]
     out_TD = torch.empty((T, D), dtype=y_ND.dtype, device=y_ND.device)
+    if residual_TD is not None and (residual_TD.shape != (T, D) or residual_TD.stride(-1) != 1):
+        raise ValueError(
+            f"combine_forward: residual must be [{T}, {D}] with unit stride, got {tuple(residual_TD.shape)}"
+        )
     if T and D:
         _combine_fwd_kernel[(T, triton.cdiv(D, block))](
             y_ND,
             weights_TK.contiguous(),
             row_of_slot.contiguous(),
             out_TD,
+            out_TD if residual_TD is None else residual_TD,
             y_ND.stride(0),
             out_TD.stride(0),
+            0 if residual_TD is None else residual_TD.stride(0),
             K,
             D,
             y_ND.shape[0],
             K_P2=_k_p2(K),
             BLOCK=block,
+            HAS_RES=residual_TD is not None,
             num_warps=4,
         )
     return out_TD

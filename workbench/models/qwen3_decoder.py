@@ -3,10 +3,10 @@
 Transformers' layer adds the attention output and the MoE output to the residual stream in two elementwise kernels
 in the forward, and autograd adds the stream's gradient to each norm's input gradient in two more in the backward
 (four passes over the [tokens, hidden] activations a layer). Here the attention's output projection adds the
-residual in its GEMM (addmm, beta 1: models/engine_attention.o_proj_residual) and each RMSNorm returns its input as
-the residual stream too, summing the two gradients in its backward kernel (kernels/rms_norm.rms_norm_residual). The
-layer keeps Transformers' parameters and submodules; with a KV cache or Transformers' attention it runs
-Transformers' forward.
+residual in its GEMM (addmm, beta 1: models/engine_attention.o_proj_residual), the MoE combine adds it in its
+weighted sum (the local dispatcher's; others take the plain add), and each RMSNorm returns its input as the residual
+stream too, summing the two gradients in its backward kernel (kernels/rms_norm.rms_norm_residual). The layer keeps
+Transformers' parameters and submodules; with a KV cache or Transformers' attention it runs Transformers' forward.
 """
 
 from __future__ import annotations
@@ -38,10 +38,33 @@ class Qwen3MoeEngineDecoderLayer(hf.Qwen3MoeDecoderLayer):
         normed, residual = norm_residual(self.input_layernorm, hidden_states)
         hidden_states, _ = self.self_attn(hidden_states=normed, residual=residual, **kwargs)
         normed, residual = norm_residual(self.post_attention_layernorm, hidden_states)
-        out = self.mlp(normed)
+        experts = moe_experts_adding_residual(self.mlp)
+        if experts is not None:  # the combine adds the residual in its sum
+            experts.workbench_residual = residual
+            try:
+                out = self.mlp(normed)
+            finally:
+                experts.workbench_residual = None
+        else:
+            out = self.mlp(normed)
         if isinstance(out, tuple):  # Transformers versions whose MoE block also returns its router logits
             out = out[0]
-        return residual + out
+        return out if experts is not None else residual + out
+
+
+def moe_experts_adding_residual(mlp: nn.Module) -> nn.Module | None:
+    """The engine experts of a Qwen3 MoE block whose dispatcher's combine adds a residual (the local one), or None.
+
+    The block's output is its experts' combine reshaped (no shared expert), so a residual the combine adds is the
+    layer's residual add.
+    """
+    from workbench.moe.hf_experts import EngineExperts
+
+    experts = getattr(mlp, "experts", None)
+    if type(mlp) is not hf.Qwen3MoeSparseMoeBlock or not isinstance(experts, EngineExperts):
+        return None
+    dispatcher = getattr(experts, "workbench_dispatcher", None)
+    return experts if getattr(dispatcher, "combine_adds_residual", False) else None
 
 
 def use_engine_decoder_layers(model: nn.Module, rope: str) -> int:

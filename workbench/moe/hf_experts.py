@@ -295,8 +295,13 @@ class EngineExperts:
                 y_ND = checkpoint(expert_rows, self, x_ND, tokens_per_expert, use_reentrant=False)
             else:
                 y_ND = expert_rows(self, x_ND, tokens_per_expert)
+        # a residual stream handed in by the engine's decoder layer (models/qwen3_decoder.py) joins the sum
+        residual = getattr(self, "workbench_residual", None)
         with record_function("workbench.combine"):
-            y_TD = dispatcher.combine(y_ND, handle)
+            if residual is None:
+                y_TD = dispatcher.combine(y_ND, handle)
+            else:
+                y_TD = dispatcher.combine(y_ND, handle, residual.reshape(x_TD.shape))
         return y_TD.to(hidden_states.dtype).view_as(hidden_states)
 
     def extra_repr(self) -> str:

@@ -147,17 +147,19 @@ class _WeightedCombine(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, y_ND, weights_TK, row_of_slot, slot_order, use_triton):
+    def forward(ctx, y_ND, weights_TK, row_of_slot, slot_order, use_triton, residual_TD=None):
         num_tokens, top_k = weights_TK.shape
         ctx.save_for_backward(y_ND, weights_TK, row_of_slot, slot_order)
         ctx.use_triton = use_triton
         if ctx.use_triton:
             from workbench.kernels.triton_combine import combine_forward
 
-            return combine_forward(y_ND, weights_TK, row_of_slot)
+            return combine_forward(y_ND, weights_TK, row_of_slot, residual_TD=residual_TD)
         # Widths spelled out: a rank can receive no tokens at all (view(0, k, -1) is ambiguous).
         y_TKD = gather_slots(y_ND, row_of_slot).view(num_tokens, top_k, y_ND.shape[-1])
         out_TD = torch.bmm(weights_TK.float().unsqueeze(1), y_TKD.float()).squeeze(1)
+        if residual_TD is not None:
+            out_TD = out_TD + residual_TD.float()
         return out_TD.to(y_ND.dtype)
 
     @staticmethod
@@ -168,7 +170,7 @@ class _WeightedCombine(torch.autograd.Function):
             from workbench.kernels.triton_combine import combine_backward
 
             grad_y, grad_w = combine_backward(grad_TD, y_ND, weights_TK, row_of_slot)
-            return grad_y, grad_w, None, None, None
+            return grad_y, grad_w, None, None, None, grad_TD if ctx.needs_input_grad[5] else None
         grad_T1D = grad_TD.float().unsqueeze(1)
         grad_y = grad_w = None
         if ctx.needs_input_grad[1]:
@@ -178,7 +180,8 @@ class _WeightedCombine(torch.autograd.Function):
             grad_TKD = (weights_TK.float().unsqueeze(2) * grad_T1D).to(y_ND.dtype)
             # row r of y came from slot slot_order[r]
             grad_y = grad_TKD.view(num_tokens * top_k, grad_TKD.shape[-1]).index_select(0, slot_order)
-        return grad_y, grad_w, None, None, None
+        # the residual's gradient is the output's own (a residual stream adds, nothing scales it)
+        return grad_y, grad_w, None, None, None, grad_TD if ctx.needs_input_grad[5] else None
 
 
 def weighted_sum(
@@ -187,15 +190,20 @@ def weighted_sum(
     row_of_slot: torch.Tensor,
     slot_of_row: torch.Tensor,
     use_triton: bool = False,
+    residual_TD: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """out[t] = sum_k w[t, k] * y[row_of_slot[t*K + k]] in float32; slots may have no row (gather_slots)."""
-    return _WeightedCombine.apply(y_ND, weights_TK, row_of_slot, slot_of_row, use_triton)
+    """out[t] = sum_k w[t, k] * y[row_of_slot[t*K + k]] (+ residual[t]) in float32; slots may have no row."""
+    return _WeightedCombine.apply(y_ND, weights_TK, row_of_slot, slot_of_row, use_triton, residual_TD)
 
 
 def unpermute(
-    y_ND: torch.Tensor, weights_TK: torch.Tensor, perm: Permutation, use_triton: bool = False
+    y_ND: torch.Tensor,
+    weights_TK: torch.Tensor,
+    perm: Permutation,
+    use_triton: bool = False,
+    residual_TD: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Each token's weighted sum of its k expert rows (a gather, then a [1,K] x [K,D] product).
+    """Each token's weighted sum of its k expert rows (a gather, then a [1,K] x [K,D] product), plus `residual_TD`.
 
     In float32: the routing weights' gradient feeds the softmax's, a difference of near-equal
     terms, and a bf16 product there tripled the router-side gradient error in bf16 parity tests.
@@ -205,7 +213,7 @@ def unpermute(
             f"routing weights {tuple(weights_TK.shape)} do not match the permutation's "
             f"({perm.num_tokens}, {perm.top_k})"
         )
-    return weighted_sum(y_ND, weights_TK, perm.row_of_slot, perm.slot_order, use_triton)
+    return weighted_sum(y_ND, weights_TK, perm.row_of_slot, perm.slot_order, use_triton, residual_TD)
 
 
 @dataclass
@@ -219,6 +227,8 @@ class LocalDispatcher:
 
     # dispatch's tokens_per_expert counts every expert's (token, slot) pairs: the routed-load counter reuses them
     counts_every_expert = True
+    # combine takes a residual stream to add in its sum (models/qwen3_decoder.py)
+    combine_adds_residual = True
 
     def __init__(self, num_experts: int, combine: str = "torch"):
         self.num_experts = num_experts
@@ -228,5 +238,5 @@ class LocalDispatcher:
         perm, tokens_per_expert = sort_by_expert(topk_ids_TK, self.num_experts)
         return permute(x_TD, perm, self.use_triton), tokens_per_expert, LocalHandle(perm, topk_weights_TK)
 
-    def combine(self, y_by_expert_ND, handle: LocalHandle):
-        return unpermute(y_by_expert_ND, handle.topk_weights_TK, handle.perm, self.use_triton)
+    def combine(self, y_by_expert_ND, handle: LocalHandle, residual_TD: torch.Tensor | None = None):
+        return unpermute(y_by_expert_ND, handle.topk_weights_TK, handle.perm, self.use_triton, residual_TD)
