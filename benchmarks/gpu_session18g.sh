@@ -14,3 +14,5 @@ grep -E "^gpu clocks" "$OUT/bench.log" | tail -2
 bench_row qwen3-L16-4096x2-s18g $((540 - SECONDS + T0)) --preset qwen3-30b-a3b --layers 16 --seq 4096 --batch 2 \
   --variants anchor,engine
 grep -E "^gpu clocks" "$OUT/bench.log" | tail -2
+# a call returns at most 8 files: the A/B's profile JSONs go (their figures are in the logs), the bench JSONs stay
+find "$OUT" -mindepth 1 -maxdepth 1 -type d -name 'ab-*' -exec rm -rf {} +
