@@ -15,6 +15,9 @@ from workbench.kernels.rms_norm import rms_norm, rms_norm_residual
 from workbench.models.engine_attention import o_proj_residual
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
+needs_triton = pytest.mark.skipif(
+    not HAS_TRITON, reason="triton is not installed (pip install triton: its interpreter runs on CPU)"
+)
 
 
 def test_torch_backend_is_the_norm_and_the_input_itself():
@@ -82,7 +85,7 @@ print("FUSED RESIDUAL OK")
 """)
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton: its interpreter runs on CPU)")
+@needs_triton
 @pytest.mark.parametrize("device", DEVICES)
 def test_triton_norm_sums_the_residual_gradient_in_its_backward(device):
     run_triton_script(_SCRIPT, device, "FUSED RESIDUAL OK")
@@ -114,7 +117,7 @@ print("FUSED RESIDUAL AC OK")
 """)
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton: its interpreter runs on CPU)")
+@needs_triton
 @pytest.mark.parametrize("device", DEVICES)
 def test_fused_decoder_layer_replays_under_activation_checkpointing(device):
     run_triton_script(_AC_SCRIPT, device, "FUSED RESIDUAL AC OK")
@@ -148,7 +151,7 @@ print("COMBINE RESIDUAL OK")
 """)
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton: its interpreter runs on CPU)")
+@needs_triton
 @pytest.mark.parametrize("device", DEVICES)
 def test_local_combine_adds_the_residual_in_its_sum(device):
     run_triton_script(_COMBINE_SCRIPT, device, "COMBINE RESIDUAL OK")
