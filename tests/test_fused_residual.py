@@ -14,6 +14,8 @@ from triton_script import DEVICES, run_triton_script
 from workbench.kernels.rms_norm import rms_norm, rms_norm_residual
 from workbench.models.engine_attention import o_proj_residual
 
+# Shape suffixes: T tokens, D hidden, N routed rows.
+
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(
     not HAS_TRITON, reason="triton is not installed (pip install triton: its interpreter runs on CPU)"
