@@ -2,9 +2,9 @@
 
     python benchmarks/ce_rows_kernel.py --out $OUT/ce_rows.json
 
-The kernel reads each logits row twice (log-sum-exp, then the gradient over the logits). With one program a row the
-rows in flight outgrow the L2, so pass 2 reads HBM again; `programs` near the SM count would keep them cached
-(session 18: slower, the fewer programs keep too few bytes in flight).
+The kernel reads each logits row twice (log-sum-exp, then the gradient over the logits); pass 2 walks a row forwards
+or back (`reverse`: from the blocks pass 1 read last). Session 18 also timed the rows shared among fewer programs
+(a grid-stride loop, since removed: slower, results/2026-12-04-ce-rows-kernel-1xh200-s18a.json).
 """
 
 from __future__ import annotations
@@ -37,13 +37,11 @@ def main() -> None:
         denom = torch.tensor(float(rows), device="cuda")
         gib = rows * args.vocab * 2 / 2**30
         case = {}
-        for programs in (rows, 4 * sms, 2 * sms, sms):
-            for reverse in (False, True):
-                run = partial(ce_rows_, logits, labels, denom, -100, True, programs, reverse)
-                ms = cuda_event_ms(run, args.reps)
-                name = f"programs={programs} reverse={reverse}"
-                case[name] = {"ms": ms, "hbm_tb_s_if_two_reads": 3 * gib * 2**30 / ms / 1e9}
-                print(f"rows {rows}: {name}: {ms:.3f} ms", flush=True)
+        for reverse in (False, True):
+            ms = cuda_event_ms(partial(ce_rows_, logits, labels, denom, -100, True, reverse), args.reps)
+            name = f"reverse={reverse}"
+            case[name] = {"ms": ms, "hbm_tb_s_if_two_reads": 3 * gib * 2**30 / ms / 1e9}
+            print(f"rows {rows}: {name}: {ms:.3f} ms", flush=True)
         results["rows"][str(rows)] = case
         del logits
     grad = torch.randn(args.vocab, args.hidden, device="cuda").to(torch.bfloat16)

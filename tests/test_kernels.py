@@ -473,18 +473,17 @@ for dtype, tol, vocab in ((torch.float32, 1e-5, 53), (torch.float32, 1e-5, 5000)
                                           fromlist=["x"]).shift_labels(labels), num_items_in_batch=17,
                                           use_triton=True)
     assert rel_err(loss, ref[0]) < tol
-# the rows' split over programs and pass 2's direction change no bit of the loss or the gradient
+# pass 2's direction changes no bit of the loss or the gradient
 from workbench.kernels.triton_cross_entropy import ce_rows_
 logits = torch.randn(23, 5000, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
 targets = torch.randint(0, 5000, (23,), generator=torch.Generator().manual_seed(4))
 targets[5] = -100
 denom = torch.tensor(19.0)
 runs = []
-for programs, reverse in ((None, True), (1, False), (5, True), (23, False), (64, True)):
+for reverse in (True, False):
     grad = logits.clone()
-    runs.append((ce_rows_(grad, targets, denom, -100, True, programs=programs, reverse=reverse), grad))
-for loss_C, grad in runs[1:]:
-    assert torch.equal(loss_C, runs[0][0]) and torch.equal(grad, runs[0][1])
+    runs.append((ce_rows_(grad, targets, denom, -100, True, reverse=reverse), grad))
+assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
 # an upstream gradient scales the forward's buffers in place (1 leaves them); a second backward is refused
 from workbench.kernels.cross_entropy import shift_labels
 hidden, weight, labels = _ce_inputs(torch.float32, seq=11, vocab=300, hidden=16)

@@ -23,43 +23,40 @@ BLOCK_V = 4096
 
 @triton.jit
 def _ce_rows_kernel(
-    LOGITS, LABELS, LOSS, DENOM, stride_row, C, V, ignore_index, WRITE_GRAD: tl.constexpr, REVERSE: tl.constexpr,
+    LOGITS, LABELS, LOSS, DENOM, stride_row, V, ignore_index, WRITE_GRAD: tl.constexpr, REVERSE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):  # fmt: skip
-    # Rows pid, pid + programs, ... (ce_rows_ launches one program a row). REVERSE walks pass 2 back from the blocks
-    # pass 1 read last, the likeliest still in the L2: 2.069 -> 2.050 ms for 8192 x 151936 on the H200. Fewer
-    # programs, to keep every row in flight within the L2, were slower: 132 programs 4.7 ms, 528 2.2 ms
-    # (benchmarks/ce_rows_kernel.py, NOTES.md session 18).
-    first, step = tl.program_id(0).to(tl.int64), tl.num_programs(0).to(tl.int64)
-    for i in range(tl.cdiv(C - tl.program_id(0), tl.num_programs(0))):
-        row = first + i * step
-        base = LOGITS + row * stride_row
-        label = tl.load(LABELS + row).to(tl.int64)
-        valid = label != ignore_index
-        target = tl.where(valid, label, 0)
-        # pass 1: online log-sum-exp in float32
-        m = tl.full((), float("-inf"), tl.float32)
-        s = tl.zeros((), tl.float32)
-        for start in range(0, V, BLOCK):
+    row = tl.program_id(0).to(tl.int64)
+    base = LOGITS + row * stride_row
+    label = tl.load(LABELS + row).to(tl.int64)
+    valid = label != ignore_index
+    target = tl.where(valid, label, 0)
+    # pass 1: online log-sum-exp in float32
+    m = tl.full((), float("-inf"), tl.float32)
+    s = tl.zeros((), tl.float32)
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+        m = m_new
+    lse = m + tl.log(s)
+    target_logit = tl.load(base + target).to(tl.float32)
+    tl.store(LOSS + row, tl.where(valid, lse - target_logit, 0.0))
+    if WRITE_GRAD:
+        # pass 2: d(loss)/d(logits) = (softmax - onehot) * valid / denom, over the logits. REVERSE walks back from the
+        # blocks pass 1 read last, the likeliest still in the L2: 2.069 -> 2.050 ms for 8192 x 151936 on the H200.
+        # Sharing the rows among ~one program per SM, to keep every row in flight within the L2, was slower (132
+        # programs 4.7 ms, 528 2.2 ms: benchmarks/NOTES.md, session 18).
+        scale = tl.where(valid, 1.0 / tl.load(DENOM).to(tl.float32), 0.0)
+        n_blocks = tl.cdiv(V, BLOCK)
+        for i in range(n_blocks):
+            start = ((n_blocks - 1 - i) if REVERSE else i) * BLOCK
             cols = start + tl.arange(0, BLOCK)
-            x = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-            m_new = tl.maximum(m, tl.max(x, axis=0))
-            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
-            m = m_new
-        lse = m + tl.log(s)
-        target_logit = tl.load(base + target).to(tl.float32)
-        tl.store(LOSS + row, tl.where(valid, lse - target_logit, 0.0))
-        if WRITE_GRAD:
-            # pass 2: d(loss)/d(logits) = (softmax - onehot) * valid / denom, over the logits
-            scale = tl.where(valid, 1.0 / tl.load(DENOM).to(tl.float32), 0.0)
-            n_blocks = tl.cdiv(V, BLOCK)
-            for i in range(n_blocks):
-                start = ((n_blocks - 1 - i) if REVERSE else i) * BLOCK
-                cols = start + tl.arange(0, BLOCK)
-                mask = cols < V
-                x = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
-                g = tl.exp(x - lse) - tl.where(cols == target, 1.0, 0.0)
-                tl.store(base + cols, (g * scale).to(LOGITS.dtype.element_ty), mask=mask)
+            mask = cols < V
+            x = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
+            g = tl.exp(x - lse) - tl.where(cols == target, 1.0, 0.0)
+            tl.store(base + cols, (g * scale).to(LOGITS.dtype.element_ty), mask=mask)
 
 
 def ce_rows_(
@@ -68,13 +65,12 @@ def ce_rows_(
     denom: torch.Tensor,
     ignore_index: int,
     write_grad: bool,
-    programs: int | None = None,
     reverse: bool = True,
 ) -> torch.Tensor:
     """Per-row loss (float32 [C]); with `write_grad`, overwrite logits with d(sum loss / denom)/d(logits).
 
-    `programs`: how many programs share the rows (None: one a row); `reverse`: pass 2 walks each row backwards.
-    Both are benchmark knobs (benchmarks/ce_rows_kernel.py); the bits do not change.
+    `reverse`: pass 2 walks each row backwards (a benchmark knob, benchmarks/ce_rows_kernel.py; the bits do not
+    change).
     """
     check_triton_device(logits_CV, "cross_entropy")
     if logits_CV.stride(-1) != 1:
@@ -83,14 +79,12 @@ def ce_rows_(
     loss_C = torch.empty(C, dtype=torch.float32, device=logits_CV.device)
     if C:
         block = min(BLOCK_V, triton.next_power_of_2(V))
-        grid = C if programs is None else max(1, min(C, programs))
-        _ce_rows_kernel[(grid,)](
+        _ce_rows_kernel[(C,)](
             logits_CV,
             labels_C,
             loss_C,
             denom,
             logits_CV.stride(0),
-            C,
             V,
             ignore_index,
             WRITE_GRAD=write_grad,

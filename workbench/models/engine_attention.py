@@ -76,28 +76,28 @@ def fused_rope_forward(
     q, k = q.view(hidden_shape), k.view(hidden_shape)
     v_BHSD = v.view(hidden_shape).transpose(1, 2)
     cos, sin = unit_stride_angles(*position_embeddings)
-    fused = fused_norm_rope_applies(q_norm, q.transpose(1, 2), cos) and fused_norm_rope_applies(
-        k_norm, k.transpose(1, 2), cos
-    )
-    if fused:  # the per-head norms and RoPE in one kernel each way (kernels/triton_norm_rope.py)
+    q_BHSD, k_BHSD = q.transpose(1, 2), k.transpose(1, 2)
+    if fused_norm_rope_applies(q_norm, q_BHSD, cos) and fused_norm_rope_applies(k_norm, k_BHSD, cos):
+        # the per-head norms and RoPE in one kernel each way (kernels/triton_norm_rope.py)
         from workbench.kernels.triton_norm_rope import norm_rope
 
-        q_BHSD = norm_rope(q.transpose(1, 2), q_norm.weight, q_norm.variance_epsilon, cos, sin)
-        k_BHSD = norm_rope(k.transpose(1, 2), k_norm.weight, k_norm.variance_epsilon, cos, sin)
+        q_BHSD = norm_rope(q_BHSD, q_norm.weight, q_norm.variance_epsilon, cos, sin)
+        k_BHSD = norm_rope(k_BHSD, k_norm.weight, k_norm.variance_epsilon, cos, sin)
     else:
         q_BHSD = (q_norm(q) if q_norm is not None else q).transpose(1, 2)
         k_BHSD = (k_norm(k) if k_norm is not None else k).transpose(1, 2)
-    if not fused and supported(q_BHSD, cos) and supported(k_BHSD, cos):
-        q_BHSD, k_BHSD = apply_rope(q_BHSD, k_BHSD, cos, sin)
-    elif not fused:
-        # said, not silent: a layout the kernel refuses once kept session 15's fused RoPE off on one Transformers
-        # version while every parity test passed (Python shows each distinct message once)
-        warnings.warn(
-            f"rope='triton': the fused RoPE kernel does not take q {tuple(q_BHSD.shape)} / cos {tuple(cos.shape)} "
-            f"(strides {cos.stride()}); {type(module).__name__} applies Transformers' RoPE instead",
-            stacklevel=2,
-        )
-        q_BHSD, k_BHSD = family.apply_rotary_pos_emb(q_BHSD, k_BHSD, cos, sin)
+        if supported(q_BHSD, cos) and supported(k_BHSD, cos):
+            q_BHSD, k_BHSD = apply_rope(q_BHSD, k_BHSD, cos, sin)
+        else:
+            # said, not silent: a layout the kernel refuses once kept session 15's fused RoPE off on one
+            # Transformers version while every parity test passed (Python shows each distinct message once)
+            warnings.warn(
+                f"rope='triton': the fused RoPE kernel does not take q {tuple(q_BHSD.shape)} / cos "
+                f"{tuple(cos.shape)} (strides {cos.stride()}); {type(module).__name__} applies Transformers' RoPE "
+                "instead",
+                stacklevel=2,
+            )
+            q_BHSD, k_BHSD = family.apply_rotary_pos_emb(q_BHSD, k_BHSD, cos, sin)
     out, weights = attention_function(family, module.config._attn_implementation)(
         module,
         q_BHSD,
