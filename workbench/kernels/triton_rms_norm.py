@@ -232,21 +232,22 @@ class _RMSNormResidualFunction(torch.autograd.Function):
         return dx_MN.view(ctx.shape), dw, None
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Fused RMSNorm (forward and backward in one Triton kernel each)."""
+def _check_input(x: torch.Tensor) -> None:
+    """A device the kernels run on and a row that fits on chip, or a clear error."""
     check_triton_device(x, "rms_norm")
     if x.shape[-1] > MAX_FUSED_WIDTH:
         raise ValueError(
             f"rms_norm='triton' handles widths up to {MAX_FUSED_WIDTH}, got {x.shape[-1]}; use backend='torch'"
         )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Fused RMSNorm (forward and backward in one Triton kernel each)."""
+    _check_input(x)
     return _RMSNormFunction.apply(x, weight, eps)
 
 
 def rms_norm_residual(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x), x), the input's gradient from both summed in the norm's backward kernel."""
-    check_triton_device(x, "rms_norm")
-    if x.shape[-1] > MAX_FUSED_WIDTH:
-        raise ValueError(
-            f"rms_norm='triton' handles widths up to {MAX_FUSED_WIDTH}, got {x.shape[-1]}; use backend='torch'"
-        )
+    _check_input(x)
     return _RMSNormResidualFunction.apply(x, weight, eps)

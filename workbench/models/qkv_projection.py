@@ -32,20 +32,14 @@ class _QKVProjection(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_q, grad_k, grad_v):
-        x, *weights = ctx.saved_tensors
+        # autograd materializes an unused output's gradient as zeros: all three are tensors
+        x, weight_q, weight_k, weight_v = ctx.saved_tensors
         x_ND = x.reshape(-1, x.shape[-1])
-        grads = [None if g is None else g.reshape(-1, g.shape[-1]) for g in (grad_q, grad_k, grad_v)]
-        grad_x = grad_w = None
+        g_q, g_k, g_v = (g.reshape(-1, g.shape[-1]) for g in (grad_q, grad_k, grad_v))
+        grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x_ND = None
-            for g, w in zip(grads, weights, strict=True):
-                if g is None:
-                    continue
-                grad_x_ND = torch.mm(g, w) if grad_x_ND is None else grad_x_ND.addmm_(g, w)
-            grad_x = torch.zeros_like(x) if grad_x_ND is None else grad_x_ND.view(x.shape)
-        grad_w = [
-            None if g is None or not ctx.needs_input_grad[i + 1] else torch.mm(g.t(), x_ND) for i, g in enumerate(grads)
-        ]
+            grad_x = torch.mm(g_q, weight_q).addmm_(g_k, weight_k).addmm_(g_v, weight_v).view(x.shape)
+        grad_w = [torch.mm(g.t(), x_ND) if ctx.needs_input_grad[i] else None for i, g in enumerate((g_q, g_k, g_v), 1)]
         return grad_x, *grad_w
 
 
