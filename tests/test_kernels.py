@@ -701,13 +701,18 @@ ids, labels = (t.to(device) for t in fresh_batch(cfg, 6))
 ref, ref_grads = forward_backward(hf_model, ids, labels)
 import workbench.models.qkv_projection as qkv, workbench.models.qwen3_decoder as decoder
 import workbench.kernels.triton_norm_rope as norm_rope
-nodes, norms, ropes = [], [], []
+import workbench.moe.router as router
+nodes, norms, ropes, passed = [], [], [], []
 qkv_apply, norm_residual, rope_apply = qkv._QKVProjection.apply, decoder.norm_residual, norm_rope._NormRope.apply
+router_backward = router._float32_linear_backward
 qkv._QKVProjection.apply = lambda *a: nodes.append(1) or qkv_apply(*a)
 decoder.norm_residual = lambda *a: norms.append(1) or norm_residual(*a)
 norm_rope._NormRope.apply = lambda *a: ropes.append(1) or rope_apply(*a)
+router._float32_linear_backward = lambda *a: passed.append(a[3] is not None) or router_backward(*a)
 out, grads = forward_backward(engine, ids, labels)
 qkv._QKVProjection.apply, decoder.norm_residual, norm_rope._NormRope.apply = qkv_apply, norm_residual, rope_apply
+router._float32_linear_backward = router_backward
+assert passed == [True] * cfg.num_hidden_layers, passed  # each router's backward sums the experts' input gradient
 assert len(nodes) == cfg.num_hidden_layers, nodes  # every layer's q/k/v projections as one node
 assert len(norms) == 2 * cfg.num_hidden_layers, norms  # and its residual adds fused (models/qwen3_decoder.py)
 assert len(ropes) == 2 * cfg.num_hidden_layers, ropes  # q and k: the per-head norm and RoPE in one kernel

@@ -74,3 +74,62 @@ def test_cuda_router_logits_and_grads_match_float64():
     # ~2^-17 of the largest summands (the upstream float32 gradient carried as bf16 hi + lo)
     for got, ref in ((x.grad, x64.grad), (w.grad, w64.grad)):
         torch.testing.assert_close(got.double(), ref, rtol=8e-3, atol=2e-5 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"] if HAS_CUDA else ["cpu"])
+def test_pair_gemms_match_float64(device):
+    from workbench.kernels.mm_fp32 import mm_pair, mm_pair_t, split_pair
+
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(512, 64, generator=g).to(device)  # float32, as the router's upstream gradient
+    b = (0.02 * torch.randn(64, 256, generator=g)).bfloat16().to(device)
+    x = torch.randn(512, 256, generator=g).bfloat16().to(device)
+    add = torch.randn(512, 256, generator=g).bfloat16().to(device)
+    pair = split_pair(a, torch.bfloat16)
+    assert pair.shape == (512, 128) and pair.dtype == torch.bfloat16
+    # hi + lo carries a to ~16 significant bits (the remainder of a bf16 rounding, itself rounded)
+    err_split = ((pair[:, :64].double() + pair[:, 64:].double() - a.double()).abs() / a.double().abs()).max().item()
+    assert err_split < 2**-15, err_split
+    ref = a.double() @ b.double()
+    for addend in (None, add):
+        got = mm_pair(pair, b, addend)
+        want = ref if addend is None else ref + addend.double()
+        assert got.dtype == torch.bfloat16
+        # one bf16 rounding of the float32 sum: 2^-8 relative per element
+        assert ((got.double() - want).abs() <= 2**-8 * want.abs() + 1e-6 * ref.abs().max()).all()
+    got_t = mm_pair_t(pair, x)
+    ref_t = a.double().t() @ x.double()
+    assert got_t.dtype == torch.float32
+    err_t = ((got_t.double() - ref_t).abs().max() / ref_t.abs().max()).item()
+    assert err_t < 2e-5, err_t
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"] if HAS_CUDA else ["cpu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_router_passing_its_input_sums_both_gradients(device, dtype):
+    from workbench.moe.router import router_logits, router_logits_passing
+
+    g = torch.Generator().manual_seed(5)
+    x0 = torch.randn(300, 128, generator=g).to(device, dtype)
+    w0 = (0.02 * torch.randn(16, 128, generator=g)).to(device, dtype)
+    d_logits = torch.randn(300, 16, generator=g).to(device)
+    d_pass = torch.randn(300, 128, generator=g).to(device, dtype)
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    logits, passed = router_logits_passing(x, w)
+    assert torch.equal(passed, x0) and torch.equal(logits, router_logits(x0, w0))
+    torch.autograd.backward((logits, passed), (d_logits, d_pass))
+    x64, w64 = x0.double().requires_grad_(), w0.double().requires_grad_()
+    torch.autograd.backward((x64 @ w64.t(), x64), (d_logits.double(), d_pass.double()))
+    # float32: float32 sums; bf16: one rounding of the input's gradient sum, the weight's from float32 products
+    rtol = 1e-5 if dtype == torch.float32 else 2**-8
+    for got, ref in ((x.grad, x64.grad), (w.grad, w64.grad)):
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.double(), ref, rtol=rtol, atol=2e-5 * ref.abs().max().item())
+    # only the passed input used: its gradient passes through; only the logits: the plain router's gradients
+    x = x0.clone().requires_grad_()
+    (router_logits_passing(x, w0)[1] * d_pass).sum().backward()
+    assert torch.equal(x.grad, d_pass)
+    x, x2 = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+    (router_logits_passing(x, w0)[0] * d_logits).sum().backward()
+    (router_logits(x2, w0) * d_logits).sum().backward()
+    assert torch.equal(x.grad, x2.grad)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+# Shape suffixes: M rows, K depth, N columns.
+
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
@@ -57,3 +59,34 @@ def mm_fp32(
         else:
             torch.mm(x, y, out_dtype=torch.float32, out=out)
     return out
+
+
+def split_pair(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Float32 `a` [M, K] as one [M, 2K] `dtype` tensor: its rounding, then the remainder (a to ~16 bits, as _split)."""
+    rows, cols = a.shape
+    pair = torch.empty(rows, 2 * cols, dtype=dtype, device=a.device)
+    hi = pair[:, :cols]
+    hi.copy_(a)
+    pair[:, cols:].copy_(a - hi.float())
+    return pair
+
+
+def mm_pair(pair_M2K: torch.Tensor, b_KN: torch.Tensor, add_MN: torch.Tensor | None = None) -> torch.Tensor:
+    """add + (hi + lo) @ b for a split_pair: one GEMM of depth 2K against b stacked twice, rounded once to b's dtype.
+
+    Where mm_fp32 runs one GEMM per part into a float32 result that its caller casts and autograd then adds to
+    another gradient (four passes over an [M, N] result), the pair's two products and the addend share one
+    float32 accumulator and one store.
+    """
+    b_2KN = torch.cat([b_KN, b_KN])
+    return torch.mm(pair_M2K, b_2KN) if add_MN is None else torch.addmm(add_MN, pair_M2K, b_2KN)
+
+
+def mm_pair_t(pair_M2K: torch.Tensor, x_MN: torch.Tensor) -> torch.Tensor:
+    """(hi + lo)^T @ x in float32 [K, N] for a split_pair: one GEMM of 2K rows, its two halves summed."""
+    cols = pair_M2K.shape[1] // 2
+    if pair_M2K.is_cuda:
+        both_2KN = torch.mm(pair_M2K.t(), x_MN, out_dtype=torch.float32)
+    else:  # no float32-result GEMM of low-precision operands on CPU: the float32 products are the same
+        both_2KN = pair_M2K.t().float() @ x_MN.float()
+    return both_2KN[:cols] + both_2KN[cols:]

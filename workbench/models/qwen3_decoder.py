@@ -17,6 +17,8 @@ from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 
 from workbench.models.engine_attention import engine_forward_applies
 
+# Shape suffixes: B batch, S sequence, D hidden, T tokens, K top-k.
+
 
 def norm_residual(norm: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(x), x): the engine's RMSNorm fuses the residual's gradient into its backward; any other norm does not."""
@@ -40,16 +42,34 @@ class Qwen3MoeEngineDecoderLayer(hf.Qwen3MoeDecoderLayer):
         normed, residual = norm_residual(self.post_attention_layernorm, hidden_states)
         experts = moe_experts_adding_residual(self.mlp)
         if experts is not None:  # the combine adds the residual in its sum
-            experts.workbench_residual = residual
-            try:
-                out = self.mlp(normed)
-            finally:
-                experts.workbench_residual = None
-        else:
-            out = self.mlp(normed)
+            return moe_adding_residual(self.mlp, experts, normed, residual)
+        out = self.mlp(normed)
         if isinstance(out, tuple):  # Transformers versions whose MoE block also returns its router logits
             out = out[0]
-        return out if experts is not None else residual + out
+        return residual + out
+
+
+def moe_adding_residual(
+    mlp: nn.Module, experts: nn.Module, x_BSD: torch.Tensor, residual_BSD: torch.Tensor
+) -> torch.Tensor:
+    """residual + Qwen3's MoE block on x (its forward: router, then experts), the add in the experts' combine.
+
+    The engine's router hands x on to the experts (Qwen3MoeEngineRouter's pass_input), so its backward sums the
+    experts' input gradient into its own GEMM: x's gradient without an add of its own.
+    """
+    from workbench.models.qwen3_router import Qwen3MoeEngineRouter
+
+    # the block's own forward where hooks on the block expect its call
+    passing = isinstance(mlp.gate, Qwen3MoeEngineRouter) and not (mlp._forward_hooks or mlp._forward_pre_hooks)
+    experts.workbench_residual = residual_BSD
+    try:
+        if not passing:
+            out = mlp(x_BSD)
+            return out[0] if isinstance(out, tuple) else out  # versions whose block returns its router logits too
+        _, weights_TK, ids_TK, x_TD = mlp.gate(x_BSD.reshape(-1, x_BSD.shape[-1]), pass_input=True)
+        return experts(x_TD, ids_TK, weights_TK).view_as(x_BSD)
+    finally:
+        experts.workbench_residual = None
 
 
 def moe_experts_adding_residual(mlp: nn.Module) -> nn.Module | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 
-from workbench.moe.router import router_logits, softmax_topk
+from workbench.moe.router import router_logits, router_logits_passing, softmax_topk
 
 # Shape suffixes: T tokens, D hidden, E experts, K top-k.
 
@@ -24,12 +24,19 @@ class Qwen3MoeEngineRouter(hf.Qwen3MoeTopKRouter):
     # formula picks (models/router_aux records them; the loss then sorts no probabilities again).
     workbench_topk_ids_index = 2
 
-    def forward(self, hidden_states: torch.Tensor):
-        """(router logits [T, E] float32, top-k weights [T, K], top-k ids [T, K]) as Transformers returns them."""
+    def forward(self, hidden_states: torch.Tensor, pass_input: bool = False):
+        """(router logits [T, E] float32, top-k weights [T, K], top-k ids [T, K]) as Transformers returns them.
+
+        `pass_input`: a fourth output, the [T, D] input for the experts, whose gradient the router's backward adds
+        to its own in one GEMM (moe/router.router_logits_passing; the engine's decoder layer asks for it).
+        """
         x_TD = hidden_states.reshape(-1, self.hidden_dim)
-        logits_TE = router_logits(x_TD, self.weight)
+        if pass_input:
+            logits_TE, x_TD = router_logits_passing(x_TD, self.weight)
+        else:
+            logits_TE = router_logits(x_TD, self.weight)
         weights_TK, ids_TK = softmax_topk(logits_TE, self.top_k, self.norm_topk_prob)
-        return logits_TE, weights_TK, ids_TK
+        return (logits_TE, weights_TK, ids_TK, x_TD) if pass_input else (logits_TE, weights_TK, ids_TK)
 
 
 def use_engine_router(model: torch.nn.Module) -> int:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from workbench.kernels.mm_fp32 import mm_fp32
+from workbench.kernels.mm_fp32 import mm_fp32, mm_pair, mm_pair_t, split_pair, tensor_core_path
 
 # Shape suffixes: T tokens, D hidden, E experts, K top-k.
 
@@ -22,6 +22,40 @@ def router_logits(x_TD: torch.Tensor, weight_ED: torch.Tensor) -> torch.Tensor:
     were 18% off. The cost is one [T, D] x [D, E] matmul, under 1% of the experts' FLOPs.
     """
     return _Float32Linear.apply(x_TD, weight_ED)
+
+
+def router_logits_passing(x_TD: torch.Tensor, weight_ED: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(router_logits(x, w), x): the experts take the second, and the router's backward adds their input gradient
+    to its own in the GEMM that computes it (autograd would add the two in an elementwise kernel of its own)."""
+    return _Float32LinearPassing.apply(x_TD, weight_ED)
+
+
+def _float32_linear_backward(
+    grad_TE: torch.Tensor,
+    x_TD: torch.Tensor,
+    weight_ED: torch.Tensor,
+    grad_pass_TD: torch.Tensor | None,
+    needs_input_grad: tuple[bool, ...],
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The input gradient (plus `grad_pass_TD`, another gradient of the same input) and the weight gradient."""
+    grad_x = grad_w = None
+    if x_TD.dtype == weight_ED.dtype and tensor_core_path(grad_TE, weight_ED):
+        # The float32 upstream as bf16 high and low halves side by side: each gradient is one GEMM, the input's
+        # rounded once with the passed gradient added in its accumulator (mm_fp32.mm_pair).
+        pair_T2E = split_pair(grad_TE, weight_ED.dtype)
+        if needs_input_grad[0]:
+            grad_x = mm_pair(pair_T2E, weight_ED, grad_pass_TD)
+        if needs_input_grad[1]:
+            grad_w = mm_pair_t(pair_T2E, x_TD).to(weight_ED.dtype)
+        return grad_x, grad_w
+    if needs_input_grad[0]:
+        grad_x = mm_fp32(grad_TE, weight_ED)
+        if grad_pass_TD is not None:
+            grad_x += grad_pass_TD
+        grad_x = grad_x.to(x_TD.dtype)
+    if needs_input_grad[1]:
+        grad_w = mm_fp32(grad_TE.t(), x_TD).to(weight_ED.dtype)
+    return grad_x, grad_w
 
 
 class _Float32Linear(torch.autograd.Function):
@@ -40,12 +74,24 @@ class _Float32Linear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_TE):
         x_TD, weight_ED = ctx.saved_tensors
-        grad_x = grad_w = None
-        if ctx.needs_input_grad[0]:
-            grad_x = mm_fp32(grad_TE, weight_ED).to(x_TD.dtype)
-        if ctx.needs_input_grad[1]:
-            grad_w = mm_fp32(grad_TE.t(), x_TD).to(weight_ED.dtype)
-        return grad_x, grad_w
+        return _float32_linear_backward(grad_TE, x_TD, weight_ED, None, ctx.needs_input_grad)
+
+
+class _Float32LinearPassing(torch.autograd.Function):
+    """_Float32Linear that also returns its input (for the experts), both gradients of which it sums itself."""
+
+    @staticmethod
+    def forward(ctx, x_TD, weight_ED):
+        ctx.save_for_backward(x_TD, weight_ED)
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None, not a zero tensor to add
+        return mm_fp32(x_TD, weight_ED.t()), x_TD.view_as(x_TD)
+
+    @staticmethod
+    def backward(ctx, grad_TE, grad_pass_TD):
+        x_TD, weight_ED = ctx.saved_tensors
+        if grad_TE is None:  # the logits took no part in the loss
+            return grad_pass_TD, None
+        return _float32_linear_backward(grad_TE, x_TD, weight_ED, grad_pass_TD, ctx.needs_input_grad)
 
 
 def softmax_topk(logits_TE: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
