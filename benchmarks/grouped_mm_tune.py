@@ -53,30 +53,48 @@ def time_ms(fn, reps: int) -> float:
     return cuda_event_ms(fn, reps)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def layer_arguments(p: argparse.ArgumentParser, reps: int) -> None:
+    """The MoE layer's shape (Qwen3-30B-A3B's by default) and the timed repetitions, for the GEMM scripts here."""
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--inter", type=int, default=768)
     p.add_argument("--experts", type=int, default=128)
     p.add_argument("--top-k", type=int, default=8)
-    p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--only", default="", help="comma-separated problem names (default: all six)")
-    p.add_argument("--out", default="grouped_mm.json")
-    args = p.parse_args()
-    import torch._inductor.config as inductor_config
+    p.add_argument("--reps", type=int, default=reps)
 
-    inductor_config.max_autotune_gemm_backends = "ATEN,TRITON"
+
+def routed_rows(args) -> tuple[torch.Tensor, dict]:
+    """The int32 end offsets of a random router's rows per expert at the layer's shape, and a results dict for them."""
     counts = expert_counts(args.tokens, args.hidden, args.experts, args.top_k)
-    offs = torch.cumsum(counts, 0, dtype=torch.int32)
-    rows = int(offs[-1])
-    probs = problems(rows, args.hidden, 2 * args.inter, args.inter, args.experts)
     result = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "counts_min_max_mean": [int(counts.min()), int(counts.max()), float(counts.float().mean())],
         "rows": {},
     }
+    return torch.cumsum(counts, 0, dtype=torch.int32), result
+
+
+def save_row(result: dict, name: str, row: dict, path: str) -> None:
+    """One problem's row into `result`, printed, and the whole written to `path` (a cut run keeps what it measured)."""
+    result["rows"][name] = row
+    print(name, json.dumps(row), flush=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    layer_arguments(p, reps=20)
+    p.add_argument("--only", default="", help="comma-separated problem names (default: all six)")
+    p.add_argument("--out", default="grouped_mm.json")
+    args = p.parse_args()
+    import torch._inductor.config as inductor_config
+
+    inductor_config.max_autotune_gemm_backends = "ATEN,TRITON"
+    offs, result = routed_rows(args)
+    rows = int(offs[-1])
+    probs = problems(rows, args.hidden, 2 * args.inter, args.inter, args.experts)
     wanted = [n for n in args.only.split(",") if n] or list(probs)
     for name in wanted:
         a, b = probs[name]
@@ -109,10 +127,7 @@ def main() -> None:
             "max_abs_diff": err,
             "autotuned_kernels": kernels,
         }
-        result["rows"][name] = row
-        print(name, json.dumps(row), flush=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        save_row(result, name, row, args.out)
 
 
 if __name__ == "__main__":

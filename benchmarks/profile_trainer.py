@@ -153,7 +153,7 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
     )
     rc = RunConfig(
         model=ModelConfig(preset=args.preset, layers=args.layers, dtype="bfloat16"),
-        backend=BackendConfig(fused_ce=True, gate=args.gate),
+        backend=BackendConfig(fused_ce=True, gate=args.gate, expert_wgrad=args.expert_wgrad),
         data=DataConfig(kind="synthetic", seq_len=args.seq),
         train=train,
         output_dir=str(runs),
@@ -203,6 +203,7 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
         "in_backward": args.in_backward,
         "updates_one_stream": args.updates_one_stream,
         "sink_kernel_full": args.sink_kernel_full,
+        "expert_wgrad": args.expert_wgrad,
         "build_s": build_s,
         "step_ms_queued": step_ms,
         "tokens_per_s": args.batch * args.seq / step_ms * 1e3,
@@ -238,6 +239,7 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--gate", default="native")
+    p.add_argument("--expert-wgrad", default="auto", help="BackendConfig.expert_wgrad: auto, autograd or triton")
     p.add_argument("--optimizer", default="adamw")
     p.add_argument("--precision", default="bf16_sr,bf16", help="comma-separated train.precision modes")
     p.add_argument("--optimizer-states", default="full", help="train.optimizer_states: full, or 8bit moments")

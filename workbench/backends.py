@@ -32,6 +32,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "swiglu": ("torch", "triton", "auto"),
     "combine": ("torch", "triton", "auto"),
     "cross_entropy": ("torch", "triton", "auto"),
+    # The grouped experts' weight gradient: their own backward's (autograd), or the Triton one that sums its
+    # squares for the clipping norm as it stores them (moe/expert_wgrad.py), where the shapes tile.
+    "expert_wgrad": ("autograd", "triton", "auto"),
 }
 
 # TransformerEngine backends run on Ampere or newer (bf16 GEMMs, fused attention); FP8 on Hopper+.
@@ -63,6 +66,8 @@ AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "swiglu": ("triton", "torch"),
     "combine": ("triton", "torch"),
     "cross_entropy": ("triton", "torch"),
+    # autograd until the Triton one is measured in the trainer's step on the GPU (benchmarks/NOTES.md, session 19)
+    "expert_wgrad": ("autograd", "triton"),
 }
 
 
@@ -232,7 +237,7 @@ def availability(
     field: str, choice: str, device: torch.device | str | Platform = "cpu", world_size: int = 1
 ) -> tuple[bool, str]:
     """Whether `choice` for `field` can run on `device` (or a Platform); the reason (with install hint) if not."""
-    if choice in ("loop", "local", "torch", "sdpa", "sinks", "native", "balanced", "alltoall", "auto"):
+    if choice in ("loop", "local", "torch", "sdpa", "sinks", "native", "balanced", "alltoall", "autograd", "auto"):
         return True, ""  # pure torch (or resolved later): runs anywhere, nothing to detect
     plat = _platform(device)
     cuda = plat.device_type == "cuda"
@@ -245,7 +250,8 @@ def availability(
         # TRITON_INTERPRET=1 (tests only) runs the kernels on CPU tensors in Triton's interpreter
         interpreted = plat.device_type == "cpu" and plat.triton_interpret
         if not (cuda or interpreted):
-            return False, f"{field}='triton' needs a CUDA device, got {plat.device_type}; use 'torch'"
+            instead = "autograd" if field == "expert_wgrad" else "torch"
+            return False, f"{field}='triton' needs a CUDA device, got {plat.device_type}; use '{instead}'"
         if "triton" not in plat.modules:
             return False, f"triton is not installed: {INSTALL_HINT['triton']}"
         return True, ""
@@ -315,6 +321,7 @@ class BackendConfig:
     swiglu: str = "auto"
     combine: str = "auto"
     cross_entropy: str = "auto"
+    expert_wgrad: str = "auto"
     # The lm_head + cross-entropy computed in chunks without materializing [tokens, vocab] logits
     # (the model's output then has logits=None when labels are given); `cross_entropy` picks its kernel.
     fused_ce: bool = False

@@ -147,6 +147,7 @@ def install(
             swiglu=backend.swiglu,
             recompute=backend.expert_recompute,
             device=device,
+            wgrad=backend.expert_wgrad,
         )
     select_attention(model, backend.attention)
     extras = install_extras(model, backend, total)

@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from workbench.kernels.gpt_oss_gate import expert_row_bias
 from workbench.kernels.registry import KernelRegistry
+from workbench.moe.expert_wgrad import WGRAD_BACKENDS, grouped_linear_wgrad, wgrad_applies
 from workbench.moe.gpt_oss_experts import gpt_oss_expert_rows, is_gpt_oss_gate
 from workbench.moe.lora_experts import lora_rows
 from workbench.moe.routed_load import attach_load_counter, count_routed
@@ -118,16 +119,21 @@ def grouped_linear(
     transposed: bool,
     dtypes: tuple[torch.dtype, ...],
     offsets: torch.Tensor | None = None,
+    wgrad: str = "autograd",
 ) -> torch.Tensor:
     """Rows of expert e times its weight, for expert-major rows (`tokens_per_expert` rows each).
 
     `dtypes`: what grouped_mm takes on the device (the module's workbench_grouped_mm_dtypes; ()
     for experts='loop'); operands it does not take run the per-expert loop. `offsets`: the int32
     end offsets (`row_offsets`) where the caller shares them over several GEMMs of the same rows.
+    `wgrad`: BackendConfig.expert_wgrad ('triton': the weight gradient with its squares, moe/expert_wgrad.py).
     """
     weight_EKN = _weight_KN(weight_E, transposed)
     if grouped_mm_ok(x_ND, weight_EKN, dtypes):
-        return _grouped_mm()(x_ND, weight_EKN, offs=row_offsets(tokens_per_expert) if offsets is None else offsets)
+        offsets = row_offsets(tokens_per_expert) if offsets is None else offsets
+        if wgrad == "triton" and wgrad_applies(x_ND, weight_E, transposed):
+            return grouped_linear_wgrad(x_ND, weight_E, offsets, transposed)
+        return _grouped_mm()(x_ND, weight_EKN, offs=offsets)
     outputs, start = [], 0
     for e, count in enumerate(tokens_per_expert.tolist()):  # the always-correct path (one host sync)
         if count:
@@ -160,7 +166,8 @@ def expert_linear(
     if offsets is None:
         offsets = expert_offsets(module, tokens_per_expert)
     weight_E = getattr(module, weight)
-    y = grouped_linear(x_ND, tokens_per_expert, weight_E, module.workbench_layout.is_transposed, dtypes, offsets)
+    transposed, wgrad = module.workbench_layout.is_transposed, getattr(module, "workbench_expert_wgrad", "autograd")
+    y = grouped_linear(x_ND, tokens_per_expert, weight_E, transposed, dtypes, offsets, wgrad)
     delta = lora_rows(module, weight, x_ND, tokens_per_expert, dtypes, offsets)
     return y if delta is None else y + delta
 
@@ -339,21 +346,24 @@ def install_engine_experts(
     swiglu: str = "torch",
     recompute: bool = False,
     device: torch.device | str | None = None,
+    wgrad: str = "autograd",
 ) -> nn.Module:
     """Turn a v5 experts module into the engine's in place; keep only experts [first, last).
 
     `gate` "balanced" is the bench's round-robin assignment. `swiglu` (a resolved
     BackendConfig.swiglu) takes effect only where the family's gate is plain SwiGLU
     (is_plain_swiglu) or GPT-OSS's (is_gpt_oss_gate); other gates stay the family's own.
-    `recompute`: BackendConfig.expert_recompute. `device`: where the experts will run (the one
-    BackendConfig was resolved for; None: where their weights are now); grouped_mm's dtypes there
-    are decided here, once, not per GEMM.
+    `recompute`: BackendConfig.expert_recompute; `wgrad`: a resolved BackendConfig.expert_wgrad. `device`: where
+    the experts will run (the one BackendConfig was resolved for; None: where their weights are now); grouped_mm's
+    dtypes there are decided here, once, not per GEMM.
     """
     check_generic_backend(backend)
     if gate not in GATES:
         raise ValueError(f"gate {gate!r} is not one of {list(GATES)}")
     if swiglu not in ("torch", "triton"):
         raise ValueError(f"swiglu must be a resolved BackendConfig.swiglu, 'torch' or 'triton'; got {swiglu!r}")
+    if wgrad not in WGRAD_BACKENDS:
+        raise ValueError(f"wgrad must be a resolved BackendConfig.expert_wgrad, one of {WGRAD_BACKENDS}; got {wgrad!r}")
     layout = layout_of(module)
     if backend == "te" and layout.is_transposed:
         raise ValueError(
@@ -379,6 +389,7 @@ def install_engine_experts(
     module.workbench_gpt_oss_gate = is_gpt_oss_gate(module)
     module.workbench_swiglu = swiglu if module.workbench_gpt_oss_gate or is_plain_swiglu(module) else "torch"
     module.workbench_recompute = recompute
+    module.workbench_expert_wgrad = wgrad
     module.workbench_expert_range = (first, last)
     module.workbench_gate = gate  # "balanced": the bench's round-robin assignment (EngineExperts.forward)
     module.num_experts = num_experts

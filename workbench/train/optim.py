@@ -12,6 +12,7 @@ from torch.distributed.tensor import DTensor
 
 from workbench.backends import BackendError, availability
 from workbench.config import OPTIMIZERS
+from workbench.kernels import grad_squares
 from workbench.kernels._triton_util import triton_interpreting
 from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR  # set by the mesh builders, read here
 from workbench.train.precision import needs_workbench_adamw, resolve_precision
@@ -182,9 +183,11 @@ def total_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
     DTensor grads (FSDP2 shards) are grouped by mesh and placement, and their norms reduced over
     that mesh with `full_tensor()`. Plain or DTensor grads marked with GRAD_NORM_GROUP_ATTR have
     their squared norm summed over the marked group. Unmarked plain grads are replicated and
-    counted once.
+    counted once. A gradient whose squares its kernel already summed (kernels/grad_squares.py) is
+    not read again.
     """
     buckets: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+    summed: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     groups: dict[tuple, object] = {}
     for p in params:
         if p.grad is None:
@@ -195,16 +198,24 @@ def total_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
             key = ("dtensor", id(g.device_mesh), tuple(g.placements), id(marker))
         else:
             key = ("local", id(marker))
-        buckets[key].append(g)
         groups[key] = marker
+        known = grad_squares.take(p)
+        if known is not None:
+            summed[key].append(known)
+        else:
+            buckets[key].append(g)
     squares: list[torch.Tensor] = []
-    for key, grads in buckets.items():
-        sq = _local_sum_of_squares(grads) if key[0] == "local" else None
-        if sq is None:
-            sq = torch.linalg.vector_norm(torch.stack(_norms_fp32([g.detach() for g in grads])), 2.0) ** 2
-        if _is_dtensor(sq):
-            sq = sq.full_tensor()
-        marker = groups[key]
+    for key, marker in groups.items():
+        grads, sq = buckets.get(key, []), None
+        if grads:
+            sq = _local_sum_of_squares(grads) if key[0] == "local" else None
+            if sq is None:
+                sq = torch.linalg.vector_norm(torch.stack(_norms_fp32([g.detach() for g in grads])), 2.0) ** 2
+            if _is_dtensor(sq):
+                sq = sq.full_tensor()
+        if summed.get(key):
+            known = torch.stack(summed[key]).sum()
+            sq = known if sq is None else sq.to(known.device) + known
         if marker is not None:
             dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=marker)
         squares.append(sq)
