@@ -36,19 +36,30 @@ bench_row() {
   echo "bench $1 exit $? after $((SECONDS - T0)) s"
   sed -n "/== $1/,\$p" "$OUT/bench.log" | grep -E "^bench: [a-z_]+:|x tokens/s|failed|Error" | cut -c1-260
 }
-# ab_rounds ROUNDS ARGS...: same-machine A/B of profile_trainer.py ARGS, the previous commit's workbench/ (carried in
-# .ab/old, first on PYTHONPATH) against this tree's, alternating old/new ROUNDS times; each side's queued step and
-# phase medians printed, its log in $OUT/ab-SIDE-ROUND.log.
-ab_rounds() {
-  local base=$PYTHONPATH round side log
-  for round in $(seq 1 "$1"); do
-    for side in old new; do
-      if [ "$side" = old ]; then export PYTHONPATH=$PWD/.ab/old:$base; else export PYTHONPATH=$base; fi
-      log="$OUT/ab-$side-$round.log"
-      timeout 150 python3 benchmarks/profile_trainer.py "${@:2}" --out "$OUT/ab-$side-$round" > "$log" 2>&1
-      echo "$side $round: $(grep -oE '"step_ms_queued": [0-9.]+' "$log") $(grep -oE '"records_median_ms": \{[^}]*\}' "$log")"
+# ab_sides ROUNDS SPEC... -- ARGS...: a same-machine A/B of profile_trainer.py ARGS over several sides, in the given
+# order ROUNDS times; a SPEC is LABEL=TREE or LABEL=TREE,EXTRA ARGS, TREE old (the previous commit's workbench/, carried in
+# .ab/old, first on PYTHONPATH) or new (this tree's). Each side's queued step and phase medians printed, its log in
+# $OUT/ab-LABEL-ROUND.log.
+ab_sides() {
+  local rounds=$1 base=$PYTHONPATH specs=() round spec label rest tree extra log
+  shift
+  while [ "$1" != "--" ]; do specs+=("$1"); shift; done
+  shift
+  for round in $(seq 1 "$rounds"); do
+    for spec in "${specs[@]}"; do
+      label=${spec%%=*}; rest=${spec#*=}; tree=${rest%%,*}; extra=""
+      if [ "$rest" != "$tree" ]; then extra=${rest#*,}; fi
+      if [ "$tree" = old ]; then export PYTHONPATH=$PWD/.ab/old:$base; else export PYTHONPATH=$base; fi
+      log="$OUT/ab-$label-$round.log"
+      # shellcheck disable=SC2086  # EXTRA is a list of arguments
+      timeout 150 python3 benchmarks/profile_trainer.py "$@" $extra --out "$OUT/ab-$label-$round" > "$log" 2>&1
+      echo "$label $round: $(grep -oE '"step_ms_queued": [0-9.]+' "$log") $(grep -oE '"records_median_ms": \{[^}]*\}' "$log")"
       grep -E "Error|Traceback" "$log" | head -3
     done
   done
   export PYTHONPATH=$base
+}
+# ab_rounds ROUNDS ARGS...: ab_sides with the two trees, old first.
+ab_rounds() {
+  ab_sides "$1" old=old new=new -- "${@:2}"
 }

@@ -153,7 +153,12 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
     )
     rc = RunConfig(
         model=ModelConfig(preset=args.preset, layers=args.layers, dtype="bfloat16"),
-        backend=BackendConfig(fused_ce=True, gate=args.gate, expert_wgrad=args.expert_wgrad),
+        # expert_wgrad only when asked: an A/B's older workbench/ (ab_rounds) has no such field
+        backend=BackendConfig(
+            fused_ce=True,
+            gate=args.gate,
+            **({} if args.expert_wgrad == "auto" else {"expert_wgrad": args.expert_wgrad}),
+        ),
         data=DataConfig(kind="synthetic", seq_len=args.seq),
         train=train,
         output_dir=str(runs),
