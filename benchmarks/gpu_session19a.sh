@@ -12,7 +12,7 @@ gpu_tests 180 tests/test_grouped_wgrad.py tests/test_mm_fp32.py tests/test_qkv_p
 timeout 150 python3 benchmarks/grouped_wgrad.py --out "$OUT/grouped_wgrad.json" > "$OUT/grouped_wgrad.log" 2>&1
 echo "grouped_wgrad exit $? after $((SECONDS - T0)) s"; grep -E "^dw_" "$OUT/grouped_wgrad.log" | cut -c1-900
 grep -iE "error|Traceback" "$OUT/grouped_wgrad.log" | head -5
-timeout 150 python3 benchmarks/profile_trainer.py --layers 8 --precision auto --expert-wgrad triton --out "$OUT/prof" \
-  > "$OUT/prof.log" 2>&1
+timeout 150 python3 benchmarks/profile_trainer.py --layers 8 --precision auto --expert-wgrad triton --idle \
+  --out "$OUT/prof" > "$OUT/prof.log" 2>&1
 echo "profile exit $? after $((SECONDS - T0)) s"; grep -E "^auto" "$OUT/prof.log" | cut -c1-700
 rm -f "$OUT/prof"/trace-*.json.gz

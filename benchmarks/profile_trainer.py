@@ -71,6 +71,23 @@ def idle_gaps(prof, min_us: float = 20.0) -> dict:
     }
 
 
+def cuda_only_idle(trainer, step: int, steps: int = 3) -> dict:
+    """The GPU's idle time over `steps` more steps, traced with CUDA activity only: no CPU op recording slows the host,
+    so the gaps are the step's own (launch latency and host-bound stretches), not the profiler's."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step += 1
+            trainer.train_step(step)
+        torch.cuda.synchronize()
+    trainer.collect(wait=True)
+    tl = idle_gaps(prof)
+    kernels = sum(1 for e in prof.events() if str(e.device_type).endswith("CUDA") and e.time_range.elapsed_us() > 0)
+    out = {k: tl.get(k, 0.0) / steps for k in ("wall_ms", "busy_ms", "idle_ms")}
+    out.update(kernels_per_step=kernels / steps, gaps_over_20us_per_step=tl.get("gaps_over_min", 0) / steps)
+    out["top_gaps"] = [{k: g[k] for k in ("gap_us", "after", "before")} for g in tl.get("top_gaps", [])[:10]]
+    return out
+
+
 def profile_window(trainer, step: int, res: dict, out_dir: Path, precision: str) -> None:
     """Profile two more steps: phases, idle gaps, top kernels and CPU ops into `res`, a gzipped trace to `out_dir`."""
     from workbench.train.profile import phase_breakdown
@@ -226,6 +243,9 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
         "optimizer_updates": dict(getattr(trainer.optimizer, "updates", {})),
         "cuda_graph_replays": getattr(getattr(trainer.model, "workbench_stack_graphs", None), "replays", None),
     }
+    if args.idle:
+        res["gpu_idle_cuda_only"] = cuda_only_idle(trainer, step)
+        step += 3
     print(precision, json.dumps(res), flush=True)
     if not args.no_trace:
         profile_window(trainer, step, res, out_dir, precision)
@@ -259,6 +279,9 @@ def main() -> None:
         help="experiment: the fused CE's budget with a trained lm_head in MiB (cross_entropy.TRAINED_HEAD_CE_BYTES)",
     )
     p.add_argument("--no-trace", action="store_true", help="time the steps only: no profiled step")
+    p.add_argument(
+        "--idle", action="store_true", help="also the GPU's idle time a step, traced with CUDA activity only"
+    )
     p.add_argument("--lr", type=float, default=1e-5, help="peak learning rate")
     p.add_argument("--repeat-batch", action="store_true", help="train on the first batch every step (as lora_h200.py)")
     p.add_argument("--in-backward", action="store_true", help="train.optimizer_in_backward (no clipping)")
