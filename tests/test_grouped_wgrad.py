@@ -137,6 +137,8 @@ for name, p in models["triton"].named_parameters():
     # the experts' gradients summed in another order (bf16 results), everything else the same computation
     assert err < (1e-2 if name in experts else 1e-6), (name, err)
     assert hasattr(p, grad_squares.ATTR) == (name in experts), name
+    if name in experts:  # autograd took the kernel's tensor as .grad (a copy would leave the squares unused)
+        assert getattr(p, grad_squares.ATTR).ptr == p.grad.data_ptr(), name
 params = list(models["triton"].parameters())
 want = torch.cat([p.grad.float().flatten() for p in params]).norm()
 got = total_grad_norm(params)
@@ -150,3 +152,27 @@ print("EXPERT WGRAD MODEL OK")
 @pytest.mark.parametrize("device", DEVICES)
 def test_engine_experts_weight_gradient_and_the_norm_that_takes_its_squares(device):
     run_triton_script(_MODEL_SCRIPT, device, "EXPERT WGRAD MODEL OK")
+
+
+@needs_triton
+@pytest.mark.parametrize("inter,warned", [(32, False), (20, True)])
+def test_install_says_which_weights_keep_autograds_gradient(inter, warned):
+    import warnings
+
+    from tiny_models import tiny_qwen3_moe
+    from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
+
+    from workbench.moe.dispatch.local import LocalDispatcher
+    from workbench.moe.hf_experts import install_engine_experts
+
+    cfg = tiny_qwen3_moe(hidden_size=64, moe_intermediate_size=inter)
+    module = hf.Qwen3MoeExperts(cfg)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        install_engine_experts(module, LocalDispatcher(8, "torch"), "grouped_mm", (0, 8), 8, wgrad="triton")
+    said = [str(w.message) for w in caught if "expert_wgrad" in str(w.message)]
+    assert bool(said) == warned, said
+    if warned:  # gate_up [40, 64] and down [64, 20]: neither tiles
+        assert any("gate_up_proj" in m for m in said) and any("down_proj" in m for m in said), said
+    with pytest.raises(ValueError, match="expert_wgrad"):
+        install_engine_experts(hf.Qwen3MoeExperts(cfg), LocalDispatcher(8, "torch"), "grouped_mm", (0, 8), 8, wgrad="x")

@@ -38,6 +38,17 @@ def wgrad_applies(x_NK: torch.Tensor, weight_E: torch.Tensor, transposed: bool) 
     return x_NK.dtype == weight_E.dtype and triton_takes(x_NK.dtype, x_NK.device, m, n)
 
 
+def wgrad_refusal(weight_E: torch.Tensor, transposed: bool) -> str | None:
+    """Why the Triton weight gradient cannot take this weight's GEMMs (its tiles do not divide them), or None."""
+    from workbench.kernels.triton_grouped_wgrad import blocks_for
+
+    out_width, in_width = (weight_E.shape[-1], weight_E.shape[-2]) if transposed else weight_E.shape[-2:]
+    m, n = (in_width, out_width) if transposed else (out_width, in_width)
+    if blocks_for(m, n) is None:
+        return f"its [{m}, {n}] gradient is not a whole number of 16 x 16 tiles"
+    return None
+
+
 class _GroupedLinearWgrad(torch.autograd.Function):
     """grouped_mm(x, w) with torch's forward and input gradient, the weight gradient from grouped_wgrad."""
 

@@ -8,6 +8,7 @@ expert parallelism the fused `[E, ...]` tensors hold only experts [first, last).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from workbench.kernels.gpt_oss_gate import expert_row_bias
 from workbench.kernels.registry import KernelRegistry
-from workbench.moe.expert_wgrad import WGRAD_BACKENDS, grouped_linear_wgrad, wgrad_applies
+from workbench.moe.expert_wgrad import WGRAD_BACKENDS, grouped_linear_wgrad, wgrad_applies, wgrad_refusal
 from workbench.moe.gpt_oss_experts import gpt_oss_expert_rows, is_gpt_oss_gate
 from workbench.moe.lora_experts import lora_rows
 from workbench.moe.routed_load import attach_load_counter, count_routed
@@ -390,6 +391,11 @@ def install_engine_experts(
     module.workbench_swiglu = swiglu if module.workbench_gpt_oss_gate or is_plain_swiglu(module) else "torch"
     module.workbench_recompute = recompute
     module.workbench_expert_wgrad = wgrad
+    if wgrad == "triton":  # a weight the kernel cannot tile keeps autograd's gradient: said once, here
+        for name in (layout.up_name, "down_proj"):
+            why = wgrad_refusal(getattr(module, name), layout.is_transposed)
+            if why is not None:
+                warnings.warn(f"expert_wgrad='triton' leaves {name} to autograd: {why}", stacklevel=2)
     module.workbench_expert_range = (first, last)
     module.workbench_gate = gate  # "balanced": the bench's round-robin assignment (EngineExperts.forward)
     module.num_experts = num_experts
