@@ -17,8 +17,18 @@ import torch
 from cuda_timing import cuda_event_ms  # benchmarks/ is this script's folder, first on sys.path
 from grouped_mm_tune import layer_arguments, routed_rows, save_row
 
-# Launch choices of grouped_wgrad tried: (tma_store, stages, flatten).
-CHOICES = ((False, 4, False), (False, 3, False), (True, 3, False), (False, 4, True), (True, 3, True), (False, 2, False))
+# Launch choices of grouped_wgrad tried: (tma_store, stages, flatten, blocks: (BM, BN, BK, warps), None the default).
+CHOICES = (
+    (False, 4, False, None),
+    (False, 3, False, None),
+    (True, 3, False, None),
+    (False, 4, True, None),
+    (True, 3, True, None),
+    (False, 3, False, (128, 256, 64, 4)),
+    (False, 4, False, (128, 128, 64, 4)),
+    (False, 4, False, (128, 128, 64, 8)),
+    (False, 3, False, (256, 128, 64, 8)),
+)
 
 
 def main() -> None:
@@ -52,12 +62,16 @@ def main() -> None:
         }
         row["aten_tflops"] = flops / row["aten_ms"] / 1e9
         ref_sq = ref.float().square().sum().item()
-        for tma_store, stages, flatten in CHOICES:
-            key = f"triton_tma{int(tma_store)}_s{stages}_flat{int(flatten)}"
+        for tma_store, stages, flatten, blocks in CHOICES:
+            key = f"triton_tma{int(tma_store)}_s{stages}_flat{int(flatten)}" + (
+                "" if blocks is None else "_" + "x".join(map(str, blocks))
+            )
             try:
 
-                def run(dy=dy, rows_in=rows_in, tma_store=tma_store, stages=stages, flatten=flatten):
-                    return grouped_wgrad(dy, rows_in, offs, tma_store=tma_store, stages=stages, flatten=flatten)
+                def run(dy=dy, rows_in=rows_in, tma_store=tma_store, stages=stages, flatten=flatten, blocks=blocks):
+                    return grouped_wgrad(
+                        dy, rows_in, offs, tma_store=tma_store, stages=stages, flatten=flatten, blocks=blocks
+                    )
 
                 out, squares = run()
                 row[key] = {

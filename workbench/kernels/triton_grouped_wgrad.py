@@ -99,15 +99,20 @@ def grouped_wgrad(
     tma_store: bool = False,
     stages: int | None = None,
     flatten: bool = False,
+    blocks: tuple[int, int, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [E, M, N] with out[e] = a_e^T b_e, float32 squares per output tile); a and b row-major.
 
-    `tma_store`, `stages`, `flatten`: launch choices for benchmarks/grouped_wgrad.py (the defaults are its
-    measured best); `stages` None: 4 for 128-row tiles (3 with the TMA store, whose staging needs the room), else 2.
+    `tma_store`, `stages`, `flatten`, `blocks` (BM, BN, BK, warps): launch choices for benchmarks/grouped_wgrad.py
+    (None: blocks_for's tiles, 8 warps at 128 rows); `stages` None: 4 for 128-row tiles (3 with the TMA store, whose
+    staging needs the room), else 2.
     """
     a_TM, b_TN = a_TM.contiguous(), b_TN.contiguous()
     experts, (m, n) = offsets_E.shape[0], (a_TM.shape[1], b_TN.shape[1])
-    bm, bn, bk = blocks_for(m, n)
+    bm, bn, bk = blocks_for(m, n) if blocks is None else blocks[:3]
+    if m % bm or n % bn:
+        raise ValueError(f"tiles {bm} x {bn} do not divide the [{m}, {n}] gradient")
+    warps = (8 if bm >= 128 else 4) if blocks is None else blocks[3]
     out_EMN = torch.empty(experts, m, n, dtype=a_TM.dtype, device=a_TM.device)
     tiles = experts * (m // bm) * (n // bn)
     squares = torch.empty(tiles, dtype=torch.float32, device=a_TM.device)
@@ -135,7 +140,7 @@ def grouped_wgrad(
         TMA_STORE=tma_store,
         FLATTEN=flatten,
         UPCAST=triton_interpreting(),
-        num_warps=8 if big else 4,
+        num_warps=warps,
         num_stages=stages,
     )
     return out_EMN, squares
