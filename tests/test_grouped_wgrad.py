@@ -98,6 +98,25 @@ for m, n, counts in ((32, 64, [7, 0, 40, 16, 33]), (64, 32, [64, 1, 0, 70]), (25
         assert squares.numel() == len(counts) * (m // blocks_for(m, n)[0]) * (n // blocks_for(m, n)[1])
         want = out.float().square().sum()
         assert abs(squares.sum().item() - want.item()) <= 1e-5 * want.item(), (squares.sum(), want)
+# the autograd node, both weight layouts ([E, O, K] as Qwen3's, [E, K, O] as GPT-OSS's), against torch's grouped GEMM
+from workbench.moe.expert_wgrad import grouped_linear_wgrad
+
+counts = [9, 0, 33, 20]
+offsets = torch.tensor(counts).cumsum(0).to(torch.int32).to(device)
+x0 = torch.randn(sum(counts), 32, generator=g).bfloat16().to(device)
+dy = torch.randn(sum(counts), 48, generator=g).bfloat16().to(device)
+for transposed in (False, True):
+    w0 = (0.1 * torch.randn(4, *((32, 48) if transposed else (48, 32)), generator=g)).bfloat16().to(device)
+    x, w = x0.clone().requires_grad_(), torch.nn.Parameter(w0.clone())
+    y = grouped_linear_wgrad(x, w, offsets, transposed)
+    y.backward(dy)
+    xr, wr = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    yr = torch._grouped_mm(xr, wr if transposed else wr.transpose(-2, -1), offs=offsets)
+    yr.backward(dy)
+    assert torch.equal(y, yr), transposed  # the forward is torch's own GEMM
+    for got, want in ((x.grad, xr.grad), (w.grad, wr.grad)):
+        err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+        assert err < 1e-2 and got.shape == want.shape, (transposed, err)
 print("GROUPED WGRAD OK")
 """)
 
