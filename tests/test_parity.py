@@ -114,8 +114,8 @@ def test_grouped_mm_really_runs_grouped_gemm(monkeypatch):
     cfg = tiny_qwen3_moe()
     _, engine = build_pair(cfg, "grouped_mm", 3)
     calls = []
-    real = hf_experts._grouped_mm()
-    monkeypatch.setattr(hf_experts, "_grouped_mm", lambda: lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = hf_experts.grouped_mm_op()
+    monkeypatch.setattr(hf_experts, "grouped_mm_op", lambda: lambda *a, **k: calls.append(1) or real(*a, **k))
     ids, labels = fresh_batch(cfg, 4)
     engine(input_ids=ids, labels=labels).loss.backward()
     assert len(calls) == 2 * cfg.num_hidden_layers  # gate_up and down of every MoE layer, no loop fallback

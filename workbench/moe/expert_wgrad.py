@@ -10,23 +10,14 @@ instead of the gradient's bytes, for as long as .grad is exactly that tensor.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from workbench.kernels import grad_squares
 from workbench.kernels.grouped_wgrad import grouped_wgrad, triton_takes
+from workbench.moe.grouped_mm import grouped_mm_op, weight_EKO
 
 # Shape suffixes: N expert-major rows, E experts, K the layer's input width, O its output width.
 
 WGRAD_BACKENDS = ("autograd", "triton")
-
-
-def _grouped_mm():
-    return getattr(F, "grouped_mm", None) or torch._grouped_mm
-
-
-def _weight_KN(weight_E: torch.Tensor, transposed: bool) -> torch.Tensor:
-    # grouped_mm multiplies [N, K] rows by [E, K, O]; the untransposed layout is [E, O, K]
-    return weight_E if transposed else weight_E.transpose(-2, -1)
 
 
 def wgrad_applies(x_NK: torch.Tensor, weight_E: torch.Tensor, transposed: bool) -> bool:
@@ -57,14 +48,14 @@ class _GroupedLinearWgrad(torch.autograd.Function):
         ctx.save_for_backward(x_NK, weight_E, offsets_E)
         ctx.transposed = transposed
         ctx.weight = weight_E  # the leaf whose .grad autograd fills: the squares are recorded on it
-        return _grouped_mm()(x_NK, _weight_KN(weight_E, transposed), offs=offsets_E)
+        return grouped_mm_op()(x_NK, weight_EKO(weight_E, transposed), offs=offsets_E)
 
     @staticmethod
     def backward(ctx, dy_NO: torch.Tensor):
         x_NK, weight_E, offsets_E = ctx.saved_tensors
         dx_NK = dw_E = None
         if ctx.needs_input_grad[0]:
-            dx_NK = _grouped_mm()(dy_NO, _weight_KN(weight_E, ctx.transposed).transpose(-2, -1), offs=offsets_E)
+            dx_NK = grouped_mm_op()(dy_NO, weight_EKO(weight_E, ctx.transposed).transpose(-2, -1), offs=offsets_E)
         if ctx.needs_input_grad[1]:
             # untransposed [E, O, K]: w_e's gradient is dy_e^T x_e; transposed [E, K, O]: x_e^T dy_e
             a, b = (x_NK, dy_NO) if ctx.transposed else (dy_NO, x_NK)

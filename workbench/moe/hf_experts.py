@@ -21,6 +21,7 @@ from workbench.kernels.gpt_oss_gate import expert_row_bias
 from workbench.kernels.registry import KernelRegistry
 from workbench.moe.expert_wgrad import WGRAD_BACKENDS, grouped_linear_wgrad, wgrad_applies, wgrad_refusal
 from workbench.moe.gpt_oss_experts import gpt_oss_expert_rows, is_gpt_oss_gate
+from workbench.moe.grouped_mm import grouped_mm_op, weight_EKO
 from workbench.moe.lora_experts import lora_rows
 from workbench.moe.routed_load import attach_load_counter, count_routed
 from workbench.moe.router import GATES, balanced_ids
@@ -58,10 +59,6 @@ class ExpertsLayout:
         return names + tuple(f"{n}_bias" for n in names) if self.has_bias else names
 
 
-def _grouped_mm():
-    return getattr(F, "grouped_mm", None) or torch._grouped_mm
-
-
 def is_silu(act) -> bool:
     """Whether `act` is exactly SiLU (torch's module or function, or Transformers' SiLUActivation)."""
     from transformers.activations import SiLUActivation
@@ -83,11 +80,6 @@ def is_fused_experts(module: nn.Module) -> bool:
     layout = layout_of(module)
     weights = [getattr(module, layout.up_name, None), getattr(module, "down_proj", None)]
     return all(isinstance(w, nn.Parameter) and w.dim() == 3 for w in weights)
-
-
-def _weight_KN(weight_E: torch.Tensor, transposed: bool) -> torch.Tensor:
-    # grouped_mm multiplies [N, K] rows by [E, K, N_out]; the untransposed layout is [E, N_out, K].
-    return weight_E if transposed else weight_E.transpose(-2, -1)
 
 
 def grouped_mm_dtypes(device: torch.device | str) -> tuple[torch.dtype, ...]:
@@ -129,12 +121,12 @@ def grouped_linear(
     end offsets (`row_offsets`) where the caller shares them over several GEMMs of the same rows.
     `wgrad`: BackendConfig.expert_wgrad ('triton': the weight gradient with its squares, moe/expert_wgrad.py).
     """
-    weight_EKN = _weight_KN(weight_E, transposed)
+    weight_EKN = weight_EKO(weight_E, transposed)
     if grouped_mm_ok(x_ND, weight_EKN, dtypes):
         offsets = row_offsets(tokens_per_expert) if offsets is None else offsets
         if wgrad == "triton" and wgrad_applies(x_ND, weight_E, transposed):
             return grouped_linear_wgrad(x_ND, weight_E, offsets, transposed)
-        return _grouped_mm()(x_ND, weight_EKN, offs=offsets)
+        return grouped_mm_op()(x_ND, weight_EKN, offs=offsets)
     outputs, start = [], 0
     for e, count in enumerate(tokens_per_expert.tolist()):  # the always-correct path (one host sync)
         if count:
