@@ -10,7 +10,7 @@ source benchmarks/gpu_env.sh
 gpu_tests 180 tests/test_grouped_wgrad.py tests/test_mm_fp32.py tests/test_qkv_projection.py tests/test_fused_residual.py \
   tests/test_norm_rope.py tests/test_kernels.py tests/test_generic_features.py -k "cuda or wgrad or pair or passing or engine or ce or cross or scale"
 timeout 150 python3 benchmarks/grouped_wgrad.py --out "$OUT/grouped_wgrad.json" > "$OUT/grouped_wgrad.log" 2>&1
-echo "grouped_wgrad exit $? after $((SECONDS - T0)) s"; grep -E "^dw_" "$OUT/grouped_wgrad.log" | cut -c1-900
+echo "grouped_wgrad exit $? after $((SECONDS - T0)) s"; grep -E "^dw_" "$OUT/grouped_wgrad.log" | cut -c1-3000
 grep -iE "error|Traceback" "$OUT/grouped_wgrad.log" | head -5
 timeout 150 python3 benchmarks/profile_trainer.py --layers 8 --precision auto --expert-wgrad triton --idle \
   --out "$OUT/prof" > "$OUT/prof.log" 2>&1

@@ -38,7 +38,7 @@ def _block_product(a, b, acc, UPCAST: tl.constexpr):
 def _grouped_wgrad_kernel(
     a_desc, b_desc, out_desc, OUT, SQ, OFFSETS, M, NUM_TILES, NUM_PROGRAMS,
     TILES_M: tl.constexpr, TILES_N: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    TMA_STORE: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr,
+    TMA_STORE: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     for tile in tl.range(tl.program_id(0), NUM_TILES, NUM_PROGRAMS, flatten=FLATTEN):
         # tiles of one expert are consecutive: the programs in flight share its rows in the L2
@@ -50,7 +50,7 @@ def _grouped_wgrad_kernel(
         start = tl.load(OFFSETS + e - 1, mask=e > 0, other=0)
         full = (end - start) // BK
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k in range(full):
+        for k in tl.range(0, full, warp_specialize=WARP_SPECIALIZE):
             acc = _block_product(a_desc.load([start + k * BK, m0]), b_desc.load([start + k * BK, n0]), acc, UPCAST)
         k0 = start + full * BK
         if k0 < end:  # the expert's last rows: the block's rows past its end are the next expert's
@@ -100,12 +100,13 @@ def grouped_wgrad(
     stages: int | None = None,
     flatten: bool = False,
     blocks: tuple[int, int, int, int] | None = None,
+    warp_specialize: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [E, M, N] with out[e] = a_e^T b_e, float32 squares per output tile); a and b row-major.
 
-    `tma_store`, `stages`, `flatten`, `blocks` (BM, BN, BK, warps): launch choices for benchmarks/grouped_wgrad.py
-    (None: blocks_for's tiles, 8 warps at 128 rows); `stages` None: 4 for 128-row tiles (3 with the TMA store, whose
-    staging needs the room), else 2.
+    `tma_store`, `stages`, `flatten`, `warp_specialize`, `blocks` (BM, BN, BK, warps): launch choices for
+    benchmarks/grouped_wgrad.py (None: blocks_for's tiles, 8 warps at 128 rows); `stages` None: 4 for 128-row tiles
+    (3 with the TMA store, whose staging needs the room), else 2.
     """
     a_TM, b_TN = a_TM.contiguous(), b_TN.contiguous()
     experts, (m, n) = offsets_E.shape[0], (a_TM.shape[1], b_TN.shape[1])
@@ -139,6 +140,7 @@ def grouped_wgrad(
         BK=bk,
         TMA_STORE=tma_store,
         FLATTEN=flatten,
+        WARP_SPECIALIZE=warp_specialize,
         UPCAST=triton_interpreting(),
         num_warps=warps,
         num_stages=stages,
