@@ -20,21 +20,19 @@ from workbench.moe.grouped_mm import grouped_mm_op, weight_EKO
 WGRAD_BACKENDS = ("autograd", "triton")
 
 
-def wgrad_applies(x_NK: torch.Tensor, weight_E: torch.Tensor, transposed: bool) -> bool:
+def wgrad_applies(x_NK: torch.Tensor, weight_E: torch.Tensor) -> bool:
     """Whether the Triton weight gradient takes this layer: a trained weight, operands its kernel tiles."""
     if not (weight_E.requires_grad and torch.is_grad_enabled()):
         return False
-    out_width, in_width = weight_E.shape[-1] if transposed else weight_E.shape[-2], x_NK.shape[-1]
-    m, n = (in_width, out_width) if transposed else (out_width, in_width)
+    m, n = weight_E.shape[-2:]  # the gradient has the weight's own layout, transposed or not
     return x_NK.dtype == weight_E.dtype and triton_takes(x_NK.dtype, x_NK.device, m, n)
 
 
-def wgrad_refusal(weight_E: torch.Tensor, transposed: bool) -> str | None:
+def wgrad_refusal(weight_E: torch.Tensor) -> str | None:
     """Why the Triton weight gradient cannot take this weight's GEMMs (its tiles do not divide them), or None."""
     from workbench.kernels.triton_grouped_wgrad import blocks_for
 
-    out_width, in_width = (weight_E.shape[-1], weight_E.shape[-2]) if transposed else weight_E.shape[-2:]
-    m, n = (in_width, out_width) if transposed else (out_width, in_width)
+    m, n = weight_E.shape[-2:]
     if blocks_for(m, n) is None:
         return f"its [{m}, {n}] gradient is not a whole number of 16 x 16 tiles"
     return None

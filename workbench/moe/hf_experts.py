@@ -124,7 +124,7 @@ def grouped_linear(
     weight_EKN = weight_EKO(weight_E, transposed)
     if grouped_mm_ok(x_ND, weight_EKN, dtypes):
         offsets = row_offsets(tokens_per_expert) if offsets is None else offsets
-        if wgrad == "triton" and wgrad_applies(x_ND, weight_E, transposed):
+        if wgrad == "triton" and wgrad_applies(x_ND, weight_E):
             return grouped_linear_wgrad(x_ND, weight_E, offsets, transposed)
         return grouped_mm_op()(x_ND, weight_EKN, offs=offsets)
     outputs, start = [], 0
@@ -385,7 +385,7 @@ def install_engine_experts(
     module.workbench_expert_wgrad = wgrad
     if wgrad == "triton":  # a weight the kernel cannot tile keeps autograd's gradient: said once, here
         for name in (layout.up_name, "down_proj"):
-            why = wgrad_refusal(getattr(module, name), layout.is_transposed)
+            why = wgrad_refusal(getattr(module, name))
             if why is not None:
                 warnings.warn(f"expert_wgrad='triton' leaves {name} to autograd: {why}", stacklevel=2)
     module.workbench_expert_range = (first, last)
