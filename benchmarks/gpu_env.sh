@@ -37,9 +37,9 @@ bench_row() {
   sed -n "/== $1/,\$p" "$OUT/bench.log" | grep -E "^bench: [a-z_]+:|x tokens/s|failed|Error" | cut -c1-260
 }
 # ab_sides ROUNDS SPEC... -- ARGS...: a same-machine A/B of profile_trainer.py ARGS over several sides, in the given
-# order ROUNDS times; a SPEC is LABEL=TREE or LABEL=TREE,EXTRA ARGS, TREE old (the previous commit's workbench/, carried in
-# .ab/old, first on PYTHONPATH) or new (this tree's). Each side's queued step and phase medians printed, its log in
-# $OUT/ab-LABEL-ROUND.log.
+# order ROUNDS times; a SPEC is LABEL=TREE or LABEL=TREE,EXTRA ARGS, TREE new (this tree's) or a name X (an earlier
+# commit's workbench/, carried in .ab/X, first on PYTHONPATH; "old" by convention the previous commit's). Each side's
+# queued step, peak memory and phase medians printed, its log in $OUT/ab-LABEL-ROUND.log.
 ab_sides() {
   local rounds=$1 base=$PYTHONPATH specs=() round spec label rest tree extra log
   shift
@@ -49,11 +49,12 @@ ab_sides() {
     for spec in "${specs[@]}"; do
       label=${spec%%=*}; rest=${spec#*=}; tree=${rest%%,*}; extra=""
       if [ "$rest" != "$tree" ]; then extra=${rest#*,}; fi
-      if [ "$tree" = old ]; then export PYTHONPATH=$PWD/.ab/old:$base; else export PYTHONPATH=$base; fi
+      if [ "$tree" = new ]; then export PYTHONPATH=$base; else export PYTHONPATH=$PWD/.ab/$tree:$base; fi
       log="$OUT/ab-$label-$round.log"
       # shellcheck disable=SC2086  # EXTRA is a list of arguments
       timeout 150 python3 benchmarks/profile_trainer.py "$@" $extra --out "$OUT/ab-$label-$round" > "$log" 2>&1
-      echo "$label $round: $(grep -oE '"step_ms_queued": [0-9.]+' "$log") $(grep -oE '"records_median_ms": \{[^}]*\}' "$log")"
+      echo "$label $round: $(grep -oE '"step_ms_queued": [0-9.]+' "$log") $(grep -oE '"peak_gib": [0-9.]+' "$log")" \
+        "$(grep -oE '"records_median_ms": \{[^}]*\}' "$log")"
       grep -E "Error|Traceback" "$log" | head -3
     done
   done

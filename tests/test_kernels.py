@@ -339,6 +339,7 @@ def test_triton_backend_on_cpu_tensor_says_use_torch():
 _TRITON_PARITY_SCRIPT = textwrap.dedent("""
     import sys, torch
     from workbench.kernels import rms_norm, swiglu, swiglu_packed
+    from workbench.kernels.swiglu import swiglu_packed_weighted
     device, bf16_tol, shapes = sys.argv[1], float(sys.argv[2]), eval(sys.argv[3])
     torch.manual_seed(0)
 
@@ -369,6 +370,11 @@ _TRITON_PARITY_SCRIPT = textwrap.dedent("""
             check("swiglu", lambda b: lambda g, u: swiglu(g, u, backend=b), [g, u], dy, tol)
             gu = torch.randn(*shape[:-1], 2 * shape[-1], device=device).to(dtype)
             check("swiglu_packed", lambda b: lambda gu: swiglu_packed(gu, backend=b), [gu], dy, tol)
+            # each row scaled by its (float32) routing weight, whose gradient the backward sums over the row
+            gu_M2I, dy_MI = gu.reshape(-1, gu.shape[-1]), dy.reshape(-1, shape[-1])
+            row_w = 0.05 + torch.rand(gu_M2I.shape[0], device=device)
+            check("swiglu_packed_weighted", lambda b: lambda gu, rw: swiglu_packed_weighted(gu, rw, backend=b),
+                  [gu_M2I, row_w], dy_MI, tol)
         # fp32 weight with bf16 activations: output promotes to fp32 as in HF
         x = torch.randn(9, 48, device=device).to(dtype)
         w = 1 + 0.3 * torch.randn(48, device=device)
@@ -603,11 +609,12 @@ def test_combine_forward_sums_top_k_in_registers(k_p2):
     types.update(stride_res="i32", K="i32", D="i32", N="i32")
     aligned = ("Y", "W", "ROWS", "OUT", "RES", "stride_y", "stride_out", "stride_res", "D", "N")
 
-    def compiled(block, residual=False):
-        flags = dict(K_P2=k_p2, BLOCK=block, HAS_RES=residual)
+    def compiled(block, residual=False, weights=True):
+        flags = dict(K_P2=k_p2, BLOCK=block, HAS_RES=residual, HAS_W=weights)
         return compile_for_h200(_combine_fwd_kernel, types, flags, divisible=aligned)
 
-    for ours in (compiled(BLOCK_D_FWD), compiled(BLOCK_D_FWD, residual=True)):
+    # the weighted combine, with the residual, and the plain sum of rows that carry their weights
+    for ours in (compiled(BLOCK_D_FWD), compiled(BLOCK_D_FWD, residual=True), compiled(BLOCK_D_FWD, True, False)):
         assert ours.metadata.shared == 0 and "bar.sync" not in ours.asm["ptx"]
         assert "ld.global.v4.b32" in ours.asm["ptx"] and "st.global.v4.b32" in ours.asm["ptx"]  # 16-byte accesses
     old = compiled(512)  # what the forward ran with before: 2 x 2 warps, the K sum through shared memory

@@ -33,8 +33,26 @@ def swiglu_packed_triton(gate_up: torch.Tensor) -> torch.Tensor:
     return triton_swiglu.swiglu_packed(gate_up)
 
 
+def swiglu_packed_weighted_torch(gate_up: torch.Tensor, weights_M: torch.Tensor) -> torch.Tensor:
+    """Reference row-weighted SwiGLU: silu rounded as torch rounds it, then silu * up * weight rounded once."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    compute = torch.promote_types(gate_up.dtype, torch.float32)
+    product = F.silu(gate).to(compute) * up.to(compute) * weights_M.to(compute).unsqueeze(-1)
+    return product.to(gate_up.dtype)
+
+
+def swiglu_packed_weighted_triton(gate_up: torch.Tensor, weights_M: torch.Tensor) -> torch.Tensor:
+    """Fused Triton row-weighted SwiGLU; its backward also sums each row's weight gradient."""
+    from workbench.kernels import triton_swiglu
+
+    return triton_swiglu.swiglu_packed_weighted(gate_up, weights_M)
+
+
 SWIGLU_BACKENDS = KernelRegistry("swiglu", {"torch": swiglu_torch, "triton": swiglu_triton})
 SWIGLU_PACKED_BACKENDS = KernelRegistry("swiglu", {"torch": swiglu_packed_torch, "triton": swiglu_packed_triton})
+SWIGLU_PACKED_WEIGHTED_BACKENDS = KernelRegistry(
+    "swiglu", {"torch": swiglu_packed_weighted_torch, "triton": swiglu_packed_weighted_triton}
+)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, backend: str = "torch") -> torch.Tensor:
@@ -51,3 +69,14 @@ def swiglu_packed(gate_up: torch.Tensor, backend: str = "torch") -> torch.Tensor
     if gate_up.dim() == 0 or gate_up.shape[-1] % 2:
         raise ValueError(f"swiglu_packed: last dim must be even (cat(gate, up)); got shape {tuple(gate_up.shape)}")
     return SWIGLU_PACKED_BACKENDS.impl(backend)(gate_up)
+
+
+def swiglu_packed_weighted(gate_up: torch.Tensor, weights_M: torch.Tensor, backend: str = "torch") -> torch.Tensor:
+    """weights[m] * swiglu_packed(gate_up)[m] for rows [M, 2I] (the routing weights before the down projection)."""
+    if gate_up.dim() != 2 or gate_up.shape[-1] % 2:
+        raise ValueError(f"swiglu_packed_weighted: rows must be [M, 2I] (cat(gate, up)); got {tuple(gate_up.shape)}")
+    if weights_M.shape != gate_up.shape[:1]:
+        raise ValueError(
+            f"swiglu_packed_weighted: one weight a row: {gate_up.shape[0]} rows, weights {tuple(weights_M.shape)}"
+        )
+    return SWIGLU_PACKED_WEIGHTED_BACKENDS.impl(backend)(gate_up, weights_M)

@@ -35,18 +35,21 @@ BLOCK_D_FWD = 1024
 @triton.jit
 def _combine_fwd_kernel(
     Y, W, ROWS, OUT, RES, stride_y, stride_out, stride_res, K, D, N,
-    K_P2: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr,
+    K_P2: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ks = tl.arange(0, K_P2)
     rows = tl.load(ROWS + t * K + ks, mask=ks < K, other=N).to(tl.int64)
     kmask = (ks < K) & (rows < N)
-    w = tl.load(W + t * K + ks, mask=kmask, other=0.0).to(tl.float32)
     tile = tl.load(
         Y + rows[:, None] * stride_y + cols[None, :], mask=kmask[:, None] & (cols[None, :] < D), other=0.0
     ).to(tl.float32)
-    acc = tl.sum(w[:, None] * tile, axis=0)
+    if HAS_W:
+        w = tl.load(W + t * K + ks, mask=kmask, other=0.0).to(tl.float32)
+        acc = tl.sum(w[:, None] * tile, axis=0)
+    else:  # the rows already carry their weights (or none apply): a plain sum
+        acc = tl.sum(tile, axis=0)
     if HAS_RES:  # a residual stream added to the sum before the one rounding (models/qwen3_decoder.py)
         acc += tl.load(RES + t * stride_res + cols, mask=cols < D, other=0.0).to(tl.float32)
     tl.store(OUT + t * stride_out + cols, acc.to(OUT.dtype.element_ty), mask=cols < D)
@@ -94,9 +97,22 @@ def combine_forward(
     `block`: columns per program (a power of two; BLOCK_D_FWD, a benchmark knob otherwise). `residual_TD`: added
     to each token's sum before its rounding.
     """
+    return _launch_forward(y_ND, weights_TK, row_of_slot, weights_TK.shape, block, residual_TD)
+
+
+def sum_forward(
+    y_ND: torch.Tensor, row_of_slot: torch.Tensor, top_k: int, residual_TD: torch.Tensor | None = None
+) -> torch.Tensor:
+    """out[t] = sum_k y[row_of_slot[t*K + k]] (+ residual[t]), float32 sums: combine_forward with unit weights."""
+    if top_k < 1 or row_of_slot.numel() % top_k:
+        raise ValueError(f"sum_forward: {row_of_slot.numel()} slots are not a whole number of tokens of top_k {top_k}")
+    return _launch_forward(y_ND, None, row_of_slot, (row_of_slot.numel() // top_k, top_k), BLOCK_D_FWD, residual_TD)
+
+
+def _launch_forward(y_ND, weights_TK, row_of_slot, tokens_by_k, block, residual_TD) -> torch.Tensor:
     check_triton_device(y_ND, "combine")
     y_ND = y_ND if y_ND.stride(-1) == 1 else y_ND.contiguous()
-    T, K = weights_TK.shape
+    T, K = tokens_by_k
     D = y_ND.shape[1]
     out_TD = torch.empty((T, D), dtype=y_ND.dtype, device=y_ND.device)
     if residual_TD is not None and (residual_TD.shape != (T, D) or residual_TD.stride(-1) != 1):
@@ -104,10 +120,11 @@ def combine_forward(
             f"combine_forward: residual must be [{T}, {D}] with unit stride, got {tuple(residual_TD.shape)}"
         )
     if T and D:
+        row_of_slot = row_of_slot.contiguous()
         _combine_fwd_kernel[(T, triton.cdiv(D, block))](
             y_ND,
-            weights_TK.contiguous(),
-            row_of_slot.contiguous(),
+            row_of_slot if weights_TK is None else weights_TK.contiguous(),
+            row_of_slot,
             out_TD,
             out_TD if residual_TD is None else residual_TD,
             y_ND.stride(0),
@@ -119,6 +136,7 @@ def combine_forward(
             K_P2=_k_p2(K),
             BLOCK=block,
             HAS_RES=residual_TD is not None,
+            HAS_W=weights_TK is not None,
             num_warps=4,
         )
     return out_TD

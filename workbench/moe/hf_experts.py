@@ -25,6 +25,7 @@ from workbench.moe.grouped_mm import grouped_mm_op, weight_EKO
 from workbench.moe.lora_experts import lora_rows
 from workbench.moe.routed_load import attach_load_counter, count_routed
 from workbench.moe.router import GATES, balanced_ids
+from workbench.moe.row_weights import rows_weights, weighted_swiglu, weights_fold_into_rows
 
 # Shape suffixes: T tokens, D hidden, E experts, N routed rows, I intermediate; weight_EKN: [E, K in, N out].
 
@@ -192,7 +193,9 @@ def is_plain_swiglu(module: nn.Module) -> bool:
     return isinstance(got, torch.Tensor) and got.shape == (4, 8) and torch.allclose(got, F.silu(h[:, :8]) * h[:, 8:])
 
 
-def _gate(module: nn.Module, h_NI2: torch.Tensor) -> torch.Tensor:
+def _gate(module: nn.Module, h_NI2: torch.Tensor, row_weights_N: torch.Tensor | None = None) -> torch.Tensor:
+    if row_weights_N is not None:  # the routing weights, applied here instead of in the combine
+        return weighted_swiglu(module, h_NI2, row_weights_N)
     layout: ExpertsLayout = module.workbench_layout
     if not layout.has_gate:
         return module.act_fn(h_NI2)
@@ -210,8 +213,12 @@ def _te_linear_rows(x_ND: torch.Tensor, counts: list[int], weight_E: torch.Tenso
     return grouped_linear_te(x_ND, counts, weight_E)  # TE's GroupedLinear takes [E, out, in]: untransposed
 
 
-def _expert_rows_te(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+def _expert_rows_te(
+    module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor, row_weights_N: torch.Tensor | None = None
+) -> torch.Tensor:
     """experts='te': TE GroupedLinear GEMMs (FP8 inside fp8_autocast: rows padded to 16 per expert)."""
+    if row_weights_N is not None:
+        raise ValueError("experts='te' applies the routing weights in the combine, not in its rows")
     from workbench.kernels import te_common
     from workbench.kernels.te_experts import FP8_ROW_ALIGN
 
@@ -236,8 +243,13 @@ def _expert_rows_te(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: to
     return module.post_expert_norm(y) if layout.has_post_expert_norm else y
 
 
-def _expert_rows_torch(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
-    """experts='grouped_mm' / 'loop': torch GEMMs (grouped where the module's grouped_mm dtypes allow)."""
+def _expert_rows_torch(
+    module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor, row_weights_N: torch.Tensor | None = None
+) -> torch.Tensor:
+    """experts='grouped_mm' / 'loop': torch GEMMs (grouped where the module's grouped_mm dtypes allow).
+
+    `row_weights_N`: each row's routing weight, applied to the SwiGLU's output (moe/row_weights.py).
+    """
     layout: ExpertsLayout = module.workbench_layout
     if module.workbench_swiglu == "triton" and module.workbench_gpt_oss_gate:
         return gpt_oss_expert_rows(module, x_ND, tokens_per_expert)
@@ -246,7 +258,7 @@ def _expert_rows_torch(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert:
     h = expert_linear(module, layout.up_name, x_ND, tokens_per_expert, offsets)
     if layout.has_bias:
         h = h + expert_row_bias(getattr(module, f"{layout.up_name}_bias"), tokens_per_expert, rows)
-    h = _gate(module, h)
+    h = _gate(module, h, row_weights_N)
     y = expert_linear(module, "down_proj", h, tokens_per_expert, offsets)
     if layout.has_bias:
         y = y + expert_row_bias(module.down_proj_bias, tokens_per_expert, rows)
@@ -262,9 +274,14 @@ EXPERTS_BACKENDS = KernelRegistry(
 )
 
 
-def expert_rows(module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
-    """The experts' outputs for expert-major rows, as the family computes them (bias, gate, norm)."""
-    return EXPERTS_BACKENDS[module.workbench_experts_backend](module, x_ND, tokens_per_expert)
+def expert_rows(
+    module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor, row_weights_N: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The experts' outputs for expert-major rows, as the family computes them (bias, gate, norm).
+
+    `row_weights_N`: the rows' routing weights where the module applies them (moe/row_weights.rows_weights).
+    """
+    return EXPERTS_BACKENDS[module.workbench_experts_backend](module, x_ND, tokens_per_expert, row_weights_N)
 
 
 class EngineExperts:
@@ -289,19 +306,21 @@ class EngineExperts:
         # already counted the router's choices
         counted = tokens_per_expert if getattr(dispatcher, "counts_every_expert", False) else None
         count_routed(self, top_k_index, counted)
+        row_weights_N = rows_weights(self, handle)  # None: the combine weighs the rows
         with record_function("workbench.experts"):
             if self.workbench_recompute and torch.is_grad_enabled():
                 # Saves only the input rows; the [N, 2I] and [N, I] intermediates are rebuilt in backward.
-                y_ND = checkpoint(expert_rows, self, x_ND, tokens_per_expert, use_reentrant=False)
+                y_ND = checkpoint(expert_rows, self, x_ND, tokens_per_expert, row_weights_N, use_reentrant=False)
             else:
-                y_ND = expert_rows(self, x_ND, tokens_per_expert)
+                y_ND = expert_rows(self, x_ND, tokens_per_expert, row_weights_N)
         # a residual stream handed in by the engine's decoder layer (models/qwen3_decoder.py) joins the sum
         residual = getattr(self, "workbench_residual", None)
+        combine_args = () if residual is None else (residual.reshape(x_TD.shape),)
         with record_function("workbench.combine"):
-            if residual is None:
-                y_TD = dispatcher.combine(y_ND, handle)
+            if row_weights_N is None:
+                y_TD = dispatcher.combine(y_ND, handle, *combine_args)
             else:
-                y_TD = dispatcher.combine(y_ND, handle, residual.reshape(x_TD.shape))
+                y_TD = dispatcher.combine(y_ND, handle, *combine_args, weighted=False)
         return y_TD.to(hidden_states.dtype).view_as(hidden_states)
 
     def extra_repr(self) -> str:
@@ -380,7 +399,9 @@ def install_engine_experts(
     module.workbench_grouped_mm_dtypes = grouped_mm_dtypes(run_on) if backend == "grouped_mm" else ()
     # Triton only where the engine has a kernel for the family's gate (plain SwiGLU, GPT-OSS's).
     module.workbench_gpt_oss_gate = is_gpt_oss_gate(module)
-    module.workbench_swiglu = swiglu if module.workbench_gpt_oss_gate or is_plain_swiglu(module) else "torch"
+    plain_swiglu = not module.workbench_gpt_oss_gate and is_plain_swiglu(module)
+    module.workbench_swiglu = swiglu if module.workbench_gpt_oss_gate or plain_swiglu else "torch"
+    module.workbench_weights_in_rows = weights_fold_into_rows(module, backend, plain_swiglu)
     module.workbench_recompute = recompute
     module.workbench_expert_wgrad = wgrad
     if wgrad == "triton":  # a weight the kernel cannot tile keeps autograd's gradient: said once, here

@@ -106,14 +106,44 @@ class _ExpandToExperts(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_ND):
         (row_of_slot,) = ctx.saved_tensors
-        if ctx.use_triton:
-            # the unweighted combine: one pass over the rows, no [T, K, D] gather
-            from workbench.kernels.triton_combine import combine_forward
+        return sum_slots(grad_ND, row_of_slot, ctx.top_k, ctx.use_triton), None, None, None, None
 
-            ones_TK = torch.ones(row_of_slot.numel() // ctx.top_k, ctx.top_k, device=grad_ND.device)
-            return combine_forward(grad_ND, ones_TK, row_of_slot), None, None, None, None
-        grad_TKD = gather_slots(grad_ND, row_of_slot).view(-1, ctx.top_k, grad_ND.shape[-1])
-        return grad_TKD.sum(dim=1), None, None, None, None
+
+def sum_slots(
+    y_ND: torch.Tensor,
+    row_of_slot: torch.Tensor,
+    top_k: int,
+    use_triton: bool,
+    residual_TD: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """out[t] = sum_k y[row_of_slot[t*K + k]] (+ residual[t]), summed in float32; slots may have no row."""
+    if use_triton:  # the unweighted combine: one pass over the rows, no [T, K, D] gather
+        from workbench.kernels.triton_combine import sum_forward
+
+        return sum_forward(y_ND, row_of_slot, top_k, residual_TD)
+    y_TKD = gather_slots(y_ND, row_of_slot).view(row_of_slot.numel() // top_k, top_k, y_ND.shape[-1])
+    if residual_TD is None:
+        return y_TKD.sum(dim=1)  # torch sums bf16 in float32 and rounds once
+    return (y_TKD.sum(dim=1, dtype=torch.float32) + residual_TD.float()).to(y_ND.dtype)
+
+
+class _SumRows(torch.autograd.Function):
+    """out[t] = sum of t's expert rows (+ residual[t]): the combine of rows that carry their routing weights.
+
+    The transpose of _ExpandToExperts: its backward copies each token's gradient to its rows and saves no rows
+    (the weighted combine saves y, [N, D], and reads it again for the weights' gradient).
+    """
+
+    @staticmethod
+    def forward(ctx, y_ND, token_of_row, row_of_slot, top_k, use_triton, residual_TD=None):
+        ctx.save_for_backward(token_of_row)
+        return sum_slots(y_ND, row_of_slot, top_k, use_triton, residual_TD)
+
+    @staticmethod
+    def backward(ctx, grad_TD):
+        (token_of_row,) = ctx.saved_tensors
+        grad_y = grad_TD.index_select(0, token_of_row) if ctx.needs_input_grad[0] else None
+        return grad_y, None, None, None, None, grad_TD if ctx.needs_input_grad[5] else None
 
 
 def permute(x_TD: torch.Tensor, perm: Permutation, use_triton: bool = False) -> torch.Tensor:
@@ -216,6 +246,11 @@ def unpermute(
     return weighted_sum(y_ND, weights_TK, perm.row_of_slot, perm.slot_order, use_triton, residual_TD)
 
 
+def row_weights(weights_TK: torch.Tensor, perm: Permutation) -> torch.Tensor:
+    """The routing weight of each expert-major row [N] (differentiable: the gradient goes back to its slot)."""
+    return GatherRows.apply(weights_TK.reshape(-1), perm.slot_order, perm.row_of_slot)
+
+
 @dataclass
 class LocalHandle:
     perm: Permutation
@@ -238,5 +273,24 @@ class LocalDispatcher:
         perm, tokens_per_expert = sort_by_expert(topk_ids_TK, self.num_experts)
         return permute(x_TD, perm, self.use_triton), tokens_per_expert, LocalHandle(perm, topk_weights_TK)
 
-    def combine(self, y_by_expert_ND, handle: LocalHandle, residual_TD: torch.Tensor | None = None):
+    # the experts may apply the routing weights to their rows (moe/row_weights.py): row_weights gives them, and
+    # combine(weighted=False) then sums the rows
+    rows_take_weights = True
+
+    def row_weights(self, handle: LocalHandle) -> torch.Tensor:
+        """The routing weight of each dispatched row, in the rows' order."""
+        return row_weights(handle.topk_weights_TK, handle.perm)
+
+    def combine(
+        self,
+        y_by_expert_ND,
+        handle: LocalHandle,
+        residual_TD: torch.Tensor | None = None,
+        weighted: bool = True,
+    ):
+        if not weighted:
+            perm = handle.perm
+            return _SumRows.apply(
+                y_by_expert_ND, perm.token_of_row, perm.row_of_slot, perm.top_k, self.use_triton, residual_TD
+            )
         return unpermute(y_by_expert_ND, handle.topk_weights_TK, handle.perm, self.use_triton, residual_TD)
