@@ -35,6 +35,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     # The grouped experts' weight gradient: their own backward's (autograd), or the Triton one that sums its
     # squares for the clipping norm as it stores them (moe/expert_wgrad.py), where the shapes tile.
     "expert_wgrad": ("autograd", "triton", "auto"),
+    # The input embedding's gradient: torch's (a zero fill, then the tokens' rows scattered in), or the Triton one
+    # that writes each table row once and sums its squares for the clipping norm (kernels/embedding.py).
+    "embedding": ("torch", "triton", "auto"),
 }
 
 # TransformerEngine backends run on Ampere or newer (bf16 GEMMs, fused attention); FP8 on Hopper+.
@@ -68,6 +71,8 @@ AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "cross_entropy": ("triton", "torch"),
     # autograd until the Triton one is measured in the trainer's step on the GPU (benchmarks/NOTES.md, session 19)
     "expert_wgrad": ("autograd", "triton"),
+    # torch until the Triton one is measured in the trainer's step on the GPU (benchmarks/NOTES.md, session 20)
+    "embedding": ("torch", "triton"),
 }
 
 
@@ -322,6 +327,7 @@ class BackendConfig:
     combine: str = "auto"
     cross_entropy: str = "auto"
     expert_wgrad: str = "auto"
+    embedding: str = "auto"
     # The lm_head + cross-entropy computed in chunks without materializing [tokens, vocab] logits
     # (the model's output then has logits=None when labels are given); `cross_entropy` picks its kernel.
     fused_ce: bool = False

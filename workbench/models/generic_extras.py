@@ -329,6 +329,7 @@ def install_extras(model: nn.Module, backend, num_experts: int) -> dict[str, int
     if backend.fused_ce:
         check_fused_ce(model)
         model.get_output_embeddings().__class__ = DeferredLMHead
+    from workbench.kernels.embedding import use_engine_embeddings
     from workbench.models.deepseek_router import use_deepseek_router
     from workbench.models.gpt_oss_attention import use_gpt_oss_attention
     from workbench.models.mla_attention import use_mla_attention
@@ -346,6 +347,7 @@ def install_extras(model: nn.Module, backend, num_experts: int) -> dict[str, int
         "fused_residual": use_engine_decoder_layers(model, backend.rope),
         "float32_router": use_engine_router(model) + use_deepseek_router(model),
         "swiglu_mlp": use_swiglu_mlps(model, backend.swiglu),
+        "embedding": use_engine_embeddings(model, backend.embedding),
     }
     model.__class__ = engine_lm_class(type(model), records_router_logits(model))
     if isinstance(model, EngineCausalLMSharedAux) and model.workbench_router_sink is None:
