@@ -170,12 +170,13 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
     )
     rc = RunConfig(
         model=ModelConfig(preset=args.preset, layers=args.layers, dtype="bfloat16"),
-        # expert_wgrad and embedding only when asked: an A/B's older workbench/ (ab_sides) may not have the field
+        # expert_wgrad, embedding and router only when asked: an A/B's older workbench/ (ab_sides) may not have the field
         backend=BackendConfig(
             fused_ce=True,
             gate=args.gate,
             **({} if args.expert_wgrad == "auto" else {"expert_wgrad": args.expert_wgrad}),
             **({} if args.embedding == "auto" else {"embedding": args.embedding}),
+            **({} if args.router == "auto" else {"router": args.router}),
         ),
         data=DataConfig(kind="synthetic", seq_len=args.seq),
         train=train,
@@ -228,6 +229,7 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
         "sink_kernel_full": args.sink_kernel_full,
         "expert_wgrad": args.expert_wgrad,
         "embedding": args.embedding,
+        "router": args.router,
         "build_s": build_s,
         "step_ms_queued": step_ms,
         "tokens_per_s": args.batch * args.seq / step_ms * 1e3,
@@ -268,6 +270,7 @@ def main() -> None:
     p.add_argument("--gate", default="native")
     p.add_argument("--expert-wgrad", default="auto", help="BackendConfig.expert_wgrad: auto, autograd or triton")
     p.add_argument("--embedding", default="auto", help="BackendConfig.embedding: auto, torch or triton")
+    p.add_argument("--router", default="auto", help="BackendConfig.router: auto, torch or triton")
     p.add_argument("--optimizer", default="adamw")
     p.add_argument("--precision", default="bf16_sr,bf16", help="comma-separated train.precision modes")
     p.add_argument("--optimizer-states", default="full", help="train.optimizer_states: full, or 8bit moments")

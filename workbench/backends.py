@@ -38,6 +38,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     # The input embedding's gradient: torch's (a zero fill, then the tokens' rows scattered in), or the Triton one
     # that writes each table row once and sums its squares for the clipping norm (kernels/embedding.py).
     "embedding": ("torch", "triton", "auto"),
+    # The float32 routers' softmax + top-k (Qwen3-MoE's): torch's ops, or one Triton kernel each way.
+    "router": ("torch", "triton", "auto"),
 }
 
 # TransformerEngine backends run on Ampere or newer (bf16 GEMMs, fused attention); FP8 on Hopper+.
@@ -71,8 +73,9 @@ AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "cross_entropy": ("triton", "torch"),
     # autograd until the Triton one is measured in the trainer's step on the GPU (benchmarks/NOTES.md, session 19)
     "expert_wgrad": ("autograd", "triton"),
-    # torch until the Triton one is measured in the trainer's step on the GPU (benchmarks/NOTES.md, session 20)
+    # torch until the Triton ones are measured in the trainer's step on the GPU (benchmarks/NOTES.md, session 20)
     "embedding": ("torch", "triton"),
+    "router": ("torch", "triton"),
 }
 
 
@@ -328,6 +331,7 @@ class BackendConfig:
     cross_entropy: str = "auto"
     expert_wgrad: str = "auto"
     embedding: str = "auto"
+    router: str = "auto"
     # The lm_head + cross-entropy computed in chunks without materializing [tokens, vocab] logits
     # (the model's output then has logits=None when labels are given); `cross_entropy` picks its kernel.
     fused_ce: bool = False

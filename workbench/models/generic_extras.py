@@ -345,7 +345,7 @@ def install_extras(model: nn.Module, backend, num_experts: int) -> dict[str, int
         + use_mla_attention(model, backend.rope)
         + use_gpt_oss_attention(model, backend.rope),
         "fused_residual": use_engine_decoder_layers(model, backend.rope),
-        "float32_router": use_engine_router(model) + use_deepseek_router(model),
+        "float32_router": use_engine_router(model, backend.router) + use_deepseek_router(model),
         "swiglu_mlp": use_swiglu_mlps(model, backend.swiglu),
         "embedding": use_engine_embeddings(model, backend.embedding),
     }

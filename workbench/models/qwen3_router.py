@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 
-from workbench.moe.router import router_logits, router_logits_passing, softmax_topk
+from workbench.moe.router import SOFTMAX_TOPK_BACKENDS, router_logits, router_logits_passing
 
 # Shape suffixes: T tokens, D hidden, E experts, K top-k.
 
@@ -35,12 +35,16 @@ class Qwen3MoeEngineRouter(hf.Qwen3MoeTopKRouter):
             logits_TE, x_TD = router_logits_passing(x_TD, self.weight)
         else:
             logits_TE = router_logits(x_TD, self.weight)
-        weights_TK, ids_TK = softmax_topk(logits_TE, self.top_k, self.norm_topk_prob)
+        topk = SOFTMAX_TOPK_BACKENDS.impl(getattr(self, "workbench_router", "torch"))
+        weights_TK, ids_TK = topk(logits_TE, self.top_k, self.norm_topk_prob)
         return (logits_TE, weights_TK, ids_TK, x_TD) if pass_input else (logits_TE, weights_TK, ids_TK)
 
 
-def use_engine_router(model: torch.nn.Module) -> int:
-    """Every Qwen3MoeTopKRouter of `model` computes float32 logits (a class swap: same parameters)."""
+def use_engine_router(model: torch.nn.Module, backend: str = "torch") -> int:
+    """Every Qwen3MoeTopKRouter of `model` computes float32 logits (a class swap: same parameters).
+
+    `backend`: a resolved BackendConfig.router, the softmax + top-k kernel of each swapped router.
+    """
     from workbench.models.class_swap import swap_classes
 
-    return swap_classes(model, hf.Qwen3MoeTopKRouter, Qwen3MoeEngineRouter)
+    return swap_classes(model, hf.Qwen3MoeTopKRouter, Qwen3MoeEngineRouter, workbench_router=backend)

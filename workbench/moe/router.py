@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.kernels.mm_fp32 import mm_fp32, mm_pair, mm_pair_t, split_pair, tensor_core_path
+from workbench.kernels.registry import KernelRegistry
 
 # Shape suffixes: T tokens, D hidden, E experts, K top-k.
 
@@ -101,6 +102,18 @@ def softmax_topk(logits_TE: torch.Tensor, top_k: int, norm_topk_prob: bool) -> t
     if norm_topk_prob:
         weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
     return weights_TK.to(logits_TE.dtype), ids_TK
+
+
+def softmax_topk_triton(logits_TE: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax_topk in one Triton kernel each way (float32 logits; kernels/triton_router_topk.py)."""
+    from workbench.kernels.triton_router_topk import softmax_topk as triton_softmax_topk
+
+    weights_TK, ids_TK = triton_softmax_topk(logits_TE, top_k, norm_topk_prob)
+    return weights_TK.to(logits_TE.dtype), ids_TK
+
+
+# The native gate's softmax + top-k by BackendConfig.router (the engine's float32 routers: models/qwen3_router.py).
+SOFTMAX_TOPK_BACKENDS = KernelRegistry("router", {"torch": softmax_topk, "triton": softmax_topk_triton})
 
 
 def balanced_ids(num_tokens: int, top_k: int, num_experts: int, device: torch.device) -> torch.Tensor:
