@@ -60,6 +60,25 @@ def test_aux_loss_equals_transformers(masked):
     torch.testing.assert_close(ours, ref, rtol=1e-6, atol=0)
 
 
+def test_aux_loss_counts_every_layer_in_one_histogram_and_in_deterministic_mode():
+    # one histc over the layers' ids (the last expert, E - 1, sits in the top bin) against a scatter_add a layer,
+    # which torch.use_deterministic_algorithms keeps
+    g = torch.Generator().manual_seed(3)
+    layers = tuple(torch.randn(40, 7, generator=g) for _ in range(3))
+    ids = tuple(torch.randint(0, 7, (40, 2), generator=g) for _ in range(3))
+    ids[0][:, 0] = 6
+    fast = load_balancing_loss(layers, 7, 2, topk_ids=ids)
+    torch.use_deterministic_algorithms(True)
+    try:
+        kept = load_balancing_loss(layers, 7, 2, topk_ids=ids)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    probs = torch.cat([torch.softmax(z, dim=-1) for z in layers])
+    counts = torch.bincount(torch.cat([i.reshape(-1) for i in ids]), minlength=7).float()
+    want = (counts / probs.shape[0] * probs.mean(dim=0)).sum() * 7
+    assert torch.allclose(fast, want, rtol=1e-6) and torch.allclose(kept, want, rtol=1e-6)
+
+
 @pytest.mark.parametrize("groups,kept", [(2, 1), (1, 1), (4, 4), (4, 2)])
 def test_deepseek_engine_router_equals_transformers(groups, kept):
     # bf16 weights and inputs (the engine's fast path), a correction bias that moves the choice; fresh inputs

@@ -56,7 +56,7 @@ def embedding_backward(
     grad_TD: torch.Tensor, ids_T: torch.Tensor, num_rows: int, padding_idx: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the table's gradient [V, D] in the gradient's dtype, float32 Σ grad² per table row [V])."""
-    from workbench.moe.dispatch.local import stable_order
+    from workbench.moe.dispatch.local import ends_of_sorted, stable_sort
 
     check_triton_device(grad_TD, "embedding")
     grad_TD = grad_TD.reshape(-1, grad_TD.shape[-1])
@@ -65,10 +65,9 @@ def embedding_backward(
     if ids_T.shape[0] != grad_TD.shape[0]:
         raise ValueError(f"embedding_backward: {ids_T.shape[0]} ids for {grad_TD.shape[0]} gradient rows")
     D = grad_TD.shape[1]
-    order_T = stable_order(ids_T, max(num_rows - 1, 0)).to(torch.int32)
-    counts_V = torch.zeros(num_rows, dtype=torch.int32, device=ids_T.device)
-    counts_V.scatter_add_(0, ids_T.long(), torch.ones_like(ids_T, dtype=torch.int32))
-    ends_V = torch.cumsum(counts_V, dim=0, dtype=torch.int32)
+    sorted_T, order_T = stable_sort(ids_T, max(num_rows - 1, 0))
+    order_T = order_T.to(torch.int32)
+    ends_V = ends_of_sorted(sorted_T, num_rows).to(torch.int32)
     grad_VD = torch.empty((num_rows, D), dtype=grad_TD.dtype, device=grad_TD.device)
     partials_V = torch.empty(num_rows, dtype=torch.float32, device=grad_TD.device)
     if num_rows and D:
