@@ -170,7 +170,7 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
     )
     rc = RunConfig(
         model=ModelConfig(preset=args.preset, layers=args.layers, dtype="bfloat16"),
-        # expert_wgrad, embedding and router only when asked: an A/B's older workbench/ (ab_sides) may not have the field
+        # expert_wgrad, embedding and router only when asked: an A/B's older workbench/ may lack the field
         backend=BackendConfig(
             fused_ce=True,
             gate=args.gate,

@@ -105,6 +105,16 @@ for model in models.values():
     model(input_ids=ids, labels=ids).loss.backward()
 want = torch.cat([p.grad.float().flatten() for p in params]).norm()
 assert abs(total_grad_norm(params).item() - want.item()) <= 1e-4 * want.item()
+# a table tied to the lm_head: its .grad is the sum of both gradients, so the kernel's squares must not be used
+tied_cfg = tiny_qwen3_moe(hidden_size=64, moe_intermediate_size=32, head_dim=16, tie_word_embeddings=True)
+backend = workbench.BackendConfig(experts="grouped_mm", embedding="triton")
+tied = workbench.AutoModelForCausalLM.from_config(tied_cfg, backend=backend, device=device, dtype=torch.bfloat16,
+                                                  seed=0)
+assert tied.get_input_embeddings().weight is tied.get_output_embeddings().weight
+tied(input_ids=ids, labels=ids).loss.backward()
+params = list(tied.parameters())
+want = torch.cat([p.grad.float().flatten() for p in params]).norm()
+assert abs(total_grad_norm(params).item() - want.item()) <= 1e-4 * want.item(), (total_grad_norm(params), want)
 print("EMBEDDING MODEL OK")
 """)
 
