@@ -115,7 +115,8 @@ def test_combine_of_a_rank_that_received_no_tokens():
 def test_stable_order_on_narrow_keys_is_int64s_stable_order(bound):
     """Expert-major order from keys cast to the narrowest type that holds [0, bound] (one radix pass per byte
     on CUDA) equals int64's stable argsort, ties in slot order, at each type's edge."""
-    from workbench.moe.dispatch.local import sort_by_expert, stable_order
+    from workbench.kernels.sorting import stable_order
+    from workbench.moe.dispatch.local import sort_by_expert
 
     g = torch.Generator().manual_seed(bound)
     keys = torch.randint(0, bound + 1, (4096,), generator=g)

@@ -56,7 +56,7 @@ def embedding_backward(
     grad_TD: torch.Tensor, ids_T: torch.Tensor, num_rows: int, padding_idx: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the table's gradient [V, D] in the gradient's dtype, float32 Σ grad² per table row [V])."""
-    from workbench.moe.dispatch.local import ends_of_sorted, stable_sort
+    from workbench.kernels.sorting import ends_of_sorted, stable_sort
 
     check_triton_device(grad_TD, "embedding")
     grad_TD = grad_TD.reshape(-1, grad_TD.shape[-1])

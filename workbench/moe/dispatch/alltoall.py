@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 
-from workbench.moe.dispatch.local import combine_uses_triton, expand_to_rows, stable_order, weighted_sum
+from workbench.kernels.sorting import stable_order
+from workbench.moe.dispatch.local import combine_uses_triton, expand_to_rows, weighted_sum
 
 # Shape suffixes: T tokens, D hidden, K top-k, P ep ranks, S rows sent, R rows received, N routed rows.
 

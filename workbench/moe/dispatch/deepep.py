@@ -37,7 +37,8 @@ import torch
 import torch.distributed as dist
 
 from workbench.backends import DEEPEP_EP_SIZES, INSTALL_HINT, BackendError
-from workbench.moe.dispatch.local import combine_uses_triton, expand_to_rows, stable_order, weighted_sum
+from workbench.kernels.sorting import stable_order
+from workbench.moe.dispatch.local import combine_uses_triton, expand_to_rows, weighted_sum
 
 # Shape suffixes: T tokens, D hidden, K top-k, R rows received, N routed rows.
 
