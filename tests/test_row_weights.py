@@ -21,6 +21,8 @@ from workbench.moe import hf_experts
 from workbench.moe.dispatch.local import LocalDispatcher
 from workbench.moe.hf_experts import engine_experts_modules
 
+# Shape suffixes: N routed rows, D hidden.
+
 needs_triton = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None, reason="triton is not installed (pip install triton)"
 )

@@ -14,6 +14,8 @@ from torch import nn
 from workbench.kernels import grad_squares
 from workbench.kernels.registry import KernelRegistry
 
+# Shape suffixes: V table rows, D the embedding width.
+
 
 class _EmbeddingWithSquares(torch.autograd.Function):
     @staticmethod

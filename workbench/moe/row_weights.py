@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# Shape suffixes: N routed rows, I the experts' intermediate width (I2: the packed gate and up halves).
+
 # Experts backends whose forward runs the gate this module can weight (the TE path keeps the weighted combine).
 BACKENDS_TAKING_ROW_WEIGHTS = ("grouped_mm", "loop")
 
