@@ -25,7 +25,7 @@ from workbench.moe.grouped_mm import grouped_mm_op, weight_EKO
 from workbench.moe.lora_experts import lora_rows
 from workbench.moe.routed_load import attach_load_counter, count_routed
 from workbench.moe.router import GATES, balanced_ids
-from workbench.moe.row_weights import rows_weights, weighted_swiglu, weights_fold_into_rows
+from workbench.moe.row_weights import rows_weights, rows_weights_apply, weighted_swiglu, weights_fold_into_rows
 
 # Shape suffixes: T tokens, D hidden, E experts, N routed rows, I intermediate; weight_EKN: [E, K in, N out].
 
@@ -328,7 +328,9 @@ class EngineExperts:
         first, last = self.workbench_expert_range
         return (
             f"engine experts [{first}, {last}) of {self.num_experts}, backend={self.workbench_experts_backend}, "
-            f"swiglu={self.workbench_swiglu}" + (", recompute" if self.workbench_recompute else "")
+            f"swiglu={self.workbench_swiglu}"
+            + (", routing weights in the rows" if rows_weights_apply(self) else "")
+            + (", recompute" if self.workbench_recompute else "")
         )
 
 

@@ -34,12 +34,15 @@ def weights_fold_into_rows(module: nn.Module, backend: str, plain_swiglu: bool) 
     )
 
 
+def rows_weights_apply(module: nn.Module) -> bool:
+    """Whether `module` and its dispatcher apply the routing weights in the rows."""
+    dispatcher = getattr(module, "workbench_dispatcher", None)
+    return getattr(module, "workbench_weights_in_rows", False) and getattr(dispatcher, "rows_take_weights", False)
+
+
 def rows_weights(module: nn.Module, handle) -> torch.Tensor | None:
     """The routing weight of each dispatched row [N] where `module` and its dispatcher apply them in the rows."""
-    dispatcher = module.workbench_dispatcher
-    if not (getattr(module, "workbench_weights_in_rows", False) and getattr(dispatcher, "rows_take_weights", False)):
-        return None
-    return dispatcher.row_weights(handle)
+    return module.workbench_dispatcher.row_weights(handle) if rows_weights_apply(module) else None
 
 
 def weighted_swiglu(module: nn.Module, h_NI2: torch.Tensor, row_weights_N: torch.Tensor) -> torch.Tensor:
