@@ -1,5 +1,5 @@
 """The input embedding's gradient from the Triton kernel that writes each table row once with its sum of squares
-(kernels/triton_embedding.py, kernels/embedding.py, BackendConfig.embedding)."""
+(kernels/triton_embedding.py, kernels/embedding.py, models/input_embedding.py, BackendConfig.embedding)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from triton_script import DEVICES, run_triton_script
 
 from workbench import BackendConfig
 from workbench.backends import BackendError
-from workbench.kernels.embedding import EngineEmbedding, is_plain_embedding, use_engine_embeddings
+from workbench.models.input_embedding import EngineEmbedding, is_plain_embedding, use_engine_embeddings
 
 needs_triton = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None, reason="triton is not installed (pip install triton)"
@@ -68,7 +68,7 @@ sys.path.insert(0, "tests")
 from tiny_models import tiny_qwen3_moe
 import workbench
 from workbench.kernels import grad_squares
-from workbench.kernels.embedding import EngineEmbedding
+from workbench.models.input_embedding import EngineEmbedding
 from workbench.train.optim import total_grad_norm
 
 device = sys.argv[1]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from workbench.kernels import grad_squares
 from workbench.kernels.registry import KernelRegistry
@@ -51,31 +50,3 @@ def embedding_triton(ids: torch.Tensor, weight_VD: torch.Tensor, padding_idx: in
 
 
 EMBEDDING_BACKENDS = KernelRegistry("embedding", {"torch": embedding_torch, "triton": embedding_triton})
-
-
-def is_plain_embedding(module: nn.Module) -> bool:
-    """An nn.Embedding that is a plain lookup: no max_norm renormalization, frequency scaling or sparse gradient."""
-    return (
-        isinstance(module, nn.Embedding)
-        and module.max_norm is None
-        and not module.scale_grad_by_freq
-        and not module.sparse
-    )
-
-
-class EngineEmbedding(nn.Embedding):
-    """nn.Embedding whose lookup runs the backend in `workbench_embedding` (same parameter, same state dict)."""
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """The lookup, with the chosen backend's gradient."""
-        return EMBEDDING_BACKENDS.impl(self.workbench_embedding)(ids, self.weight, self.padding_idx)
-
-
-def use_engine_embeddings(model: nn.Module, backend: str) -> int:
-    """`model`'s input embedding computes its gradient with `backend` (a class swap; 'torch': none); 1 if swapped."""
-    table = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if backend == "torch" or type(table) is not nn.Embedding or not is_plain_embedding(table):
-        return 0
-    table.__class__ = EngineEmbedding
-    table.workbench_embedding = backend
-    return 1

@@ -329,9 +329,9 @@ def install_extras(model: nn.Module, backend, num_experts: int) -> dict[str, int
     if backend.fused_ce:
         check_fused_ce(model)
         model.get_output_embeddings().__class__ = DeferredLMHead
-    from workbench.kernels.embedding import use_engine_embeddings
     from workbench.models.deepseek_router import use_deepseek_router
     from workbench.models.gpt_oss_attention import use_gpt_oss_attention
+    from workbench.models.input_embedding import use_engine_embeddings
     from workbench.models.mla_attention import use_mla_attention
     from workbench.models.qwen3_attention import use_engine_attention
     from workbench.models.qwen3_decoder import use_engine_decoder_layers
