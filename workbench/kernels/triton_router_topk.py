@@ -23,6 +23,18 @@ BLOCK_T = 16
 
 
 @triton.jit
+def _softmax_rows(Z, rows, cols, T, E, stride_z):
+    """The float32 softmax of a block of rows [BLOCK, E_P2] (padding columns 0; rows past T are not used)."""
+    z = tl.load(
+        Z + rows[:, None].to(tl.int64) * stride_z + cols[None, :],
+        mask=(rows[:, None] < T) & (cols[None, :] < E),
+        other=float("-inf"),
+    )
+    e = tl.exp(z - tl.max(z, axis=1)[:, None])
+    return e / tl.sum(e, axis=1)[:, None]
+
+
+@triton.jit
 def _topk_fwd_kernel(
     Z, W, IDS, T, E, stride_z,
     K: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr, BLOCK: tl.constexpr, NORM: tl.constexpr,
@@ -31,13 +43,7 @@ def _topk_fwd_kernel(
     cols = tl.arange(0, E_P2)
     ks = tl.arange(0, K_P2)
     rmask = rows < T
-    z = tl.load(
-        Z + rows[:, None].to(tl.int64) * stride_z + cols[None, :],
-        mask=rmask[:, None] & (cols[None, :] < E),
-        other=float("-inf"),
-    )
-    e = tl.exp(z - tl.max(z, axis=1)[:, None])
-    p = e / tl.sum(e, axis=1)[:, None]
+    p = _softmax_rows(Z, rows, cols, T, E, stride_z)
     # padding columns never win; a NaN wins first, as torch's topk ranks NaN highest (its weight stays NaN): a row
     # of NaN logits still gets k distinct experts in range, and the step's non-finite check stops the run
     left = tl.where(cols[None, :] < E, tl.where(p == p, p, 2.0), -1.0)
@@ -69,11 +75,7 @@ def _topk_bwd_kernel(
     ks = tl.arange(0, K_P2)
     rmask = rows < T
     cmask = cols[None, :] < E
-    z = tl.load(
-        Z + rows[:, None].to(tl.int64) * stride_z + cols[None, :], mask=rmask[:, None] & cmask, other=float("-inf")
-    )
-    e = tl.exp(z - tl.max(z, axis=1)[:, None])
-    p = e / tl.sum(e, axis=1)[:, None]
+    p = _softmax_rows(Z, rows, cols, T, E, stride_z)
     kidx = rows[:, None].to(tl.int64) * K + ks[None, :]
     kmask = rmask[:, None] & (ks[None, :] < K)
     ids = tl.load(IDS + kidx, mask=kmask, other=-1).to(tl.int32)
