@@ -277,7 +277,9 @@ _OWNER_SCRIPT = """
 import sys, time
 from workbench.cluster import Cluster
 cluster = Cluster(n=2, devices="cpu")
-print("ENGINES", *sorted(cluster.pids()["engines"].values()), flush=True)
+pids = cluster.pids()
+print("ENGINES", *sorted(pids["engines"].values()), flush=True)
+print("CONTROLLER", *pids["controller"], flush=True)
 time.sleep(600)
 """
 
@@ -302,10 +304,16 @@ def test_engines_exit_when_the_process_that_owns_the_cluster_dies(tmp_path):
             assert line or owner.poll() is None, "the owner exited before its cluster started"
         engines = [int(p) for p in line.split()[1:]]
         assert len(engines) == 2 and all(_alive(p) for p in engines)
+        line = owner.stdout.readline()
+        assert line.startswith("CONTROLLER"), line
+        controller = [int(p) for p in line.split()[1:]]
+        assert controller and all(_alive(p) for p in controller)
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait(timeout=30)
     deadline = time.monotonic() + 30
-    while any(_alive(p) for p in engines) and time.monotonic() < deadline:
+    while any(_alive(p) for p in engines + controller) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not any(_alive(p) for p in engines), "engines outlived the process that owns the cluster"
+    # the controller too: it stayed behind for good, with its ports, once its kernel was killed
+    assert not any(_alive(p) for p in controller), "the controller outlived the process that owns the cluster"

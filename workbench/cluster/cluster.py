@@ -76,7 +76,7 @@ class Cluster:
             controller_args.append("--IPController.use_threads=True")
         self._ipp = ipyparallel.Cluster(n=self.world_size, controller_args=controller_args, **kwargs)
         try:
-            self._ipp.start_controller_sync()
+            startup.start_controller(self._ipp)
             ipp_files.make_private(self.files())  # before the engines start writing their logs
             self._start_engines()
             self.client = self._ipp.connect_client_sync()

@@ -16,36 +16,6 @@ if __name__ == "__main__":
 
 from ipyparallel.engine.app import IPEngine
 
-# The pid of the process that started this cluster (the notebook's kernel): an engine outlives it
-# otherwise, e.g. when JupyterLab kills a kernel, and goes on training a run nobody can stop.
-OWNER_ENV = "WORKBENCH_CLUSTER_OWNER_PID"
-OWNER_POLL_S = 1.0
-
-
-def _owner_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def watch_owner(pid: int, poll_s: float = OWNER_POLL_S) -> None:
-    """Exit this process (status 3) once `pid` is gone; a daemon thread, polling."""
-    import threading
-    import time
-
-    def watch() -> None:
-        while _owner_alive(pid):
-            time.sleep(poll_s)
-        sys.stderr.write(f"workbench engine: the cluster's owner (pid {pid}) is gone; exiting\n")
-        sys.stderr.flush()
-        os._exit(3)  # a training step may hold the main thread: no clean shutdown to wait for
-
-    threading.Thread(target=watch, name="workbench-owner-watch", daemon=True).start()
-
 
 class WorkbenchEngine(IPEngine):
     """IPEngine whose stop by SIGTERM exits 0 without a traceback.
@@ -72,6 +42,9 @@ class WorkbenchEngine(IPEngine):
 
 
 if __name__ == "__main__":
-    if os.environ.get(OWNER_ENV, "").isdigit():
-        watch_owner(int(os.environ[OWNER_ENV]))
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for owner_watch.py alone (stdlib only)
+    import owner_watch
+
+    del sys.path[0]
+    owner_watch.watch_owner_from_env("engine")
     WorkbenchEngine.launch_instance()

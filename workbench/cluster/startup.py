@@ -9,10 +9,13 @@ from typing import Any
 
 from workbench.cluster import engine as engine_code
 from workbench.cluster.errors import ClusterError
+from workbench.cluster.owner_watch import OWNER_ENV  # engine_main.py and controller_main.py exit once it is gone
 
 # Each local engine runs ipyparallel's IPEngine through this script (see engine_main.py: a stop
 # then exits cleanly instead of with tornado's "Event loop stopped" traceback).
 ENGINE_MAIN = Path(__file__).with_name("engine_main.py")
+# The local controller runs ipyparallel's through this script, which exits once the cluster's owner is gone.
+CONTROLLER_MAIN = Path(__file__).with_name("controller_main.py")
 
 
 def _engine_pythonpath() -> str:
@@ -20,6 +23,20 @@ def _engine_pythonpath() -> str:
     root = str(Path(engine_code.__file__).resolve().parents[2])
     existing = os.environ.get("PYTHONPATH", "")
     return root if not existing else root + os.pathsep + existing
+
+
+def start_controller(ipp: Any) -> None:
+    """Start the cluster's controller; a local one through controller_main.py, which watches this process."""
+    from ipyparallel.cluster.launcher import LocalControllerLauncher
+
+    if isinstance(ipp.controller_launcher_class, type) and issubclass(
+        ipp.controller_launcher_class, LocalControllerLauncher
+    ):
+        ipp.start_controller_sync(
+            controller_cmd=[sys.executable, str(CONTROLLER_MAIN)], environment={OWNER_ENV: str(os.getpid())}
+        )
+        return
+    ipp.start_controller_sync()  # another launcher's controller: ipyparallel's own command
 
 
 def start_engines(ipp: Any, launcher: str, gpus: list[int | None], master_addr: str, master_port: int | None) -> None:
@@ -35,8 +52,7 @@ def start_engines(ipp: Any, launcher: str, gpus: list[int | None], master_addr: 
     for rank, gpu in enumerate(gpus):
         env = dict(
             common,
-            # engine_main.py exits when this process (the kernel that owns the cluster) is gone
-            WORKBENCH_CLUSTER_OWNER_PID=str(os.getpid()),
+            **{OWNER_ENV: str(os.getpid())},
             RANK=str(rank),
             LOCAL_RANK=str(rank),
             MASTER_ADDR=master_addr,
