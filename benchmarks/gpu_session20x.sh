@@ -3,11 +3,11 @@
 # then one round of 20b's A/B (b7ab90f in .ab/s19 / this tree / + expert_wgrad triton / + embedding and router triton),
 # then, in the time left, the L8 bench row with all three Triton choices against the v5 anchor.
 # Carry .whl, .device_commit and .ab.
-#   OUT=/path bash benchmarks/gpu_session20x.sh
+#   OUT=/path [SKIP_TESTS=1] bash benchmarks/gpu_session20x.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/gpu_env.sh
-gpu_tests 150 tests/test_row_weights.py tests/test_embedding_grad.py tests/test_router_topk.py tests/test_grouped_wgrad.py \
+[ -n "${SKIP_TESTS:-}" ] || gpu_tests 150 tests/test_row_weights.py tests/test_embedding_grad.py tests/test_router_topk.py tests/test_grouped_wgrad.py \
   tests/test_mm_fp32.py -k "cuda or wgrad or pair or passing"
 TORCH_KERNELS="--embedding torch --router torch" NEW_KERNELS="--embedding triton --router triton"
 ab_sides 1 s19=s19,--expert-wgrad\ autograd rows="new,--expert-wgrad autograd $TORCH_KERNELS" \
