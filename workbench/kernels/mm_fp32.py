@@ -72,11 +72,13 @@ def split_pair(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def mm_pair(pair_M2K: torch.Tensor, b_KN: torch.Tensor, add_MN: torch.Tensor | None = None) -> torch.Tensor:
-    """add + (hi + lo) @ b for a split_pair: one GEMM of depth 2K against b stacked twice, rounded once to b's dtype.
+    """add + (hi + lo) @ b for a split_pair: one GEMM of depth 2K against b stacked twice, in b's dtype.
 
     Where mm_fp32 runs one GEMM per part into a float32 result that its caller casts and autograd then adds to
-    another gradient (four passes over an [M, N] result), the pair's two products and the addend share one
-    float32 accumulator and one store.
+    another gradient (four passes over an [M, N] result), the pair's two products share one float32 accumulator
+    and the addend is read in the GEMM's epilogue: one store. The roundings are those passes' own: cuBLAS's
+    bias-add epilogue rounds the product to b's dtype before it adds (measured on the H200,
+    benchmarks/pair_gemm_check.py), as the cast did before autograd's add; CPU rounds the sum once.
     """
     b_2KN = torch.cat([b_KN, b_KN])
     return torch.mm(pair_M2K, b_2KN) if add_MN is None else torch.addmm(add_MN, pair_M2K, b_2KN)

@@ -42,7 +42,7 @@ def _float32_linear_backward(
     grad_x = grad_w = None
     if x_TD.dtype == weight_ED.dtype and tensor_core_path(grad_TE, weight_ED):
         # The float32 upstream as bf16 high and low halves side by side: each gradient is one GEMM, the input's
-        # rounded once with the passed gradient added in its accumulator (mm_fp32.mm_pair).
+        # with the passed gradient added in its epilogue (mm_fp32.mm_pair).
         pair_T2E = split_pair(grad_TE, weight_ED.dtype)
         if needs_input_grad[0]:
             grad_x = mm_pair(pair_T2E, weight_ED, grad_pass_TD)
