@@ -76,15 +76,6 @@ def gather_slots(y_ND: torch.Tensor, row_of_slot: torch.Tensor) -> torch.Tensor:
     return y_ND.index_select(0, row_of_slot)
 
 
-def take_rows(x_TD: torch.Tensor, index_N: torch.Tensor, use_triton: bool) -> torch.Tensor:
-    """x[index] along dim 0; with the dispatcher's Triton kernels, the Triton gather (kernels/triton_gather_rows)."""
-    if use_triton and x_TD.dim() == 2:
-        from workbench.kernels.triton_gather_rows import gather_rows
-
-        return gather_rows(x_TD, index_N)
-    return x_TD.index_select(0, index_N)
-
-
 class _ExpandToExperts(torch.autograd.Function):
     """Copy each token to its expert-major rows; the gradient sums each token's rows.
 
@@ -97,7 +88,7 @@ class _ExpandToExperts(torch.autograd.Function):
         ctx.save_for_backward(row_of_slot)
         ctx.top_k = top_k
         ctx.use_triton = use_triton
-        return take_rows(x_TD, token_of_row, use_triton)
+        return x_TD.index_select(0, token_of_row)
 
     @staticmethod
     def backward(ctx, grad_ND):
@@ -133,13 +124,12 @@ class _SumRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y_ND, token_of_row, row_of_slot, top_k, use_triton, residual_TD=None):
         ctx.save_for_backward(token_of_row)
-        ctx.use_triton = use_triton
         return sum_slots(y_ND, row_of_slot, top_k, use_triton, residual_TD)
 
     @staticmethod
     def backward(ctx, grad_TD):
         (token_of_row,) = ctx.saved_tensors
-        grad_y = take_rows(grad_TD, token_of_row, ctx.use_triton) if ctx.needs_input_grad[0] else None
+        grad_y = grad_TD.index_select(0, token_of_row) if ctx.needs_input_grad[0] else None
         return grad_y, None, None, None, None, grad_TD if ctx.needs_input_grad[5] else None
 
 
