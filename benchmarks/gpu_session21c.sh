@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Session 21's third device call: the CUDA tests of the Triton row gather and of the corrected pair-GEMM bounds, the
-# gather against index_select at Qwen3's shape, then two A/B rounds of the trainer's step: 18984cc (session 20's
-# end, in .ab/s20) against this tree. Carry .whl, .device_commit and .ab.
+# Session 21's third device call: the CUDA tests of the corrected pair-GEMM bounds (and, when it ran, of the Triton
+# row gather, since reverted), then two A/B rounds of the trainer's step: 18984cc (session 20's end, in .ab/s20)
+# against this tree. Carry .whl, .device_commit and .ab.
 #   OUT=/path bash benchmarks/gpu_session21c.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."

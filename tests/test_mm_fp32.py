@@ -100,7 +100,7 @@ def test_pair_gemms_match_float64(device):
         # and one bf16 rounding of the float32 sum: 2^-8 relative per element. With an addend, cuBLAS's bias-add
         # epilogue (nvjet `badd` on the H200, benchmarks/pair_gemm_check.py) rounds the product to bf16 before it
         # adds: a second rounding, of the product, as autograd's cast and add had (CPU rounds once)
-        product_rounding = 0.0 if addend is None else 2**-8 * ref.abs()
+        product_rounding = 0.0 if addend is None or device == "cpu" else 2**-8 * ref.abs()
         assert ((got.double() - want).abs() <= 2**-8 * want.abs() + product_rounding + carried).all()
     got_t = mm_pair_t(pair, x)
     ref_t = a.double().t() @ x.double()
@@ -132,7 +132,8 @@ def test_router_passing_its_input_sums_both_gradients(device, dtype):
     product = (d_logits.double() @ w0.double()).abs()
     for got, ref, rounded in ((x.grad, x64.grad, product), (w.grad, w64.grad, 0.0)):
         assert got.dtype == dtype
-        bound = rtol * (ref.abs() + (rounded if dtype == torch.bfloat16 else 0.0)) + 2e-5 * ref.abs().max().item()
+        twice = dtype == torch.bfloat16 and device == "cuda"  # CPU rounds the input's gradient once
+        bound = rtol * (ref.abs() + (rounded if twice else 0.0)) + 2e-5 * ref.abs().max().item()
         assert ((got.double() - ref).abs() <= bound).all(), ((got.double() - ref).abs() - bound).max().item()
     # only the passed input used: its gradient passes through; only the logits: the plain router's gradients
     x = x0.clone().requires_grad_()

@@ -4,7 +4,8 @@ Autograd of three `F.linear`s on the same input computes dx = dq Wq + dk Wk + dv
 elementwise adds over the [tokens, hidden] gradient (Qwen3-30B-A3B at 8192 tokens: 2 x 32 MB read twice and written
 once a layer, ~0.05 ms). Here the second and third products accumulate into the first's output in cuBLAS
 (addmm with beta=1), which reads it once each instead. The roundings stay autograd's: cuBLAS's bias-add epilogue
-rounds each product before it adds (benchmarks/pair_gemm_check.py), as autograd rounded each product and each add.
+rounded the product before it added in the router's addmm on the H200 (benchmarks/pair_gemm_check.py; these
+addmms were not checked apart), as autograd rounds each product and each add.
 Forward and the weight gradients are Transformers' products unchanged.
 """
 
