@@ -17,7 +17,7 @@ from traitlets.config import Configurable
 
 from .clusters import ClusterWatcher
 from .gpus import gpu_snapshot
-from .notebooks import list_notebooks, read_notebook
+from .notebooks import copy_target_exists, list_notebooks, read_notebook
 
 AUTH_RESOURCE = "moe_workbench"
 CLUSTER_WATCHER_KEY = "moe_workbench_cluster_watcher"
@@ -198,8 +198,13 @@ class NotebookCopyHandler(WorkbenchHandler):
         except KeyError as err:
             raise web.HTTPError(404, str(err.args[0])) from None
         contents = self.contents_manager
+        root_dir = getattr(contents, "root_dir", None)  # a file-backed contents manager's folder
+        try:
+            taken = root_dir is not None and copy_target_exists(root_dir, name)
+        except PermissionError as err:
+            raise web.HTTPError(403, str(err)) from None
         # Never overwrite: the user's copy may hold edits; we just open it.
-        if await ensure_async(contents.file_exists(name)):
+        if taken or await ensure_async(contents.file_exists(name)):
             self.write_json({"path": name, "copied": False})
             return
         model = {"type": "notebook", "format": "json", "content": content}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from pathlib import Path
+import stat
+from pathlib import Path, PurePosixPath
 
 
 def notebooks_source_dir() -> tuple[Path | None, str | None]:
@@ -81,3 +82,26 @@ def read_notebook(name: str) -> dict:
         return read_json_confined(source.resolve(), source / name)
     except FileNotFoundError:
         raise KeyError(f"no notebook {name} in {source}") from None
+
+
+def copy_target_exists(root_dir: str | os.PathLike, name: str) -> bool:
+    """Whether `name` (a path under the server's root) is taken; PermissionError if writing it would follow a link.
+
+    Jupyter's file writer follows a link at the target, a dangling one too (its target is created
+    wherever it points), so the lab writes nothing where the file or a folder on its way is a link:
+    each part is looked at itself (lstat), never through a link. The root is the server's own.
+    """
+    path = Path(root_dir)
+    parts = PurePosixPath(name).parts
+    for i, part in enumerate(parts):
+        path = path / part
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return False
+        if stat.S_ISLNK(mode):
+            raise PermissionError(
+                f"{'/'.join(parts[: i + 1])} in the server's folder is a link; the lab writes nothing through "
+                "a link: remove or rename it, then open the notebook again"
+            )
+    return True
