@@ -17,14 +17,13 @@ from pathlib import Path
 
 import torch
 import triton
+from cuda_timing import cuda_event_ms  # benchmarks/ is this script's folder, first on sys.path
 
 
 def cuda_ms(fn, reps: int = 7) -> float:
-    """profile_step.cuda_ms after one warm-up call (the first launch compiles the kernel)."""
-    from profile_step import cuda_ms as timed
-
+    """Median milliseconds of `fn()` after one warm-up call (the first launch compiles the kernel)."""
     fn()
-    return timed(fn, reps)
+    return cuda_event_ms(fn, reps)
 
 
 def model_shapes(layers: int) -> list[tuple[int, ...]]:

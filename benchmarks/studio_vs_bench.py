@@ -7,8 +7,8 @@ Runs `workbench bench --variants engine` (the trainer's step, median of the time
 RunConfig (preset, layers, seq x batch, fused CE, lr, seed, synthetic data, default precision) on a
 workbench.Cluster rank, as the Studio's Run button does, and reads what the Studio's summary strip shows:
 `workbench.ui.summary.summarize_live(run.records, ...)` (median over its window of the latest steps).
-Prints both and their ratio; writes them as JSON. The GPU needs ipyparallel and its Jupyter packages
-(carried as wheels: .whl-ui, see benchmarks/gpu_env.sh).
+Prints both and their ratio; writes them as JSON. The GPU machine needs ipyparallel and its Jupyter packages
+(the package's lab extras: pip install -e '.[lab]').
 """
 
 from __future__ import annotations

@@ -129,7 +129,7 @@ def table(results_dir: Path, include_cpu: bool = False) -> str:
     for key in sorted(latest, key=lambda k: tuple(str(x) for x in k)):
         lines.extend(_latest_rows(*latest[key]))
     if len(lines) == 1:
-        lines.append("| (no GPU results yet: run `bash benchmarks/gpu_session5.sh` on a GPU) |" + " |" * 13)
+        lines.append("| (no GPU results yet: run benchmarks/suites/readme_tables.sh on a GPU) |" + " |" * 13)
     return "\n".join(lines)
 
 
