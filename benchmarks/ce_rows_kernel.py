@@ -4,7 +4,7 @@
 
 The kernel reads each logits row twice (log-sum-exp, then the gradient over the logits); pass 2 walks a row forwards
 or back (`reverse`: from the blocks pass 1 read last). Session 18 also timed the rows shared among fewer programs
-(a grid-stride loop, since removed: slower, results/2026-12-04-ce-rows-kernel-1xh200-s18a.json).
+(a grid-stride loop, since removed: slower, results/2026-12-04-1xh200-ce-rows-kernel-v151936.json).
 """
 
 from __future__ import annotations
