@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import transformers
 
+from workbench.models.families import REGISTERED
+
 COMMON = dict(
     vocab_size=96,
     hidden_size=32,
@@ -16,9 +18,9 @@ COMMON = dict(
     initializer_range=0.02,
 )
 
-FAMILIES = {
-    "mixtral": dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2),
-    "olmoe": dict(intermediate_size=32, num_experts=4, num_experts_per_tok=2),
+# Families without a folder of their own (workbench.models.generic.TESTED_WITHOUT_FOLDER); each registered family's
+# folder holds its own (Family.test_config, workbench/models/families/<model_type>/).
+WITHOUT_FOLDER = {
     "qwen2_moe": dict(
         intermediate_size=32,
         moe_intermediate_size=16,
@@ -27,7 +29,6 @@ FAMILIES = {
         num_experts_per_tok=2,
         decoder_sparse_step=1,
     ),
-    "qwen3_moe": dict(intermediate_size=32, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2),
     "qwen3_5_moe_text": dict(
         moe_intermediate_size=16,
         shared_expert_intermediate_size=16,
@@ -39,29 +40,6 @@ FAMILIES = {
         linear_key_head_dim=8,
         linear_value_head_dim=8,
         linear_conv_kernel_dim=4,
-    ),
-    "gpt_oss": dict(
-        intermediate_size=16,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        sliding_window=8,
-        layer_types=["sliding_attention", "full_attention"],
-    ),
-    "deepseek_v3": dict(
-        intermediate_size=32,
-        moe_intermediate_size=16,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        n_group=2,
-        topk_group=1,
-        first_k_dense_replace=1,
-        kv_lora_rank=16,
-        q_lora_rank=16,
-        qk_rope_head_dim=8,
-        qk_nope_head_dim=8,
-        v_head_dim=8,
-        num_key_value_heads=4,
     ),
     "glm4_moe": dict(
         intermediate_size=32,
@@ -87,6 +65,9 @@ FAMILIES = {
     ),
     "hunyuan_v1_moe": dict(intermediate_size=16, num_experts=4, moe_topk=2, num_shared_expert=1, use_qk_norm=True),
 }
+
+# Every family the tests compare with vanilla Transformers: the registered ones, then those without a folder.
+FAMILIES = {**{f.model_type: dict(f.test_config) for f in REGISTERED}, **WITHOUT_FOLDER}
 
 
 def tiny_config(family: str, **overrides):

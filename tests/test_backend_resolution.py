@@ -235,7 +235,7 @@ def test_a_config_resolved_for_an_h200_wires_every_triton_kernel_into_the_model(
     # would build gets the same kernels (nothing runs here, the wiring is what is checked).
     from workbench.kernels.rms_norm import RMSNorm
     from workbench.models import generic
-    from workbench.models.qwen3_attention import Qwen3MoeEngineAttention
+    from workbench.models.families.qwen3_moe.attention import Qwen3MoeEngineAttention
     from workbench.moe.dispatch.local import LocalDispatcher
     from workbench.moe.hf_experts import engine_experts_modules
 

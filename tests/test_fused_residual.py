@@ -1,5 +1,5 @@
 """The residual stream's adds folded into the kernels around them (kernels/rms_norm.rms_norm_residual,
-models/engine_attention.o_proj_residual, models/qwen3_decoder.py), against Transformers' separate adds."""
+models/engine_attention.o_proj_residual, models/families/qwen3_moe/decoder.py), against Transformers' separate adds."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ import sys, torch
 sys.path.insert(0, "tests")
 from tiny_models import tiny_qwen3_moe
 import workbench
-from workbench.models.qwen3_decoder import Qwen3MoeEngineDecoderLayer
+from workbench.models.families.qwen3_moe.decoder import Qwen3MoeEngineDecoderLayer
 from workbench.train.activation_checkpoint import apply_activation_checkpointing
 
 device = sys.argv[1]

@@ -23,6 +23,7 @@ from test_generic_families import _config, close, close_grads, randomize
 from workbench import BackendConfig
 from workbench.backends import BackendError
 from workbench.models.auto import AutoModelForCausalLM
+from workbench.models.families import family_for
 from workbench.models.generic_extras import is_standard_rms_norm, swap_rms_norms
 from workbench.moe.dispatch import make_dispatcher
 from workbench.moe.hf_experts import engine_experts_modules, is_plain_swiglu
@@ -131,9 +132,12 @@ def test_swiglu_choice_installed_only_on_gates_with_a_kernel(monkeypatch):
     for family, gpt_oss_gate in (("mixtral", False), ("gpt_oss", True)):
         model = transformers.AutoModelForCausalLM.from_config(_config(family))
         for module in [m for m in model.modules() if hasattr(m, "_apply_gate") and hasattr(m, "gate_up_proj")]:
-            install_engine_experts(module, make_dispatcher("local", 4), "grouped_mm", (0, 4), 4, swiglu="triton")
+            rows = family_for(family).expert_rows(module, "triton")  # what the generic path asks the family
+            install_engine_experts(
+                module, make_dispatcher("local", 4), "grouped_mm", (0, 4), 4, swiglu="triton", family_rows=rows
+            )
             assert module.workbench_swiglu == "triton", family
-            assert module.workbench_gpt_oss_gate is gpt_oss_gate, family
+            assert (module.workbench_family_rows is not None) is gpt_oss_gate, family
 
 
 def test_rms_norm_probe_accepts_standard_and_refuses_variants():
@@ -260,7 +264,7 @@ for family in sys.argv[1:]:
 # Qwen3-MoE's family extra: the fused-RoPE attention, installed by the generic path with rope='triton'
 from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 from workbench.models import generic
-from workbench.models.qwen3_attention import Qwen3MoeEngineAttention
+from workbench.models.families.qwen3_moe.attention import Qwen3MoeEngineAttention
 from workbench.moe.dispatch import LocalDispatcher
 cfg = _config("qwen3_moe")
 ref = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="eager")

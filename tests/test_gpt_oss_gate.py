@@ -17,7 +17,8 @@ from generic_families import tiny_config
 from workbench.backends import BackendConfig, BackendError
 from workbench.kernels.gpt_oss_gate import add_row_bias, gpt_oss_gate, gpt_oss_gate_torch, row_segments
 from workbench.models.auto import AutoModelForCausalLM
-from workbench.moe.gpt_oss_experts import gpt_oss_expert_rows, is_gpt_oss_gate
+from workbench.models.families import family_for
+from workbench.models.families.gpt_oss.experts import gpt_oss_expert_rows, is_gpt_oss_gate
 from workbench.moe.hf_experts import engine_experts_modules, install_engine_experts, is_fused_experts
 
 # Shape suffixes: N routed rows, D hidden.
@@ -217,10 +218,16 @@ def test_the_gate_is_detected_from_the_class_not_the_model_type():
     experts = [m for m in mixtral.modules() if is_fused_experts(m)]
     assert experts and not any(is_gpt_oss_gate(m) for m in mixtral.modules())
     # swiglu='triton' on mixtral is the plain SwiGLU kernel, never GPT-OSS's gate
+    assert family_for("gpt_oss").expert_rows(experts[0], "triton") is None
     install_engine_experts(experts[0], None, "grouped_mm", (0, 4), 4, swiglu="triton")
-    assert experts[0].workbench_swiglu == "triton" and not experts[0].workbench_gpt_oss_gate
-    module = install_engine_experts(_experts(), None, "grouped_mm", (0, 11), 11, swiglu="triton")
-    assert module.workbench_swiglu == "triton" and module.workbench_gpt_oss_gate
+    assert experts[0].workbench_swiglu == "triton" and experts[0].workbench_family_rows is None
+    other = OtherGate(tiny_config("gpt_oss"))
+    assert family_for("gpt_oss").expert_rows(other, "triton") is None  # the family's kernel only for its own gate
+    gpt = _experts()
+    assert family_for("gpt_oss").expert_rows(gpt, "torch") is None  # and only where swiglu='triton' asks for it
+    rows = family_for("gpt_oss").expert_rows(gpt, "triton")
+    module = install_engine_experts(gpt, None, "grouped_mm", (0, 11), 11, swiglu="triton", family_rows=rows)
+    assert module.workbench_swiglu == "triton" and module.workbench_family_rows is gpt_oss_expert_rows
     with pytest.raises(ValueError, match=r"resolved BackendConfig\.swiglu"):
         install_engine_experts(_experts(), None, "grouped_mm", (0, 11), 11, swiglu="auto")
 

@@ -684,7 +684,7 @@ from test_parity import build_pair, fresh_batch, forward_backward, rel_err
 from tiny_models import tiny_qwen3_moe
 from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 from workbench.kernels.triton_rope import rope
-from workbench.models.qwen3_attention import Qwen3MoeEngineAttention
+from workbench.models.families.qwen3_moe.attention import Qwen3MoeEngineAttention
 
 device = sys.argv[1]
 # the kernel alone against Transformers' formula, float64 reference, q laid out as [B, S, H, D] memory
@@ -706,7 +706,7 @@ assert all(type(l.self_attn) is Qwen3MoeEngineAttention for l in engine.model.la
 hf_model.to(device), engine.to(device)
 ids, labels = (t.to(device) for t in fresh_batch(cfg, 6))
 ref, ref_grads = forward_backward(hf_model, ids, labels)
-import workbench.models.qkv_projection as qkv, workbench.models.qwen3_decoder as decoder
+import workbench.models.qkv_projection as qkv, workbench.models.families.qwen3_moe.decoder as decoder
 import workbench.kernels.triton_norm_rope as norm_rope
 import workbench.moe.router as router
 nodes, norms, ropes, passed = [], [], [], []
@@ -721,7 +721,7 @@ qkv._QKVProjection.apply, decoder.norm_residual, norm_rope._NormRope.apply = qkv
 router._float32_linear_backward = router_backward
 assert passed == [True] * cfg.num_hidden_layers, passed  # each router's backward sums the experts' input gradient
 assert len(nodes) == cfg.num_hidden_layers, nodes  # every layer's q/k/v projections as one node
-assert len(norms) == 2 * cfg.num_hidden_layers, norms  # and its residual adds fused (models/qwen3_decoder.py)
+assert len(norms) == 2 * cfg.num_hidden_layers, norms  # and its residual adds fused (qwen3_moe/decoder.py)
 assert len(ropes) == 2 * cfg.num_hidden_layers, ropes  # q and k: the per-head norm and RoPE in one kernel
 # CUDA matmuls may use TF32 differently on each side: 1e-4 there, float32 rounding on the CPU
 tol = 1e-5 if device == "cpu" else 1e-4
@@ -750,7 +750,7 @@ from test_parity import rel_err
 from transformers.models.gpt_oss import modeling_gpt_oss as hf
 import workbench
 from workbench.kernels.triton_rope import apply_rope, rope
-from workbench.models.gpt_oss_attention import GptOssEngineAttention
+from workbench.models.families.gpt_oss.attention import GptOssEngineAttention
 
 device = sys.argv[1]
 # the kernel alone with GPT-OSS's half-width cos/sin against Transformers' formula, float64, q as [B, S, H, D] memory
@@ -830,7 +830,7 @@ def test_engine_attention_says_when_the_fused_rope_falls_back():
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from generic_families import tiny_config
 
-    from workbench.models.gpt_oss_attention import GptOssEngineAttention, use_gpt_oss_attention
+    from workbench.models.families.gpt_oss.attention import GptOssEngineAttention, use_gpt_oss_attention
 
     cfg = tiny_config("gpt_oss", head_dim=12)
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""DeepSeek-V3's latent attention with the fused q/k/v kernel (kernels/triton_mla.py, models/mla_attention.py).
+"""DeepSeek-V3's latent attention with the fused q/k/v kernel (kernels/triton_mla.py, deepseek_v3/attention.py).
 
 The kernel against Transformers' own split/rotate/cat steps in float64 (interleaved and rotate_half RoPE,
 values and gradients), then the whole tiny engine model against Transformers in float32, with q_lora_rank
@@ -61,7 +61,7 @@ else:
 print("kernel ok")
 import workbench
 from workbench.presets import build_preset_config
-from workbench.models.mla_attention import DeepseekV3EngineAttention
+from workbench.models.families.deepseek_v3.attention import DeepseekV3EngineAttention
 import transformers
 import warnings
 import workbench.kernels.triton_mla as tm

@@ -139,7 +139,7 @@ def test_cudnn_first_sdpa_keeps_documents_apart(family):
     """attention='sdpa' on CUDA: the engine's SDPA priority (cuDNN first); Qwen3-MoE with the fused Triton RoPE."""
     model = _engine(family, "sdpa", "cuda", torch.bfloat16)
     if family == "qwen3_moe":
-        from workbench.models.qwen3_attention import Qwen3MoeEngineAttention
+        from workbench.models.families.qwen3_moe.attention import Qwen3MoeEngineAttention
 
         assert model.workbench_backend.rope == "triton"
         assert any(isinstance(m, Qwen3MoeEngineAttention) for m in model.modules())

@@ -84,7 +84,7 @@ def test_deepseek_engine_router_equals_transformers(groups, kept):
     # bf16 weights and inputs (the engine's fast path), a correction bias that moves the choice; fresh inputs
     from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
 
-    from workbench.models.deepseek_router import DeepseekV3EngineRouter, use_deepseek_router
+    from workbench.models.families.deepseek_v3.router import DeepseekV3EngineRouter, use_deepseek_router
     from workbench.presets import build_preset_config
 
     cfg = build_preset_config("tiny-deepseek-v3", 2)

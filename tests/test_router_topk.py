@@ -68,7 +68,7 @@ import sys, torch, transformers
 sys.path.insert(0, "tests")
 from tiny_models import tiny_qwen3_moe
 import workbench
-from workbench.models.qwen3_router import Qwen3MoeEngineRouter
+from workbench.models.families.qwen3_moe.router import Qwen3MoeEngineRouter
 
 device = sys.argv[1]
 cfg = tiny_qwen3_moe(hidden_size=64, moe_intermediate_size=32, head_dim=16)

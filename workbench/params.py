@@ -4,7 +4,8 @@ One counter for the Studio (model picker, memory estimate), the bench's step flo
 formula. It reads the families' own field names: Qwen3-MoE / Qwen2-MoE / OLMoE (`num_experts`),
 Mixtral / GPT-OSS (`num_local_experts`), DeepSeek-V3 (`n_routed_experts`, `n_shared_experts`,
 `first_k_dense_replace`, MLA ranks and head dims), and counts what those modules hold: attention
-biases, GPT-OSS's sinks, router and expert biases, OLMoE's and Qwen3's q/k norms, MLA's latent norms.
+biases, router and expert biases, MLA's latent norms, and what a family's attention adds (its folder's
+`attention_params`: GPT-OSS's sinks, OLMoE's and Qwen3's q/k norms; models/families/).
 Buffers (DeepSeek-V3's score-correction bias) are not parameters and are not counted.
 
 Active parameters are those one token uses: everything but the routed experts, plus top-k of
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from workbench.models.families import AttentionWidths, family_for
 
 EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 
@@ -94,13 +97,8 @@ def _attention(cfg: Any) -> tuple[int, int]:
     q, kv = heads * d, kv_heads * d
     weights = hidden * (q + 2 * kv) + q * hidden
     other = bias * (q + 2 * kv + hidden)
-    model_type = getattr(cfg, "model_type", "")
-    if model_type == "qwen3_moe":
-        other += 2 * d  # per-head q_norm, k_norm
-    elif model_type == "olmoe":
-        other += q + kv  # q_norm, k_norm over all heads
-    if model_type == "gpt_oss":
-        other += heads  # attention sinks
+    # what the family's attention holds beyond these (Qwen3's and OLMoE's q/k norms, GPT-OSS's sinks)
+    other += family_for(getattr(cfg, "model_type", "")).attention_params(AttentionWidths(heads, kv_heads, d))
     return weights + other, weights
 
 
@@ -184,9 +182,8 @@ def param_counts(cfg: Any) -> ParamCounts:
     moe_layers = sum(moe_layer_flags(cfg))
     attention, attention_matmul = _attention(cfg)
     expert_matmul = 3 * hidden * width
-    model_type = getattr(cfg, "model_type", "")
     # GPT-OSS: biases on the router and on both expert projections.
-    has_bias = model_type == "gpt_oss"
+    has_bias = family_for(getattr(cfg, "model_type", "")).biased_experts
     expert_params = expert_matmul + has_bias * (2 * width + hidden)
     shared = 3 * hidden * width * int(getattr(cfg, "n_shared_experts", 0) or 0)  # DeepSeek-V3
     top_k = int(_get(cfg, "num_experts_per_tok", default=1)) if experts else 0

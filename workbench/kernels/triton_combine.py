@@ -50,7 +50,7 @@ def _combine_fwd_kernel(
         acc = tl.sum(w[:, None] * tile, axis=0)
     else:  # the rows already carry their weights (or none apply): a plain sum
         acc = tl.sum(tile, axis=0)
-    if HAS_RES:  # a residual stream added to the sum before the one rounding (models/qwen3_decoder.py)
+    if HAS_RES:  # a residual stream added to the sum before the one rounding (models/families/qwen3_moe/decoder.py)
         acc += tl.load(RES + t * stride_res + cols, mask=cols < D, other=0.0).to(tl.float32)
     tl.store(OUT + t * stride_out + cols, acc.to(OUT.dtype.element_ty), mask=cols < D)
 

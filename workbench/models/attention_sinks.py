@@ -42,10 +42,6 @@ from workbench.models.attention_sinks_kernels import (
 from workbench.models.attention_sinks_reference import dense_mask, document_starts, reference_attention, repeat_kv
 
 SINK_ATTENTION = "workbench_sinks"
-# Families whose attention='auto' on the generic path is this function: those whose parity with Transformers'
-# eager the tests check (tests/test_attention_sinks.py). Other families with sinks (deepseek_v4, mimo_v2_flash,
-# granite_swa, ...) keep Transformers' attention unless attention='sinks' is asked for.
-AUTO_FAMILIES = ("gpt_oss",)
 
 # Which kernel `sink_attention` runs on CUDA, per layer type, from benchmarks/attention_sinks.py on the H200 (B2
 # S4096, 64/8 heads of 64, bf16, fwd+bwd; session 15): full causal layers on torch's cuDNN op 3.44 ms against flash
@@ -241,6 +237,11 @@ def sink_attention_forward(
     return out, None
 
 
+def runs_sink_attention(model: nn.Module) -> bool:
+    """Whether `model` runs "workbench_sinks" (its documents are then found once per forward: forward_sequences)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) == SINK_ATTENTION
+
+
 def forward_sequences(model: nn.Module, args: tuple, kwargs: dict) -> dict:
     """Transformers' packed-sequence kwargs for one forward of a "workbench_sinks" model, or {} where not wanted.
 
@@ -288,12 +289,15 @@ def use_sink_attention(model: nn.Module) -> None:
     use_attention_implementation(model, register_sink_attention())
 
 
-def select_attention(model: nn.Module, attention: str) -> str | None:
+def select_attention(model: nn.Module, attention: str, sinks_by_default: bool = False) -> str | None:
     """The generic path's attention for `model` from the resolved BackendConfig.attention; the name set, or None.
 
-    "sinks" always runs the engine's function. An AUTO_FAMILIES model gets it for "sdpa" too, the choice
-    "auto" resolves to: Transformers' sdpa cannot express sinks (GPT-OSS refuses it), and this is the same
-    fused causal attention plus the sink. "te" cannot run sinks and is refused for a model with sinks.
+    "sinks" always runs the engine's function. A model with sinks whose family runs them by default
+    (`sinks_by_default`: Family.sinks_by_default, GPT-OSS's, whose parity with Transformers' eager the tests
+    check in tests/test_attention_sinks.py) gets it for "sdpa" too, the choice "auto" resolves to: Transformers'
+    sdpa cannot express sinks (GPT-OSS refuses it), and this is the same fused causal attention plus the sink.
+    Other families with sinks (deepseek_v4, mimo_v2_flash, granite_swa, ...) keep Transformers' attention unless
+    attention='sinks' is asked for. "te" cannot run sinks and is refused for a model with sinks.
     """
     sinks = has_sinks(model)
     if sinks and attention == "te":
@@ -303,7 +307,7 @@ def select_attention(model: nn.Module, attention: str) -> str | None:
             f"BackendConfig.attention='te' cannot run the attention sinks of model_type "
             f"{model.config.model_type!r}; use attention='auto' or 'sinks'"
         )
-    auto = sinks and getattr(model.config, "model_type", None) in AUTO_FAMILIES
+    auto = sinks and sinks_by_default
     if attention == "sinks" or (auto and attention == "sdpa"):
         use_sink_attention(model)
         return SINK_ATTENTION

@@ -18,6 +18,7 @@ import transformers
 from torch import nn
 
 from workbench.models.attention_sinks import select_attention
+from workbench.models.families import REGISTERED, family_for
 from workbench.models.generic_extras import install_extras
 from workbench.models.phase_labels import label_phases
 from workbench.moe.hf_experts import engine_experts_modules, install_engine_experts, is_fused_experts
@@ -26,20 +27,19 @@ from workbench.params import num_experts as config_num_experts
 
 log = logging.getLogger(__name__)
 
-# Families whose logits and gradients the tests compare with vanilla Transformers (tests/test_generic_families.py).
-TESTED_FAMILIES = (
-    "deepseek_v3",
+# Families without a folder of their own (models/families/) whose logits and gradients the tests compare with
+# vanilla Transformers (tests/generic_families.py holds their tiny configs).
+TESTED_WITHOUT_FOLDER = (
     "ernie4_5_moe",
     "glm4_moe",
-    "gpt_oss",
     "hunyuan_v1_moe",
     "minimax_m2",
-    "mixtral",
-    "olmoe",
     "qwen2_moe",
     "qwen3_5_moe_text",
-    "qwen3_moe",
 )
+# Every family the tests compare with vanilla Transformers (tests/test_generic_families.py): those above and every
+# registered family (its folder holds the tiny config the tests build).
+TESTED_FAMILIES = tuple(sorted(TESTED_WITHOUT_FOLDER + tuple(f.model_type for f in REGISTERED)))
 
 
 class UnsupportedModelError(ValueError):
@@ -135,6 +135,8 @@ def install(
     `backend` was resolved for (None: where the weights are now).
     """
     total = num_experts(model, model.config)
+    model_type = model.config.model_type
+    family = family_for(model_type)  # what the family adds to this path (models/families/<model_type>/)
     modules = fused_experts_modules(model)
     for _, module in modules:
         install_engine_experts(
@@ -148,12 +150,12 @@ def install(
             recompute=backend.expert_recompute,
             device=device,
             wgrad=backend.expert_wgrad,
+            family_rows=family.expert_rows(module, backend.swiglu),
         )
-    select_attention(model, backend.attention)
-    extras = install_extras(model, backend, total)
+    select_attention(model, backend.attention, family.sinks_by_default)
+    extras = install_extras(model, backend, total, family)
     extras["phase_labels"] = label_phases(model)
     model.workbench_backend = backend
-    model_type = model.config.model_type
     # One line: an untested family runs too (its experts are v5-fused), but the user should know it is untested.
     tested = (
         ""

@@ -6,14 +6,11 @@
 - fused_ce: the lm_head + cross-entropy in chunks without [tokens, vocab] logits, inside the
   family's own forward, so its aux loss and output stay Transformers'.
 - fp8: TransformerEngine's FP8 region around the forward; attention='sdpa' on CUDA: cuDNN first.
-- Qwen3-MoE's own extras: with rope='triton' its attention applies RoPE with one fused kernel
-  (models/qwen3_attention.py); its router computes float32 logits (models/qwen3_router.py). GPT-OSS's
-  attention the same (models/gpt_oss_attention.py: its half-width cos/sin, its sinks).
 - swiglu='triton': the dense SwiGLU MLPs (shared experts, dense layers) run the fused SwiGLU kernel
   (models/swiglu_mlp.py).
-- DeepSeek-V3's (and Moonlight's) latent attention: with rope='triton' one kernel builds query, key and
-  value with RoPE (models/mla_attention.py); its router's float32 logits run on tensor cores
-  (models/deepseek_router.py).
+- A family's own extras (its folder's Family.install_extras, models/families/<model_type>/): Qwen3-MoE's
+  fused-RoPE attention, fused-residual decoder layer and float32 router; GPT-OSS's fused-RoPE attention;
+  DeepSeek-V3's fused MLA q/k/v and tensor-core router logits.
 
 Experts-side extras (Triton SwiGLU, TE experts, expert_recompute) live in moe/hf_experts.py, the
 Triton combine in the dispatchers.
@@ -28,6 +25,8 @@ import logging
 import torch
 from torch import nn
 
+from workbench.models.families import GENERIC, Family
+from workbench.models.input_embedding import use_engine_embeddings
 from workbench.models.router_aux import (
     RouterLogitSink,
     attach_router_logit_hooks,
@@ -35,6 +34,7 @@ from workbench.models.router_aux import (
     has_standard_aux_loss,
     records_router_logits,
 )
+from workbench.models.swiglu_mlp import use_swiglu_mlps
 
 log = logging.getLogger(__name__)
 
@@ -324,31 +324,22 @@ def engine_lm_class(hf_class: type, router_modules: bool = True) -> type:
     return type(hf_class.__name__, (mixin, hf_class), {"__module__": __name__, "__qualname__": hf_class.__qualname__})
 
 
-def install_extras(model: nn.Module, backend, num_experts: int) -> dict[str, int]:
-    """Apply every extra `backend` (resolved) selects to `model`; how many modules each changed."""
+def install_extras(model: nn.Module, backend, num_experts: int, family: Family = GENERIC) -> dict[str, int]:
+    """Apply every extra `backend` (resolved) selects to `model`, `family`'s own too; how many modules each changed."""
     if backend.fused_ce:
         check_fused_ce(model)
         model.get_output_embeddings().__class__ = DeferredLMHead
-    from workbench.models.deepseek_router import use_deepseek_router
-    from workbench.models.gpt_oss_attention import use_gpt_oss_attention
-    from workbench.models.input_embedding import use_engine_embeddings
-    from workbench.models.mla_attention import use_mla_attention
-    from workbench.models.qwen3_attention import use_engine_attention
-    from workbench.models.qwen3_decoder import use_engine_decoder_layers
-    from workbench.models.qwen3_router import use_engine_router
-    from workbench.models.swiglu_mlp import use_swiglu_mlps
-
     counts = {
         "rms_norm": len(swap_rms_norms(model, backend.rms_norm)),
         "linear": len(swap_linears(model, backend.linear, num_experts)),
-        "rope": use_engine_attention(model, backend.rope)
-        + use_mla_attention(model, backend.rope)
-        + use_gpt_oss_attention(model, backend.rope),
-        "fused_residual": use_engine_decoder_layers(model, backend.rope),
-        "float32_router": use_engine_router(model, backend.router) + use_deepseek_router(model),
-        "swiglu_mlp": use_swiglu_mlps(model, backend.swiglu),
-        "embedding": use_engine_embeddings(model, backend.embedding),
+        "rope": 0,
+        "fused_residual": 0,
+        "float32_router": 0,
     }
+    for extra, changed in family.install_extras(model, backend).items():
+        counts[extra] = counts.get(extra, 0) + changed
+    counts["swiglu_mlp"] = use_swiglu_mlps(model, backend.swiglu)
+    counts["embedding"] = use_engine_embeddings(model, backend.embedding)
     model.__class__ = engine_lm_class(type(model), records_router_logits(model))
     if isinstance(model, EngineCausalLMSharedAux) and model.workbench_router_sink is None:
         counts["router_hooks"] = attach_router_logit_hooks(model)

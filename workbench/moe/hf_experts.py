@@ -9,6 +9,7 @@ expert parallelism the fused `[E, ...]` tensors hold only experts [first, last).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +21,6 @@ from torch.utils.checkpoint import checkpoint
 from workbench.kernels.gpt_oss_gate import expert_row_bias
 from workbench.kernels.registry import KernelRegistry
 from workbench.moe.expert_wgrad import WGRAD_BACKENDS, grouped_linear_wgrad, wgrad_applies, wgrad_refusal
-from workbench.moe.gpt_oss_experts import gpt_oss_expert_rows, is_gpt_oss_gate
 from workbench.moe.grouped_mm import grouped_mm_op, weight_EKO
 from workbench.moe.lora_experts import lora_rows
 from workbench.moe.routed_load import attach_load_counter, count_routed
@@ -199,11 +199,11 @@ def _gate(module: nn.Module, h_NI2: torch.Tensor, row_weights_N: torch.Tensor | 
     layout: ExpertsLayout = module.workbench_layout
     if not layout.has_gate:
         return module.act_fn(h_NI2)
-    if module.workbench_swiglu == "triton" and not module.workbench_gpt_oss_gate:
+    if module.workbench_swiglu == "triton" and module.workbench_family_rows is None:
         from workbench.kernels.swiglu import swiglu_packed_triton
 
         return swiglu_packed_triton(h_NI2)  # one pass over [N, 2I] instead of chunk/silu/mul
-    # The family's own gate: GPT-OSS's clamped SwiGLU splits interleaved gate/up columns itself.
+    # The family's own gate (GPT-OSS's clamped SwiGLU splits interleaved gate/up columns itself).
     return module._apply_gate(h_NI2)
 
 
@@ -251,8 +251,8 @@ def _expert_rows_torch(
     `row_weights_N`: each row's routing weight, applied to the SwiGLU's output (moe/row_weights.py).
     """
     layout: ExpertsLayout = module.workbench_layout
-    if module.workbench_swiglu == "triton" and module.workbench_gpt_oss_gate:
-        return gpt_oss_expert_rows(module, x_ND, tokens_per_expert)
+    if module.workbench_family_rows is not None:  # the family's own kernel for its gate (models/families/)
+        return module.workbench_family_rows(module, x_ND, tokens_per_expert)
     rows = x_ND.shape[0]
     offsets = expert_offsets(module, tokens_per_expert)
     h = expert_linear(module, layout.up_name, x_ND, tokens_per_expert, offsets)
@@ -313,7 +313,7 @@ class EngineExperts:
                 y_ND = checkpoint(expert_rows, self, x_ND, tokens_per_expert, row_weights_N, use_reentrant=False)
             else:
                 y_ND = expert_rows(self, x_ND, tokens_per_expert, row_weights_N)
-        # a residual stream handed in by the engine's decoder layer (models/qwen3_decoder.py) joins the sum
+        # a residual stream handed in by the engine's decoder layer (models/families/qwen3_moe/decoder.py) joins the sum
         residual = getattr(self, "workbench_residual", None)
         combine_args = () if residual is None else (residual.reshape(x_TD.shape),)
         with record_function("workbench.combine"):
@@ -361,12 +361,15 @@ def install_engine_experts(
     recompute: bool = False,
     device: torch.device | str | None = None,
     wgrad: str = "autograd",
+    family_rows: Callable | None = None,
 ) -> nn.Module:
     """Turn a v5 experts module into the engine's in place; keep only experts [first, last).
 
     `gate` "balanced" is the bench's round-robin assignment. `swiglu` (a resolved
     BackendConfig.swiglu) takes effect only where the family's gate is plain SwiGLU
-    (is_plain_swiglu) or GPT-OSS's (is_gpt_oss_gate); other gates stay the family's own.
+    (is_plain_swiglu) or where the family brings its own kernel for it: `family_rows(module, x_ND,
+    tokens_per_expert)`, its experts on expert-major rows (models/families/<model_type>: Family.expert_rows,
+    GPT-OSS's fused gate); other gates stay the family's own.
     `recompute`: BackendConfig.expert_recompute; `wgrad`: a resolved BackendConfig.expert_wgrad. `device`: where
     the experts will run (the one BackendConfig was resolved for; None: where their weights are now); grouped_mm's
     dtypes there are decided here, once, not per GEMM.
@@ -399,10 +402,10 @@ def install_engine_experts(
     module.workbench_experts_backend = backend
     run_on = device if device is not None else getattr(module, layout.up_name).device
     module.workbench_grouped_mm_dtypes = grouped_mm_dtypes(run_on) if backend == "grouped_mm" else ()
-    # Triton only where the engine has a kernel for the family's gate (plain SwiGLU, GPT-OSS's).
-    module.workbench_gpt_oss_gate = is_gpt_oss_gate(module)
-    plain_swiglu = not module.workbench_gpt_oss_gate and is_plain_swiglu(module)
-    module.workbench_swiglu = swiglu if module.workbench_gpt_oss_gate or plain_swiglu else "torch"
+    # Triton only where the engine has a kernel for the family's gate (plain SwiGLU, the family's own).
+    module.workbench_family_rows = family_rows
+    plain_swiglu = family_rows is None and is_plain_swiglu(module)
+    module.workbench_swiglu = swiglu if family_rows is not None or plain_swiglu else "torch"
     module.workbench_weights_in_rows = weights_fold_into_rows(module, backend, plain_swiglu)
     module.workbench_recompute = recompute
     module.workbench_expert_wgrad = wgrad

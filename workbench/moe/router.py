@@ -112,7 +112,8 @@ def softmax_topk_triton(logits_TE: torch.Tensor, top_k: int, norm_topk_prob: boo
     return weights_TK.to(logits_TE.dtype), ids_TK
 
 
-# The native gate's softmax + top-k by BackendConfig.router (the engine's float32 routers: models/qwen3_router.py).
+# The native gate's softmax + top-k by BackendConfig.router (the engine's float32 routers: Qwen3-MoE's,
+# models/families/qwen3_moe/router.py).
 SOFTMAX_TOPK_BACKENDS = KernelRegistry("router", {"torch": softmax_topk, "triton": softmax_topk_triton})
 
 

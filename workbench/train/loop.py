@@ -25,7 +25,7 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.config_checks import ConfigError
-from workbench.models.attention_sinks import SINK_ATTENTION
+from workbench.models.attention_sinks import runs_sink_attention
 from workbench.models.router_aux import ensure_router_logit_hooks
 from workbench.moe.bias_update import keep_router_biases_fp32
 from workbench.moe.dispatch import close_dispatchers
@@ -175,8 +175,7 @@ class Trainer(TrainStep, StepRecords):
         self.backward_updates = None
         if rc.train.optimizer_in_backward:  # each parameter updated by its own hook (train/backward_updates.py)
             self.backward_updates = BackwardUpdates(self.optimizer, self._skip)
-        config = getattr(self.model, "config", None)
-        self._host_sequences = getattr(config, "_attn_implementation", None) == SINK_ATTENTION
+        self._host_sequences = runs_sink_attention(self.model)
         self.coef = float(getattr(self.hf_config, "router_aux_loss_coef", 0.0) or 0.0)
         ensure_router_logit_hooks(self.model)  # the aux loss comes from them, on any model with one
         self._aux_group = None

@@ -249,7 +249,7 @@ class LocalDispatcher:
 
     # dispatch's tokens_per_expert counts every expert's (token, slot) pairs: the routed-load counter reuses them
     counts_every_expert = True
-    # combine takes a residual stream to add in its sum (models/qwen3_decoder.py)
+    # combine takes a residual stream to add in its sum (models/families/qwen3_moe/decoder.py)
     combine_adds_residual = True
 
     def __init__(self, num_experts: int, combine: str = "torch"):

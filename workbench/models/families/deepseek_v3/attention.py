@@ -15,6 +15,7 @@ import warnings
 import torch
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
 
+from workbench.models.class_swap import swap_classes
 from workbench.models.engine_attention import (
     attention_function,
     engine_forward_applies,
@@ -79,6 +80,4 @@ def use_mla_attention(model: torch.nn.Module, rope: str) -> int:
     """rope='triton': every DeepseekV3Attention of `model` gets the fused q/k/v forward (same module, parameters)."""
     if not wants_engine_attention(rope):  # 'torch': Transformers' own forward
         return 0
-    from workbench.models.class_swap import swap_classes
-
     return swap_classes(model, hf.DeepseekV3Attention, DeepseekV3EngineAttention, workbench_rope=rope)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
 
+from workbench.models.class_swap import swap_classes
 from workbench.moe.router import router_logits
 
 # Shape suffixes: T tokens, D hidden, E experts, G groups, K top-k.
@@ -46,6 +47,4 @@ class DeepseekV3EngineRouter(hf.DeepseekV3TopkRouter):
 
 def use_deepseek_router(model: torch.nn.Module) -> int:
     """Every DeepseekV3TopkRouter of `model` computes its logits on tensor cores (a class swap: same parameters)."""
-    from workbench.models.class_swap import swap_classes
-
     return swap_classes(model, hf.DeepseekV3TopkRouter, DeepseekV3EngineRouter)

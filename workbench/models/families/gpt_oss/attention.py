@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from transformers.models.gpt_oss import modeling_gpt_oss as hf
 
+from workbench.models.class_swap import swap_classes
 from workbench.models.engine_attention import engine_forward_applies, fused_rope_forward, wants_engine_attention
 
 
@@ -34,7 +35,5 @@ def use_gpt_oss_attention(model: torch.nn.Module, rope: str) -> int:
     """rope='triton': every GptOssAttention of `model` gets the fused-RoPE forward (same module, parameters)."""
     if not wants_engine_attention(rope):  # 'torch': Transformers' own forward
         return 0
-    from workbench.models.class_swap import swap_classes
-
     # a class swap, not a wrapper: parameter names and state dict keys stay Transformers'
     return swap_classes(model, hf.GptOssAttention, GptOssEngineAttention, workbench_rope=rope)

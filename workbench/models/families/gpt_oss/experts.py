@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from workbench.kernels.gpt_oss_gate import add_row_bias, gpt_oss_gate, row_segments
+from workbench.moe.hf_experts import expert_linear, expert_offsets
 
 # Shape suffixes: N routed rows, D hidden.
 
@@ -44,8 +45,6 @@ def gpt_oss_expert_rows(
     module: nn.Module, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor, kernel: str = "triton"
 ) -> torch.Tensor:
     """GPT-OSS experts on expert-major rows with the `kernel` ("torch" or "triton") bias and gate."""
-    from workbench.moe.hf_experts import expert_linear, expert_offsets
-
     seg = row_segments(tokens_per_expert, x_ND.shape[0])
     offsets = expert_offsets(module, tokens_per_expert)  # one cumsum for both GEMMs and their adapters
     h = expert_linear(module, "gate_up_proj", x_ND, tokens_per_expert, offsets)  # with its LoRA rows, if any

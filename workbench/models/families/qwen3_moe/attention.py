@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 
+from workbench.models.class_swap import swap_classes
 from workbench.models.engine_attention import engine_forward_applies, fused_rope_forward, wants_engine_attention
 
 
@@ -45,7 +46,5 @@ def use_engine_attention(model: torch.nn.Module, rope: str) -> int:
     """rope='triton': every Qwen3MoeAttention of `model` gets the fused-RoPE forward (same module, parameters)."""
     if not wants_engine_attention(rope):  # 'torch': Transformers' own forward
         return 0
-    from workbench.models.class_swap import swap_classes
-
     # a class swap, not a wrapper: parameter names and state dict keys stay Transformers'
     return swap_classes(model, hf.Qwen3MoeAttention, Qwen3MoeEngineAttention, workbench_rope=rope)

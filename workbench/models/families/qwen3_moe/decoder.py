@@ -15,7 +15,11 @@ import torch
 from torch import nn
 from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 
+from workbench.models.class_swap import swap_classes
 from workbench.models.engine_attention import engine_forward_applies
+from workbench.models.families.qwen3_moe.attention import Qwen3MoeEngineAttention
+from workbench.models.families.qwen3_moe.router import Qwen3MoeEngineRouter
+from workbench.moe.hf_experts import EngineExperts
 
 # Shape suffixes: B batch, S sequence, D hidden, T tokens, K top-k.
 
@@ -31,8 +35,6 @@ class Qwen3MoeEngineDecoderLayer(hf.Qwen3MoeDecoderLayer):
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
         """Transformers' forward; with the engine's attention applying (no cache), the residual adds are fused."""
-        from workbench.models.qwen3_attention import Qwen3MoeEngineAttention
-
         if not (
             isinstance(self.self_attn, Qwen3MoeEngineAttention) and engine_forward_applies(self.self_attn, args, kwargs)
         ):
@@ -57,8 +59,6 @@ def moe_adding_residual(
     The engine's router hands x on to the experts (Qwen3MoeEngineRouter's pass_input), so its backward sums the
     experts' input gradient into its own GEMM: x's gradient without an add of its own.
     """
-    from workbench.models.qwen3_router import Qwen3MoeEngineRouter
-
     # the block's own forward where hooks on the block expect its call
     passing = isinstance(mlp.gate, Qwen3MoeEngineRouter) and not (mlp._forward_hooks or mlp._forward_pre_hooks)
     experts.workbench_residual = residual_BSD
@@ -78,8 +78,6 @@ def moe_experts_adding_residual(mlp: nn.Module) -> nn.Module | None:
     The block's output is its experts' combine reshaped (no shared expert), so a residual the combine adds is the
     layer's residual add.
     """
-    from workbench.moe.hf_experts import EngineExperts
-
     experts = getattr(mlp, "experts", None)
     if type(mlp) is not hf.Qwen3MoeSparseMoeBlock or not isinstance(experts, EngineExperts):
         return None
@@ -91,6 +89,4 @@ def use_engine_decoder_layers(model: nn.Module, rope: str) -> int:
     """rope='triton' (the engine's attention): every Qwen3MoeDecoderLayer of `model` fuses its residual adds."""
     if rope != "triton":
         return 0
-    from workbench.models.class_swap import swap_classes
-
     return swap_classes(model, hf.Qwen3MoeDecoderLayer, Qwen3MoeEngineDecoderLayer)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 
+from workbench.models.class_swap import swap_classes
 from workbench.moe.router import SOFTMAX_TOPK_BACKENDS, router_logits, router_logits_passing
 
 # Shape suffixes: T tokens, D hidden, E experts, K top-k.
@@ -45,6 +46,4 @@ def use_engine_router(model: torch.nn.Module, backend: str = "torch") -> int:
 
     `backend`: a resolved BackendConfig.router, the softmax + top-k kernel of each swapped router.
     """
-    from workbench.models.class_swap import swap_classes
-
     return swap_classes(model, hf.Qwen3MoeTopKRouter, Qwen3MoeEngineRouter, workbench_router=backend)
