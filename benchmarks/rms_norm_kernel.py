@@ -6,9 +6,9 @@ Qwen3-MoE's norms at 8192 tokens, bf16: the hidden norm (2048 wide, 8192 rows) a
 8192 x 32 rows). The profile of 2026-12-01 had `_rms_norm_bwd_kernel` at 3.46 ms per L8 step (~1 TB/s for ~3.5 GB
 moved): each of its tiles ends in a sum over the row, across warps where a row spans several (16 warps, 2 rows of
 2048 a tile). This times the product's launch shape (kernels/triton_rms_norm._launch_config) against other rows x
-warps, the backward with its dW partial sums reduced, as the product runs it, and the backward as it was before
-session 12 (`backward_s11_us`: dW summed over each tile's rows inside the loop, across warps); CUDA-event medians of
-50 calls after 5.
+warps, the backward with its dW partial sums reduced, as the product runs it, and the backward as it was until
+2026-12-03 (`backward_loop_dw_us`: dW summed over each tile's rows inside the loop, across warps); CUDA-event medians
+of 50 calls after 5.
 Bytes counted: forward x read and y written; backward dy and x read, dx written (rstd and dW partials left out).
 """
 
@@ -29,7 +29,7 @@ from workbench.kernels.triton_rms_norm import _launch_config, _rms_norm_bwd_kern
 
 
 @triton.jit
-def _rms_norm_bwd_s11_kernel(
+def _rms_norm_bwd_loop_dw_kernel(
     DY, X, W, RSTD, DX, DW_PARTIAL, stride_dy, stride_x, stride_dx, M, N, tiles_per_program,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WANT_DW: tl.constexpr,
 ):  # fmt: skip
@@ -105,7 +105,7 @@ def main() -> None:
             torch.testing.assert_close(dx, xr.grad)  # every launch shape computes the product's gradient
             fwd_us = _us(functools.partial(_fwd, x, w, y, rstd, rows, warps))
             bwd = {p: _us(functools.partial(_bwd, dy, x, w, rstd, dx, rows, warps, p)) for p in (0, 2, 8)}
-            s11 = _us(functools.partial(_bwd, dy, x, w, rstd, dx, rows, warps, 0, _rms_norm_bwd_s11_kernel))
+            loop_dw = _us(functools.partial(_bwd, dy, x, w, rstd, dx, rows, warps, 0, _rms_norm_bwd_loop_dw_kernel))
             rows_out.append(
                 {
                     "rows": rows,
@@ -115,7 +115,7 @@ def main() -> None:
                     "forward_tb_s": round(2 * x.numel() * 2 / fwd_us / 1e6, 2),
                     "backward_us_by_programs_per_sm": {p or "product": round(us, 1) for p, us in bwd.items()},
                     "backward_tb_s": round(3 * x.numel() * 2 / bwd[0] / 1e6, 2),
-                    "backward_s11_us": round(s11, 1),  # dW summed over rows inside the loop, as before
+                    "backward_loop_dw_us": round(loop_dw, 1),  # dW summed over rows inside the loop, as before
                 }
             )
         print(json.dumps({"norm": name, "M": M, "N": N, "shapes": rows_out}), flush=True)

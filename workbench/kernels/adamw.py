@@ -28,7 +28,7 @@ class AdamWLaunch:
     """How the Triton AdamW kernel is launched: elements per program and warps per program.
 
     The default, 1024 x 4 (8 elements per thread, one 16-byte load per bf16 tensor), won the sweep
-    on 1 x H200 (benchmarks/adamw_sweep.py; benchmarks/NOTES.md, "AdamW", 2026-12-01): 4.19 TB/s over the
+    on 1 x H200 (benchmarks/adamw_sweep.py; benchmarks/NOTES.md, "AdamW and clipping"): 4.19 TB/s over the
     L8 model's tensors vs 3.68 at 4096 x 8, and the kernel's time in the training step 30.3 -> 22.4 ms.
     The square root and two divisions are IEEE-rounded instruction sequences: small programs keep
     enough loads in flight around them. Other values are for that sweep (benchmarks/adamw_sweep.py).
