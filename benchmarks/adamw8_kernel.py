@@ -1,4 +1,4 @@
-"""The 8-bit-moment AdamW kernel beside the bf16-moment one, per expert tensor, over launch shapes (NOTES.md s13).
+"""The 8-bit-moment AdamW kernel beside the bf16-moment one, per expert tensor, over launch shapes (NOTES.md, AdamW).
 
     python benchmarks/adamw8_kernel.py > $OUT/adamw8_kernel.json
 
@@ -7,7 +7,7 @@ moments, ~160 for 8-bit), so they are timed here on the largest tensors of the Q
 architectures in the bench's mode (bf16 weights, bf16_sr, weight decay, clipping coefficient, skip flag):
 milliseconds, elements per second and bytes per second (14 bytes an element for bf16 moments, 10 for 8-bit).
 Also the in-backward launches (no clipping coefficient) without and with the kernels' sums of squared gradients
-(the fused norm, NOTES.md s14). A measurement tool, not a test.
+(the fused norm, measured 2026-12-03). A measurement tool, not a test.
 """
 
 from __future__ import annotations

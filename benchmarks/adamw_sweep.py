@@ -1,4 +1,4 @@
-"""Why the Triton AdamW streams slower over the model than over one tensor (benchmarks/NOTES.md item 10).
+"""Why the Triton AdamW streams slower over the model than over one tensor (benchmarks/NOTES.md, AdamW).
 
     python benchmarks/adamw_sweep.py --layers 8 --out $OUT/adamw-sweep.json
 

@@ -54,7 +54,7 @@ def main() -> None:
     args = p.parse_args()
     for tokens in args.tokens:
         for vocab in args.vocab:
-            small = default_chunk_size(tokens, vocab, 2048, 2)  # the frozen-head budget (session 10's default)
+            small = default_chunk_size(tokens, vocab, 2048, 2)  # the frozen-head budget (the default until 2026-12-02)
             default = default_chunk_size(tokens, vocab, 2048, 2, weight_grad=True)
             for chunk in sorted({small, 2 * small, tokens // 3 + 1, tokens // 2, tokens, default}):
                 print(json.dumps({**measure(tokens, vocab, chunk), "default": chunk == default}), flush=True)

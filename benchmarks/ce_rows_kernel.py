@@ -3,8 +3,8 @@
     python benchmarks/ce_rows_kernel.py --out $OUT/ce_rows.json
 
 The kernel reads each logits row twice (log-sum-exp, then the gradient over the logits); pass 2 walks a row forwards
-or back (`reverse`: from the blocks pass 1 read last). Session 18 also timed the rows shared among fewer programs
-(a grid-stride loop, since removed: slower, results/2026-12-04-1xh200-ce-rows-kernel-v151936.json).
+or back (`reverse`: from the blocks pass 1 read last). On 2026-12-04 the rows shared among fewer programs were
+timed too (a grid-stride loop, since removed: slower, results/2026-12-04-1xh200-ce-rows-kernel-v151936.json).
 """
 
 from __future__ import annotations

@@ -3,12 +3,12 @@
     python benchmarks/combine_kernel.py
 
 Moonlight's (top-6) and Qwen3-MoE's (top-8) shapes at 8192 tokens, hidden 2048, bf16; CUDA-event medians of 50
-calls after 5. Bytes: forward K + 1 rows per token, backward 2K + 1. Session 11 (gpu_session11e.sh) measured a
-forward with one program per token looping over the columns, as the backward does: 214 us (1.1 TB/s) at top-6,
-224 us at top-8, no better than the per-512-column programs' ~190 us in the step's profile; it was reverted.
+calls after 5. Bytes: forward K + 1 rows per token, backward 2K + 1. On 2026-12-02 (1 x H200) a forward with
+one program per token looping over the columns, as the backward does: 214 us (1.1 TB/s) at top-6,
+224 us at top-8, no better than the per-512-column programs' ~190 us in the step's profile: reverted.
 Candidate for the next call: `by_row`, the forward with each of the K rows loaded as its own [BLOCK] vector and
 summed in registers (no reduction across the tile's K axis), checked against the product kernel before timing.
-Session 12 found on CPU (the kernels compiled for sm_90, tests/test_kernels.py) that the product's forward at 512
+On 2026-12-03 a CPU analysis (the kernels compiled for sm_90, tests/test_kernels.py) that the product's forward at 512
 columns a program summed K across two warps through shared memory, and at 1024 in registers: the product now runs
 1024 (BLOCK_D_FWD); `forward_block512_us` times the old width beside it. `backward_sum_after_loop_us`: the
 backward with its weight gradient summed after the column loop (more registers, fewer cross-warp sums).
@@ -116,7 +116,7 @@ def main() -> None:
         row_of_slot = torch.randperm(rows, device="cuda")
         g = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
         fwd = _median_us(functools.partial(combine_forward, y, w, row_of_slot))
-        # the product's forward before session 12 (512 columns a program: a cross-warp sum over K)
+        # the product's forward until 2026-12-03 (512 columns a program: a cross-warp sum over K)
         fwd_512 = _median_us(functools.partial(combine_forward, y, w, row_of_slot, 512))
         torch.testing.assert_close(combine_forward_by_row(y, w, row_of_slot), combine_forward(y, w, row_of_slot))
         by_row = {

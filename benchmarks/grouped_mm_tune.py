@@ -3,7 +3,7 @@ kernel against Inductor's autotuned Triton template, at the bench's shapes and a
 
     python benchmarks/grouped_mm_tune.py --out $OUT/grouped_mm.json
 
-Why: the profile of Qwen3 L8's step (session 15) puts the weight-gradient GEMMs at ~420-470 TFLOP/s against
+Why: the profile of Qwen3 L8's step (2026-12-04) puts the weight-gradient GEMMs at ~420-470 TFLOP/s against
 ~550-600 for the others; ATen picks one of two CUTLASS tiles by the average rows per expert. A measurement
 tool, not a test.
 """

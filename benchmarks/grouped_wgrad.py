@@ -5,7 +5,7 @@ choice.
     python benchmarks/grouped_wgrad.py --out $OUT/grouped_wgrad.json
 
 Why: the trainer's clipping norm reads every expert gradient again (1.2 GB a layer, ~0.3 ms at ~4 TB/s); the Triton
-kernel removes that read if its GEMM is within ~0.3 ms a layer of CUTLASS's (session 17's grouped_mm_tune.py had
+kernel removes that read if its GEMM is within ~0.3 ms a layer of CUTLASS's (grouped_mm_tune.py on 2026-12-04 had
 Inductor's Triton template 5-9% behind CUTLASS on these two shapes). A measurement tool, not a test.
 """
 

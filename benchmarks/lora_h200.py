@@ -3,7 +3,7 @@
     python benchmarks/lora_h200.py engine $OUT/lora_engine.json            # ~3 min on 1 x H200
     python benchmarks/lora_h200.py engine_ac $OUT/lora_engine_ac.json      # activation checkpointing
     python benchmarks/lora_h200.py peft_ac $OUT/lora_peft_ac.json          # Transformers + PEFT, grad ckpt
-    python benchmarks/lora_h200.py peft $OUT/lora_peft.json                # (issue 16: OOM at 139 GiB)
+    python benchmarks/lora_h200.py peft $OUT/lora_peft.json                # (out of memory at 139 GiB)
 
 Random-init bf16 base built on the GPU (48 layers unless --layers), seq 4096, batch 1, LoRA r=16
 alpha 32 on q/k/v/o and the fused experts' gate_up_proj / down_proj, torch fused AdamW on the

@@ -33,7 +33,7 @@ def _rms_norm_bwd_loop_dw_kernel(
     DY, X, W, RSTD, DX, DW_PARTIAL, stride_dy, stride_x, stride_dx, M, N, tiles_per_program,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WANT_DW: tl.constexpr,
 ):  # fmt: skip
-    # The backward before session 12, for the A/B: the weight gradient summed over each tile's rows inside the loop.
+    # The backward until 2026-12-03, for the A/B: the weight gradient summed over each tile's rows inside the loop.
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N

@@ -1,4 +1,4 @@
-"""Is the Studio's live tokens/s/GPU the bench's figure? (issue 15: within 3% for the same config; a check, not a test)
+"""Is the Studio's live tokens/s/GPU the bench's figure? (the goal: within 3% for the same config; a check, not a test)
 
     python benchmarks/studio_vs_bench.py --out $OUT/studio-vs-bench          # 1 x H200, ~3 minutes
     python benchmarks/studio_vs_bench.py --preset tiny --layers 2 --seq 64 --out /tmp/svb   # plumbing, on a CPU

@@ -1,4 +1,4 @@
-"""GPU check of the trainer's sync-free step (issue 15 item 2): host syncs per step, skip flag, records.
+"""GPU check of the trainer's sync-free step: host syncs per step, skip flag, records.
 
     PYTHONPATH=$PWD python benchmarks/trainer_async_check.py
 

@@ -1,4 +1,4 @@
-"""TritonAdamW's kernel is chosen once (workbench.backends), its launch shape is a parameter (issue 19 items 1, 5)."""
+"""TritonAdamW's kernel is chosen once (workbench.backends), its launch shape is a parameter."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One BackendConfig resolution per build, with the mesh's ep, passed down to the mesh builders (issue 14 item 4)."""
+"""One BackendConfig resolution per build, with the mesh's ep, passed down to the mesh builders."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def test_the_ep_rule_is_said_before_what_the_machine_lacks(dispatcher):
     assert not ok and MACHINE_REASON[dispatcher] in why, why
 
 
-# ---------------------------------------------------------------- the resolver's inputs (issue 19 item 1)
+# ---------------------------------------------------------------- the resolver's inputs
 
 # What the GPU paths pick on an H200 with triton (and without TE, as the GPU image has it), ep = 1.
 H200_CHOICES = {

@@ -100,7 +100,7 @@ def test_checkpoint_directory_that_does_not_exist(tmp_path):
         workbench.AutoModelForCausalLM.from_pretrained(tmp_path / "does-not-exist", device="cpu")
 
 
-# -- errors before the run directory (issue 13 D2, D5) ----------------------------------------------
+# -- errors before the run directory ----------------------------------------------------------------
 
 
 def _finetune_refused(rc, runs_dir, match):

@@ -36,7 +36,7 @@ def test_demo_on_two_cpu_ranks_writes_a_run_in_under_two_minutes(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "leaked semaphore" not in proc.stderr, proc.stderr  # the ranks release what they made
     assert elapsed < 120, elapsed
-    # not a terminal: the plain line per logging step, then the summary (issue 18 item 9)
+    # not a terminal: the plain line per logging step, then the summary
     step_lines = [l for l in proc.stdout.splitlines() if l.startswith("step ")]
     assert len(step_lines) == 8 and "tokens/s/gpu" in step_lines[0]
     assert "\r" not in proc.stdout
@@ -358,7 +358,7 @@ def test_bad_set_item_is_a_config_error(item, message):
 
 
 def test_help_and_runs_import_neither_torch_nor_transformers(tmp_path):
-    # torch + Transformers take seconds to import: `workbench --help` waited ~4 s for them (issue 18 item 10)
+    # torch + Transformers take seconds to import: `workbench --help` waited ~4 s for them
     script = (
         "import sys\n"
         "from workbench.cli import main\n"
@@ -394,7 +394,7 @@ def _step_1_loss(rank, world, config: dict) -> float:
 @pytest.mark.slow
 def test_one_config_gives_the_same_step_1_loss_on_one_and_two_ranks(tmp_path):
     # 1 rank built with Transformers' sequential init, 2 ranks with the mesh build's per-module seeds:
-    # step 1 read 6.3125 vs 6.3057 for one YAML (issue 18 item 12). The aux loss is a statistic of each
+    # step 1 read 6.3125 vs 6.3057 for one YAML. The aux loss is a statistic of each
     # global micro-batch (local_batch_size x dp sequences): 1 rank takes 8 at once, 2 ranks 4 each.
     from launch_utils import run_ranks
 

@@ -102,7 +102,7 @@ def test_from_yaml_missing_file(tmp_path):
         RunConfig.from_yaml(tmp_path / "nope.yaml")
 
 
-# -- non-finite numbers (issue 13 A2) -----------------------------------------------------------
+# -- non-finite numbers --------------------------------------------------------------------------
 
 NON_FINITE_FIELDS = [
     ("train", "lr"),
@@ -144,7 +144,7 @@ def test_betas_refuse_non_finite_numbers(betas):
         TrainConfig(betas=betas)
 
 
-# -- numbers as people write them (issue 13 D1) ---------------------------------------------------
+# -- numbers as people write them ----------------------------------------------------------------
 
 
 def test_yaml_reads_exponents_without_a_dot_as_floats(tmp_path):

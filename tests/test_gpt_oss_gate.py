@@ -179,7 +179,7 @@ def test_triton_kernels_equal_the_reference_on_cuda():
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (it ships the ptxas this test compiles with)")
 def test_gate_backward_leaves_the_bias_sums_to_a_segmented_pass():
     # The gate's backward pass writes dh only: summing the bias gradient inside it (per-expert partials of each 32-row
-    # tile, across warps) compiled to 31 barriers a program and ran at ~1.2 TB/s on the H200 (session 15). Compiled
+    # tile, across warps) compiled to 31 barriers a program and ran at ~1.2 TB/s on the H200 (2026-12-04). Compiled
     # for sm_90: the pass keeps the one barrier of its gate/up interleave, and the segmented sum reduces after its loop.
     from compile_sm90 import compile_for_h200
 

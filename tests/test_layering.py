@@ -167,7 +167,7 @@ def _top_level_definitions() -> dict[str, list[str]]:
     return found
 
 
-# Helpers that had twins (issue 19 item 2): one definition each, which every caller imports.
+# Helpers that had twins: one definition each, which every caller imports.
 ONE_HOME = {
     "CheckpointError": "workbench/errors.py",
     "free_port": "workbench/parallel/launch.py",

@@ -109,7 +109,7 @@ def test_memory_and_record_on_cpu():
         assert key in rec
 
 
-# -- every family (issue 14 item 6) ---------------------------------------------------------------
+# -- every family -------------------------------------------------------------------------------
 
 
 def _weights(module) -> int:

@@ -1,4 +1,4 @@
-"""Model presets of every family (issue 14 item 6): config classes, parameter counts, a few training steps."""
+"""Model presets of every family: config classes, parameter counts, a few training steps."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""from_pretrained(path, mesh=) on the generic path reads only this rank's experts of the checkpoint.
-
-Issue 14 item 1.
-"""
+"""from_pretrained(path, mesh=) on the generic path reads only this rank's experts of the checkpoint."""
 
 from __future__ import annotations
 

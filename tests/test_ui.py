@@ -164,7 +164,7 @@ def test_model_panel_presets_and_checkpoint(tmp_path):
     assert panel.hf_config().num_experts == 8 and panel.error.value == ""
 
 
-# -- every family (issue 14 item 6) -----------------------------------------------------------------
+# -- every family ---------------------------------------------------------------------------------
 
 
 def test_model_picker_lists_presets_by_family_with_total_and_active_params():
@@ -335,7 +335,7 @@ def test_compare_runs_labels_by_difference(tiny_run_dir, tmp_path):
         compare.set_runs([])
 
 
-# -- issue 18: a Studio that looks finished ----------------------------------------------------------------
+# -- a Studio that looks finished ----------------------------------------------------------------------
 
 
 def test_summary_strip_figures_from_a_real_runs_metrics(tiny_run_dir):

@@ -16,7 +16,7 @@ import torch
 
 # The devices a kernel test runs on: Triton's interpreter on a CPU machine, the compiled kernel where a GPU is present.
 # On the GPU image the interpreter is Triton 3.6's, which cannot take a loop bound derived from a program id or an
-# argument under NumPy 2 ("only 0-dimensional arrays can be converted", session 18's device run): there the compiled
+# argument under NumPy 2 ("only 0-dimensional arrays can be converted", 2026-12-04): there the compiled
 # kernel is the test, and CPU machines (Triton 3.9) run the interpreter.
 DEVICES = [
     pytest.param(

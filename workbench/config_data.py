@@ -39,14 +39,15 @@ class DataConfig:
     pack: bool = True
     max_length: int | None = None  # longest allowed example in tokens; None = seq_len
     # kind="datasets" only:
-    data_files: Any = None  # local parquet/arrow/json/jsonl/csv file(s): a path or a list of paths
+    # local parquet/arrow/json/jsonl/csv file(s): a path, a glob (expanded in sorted order) or a list of them
+    data_files: Any = None
     split: str = "train"
     format: str = "auto"  # one of ROW_FORMATS
     columns: Any = None  # {row field: dataset column}, e.g. {"prompt": "question", "completion": "answer"}
     assistant_only_loss: bool = True  # chat rows: loss on assistant tokens only (False: on every token)
     cache_dir: str | None = None  # tokenized cache; None = <runs directory>/.cache/tokenized
     eval_fraction: float = 0.0  # share of the rows held out for eval (a seeded choice)
-    eval_files: Any = None  # eval rows from their own local file(s) instead
+    eval_files: Any = None  # eval rows from their own local file(s) instead (none of them a data_files one)
     eval_every: int = 0  # evaluate every N optimizer steps (and after the last); 0 = never
 
     def __post_init__(self) -> None:
@@ -151,7 +152,12 @@ def _check_files(value: Any, name: str) -> None:
     for f in files:
         suffix = Path(f).suffix.lower()
         if suffix not in DATA_FILE_BUILDERS:
+            glob = any(c in f for c in "*?[")
             raise ConfigError(
                 f"{name}: {f!r} is not one of the file types {sorted(DATA_FILE_BUILDERS)}; "
-                "a save_to_disk folder goes in data.path"
+                + (
+                    "a glob names its file type, e.g. 'data/*.parquet'"
+                    if glob
+                    else "a save_to_disk folder goes in data.path"
+                )
             )

@@ -1,6 +1,9 @@
-"""The workbench's error classes and install hints: a leaf module, so any package can raise them without cycles."""
+"""The workbench's error classes and install hints: a leaf module (config_checks, which it imports, is one too), so any
+package can raise them without cycles."""
 
 from __future__ import annotations
+
+from workbench.config_checks import ConfigError
 
 # What to install for each optional backend: the message names the extra and the package.
 INSTALL_HINT: dict[str, str] = {
@@ -20,3 +23,10 @@ class BackendError(ValueError):
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded or resumed: missing, damaged, crafted, or of another shape."""
+
+
+class DataError(ConfigError):
+    """Data a run cannot train on (a file, a row, the tokenizer, the tokenized cache), naming what to fix.
+
+    A ConfigError: it is found before training starts, so the CLI reports it as one line with exit code 2.
+    """

@@ -193,7 +193,8 @@ VARIANTS: dict[str, VariantSpec] = {
         "engine", "engine, float32 master weights and moments, bf16 compute", precision="fp32_master"
     ),
 }
-# the fair rows of issue 15 beside the anchor (anchor_cudnn measured equal to it: 38,523 vs 38,568)
+# the fair rows beside the anchor: v5 + Liger, both gates, torch's AdamW (anchor_cudnn measured equal to the anchor:
+# 38,523 vs 38,568)
 DEFAULT_VARIANTS = ("anchor", "anchor_liger", "engine", "engine_balanced", "engine_adamw_torch")
 
 

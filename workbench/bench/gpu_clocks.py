@@ -2,7 +2,7 @@
 
 Why the bench records them: on the H200 the engine's Qwen3-30B-A3B step draws the board's power limit and its SM
 clock falls to ~1,500-1,800 MHz (NVML's software power cap active in ~all samples), while Transformers' slower step
-runs at ~1,950 MHz under the same limit (session 17, nvidia-smi at 250 ms). A speed ratio is then a ratio at
+runs at ~1,950 MHz under the same limit (2026-12-04, nvidia-smi at 250 ms). A speed ratio is then a ratio at
 different clocks: the rows say which. NVML comes from `nvidia-ml-py` (the `gpu` extra); without it, or without an
 NVIDIA driver, nothing is sampled and the rows say why. The board's energy counter over the same window gives joules
 per step (energy is what a power-capped board rations). The window opens when the first timed step is queued and

@@ -20,7 +20,7 @@ from workbench.kernels.mm_fp32 import mm_fp32
 LOGITS_CHUNK_BYTES = 512 * 2**20
 # Budget for the buffers where the lm_head trains: a chunk's logits plus, with more than one chunk, the float32
 # weight-gradient accumulator [V, D], which every further chunk reads and writes once. 1 x H200, bf16, D 2048
-# (benchmarks/ce_chunks.py, session 11): 8192 tokens of Moonlight's 163840 vocab in 6 chunks 29.0 ms, 3 chunks
+# (benchmarks/ce_chunks.py, 2026-12-02): 8192 tokens of Moonlight's 163840 vocab in 6 chunks 29.0 ms, 3 chunks
 # 27.6, one 25.8 (2.3, 2.9, 3.2 GiB); 16384 tokens in 11 chunks 59.8 ms, 3 chunks 54.5 (4.6 GiB).
 TRAINED_HEAD_CE_BYTES = 3 * 2**30
 

@@ -4,7 +4,7 @@ With lse the attention kernel's log-sum-exp and s_h the head's sink logit, the s
 O' = O * exp(lse - lse'), lse' = logaddexp(lse, s_h), and the sink's gradient is
 dsink_h = -sum over rows of exp(s_h - lse') * rowsum(dO * O') (workbench.models.attention_sinks_kernels). In
 torch ops that is a broadcast multiply over O plus three small passes forward, and float32 copies of dO and O', a
-product and two sums backward: ~4-5 ms a step of GPT-OSS-20B L8 on the H200 (profile of session 16). Here one
+product and two sums backward: ~4-5 ms a step of GPT-OSS-20B L8 on the H200 (profile of 2026-12-04). Here one
 pass each way: `sink_scale` reads O and lse once and writes O' and lse'; `sink_grad` reads dO and O' once and
 writes one partial sum per (row block, head), summed in a fixed order (deterministic).
 

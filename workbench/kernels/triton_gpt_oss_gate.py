@@ -11,7 +11,7 @@ program per (expert, column block) walks that expert's rows from `offsets`, adds
 registers and sums over rows once at the end: deterministic, every [E, C] value written once. The gate's
 backward used to sum each 32-row tile inside its own pass (partials per tile, then per expert): that
 reduction across warps took 31 barriers a program and the pass ran at ~1.2 TB/s (0.79 ms a gpt-oss-20b
-layer, session 15's profile); a second read of dh costs ~0.1 ms.
+layer, H200 profile of 2026-12-04); a second read of dh costs ~0.1 ms.
 
 Math in float32; the biased value is rounded to the input dtype first, as eager `h + bias` is, so
 the clamp decisions are Transformers'. Clamp gradients follow torch (passed where

@@ -1,7 +1,7 @@
 """Triton softmax + top-k of a router's float32 logits, forward and backward one kernel each (imported lazily).
 
 torch's path is a softmax, `torch.topk` (a radix select and a bitonic sort of the k: ~64 us a call at 8192 x 128 on
-an H200, session 17's trace), the renormalization's sum and division, and in the backward a scatter of the k
+an H200, 2026-12-04 trace), the renormalization's sum and division, and in the backward a scatter of the k
 gradients into [T, E], the renormalization's and the softmax's backward: ~10 launches a layer over a [T, E] float32
 tensor of 4 MB. Here one program takes a block of rows whole: the softmax in registers, k rounds of argmax (the
 descending order torch returns; on a tie the lower expert id first, where torch's order is its implementation's),

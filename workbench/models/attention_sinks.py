@@ -44,7 +44,7 @@ from workbench.models.attention_sinks_reference import dense_mask, document_star
 SINK_ATTENTION = "workbench_sinks"
 
 # Which kernel `sink_attention` runs on CUDA, per layer type, from benchmarks/attention_sinks.py on the H200 (B2
-# S4096, 64/8 heads of 64, bf16, fwd+bwd; session 15): full causal layers on torch's cuDNN op 3.44 ms against flash
+# S4096, 64/8 heads of 64, bf16, fwd+bwd; 2026-12-04): full causal layers on torch's cuDNN op 3.44 ms against flash
 # 4.77 (the same errors against float32); sliding-window layers on the varlen flash kernel, 1.83 ms (windows native).
 # "cudnn" takes unpacked rows only: packed documents take "flash" for full layers too. "sdpa_extra_dim" (5.07 ms:
 # head dim padded 64 -> 72, the sink logit rounded through bf16 twice) stays a choice for the record.

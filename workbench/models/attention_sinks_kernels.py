@@ -81,7 +81,7 @@ class _CudnnSdpa:
     """torch's cuDNN attention, full causal over unpacked rows: q [B, H, S, D], k/v [B, Hkv, S, D] (GQA as given,
     any strides SDPA takes), lse [B, H, S] (torch returns it [B, H, S] or [B, H, S, 1]: kept as returned for the
     backward). The one runner whose kernel is not flash: on the H200 its full causal layers of GPT-OSS-20B's shape
-    (64 heads of 64) took 3.44 ms fwd+bwd with sinks against flash's 4.77 (benchmarks/NOTES.md, session 15);
+    (64 heads of 64) took 3.44 ms fwd+bwd with sinks against flash's 4.77 (benchmarks/NOTES.md, 2026-12-04);
     windows and packed documents stay with _FlashVarlen."""
 
     lse_head_axis = 1

@@ -5,7 +5,7 @@ loaded) in float32 and keeps them float32 in a bf16 model (5.24 keeps DeepSeek-V
 float32 too; the engine always does). A plain `model.to(bfloat16)` rounds both: the frequencies lose up to ~0.2%
 each, so the rotation angle at position p is off by up to ~2e-3 * p radians (~6 rad at p = 4096 in Qwen3's
 second-fastest dims). On the H200 that put the engine's bf16 gradients of a 2-layer Qwen3-30B-A3B at seq 4096
-2-5x further from float32 than Transformers' own bf16 model's (benchmarks/grad_parity.py, session 16), where in
+2-5x further from float32 than Transformers' own bf16 model's (benchmarks/grad_parity.py, 2026-12-04), where in
 float32 they agree to ~3e-6.
 """
 

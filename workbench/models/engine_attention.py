@@ -36,7 +36,7 @@ def unit_stride_angles(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tens
     """cos/sin [B, S, R] with unit stride on R, as the fused kernels take them.
 
     Transformers 5.17's GPT-OSS rotary embedding hands them as transposed views (stride S on the last dim): without
-    this copy (two small tensors, once per layer) every layer took the eager RoPE (the H200 profile of session 16:
+    this copy (two small tensors, once per layer) every layer took the eager RoPE (the H200 profile of 2026-12-04:
     ~8 ms a step of strided muls, cats and copies in gpt-oss-20b L8).
     """
     if cos.dim() == 3 and cos.stride(-1) != 1:
@@ -89,7 +89,7 @@ def fused_rope_forward(
         if supported(q_BHSD, cos) and supported(k_BHSD, cos):
             q_BHSD, k_BHSD = apply_rope(q_BHSD, k_BHSD, cos, sin)
         else:
-            # said, not silent: a layout the kernel refuses once kept session 15's fused RoPE off on one
+            # said, not silent: a layout the kernel refuses once kept GPT-OSS's fused RoPE off on one
             # Transformers version while every parity test passed (Python shows each distinct message once)
             warnings.warn(
                 f"rope='triton': the fused RoPE kernel does not take q {tuple(q_BHSD.shape)} / cos "

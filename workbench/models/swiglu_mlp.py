@@ -2,8 +2,8 @@
 
 DeepSeek-V3 and Moonlight (shared experts, the first dense layers), Qwen2-MoE (the shared expert), GLM-4 MoE and
 others compute down_proj(silu(gate_proj(x)) * up_proj(x)) with eager elementwise kernels: silu and mul forward,
-silu_backward and two muls backward (1 x H200, Moonlight L8 seq 4096 x 2: ~1.7 ms of the step, session 11's
-profile). With swiglu='triton' one kernel runs each way, as in the experts. A module qualifies on itself: exactly
+silu_backward and two muls backward (1 x H200, Moonlight L8 seq 4096 x 2: ~1.7 ms of the step, profile of
+2026-12-02). With swiglu='triton' one kernel runs each way, as in the experts. A module qualifies on itself: exactly
 the nn.Linear children gate_proj, up_proj and down_proj, no other parameters or buffers, and its own forward on
 probe weights equal to the formula; anything else keeps Transformers' forward. The engine class subclasses the
 module's own (a class swap), so parameter names, state dict keys and LoRA wrapping of the projections are unchanged.

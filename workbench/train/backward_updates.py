@@ -2,7 +2,7 @@
 
 With the update after the backward every gradient is alive at once: for the 8-layer GPT-OSS-20B architecture
 that is 15.5 GB of bf16 gradients beside 15.5 GB of weights and 31 GB of moments, the whole of the engine's
-57.9 GiB peak (benchmarks/NOTES.md, session 8). Here a post-accumulate-grad hook on each parameter runs
+57.9 GiB peak (benchmarks/NOTES.md, "Memory"). Here a post-accumulate-grad hook on each parameter runs
 TritonAdamW's update of that parameter and frees its gradient, so about one layer's gradients are alive at a
 time (torchtitan and PyTorch's own tutorial do the same). What it costs: no clipping by the global norm (it
 needs every gradient before any update) and no gradient accumulation, both refused by the config and the

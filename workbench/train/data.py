@@ -8,7 +8,6 @@ Every rank builds the same stream and takes its own contiguous slice of each glo
 
 from __future__ import annotations
 
-import codecs
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,11 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench.errors import DataError
+from workbench.train.data_files import max_row_bytes, scan_lines
+
 IGNORE_INDEX = -100
-
-
-class DataError(ValueError):
-    """A dataset problem, naming the file and line to fix."""
 
 
 @dataclass
@@ -46,6 +44,52 @@ class Batch:
         return int((self.labels[:, 1:] != IGNORE_INDEX).sum())
 
 
+class TokenCheck:
+    """What the model needs of packed sequences, gathered over blocks of them: ids in its vocabulary,
+    labels that are -100 or in it, and at least one label to train on.
+
+    The embedding and the loss would otherwise fail deep inside the first step (an IndexError), or a
+    run would "train" on nothing but the aux loss.
+    """
+
+    def __init__(self) -> None:
+        self.id_range = (0, -1)  # (lowest, highest) token id seen; empty while highest < lowest
+        self.label_range = (0, -1)  # the same over the labels that enter the loss
+        self.loss_tokens = 0  # labels after the first of a sequence that are not -100 (the shifted loss)
+
+    def add(self, ids: np.ndarray, labels: np.ndarray) -> None:
+        """Take in a block `[n, seq_len]` of input ids and labels."""
+        if ids.size:
+            self.id_range = _widen(self.id_range, int(ids.min()), int(ids.max()))
+        kept = labels[labels != IGNORE_INDEX]
+        if kept.size:
+            self.label_range = _widen(self.label_range, int(kept.min()), int(kept.max()))
+        self.loss_tokens += int((labels[:, 1:] != IGNORE_INDEX).sum())
+
+    def refuse(self, vocab_size: int, where: str, masked_fix: str) -> None:
+        """Raise a DataError naming `where` if the sequences cannot train a model of `vocab_size` tokens."""
+        if self.loss_tokens == 0:
+            raise DataError(f"{where}: every label is masked, so there is no token to train on; {masked_fix}")
+        for what, (low, high) in (("token id", self.id_range), ("label", self.label_range)):
+            bad = low if low < 0 else high if high >= vocab_size else None
+            if bad is not None:
+                raise DataError(
+                    f"{where}: {what} {bad} is outside the model's vocabulary (vocab_size {vocab_size}: ids 0 to "
+                    f"{vocab_size - 1}); the tokenizer does not match the model: use the model's own tokenizer "
+                    "(data.tokenizer), or a model whose vocab_size covers every id"
+                )
+
+    @classmethod
+    def of(cls, batch: Batch) -> TokenCheck:
+        check = cls()
+        check.add(batch.input_ids.numpy(), batch.labels.numpy())
+        return check
+
+
+def _widen(bounds: tuple[int, int], low: int, high: int) -> tuple[int, int]:
+    return (low, high) if bounds[1] < bounds[0] else (min(bounds[0], low), max(bounds[1], high))
+
+
 # ---------------------------------------------------------------------------------------------
 # JSONL SFT rows
 
@@ -68,10 +112,8 @@ def has_tokenizer_files(path: Path) -> bool:
     return path.is_dir() and any(any(path.glob(name)) for name in TOKENIZER_FILES)
 
 
-def load_tokenizer(path: str | Path, require_template: bool = True):
-    """A local tokenizer directory (no hub access)."""
-    from transformers import AutoTokenizer
-
+def check_tokenizer_dir(path: str | Path) -> Path:
+    """The tokenizer folder, refused unless it holds tokenizer files (before anything reads or hashes it)."""
     path = Path(path).expanduser()
     hint = (
         "set data.tokenizer to a folder written by tokenizer.save_pretrained() (or leave it unset for the shipped one)"
@@ -86,51 +128,28 @@ def load_tokenizer(path: str | Path, require_template: bool = True):
             f"tokenizer directory {path} has no tokenizer files (looked for "
             f"{', '.join(TOKENIZER_FILES)}; found {present or 'nothing'}); {hint}"
         )
+    return path
+
+
+def load_tokenizer(path: str | Path, require_template: bool = True):
+    """A local tokenizer directory (no hub access)."""
+    from transformers import AutoTokenizer
+
+    path = check_tokenizer_dir(path)
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     if require_template and not getattr(tok, "chat_template", None):
         raise DataError(f"tokenizer {path} has no chat template; SFT rows are rendered through it")
     return tok
 
 
-def max_row_bytes(max_length: int) -> int:
-    """The byte bound on one JSONL row, checked before parsing or tokenizing.
-
-    A token is a few bytes of text (at most ~12 as escaped JSON for CJK or emoji), so 64 bytes per
-    token refuses only rows that can never fit in `max_length` tokens; the 1 MiB floor leaves room
-    for short rows with extra fields.
-    """
-    return max(1 << 20, 64 * max_length)
-
-
 def _row_line_numbers(path: Path, max_length: int) -> list[int]:
-    """1-based line numbers of the non-blank lines (datasets skips blank ones).
-
-    Reads at most `max_row_bytes(max_length) + 1` bytes of each line, so a huge line is refused
-    without loading it, and checks that every line is UTF-8 before datasets/pyarrow sees the file.
-    """
+    """1-based line numbers of the non-blank lines, each UTF-8 and within `max_row_bytes(max_length)`."""
     max_bytes = max_row_bytes(max_length)
-    lines = []
-    with open(path, "rb") as f:
-        for i, raw in enumerate(iter(lambda: f.readline(max_bytes + 1), b""), 1):
-            whole = raw.endswith(b"\n") or len(raw) <= max_bytes
-            try:
-                # A line cut at the bound may end inside a character: decode it incrementally.
-                text = codecs.getincrementaldecoder("utf-8")().decode(raw, final=whole)
-            except UnicodeDecodeError as err:
-                raise DataError(
-                    f"{path}:{i}: not UTF-8 (byte 0x{raw[err.start]:02x} at byte {err.start + 1} of "
-                    "the line); the dataset must be UTF-8 JSON lines (one JSON object per line): "
-                    "re-encode it, e.g. `iconv -f latin1 -t utf-8`"
-                ) from None
-            if not whole:
-                raise DataError(
-                    f"{path}:{i}: row is over {max_bytes} bytes, more than a row of "
-                    f"data.max_length={max_length} tokens can take (64 bytes per token, at least "
-                    "1 MiB); shorten or drop the row, or write one JSON object per line"
-                )
-            if text.strip():
-                lines.append(i)
-    return lines
+    too_long = (
+        f"more than a row of data.max_length={max_length} tokens can take (64 bytes per token, at least "
+        "1 MiB); shorten or drop the row, or write one JSON object per line"
+    )
+    return scan_lines(path, max_bytes, too_long, "the dataset must be UTF-8 JSON lines (one JSON object per line)")
 
 
 def _first_bad_json_line(path: Path) -> str:
@@ -187,6 +206,26 @@ def read_jsonl_rows(path: str | Path, max_length: int) -> list[tuple[int, dict]]
     return list(zip(lines, ds))
 
 
+def text_message(message: Any, label: str, where: str, fmt: str) -> dict:
+    """{"role", "content"} of one chat message; tool calls and structured content are refused by name."""
+    if isinstance(message, dict):
+        # datasets gives every message of a column the union of their keys: an absent key reads as None
+        calls = next((k for k in ("tool_calls", "function_call") if message.get(k)), None)
+        if calls:
+            raise DataError(
+                f"{where}: {label} has {calls!r}: tool calls are not supported (a row trains on text turns, "
+                "each a string 'role' and 'content'); drop the row, or write the call into the content as text"
+            )
+        if isinstance(message.get("role"), str) and isinstance(message.get("content"), str):
+            return {"role": message["role"], "content": message["content"]}
+        if isinstance(message.get("content"), list):
+            raise DataError(
+                f"{where}: {label} has 'content' as a list of parts: structured or multimodal content is not "
+                "supported; write the message as one string"
+            )
+    raise DataError(f"{where}: {label} needs string 'role' and 'content'; {fmt}")
+
+
 def row_messages(row: dict, where: str) -> list[dict]:
     """Chat messages of a row: {"prompt", "response"} or {"messages": [{"role", "content"}]}."""
     fmt = (
@@ -197,12 +236,10 @@ def row_messages(row: dict, where: str) -> list[dict]:
     if messages is not None:
         if not isinstance(messages, list) or not messages:
             raise DataError(f"{where}: 'messages' must be a non-empty list; {fmt}")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise DataError(f"{where}: messages[{i}] needs string 'role' and 'content'; {fmt}")
-        if not any(m["role"] == "assistant" for m in messages):
+        out = [text_message(m, f"messages[{i}]", where, fmt) for i, m in enumerate(messages)]
+        if not any(m["role"] == "assistant" for m in out):
             raise DataError(f"{where}: no assistant message to learn from; {fmt}")
-        return [{"role": m["role"], "content": m["content"]} for m in messages]
+        return out
     missing = [k for k in ("prompt", "response") if not isinstance(row.get(k), str)]
     if missing:
         raise DataError(f"{where}: row is missing {missing} (or they are not strings); {fmt}")
@@ -381,6 +418,9 @@ def build_stream(
     check_vocab(len(tokenizer), tokenizer_dir, vocab_size)
     examples = load_sft_examples(data_cfg.resolved_path, tokenizer, data_cfg.example_max_length)
     sequences = pack_examples(examples, data_cfg.seq_len, pad_token_id(tokenizer), data_cfg.pack)
+    TokenCheck.of(sequences).refuse(
+        vocab_size, f"{data_cfg.resolved_path} (tokenized with {tokenizer_dir})", "rows need non-empty responses"
+    )
     return TokenStream(sequences, seed=seed, seq_len=data_cfg.seq_len)
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.config import ROW_FIELDS
-from workbench.train.data import DataError, tokenize_messages
+from workbench.train.data import DataError, text_message, tokenize_messages
+from workbench.train.data_files import MAX_DOCUMENT_BYTES, max_row_bytes
 
 OPTIONAL_FIELDS = {"input"}  # instruction rows may leave out the input
 
@@ -76,20 +77,44 @@ def row_to_messages(fmt: str, cols: dict[str, str], row: dict[str, Any], where: 
     fmt_hint = f"column {cols['messages']!r} must be a list of {{'role', 'content'}} with an assistant turn"
     if not isinstance(messages, list) or not messages:
         raise DataError(f"{where}: {fmt_hint}, got {str(messages)[:60]!r}")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise DataError(f"{where}: message {i} needs string 'role' and 'content'; {fmt_hint}")
-        out.append({"role": m["role"], "content": m["content"]})
+    out = [text_message(m, f"message {i}", where, fmt_hint) for i, m in enumerate(messages)]
     if not any(m["role"] == "assistant" for m in out):
         raise DataError(f"{where}: no assistant message to learn from; {fmt_hint}")
     return out
 
 
+def _text_chars(value: Any) -> int:
+    """Characters of text in a row's value (strings inside lists and mappings included)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_text_chars(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_text_chars(v) for v in value)
+    return 0
+
+
 def tokenize_row(
-    tokenizer, fmt: str, cols: dict[str, str], row: dict[str, Any], where: str, assistant_only: bool
+    tokenizer,
+    fmt: str,
+    cols: dict[str, str],
+    row: dict[str, Any],
+    where: str,
+    assistant_only: bool,
+    max_length: int,
 ) -> tuple[list[int], list[int]]:
-    """(ids, labels) of one chat-format row; a chat template that fails on the row names it."""
+    """(ids, labels) of one chat-format row; a row too long to fit and a chat template that fails on it name it.
+
+    The length is bounded in characters before the row is rendered or tokenized: tokenizing a
+    row of hundreds of megabytes takes tens of gigabytes, only to refuse it by its token count.
+    """
+    chars, bound = sum(_text_chars(row.get(c)) for c in cols.values()), max_row_bytes(max_length)
+    if chars > bound:
+        raise DataError(
+            f"{where}: row holds {chars} characters of text, more than a row of data.max_length={max_length} "
+            "tokens can take (64 per token, at least 1 MiB); shorten or drop the row, or raise "
+            "data.max_length / data.seq_len"
+        )
     messages = row_to_messages(fmt, cols, row, where)
     try:
         ids, labels = tokenize_messages(tokenizer, messages, where)
@@ -111,5 +136,10 @@ def tokenize_texts(tokenizer, texts: list[Any], wheres: list[str]) -> list[list[
     for text, where in zip(texts, wheres):
         if not isinstance(text, str):
             raise DataError(f"{where}: text column must hold strings, got {type(text).__name__}")
+        if len(text) > MAX_DOCUMENT_BYTES:
+            raise DataError(
+                f"{where}: the document holds {len(text)} characters, over {MAX_DOCUMENT_BYTES} (a document is "
+                "tokenized whole before it is cut into data.max_length pieces); split it into several rows"
+            )
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     return [ids + eos for ids in tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]]

@@ -1,7 +1,7 @@
 """The decoder stack replayed as CUDA graphs (train.cuda_graphs): one forward and one backward replay per step.
 
 A LoRA step of the 48-layer Qwen3-30B-A3B on an H200 is host-bound: the GPU waits for Python and
-the launches of a few thousand small kernels per step (benchmarks/NOTES.md, sessions 8-9). Here the
+the launches of a few thousand small kernels per step (benchmarks/NOTES.md, "LoRA"). Here the
 whole stack of decoder layers is captured once as one callable (torch.cuda.make_graphed_callables:
 one static input and output, one memory pool, no per-layer copies) and each later training forward
 replays it; autograd runs the captured backward.

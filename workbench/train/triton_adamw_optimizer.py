@@ -146,7 +146,7 @@ class TritonAdamW(torch.optim.Optimizer):
         # a launch per tensor costs ~65 us of host time); 0, one launch each. The compiled kernel equals the
         # per-tensor one bit for bit (tests/test_adamw_multi.py); on the H200 the 48-layer LoRA step measured
         # 9.2k / 9.7k tokens/s with it against 7.9k / 8.2k without (alternating, one launch; benchmarks/NOTES.md,
-        # session 9), once its step table went through buffers allocated once.
+        # 2026-12-02), once its step table went through buffers allocated once.
         self.multi_tensor_numel = multi_tensor_numel
         self._block_maps: dict = {}
         self.precise = bool(precise)

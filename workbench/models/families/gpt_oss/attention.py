@@ -2,7 +2,7 @@
 
 Transformers rotates GPT-OSS's q and k with chunk / mul / sub / add / cat in bf16: ~9 ms of eager elementwise
 kernels in a 214 ms step of the 8-layer gpt-oss-20b architecture on an H200 (64 query heads of 64, profile of
-session 15). Here one Triton kernel per tensor and direction does it (kernels/triton_rope.py, with GPT-OSS's
+2026-12-04). Here one Triton kernel per tensor and direction does it (kernels/triton_rope.py, with GPT-OSS's
 half-width cos/sin). Projections, the attention function (the engine's sink attention, eager, flex) with the sinks,
 and o_proj are Transformers' modules and functions, so parameters and state dict keys do not change. With a KV
 cache (generation), or on a BackendConfig.rope other than 'triton', Transformers' own forward runs.
