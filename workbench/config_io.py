@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import ConfigError
+from workbench.errors import CheckpointError
+from workbench.models.hf_io import check_model_folder
 
 # YAML 1.1 (PyYAML) reads a float only with a dot and a signed exponent: 1e-3, 3e-4 and 1E5 come
 # back as strings. PyYAML's own float pattern with the exponent's sign and the dot made optional
@@ -71,6 +73,10 @@ def read_hf_config(path: Path):
     file = path / "config.json"
     if not file.is_file():
         raise ConfigError(f"model.path {str(path)!r} is not a local checkpoint directory (no config.json)")
+    try:
+        check_model_folder(path)  # a file named outside the folder is refused here, before any rank starts
+    except CheckpointError as err:
+        raise ConfigError(f"model.path {str(path)!r}: {err}") from None
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:

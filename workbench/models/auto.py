@@ -13,12 +13,14 @@ from workbench.backends import BackendConfig
 from workbench.devices import default_device
 from workbench.errors import CheckpointError
 from workbench.models import generic
+from workbench.models.hf_io import check_model_folder
 from workbench.models.mesh_build import (
     build_generic_parallel_model,
     check_mesh_call,
     check_mesh_for_model,
     shard_without_engine,
 )
+from workbench.models.sliced_load import plan_rank_read
 from workbench.moe.dispatch import LocalDispatcher
 from workbench.moe.hf_experts import check_generic_backend
 
@@ -99,12 +101,17 @@ def _generic_from(config, path, resolved: BackendConfig, mesh, device, hf_kwargs
                 torch.manual_seed(seed)
             model = transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
     else:
+        # The engine's reader checks every tensor's header against the config first (as on a mesh): a
+        # wrong shape is one error naming the tensor and its file, not Transformers' conversion report.
+        twin = generic.meta_model(config)
+        plan_rank_read(twin, path, (0, generic.num_experts(twin, config)))
         try:
             model, info = transformers.AutoModelForCausalLM.from_pretrained(
                 path, config=config, output_loading_info=True, **hf_kwargs
             )
         except RuntimeError as err:
-            if "mismatched" not in str(err) and "size mismatch" not in str(err):
+            # A layout the engine's reader does not follow (quantized, rules it cannot read) reaches here.
+            if not any(s in str(err) for s in ("mismatched", "size mismatch", "conversion of the weights")):
                 raise
             raise CheckpointError(
                 f"checkpoint {path} does not fit its config ({config.model_type}): some tensors have the "
@@ -197,6 +204,7 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
         """Load a Transformers checkpoint (local directory) into the engine (`lora`: a workbench LoraConfig)."""
         resolved = resolve_backend(_check_backend(backend), mesh, device)
         path = Path(pretrained_model_name_or_path)
+        check_model_folder(path)  # every path below reads only files inside it
         # A caller's config (e.g. the trainer's, with its overrides) wins over the directory's.
         config = hf_kwargs.pop("config", None) or transformers.AutoConfig.from_pretrained(path)
         if generic.has_fused_experts(config):

@@ -22,7 +22,7 @@ from torch import nn
 
 from workbench.errors import CheckpointError
 from workbench.models.hf_io import checkpoint_key_files
-from workbench.moe.hf_experts import engine_experts_modules
+from workbench.moe.hf_experts import EngineExperts, is_fused_experts, layout_of
 
 _LITERAL = re.compile(r"[\w.]+")  # a rule pattern the reader follows: no regex beyond '.'
 
@@ -117,11 +117,29 @@ def _unique_tensors(model: nn.Module) -> list[list[str]]:
     return list(groups.values())
 
 
-def plan_rank_read(model: nn.Module, path: Path, expert_range: tuple[int, int]) -> ReadPlan | None:
-    """Per state-dict name of `model` (engine experts installed), its disk source; None: a layout unknown here.
+def _experts_params(model: nn.Module) -> tuple[set[str], int]:
+    """(state-dict names of the per-expert parameters, routed experts per layer) of `model`.
 
+    The engine's experts modules or Transformers' own fused ones (a meta twin checked before
+    Transformers loads on one rank): both keep Transformers' parameter names.
+    """
+    params, counts = set(), set()
+    for name, module in model.named_modules():
+        if not is_fused_experts(module):
+            continue
+        layout = module.plan.layout if isinstance(module, EngineExperts) else layout_of(module)
+        params.update(f"{name}.{p}" for p in layout.param_names())
+        counts.add(int(getattr(module, "num_experts", 0) or module.down_proj.shape[0]))
+    return params, counts.pop()
+
+
+def plan_rank_read(model: nn.Module, path: Path, expert_range: tuple[int, int]) -> ReadPlan | None:
+    """Per state-dict name of `model`, its disk source; None: a layout unknown here.
+
+    `model`: engine experts installed (this rank's slice), or Transformers' model on the meta device.
     Raises CheckpointError for a tensor the family's rules say must be on disk but that is missing or
-    mis-shaped, for any expert (not only this rank's): every rank then refuses alike, none waits in a collective.
+    of a shape the model does not take, for any expert (not only this rank's), from the files' headers:
+    every rank then refuses alike, none waits in a collective, and nothing is read before it.
     """
     path = Path(path)
     if getattr(model.config, "quantization_config", None) is not None:
@@ -129,7 +147,7 @@ def plan_rank_read(model: nn.Module, path: Path, expert_range: tuple[int, int]) 
     where = checkpoint_key_files(path)
     on_disk = set(where)
     rules = disk_rules(model.config.model_type)
-    expert_params = {f"{n}.{p}" for n, m in engine_experts_modules(model) for p in m.workbench_layout.param_names()}
+    expert_params, num_experts = _experts_params(model)
     plan: dict[str, Source] = {}
     for names in _unique_tensors(model):
         source = None
@@ -147,27 +165,42 @@ def plan_rank_read(model: nn.Module, path: Path, expert_range: tuple[int, int]) 
                 return None  # a rule the reader cannot follow may name it: Transformers loads the checkpoint
             raise CheckpointError(
                 f"checkpoint {path} does not fit its config ({model.config.model_type}): missing "
-                f"tensor {_disk_candidates(names[0], rules)[-1]}. Point to a complete checkpoint "
+                f"tensors {[_disk_candidates(names[0], rules)[-1]]}. Point to a complete checkpoint "
                 "written by save_pretrained, or fix config.json"
             )
         plan[names[0]] = source
-    num_experts = {int(m.num_experts) for _, m in engine_experts_modules(model)}.pop()
-    _check_every_expert(path, where, plan, num_experts)
+    _check_headers(model, path, where, plan, num_experts)
     return ReadPlan(plan, where)
 
 
-def _check_every_expert(path: Path, where: dict[str, Path], plan: dict[str, Source], num_experts: int) -> None:
-    """Every expert's tensors are on disk with one shape per tensor (headers only: no tensor is read)."""
-    shapes: dict[str, tuple[int, ...]] = {}
+def _disk_shape(source: Source, in_memory: tuple[int, ...], num_experts: int) -> tuple[int, ...] | None:
+    """The shape each disk tensor of `source` must have for the model's `in_memory` shape (None: not known)."""
+    if source.kind == "whole":
+        return in_memory
+    if source.kind == "expert_rows":  # the model may hold a slice of the experts: the file holds them all
+        return (num_experts, *in_memory[1:])
+    one = list(in_memory[1:])  # per expert: the sources are stacked, then concatenated along concat_dim
+    if source.concat_dim is not None:
+        dim, parts = source.concat_dim - 1, len(source.keys)
+        if one[dim] % parts:
+            return None
+        one[dim] //= parts
+    return tuple(one)
+
+
+def _check_headers(
+    model: nn.Module, path: Path, where: dict[str, Path], plan: dict[str, Source], num_experts: int
+) -> None:
+    """Every planned tensor, of every expert, is on disk in the shape the model takes (headers only)."""
+    state = model.state_dict(keep_vars=True)
     files: dict[Path, object] = {}
     with ExitStack() as stack:
         for source in plan.values():
-            if source.kind == "whole":
-                continue
+            expected = _disk_shape(source, tuple(state[source.name].shape), num_experts)
             per_key = (
                 [[k.format(e=e) for e in range(num_experts)] for k in source.keys]
                 if source.kind == "per_expert"
-                else [[source.keys[0]]]
+                else [[k] for k in source.keys]
             )
             for keys in per_key:
                 missing = [k for k in keys if k not in where]
@@ -180,18 +213,14 @@ def _check_every_expert(path: Path, where: dict[str, Path], plan: dict[str, Sour
                 for k in keys:
                     if where[k] not in files:
                         files[where[k]] = stack.enter_context(safe_open(where[k], framework="pt"))
-                    shapes[k] = tuple(files[where[k]].get_slice(k).get_shape())
-                if source.kind == "expert_rows" and shapes[keys[0]][:1] != (num_experts,):
-                    raise CheckpointError(
-                        f"checkpoint {path}: {keys[0]} holds {shapes[keys[0]][:1]} experts, the "
-                        f"config says {num_experts}; the checkpoint is of another model shape"
-                    )
-                odd = [k for k in keys if shapes[k] != shapes[keys[0]]]
-                if odd:
-                    raise CheckpointError(
-                        f"checkpoint {path}: {odd[0]} has shape {shapes[odd[0]]}, expert 0's is "
-                        f"{shapes[keys[0]]}; the checkpoint is of another model shape"
-                    )
+                    shape = tuple(files[where[k]].get_slice(k).get_shape())
+                    if expected is not None and shape != expected:
+                        raise CheckpointError(
+                            f"checkpoint {path}: tensor {k} in {where[k]} has shape {shape}; the model its "
+                            f"config describes ({model.config.model_type}, {num_experts} experts) takes "
+                            f"{expected}: the checkpoint is of another model shape. Point to a checkpoint of "
+                            "this config, or fix config.json"
+                        )
 
 
 def _per_expert_source(name: str, rules: DiskRules, on_disk: set[str]) -> Source | None:
@@ -204,7 +233,7 @@ def _per_expert_source(name: str, rules: DiskRules, on_disk: set[str]) -> Source
         for pattern in merge.sources:
             candidates = _disk_candidates(base + pattern.replace("*", "{e}"), rules)
             keys.append(next((c for c in candidates if c.format(e=0) in on_disk), candidates[-1]))
-        # A key absent in every spelling is the checkpoint's fault, not the layout's: _check_every_expert names it.
+        # A key absent in every spelling is the checkpoint's fault, not the layout's: _check_headers names it.
         return Source(name, tuple(keys), "per_expert", merge.concat_dim)
     return None
 
@@ -274,7 +303,6 @@ def load_rank_slice(model: nn.Module, path: Path, plan: ReadPlan, expert_range: 
 
 def init_nonpersistent_buffers(model: nn.Module) -> None:
     """Recompute buffers no checkpoint holds (rotary tables) after `to_empty`, as Transformers' init does."""
-    from workbench.moe.hf_experts import EngineExperts
     from workbench.moe.routed_load import load_counters
 
     for module in model.modules():

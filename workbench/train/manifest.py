@@ -20,6 +20,7 @@ from typing import Any
 import torch.distributed as dist
 
 from workbench.errors import CheckpointError
+from workbench.folder_files import file_inside
 from workbench.train.safe_load import read_json
 
 MANIFEST_FILE = "manifest.json"
@@ -57,9 +58,12 @@ def _share(names: list[str]) -> list[str]:
     return names
 
 
-def _inside(name: str) -> bool:
-    parts = Path(name).parts
-    return bool(parts) and not Path(name).is_absolute() and ".." not in parts
+def _inside(ckpt: Path, name: str, named_by: str) -> Path:
+    """`ckpt/name`, refused (CheckpointError) if it leads outside the checkpoint, through a link too."""
+    try:
+        return file_inside(ckpt, name, named_by, "resume from a checkpoint this workbench saved, as it saved it")
+    except CheckpointError as err:
+        raise CheckpointError(f"cannot resume from {ckpt}: {err}") from None
 
 
 def write_manifest(ckpt: Path) -> None:
@@ -83,25 +87,27 @@ def verify_manifest(ckpt: Path) -> None:
             "verified (a checkpoint of an older workbench, or not one of workbench's); "
             "resume from a checkpoint saved by this version"
         )
-    manifest = read_json(ckpt / MANIFEST_FILE, ckpt)
+    manifest = read_json(_inside(ckpt, MANIFEST_FILE, str(ckpt)), ckpt)
     files = manifest.get("files")
     if (
         manifest.get("hash") != HASH
         or not isinstance(files, dict)
-        or not all(isinstance(e, dict) and isinstance(e.get("size"), int) and _inside(n) for n, e in files.items())
+        or not all(isinstance(e, dict) and isinstance(e.get("size"), int) for e in files.values())
     ):
         raise CheckpointError(
             f"cannot resume from {ckpt}: {ckpt / MANIFEST_FILE} is not a {HASH} manifest of this workbench"
         )
+    # Every file the resume reads is one the manifest names: none may lie outside the checkpoint.
+    paths = {name: _inside(ckpt, name, str(ckpt / MANIFEST_FILE)) for name in files}
     problems: dict[str, str] = {}
     for name, entry in files.items():
-        path = ckpt / name
+        path = paths[name]
         if not path.is_file():
             problems[name] = "missing"
         elif path.stat().st_size != entry["size"]:
             problems[name] = f"{path.stat().st_size} bytes, the manifest says {entry['size']} (truncated or replaced)"
     to_hash = sorted(n for n in files if n not in problems)
-    hashed = {n: file_entry(ckpt / n)[HASH] for n in _share(to_hash)}
+    hashed = {n: file_entry(paths[n])[HASH] for n in _share(to_hash)}
     for name, digest in _gather(hashed).items():
         if digest != files[name].get(HASH):
             problems[name] = "contents differ from the manifest (same size: overwritten or corrupted)"
