@@ -11,6 +11,7 @@ import functools
 import logging
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -18,6 +19,7 @@ import transformers
 from torch import nn
 
 from workbench.models.attention_sinks import select_attention
+from workbench.models.export_folder import check_export_folder, write_whole
 from workbench.models.families import REGISTERED, family_for
 from workbench.models.generic_extras import install_extras
 from workbench.models.phase_labels import label_phases
@@ -218,8 +220,8 @@ def init_random(model: nn.Module, seed: int, only: Callable[[str], bool] | None 
                 counter.zero_()
             if name not in engine:
                 continue
-            first, last = module.workbench_expert_range
-            for pname in module.workbench_layout.param_names():
+            first, last = module.plan.expert_range
+            for pname in module.plan.layout.param_names():
                 param = getattr(module, pname)
                 if pname.endswith("_bias"):
                     param.zero_()
@@ -243,7 +245,7 @@ def full_state_dict(model: nn.Module, to_rank0_only: bool = False) -> dict[str, 
     expert_keys = {
         f"{name}.{pname}"
         for name, module in engine_experts_modules(model)
-        for pname in module.workbench_layout.param_names()
+        for pname in module.plan.layout.param_names()
     }
     keep = not to_rank0_only or not dist.is_initialized() or dist.get_rank() == 0
     state = {}
@@ -274,15 +276,16 @@ def save_pretrained(model: nn.Module, out_dir, max_shard_size: str = "5GB") -> N
 
         return save_lora_model(model, out_dir, max_shard_size)
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    check_export_folder(Path(out_dir), "model")  # on every rank, before the gathers
     if not engine_experts_modules(model) and not any(isinstance(p, DTensor) for p in model.parameters()):
         if rank0:
-            model.save_pretrained(out_dir, max_shard_size=max_shard_size)
+            write_whole(Path(out_dir), "model", lambda d: model.save_pretrained(d, max_shard_size=max_shard_size))
     else:
         state = full_state_dict(model, to_rank0_only=True)
         if rank0:
             twin = meta_model(model.config)
             twin.load_state_dict(state, assign=True, strict=True)  # a missing tensor fails, not saves meta
             twin.tie_weights()
-            twin.save_pretrained(out_dir, max_shard_size=max_shard_size)
+            write_whole(Path(out_dir), "model", lambda d: twin.save_pretrained(d, max_shard_size=max_shard_size))
     if dist.is_initialized():
         dist.barrier()

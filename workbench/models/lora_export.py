@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from workbench.models.export_folder import check_export_folder, write_whole
 from workbench.moe.lora_experts import adapter_names, expert_delta
 
 # Shape suffixes: E experts, I in features, O out features, R LoRA rank.
@@ -130,11 +131,12 @@ def peft_config(model: nn.Module, base_model_name_or_path: str | None = None) ->
 def _write(out_dir, tensors: dict[str, torch.Tensor], config: dict) -> Path:
     from safetensors.torch import save_file
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
-    (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    return out_dir
+    def write(folder: Path) -> None:
+        folder.mkdir()
+        save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+        (folder / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+    return write_whole(Path(out_dir), "adapter", write)
 
 
 def _finish() -> None:
@@ -144,8 +146,9 @@ def _finish() -> None:
 
 def save_lora_adapter(model: nn.Module, out_dir, base_model_name_or_path: str | None = None) -> Path:
     """Write the PEFT adapter folder of a LoRA model from any mesh; collective: every rank calls it."""
-    tensors = adapter_tensors(model)
     out_dir = Path(out_dir)
+    check_export_folder(out_dir, "adapter")  # on every rank, before the gathers
+    tensors = adapter_tensors(model)
     if _is_rank0():
         _write(out_dir, peft_tensors(model, tensors), peft_config(model, base_model_name_or_path))
     _finish()
@@ -184,7 +187,7 @@ def vllm_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str
         module = model.get_submodule(name)
         for weight in weights:
             found = _vllm_expert_keys(model_type, name, weight)
-            out_dim = 2 if module.workbench_layout.is_transposed else 1
+            out_dim = 2 if module.plan.layout.is_transposed else 1
             if found is None or (len(found[0]) > 1 and found[1] != out_dim):
                 raise ValueError(
                     f"model_type {model_type!r} keeps {name}.{weight} fused on disk: vLLM's per-expert "
@@ -205,8 +208,9 @@ def vllm_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str
 
 def save_vllm_adapter(model: nn.Module, out_dir, base_model_name_or_path: str | None = None) -> Path:
     """Write the adapter in vLLM's per-expert MoE layout; collective: every rank calls it."""
-    tensors = adapter_tensors(model)
     out_dir = Path(out_dir)
+    check_export_folder(out_dir, "adapter")  # on every rank, before the gathers
+    tensors = adapter_tensors(model)
     if _is_rank0():
         converted = vllm_tensors(model, tensors)
         config = peft_config(model, base_model_name_or_path)
@@ -248,13 +252,14 @@ def save_merged(model: nn.Module, out_dir, max_shard_size: str = "5GB") -> Path:
     """Write the merged model (base + LoRA folded) in the Transformers layout; collective."""
     from workbench.models.generic import meta_model
 
-    state = merged_state_dict(model)
     out_dir = Path(out_dir)
+    check_export_folder(out_dir, "model")  # on every rank, before the gathers
+    state = merged_state_dict(model)
     if _is_rank0():
         twin = meta_model(model.config)  # Transformers' own class: its save writes the family's disk layout
         twin.load_state_dict(state, assign=True, strict=True)
         twin.tie_weights()
-        twin.save_pretrained(out_dir, max_shard_size=max_shard_size)
+        write_whole(out_dir, "model", lambda folder: twin.save_pretrained(folder, max_shard_size=max_shard_size))
     _finish()
     return out_dir
 
