@@ -12,6 +12,7 @@ against the float32 torch reference (whole expert_rows: against the bf16 torch p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -40,6 +41,7 @@ def main(out_path: str) -> None:
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
     from workbench.kernels.gpt_oss_gate import add_row_bias, gpt_oss_gate, row_segments
+    from workbench.models.families import family_for
     from workbench.moe.hf_experts import expert_rows, install_engine_experts
 
     torch.manual_seed(0)
@@ -120,7 +122,10 @@ def main(out_path: str) -> None:
         xx = x.detach().requires_grad_()
 
         def step():
-            module.workbench_swiglu = kernel
+            # the rows of the module's plan with swiglu=kernel: GPT-OSS's fused gate (its family's rows) or torch's
+            module.plan = dataclasses.replace(
+                module.plan, swiglu=kernel, family_rows=family_for("gpt_oss").expert_rows(module, kernel)
+            )
             xx.grad = None
             for p in module.parameters():
                 p.grad = None

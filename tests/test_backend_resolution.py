@@ -244,10 +244,7 @@ def test_a_config_resolved_for_an_h200_wires_every_triton_kernel_into_the_model(
     generic.install(model, resolved, lambda n: LocalDispatcher(n, resolved.combine), device=torch.device("cpu"))
     experts = [m for _, m in engine_experts_modules(model)]
     assert experts and all(
-        m.workbench_experts_backend == "grouped_mm"
-        and m.workbench_swiglu == "triton"
-        and m.workbench_dispatcher.use_triton
-        for m in experts
+        m.plan.backend == "grouped_mm" and m.plan.swiglu == "triton" and m.plan.dispatcher.use_triton for m in experts
     )
     attentions = [m for m in model.modules() if "Attention" in type(m).__name__]
     assert attentions and all(type(m) is Qwen3MoeEngineAttention and m.workbench_rope == "triton" for m in attentions)

@@ -622,7 +622,7 @@ def test_balanced_gate_on_the_generic_experts():
     balanced = workbench.AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(gate="balanced"), device="cpu")
     balanced.load_state_dict(native.state_dict())
     experts_n, experts_b = engine_experts_modules(native)[0][1], engine_experts_modules(balanced)[0][1]
-    assert experts_b.workbench_gate == "balanced" and experts_n.workbench_gate == "native"
+    assert experts_b.plan.gate == "balanced" and experts_n.plan.gate == "native"
     T, K, E = 24, cfg.num_experts_per_tok, cfg.num_local_experts
     x = torch.randn(T, cfg.hidden_size)
     router_ids = torch.zeros(T, K, dtype=torch.long)  # the router put every token on experts 0 (worst case)

@@ -14,6 +14,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 # Script mode: import workbench from this checkout and the test helpers beside this file.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -189,7 +190,7 @@ class _Experts(EngineExperts, nn.Module):
 
     def __init__(self, dispatcher):
         nn.Module.__init__(self)
-        self.workbench_dispatcher = dispatcher
+        self.plan = SimpleNamespace(dispatcher=dispatcher)  # the one plan field the close functions read
 
 
 def _blocks(dispatchers) -> nn.Module:

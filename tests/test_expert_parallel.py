@@ -120,7 +120,7 @@ def _ep_worker(rank, world, ckpt, mesh_kwargs, save_dir):
         "dense_read": sum(".mlp.experts." not in k for k in keys_read),
         "reads": len(keys_read),
         "read_stats": model.workbench_checkpoint_read,
-        "dispatcher": type(model.model.layers[0].mlp.experts.workbench_dispatcher).__name__,
+        "dispatcher": type(model.model.layers[0].mlp.experts.plan.dispatcher).__name__,
     }
 
 

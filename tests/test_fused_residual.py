@@ -125,6 +125,55 @@ def test_fused_decoder_layer_replays_under_activation_checkpointing(device):
     run_triton_script(_AC_SCRIPT, device, "FUSED RESIDUAL AC OK")
 
 
+_HANDOFF_SCRIPT = textwrap.dedent("""
+import sys, torch
+sys.path.insert(0, "tests")
+from tiny_models import tiny_qwen3_moe
+import workbench
+from workbench.moe.dispatch.local import LocalDispatcher
+
+device = sys.argv[1]
+cfg = tiny_qwen3_moe(head_dim=16)
+model = workbench.AutoModelForCausalLM.from_config(cfg, device=device, dtype=torch.float32, seed=0)
+seen = []
+combine = LocalDispatcher.combine
+
+
+def spy(self, y, handle, residual_TD=None, weighted=True):
+    seen.append(residual_TD is not None)
+    return combine(self, y, handle, residual_TD, weighted)
+
+
+LocalDispatcher.combine = spy
+ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0)).to(device)
+with torch.no_grad():
+    base = model(input_ids=ids, use_cache=False).logits
+assert seen == [True] * cfg.num_hidden_layers, seen  # every layer's residual add is in its experts' combine
+# a hook on one MoE block: that block runs its own forward, its hook sees the block's output (not the residual
+# stream), and the layer adds the residual itself
+block, calls = model.model.layers[0].mlp, []
+block.register_forward_hook(lambda module, args, out: calls.append((args[0], out)))
+seen.clear()
+with torch.no_grad():
+    hooked = model(input_ids=ids, use_cache=False).logits
+    hooked_seen = list(seen)
+    x, out = calls[0]
+    out = out[0] if isinstance(out, tuple) else out
+    own = block.forward(x)
+    own = own[0] if isinstance(own, tuple) else own
+assert hooked_seen == [False] + [True] * (cfg.num_hidden_layers - 1), hooked_seen
+torch.testing.assert_close(out, own, rtol=0, atol=0)
+torch.testing.assert_close(hooked, base, rtol=1e-5, atol=1e-5)
+print("RESIDUAL HANDOFF OK")
+""")
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_decoder_layer_hands_the_residual_to_the_experts_combine_and_a_hooked_block_its_own_output(device):
+    run_triton_script(_HANDOFF_SCRIPT, device, "RESIDUAL HANDOFF OK")
+
+
 _COMBINE_SCRIPT = textwrap.dedent("""
 import sys, torch
 from workbench.moe.dispatch.local import LocalDispatcher

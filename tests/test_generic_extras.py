@@ -136,8 +136,8 @@ def test_swiglu_choice_installed_only_on_gates_with_a_kernel(monkeypatch):
             install_engine_experts(
                 module, make_dispatcher("local", 4), "grouped_mm", (0, 4), 4, swiglu="triton", family_rows=rows
             )
-            assert module.workbench_swiglu == "triton", family
-            assert (module.workbench_family_rows is not None) is gpt_oss_gate, family
+            assert module.plan.swiglu == "triton", family
+            assert (module.plan.family_rows is not None) is gpt_oss_gate, family
 
 
 def test_rms_norm_probe_accepts_standard_and_refuses_variants():
@@ -193,7 +193,7 @@ def test_combine_choice_reaches_every_dispatcher():
     with pytest.raises(ValueError, match=r"combine must be a resolved BackendConfig\.combine"):
         make_dispatcher("local", 4, combine="auto")
     _, _, eng = _pair("olmoe", BackendConfig())
-    assert all(m.workbench_dispatcher.use_triton is False for _, m in engine_experts_modules(eng))
+    assert all(m.plan.dispatcher.use_triton is False for _, m in engine_experts_modules(eng))
 
 
 @pytest.mark.skipif(
@@ -238,8 +238,8 @@ for family in sys.argv[1:]:
     cfg, ref, eng = pair(family, BackendConfig(experts="grouped_mm", fused_ce=True))
     assert sum(isinstance(m, RMSNorm) and m.backend == "triton" for m in eng.modules()) >= 2 * cfg.num_hidden_layers
     experts = [m for _, m in engine_experts_modules(eng)]
-    assert all(m.workbench_dispatcher.use_triton for m in experts)
-    assert all(m.workbench_swiglu == "triton" for m in experts)  # GPT-OSS: its fused bias + clamped gate
+    assert all(m.plan.dispatcher.use_triton for m in experts)
+    assert all(m.plan.swiglu == "triton" for m in experts)  # GPT-OSS: its fused bias + clamped gate
     ids = torch.randint(0, cfg.vocab_size, (2, 10), generator=torch.Generator().manual_seed(7))
     check(family, ref, eng, ids)
     # every choice torch: no Triton kernel may run, although the interpreter would take them

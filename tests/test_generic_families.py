@@ -68,7 +68,7 @@ def test_logits_and_gradients_equal_vanilla_transformers(family, backend):
     cfg, ref, eng = _pair(family, backend)
     experts = engine_experts_modules(eng)  # every family, Qwen3-MoE included, runs on the generic path
     assert experts, f"{family}: no experts module became the engine's"
-    assert all(m.workbench_experts_backend == backend for _, m in experts)
+    assert all(m.plan.backend == backend for _, m in experts)
     # the tiny widths are multiples of 8: grouped_mm runs for real, not its loop fallback
     x = torch.zeros(4, cfg.hidden_size)
     assert grouped_mm_ok(x, experts[0][1].down_proj.transpose(-2, -1), grouped_mm_dtypes("cpu"))
@@ -102,9 +102,7 @@ def test_odd_widths_fall_back_to_the_loop_and_stay_exact():
     eng = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts="grouped_mm"), device="cpu")
     eng.load_state_dict(ref.state_dict())
     experts = engine_experts_modules(eng)[0][1]
-    assert not grouped_mm_ok(
-        torch.zeros(1, 36), experts.down_proj.transpose(-2, -1), experts.workbench_grouped_mm_dtypes
-    )
+    assert not grouped_mm_ok(torch.zeros(1, 36), experts.down_proj.transpose(-2, -1), experts.plan.grouped_mm_dtypes)
     ids = torch.randint(0, cfg.vocab_size, (2, 9))
     close(eng(input_ids=ids).logits, ref(input_ids=ids).logits, "odd-width logits")
 
@@ -162,7 +160,7 @@ def _ep_worker(rank, world, family, save_dir):
     first, last = rank * num // world, (rank + 1) * num // world
     held = {}
     for name, m in engine_experts_modules(model):
-        assert m.workbench_expert_range == (first, last)
+        assert m.plan.expert_range == (first, last)
         w = m.down_proj.to_local() if isinstance(m.down_proj, DTensor) else m.down_proj
         held[name] = w.shape[0]
     full = generic.full_state_dict(model)  # collective
@@ -184,7 +182,7 @@ def _ep_worker(rank, world, family, save_dir):
     ref_out.loss.backward()
     ref_grads = dict(ref.named_parameters())
     worst = 0.0
-    experts = {f"{n}.{p}" for n, m in engine_experts_modules(model) for p in m.workbench_layout.param_names()}
+    experts = {f"{n}.{p}" for n, m in engine_experts_modules(model) for p in m.plan.layout.param_names()}
     for name, p in model.named_parameters():
         grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
         want = ref_grads[name].grad
@@ -394,10 +392,8 @@ def test_grouped_mm_dtypes_are_decided_once_at_install_and_passed_down():
     cfg = _config("mixtral")
     grouped = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts="grouped_mm"), device="cpu")
     loop = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts="loop"), device="cpu")
-    assert {m.workbench_grouped_mm_dtypes for _, m in engine_experts_modules(grouped)} == {
-        (torch.float32, torch.bfloat16)
-    }
-    assert {m.workbench_grouped_mm_dtypes for _, m in engine_experts_modules(loop)} == {()}
+    assert {m.plan.grouped_mm_dtypes for _, m in engine_experts_modules(grouped)} == {(torch.float32, torch.bfloat16)}
+    assert {m.plan.grouped_mm_dtypes for _, m in engine_experts_modules(loop)} == {()}
     g = torch.Generator().manual_seed(0)
     x, weight = torch.randn(10, 16, generator=g), torch.randn(4, 8, 16, generator=g)
     counts = torch.tensor([3, 0, 7, 0])

@@ -12,6 +12,7 @@ from workbench import BackendConfig
 from workbench.config import ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig
 from workbench.models.auto import AutoModelForCausalLM
 from workbench.moe.bias_update import router_biases, update_router_biases
+from workbench.moe.dispatch import NO_CAPS
 from workbench.moe.hf_experts import engine_experts_modules
 from workbench.train.activation_checkpoint import apply_activation_checkpointing
 
@@ -377,6 +378,8 @@ def test_an_untested_v5_fused_family_runs_on_the_generic_path_with_one_line_nami
 class _HeldBuffer:
     """A dispatcher holding a buffer until close(), as DeepEPDispatcher does."""
 
+    caps = NO_CAPS
+
     def __init__(self):
         self.open_key, self.closes = "k", 0
 
@@ -392,7 +395,7 @@ def test_close_dispatchers_frees_the_generic_paths_dispatcher_once():
     model = AutoModelForCausalLM.from_config(_config("mixtral"), device="cpu", dtype=torch.float32)
     held = _HeldBuffer()
     for _, m in engine_experts_modules(model):
-        m.workbench_dispatcher = held  # build.py shares one dispatcher between the MoE layers
+        m.use_dispatcher(held)  # build.py shares one dispatcher between the MoE layers
     assert close_dispatchers(model) == 1 and held.closes == 1
 
 

@@ -220,14 +220,14 @@ def test_the_gate_is_detected_from_the_class_not_the_model_type():
     # swiglu='triton' on mixtral is the plain SwiGLU kernel, never GPT-OSS's gate
     assert family_for("gpt_oss").expert_rows(experts[0], "triton") is None
     install_engine_experts(experts[0], None, "grouped_mm", (0, 4), 4, swiglu="triton")
-    assert experts[0].workbench_swiglu == "triton" and experts[0].workbench_family_rows is None
+    assert experts[0].plan.swiglu == "triton" and experts[0].plan.family_rows is None
     other = OtherGate(tiny_config("gpt_oss"))
     assert family_for("gpt_oss").expert_rows(other, "triton") is None  # the family's kernel only for its own gate
     gpt = _experts()
     assert family_for("gpt_oss").expert_rows(gpt, "torch") is None  # and only where swiglu='triton' asks for it
     rows = family_for("gpt_oss").expert_rows(gpt, "triton")
     module = install_engine_experts(gpt, None, "grouped_mm", (0, 11), 11, swiglu="triton", family_rows=rows)
-    assert module.workbench_swiglu == "triton" and module.workbench_family_rows is gpt_oss_expert_rows
+    assert module.plan.swiglu == "triton" and module.plan.family_rows is gpt_oss_expert_rows
     with pytest.raises(ValueError, match=r"resolved BackendConfig\.swiglu"):
         install_engine_experts(_experts(), None, "grouped_mm", (0, 11), 11, swiglu="auto")
 
@@ -295,7 +295,7 @@ _MODEL_SCRIPT = textwrap.dedent("""
     from workbench.backends import BackendConfig
     from workbench.moe.hf_experts import engine_experts_modules
     cfg, ref, eng = _gpt_oss_pair(BackendConfig(experts="grouped_mm", swiglu="triton"))
-    assert [m.workbench_swiglu for _, m in engine_experts_modules(eng)] == ["triton", "triton"]
+    assert [m.plan.swiglu for _, m in engine_experts_modules(eng)] == ["triton", "triton"]
     _compare_with_vanilla(cfg, ref, eng)
     print("MODEL OK")
 """)

@@ -110,7 +110,7 @@ def test_lora_with_zero_b_equals_the_base_model(family, tmp_path):
 def _reference_experts(hf_experts, engine, hidden, top_k_index, top_k_weights):
     """Transformers' own per-expert loop (eager) on W + scaling * A @ B, built from the engine's adapters."""
     params = {}
-    for weight in engine.workbench_lora["weights"]:
+    for weight in engine.plan.lora.weights:
         name_a, name_b = adapter_names(weight)
         params[weight] = getattr(engine, weight) + expert_delta(
             engine, weight, getattr(engine, name_a), getattr(engine, name_b)
@@ -131,7 +131,7 @@ def test_grouped_lora_experts_match_a_per_expert_reference(family, backend):
     )
     engine = engine_experts_modules(model)[-1][1]
     with torch.no_grad():  # the same base weights in both
-        for name in engine.workbench_layout.param_names():
+        for name in engine.plan.layout.param_names():
             getattr(hf_experts, name).copy_(getattr(engine, name))
     randomize_adapters(model)
     tokens, k = 11, cfg.num_experts_per_tok

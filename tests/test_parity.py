@@ -178,7 +178,7 @@ def test_expert_recompute_same_numbers_less_saved(experts):
         cfg, backend=workbench.BackendConfig(experts=experts, expert_recompute=True), device="cpu"
     )
     recompute.load_state_dict(hf_model.state_dict())
-    assert all(m.workbench_recompute for _, m in engine_experts_modules(recompute))
+    assert all(m.plan.recompute for _, m in engine_experts_modules(recompute))
     ids, labels = fresh_batch(cfg, 32)
     ref, ref_grads = forward_backward(hf_model, ids, labels)
     out, grads = forward_backward(recompute, ids, labels)

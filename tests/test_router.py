@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from tiny_models import tiny_qwen3_moe
 from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
 import workbench
+from workbench.moe.hf_experts import engine_experts_modules
 from workbench.moe.router import balanced_topk, load_balancing_loss, softmax_topk
 
 
@@ -172,10 +175,13 @@ def test_routed_load_of_a_single_rank_dispatch_is_the_routers_choices():
     model(input_ids=ids, labels=ids).loss.backward()
     want = torch.stack([torch.bincount(c, minlength=8) for c in chosen])
     assert torch.equal(pop_routed_load(model), want) and int(want.sum()) == 2 * 3 * 20 * 3
-    assert LocalDispatcher.counts_every_expert
-    experts = [m for m in model.modules() if hasattr(m, "workbench_dispatcher")]
+    assert LocalDispatcher.caps.counts_every_expert
+    experts = [m for _, m in engine_experts_modules(model)]
+    assert experts and all(m.plan.counts_from_dispatch for m in experts)
+    partial = dataclasses.replace(LocalDispatcher.caps, counts_every_expert=False)
     for m in experts:  # as an expert-parallel dispatcher: its counts are its own experts' rows
-        m.workbench_dispatcher = type("Partial", (LocalDispatcher,), {"counts_every_expert": False})(8)
+        m.use_dispatcher(type("Partial", (LocalDispatcher,), {"caps": partial})(8))
+    assert not any(m.plan.counts_from_dispatch for m in experts)
     chosen.clear()
     model(input_ids=ids, labels=ids).loss.backward()
     assert torch.equal(pop_routed_load(model), torch.stack([torch.bincount(c, minlength=8) for c in chosen]))

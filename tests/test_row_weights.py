@@ -18,6 +18,7 @@ from triton_script import DEVICES, run_triton_script
 from workbench import BackendConfig
 from workbench.models.auto import AutoModelForCausalLM
 from workbench.moe import hf_experts
+from workbench.moe.dispatch import NO_CAPS
 from workbench.moe.dispatch.local import LocalDispatcher
 from workbench.moe.hf_experts import engine_experts_modules
 
@@ -103,7 +104,7 @@ def test_families_with_a_plain_gate_take_the_weights_in_their_rows(family, in_ro
     eng = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts="grouped_mm"), device="cpu")
     eng.load_state_dict(ref.state_dict(), strict=True)
     experts = [m for _, m in engine_experts_modules(eng)]
-    assert experts and all(m.workbench_weights_in_rows is in_rows for m in experts)
+    assert experts and all(m.plan.weights_in_rows is in_rows for m in experts)
     calls = []
     weighted = hf_experts.weighted_swiglu
     monkeypatch.setattr(hf_experts, "weighted_swiglu", lambda *a: calls.append(1) or weighted(*a))
@@ -120,18 +121,19 @@ def test_families_with_a_plain_gate_take_the_weights_in_their_rows(family, in_ro
 def test_a_dispatcher_without_row_weights_keeps_the_weighted_combine():
     # alltoall and the others weigh in their combine: an experts module may apply weights only where its
     # dispatcher hands them out
-    from workbench.moe.row_weights import rows_weights
+    class Plain(LocalDispatcher):
+        caps = NO_CAPS  # dispatch and a weighted combine only
 
-    class Plain:
-        pass
-
-    module = Plain()
-    module.workbench_weights_in_rows = True
-    module.workbench_dispatcher = Plain()
-    assert rows_weights(module, None) is None
-    module.workbench_dispatcher = LocalDispatcher(4)
-    module.workbench_weights_in_rows = False
-    assert rows_weights(module, None) is None
+    model = AutoModelForCausalLM.from_config(_config("mixtral"), backend=BackendConfig(experts="grouped_mm"))
+    module = engine_experts_modules(model)[0][1]
+    assert module.plan.gate_takes_weights and module.plan.weights_in_rows  # the local dispatcher hands them out
+    module.use_dispatcher(Plain(module.num_experts))
+    assert module.plan.gate_takes_weights and not module.plan.weights_in_rows
+    calls = []
+    module.plan.dispatcher.row_weights = lambda handle: calls.append(1)
+    ids = torch.randint(0, 96, (2, 6))
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert calls == []  # the combine weighed the rows
 
 
 @needs_triton

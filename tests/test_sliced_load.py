@@ -39,7 +39,7 @@ def _load_worker(rank, world, path, mesh_kwargs, tokens):
     model = _build(path, mesh_kwargs)
     experts = {}
     for name, module in engine_experts_modules(model):
-        for pname in module.workbench_layout.param_names():
+        for pname in module.plan.layout.param_names():
             value = getattr(module, pname)
             experts[f"{name}.{pname}"] = (value.full_tensor() if isinstance(value, DTensor) else value).detach().clone()
     with torch.no_grad():

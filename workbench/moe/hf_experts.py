@@ -2,15 +2,18 @@
 
 The module stays Transformers' own (its parameters, names, layout flags, `_apply_gate`, optional
 `post_expert_norm`); only its class is swapped for a subclass whose forward is the engine's:
-dispatch (local / alltoall), grouped GEMMs over this rank's experts, weighted combine. Under
-expert parallelism the fused `[E, ...]` tensors hold only experts [first, last).
+dispatch (local / alltoall), grouped GEMMs over this rank's experts, weighted combine, in the order of the
+dispatcher contract (moe/dispatch/contract.py). Everything it runs with is one frozen ExpertsPlan, resolved once
+at install (its one field, `plan`). Under expert parallelism the fused `[E, ...]` tensors hold only experts
+[first, last).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -20,12 +23,13 @@ from torch.utils.checkpoint import checkpoint
 
 from workbench.kernels.gpt_oss_gate import expert_row_bias
 from workbench.kernels.registry import KernelRegistry
+from workbench.moe.dispatch.contract import Dispatcher, caps_of
 from workbench.moe.expert_wgrad import WGRAD_BACKENDS, grouped_linear_wgrad, wgrad_applies, wgrad_refusal
 from workbench.moe.grouped_mm import grouped_mm_op, weight_EKO
-from workbench.moe.lora_experts import lora_rows
+from workbench.moe.lora_experts import ExpertsLora, lora_rows
 from workbench.moe.routed_load import attach_load_counter, count_routed
 from workbench.moe.router import GATES, balanced_ids
-from workbench.moe.row_weights import rows_weights, rows_weights_apply, weighted_swiglu, weights_fold_into_rows
+from workbench.moe.row_weights import weighted_swiglu, weights_fold_into_rows
 
 # Shape suffixes: T tokens, D hidden, E experts, N routed rows, I intermediate; weight_EKN: [E, K in, N out].
 
@@ -58,6 +62,43 @@ class ExpertsLayout:
         """Every per-expert parameter of the module, `[E, ...]` each."""
         names = (self.up_name, "down_proj")
         return names + tuple(f"{n}_bias" for n in names) if self.has_bias else names
+
+
+@dataclass(frozen=True)
+class ExpertsPlan:
+    """What one engine experts module runs with: resolved once, at install (install_engine_experts).
+
+    The fields after `gate` follow from the others and the dispatcher's declared caps (DispatcherCaps), so a plan
+    with another dispatcher (`with_dispatcher`) is resolved again.
+    """
+
+    layout: ExpertsLayout
+    dispatcher: Dispatcher | None  # None: rows only (kernel benchmarks call expert_rows without dispatching)
+    backend: str  # BackendConfig.experts: 'grouped_mm', 'loop' or 'te'
+    expert_range: tuple[int, int]  # this rank's experts [first, last) of the model's
+    grouped_mm_dtypes: tuple[torch.dtype, ...]  # what grouped_mm takes where the experts run; () for 'loop'
+    swiglu: str  # 'triton' where the engine has a kernel for the family's gate and BackendConfig.swiglu asked for it
+    # the family's own experts on expert-major rows (Family.expert_rows: GPT-OSS's fused gate), else None
+    family_rows: Callable | None
+    gate_takes_weights: bool  # the rows can take their routing weights in the SwiGLU (moe/row_weights.py)
+    recompute: bool  # BackendConfig.expert_recompute
+    expert_wgrad: str  # BackendConfig.expert_wgrad
+    gate: str  # 'native' or the bench's 'balanced' round-robin assignment
+    lora: ExpertsLora | None = None  # the module's LoRA adapters (moe/lora_experts.py)
+    # resolved from the dispatcher's caps
+    weights_in_rows: bool = field(init=False)  # the rows take their routing weights; the combine sums plain rows
+    counts_from_dispatch: bool = field(init=False)  # the dispatch's tokens_per_expert are the router's choices
+    combine_adds_residual: bool = field(init=False)  # the combine adds a residual stream handed to forward
+
+    def __post_init__(self) -> None:
+        caps = caps_of(self.dispatcher)
+        object.__setattr__(self, "weights_in_rows", self.gate_takes_weights and caps.rows_take_weights)
+        object.__setattr__(self, "counts_from_dispatch", caps.counts_every_expert)
+        object.__setattr__(self, "combine_adds_residual", caps.combine_adds_residual)
+
+    def with_dispatcher(self, dispatcher: Dispatcher | None) -> ExpertsPlan:
+        """This plan with another dispatcher, its caps resolved again."""
+        return dataclasses.replace(self, dispatcher=dispatcher)
 
 
 def is_silu(act) -> bool:
@@ -117,7 +158,7 @@ def grouped_linear(
 ) -> torch.Tensor:
     """Rows of expert e times its weight, for expert-major rows (`tokens_per_expert` rows each).
 
-    `dtypes`: what grouped_mm takes on the device (the module's workbench_grouped_mm_dtypes; ()
+    `dtypes`: what grouped_mm takes on the device (the module's plan.grouped_mm_dtypes; ()
     for experts='loop'); operands it does not take run the per-expert loop. `offsets`: the int32
     end offsets (`row_offsets`) where the caller shares them over several GEMMs of the same rows.
     `wgrad`: BackendConfig.expert_wgrad ('triton': the weight gradient with its squares, moe/expert_wgrad.py).
@@ -141,7 +182,7 @@ def grouped_linear(
 
 def expert_offsets(module: nn.Module, tokens_per_expert: torch.Tensor) -> torch.Tensor | None:
     """The grouped GEMMs' row offsets, None where `module` runs the per-expert loop."""
-    return row_offsets(tokens_per_expert) if module.workbench_grouped_mm_dtypes else None
+    return row_offsets(tokens_per_expert) if module.plan.grouped_mm_dtypes else None
 
 
 def expert_linear(
@@ -156,12 +197,12 @@ def expert_linear(
     `offsets`: expert_offsets of the rows, where the caller shares them over its GEMMs (up and down and their
     adapters use the same rows: one cumsum per layer, each a launch, and LoRA steps are launch-bound).
     """
-    dtypes = module.workbench_grouped_mm_dtypes  # decided at install
+    plan: ExpertsPlan = module.plan
+    dtypes = plan.grouped_mm_dtypes  # decided at install
     if offsets is None:
         offsets = expert_offsets(module, tokens_per_expert)
     weight_E = getattr(module, weight)
-    transposed, wgrad = module.workbench_layout.is_transposed, getattr(module, "workbench_expert_wgrad", "autograd")
-    y = grouped_linear(x_ND, tokens_per_expert, weight_E, transposed, dtypes, offsets, wgrad)
+    y = grouped_linear(x_ND, tokens_per_expert, weight_E, plan.layout.is_transposed, dtypes, offsets, plan.expert_wgrad)
     delta = lora_rows(module, weight, x_ND, tokens_per_expert, dtypes, offsets)
     return y if delta is None else y + delta
 
@@ -196,10 +237,10 @@ def is_plain_swiglu(module: nn.Module) -> bool:
 def _gate(module: nn.Module, h_NI2: torch.Tensor, row_weights_N: torch.Tensor | None = None) -> torch.Tensor:
     if row_weights_N is not None:  # the routing weights, applied here instead of in the combine
         return weighted_swiglu(module, h_NI2, row_weights_N)
-    layout: ExpertsLayout = module.workbench_layout
-    if not layout.has_gate:
+    plan: ExpertsPlan = module.plan
+    if not plan.layout.has_gate:
         return module.act_fn(h_NI2)
-    if module.workbench_swiglu == "triton" and module.workbench_family_rows is None:
+    if plan.swiglu == "triton" and plan.family_rows is None:
         from workbench.kernels.swiglu import swiglu_packed_triton
 
         return swiglu_packed_triton(h_NI2)  # one pass over [N, 2I] instead of chunk/silu/mul
@@ -222,7 +263,7 @@ def _expert_rows_te(
     from workbench.kernels import te_common
     from workbench.kernels.te_experts import FP8_ROW_ALIGN
 
-    layout: ExpertsLayout = module.workbench_layout
+    layout: ExpertsLayout = module.plan.layout
     te = te_common.import_te("experts")  # first: without TE the error names the pip extra
     te_common.check_cuda("experts", x_ND)
     counts = [int(c) for c in tokens_per_expert.tolist()]
@@ -250,9 +291,10 @@ def _expert_rows_torch(
 
     `row_weights_N`: each row's routing weight, applied to the SwiGLU's output (moe/row_weights.py).
     """
-    layout: ExpertsLayout = module.workbench_layout
-    if module.workbench_family_rows is not None:  # the family's own kernel for its gate (models/families/)
-        return module.workbench_family_rows(module, x_ND, tokens_per_expert)
+    plan: ExpertsPlan = module.plan
+    layout = plan.layout
+    if plan.family_rows is not None:  # the family's own kernel for its gate (models/families/)
+        return plan.family_rows(module, x_ND, tokens_per_expert)
     rows = x_ND.shape[0]
     offsets = expert_offsets(module, tokens_per_expert)
     h = expert_linear(module, layout.up_name, x_ND, tokens_per_expert, offsets)
@@ -279,43 +321,57 @@ def expert_rows(
 ) -> torch.Tensor:
     """The experts' outputs for expert-major rows, as the family computes them (bias, gate, norm).
 
-    `row_weights_N`: the rows' routing weights where the module applies them (moe/row_weights.rows_weights).
+    `row_weights_N`: the rows' routing weights where the module applies them (plan.weights_in_rows).
     """
-    return EXPERTS_BACKENDS[module.workbench_experts_backend](module, x_ND, tokens_per_expert, row_weights_N)
+    return EXPERTS_BACKENDS[module.plan.backend](module, x_ND, tokens_per_expert, row_weights_N)
 
 
 class EngineExperts:
     """Mixin put in front of a Transformers experts class: the engine's forward, same parameters."""
 
+    plan: ExpertsPlan  # everything it runs with, resolved once by install_engine_experts
+
     def forward(
-        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+        self,
+        hidden_states: torch.Tensor,
+        top_k_index: torch.Tensor,
+        top_k_weights: torch.Tensor,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Transformers' experts call: tokens [T, D], the router's top-k ids and weights [T, K]."""
+        """Transformers' experts call: tokens [T, D], the router's top-k ids and weights [T, K].
+
+        The dispatcher contract's stages in their order (moe/dispatch/contract.py): dispatch, count the routed load,
+        the rows' routing weights (where the rows take them), the experts' GEMMs, combine. `residual` (shaped like
+        `hidden_states`): a residual stream the combine adds in its sum (the engine's decoder layer passes it where
+        plan.combine_adds_residual).
+        """
+        plan = self.plan
         x_TD = hidden_states.reshape(-1, hidden_states.shape[-1])
-        if getattr(self, "workbench_gate", "native") == "balanced":
+        if plan.gate == "balanced":
             # The bench's balanced gate: round-robin ids instead of the router's choice. The router's
             # own weights are kept as they are (not uniform 1/K): they keep the router in the graph
             # and carry the family's scaling (DeepSeek's routed_scaling_factor, GPT-OSS's top-k
             # softmax), so a step's work and numerics differ from a native step only by the assignment.
             top_k_index = balanced_ids(x_TD.shape[0], top_k_index.shape[-1], self.num_experts, x_TD.device)
-        dispatcher = self.workbench_dispatcher
+        dispatcher = plan.dispatcher
         # The profiler's phases (train/profile.py); about a microsecond each with no profiler running.
         with record_function("workbench.dispatch"):
             x_ND, tokens_per_expert, handle = dispatcher.dispatch(x_TD, top_k_index.long(), top_k_weights)
         # the expert load of the plots and the router-bias update; a dispatch that counts every expert's rows
         # already counted the router's choices
-        counted = tokens_per_expert if getattr(dispatcher, "counts_every_expert", False) else None
-        count_routed(self, top_k_index, counted)
-        row_weights_N = rows_weights(self, handle)  # None: the combine weighs the rows
+        count_routed(self, top_k_index, tokens_per_expert if plan.counts_from_dispatch else None)
+        row_weights_N = dispatcher.row_weights(handle) if plan.weights_in_rows else None  # None: combine weighs
         with record_function("workbench.experts"):
-            if self.workbench_recompute and torch.is_grad_enabled():
+            if plan.recompute and torch.is_grad_enabled():
                 # Saves only the input rows; the [N, 2I] and [N, I] intermediates are rebuilt in backward.
                 y_ND = checkpoint(expert_rows, self, x_ND, tokens_per_expert, row_weights_N, use_reentrant=False)
             else:
                 y_ND = expert_rows(self, x_ND, tokens_per_expert, row_weights_N)
-        # a residual stream handed in by the engine's decoder layer (models/families/qwen3_moe/decoder.py) joins the sum
-        residual = getattr(self, "workbench_residual", None)
-        combine_args = () if residual is None else (residual.reshape(x_TD.shape),)
+        combine_args = ()
+        if residual is not None:
+            if not plan.combine_adds_residual:
+                raise ValueError(f"{type(dispatcher).__name__}'s combine adds no residual (its caps)")
+            combine_args = (residual.reshape(x_TD.shape),)
         with record_function("workbench.combine"):
             if row_weights_N is None:
                 y_TD = dispatcher.combine(y_ND, handle, *combine_args)
@@ -323,14 +379,19 @@ class EngineExperts:
                 y_TD = dispatcher.combine(y_ND, handle, *combine_args, weighted=False)
         return y_TD.to(hidden_states.dtype).view_as(hidden_states)
 
+    def use_dispatcher(self, dispatcher: Dispatcher) -> None:
+        """Run with `dispatcher` from now on (its caps resolved again)."""
+        self.plan = self.plan.with_dispatcher(dispatcher)
+
     def extra_repr(self) -> str:
         """Which experts this rank holds and the GEMM backend."""
-        first, last = self.workbench_expert_range
+        plan = self.plan
+        first, last = plan.expert_range
         return (
-            f"engine experts [{first}, {last}) of {self.num_experts}, backend={self.workbench_experts_backend}, "
-            f"swiglu={self.workbench_swiglu}"
-            + (", routing weights in the rows" if rows_weights_apply(self) else "")
-            + (", recompute" if self.workbench_recompute else "")
+            f"engine experts [{first}, {last}) of {self.num_experts}, backend={plan.backend}, "
+            f"swiglu={plan.swiglu}"
+            + (", routing weights in the rows" if plan.weights_in_rows else "")
+            + (", recompute" if plan.recompute else "")
         )
 
 
@@ -396,26 +457,29 @@ def install_engine_experts(
             )
         if (first, last) != (0, num_experts):
             setattr(module, name, nn.Parameter(param.data[first:last].clone(), requires_grad=param.requires_grad))
-    module.__class__ = engine_class(type(module))
-    module.workbench_layout = layout
-    module.workbench_dispatcher = dispatcher
-    module.workbench_experts_backend = backend
     run_on = device if device is not None else getattr(module, layout.up_name).device
-    module.workbench_grouped_mm_dtypes = grouped_mm_dtypes(run_on) if backend == "grouped_mm" else ()
-    # Triton only where the engine has a kernel for the family's gate (plain SwiGLU, the family's own).
-    module.workbench_family_rows = family_rows
     plain_swiglu = family_rows is None and is_plain_swiglu(module)
-    module.workbench_swiglu = swiglu if family_rows is not None or plain_swiglu else "torch"
-    module.workbench_weights_in_rows = weights_fold_into_rows(module, backend, plain_swiglu)
-    module.workbench_recompute = recompute
-    module.workbench_expert_wgrad = wgrad
+    plan = ExpertsPlan(
+        layout=layout,
+        dispatcher=dispatcher,
+        backend=backend,
+        expert_range=(first, last),
+        grouped_mm_dtypes=grouped_mm_dtypes(run_on) if backend == "grouped_mm" else (),
+        # Triton only where the engine has a kernel for the family's gate (plain SwiGLU, the family's own)
+        swiglu=swiglu if family_rows is not None or plain_swiglu else "torch",
+        family_rows=family_rows,
+        gate_takes_weights=weights_fold_into_rows(layout, backend, plain_swiglu),
+        recompute=recompute,
+        expert_wgrad=wgrad,
+        gate=gate,  # "balanced": the bench's round-robin assignment (EngineExperts.forward)
+    )
+    module.__class__ = engine_class(type(module))
+    module.plan = plan
     if wgrad == "triton":  # a weight the kernel cannot tile keeps autograd's gradient: said once, here
         for name in (layout.up_name, "down_proj"):
             why = wgrad_refusal(getattr(module, name))
             if why is not None:
                 warnings.warn(f"expert_wgrad='triton' leaves {name} to autograd: {why}", stacklevel=2)
-    module.workbench_expert_range = (first, last)
-    module.workbench_gate = gate  # "balanced": the bench's round-robin assignment (EngineExperts.forward)
     module.num_experts = num_experts
     attach_load_counter(module, num_experts)
     return module

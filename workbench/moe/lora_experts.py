@@ -12,14 +12,26 @@ with them (FSDP2 over the expert-data-parallel dim, grad norm summed over ep).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 # Shape suffixes: N routed rows, D in features, R LoRA rank, E experts.
+
+
+@dataclass(frozen=True)
+class ExpertsLora:
+    """The adapters of one engine experts module (its plan's `lora`): which fused weights, rank, scaling, dropout."""
+
+    weights: tuple[str, ...]
+    rank: int
+    scaling: float
+    dropout: float
 
 
 def adapter_names(weight: str) -> tuple[str, str]:
@@ -30,7 +42,7 @@ def adapter_names(weight: str) -> tuple[str, str]:
 def in_out(module: nn.Module, weight: str) -> tuple[int, int]:
     """(in, out) features of fused weight `weight`: stored [E, in, out] if transposed, else [E, out, in]."""
     shape = getattr(module, weight).shape
-    return (shape[1], shape[2]) if module.workbench_layout.is_transposed else (shape[2], shape[1])
+    return (shape[1], shape[2]) if module.plan.layout.is_transposed else (shape[2], shape[1])
 
 
 def add_expert_adapters(
@@ -42,7 +54,7 @@ def add_expert_adapters(
     depend on how the experts are split over ranks. A is PEFT's default (kaiming-uniform, bound
     1/sqrt(in)); B is zero, so the model starts equal to the base.
     """
-    first, last = module.workbench_expert_range
+    first, last = module.plan.expert_range
     base = getattr(module, weights[0])
     added = []
     for weight in weights:
@@ -62,7 +74,7 @@ def add_expert_adapters(
         setattr(module, name_a, nn.Parameter(a))
         setattr(module, name_b, nn.Parameter(b))
         added += [name_a, name_b]
-    module.workbench_lora = {"weights": tuple(weights), "rank": rank, "scaling": scaling, "dropout": dropout}
+    module.plan = dataclasses.replace(module.plan, lora=ExpertsLora(tuple(weights), rank, scaling, dropout))
     return added
 
 
@@ -81,18 +93,19 @@ def lora_rows(
     """
     from workbench.moe.hf_experts import grouped_linear
 
-    lora = getattr(module, "workbench_lora", None)
-    if lora is None or weight not in lora["weights"]:
+    lora: ExpertsLora | None = module.plan.lora
+    if lora is None or weight not in lora.weights:
         return None
     name_a, name_b = adapter_names(weight)
-    if lora["dropout"]:
-        x_ND = F.dropout(x_ND, lora["dropout"], module.training)
+    if lora.dropout:
+        x_ND = F.dropout(x_ND, lora.dropout, module.training)
     # A is [E, in, r] and B [E, r, out]: the transposed ([E, K, N]) layout grouped_mm takes as it is.
     xa_NR = grouped_linear(x_ND, tokens_per_expert, getattr(module, name_a), True, dtypes, offsets)
-    return grouped_linear(xa_NR * lora["scaling"], tokens_per_expert, getattr(module, name_b), True, dtypes, offsets)
+    return grouped_linear(xa_NR * lora.scaling, tokens_per_expert, getattr(module, name_b), True, dtypes, offsets)
 
 
 def expert_delta(module: nn.Module, weight: str, a_E: torch.Tensor, b_E: torch.Tensor) -> torch.Tensor:
     """The update of fused weight `weight` in its stored layout: scaling * A @ B (transposed if [E, out, in])."""
-    delta = torch.bmm(a_E, b_E) * module.workbench_lora["scaling"]  # [E, in, out]
-    return delta if module.workbench_layout.is_transposed else delta.transpose(1, 2)
+    plan = module.plan
+    delta = torch.bmm(a_E, b_E) * plan.lora.scaling  # [E, in, out]
+    return delta if plan.layout.is_transposed else delta.transpose(1, 2)

@@ -19,13 +19,13 @@ from torch import nn
 BACKENDS_TAKING_ROW_WEIGHTS = ("grouped_mm", "loop")
 
 
-def weights_fold_into_rows(module: nn.Module, backend: str, plain_swiglu: bool) -> bool:
-    """Whether an experts module can take its routing weights in the SwiGLU (decided once, at install).
+def weights_fold_into_rows(layout, backend: str, plain_swiglu: bool) -> bool:
+    """Whether an experts module of `layout` (hf_experts.ExpertsLayout) can take its routing weights in the SwiGLU.
 
-    Only a plain SwiGLU gate (the fused weighted kernel's) with a bias-free down projection and no norm after it:
-    a bias or a norm would be scaled with the weight, which the family's own forward does not do.
+    Decided once, at install. Only a plain SwiGLU gate (the fused weighted kernel's) with a bias-free down
+    projection and no norm after it: a bias or a norm would be scaled with the weight, which the family's own
+    forward does not do. The rows then take them where the dispatcher hands them out (its caps.rows_take_weights).
     """
-    layout = module.workbench_layout
     return (
         backend in BACKENDS_TAKING_ROW_WEIGHTS
         and plain_swiglu
@@ -34,19 +34,8 @@ def weights_fold_into_rows(module: nn.Module, backend: str, plain_swiglu: bool) 
     )
 
 
-def rows_weights_apply(module: nn.Module) -> bool:
-    """Whether `module` and its dispatcher apply the routing weights in the rows."""
-    dispatcher = getattr(module, "workbench_dispatcher", None)
-    return getattr(module, "workbench_weights_in_rows", False) and getattr(dispatcher, "rows_take_weights", False)
-
-
-def rows_weights(module: nn.Module, handle) -> torch.Tensor | None:
-    """The routing weight of each dispatched row [N] where `module` and its dispatcher apply them in the rows."""
-    return module.workbench_dispatcher.row_weights(handle) if rows_weights_apply(module) else None
-
-
 def weighted_swiglu(module: nn.Module, h_NI2: torch.Tensor, row_weights_N: torch.Tensor) -> torch.Tensor:
     """w[n] * silu(gate) * up for the packed rows, with the module's SwiGLU backend."""
     from workbench.kernels.swiglu import swiglu_packed_weighted
 
-    return swiglu_packed_weighted(h_NI2, row_weights_N, backend=module.workbench_swiglu)
+    return swiglu_packed_weighted(h_NI2, row_weights_N, backend=module.plan.swiglu)

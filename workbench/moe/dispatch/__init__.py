@@ -1,10 +1,8 @@
 """Token dispatch: route tokens to their experts in expert-major order, and combine back.
 
-Every dispatcher implements one protocol:
-    dispatch(x_TD, topk_ids_TK, topk_weights_TK) -> (x_by_expert_ND, tokens_per_expert, handle)
-    combine(y_by_expert_ND, handle) -> y_TD
-where `tokens_per_expert` counts rows for this rank's local experts, and `combine` applies the
-routing weights and sums each token's k expert outputs.
+Every dispatcher implements one contract (moe/dispatch/contract.py: the stages dispatch -> row weights -> the
+experts' GEMMs -> combine, called in that order by the engine's experts, and each dispatcher's typed
+DispatcherCaps). Implementations: `local` (one rank), `alltoall`, `symm_mem`, `deepep`.
 
 A dispatcher that holds communication buffers (deepep) also has `close()`, collective over its
 ep group and idempotent, and `open_key`, the same on every rank of that group while a buffer is
@@ -14,29 +12,10 @@ rank-side teardown of a cluster, which has no model at hand.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
 import torch
 
+from workbench.moe.dispatch.contract import NO_CAPS, Dispatcher, DispatcherCaps, caps_of
 from workbench.moe.dispatch.local import LocalDispatcher, Permutation, permute, sort_by_expert, unpermute
-
-# Shape suffixes: T tokens, D hidden.
-
-
-class Dispatcher(Protocol):
-    """Moves tokens to the experts that own them and back."""
-
-    num_experts: int
-
-    def dispatch(
-        self, x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        """Expert-major tokens, tokens per local expert, and a handle for `combine`."""
-        ...
-
-    def combine(self, y_by_expert_ND: torch.Tensor, handle: Any) -> torch.Tensor:
-        """Weighted sum of each token's expert outputs, in the original token order."""
-        ...
 
 
 def make_dispatcher(name: str, num_experts: int, ep_group=None, combine: str = "torch") -> Dispatcher:
@@ -68,7 +47,7 @@ def model_dispatchers(model: torch.nn.Module) -> list:
     """The dispatcher of every MoE layer of `model` (its engine experts modules), in module order."""
     from workbench.moe.hf_experts import EngineExperts
 
-    return [m.workbench_dispatcher for m in model.modules() if isinstance(m, EngineExperts)]
+    return [m.plan.dispatcher for m in model.modules() if isinstance(m, EngineExperts)]
 
 
 def close_dispatchers(model: torch.nn.Module) -> int:
@@ -108,7 +87,8 @@ def close_live_dispatchers() -> int:
         # type(), not isinstance: some live objects (proxies) raise from __class__.
         if not issubclass(type(obj), EngineExperts):
             continue
-        dispatcher = getattr(obj, "workbench_dispatcher", None)
+        plan = vars(obj).get("plan")  # None on one whose install has not finished
+        dispatcher = plan.dispatcher if plan is not None else None
         if _closable(dispatcher):
             key = getattr(dispatcher, "open_key", None)
             if key is not None:
@@ -126,9 +106,12 @@ def close_live_dispatchers() -> int:
 
 
 __all__ = [
+    "NO_CAPS",
     "Dispatcher",
+    "DispatcherCaps",
     "LocalDispatcher",
     "Permutation",
+    "caps_of",
     "close_dispatchers",
     "close_live_dispatchers",
     "make_dispatcher",

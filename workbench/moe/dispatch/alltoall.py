@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 
 from workbench.kernels.sorting import stable_order
+from workbench.moe.dispatch.contract import NO_CAPS
 from workbench.moe.dispatch.local import combine_uses_triton, expand_to_rows, weighted_sum
 
 # Shape suffixes: T tokens, D hidden, K top-k, P ep ranks, S rows sent, R rows received, N routed rows.
@@ -46,6 +47,9 @@ class AllToAllHandle:
 
 class AllToAllDispatcher:
     """Sends each token once to every ep rank owning one of its experts: rank r owns [r*L, (r+1)*L)."""
+
+    # the two required stages only: its counts are its own experts' rows, its combine weighs and sends home
+    caps = NO_CAPS
 
     def __init__(self, num_experts: int, ep_group, combine: str = "torch"):
         self.use_triton = combine_uses_triton(combine)

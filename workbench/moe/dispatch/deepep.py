@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 from workbench.backends import DEEPEP_EP_SIZES, INSTALL_HINT, BackendError
 from workbench.kernels.sorting import stable_order
+from workbench.moe.dispatch.contract import NO_CAPS
 from workbench.moe.dispatch.local import combine_uses_triton, expand_to_rows, weighted_sum
 
 # Shape suffixes: T tokens, D hidden, K top-k, R rows received, N routed rows.
@@ -164,6 +165,8 @@ class DeepEPHandle:
 
 class DeepEPDispatcher:
     """Sends each token once to every ep rank owning one of its experts, through DeepEP's NVLink kernels."""
+
+    caps = NO_CAPS  # the two required stages only
 
     def __init__(self, num_experts: int, ep_group=None, combine: str = "torch"):
         self.use_triton = combine_uses_triton(combine)

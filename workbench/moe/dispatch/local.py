@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from workbench.kernels.sorting import counts_of_sorted, stable_sort
+from workbench.moe.dispatch.contract import DispatcherCaps
 
 # Shape suffixes: T tokens, D hidden, K top-k, N routed rows (T x K, expert-major), 1 a size-1 dim.
 
@@ -245,12 +246,15 @@ class LocalHandle:
 
 
 class LocalDispatcher:
-    """Single-rank dispatch: all experts are local, so dispatch is a permutation."""
+    """Single-rank dispatch: all experts are local, so dispatch is a permutation.
 
-    # dispatch's tokens_per_expert counts every expert's (token, slot) pairs: the routed-load counter reuses them
-    counts_every_expert = True
-    # combine takes a residual stream to add in its sum (models/families/qwen3_moe/decoder.py)
-    combine_adds_residual = True
+    Its caps: dispatch's tokens_per_expert counts every expert's (token, slot) pairs (the routed-load counter reuses
+    them); row_weights gives the rows' routing weights to experts that apply them (moe/row_weights.py), and
+    combine(weighted=False) then sums the rows; combine adds a residual stream in its sum (the fused decoder
+    layer of models/families/qwen3_moe/decoder.py).
+    """
+
+    caps = DispatcherCaps(counts_every_expert=True, rows_take_weights=True, combine_adds_residual=True)
 
     def __init__(self, num_experts: int, combine: str = "torch"):
         self.num_experts = num_experts
@@ -259,10 +263,6 @@ class LocalDispatcher:
     def dispatch(self, x_TD, topk_ids_TK, topk_weights_TK):
         perm, tokens_per_expert = sort_by_expert(topk_ids_TK, self.num_experts)
         return permute(x_TD, perm, self.use_triton), tokens_per_expert, LocalHandle(perm, topk_weights_TK)
-
-    # the experts may apply the routing weights to their rows (moe/row_weights.py): row_weights gives them, and
-    # combine(weighted=False) then sums the rows
-    rows_take_weights = True
 
     def row_weights(self, handle: LocalHandle) -> torch.Tensor:
         """The routing weight of each dispatched row, in the rows' order."""

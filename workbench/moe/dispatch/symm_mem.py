@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.backends import BackendError
+from workbench.moe.dispatch.contract import NO_CAPS
 from workbench.moe.dispatch.local import (
     GatherRows,
     Permutation,
@@ -179,6 +180,8 @@ class SymmMemHandle:
 
 class SymmMemDispatcher:
     """Sends each (token, slot) to the ep rank owning its expert through NVSHMEM symmetric memory."""
+
+    caps = NO_CAPS  # the two required stages only
 
     def __init__(self, num_experts: int, ep_group=None, combine: str = "torch"):
         self.use_triton = combine_uses_triton(combine)

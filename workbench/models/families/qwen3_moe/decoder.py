@@ -4,9 +4,10 @@ Transformers' layer adds the attention output and the MoE output to the residual
 in the forward, and autograd adds the stream's gradient to each norm's input gradient in two more in the backward
 (four passes over the [tokens, hidden] activations a layer). Here the attention's output projection adds the
 residual in its GEMM (addmm, beta 1: models/engine_attention.o_proj_residual), the MoE combine adds it in its
-weighted sum (the local dispatcher's; others take the plain add), and each RMSNorm returns its input as the residual
-stream too, summing the two gradients in its backward kernel (kernels/rms_norm.rms_norm_residual). The layer keeps
-Transformers' parameters and submodules; with a KV cache or Transformers' attention it runs Transformers' forward.
+weighted sum (handed to the experts as an argument where their dispatcher's combine adds a residual: the local one;
+others take the plain add), and each RMSNorm returns its input as the residual stream too, summing the two gradients
+in its backward kernel (kernels/rms_norm.rms_norm_residual). The layer keeps Transformers' parameters and
+submodules; with a KV cache or Transformers' attention it runs Transformers' forward.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Qwen3MoeEngineDecoderLayer(hf.Qwen3MoeDecoderLayer):
         hidden_states, _ = self.self_attn(hidden_states=normed, residual=residual, **kwargs)
         normed, residual = norm_residual(self.post_attention_layernorm, hidden_states)
         experts = moe_experts_adding_residual(self.mlp)
-        if experts is not None:  # the combine adds the residual in its sum
+        if experts is not None:  # the router hands its input on, the experts' combine adds the residual in its sum
             return moe_adding_residual(self.mlp, experts, normed, residual)
         out = self.mlp(normed)
         if isinstance(out, tuple):  # Transformers versions whose MoE block also returns its router logits
@@ -52,37 +53,33 @@ class Qwen3MoeEngineDecoderLayer(hf.Qwen3MoeDecoderLayer):
 
 
 def moe_adding_residual(
-    mlp: nn.Module, experts: nn.Module, x_BSD: torch.Tensor, residual_BSD: torch.Tensor
+    mlp: nn.Module, experts: EngineExperts, x_BSD: torch.Tensor, residual_BSD: torch.Tensor
 ) -> torch.Tensor:
-    """residual + Qwen3's MoE block on x (its forward: router, then experts), the add in the experts' combine.
+    """residual + Qwen3's MoE block on x, the block's own steps (router, then experts) with the add in the combine.
 
-    The engine's router hands x on to the experts (Qwen3MoeEngineRouter's pass_input), so its backward sums the
-    experts' input gradient into its own GEMM: x's gradient without an add of its own.
+    One token's walk through the layer: the router (Qwen3MoeEngineRouter.forward: float32 logits, softmax + top-k),
+    then the experts (EngineExperts.forward: dispatch, the experts' grouped GEMMs, combine plus `residual_BSD`).
+    The engine's router hands x on to the experts (its pass_input), so its backward sums the experts' input
+    gradient into its own GEMM: x's gradient without an add of its own.
     """
-    # the block's own forward where hooks on the block expect its call
-    passing = isinstance(mlp.gate, Qwen3MoeEngineRouter) and not (mlp._forward_hooks or mlp._forward_pre_hooks)
-    experts.workbench_residual = residual_BSD
-    try:
-        if not passing:
-            out = mlp(x_BSD)
-            return out[0] if isinstance(out, tuple) else out  # versions whose block returns its router logits too
-        _, weights_TK, ids_TK, x_TD = mlp.gate(x_BSD.reshape(-1, x_BSD.shape[-1]), pass_input=True)
-        return experts(x_TD, ids_TK, weights_TK).view_as(x_BSD)
-    finally:
-        experts.workbench_residual = None
+    _, weights_TK, ids_TK, x_TD = mlp.gate(x_BSD.reshape(-1, x_BSD.shape[-1]), pass_input=True)
+    return experts(x_TD, ids_TK, weights_TK, residual=residual_BSD).view_as(x_BSD)
 
 
-def moe_experts_adding_residual(mlp: nn.Module) -> nn.Module | None:
-    """The engine experts of a Qwen3 MoE block whose dispatcher's combine adds a residual (the local one), or None.
+def moe_experts_adding_residual(mlp: nn.Module) -> EngineExperts | None:
+    """The engine experts of a Qwen3 MoE block whose steps the layer runs itself, adding the residual, or None.
 
     The block's output is its experts' combine reshaped (no shared expert), so a residual the combine adds is the
-    layer's residual add.
+    layer's residual add: where the router is the engine's (it hands its input on), the experts' dispatcher adds
+    a residual in its combine (the local one: its caps), and no hook on the block expects the block's own call
+    (None then: the block's forward runs and the layer adds the residual itself).
     """
     experts = getattr(mlp, "experts", None)
     if type(mlp) is not hf.Qwen3MoeSparseMoeBlock or not isinstance(experts, EngineExperts):
         return None
-    dispatcher = getattr(experts, "workbench_dispatcher", None)
-    return experts if getattr(dispatcher, "combine_adds_residual", False) else None
+    if not isinstance(mlp.gate, Qwen3MoeEngineRouter) or mlp._forward_hooks or mlp._forward_pre_hooks:
+        return None
+    return experts if experts.plan.combine_adds_residual else None
 
 
 def use_engine_decoder_layers(model: nn.Module, rope: str) -> int:
