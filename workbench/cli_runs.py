@@ -34,7 +34,12 @@ def _run_runs(args: argparse.Namespace) -> int:
         speed = r.get("tokens_per_s_per_gpu")
         speed = f"{speed:,.0f}" if isinstance(speed, (int, float)) else ""
         error = str(status.get("error") or "").strip() if r["state"] in ("failed", "died") else ""
-        detail = error.splitlines()[-1] if error else ""  # the last line of a traceback says what
+        notes = [error.splitlines()[-1]] if error else []  # the last line of a traceback says what
+        if r.get("progress_from"):
+            notes.append(f"step and loss from {r['progress_from']}")
+        if r.get("metrics_skipped"):
+            notes.append(r["metrics_skipped"]["note"])
+        detail = "; ".join(notes)
         rows.append(
             (r["id"], str(r.get("model") or ""), mesh_label(r.get("mesh")), r["state"], step, speed, loss, detail)
         )
@@ -63,11 +68,16 @@ def _show_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_show(args: argparse.Namespace) -> int:
-    from workbench.runs.run_dir import RunDir, default_runs_dir
-    from workbench.runs.run_summary import summary_lines, terminal_plots
+    from workbench.runs.run_dir import default_runs_dir
+    from workbench.runs.run_names import run_id_problem
+    from workbench.runs.run_summary import read_run, summary_lines, terminal_plots
 
     path = os.path.expanduser(args.run)
     if not os.path.isdir(path):
+        problem = run_id_problem(args.run)
+        if problem:  # neither a folder nor a run id: say why, without a lookup of a name no run can have
+            print(f"workbench show: not a run directory, and {problem}", file=sys.stderr)
+            return 2
         path = os.path.join(os.path.expanduser(args.runs_dir or str(default_runs_dir())), args.run)
     if not os.path.isdir(path):
         print(
@@ -77,11 +87,12 @@ def _run_show(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        lines = summary_lines(path)
-        records = RunDir(path).read_metrics()
+        # One read of the metrics file, in chunks: the summary's figures and the plots' thinned records.
+        reading = read_run(path)
     except (OSError, ValueError) as err:
         print(f"workbench show: cannot read run {path}: {err}", file=sys.stderr)
         return 2
+    lines, records = summary_lines(path, reading), reading.plot_records
     plots = terminal_plots(records)
     print("\n".join([*lines, *(["  per step:"] + plots if plots else [])]), flush=True)
     if args.png:

@@ -29,6 +29,7 @@ from workbench.config_data import (
 from workbench.config_lora import LORA_TARGETS, LoraConfig, lora_from_dict
 from workbench.config_train import FIXED_ON_RESUME, OPTIMIZER_STATES, OPTIMIZERS, PRECISIONS, RESUME_FIELDS, TrainConfig
 from workbench.presets import PRESETS, TINY_VOCAB_SIZE, build_preset_config
+from workbench.runs.run_names import RUN_NAME_MAX_CHARS, run_id_problem, shown_id
 
 __all__ = [
     "DATA_DIR",
@@ -175,12 +176,14 @@ class RunConfig:
             raise ConfigError(f"output_dir must be a path string, got {self.output_dir!r}")
         if self.output_dir is not None:
             object.__setattr__(self, "output_dir", str(self.output_dir))
-        if self.run_id is not None and (
-            not isinstance(self.run_id, str) or not self.run_id or "/" in self.run_id or self.run_id in (".", "..")
+        if self.run_id is not None and (problem := run_id_problem(self.run_id)):
+            raise ConfigError(problem)
+        if self.name is not None and (
+            not isinstance(self.name, str) or not self.name.strip() or len(self.name) > RUN_NAME_MAX_CHARS
         ):
-            raise ConfigError(f"run_id must be a plain directory name, got {self.run_id!r}")
-        if self.name is not None and (not isinstance(self.name, str) or not self.name.strip() or len(self.name) > 200):
-            raise ConfigError(f"name must be a non-empty string of at most 200 characters, got {self.name!r}")
+            raise ConfigError(
+                f"name must be a non-empty string of at most {RUN_NAME_MAX_CHARS} characters, got {shown_id(self.name)}"
+            )
 
     # -- conversions --------------------------------------------------------------------------
 

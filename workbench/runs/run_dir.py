@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from workbench.runs.liveness import LIVE_STATES, checked_status, owner_fields
+from workbench.runs.run_names import run_id_problem
 
 RUN_STATES = frozenset({"starting", "running", "stopping", "completed", "failed", "stopped"})
 CONFIG_FILE = "config.json"
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
+ERROR_LOG = "error.log"  # the tracebacks of failed ranks; the command line prints one line naming this file
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 
@@ -165,8 +167,9 @@ class RunDir:
         if not isinstance(config, dict):
             raise TypeError(f"config must be a dict (RunConfig as dict), got {type(config).__name__}")
         run_id = run_id or new_run_id()
-        if not run_id or "/" in run_id or os.sep in run_id or run_id in {".", ".."}:
-            raise ValueError(f"run_id {run_id!r} must be a plain directory name")
+        problem = run_id_problem(run_id)
+        if problem:
+            raise ValueError(problem)
         runs_dir = Path(runs_dir).expanduser()
         _check_writable(runs_dir)
         path = runs_dir / run_id
@@ -259,6 +262,18 @@ class RunDir:
             f.write(lines)
             f.flush()
 
+    @property
+    def error_log_path(self) -> Path:
+        return self.path / ERROR_LOG
+
+    def log_error(self, rank: int, text: str) -> Path:
+        """Append a failed rank's traceback to error.log (one write: ranks failing together do not interleave)."""
+        entry = f"--- rank {rank}, {datetime.now():%Y-%m-%d %H:%M:%S}\n{text.rstrip()}\n"
+        fd = os.open(self.error_log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
+            f.write(entry)
+        return self.error_log_path
+
     def read_config(self) -> dict:
         """The RunConfig dict this run was started with."""
         return _read_json(self.config_path)
@@ -298,14 +313,17 @@ def _progress(status: dict) -> dict:
 
 
 def summarize_run(path: str | os.PathLike) -> dict:
-    """A JSON-able summary of one run directory (raises if it cannot be read)."""
-    from workbench.runs.run_index import RunIndex, one_off_limits  # run_index builds on this module
+    """A JSON-able summary of one run directory (raises if it cannot be read): status.json and the end of
+    its metrics file (workbench.runs.run_index.one_off_index)."""
+    from workbench.runs.run_index import one_off_index  # run_index builds on this module
 
-    return RunIndex(one_off_limits()).summarize(Path(path).expanduser())
+    return one_off_index().summarize(Path(path).expanduser())
 
 
 def list_runs(runs_dir: str | os.PathLike) -> list[dict]:
-    """One summary per run subdirectory, newest id first; unreadable runs are flagged, not raised."""
-    from workbench.runs.run_index import RunIndex, one_off_limits
+    """One summary per run subdirectory, newest id first; unreadable runs are flagged, not raised.
 
-    return RunIndex(one_off_limits()).list_runs(Path(runs_dir).expanduser())
+    Each reads status.json and the end of the metrics file, never the whole file."""
+    from workbench.runs.run_index import one_off_index
+
+    return one_off_index().list_runs(Path(runs_dir).expanduser())

@@ -8,6 +8,15 @@ count, the last rank-0 values and a thinned series per sparkline key; for a run'
 `IndexLimits.series_points` over the whole run, for the `series_runs` runs asked for last. A
 metrics file that shrank or was replaced (another inode) is read again from the start.
 
+A reader that asks once (`workbench runs`, a notebook) uses `one_off_index()`: its summaries read
+status.json and only the last records of each metrics file (`IndexLimits.tail_bytes`, growing to
+at most `max_tail_bytes`), so listing a folder with a 1 GB metrics file reads kilobytes. JSON files
+(config.json, status.json) over `IndexLimits.max_json_bytes` are refused, not read, and a run's
+label is cut to RUN_NAME_MAX_CHARS: one crafted file cannot make every poll of the runs list huge.
+Lines that are not records (torn, garbled, over-long) are counted with their line numbers, and a
+summary says so (`metrics_skipped`); a summary whose status.json is ahead of the last complete
+metrics record takes step and loss from status.json (`progress_from`).
+
 Every file is read through `open_confined`: its real path (links resolved) must lie inside the
 runs folder, and it must be a regular file, so a link in the runs folder never serves an outside
 file and a FIFO never blocks the server.
@@ -24,8 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.runs.liveness import checked_status
+from workbench.runs.liveness import LIVE_STATES, checked_status
 from workbench.runs.run_dir import CONFIG_FILE, METRICS_FILE, STATUS_FILE
+from workbench.runs.run_names import run_id_problem, shown_name
 
 SPARK_KEYS = ("tokens_per_s_per_gpu", "loss")
 # The fields of the last rank-0 record a summary shows (a record may also hold large matrices).
@@ -63,6 +73,10 @@ class IndexLimits:
     series_points: int = 1000  # records held per rank of a plotted run
     series_ranks: int = 256  # ranks held per plotted run; records of higher ranks are counted only
     series_runs: int = 8  # plotted runs held at once; the one asked for longest ago is dropped
+    max_json_bytes: int = 2**20  # config.json / status.json larger than this are refused (a real one is a few kB)
+    tail_bytes: int = 2**16  # a one-off summary reads this much of a metrics file's end first ...
+    max_tail_bytes: int = 16 * 2**20  # ... and at most this much, looking for the last rank-0 record
+    skipped_lines_kept: int = 8  # line numbers of skipped lines a reader names (it counts them all)
 
     def __post_init__(self) -> None:
         for name in (
@@ -73,6 +87,10 @@ class IndexLimits:
             "series_points",
             "series_ranks",
             "series_runs",
+            "max_json_bytes",
+            "tail_bytes",
+            "max_tail_bytes",
+            "skipped_lines_kept",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 2:
@@ -82,6 +100,11 @@ class IndexLimits:
 def one_off_limits() -> IndexLimits:
     """Limits for a reader that asks once (the CLI, a notebook): every metrics byte in one read."""
     return IndexLimits(max_bytes_per_poll=2**62)
+
+
+def one_off_index() -> RunIndex:
+    """An index for a reader that asks once: summaries from status.json and the end of each metrics file."""
+    return RunIndex(one_off_limits(), whole_metrics=False)
 
 
 def _describe(section: Any) -> Any:
@@ -117,10 +140,17 @@ def open_confined(root: Path, path: Path) -> int:
     return fd
 
 
-def read_json_confined(root: Path, path: Path) -> dict:
-    """A JSON object file read through `open_confined`."""
-    with os.fdopen(open_confined(root, path), encoding="utf-8") as f:
-        obj = json.load(f)
+def read_json_confined(root: Path, path: Path, max_bytes: int | None = None) -> dict:
+    """A JSON object file read through `open_confined`; one over `max_bytes` (if given) is refused unread."""
+    with os.fdopen(open_confined(root, path), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+    if max_bytes is not None and max(size, len(data)) > max_bytes:
+        raise ValueError(
+            f"{path.name} is {max(size, len(data)):,} bytes, over the {max_bytes:,} a run's {path.name} may "
+            "hold; not read (a workbench run writes a few kB)"
+        )
+    obj = json.loads(data.decode("utf-8"))
     if not isinstance(obj, dict):
         raise ValueError(f"{path} holds a {type(obj).__name__}, expected a JSON object")
     return obj
@@ -133,12 +163,22 @@ def parse_record(line: bytes) -> dict | None:
         return None
     try:
         obj = json.loads(line.decode("utf-8", errors="replace"))
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return None  # a writer crashed mid-line or is writing right now
     return obj if isinstance(obj, dict) else None
 
 
-class _Thinned:
+def skipped_note(count: int, lines: list[int], file: str = METRICS_FILE) -> str:
+    """'skipped 2 damaged lines in metrics.jsonl (lines 4, 9)': what a reader left out, for people."""
+    plural = "s" if count != 1 else ""
+    where = ""
+    if lines:
+        more = ", ..." if count > len(lines) else ""
+        where = f" (line{'s' if len(lines) > 1 or more else ''} {', '.join(map(str, lines))}{more})"
+    return f"skipped {count} damaged line{plural} in {file}{where}"
+
+
+class Thinned:
     """Every `stride`-th value of a series, at most 2 * points of them: even coverage, bounded."""
 
     def __init__(self, points: int) -> None:
@@ -174,10 +214,30 @@ class _MetricsTail:
         self.size = 0
         self.pending = b""  # the start of a line whose newline has not been written yet
         self.skipping = False  # inside a line longer than max_line_bytes
+        self.lines = 0  # complete lines read (the line number of the last one)
+        self.skipped = 0  # complete lines that held no record: torn by a crash, garbled, over-long
+        self.skipped_at: list[int] = []  # the first few of their line numbers
 
     def pending_bytes(self) -> int:
         """Bytes of the file not read yet (the per-poll bound stopped short)."""
         return max(self.size - self.offset, 0)
+
+    def skip(self, kept: int) -> None:
+        """The line just read holds no record: count it, and keep its number among the first `kept`."""
+        self.skipped += 1
+        if len(self.skipped_at) < kept:
+            self.skipped_at.append(self.lines)
+
+    def skipped_lines(self, ended: bool) -> tuple[int, list[int]]:
+        """How many lines were skipped and the first line numbers; `ended`: the writer is gone, so an
+        unfinished last line is torn too (while a run lives it is a line being written)."""
+        torn = ended and not self.pending_bytes() and (self.skipping or bool(self.pending.strip()))
+        count, at = self.skipped, list(self.skipped_at)
+        if torn:
+            count += 1
+            if len(at) == self.skipped:  # every skipped line is named so far: name this one too
+                at.append(self.lines + 1)
+        return count, at
 
     def take(self, record: dict) -> None:
         raise NotImplementedError
@@ -190,7 +250,7 @@ class _SummaryTail(_MetricsTail):
         super().__init__(ident)
         self.records = 0
         self.last: dict = {}
-        self.series = {key: _Thinned(points) for key in SPARK_KEYS}
+        self.series = {key: Thinned(points) for key in SPARK_KEYS}
 
     def held(self) -> int:
         return len(self.last) + sum(len(s.kept) for s in self.series.values())
@@ -206,15 +266,14 @@ class _SummaryTail(_MetricsTail):
                 series.add(value)
 
 
-class _SeriesTail(_MetricsTail):
-    """What a run's plots need of one metrics file: per rank, its records' plotted numbers, thinned."""
+class SeriesRecords:
+    """What a run's plots need of its records: per rank, their plotted numbers, thinned evenly over the run."""
 
-    def __init__(self, ident: tuple[int, int], fields: tuple[str, ...], limits: IndexLimits) -> None:
-        super().__init__(ident)
+    def __init__(self, fields: tuple[str, ...], limits: IndexLimits) -> None:
         self.fields = fields
         self.limits = limits
         self.seen = 0  # records read, held or not
-        self.ranks: dict[int, _Thinned] = {}
+        self.ranks: dict[int, Thinned] = {}
 
     def held(self) -> int:
         return sum(len(s.kept) + 1 for s in self.ranks.values())
@@ -228,7 +287,7 @@ class _SeriesTail(_MetricsTail):
         kept = {k: v for k in self.fields if isinstance(v := record.get(k), (int, float)) and not isinstance(v, bool)}
         series = self.ranks.get(rank)
         if series is None:
-            series = self.ranks[rank] = _Thinned(self.limits.series_points)
+            series = self.ranks[rank] = Thinned(self.limits.series_points)
         series.add((self.seen, kept))
 
     def records(self) -> list[dict]:
@@ -237,11 +296,34 @@ class _SeriesTail(_MetricsTail):
         return [record for _, record in sorted(held, key=lambda point: point[0])]
 
 
+class _SeriesTail(SeriesRecords, _MetricsTail):
+    """A plotted run's metrics file as the index reads it: how far, and its `SeriesRecords`."""
+
+    def __init__(self, ident: tuple[int, int], fields: tuple[str, ...], limits: IndexLimits) -> None:
+        _MetricsTail.__init__(self, ident)
+        SeriesRecords.__init__(self, fields, limits)
+
+
+class _ForwardTail(_MetricsTail):
+    """A one-off read of a whole metrics file, every record handed to `take` (see `scan_metrics`)."""
+
+    def __init__(self, ident: tuple[int, int], take: Callable[[dict], None]) -> None:
+        super().__init__(ident)
+        self.take = take  # type: ignore[method-assign]
+
+
 class RunIndex:
     """Summaries of the runs in one folder, cached per metrics file between polls; thread-safe."""
 
-    def __init__(self, limits: IndexLimits | None = None, series_fields: tuple[str, ...] = SERIES_FIELDS) -> None:
+    def __init__(
+        self,
+        limits: IndexLimits | None = None,
+        series_fields: tuple[str, ...] = SERIES_FIELDS,
+        whole_metrics: bool = True,
+    ) -> None:
+        """`whole_metrics` False: a summary reads only the end of each metrics file (`one_off_index`)."""
         self.limits = limits or IndexLimits()
+        self.whole_metrics = whole_metrics
         # step and rank are always held: the plots' x axis and their grouping.
         self.series_fields = tuple(dict.fromkeys(("step", "rank", *series_fields)))
         self.bytes_read = 0  # metrics bytes read since the index was made, for tests and logs
@@ -274,7 +356,29 @@ class RunIndex:
             answer = {"records": tail.records(), "records_seen": tail.seen}
             if tail.pending_bytes():
                 answer["pending_bytes"] = tail.pending_bytes()
+            if tail.skipped:
+                answer["skipped"] = {
+                    "lines": tail.skipped,
+                    "at": tail.skipped_at,
+                    "note": skipped_note(tail.skipped, tail.skipped_at),
+                }
             return answer
+
+    def scan_metrics(self, run_path: Path, take: Callable[[dict], None]) -> dict:
+        """Every record of a run's metrics file handed to `take`, read in chunks (memory bounded by
+        the longest line); returns {"lines", "skipped", "skipped_at", "bytes"} (skipped counts a torn
+        last line when the run no longer lives)."""
+        real = Path(run_path).expanduser().resolve()
+        with self._lock:
+            tail, _ = self._read_tail(real, real / METRICS_FILE, {}, lambda ident: _ForwardTail(ident, take))
+            if tail is None:
+                return {"lines": 0, "skipped": 0, "skipped_at": [], "bytes": 0}
+            try:
+                status = self._read_status(real, real / STATUS_FILE)
+            except (OSError, ValueError):
+                status = {}
+            skipped, at = tail.skipped_lines(ended=status.get("state") not in LIVE_STATES)
+            return {"lines": tail.lines, "skipped": skipped, "skipped_at": at, "bytes": tail.offset}
 
     def _new_summary(self, ident: tuple[int, int]) -> _SummaryTail:
         return _SummaryTail(ident, self.limits.spark_points)
@@ -297,6 +401,9 @@ class RunIndex:
                     real = confine(root, entry)
                     if not real.is_dir():
                         continue
+                    problem = run_id_problem(entry.name)
+                    if problem:  # made by hand or by an older version: named, so it can be renamed
+                        raise ValueError(f"{problem}; rename the folder to list and plot it")
                     summary, metrics = self._summarize(root, real, Path(runs_dir) / entry.name)
                     seen.add(metrics)
                     summaries.append(summary)
@@ -315,6 +422,9 @@ class RunIndex:
 
     def summarize(self, path: Path) -> dict:
         """The summary of one run folder (raises if it cannot be read), confined to its parent."""
+        problem = run_id_problem(path.name)
+        if problem:
+            raise ValueError(f"{problem}; rename the folder to read it")
         root = path.parent.resolve()
         with self._lock:
             return self._summarize(root, confine(root, path), path)[0]
@@ -324,21 +434,32 @@ class RunIndex:
         has_config, has_status = config_path.exists(), status_path.exists()
         if not has_config and not has_status:
             raise FileNotFoundError(f"{shown} is not a run directory (no {CONFIG_FILE} / {STATUS_FILE})")
-        config = read_json_confined(root, config_path) if has_config else {}
+        config = read_json_confined(root, config_path, self.limits.max_json_bytes) if has_config else {}
         status = self._read_status(root, status_path) if has_status else {"state": "unknown", "run_id": shown.name}
         metrics_path = real / METRICS_FILE
-        tail, metrics_key = self._read_tail(root, metrics_path, self._tails, self._new_summary)
+        if self.whole_metrics:
+            tail, metrics_key = self._read_tail(root, metrics_path, self._tails, self._new_summary)
+        else:
+            tail, metrics_key = self._read_end(root, metrics_path), metrics_path
         model = config.get("model") or {}
         updated = status.get("updated_at")
         if updated is None:
             # lstat: the time of a link itself, never of what it points at.
             times = [p.lstat().st_mtime for p in real.iterdir()]
             updated = max(times) if times else None
+        last = tail.last if tail else {}
+        step, loss = last.get("step", status.get("step")), last.get("loss")
+        status_step = status.get("step")
+        # A crash can tear the last metrics line while status.json holds that step: take both from it.
+        ahead = _is_int(status_step) and (not _is_int(last.get("step")) or status_step > last["step"])
+        if ahead:
+            losses = [status[k] for k in ("final_loss", "loss") if _is_number(status.get(k))]
+            step, loss = status_step, (losses[0] if losses else None)
         summary = {
             "id": shown.name,
             "readable": True,
             "path": str(shown),
-            "name": config.get("name") if isinstance(config.get("name"), str) else None,
+            "name": shown_name(config.get("name")),
             "model": (model.get("preset") or model.get("path")) if isinstance(model, dict) else str(model),
             "model_config": _describe(model),
             "mesh": _describe(_mesh_of(config)),
@@ -347,22 +468,56 @@ class RunIndex:
             "state": status.get("state", "unknown"),
             "error": status.get("error"),  # why a run failed or died, for the sidebar
             "status": status,
-            "step": tail.last.get("step", status.get("step")) if tail else status.get("step"),
+            "step": step,
             "total_steps": status.get("total_steps"),
-            "loss": tail.last.get("loss") if tail else None,
-            "tokens_per_s_per_gpu": tail.last.get("tokens_per_s_per_gpu") if tail else None,
+            "loss": loss,
+            "tokens_per_s_per_gpu": last.get("tokens_per_s_per_gpu"),
             "updated_at": updated,
             "spark": {k: (tail.series[k].values() if tail else []) for k in SPARK_KEYS},
-            "metrics_records": tail.records if tail else 0,
+            # A one-off summary reads only the file's end: it does not know how many records there are.
+            "metrics_records": (tail.records if tail else 0) if self.whole_metrics else None,
         }
+        if ahead:
+            summary["progress_from"] = STATUS_FILE
         if tail and tail.pending_bytes():
             # The per-poll bound stopped short: say so rather than show old values as current.
             summary["metrics_pending_bytes"] = tail.pending_bytes()
+        if tail:
+            skipped, at = tail.skipped_lines(ended=status.get("state") not in LIVE_STATES)
+            if skipped:
+                # A one-off summary counts in the end it read only, where line numbers are not known.
+                at = at if self.whole_metrics else []
+                summary["metrics_skipped"] = {"lines": skipped, "at": at, "note": skipped_note(skipped, at)}
         return summary, metrics_key
+
+    def _read_end(self, root: Path, path: Path) -> _SummaryTail | None:
+        """A summary tail of only the end of `path`: the last `tail_bytes`, read again four times as
+        far back while no rank-0 step record is in it, up to `max_tail_bytes`."""
+        try:
+            fd = open_confined(root, path)
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            window = self.limits.tail_bytes
+            while True:
+                start = max(st.st_size - window, 0)
+                f.seek(start)
+                data = f.read(st.st_size - start)
+                self.bytes_read += len(data)
+                tail = self._new_summary((st.st_dev, st.st_ino))
+                tail.size = st.st_size
+                if start > 0:
+                    data = data[data.find(b"\n") + 1 :] if b"\n" in data else b""  # the first line is cut
+                tail.offset = st.st_size
+                self._consume(tail, data)
+                if "step" in tail.last or start == 0 or window >= self.limits.max_tail_bytes:
+                    return tail
+                window = min(window * 4, self.limits.max_tail_bytes)
 
     def _read_status(self, root: Path, path: Path) -> dict:
         """status.json, read fresh on every poll: a cached state would hide a run that ended or died."""
-        return checked_status(read_json_confined(root, path))
+        return checked_status(read_json_confined(root, path, self.limits.max_json_bytes))
 
     def _read_tail(
         self, root: Path, path: Path, cache: dict[Path, Any], make: Callable[[tuple[int, int]], Any]
@@ -395,12 +550,25 @@ class RunIndex:
     def _consume(self, tail: _MetricsTail, chunk: bytes) -> None:
         # The piece after the last newline is a line still being written: keep it for later.
         *complete, tail.pending = (tail.pending + chunk).split(b"\n")
+        kept = self.limits.skipped_lines_kept
         for line in complete:
+            tail.lines += 1
             if tail.skipping:
                 tail.skipping = False  # the end of an over-long line: drop it
+                tail.skip(kept)
                 continue
             record = parse_record(line)
             if record is not None:
                 tail.take(record)
+            elif line.strip():
+                tail.skip(kept)
         if len(tail.pending) > self.limits.max_line_bytes:
             tail.pending, tail.skipping = b"", True
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

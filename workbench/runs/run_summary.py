@@ -2,14 +2,20 @@
 
 Everything is read from the run directory (workbench.runs.run_dir), so `workbench finetune`,
 `workbench demo` and `workbench show RUN` print the same summary, for a run of this process or
-any earlier one.
+any earlier one. The metrics file is read once, in chunks, through the lab's reader
+(workbench.runs.run_index): figures are summed as records pass, the plots get a thinned series.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from workbench.runs.run_dir import ERROR_LOG
+from workbench.runs.run_index import SeriesRecords, one_off_index, skipped_note
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
@@ -26,65 +32,190 @@ def mesh_label(mesh: Any) -> str:
     return " ".join(parts)
 
 
-def run_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Steps, training time, throughput, memory and losses of a run from its step records (every rank's).
+class RunFigures:
+    """The figures of a run's step records (every rank's), taken one record at a time: exact, and held in a
+    few numbers however long the run (`workbench show` of a 1 GB metrics file holds no record list).
 
     Throughput leaves out the first step when there are others: it includes the warm-up
     (allocation, compilation) and would make a short run look slow.
     """
-    records = [r for r in records if isinstance(r.get("step"), int)]
-    if not records:
-        return {"steps": 0}
-    first_rank = min(int(r.get("rank", 0)) for r in records)
-    own = sorted((r for r in records if int(r.get("rank", 0)) == first_rank), key=lambda r: r["step"])
-    steps = sorted({r["step"] for r in records})
-    timed = [r for r in records if r["step"] != steps[0]] if len(steps) > 1 else records
 
-    def mean(key: str, rows: list[dict[str, Any]]) -> float | None:
-        values = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-        return sum(values) / len(values) if values else None
+    def __init__(self) -> None:
+        self.records = 0
+        self.first_step: int | None = None
+        self.last_step: int | None = None
+        self.sums = {key: [0.0, 0] for key in _MEANS}  # over every record
+        self.first_sums = {key: [0.0, 0] for key in _MEANS}  # over the records of the first step
+        self.peak: float | None = None
+        # The lowest rank's first and last step records and its last eval (its losses are the run's).
+        self.own_rank: int | None = None
+        self.own_first: dict | None = None
+        self.own_last: dict | None = None
+        self.own_eval: dict | None = None
 
-    seconds = None
-    if all(isinstance(r.get("time"), (int, float)) for r in (own[0], own[-1])):
-        seconds = own[-1]["time"] - own[0]["time"] + float(own[0].get("step_time_s") or 0.0)
-    evals = [r for r in own if isinstance(r.get("eval_loss"), (int, float))]
-    peaks = [float(r["mem_peak_gib"]) for r in records if isinstance(r.get("mem_peak_gib"), (int, float))]
-    return {
-        "steps": len(steps),
-        "first_step": steps[0],
-        "last_step": steps[-1],
-        "seconds": seconds,
-        "warmup_left_out": len(steps) > 1,
-        "tokens_per_s_per_gpu": mean("tokens_per_s_per_gpu", timed),
-        "tflops_per_gpu": mean("tflops_per_gpu", timed),
-        "peak_gib": max(peaks) if peaks else None,
-        "first_loss": own[0].get("loss"),
-        "final_loss": own[-1].get("loss"),
-        "eval_loss": evals[-1]["eval_loss"] if evals else None,
-        "eval_step": evals[-1]["step"] if evals else None,
-    }
+    def add(self, record: dict[str, Any]) -> None:
+        step, rank = record.get("step"), record.get("rank", 0)
+        if not _is_int(step) or not _is_int(rank):
+            return
+        self.records += 1
+        if self.first_step is None or step < self.first_step:
+            self.first_step = step
+            self.first_sums = {key: [0.0, 0] for key in _MEANS}
+        self.last_step = step if self.last_step is None else max(self.last_step, step)
+        for key in _MEANS:
+            value = record.get(key)
+            if _is_number(value):
+                for sums in (self.sums, *((self.first_sums,) if step == self.first_step else ())):
+                    sums[key][0] += float(value)
+                    sums[key][1] += 1
+        if _is_number(record.get("mem_peak_gib")):
+            self.peak = max(float(record["mem_peak_gib"]), self.peak if self.peak is not None else -math.inf)
+        if self.own_rank is None or rank < self.own_rank:
+            self.own_rank, self.own_first, self.own_last, self.own_eval = rank, None, None, None
+        if rank != self.own_rank:
+            return
+        kept = {k: record[k] for k in _OWN_KEYS if k in record}
+        if self.own_first is None or step < self.own_first["step"]:
+            self.own_first = kept
+        if self.own_last is None or step >= self.own_last["step"]:
+            self.own_last = kept
+        if _is_number(record.get("eval_loss")) and (self.own_eval is None or step >= self.own_eval["step"]):
+            self.own_eval = kept
+
+    def result(self) -> dict[str, Any]:
+        """{"records": 0} before any step record; else first/last step, seconds, means, peak, losses."""
+        if not self.records:
+            return {"records": 0}
+        several = self.last_step != self.first_step
+
+        def mean(key: str) -> float | None:
+            total, count = self.sums[key]
+            if several:  # the first step's records left out
+                total, count = total - self.first_sums[key][0], count - self.first_sums[key][1]
+            return total / count if count else None
+
+        first, last = self.own_first or {}, self.own_last or {}
+        seconds = None
+        if _is_number(first.get("time")) and _is_number(last.get("time")):
+            seconds = last["time"] - first["time"] + float(first.get("step_time_s") or 0.0)
+        return {
+            "records": self.records,
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+            "seconds": seconds,
+            "warmup_left_out": several,
+            "tokens_per_s_per_gpu": mean("tokens_per_s_per_gpu"),
+            "tflops_per_gpu": mean("tflops_per_gpu"),
+            "peak_gib": self.peak,
+            "first_loss": first.get("loss"),
+            "final_loss": last.get("loss"),
+            "final_loss_step": last.get("step"),
+            "eval_loss": self.own_eval["eval_loss"] if self.own_eval else None,
+            "eval_step": self.own_eval["step"] if self.own_eval else None,
+        }
+
+
+_MEANS = ("tokens_per_s_per_gpu", "tflops_per_gpu")
+_OWN_KEYS = ("step", "time", "step_time_s", "loss", "eval_loss")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def run_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Steps, training time, throughput, memory and losses of a run from its step records (see RunFigures)."""
+    figures = RunFigures()
+    for record in records:
+        figures.add(record)
+    return figures.result()
 
 
 def _number(value: Any, fmt: str) -> str:
     return format(value, fmt) if isinstance(value, (int, float)) and math.isfinite(value) else "?"
 
 
-def summary_lines(path: str | os.PathLike) -> list[str]:
-    """What a run did, in a few lines: state, steps and time, tokens/s per GPU, losses, where its files are."""
-    from workbench.runs.run_dir import RunDir, summarize_run
+class _LatestLoads:
+    """The expert-load matrices of each rank's last two records that have one (the plots show the latest
+    step every rank reported): a few matrices held, not one per step."""
 
-    summary = summarize_run(path)
+    def __init__(self, max_ranks: int) -> None:
+        self.max_ranks = max_ranks
+        self.by_rank: dict[int, list[dict]] = {}
+
+    def add(self, record: dict[str, Any]) -> None:
+        rank, step = record.get("rank", 0), record.get("step")
+        if not (_is_int(rank) and _is_int(step) and 0 <= rank < self.max_ranks and record.get("expert_load")):
+            return
+        kept = self.by_rank.setdefault(rank, [])
+        kept.append({"step": step, "rank": rank, "expert_load": record["expert_load"]})
+        del kept[:-2]
+
+    def records(self) -> list[dict]:
+        return [r for kept in self.by_rank.values() for r in kept]
+
+
+@dataclass
+class RunReading:
+    """One read of a run directory: its summary (RunIndex), the figures of every record, the records its
+    plots need (every rank's plotted numbers, thinned evenly over the run) and what the read skipped."""
+
+    summary: dict[str, Any]
+    figures: dict[str, Any]
+    plot_records: list[dict[str, Any]]
+    scan: dict[str, Any]
+
+
+def read_run(path: str | os.PathLike) -> RunReading:
+    """Read run directory `path` once, in chunks: memory bounded by the plots' points, not the run's length."""
+    index = one_off_index()
+    summary = index.summarize(Path(path).expanduser())
+    figures = RunFigures()
+    series = SeriesRecords(index.series_fields, index.limits)
+    loads = _LatestLoads(index.limits.series_ranks)
+
+    def take(record: dict) -> None:
+        figures.add(record)
+        series.take(record)
+        loads.add(record)
+
+    scan = index.scan_metrics(Path(path), take)
+    plot_records = series.records() + loads.records()
+    return RunReading(summary, figures.result(), plot_records, scan)
+
+
+def summary_lines(path: str | os.PathLike, reading: RunReading | None = None) -> list[str]:
+    """What a run did, in a few lines: state, steps and time, tokens/s per GPU, losses, where its files are.
+
+    The last step and loss are the metrics file's, unless status.json holds a later step (a crash tore
+    the last metrics line, say): then they are status.json's, and the line says so. A metrics line that
+    held no record is named in a line of its own.
+    """
+    reading = reading or read_run(path)
+    summary, figures, scan = reading.summary, reading.figures, reading.scan
     status = summary.get("status") or {}
-    figures = run_figures(RunDir(os.fspath(path)).read_metrics())
     state = summary.get("state", "unknown")
     lines = [f"run {state}: {summary['path']}"]
     world = summary.get("world_size")
     ranks = f"{world} rank{'s' if world != 1 else ''}" if isinstance(world, int) else "? ranks"
     where = ", ".join(x for x in (ranks, mesh_label(summary.get("mesh")), str(summary.get("model") or "")) if x)
     total = status.get("total_steps") or summary.get("total_steps") or "?"
-    if figures["steps"]:
+    status_step = status.get("step")
+    if figures["records"]:
+        last_step, final_loss, source = figures["last_step"], figures["final_loss"], ""
+        if _is_int(status_step) and status_step > last_step:
+            status_loss = next((status[k] for k in ("final_loss", "loss") if _is_number(status.get(k))), None)
+            last_step, final_loss = status_step, status_loss
+            source = (
+                f"  progress      step {status_step} and its loss from status.json: the last complete record in "
+                f"metrics.jsonl is of step {figures['last_step']}"
+            )
         took = f" in {figures['seconds']:.1f} s" if figures["seconds"] is not None else ""
-        lines.append(f"  steps         {figures['last_step']}/{total}{took} ({where})")
+        lines.append(f"  steps         {last_step}/{total}{took} ({where})")
         warm = (
             (
                 f" (mean of steps {figures['first_step'] + 1}-{figures['last_step']}; step {figures['first_step']}, "
@@ -100,14 +231,23 @@ def summary_lines(path: str | os.PathLike) -> list[str]:
         )
         lines.append(
             f"  loss          {_number(figures['first_loss'], '.4f')} at step {figures['first_step']}, "
-            f"final {_number(figures['final_loss'], '.4f')}"
+            f"final {_number(final_loss, '.4f')}" + (f" at step {last_step}" if source else "")
         )
+        if source:
+            lines.append(source)
         if figures["eval_loss"] is not None:
             lines.append(f"  eval loss     {figures['eval_loss']:.4f} at step {figures['eval_step']}")
+    elif _is_int(status_step):
+        lines.append(f"  steps         {status_step}/{total} ({where}; from status.json: no complete metrics record)")
     else:
         lines.append(f"  steps         none recorded of {total} ({where})")
+    if scan["skipped"]:
+        lines.append(f"  warning       {skipped_note(scan['skipped'], scan['skipped_at'])}")
     if state in ("failed", "died") and status.get("error"):
         lines.append(f"  error         {str(status['error']).strip().splitlines()[-1]}")
+    error_log = os.path.join(summary["path"], ERROR_LOG)
+    if state in ("failed", "died") and os.path.isfile(error_log):
+        lines.append(f"  traceback     {error_log}")
     if status.get("checkpoint"):
         lines.append(f"  checkpoint    {status['checkpoint']}")
     export = os.path.join(summary["path"], "hf")

@@ -135,10 +135,12 @@ class RunMetricsHandler(WorkbenchHandler):
     @web.authenticated
     @authorized
     async def get(self, run_id: str) -> None:
-        # run_id arrives URL-decoded: %2e%2e is "..", %2F is "/".
-        if not run_id or run_id.startswith(".") or any(c in run_id for c in "/\\\0"):
-            raise web.HTTPError(400, f"bad run id {run_id!r}: expected a run folder name")
         index = _run_index_module()
+        # run_id arrives URL-decoded (%2e%2e is "..", %2F is "/"): the rule every writer and reader of
+        # run ids shares (workbench.runs.run_names) refuses those, and any id no run can have, unread.
+        problem = index.run_id_problem(run_id)
+        if problem:
+            raise web.HTTPError(400, f"bad run id: {problem}")
         runs_dir = self.runs_dir()
         root, path = _real(runs_dir), runs_dir / run_id
         try:
