@@ -18,6 +18,7 @@ from workbench.cli_common import _overrides
 from workbench.cli_demo import _demo_args, _run_demo
 from workbench.cli_finetune import _finetune_args, _run_finetune, _torchrun_argv
 from workbench.cli_runs import _run_runs, _run_show, _runs_args, _show_args
+from workbench.config_checks import ConfigError
 
 # Importable from here, where callers and tests have always found them.
 __all__ = ["SUBCOMMANDS", "Subcommand", "_overrides", "_torchrun_argv", "build_parser", "main"]
@@ -96,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `workbench` console script."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv=argv).parse_args(argv)
-    return int(args._run(args) or 0)
+    try:
+        return int(args._run(args) or 0)
+    except ConfigError as err:  # a subcommand's own arguments or config refused before any work
+        print(f"workbench {args.command}: {err}", file=sys.stderr, flush=True)
+        return 2
 
 
 if __name__ == "__main__":

@@ -68,6 +68,42 @@ def _progress_callbacks(bar: bool) -> list:
     return [ProgressBar()] if bar else []
 
 
+# What a run refuses before its steps start: a config, data, backend, mesh or checkpoint that cannot run
+# (the ValueErrors each names its fix), a run folder that exists or cannot be written. Exit code 2.
+REFUSALS: tuple[type[BaseException], ...] = (ValueError, FileExistsError, PermissionError)
+
+
+class RunWatch:
+    """A `finetune` callback that notes whether the run reached its steps and where its run directory is."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.run_dir: str | None = None
+
+    def on_start(self, info: dict) -> None:
+        self.started = True
+        self.run_dir = info.get("run_dir") or self.run_dir
+
+    def on_end(self, result: dict) -> None:
+        self.run_dir = result.get("run_dir") or self.run_dir
+
+    def log_traceback(self, rank: int, text: str) -> str | None:
+        """`text` appended to the run directory's error log; its path, or None without a run directory."""
+        from workbench.runs.run_dir import RunDir
+
+        if self.run_dir is None:
+            return None
+        try:
+            return str(RunDir(self.run_dir).log_error(rank, text))
+        except OSError:
+            return None  # a full disk or a removed folder: the caller says how to see the traceback instead
+
+
+def refused_before_work(err: BaseException, watch: RunWatch) -> bool:
+    """Whether `err` refused the run before its steps started (exit code 2), rather than failed it (1)."""
+    return not watch.started and isinstance(err, REFUSALS)
+
+
 def _print_summary(run_path: str) -> None:
     """The run's summary (workbench.runs.run_summary) on stdout; a run directory that cannot be read says so."""
     from workbench.runs.run_summary import summary_lines

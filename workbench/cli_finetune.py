@@ -5,8 +5,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 
-from workbench.cli_common import _add_common, _overrides, _print_summary, _progress_callbacks, _wants_bar
+from workbench.cli_common import (
+    RunWatch,
+    _add_common,
+    _overrides,
+    _print_summary,
+    _progress_callbacks,
+    _wants_bar,
+    refused_before_work,
+)
 
 
 def _finetune_args(p: argparse.ArgumentParser) -> None:
@@ -25,6 +34,12 @@ def _finetune_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="check the config for N ranks in this process, then run it under torchrun with N ranks "
         "on this machine (a config error is then one line, exit code 2, before any rank starts)",
+    )
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="print the traceback of an error on stderr (without it an error is one line, and the traceback of "
+        "a failed run goes to error.log in its run directory)",
     )
 
 
@@ -54,19 +69,21 @@ def _torchrun_argv(args: argparse.Namespace) -> list[str]:
             argv += [flag, str(value)]
     if getattr(args, "progress", "auto") != "auto":
         argv += ["--progress", args.progress]
+    if getattr(args, "debug", False):
+        argv.append("--debug")
     return argv
 
 
 def _run_finetune(args: argparse.Namespace) -> int:
-    from workbench.backends import BackendError
     from workbench.config import ConfigError, RunConfig
     from workbench.parallel import dist_utils as du
     from workbench.parallel.launch import report_config_error, run_in_launched_group
-    from workbench.train.model_setup import resolve_mesh
+    from workbench.train.world_checks import check_world
 
     # Everything that can be checked from the config, the model's config.json and the launcher's
-    # WORLD_SIZE is checked here, before the process group: under torchrun a mistake is then one
-    # line from one rank instead of a traceback per rank.
+    # WORLD_SIZE (or --nproc-per-node) is checked here, before the process group and before torchrun
+    # starts a rank: the trainer's own checks of the rank count (workbench.train.world_checks), so a
+    # mistake is one line from this process instead of a traceback per rank.
     launch = args.nproc_per_node is not None and "WORLD_SIZE" not in os.environ
     if launch and args.nproc_per_node < 1:
         print(f"workbench finetune: --nproc-per-node must be >= 1, got {args.nproc_per_node}", file=sys.stderr)
@@ -77,23 +94,30 @@ def _run_finetune(args: argparse.Namespace) -> int:
         overrides = _overrides(args)
         if overrides:
             rc = rc.with_overrides(overrides)
-        hf_config = rc.model.hf_config()
-        rc.data.check_fits(hf_config)
-        mesh = resolve_mesh(rc.mesh, world, hf_config)
-        rc.train.accumulation_steps(mesh.dp if mesh is not None else world)
+        check_world(rc, world, rc.model.hf_config(), du.pick_device(rc.model.device))
     except (ConfigError, ValueError, TypeError) as err:
+        if args.debug:
+            traceback.print_exc()
         report_config_error("finetune", err)
         return 2
     if launch:
         sys.stdout.flush()
         os.execv(sys.executable, _torchrun_argv(args))  # replaces this process: torchrun's exit code is ours
 
+    watch = RunWatch()
+
     def run() -> None:
         from workbench.train import finetune
 
         rank0 = du.rank() == 0
-        result = finetune(rc, callbacks=_progress_callbacks(rank0 and _wants_bar(args)))
+        result = finetune(rc, callbacks=[*_progress_callbacks(rank0 and _wants_bar(args)), watch])
         if rank0:
             _print_summary(result["run_dir"])
 
-    return run_in_launched_group(run, "finetune", config_errors=(ConfigError, BackendError))
+    return run_in_launched_group(
+        run,
+        "finetune",
+        refused=lambda err: refused_before_work(err, watch),
+        debug=args.debug,
+        traceback_to=lambda text: watch.log_traceback(du.rank(), text),
+    )

@@ -99,13 +99,20 @@ def report_config_error(label: str, err: BaseException) -> None:
 
 
 def run_in_launched_group(
-    fn: Callable[[], None], label: str, config_errors: tuple[type[BaseException], ...] = ()
+    fn: Callable[[], None],
+    label: str,
+    refused: tuple[type[BaseException], ...] | Callable[[BaseException], bool] = (),
+    *,
+    debug: bool = False,
+    traceback_to: Callable[[str], str | None] | None = None,
 ) -> int:
     """Run `fn` as one rank of the group a launcher (torchrun) described in the environment.
 
-    Returns 0, 2 for a configuration error (one line, see `report_config_error`), or 1 for any
-    other failure (traceback printed). A rank of a multi-rank group never returns: it leaves with
-    os._exit (see above).
+    Returns 0; 2 when `fn` was refused (`refused`: the error classes, or a test of the error), one
+    line (see `report_config_error`); or 1 for any other failure, one line per failed rank naming
+    where `traceback_to(traceback)` put it (None: nowhere, and the line says --debug prints it).
+    The traceback itself goes to stderr with `debug`, or where there is no `traceback_to` (a caller
+    without a place for it). A rank of a multi-rank group never returns: it leaves with os._exit.
     """
     from workbench.parallel import dist_utils as du
 
@@ -114,13 +121,29 @@ def run_in_launched_group(
     code = 0
     try:
         fn()
-    except config_errors as err:
-        report_config_error(label, err)
-        code = 2
     except Exception as err:  # noqa: BLE001 - report cleanly, exit non-zero
-        traceback.print_exc()
-        print(f"workbench {label} (rank {du.rank()}): {type(err).__name__}: {err}", file=sys.stderr, flush=True)
-        code = 1
+        text = traceback.format_exc()
+        is_refusal = isinstance(err, refused) if isinstance(refused, tuple) else refused(err)
+        if debug:
+            print(text, file=sys.stderr, end="", flush=True)
+        if is_refusal:
+            report_config_error(label, err)
+            code = 2
+        else:
+            where = traceback_to(text) if traceback_to is not None else None
+            if debug:
+                hint = ""
+            elif where:
+                hint = f" (traceback in {where})"
+            elif traceback_to is not None:
+                hint = " (--debug prints its traceback)"
+            else:  # a caller with no place for it
+                print(text, file=sys.stderr, end="", flush=True)
+                hint = ""
+            print(
+                f"workbench {label} (rank {du.rank()}): {type(err).__name__}: {err}{hint}", file=sys.stderr, flush=True
+            )
+            code = 1
     if multi:
         if code == 0:
             du.shutdown(created)

@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from workbench.config import RunConfig
-from workbench.config_checks import ConfigError
 from workbench.models.attention_sinks import runs_sink_attention
 from workbench.models.router_aux import ensure_router_logit_hooks
 from workbench.moe.bias_update import keep_router_biases_fp32
@@ -57,11 +56,12 @@ from workbench.train.loop_support import (
     open_run_dir,
     router_biases_to_update,
 )
-from workbench.train.model_setup import build_model, check_lora, model_dtype, resolve_mesh
+from workbench.train.model_setup import build_model, model_dtype
 from workbench.train.optim import build_optimizer, build_scheduler, set_skip_flag
-from workbench.train.stack_graphs import check_stack_graphs, install_stack_graphs
+from workbench.train.stack_graphs import install_stack_graphs
 from workbench.train.step_gc import StepGC
 from workbench.train.step_stats import Clock, SkipFlag, StepQueue
+from workbench.train.world_checks import check_world
 
 
 class Trainer(TrainStep, StepRecords):
@@ -74,21 +74,11 @@ class Trainer(TrainStep, StepRecords):
         self.rank, self.world = du.rank(), du.world_size()
         self.device = du.pick_device(rc.model.device)
         self.hf_config = rc.model.hf_config()
-        rc.data.check_fits(self.hf_config)  # before a seq_len-sized allocation fails far later
-        self.mesh = resolve_mesh(rc.mesh, self.world, self.hf_config)
-        check_lora(rc, self.hf_config)  # a LoRA target the model lacks: refused before any heavy work (lora hook)
-        self.dp = self.mesh.dp if self.mesh is not None else self.world
-        if rc.train.router_bias_update_rate > 0:  # refused before any heavy work (a meta model only)
-            from workbench.models.generic import meta_model
-
-            router_biases_to_update(meta_model(self.hf_config), self.hf_config, meta=True)
-        self.accum = rc.train.accumulation_steps(self.dp)
-        if rc.train.optimizer_in_backward and (self.world > 1 or self.accum > 1):
-            raise ConfigError(
-                "train.optimizer_in_backward runs on one rank without gradient accumulation for now (a gradient "
-                f"must be complete when its hook fires): this run has {self.world} ranks and {self.accum} "
-                "micro-batches per step"
-            )
+        # Every refusal that depends on the rank count, before any heavy work: the same function
+        # `workbench finetune --nproc-per-node N` runs before torchrun starts a rank.
+        plan = check_world(rc, self.world, self.hf_config, self.device)
+        self.mesh, self.dp, self.accum, self.backend = plan.mesh, plan.dp, plan.accum, plan.backend
+        mesh_sizes = plan.mesh_sizes
         self.per_rank = rc.train.global_batch_size // self.dp
         self.resume_ckpt = None
         if rc.train.resume_from:
@@ -106,10 +96,6 @@ class Trainer(TrainStep, StepRecords):
                 )
             for leftover in clean_leftovers(self.resume_ckpt):
                 print(f"removed {leftover}: a save that never finished", flush=True)
-        mesh_sizes = self.mesh.to_dict() if self.mesh is not None else {"dp": 1, "ep": 1}
-        # Resolved once, with the mesh's ep: the run records the backends the model is then built with.
-        self.backend = rc.backend.resolve(self.device, world_size=mesh_sizes["ep"])
-        check_stack_graphs(rc.train, self.backend, self.world, self.accum, self.device)  # before the data is read
         torch.manual_seed(rc.train.seed)
         self.stream = build_stream(
             rc.data, rc.train.seed, self.hf_config.vocab_size, model_path=rc.model.path, runs_dir=rc.output_dir
