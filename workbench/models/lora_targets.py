@@ -74,10 +74,30 @@ def plan_lora(model: nn.Module, targets: tuple[str, ...]) -> LoraPlan:
     )
 
 
-def check_plan(plan: LoraPlan, model_type: str) -> None:
-    """Refuse a target the model lacks (it would silently train nothing there)."""
+def rank_limit(model: nn.Module, plan: LoraPlan) -> tuple[int, str, tuple[int, int]]:
+    """(largest useful rank, the layer that sets it, its weight's 2-d shape) over `plan`'s layers: the smallest
+    min(in, out).
+
+    A rank above min(in, out) adds adapter parameters and memory and no expressiveness: A @ B of a
+    layer can never have a higher rank than that.
+    """
+    widths = []
+    for name in plan.linears:
+        module = model.get_submodule(name)
+        widths.append((min(module.in_features, module.out_features), name, tuple(module.weight.shape)))
+    for name, weights in plan.experts:
+        module = model.get_submodule(name)
+        for weight in weights:
+            _, d1, d2 = getattr(module, weight).shape  # [E, in, out] or [E, out, in]: the smaller side bounds it
+            widths.append((min(d1, d2), f"{name}.{weight}", (d1, d2)))
+    return min(widths)
+
+
+def check_plan(plan: LoraPlan, model: nn.Module, rank: int) -> None:
+    """Refuse a target the model lacks (it would silently train nothing there), or a rank wider than a layer."""
     from workbench.config_checks import ConfigError
 
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
     missing = [t for t, count in plan.by_target if count == 0]
     if missing:
         hints = {
@@ -91,14 +111,24 @@ def check_plan(plan: LoraPlan, model_type: str) -> None:
         raise ConfigError(
             f"lora.targets {missing} match nothing in model_type {model_type!r} ({why}); drop them from lora.targets"
         )
+    limit, layer, (d1, d2) = rank_limit(model, plan)
+    if rank > limit:
+        raise ConfigError(
+            f"lora.rank {rank} is wider than the layers it adapts: {layer} has a {d1} x {d2} weight, and an adapter's "
+            f"rank cannot exceed the smaller side (A @ B has rank <= {limit}; more only costs memory); "
+            f"the largest allowed rank for lora.targets {list(dict(plan.by_target))} is {limit}: set lora.rank "
+            f"to {limit} or less"
+        )
 
 
 def check_lora_targets(config, lora) -> LoraPlan:
-    """The plan of `lora` for `config`'s model, built on the meta device; refuses missing targets."""
+    """The plan of `lora` for `config`'s model, built on the meta device; refuses missing targets and a rank
+    wider than a targeted layer (before any weight is allocated)."""
     from workbench.models.generic import meta_model
 
-    plan = plan_lora(meta_model(config), lora.targets)
-    check_plan(plan, getattr(config, "model_type", None))
+    model = meta_model(config)
+    plan = plan_lora(model, lora.targets)
+    check_plan(plan, model, lora.rank)
     return plan
 
 
