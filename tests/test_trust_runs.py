@@ -108,6 +108,9 @@ def test_a_garbled_middle_line_is_named_by_its_line_number(finished_run, tmp_pat
     assert "  steps         3/3 " in out and "final" in out and "status.json" not in out
     [summary] = list_runs(tmp_path / "runs")
     assert summary["metrics_skipped"]["lines"] == 1  # the table's reader says so too (its DETAIL column)
+    with pytest.warns(UserWarning, match=r"skipped 1 damaged line in metrics.jsonl \(line 2\)"):
+        records = RunDir(run).read_metrics()  # a notebook's reader
+    assert [r["step"] for r in records] == [1, 3]
 
 
 # -- run ids: one rule for every writer and reader ---------------------------------------------------

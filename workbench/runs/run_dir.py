@@ -19,6 +19,7 @@ import secrets
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -289,22 +290,40 @@ class RunDir:
         return checked_status(self.read_status())
 
     def read_metrics(self) -> list[dict]:
-        """All metrics records; a half-written or garbled line is skipped, not fatal."""
+        """All metrics records; a garbled line is skipped with a warning naming it, not fatal.
+
+        An unfinished last line (no newline yet) is left out silently: a live run may be writing it.
+        `workbench show` and the lab read the file in chunks instead (workbench.runs.run_index).
+        """
         if not self.metrics_path.exists():
             return []
-        records = []
+        records, skipped = [], []
         with open(self.metrics_path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                line = line.strip()
-                if not line:
+            for number, line in enumerate(f, 1):
+                text = line.strip()
+                if not text:
                     continue
                 try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a writer crashed mid-line or is writing right now
+                    obj = json.loads(text)
+                except (json.JSONDecodeError, RecursionError):
+                    obj = None  # a writer crashed mid-line or is writing right now
                 if isinstance(obj, dict):
                     records.append(obj)
+                elif line.endswith("\n"):
+                    skipped.append(number)
+        if skipped:
+            warnings.warn(f"{self.path}: {skipped_note(len(skipped), skipped[:8])}", stacklevel=2)
         return records
+
+
+def skipped_note(count: int, lines: list[int], file: str = METRICS_FILE) -> str:
+    """'skipped 2 damaged lines in metrics.jsonl (lines 4, 9)': what a reader left out, for people."""
+    plural = "s" if count != 1 else ""
+    where = ""
+    if lines:
+        more = ", ..." if count > len(lines) else ""
+        where = f" (line{'s' if len(lines) > 1 or more else ''} {', '.join(map(str, lines))}{more})"
+    return f"skipped {count} damaged line{plural} in {file}{where}"
 
 
 def _progress(status: dict) -> dict:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.runs.liveness import LIVE_STATES, checked_status
-from workbench.runs.run_dir import CONFIG_FILE, METRICS_FILE, STATUS_FILE
+from workbench.runs.run_dir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, skipped_note
 from workbench.runs.run_names import run_id_problem, shown_name
 
 SPARK_KEYS = ("tokens_per_s_per_gpu", "loss")
@@ -166,16 +166,6 @@ def parse_record(line: bytes) -> dict | None:
     except (json.JSONDecodeError, RecursionError):
         return None  # a writer crashed mid-line or is writing right now
     return obj if isinstance(obj, dict) else None
-
-
-def skipped_note(count: int, lines: list[int], file: str = METRICS_FILE) -> str:
-    """'skipped 2 damaged lines in metrics.jsonl (lines 4, 9)': what a reader left out, for people."""
-    plural = "s" if count != 1 else ""
-    where = ""
-    if lines:
-        more = ", ..." if count > len(lines) else ""
-        where = f" (line{'s' if len(lines) > 1 or more else ''} {', '.join(map(str, lines))}{more})"
-    return f"skipped {count} damaged line{plural} in {file}{where}"
 
 
 class Thinned:

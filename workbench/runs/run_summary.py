@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.runs.run_dir import ERROR_LOG
-from workbench.runs.run_index import SeriesRecords, one_off_index, skipped_note
+from workbench.runs.run_dir import ERROR_LOG, skipped_note
+from workbench.runs.run_index import SeriesRecords, one_off_index
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
