@@ -147,6 +147,7 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
     """Build the trainer in this precision mode, time queued steps, profile one."""
     from workbench.backends import BackendConfig
     from workbench.config import DataConfig, LoraConfig, ModelConfig, RunConfig, TrainConfig
+    from workbench.models.engine_state import engine_state
     from workbench.train.loop import Trainer
 
     runs = Path(tempfile.mkdtemp(prefix="prof-trainer-"))
@@ -240,12 +241,11 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
         },
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30,  # build included
         # a CUDA graph pool's replay memory counts as free to the allocator: added (train/stack_graphs.py)
-        "graph_pool_hidden_gib": getattr(getattr(trainer.model, "workbench_stack_graphs", None), "pool_hidden_bytes", 0)
-        / 2**30,
+        "graph_pool_hidden_gib": getattr(engine_state(trainer.model).stack_graphs, "pool_hidden_bytes", 0) / 2**30,
         "step_peak_gib": max(r.get("mem_peak_gib", 0.0) for r in records),
         "losses": [round(float(r["loss"]), 4) for r in warm_records + records],
         "optimizer_updates": dict(getattr(trainer.optimizer, "updates", {})),
-        "cuda_graph_replays": getattr(getattr(trainer.model, "workbench_stack_graphs", None), "replays", None),
+        "cuda_graph_replays": getattr(engine_state(trainer.model).stack_graphs, "replays", None),
     }
     if args.idle:
         res["gpu_idle_cuda_only"] = cuda_only_idle(trainer, step)

@@ -11,6 +11,7 @@ from tiny_models import tiny_qwen3_moe
 
 from workbench import BackendConfig, BackendError
 from workbench.backends import AUTO_ORDER, Platform, availability, pick_auto
+from workbench.models.engine_state import engine_state
 from workbench.ui.logic import resolve_auto
 
 EP_RULE = "ep >= 2"
@@ -45,7 +46,7 @@ def _refusals_worker(rank, world, checkpoints):
     # 'auto' resolves for the mesh's ep: the model runs (and records) alltoall, not local.
     for name, config in _configs().items():
         model = AutoModelForCausalLM.from_config(config, mesh=mesh, seed=0)
-        out[(name, "auto", "resolved")] = model.workbench_backend.dispatcher
+        out[(name, "auto", "resolved")] = engine_state(model).backend.dispatcher
     return out
 
 
@@ -251,7 +252,7 @@ def test_a_config_resolved_for_an_h200_wires_every_triton_kernel_into_the_model(
     norms = [m for m in model.modules() if "RMSNorm" in type(m).__name__]
     assert norms and all(isinstance(m, RMSNorm) and m.backend == "triton" for m in norms)
     assert (
-        model.workbench_backend.cross_entropy == "triton"
+        engine_state(model).backend.cross_entropy == "triton"
         and type(model.get_output_embeddings()).__name__ == "DeferredLMHead"
     )
 

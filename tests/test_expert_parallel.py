@@ -10,6 +10,7 @@ from launch_utils import run_ranks
 from safetensors.torch import load_file
 
 import workbench
+from workbench.models.engine_state import engine_state
 from workbench.parallel.mesh import MeshConfig, MeshError, dense_mesh, valid_meshes
 
 STEPS = 5
@@ -108,18 +109,18 @@ def _ep_worker(rank, world, ckpt, mesh_kwargs, save_dir):
     experts_read = sorted({int(k.split(".mlp.experts.")[1].split(".")[0]) for k in keys_read if ".mlp.experts." in k})
     experts = model.model.layers[0].mlp.experts
     local_experts = experts.gate_up_proj.to_local().shape[0] * (mesh.edp if mesh.edp > 1 else 1)
-    dp_group = dense_mesh(model.workbench_device_mesh).get_group()
+    dp_group = dense_mesh(engine_state(model).device_mesh).get_group()
     model.save_pretrained(save_dir + "-untrained")
     losses = train_losses(model, cfg, rank, world, group=dp_group)
     model.save_pretrained(save_dir)
     return {
         "losses": losses,
-        "expert_range": model.workbench_expert_range,
+        "expert_range": engine_state(model).expert_range,
         "local_experts": local_experts,
         "experts_read": experts_read,
         "dense_read": sum(".mlp.experts." not in k for k in keys_read),
         "reads": len(keys_read),
-        "read_stats": model.workbench_checkpoint_read,
+        "read_stats": engine_state(model).checkpoint_read,
         "dispatcher": type(model.model.layers[0].mlp.experts.plan.dispatcher).__name__,
     }
 

@@ -23,6 +23,7 @@ from test_generic_families import _config, close, close_grads, randomize
 from workbench import BackendConfig
 from workbench.backends import BackendError
 from workbench.models.auto import AutoModelForCausalLM
+from workbench.models.engine_state import engine_state
 from workbench.models.families import family_for
 from workbench.models.generic_extras import is_standard_rms_norm, swap_rms_norms
 from workbench.moe.dispatch import make_dispatcher
@@ -391,7 +392,7 @@ def test_family_without_router_modules_keeps_transformers_aux_loss(monkeypatch):
     cfg = tiny_config("qwen3_moe", router_aux_loss_coef=0.1)
     eng = AutoModelForCausalLM.from_config(cfg, device="cpu")
     assert not isinstance(eng, EngineCausalLMSharedAux)
-    assert getattr(eng, "workbench_router_sink", None) is None
+    assert engine_state(eng).router_sink is None
     assert ensure_router_logit_hooks(eng) is False
     ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
     out = eng(input_ids=ids, labels=ids)

@@ -10,6 +10,7 @@ from launch_utils import run_ranks
 
 from workbench import BackendConfig
 from workbench.models.auto import AutoModelForCausalLM
+from workbench.models.engine_state import engine_state
 from workbench.models.generic import UnsupportedModelError
 from workbench.moe.hf_experts import engine_experts_modules, grouped_mm_dtypes, grouped_mm_ok
 
@@ -326,7 +327,7 @@ def _trainer_run(ckpt: str, out: str, local_batch: int, **overrides) -> dict:
     trainer = Trainer(rc)
     trainer.setup()
     result = trainer.fit()
-    mesh = str(getattr(trainer.model, "workbench_mesh", None))
+    mesh = str(engine_state(trainer.model).mesh)
     return {"losses": result["losses"], "hf_dir": result["hf_dir"], "mesh": mesh}
 
 

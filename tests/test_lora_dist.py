@@ -13,6 +13,7 @@ from tiny_models import tiny_qwen3_moe
 
 import workbench
 from workbench.config import LoraConfig
+from workbench.models.engine_state import engine_state
 from workbench.models.lora_export import save_lora_adapter
 from workbench.parallel.mesh import MeshConfig, dense_mesh
 
@@ -31,10 +32,12 @@ def _ep_worker(rank: int, world: int, ckpt: str, mesh: dict, out: str):
         for n, p in experts.named_parameters(recurse=False)
     }
     # train_losses's AdamW takes model.parameters(): frozen ones get no grad, so no update and no state
-    losses = train_losses(model, model.config, rank, world, group=dense_mesh(model.workbench_device_mesh).get_group())
+    losses = train_losses(
+        model, model.config, rank, world, group=dense_mesh(engine_state(model).device_mesh).get_group()
+    )
     grads_on_base = sum(p.grad is not None for n, p in model.named_parameters() if "lora" not in n)
     save_lora_adapter(model, out)
-    return {"losses": losses, "local": local, "range": model.workbench_expert_range, "base_grads": grads_on_base}
+    return {"losses": losses, "local": local, "range": engine_state(model).expert_range, "base_grads": grads_on_base}
 
 
 def test_lora_dp2_ep2_equals_one_process(tmp_path):

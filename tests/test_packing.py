@@ -23,6 +23,7 @@ from workbench import BackendConfig
 from workbench.backends import te_availability
 from workbench.models.attention_sinks import SINK_ATTENTION
 from workbench.models.auto import AutoModelForCausalLM
+from workbench.models.engine_state import engine_state
 from workbench.train.data import IGNORE_INDEX, Batch, pack_examples
 
 LENGTHS = (7, 12, 5)  # three documents of different lengths in one row of 24
@@ -141,7 +142,7 @@ def test_cudnn_first_sdpa_keeps_documents_apart(family):
     if family == "qwen3_moe":
         from workbench.models.families.qwen3_moe.attention import Qwen3MoeEngineAttention
 
-        assert model.workbench_backend.rope == "triton"
+        assert engine_state(model).backend.rope == "triton"
         assert any(isinstance(m, Qwen3MoeEngineAttention) for m in model.modules())
     check_isolation(model, f"{family}/sdpa cuDNN first")
 

@@ -10,6 +10,7 @@ from tiny_models import tiny_qwen3_moe
 from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
 import workbench
+from workbench.models.engine_state import engine_state
 from workbench.moe.hf_experts import engine_experts_modules
 from workbench.moe.router import balanced_topk, load_balancing_loss, softmax_topk
 
@@ -148,7 +149,7 @@ def test_aux_loss_reuses_the_engine_routers_top_k_ids(monkeypatch):
     want_grads = torch.autograd.grad(want, parts.router_logits)
     assert all(torch.equal(g, w) for g, w in zip(grads, want_grads, strict=True))
     # a router that does not declare its ids (Transformers' own) leaves the formula its own top-k
-    model.workbench_router_sink.topk_ids = None
+    engine_state(model).router_sink.topk_ids = None
     for m in model.modules():
         if hasattr(m, "workbench_topk_ids_index"):
             monkeypatch.setattr(type(m), "workbench_topk_ids_index", None)

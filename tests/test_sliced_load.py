@@ -34,6 +34,7 @@ def _build(path: str, mesh_kwargs: dict):
 def _load_worker(rank, world, path, mesh_kwargs, tokens):
     from torch.distributed.tensor import DTensor
 
+    from workbench.models.engine_state import engine_state
     from workbench.moe.hf_experts import engine_experts_modules
 
     model = _build(path, mesh_kwargs)
@@ -46,8 +47,8 @@ def _load_worker(rank, world, path, mesh_kwargs, tokens):
         logits = model(input_ids=tokens).logits
     return {
         "experts": experts,
-        "range": model.workbench_expert_range,
-        "read": model.workbench_checkpoint_read,
+        "range": engine_state(model).expert_range,
+        "read": engine_state(model).checkpoint_read,
         "logits": logits,
     }
 
@@ -141,6 +142,7 @@ def _fallback_worker(rank, world, path):
 
     from torch.distributed.tensor import DTensor
 
+    from workbench.models.engine_state import engine_state
     from workbench.moe.hf_experts import engine_experts_modules
 
     records = []
@@ -152,8 +154,8 @@ def _fallback_worker(rank, world, path):
     down = module.down_proj
     return {
         "log": records,
-        "read": getattr(model, "workbench_checkpoint_read", None),
-        "range": model.workbench_expert_range,
+        "read": engine_state(model).checkpoint_read,
+        "range": engine_state(model).expert_range,
         "key": f"{name}.down_proj",
         "down": (down.full_tensor() if isinstance(down, DTensor) else down).detach(),
     }

@@ -12,6 +12,7 @@ from tiny_models import trained
 from workbench import RunConfig
 from workbench.config import DataConfig, LoraConfig
 from workbench.config_checks import ConfigError
+from workbench.models.engine_state import engine_state
 from workbench.train.loop import Trainer
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
@@ -130,7 +131,7 @@ def test_replayed_steps_equal_eager_steps(tmp_path, preset, lora, packed, caplog
     eager, eager_records = trained(_rc(tmp_path, "eager", "cuda", **extra), 4)
     with caplog.at_level(logging.INFO, logger="workbench"):
         graphed, graphed_records = trained(_rc(tmp_path, "graphed", "cuda", train__cuda_graphs=True, **extra), 4)
-    graphs = graphed.model.workbench_stack_graphs
+    graphs = engine_state(graphed.model).stack_graphs
     # step 1 runs eagerly and checks every layer's inputs; steps 2-4 replay
     assert graphs.ready and graphs.replays == 3 and not graphs.eager_forwards, graphs.eager_forwards
     assert any("captured" in r.getMessage() for r in caplog.records)
@@ -169,7 +170,7 @@ def test_a_layer_with_other_inputs_than_layer_0_is_never_replayed(tmp_path):
 
     trainer = Trainer(_rc(tmp_path, "refused", "cuda", train__cuda_graphs=True))
     trainer.setup()
-    graphs = trainer.model.workbench_stack_graphs
+    graphs = engine_state(trainer.model).stack_graphs
     handle = graphs.layers[1].register_forward_pre_hook(other_embeddings, with_kwargs=True)
     for step in (1, 2):
         trainer.train_step(step)
@@ -178,7 +179,7 @@ def test_a_layer_with_other_inputs_than_layer_0_is_never_replayed(tmp_path):
     # once captured, a layer called with other inputs than the replay used stops the run
     other = Trainer(_rc(tmp_path, "stops", "cuda", train__cuda_graphs=True))
     other.setup()
-    graphs = other.model.workbench_stack_graphs
+    graphs = engine_state(other.model).stack_graphs
     for step in (1, 2):
         other.train_step(step)
     assert graphs.replays == 1

@@ -17,6 +17,7 @@ import torch
 
 from workbench.bench.config import BenchConfig, VariantSpec
 from workbench.config import DataConfig, ModelConfig, RunConfig, TrainConfig
+from workbench.models.engine_state import engine_state
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
@@ -127,7 +128,7 @@ def train_round(
                 trainer.setup()
                 if spec.adamw_multi_numel is not None and hasattr(trainer.optimizer, "multi_tensor_numel"):
                     trainer.optimizer.multi_tensor_numel = spec.adamw_multi_numel
-                resolved = getattr(trainer.model, "workbench_backend", None)
+                resolved = engine_state(trainer.model).backend
                 setup = {
                     "library": "workbench",
                     "backend": (resolved or trainer.backend).to_dict(),
@@ -170,7 +171,7 @@ def train_round(
             out["records"] = trainer.collect(wait=True)
             out["gpu_clocks"] = clocks.stop()
             out["gpu_clocks_unavailable"] = clocks.unavailable
-            graphs = getattr(trainer.model, "workbench_stack_graphs", None)
+            graphs = engine_state(trainer.model).stack_graphs
             if graphs is not None:  # a graphs row says whether it replayed, and why a step did not
                 setup["cuda_graph_replays"] = graphs.replays
                 setup["cuda_graph_eager_forwards"] = dict(graphs.eager_forwards)

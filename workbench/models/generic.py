@@ -19,6 +19,7 @@ import transformers
 from torch import nn
 
 from workbench.models.attention_sinks import select_attention
+from workbench.models.engine_state import engine_state
 from workbench.models.export_folder import check_export_folder, write_whole
 from workbench.models.families import REGISTERED, family_for
 from workbench.models.generic_extras import install_extras
@@ -157,7 +158,6 @@ def install(
     select_attention(model, backend.attention, family.sinks_by_default)
     extras = install_extras(model, backend, total, family)
     extras["phase_labels"] = label_phases(model)
-    model.workbench_backend = backend
     # One line: an untested family runs too (its experts are v5-fused), but the user should know it is untested.
     tested = (
         ""
@@ -240,8 +240,9 @@ def full_state_dict(model: nn.Module, to_rank0_only: bool = False) -> dict[str, 
     """
     from torch.distributed.tensor import DTensor
 
-    mesh = getattr(model, "workbench_mesh", None)
-    ep_group = model.workbench_device_mesh.get_group("ep") if mesh is not None and mesh.ep > 1 else None
+    state = engine_state(model)
+    mesh = state.mesh
+    ep_group = state.device_mesh.get_group("ep") if mesh is not None and mesh.ep > 1 else None
     expert_keys = {
         f"{name}.{pname}"
         for name, module in engine_experts_modules(model)
@@ -271,7 +272,7 @@ def save_pretrained(model: nn.Module, out_dir, max_shard_size: str = "5GB") -> N
     """
     from torch.distributed.tensor import DTensor
 
-    if getattr(model, "workbench_lora", None) is not None:  # LoRA: the merged model, its adapter beside it
+    if engine_state(model).lora is not None:  # LoRA: the merged model, its adapter beside it
         from workbench.models.lora_export import save_lora_model
 
         return save_lora_model(model, out_dir, max_shard_size)

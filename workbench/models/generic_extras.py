@@ -25,10 +25,10 @@ import logging
 import torch
 from torch import nn
 
+from workbench.models.engine_state import EngineState, engine_state
 from workbench.models.families import GENERIC, Family
 from workbench.models.input_embedding import use_engine_embeddings
 from workbench.models.router_aux import (
-    RouterLogitSink,
     attach_router_logit_hooks,
     forward_loss_parts,
     has_standard_aux_loss,
@@ -247,11 +247,11 @@ def _deferred_logits(model: nn.Module, use_triton: bool):
 class EngineCausalLM:
     """Mixin in front of Transformers' causal LM class: its forward inside the engine's extras."""
 
-    workbench_backend = None
+    workbench_state: EngineState | None = None  # engine_state(model): what the engine resolved and built for it
 
     def forward(self, *args, **kwargs):
         """Transformers' forward; with labels and fused_ce, the loss skips the logits (they come back None)."""
-        backend = self.workbench_backend
+        backend = self.workbench_state.backend
         ids = kwargs.get("input_ids", args[0] if args else None)
         if backend.fp8 and ids is not None and ids.numel() % 16:
             raise ValueError(
@@ -277,7 +277,8 @@ class EngineCausalLM:
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Transformers' save; a model sharded over a mesh gathers its experts first (collective); LoRA: merged."""
-        if getattr(self, "workbench_mesh", None) is None and getattr(self, "workbench_lora", None) is None:
+        state = engine_state(self)
+        if state.mesh is None and state.lora is None:
             return super().save_pretrained(save_directory, *args, **kwargs)
         from workbench.models.generic import save_pretrained
 
@@ -292,8 +293,6 @@ class EngineCausalLMSharedAux(EngineCausalLM):
     router_aux_loss_coef x aux, as Transformers returns it (models/router_aux.forward_loss_parts).
     A data-parallel `aux_loss_group` makes the aux loss this rank's share of the group's.
     """
-
-    workbench_router_sink: RouterLogitSink | None = None
 
     def forward(self, *args, aux_loss_group=None, **kwargs):
         """EngineCausalLM's forward; `aux_loss_group` (a process group) makes the aux loss this rank's share."""
@@ -341,7 +340,8 @@ def install_extras(model: nn.Module, backend, num_experts: int, family: Family =
     counts["swiglu_mlp"] = use_swiglu_mlps(model, backend.swiglu)
     counts["embedding"] = use_engine_embeddings(model, backend.embedding)
     model.__class__ = engine_lm_class(type(model), records_router_logits(model))
-    if isinstance(model, EngineCausalLMSharedAux) and model.workbench_router_sink is None:
+    state = engine_state(model)
+    state.backend = backend
+    if isinstance(model, EngineCausalLMSharedAux) and state.router_sink is None:
         counts["router_hooks"] = attach_router_logit_hooks(model)
-    model.workbench_backend = backend
     return counts

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.models.engine_state import engine_state
 from workbench.models.lora_targets import LoraPlan, check_plan, plan_lora
 from workbench.moe.lora_experts import add_expert_adapters
 
@@ -110,7 +111,7 @@ def _to_lora_linear(module: nn.Linear, name: str, rank: int, scaling: float, dro
 def _check_backend(model: nn.Module, plan: LoraPlan) -> None:
     from workbench.config_checks import ConfigError
 
-    backend = getattr(model, "workbench_backend", None)
+    backend = engine_state(model).backend
     if plan.linears and backend is not None and getattr(backend, "linear", "torch") == "te":
         raise ConfigError(
             "LoRA adapts torch nn.Linear projections; backend.linear='te' swapped them for TE "
@@ -137,8 +138,8 @@ def apply_lora(model: nn.Module, lora, seed: int = 0) -> LoraPlan:
         _to_lora_linear(model.get_submodule(name), name, lora.rank, lora.scaling, lora.dropout, seed)
     for name, weights in plan.experts:
         add_expert_adapters(model.get_submodule(name), name, weights, lora.rank, lora.scaling, lora.dropout, seed)
-    model.workbench_lora = lora
-    model.workbench_lora_plan = plan
+    state = engine_state(model)
+    state.lora, state.lora_plan = lora, plan
     return plan
 
 

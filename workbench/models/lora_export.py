@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from workbench.models.engine_state import engine_state
 from workbench.models.export_folder import check_export_folder, write_whole
 from workbench.moe.lora_experts import adapter_names, expert_delta
 
@@ -42,10 +43,10 @@ def _is_rank0() -> bool:
 
 
 def _lora_of(model: nn.Module):
-    lora = getattr(model, "workbench_lora", None)
-    if lora is None:
+    state = engine_state(model)
+    if state.lora is None:
         raise ValueError("this model has no LoRA adapters (build it with lora=LoraConfig(...) or RunConfig.lora)")
-    return lora, model.workbench_lora_plan
+    return state.lora, state.lora_plan
 
 
 def _full(model: nn.Module, tensor: torch.Tensor, expert: bool) -> torch.Tensor:
@@ -53,10 +54,11 @@ def _full(model: nn.Module, tensor: torch.Tensor, expert: bool) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor.detach()
-    mesh = getattr(model, "workbench_mesh", None)
+    state = engine_state(model)
+    mesh = state.mesh
     if expert and mesh is not None and mesh.ep > 1:
         parts = [torch.empty_like(full) for _ in range(mesh.ep)]
-        dist.all_gather(parts, full.contiguous(), group=model.workbench_device_mesh.get_group("ep"))
+        dist.all_gather(parts, full.contiguous(), group=state.device_mesh.get_group("ep"))
         full = torch.cat(parts)
     return full.cpu()
 

@@ -11,6 +11,7 @@ from torch import nn
 from workbench.backends import BackendConfig
 from workbench.devices import default_device
 from workbench.models.cast import cast_like_transformers
+from workbench.models.engine_state import engine_state
 from workbench.models.random_init import materialize_random
 from workbench.models.sliced_load import disk_rules, init_nonpersistent_buffers, load_rank_slice, plan_rank_read
 from workbench.moe.dispatch import make_dispatcher
@@ -80,8 +81,8 @@ def shard_without_engine(model: nn.Module, mesh: MeshConfig) -> nn.Module:
     if dist.get_world_size() > 1:
         # Every rank built the same full model (same seed or checkpoint): each keeps its shards.
         apply_fsdp_any(model, device_mesh)
-    model.workbench_mesh = mesh
-    model.workbench_device_mesh = device_mesh
+    state = engine_state(model)
+    state.mesh, state.device_mesh = mesh, device_mesh
     return model
 
 
@@ -167,7 +168,7 @@ def build_generic_parallel_model(
     else:
         model.to_empty(device=device)
         init_nonpersistent_buffers(model)
-        model.workbench_checkpoint_read = load_rank_slice(model, checkpoint, plan, expert_range)
+        engine_state(model).checkpoint_read = load_rank_slice(model, checkpoint, plan, expert_range)
     if lora is not None:  # after the base weights, before FSDP2: adapters shard with their layer
         from workbench.models.lora import apply_lora
 
@@ -179,7 +180,6 @@ def build_generic_parallel_model(
         apply_fsdp_generic(model, device_mesh)
     if mesh.ep > 1:
         _mark_expert_params(model, device_mesh)
-    model.workbench_mesh = mesh
-    model.workbench_device_mesh = device_mesh
-    model.workbench_expert_range = expert_range
+    state = engine_state(model)
+    state.mesh, state.device_mesh, state.expert_range = mesh, device_mesh, expert_range
     return model

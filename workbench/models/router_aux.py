@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.models.engine_state import engine_state
+
 
 class RouterLogitSink:
     """Where the router hooks put one forward's router logits (None between forwards: nothing is kept).
@@ -57,7 +59,7 @@ def _record_router_logits(sink: RouterLogitSink, index: int, module, args, outpu
 
 
 def attach_router_logit_hooks(model: nn.Module) -> int:
-    """Record each router's logits into `model.workbench_router_sink` while it collects; how many routers.
+    """Record each router's logits into the model's router sink (its EngineState) while it collects; how many routers.
 
     The modules are the ones Transformers' own output recording hooks (the same class and output
     index), so the logits are those its aux loss would read.
@@ -75,7 +77,7 @@ def attach_router_logit_hooks(model: nn.Module) -> int:
             f"model_type {model.config.model_type!r}: no router module found from Transformers' "
             f"_can_record_outputs['router_logits'] ({specs}); the shared aux loss needs them"
         )
-    model.workbench_router_sink = sink
+    engine_state(model).router_sink = sink
     return routers
 
 
@@ -120,7 +122,7 @@ def records_router_logits(model: nn.Module) -> bool:
 
 def ensure_router_logit_hooks(model: nn.Module) -> bool:
     """Give a Transformers model with the standard aux loss its router hooks (the engine's has them); whether it has."""
-    if getattr(model, "workbench_router_sink", None) is not None:
+    if engine_state(model).router_sink is not None:
         return True
     if not (has_standard_aux_loss(type(model)) and records_router_logits(model)):
         return False
@@ -148,7 +150,7 @@ def forward_loss_parts(model: nn.Module, forward: Callable[..., Any], kwargs: di
     """
     from workbench.moe.router import load_balancing_loss
 
-    sink = getattr(model, "workbench_router_sink", None)
+    sink = engine_state(model).router_sink
     kwargs = {**kwargs, "output_router_logits": False}
     if sink is None:
         out = forward(**kwargs)

@@ -31,6 +31,7 @@ import contextlib
 import torch
 from torch import nn
 
+from workbench.models.engine_state import engine_state
 from workbench.parallel.fsdp import decoder_layers
 
 
@@ -49,7 +50,7 @@ def replay_contexts(model: nn.Module):
     """torch checkpoint's `context_fn`: nothing around the forward, the forward's attention choice around the replay."""
     from workbench.models.generic_extras import attention_backend
 
-    backend = getattr(model, "workbench_backend", None)
+    backend = engine_state(model).backend
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     return lambda: (contextlib.nullcontext(), attention_backend(backend, device))

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from workbench.errors import CheckpointError
+from workbench.models.engine_state import engine_state
 from workbench.parallel import dist_utils as du
 from workbench.train.checkpoint_files import read_meta
 from workbench.train.safe_load import load_tensors
@@ -65,7 +66,7 @@ def _state_options(model: torch.nn.Module):
     """LoRA: only the trainable tensors (adapters) and their optimizer state; the frozen base is rebuilt."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    if getattr(model, "workbench_lora", None) is None:
+    if engine_state(model).lora is None:
         return None
     # The frozen base comes back from the run's model source (preset + seed, or model.path) on resume;
     # strict=False lets load_state_dict skip exactly those frozen keys (dcp.load already fails on a

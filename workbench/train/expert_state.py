@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from workbench.models.engine_state import engine_state
 from workbench.parallel.fsdp import EXPERT_SHARD_ATTR
 
 
@@ -23,17 +24,15 @@ def expert_param_names(model: torch.nn.Module) -> set[str]:
 
 
 def _ep_edp_mesh(model: torch.nn.Module):
-    cached = getattr(model, "_workbench_ep_edp_mesh", None)
-    if cached is not None:
-        return cached
+    state = engine_state(model)
+    if state.ep_edp_mesh is not None:
+        return state.ep_edp_mesh
     from torch.distributed.device_mesh import DeviceMesh
 
-    mc = model.workbench_mesh
-    device_type = model.workbench_device_mesh.device_type
+    mc = state.mesh
     ranks = torch.arange(mc.edp * mc.ep).reshape(mc.edp, mc.ep).T.contiguous()  # rank = edp_i * ep + ep_i
-    mesh = DeviceMesh(device_type, ranks, mesh_dim_names=("ep", "edp"))
-    model._workbench_ep_edp_mesh = mesh
-    return mesh
+    state.ep_edp_mesh = DeviceMesh(state.device_mesh.device_type, ranks, mesh_dim_names=("ep", "edp"))
+    return state.ep_edp_mesh
 
 
 def _global_view(t: torch.Tensor, mesh, ep: int):
@@ -51,7 +50,7 @@ def globalize(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
     names = expert_param_names(model)
     if not names:
         return state
-    mesh, ep = _ep_edp_mesh(model), model.workbench_mesh.ep
+    mesh, ep = _ep_edp_mesh(model), engine_state(model).mesh.ep
     model_sd = {
         k: (_global_view(v, mesh, ep) if k in names and isinstance(v, torch.Tensor) else v)
         for k, v in state["model"].items()

@@ -9,6 +9,7 @@ import torch
 from torch.profiler import record_function
 
 from workbench.models.attention_sinks import forward_sequences
+from workbench.models.engine_state import engine_state
 from workbench.models.host_packing import host_packing
 from workbench.models.router_aux import forward_loss_parts
 from workbench.moe.bias_update import global_load, update_router_biases
@@ -149,7 +150,7 @@ class TrainStep:
         )
         pending.queue_copy(layout, layout.pack(scalars, load, self.router_biases), clock)
         # A CUDA graph pool's replay memory is not "allocated"; the capture's own step counts it twice (an overestimate)
-        graphs = getattr(self.model, "workbench_stack_graphs", None)
+        graphs = engine_state(self.model).stack_graphs
         # the allocator's counters: host-side, no wait
         peak, now, kind = memory_gib(device, graphs.pool_hidden_bytes if graphs is not None else 0)
         pending.host.update(mem_peak_gib=peak, mem_now_gib=now, mem_kind=kind, time=time.time())

@@ -26,6 +26,8 @@ import logging
 import torch
 from torch import nn
 
+from workbench.models.engine_state import engine_state
+
 log = logging.getLogger("workbench")
 
 # Shape suffixes: B batch, S sequence, D hidden.
@@ -73,7 +75,7 @@ class StackGraphs:
         self.layers = list(layers)
         self.eager_classes = {id(m): type(m) for m in self.layers}
         self.index = {id(m): i for i, m in enumerate(self.layers)}
-        self.sink = getattr(model, "workbench_router_sink", None)
+        self.sink = engine_state(model).router_sink
         self.model_ref = model
         self.graphed: nn.Module | None = None
         self.signature: tuple | None = None
@@ -271,7 +273,7 @@ def install_stack_graphs(model: nn.Module) -> StackGraphs:
             # a class swap, not a wrapper: parameter names and state dict keys stay Transformers'
             layer.__class__ = type(f"Graphed{cls.__name__}", (GraphedLayer, cls), {"__module__": __name__})
         layer.workbench_graphs = graphs
-    model.workbench_stack_graphs = graphs
+    engine_state(model).stack_graphs = graphs
     return graphs
 
 
