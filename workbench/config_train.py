@@ -14,15 +14,21 @@ PRECISIONS = ("auto", "bf16", "bf16_sr", "fp32_master")
 # How the workbench AdamW keeps its moments: in the weights' dtype, or 8-bit blockwise (workbench.kernels.adamw8)
 OPTIMIZER_STATES = ("full", "8bit")
 
-# Settings a resume must keep, always: the optimizer state in the checkpoint is laid out by them.
-_FIXED_WHY = {
+# Settings a resume must keep, always: the tensors in the checkpoint (weights, adapters, optimizer state)
+# are laid out by them, so accepting another value could only fail inside the load. Turning LoRA on or off
+# is refused as well (workbench.train.checkpoint_checks), with its own way forward.
+FIXED_WHY = {
     "train.precision": "fp32_master keeps float32 master weights in the optimizer state and the others do not",
     "train.optimizer_states": "8-bit and full moments are different state",
+    "lora.rank": "the adapters in the checkpoint are [rank, in] and [out, rank] tensors",
+    "lora.targets": "the checkpoint holds adapters on those layers only",
 }
-FIXED_ON_RESUME = tuple(_FIXED_WHY)
+FIXED_ON_RESUME = tuple(FIXED_WHY)
 # Settings a resume must keep unless train.resume_allow_changes names them: the LR schedule, the
-# optimizer's update and the data position in the checkpoint depend on them. train.optimizer is
-# not one: torch's and the Triton AdamW share their state and may be swapped on resume.
+# optimizer's update and the data position and order in the checkpoint depend on them. train.optimizer
+# is not one: torch's and the Triton AdamW share their state and may be swapped on resume. train.seed
+# orders the data (an accepted change continues at the saved position in the new seed's order); it also
+# builds a preset's base, which a LoRA resume must keep (workbench.train.lora_base).
 RESUME_FIELDS = (
     "train.steps",
     "train.warmup_steps",
@@ -33,6 +39,7 @@ RESUME_FIELDS = (
     "train.betas",
     "train.precision",
     "train.optimizer_states",
+    "train.seed",
     "data.kind",
     "data.path",
     "data.tokenizer",
@@ -151,13 +158,14 @@ class TrainConfig:
             or set(allowed) - set(RESUME_FIELDS)
         ):
             raise ConfigError(
-                f"train.resume_allow_changes must be a list of names from {list(RESUME_FIELDS)}, got {allowed!r}"
+                "train.resume_allow_changes must be a list of names from "
+                f"{[n for n in RESUME_FIELDS if n not in FIXED_ON_RESUME]}, got {allowed!r}"
             )
         for name in FIXED_ON_RESUME:
             if name in allowed:  # accepting the change would get past the settings check, then fail inside DCP
                 raise ConfigError(
-                    f"{name} cannot change on resume ({_FIXED_WHY[name]}); keep the checkpoint's value, or start a "
-                    "new run from the exported model (train.export_hf) with another one"
+                    f"{name} cannot change on resume ({FIXED_WHY[name]}): drop it from train.resume_allow_changes "
+                    "and keep the checkpoint's value, or start a new run (without train.resume_from) with another one"
                 )
         object.__setattr__(self, "resume_allow_changes", tuple(allowed))
         for name in (

@@ -78,6 +78,15 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
+def gather_dicts(items: dict[str, Any]) -> dict[str, Any]:
+    """The union of every rank's dict, on every rank (each rank's keys its own share of the work)."""
+    if not initialized() or dist.get_world_size() == 1:
+        return dict(items)
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, items)
+    return {k: v for part in parts for k, v in part.items()}
+
+
 def broadcast_flag(flag: bool, src: int = 0) -> bool:
     """A boolean decided on `src`, the same on every rank."""
     if not initialized() or dist.get_world_size() == 1:  # nothing to agree on: no collective (a host sync on GPU)

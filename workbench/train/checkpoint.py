@@ -8,9 +8,9 @@ Layout of one checkpoint, `<run>/checkpoints/step-00000003/`:
     manifest.json              every other file's size and hash (workbench.train.manifest)
 Every rank writes into `.tmp-step-00000003`; after a barrier rank 0 writes the JSON files and
 the manifest last and renames the directory into place. A directory named `step-*` is therefore
-always complete; a run killed mid-save leaves only a `.tmp-*` directory, which loaders ignore
-and the next resume from that run removes. Nothing is unpickled beyond allow-lists
-(workbench.train.safe_load).
+always complete, and it is written once; a run killed mid-save leaves only a `.tmp-*` directory,
+which loaders ignore and the next resume from that run removes once the run is no longer alive
+(workbench.train.checkpoint_owner). Nothing is unpickled beyond allow-lists (workbench.train.safe_load).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from workbench.train.checkpoint_files import (
 from workbench.train.checkpoint_load import load_checkpoint
 from workbench.train.checkpoint_state import _model_optim_state, _quiet_dcp, _rng_file, _rng_state
 from workbench.train.expert_state import globalize
+from workbench.train.lora_base import META_KEY as LORA_BASE_KEY
 from workbench.train.manifest import write_manifest
 from workbench.train.safe_load import read_dcp_metadata
 
@@ -106,15 +107,19 @@ def save_checkpoint(
     data_state: dict,
     hf_config: Any,
     settings: dict[str, Any] | None = None,
+    lora_base: dict[str, Any] | None = None,
 ) -> Path:
     """Collective: write checkpoint `step` atomically; returns its final directory.
 
-    `settings` are the run settings a resume must keep (run_settings), recorded in meta.json.
+    `settings` are the run settings a resume must keep (run_settings), recorded in meta.json, with
+    `lora_base`, the frozen base a LoRA run's adapters train on (workbench.train.lora_base.base_record).
     On a full disk the partial `.tmp-step-*` is removed (so that the run can still record its
     failure) and DiskFullError says how much space is left.
     """
     try:
-        return _write_checkpoint(checkpoints_dir, step, model, optimizer, scheduler, data_state, hf_config, settings)
+        return _write_checkpoint(
+            checkpoints_dir, step, model, optimizer, scheduler, data_state, hf_config, settings, lora_base
+        )
     except BaseException as err:
         if not _disk_full(err):
             raise
@@ -140,6 +145,7 @@ def _write_checkpoint(
     data_state: dict,
     hf_config: Any,
     settings: dict[str, Any] | None,
+    lora_base: dict[str, Any] | None = None,
 ) -> Path:
     import torch.distributed.checkpoint as dcp
 
@@ -167,6 +173,7 @@ def _write_checkpoint(
                 "world_size": du.world_size(),
                 "model": model_shape(hf_config),
                 "settings": dict(settings or {}),
+                **({LORA_BASE_KEY: lora_base} if lora_base is not None else {}),
             },
         )
     du.barrier()

@@ -8,6 +8,7 @@ from typing import Any
 
 from workbench.errors import CheckpointError
 from workbench.parallel import dist_utils as du
+from workbench.train.checkpoint_owner import describe_live, live_status, owning_run
 from workbench.train.safe_load import read_json
 
 META_FILE = "meta.json"
@@ -61,11 +62,26 @@ def resolve_checkpoint(path: str | Path) -> Path:
     for root in (path, path / "checkpoints"):
         found = list_checkpoints(root)
         if found:
+            _refuse_latest_of_live_run(path, found[-1])
             return found[-1]
     raise CheckpointError(
         f"no complete checkpoint at {path} (looked for {META_FILE} in it, in step-* "
         "subdirectories and under checkpoints/); pass a run or checkpoint directory"
     )
+
+
+def _refuse_latest_of_live_run(path: Path, latest: Path) -> None:
+    # "The latest checkpoint" of a run that still trains moves while this run starts, and resuming a run
+    # that has not ended is most often a mistake (it looked stopped). A finished step-* folder of it is
+    # never rewritten, so naming one explicitly branches from it without touching the live run.
+    # Rank 0 decides for all: ranks on other machines judge liveness by the heartbeat, rank 0's by the pid.
+    status = du.broadcast_object(live_status(latest) if du.rank() == 0 else None)
+    if status is not None:
+        raise CheckpointError(
+            f"cannot resume from {path}: {describe_live(owning_run(latest), status)}, and its latest "
+            "checkpoint changes as it trains. Wait for it to end, or stop it, then resume from it; to branch "
+            f"from a checkpoint it has finished while it goes on, pass that folder, e.g. {latest}"
+        )
 
 
 def read_meta(ckpt: Path) -> dict[str, Any]:
@@ -74,8 +90,11 @@ def read_meta(ckpt: Path) -> dict[str, Any]:
 
 
 def clean_leftovers(ckpt: Path) -> list[Path]:
-    """Rank 0: remove unfinished saves (`.tmp-step-*`, `.old-step-*`) next to checkpoint `ckpt`."""
-    if du.rank() != 0 or not ckpt.name.startswith(STEP_PREFIX):
+    """Rank 0: remove unfinished saves (`.tmp-step-*`, `.old-step-*`) next to checkpoint `ckpt`.
+
+    Nothing is removed while the run that holds `ckpt` is alive: its `.tmp-step-*` is the save it is writing.
+    """
+    if du.rank() != 0 or not ckpt.name.startswith(STEP_PREFIX) or live_status(ckpt) is not None:
         return []
     removed = [p for p in ckpt.parent.iterdir() if p.is_dir() and p.name.startswith(LEFTOVER_PREFIXES)]
     for p in removed:

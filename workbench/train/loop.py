@@ -33,17 +33,7 @@ from workbench.runs.liveness import Heartbeat, record_termination
 from workbench.runs.run_dir import private_files
 from workbench.train.activation_checkpoint import apply_activation_checkpointing
 from workbench.train.backward_updates import BackwardUpdates
-from workbench.train.checkpoint import (
-    check_compatible,
-    check_settings,
-    clean_leftovers,
-    export_hf,
-    load_checkpoint,
-    resolve_checkpoint,
-    run_settings,
-    save_checkpoint,
-    verify_checkpoint,
-)
+from workbench.train.checkpoint import export_hf, load_checkpoint, run_settings, save_checkpoint, step_dir_name
 from workbench.train.data import build_stream
 from workbench.train.data_eval import eval_metrics
 from workbench.train.guard import NonFiniteError
@@ -58,6 +48,7 @@ from workbench.train.loop_support import (
 )
 from workbench.train.model_setup import build_model, model_dtype
 from workbench.train.optim import build_optimizer, build_scheduler, set_skip_flag
+from workbench.train.resume import prepare_resume, resumed_data_state
 from workbench.train.stack_graphs import install_stack_graphs
 from workbench.train.step_gc import StepGC
 from workbench.train.step_stats import Clock, SkipFlag, StepQueue
@@ -80,22 +71,9 @@ class Trainer(TrainStep, StepRecords):
         self.mesh, self.dp, self.accum, self.backend = plan.mesh, plan.dp, plan.accum, plan.backend
         mesh_sizes = plan.mesh_sizes
         self.per_rank = rc.train.global_batch_size // self.dp
-        self.resume_ckpt = None
-        if rc.train.resume_from:
-            # Before any heavy work or a run directory: a damaged or crafted checkpoint, another model
-            # shape, or other schedule/data settings (unless accepted) are refused here.
-            self.resume_ckpt = resolve_checkpoint(rc.train.resume_from)
-            verify_checkpoint(self.resume_ckpt)
-            check_compatible(self.resume_ckpt, self.hf_config)
-            accepted = check_settings(self.resume_ckpt, rc)
-            if self.rank == 0 and accepted:
-                print(
-                    f"resuming from {self.resume_ckpt} with changed settings (train.resume_allow_changes): "
-                    + "; ".join(accepted),
-                    flush=True,
-                )
-            for leftover in clean_leftovers(self.resume_ckpt):
-                print(f"removed {leftover}: a save that never finished", flush=True)
+        # Before any heavy work or a run directory: a live run's latest checkpoint, a damaged or crafted one,
+        # another model shape or LoRA base, or other settings (unless accepted) are refused here.
+        self.resume_ckpt, self.lora_base = prepare_resume(rc, self.hf_config)
         torch.manual_seed(rc.train.seed)
         self.stream = build_stream(
             rc.data, rc.train.seed, self.hf_config.vocab_size, model_path=rc.model.path, runs_dir=rc.output_dir
@@ -146,7 +124,7 @@ class Trainer(TrainStep, StepRecords):
         self.start_step = 0
         if self.resume_ckpt is not None:
             state = load_checkpoint(self.resume_ckpt, self.model, self.optimizer, self.scheduler)
-            self.stream.load_state_dict(state["data"])
+            self.stream.load_state_dict(resumed_data_state(state["data"], rc))
             self.start_step = int(state["step"])
         self._expert_load = expert_load_reader(self.model)
         self.router_biases = None
@@ -185,6 +163,7 @@ class Trainer(TrainStep, StepRecords):
             self.stream.state_dict(),
             self.hf_config,
             run_settings(self.rc),
+            self.lora_base,
         )
 
     def fit(self) -> dict[str, Any]:
@@ -254,7 +233,9 @@ class Trainer(TrainStep, StepRecords):
                 last_ckpt = self.save(step)  # after a wait that passed the guard: no step in it was non-finite
         self._publish_or_raise(True, losses, status_base)  # before any save below
         if state == "stopped" or rc.train.save_final_checkpoint:
-            if step > self.start_step or last_ckpt is None:
+            # A step-* folder is written once: a stop right after a checkpoint keeps it (another run may be
+            # resuming from it while this one ends).
+            if last_ckpt is None or last_ckpt.name != step_dir_name(step):
                 last_ckpt = self.save(step)
         hf_dir = None
         if state == "completed" and rc.train.export_hf:
