@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from workbench.config import RunConfig
-from workbench.runs.run_dir import list_runs
+from workbench.runs.run_index import list_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 

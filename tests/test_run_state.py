@@ -20,7 +20,8 @@ from save_faults import fail_save_at
 from workbench.config import RunConfig
 from workbench.runs import run_dir as rd
 from workbench.runs.liveness import STALE_AFTER_S, Heartbeat, checked_status, owner_fields
-from workbench.runs.run_dir import RunDir, list_runs, summarize_run
+from workbench.runs.run_dir import RunDir
+from workbench.runs.run_index import list_runs, summarize_run
 from workbench.train import finetune
 from workbench.train.checkpoint import DiskFullError, list_checkpoints
 

@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
+from pathlib import Path
+
+# torch-free: `workbench runs` and `workbench show` start in a fraction of a second
+from workbench.runs.run_dir import default_runs_dir
+from workbench.runs.run_index import list_runs
+from workbench.runs.run_names import run_id_problem
+from workbench.runs.run_summary import mesh_label, read_run, summary_lines, terminal_plots
+from workbench.ui.png import save_live_png
+from workbench.ui.series import live_series
 
 
 def _runs_args(p: argparse.ArgumentParser) -> None:
@@ -12,9 +22,6 @@ def _runs_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_runs(args: argparse.Namespace) -> int:
-    from workbench.runs.run_dir import default_runs_dir, list_runs
-    from workbench.runs.run_summary import mesh_label
-
     runs_dir = args.runs_dir or str(default_runs_dir())
     if not os.path.isdir(os.path.expanduser(runs_dir)):
         print(f"workbench runs: no runs directory at {runs_dir}", file=sys.stderr)
@@ -68,10 +75,6 @@ def _show_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_show(args: argparse.Namespace) -> int:
-    from workbench.runs.run_dir import default_runs_dir
-    from workbench.runs.run_names import run_id_problem
-    from workbench.runs.run_summary import read_run, summary_lines, terminal_plots
-
     path = os.path.expanduser(args.run)
     if not os.path.isdir(path):
         problem = run_id_problem(args.run)
@@ -102,18 +105,12 @@ def _run_show(args: argparse.Namespace) -> int:
 
 def _write_png(records: list, png: str) -> int:
     """The Studio's live plots of `records` as a PNG (workbench.ui.png, drawn with matplotlib)."""
-    import importlib.util
-    from pathlib import Path
-
     if importlib.util.find_spec("matplotlib") is None:
         print(
             "workbench show: --png needs matplotlib: pip install matplotlib (or pip install -e '.[lab]')",
             file=sys.stderr,
         )
         return 2
-    from workbench.ui.png import save_live_png
-    from workbench.ui.series import live_series
-
     # No plotly figure: the matplotlib drawing of the same series (what a headless node can draw)
     path = save_live_png(None, live_series(records), Path(png).expanduser())
     print(f"  plots         {path}", flush=True)

@@ -204,6 +204,9 @@ class RunDir:
         if state not in RUN_STATES:
             raise ValueError(f"state {state!r} is not one of {sorted(RUN_STATES)}")
         status = {"state": state, "run_id": self.run_id, **fields}
+        for key in ("error", "traceback", "reported_error"):
+            if isinstance(status.get(key), str):
+                status[key] = _clipped(status[key])
         status.setdefault("updated_at", time.time())
         if state in LIVE_STATES:
             status = {**owner_fields(), **status}
@@ -316,33 +319,20 @@ class RunDir:
         return records
 
 
-def skipped_note(count: int, lines: list[int], file: str = METRICS_FILE) -> str:
-    """'skipped 2 damaged lines in metrics.jsonl (lines 4, 9)': what a reader left out, for people."""
-    plural = "s" if count != 1 else ""
-    where = ""
-    if lines:
-        more = ", ..." if count > len(lines) else ""
-        where = f" (line{'s' if len(lines) > 1 or more else ''} {', '.join(map(str, lines))}{more})"
-    return f"skipped {count} damaged line{plural} in {file}{where}"
+# status.json is read on every poll of the lab's runs list, and readers refuse one over 1 MiB: an
+# exception whose message holds a whole state dict must not make it that large.
+STATUS_TEXT_MAX_CHARS = 32 * 2**10
+
+
+def _clipped(text: str) -> str:
+    """`text` within STATUS_TEXT_MAX_CHARS: its start and its end (where a traceback says what happened)."""
+    if len(text) <= STATUS_TEXT_MAX_CHARS:
+        return text
+    half = STATUS_TEXT_MAX_CHARS // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half:,} characters left out ...]\n{text[-half:]}"
 
 
 def _progress(status: dict) -> dict:
     # What a failure record keeps from the live status it replaces.
     return {k: status[k] for k in ("step", "total_steps", "world_size") if k in status}
 
-
-def summarize_run(path: str | os.PathLike) -> dict:
-    """A JSON-able summary of one run directory (raises if it cannot be read): status.json and the end of
-    its metrics file (workbench.runs.run_index.one_off_index)."""
-    from workbench.runs.run_index import one_off_index  # run_index builds on this module
-
-    return one_off_index().summarize(Path(path).expanduser())
-
-
-def list_runs(runs_dir: str | os.PathLike) -> list[dict]:
-    """One summary per run subdirectory, newest id first; unreadable runs are flagged, not raised.
-
-    Each reads status.json and the end of the metrics file, never the whole file."""
-    from workbench.runs.run_index import one_off_index
-
-    return one_off_index().list_runs(Path(runs_dir).expanduser())

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.runs.liveness import LIVE_STATES, checked_status
-from workbench.runs.run_dir import CONFIG_FILE, METRICS_FILE, STATUS_FILE, skipped_note
+from workbench.runs.run_files import CONFIG_FILE, METRICS_FILE, STATUS_FILE, skipped_note
 from workbench.runs.run_names import run_id_problem, shown_name
 
 SPARK_KEYS = ("tokens_per_s_per_gpu", "loss")
@@ -105,6 +105,19 @@ def one_off_limits() -> IndexLimits:
 def one_off_index() -> RunIndex:
     """An index for a reader that asks once: summaries from status.json and the end of each metrics file."""
     return RunIndex(one_off_limits(), whole_metrics=False)
+
+
+def summarize_run(path: str | os.PathLike) -> dict:
+    """A JSON-able summary of one run directory (raises if it cannot be read): status.json and the end of
+    its metrics file."""
+    return one_off_index().summarize(Path(path).expanduser())
+
+
+def list_runs(runs_dir: str | os.PathLike) -> list[dict]:
+    """One summary per run subdirectory, newest id first; unreadable runs are flagged, not raised.
+
+    Each reads status.json and the end of the metrics file, never the whole file."""
+    return one_off_index().list_runs(Path(runs_dir).expanduser())
 
 
 def _describe(section: Any) -> Any:

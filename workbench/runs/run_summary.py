@@ -1,6 +1,6 @@
 """A run directory as text: the figures of its steps, the summary the `workbench` command prints, sparklines.
 
-Everything is read from the run directory (workbench.runs.run_dir), so `workbench finetune`,
+Everything is read from the run directory (workbench.runs.run_files names its files), so `workbench finetune`,
 `workbench demo` and `workbench show RUN` print the same summary, for a run of this process or
 any earlier one. The metrics file is read once, in chunks, through the lab's reader
 (workbench.runs.run_index): figures are summed as records pass, the plots get a thinned series.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.runs.run_dir import ERROR_LOG, skipped_note
+from workbench.runs.run_files import ERROR_LOG, skipped_note
 from workbench.runs.run_index import SeriesRecords, one_off_index
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"

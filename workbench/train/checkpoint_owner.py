@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.runs.liveness import LIVE_STATES
-from workbench.runs.run_dir import STATUS_FILE, RunDir
+from workbench.runs.run_dir import RunDir
+from workbench.runs.run_files import STATUS_FILE
 
 
 def owning_run(ckpt: Path) -> Path | None:

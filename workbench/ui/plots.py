@@ -12,15 +12,19 @@ import ipywidgets as W
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from workbench.runs.run_index import list_runs
+from workbench.ui.png import save_live_png
 from workbench.ui.series import (
     LIVE_PANELS,
     axis_range,
+    compare_frame,
     ema,
     live_series,
     load_color_range,
     load_colorscale,
     run_list_label,
     split_warmup,
+    summarize,
 )
 from workbench.ui.slim_figure import figure_widget
 
@@ -256,8 +260,6 @@ class LivePlots:
 
     def save_png(self, path: str | Path) -> Path:
         """Write the plots as a PNG (plotly + kaleido if it works, else matplotlib)."""
-        from workbench.ui.png import save_live_png
-
         return save_live_png(self.figure, self.series(), Path(path))
 
 
@@ -336,8 +338,6 @@ class CompareRuns:
         """List the run directories under runs_dir in the picker (newest first)."""
         if self.runs_dir is None:
             return
-        from workbench.runs.run_dir import list_runs
-
         runs = [r for r in list_runs(self.runs_dir) if r.get("readable")] if self.runs_dir.is_dir() else []
         self.picker.options = [(run_list_label(r), r["path"]) for r in runs]
         if not runs and self.frame is None:
@@ -355,8 +355,6 @@ class CompareRuns:
 
     def set_runs(self, runs: Iterable[Any], labels: Iterable[str] | None = None):
         """Plot these runs; returns the summary DataFrame (one row per run)."""
-        from workbench.ui.series import compare_frame, summarize
-
         runs = list(runs)
         frame = compare_frame(runs, list(labels) if labels is not None else None)
         self.frame = frame

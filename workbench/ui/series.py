@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from workbench.errors import BackendError
+from workbench.runs.run_dir import RunDir
+
 LIVE_PANELS = {
     "tokens_per_s_per_gpu": "tokens/s per GPU",
     "tflops_per_gpu": "TFLOP/s per GPU",
@@ -119,8 +122,6 @@ def expert_load_matrix(loads: list[list[list[float]]]) -> list[list[float]]:
 
 
 def _config_and_records(run: Any) -> tuple[dict, list[dict], str]:
-    from workbench.runs.run_dir import RunDir
-
     if isinstance(run, (str, Path)):
         rd = RunDir.open(run)
         config = rd.read_config() if rd.config_path.exists() else {}
@@ -142,8 +143,7 @@ def resolved_settings(config: dict) -> dict:
     if config.get("resolved_backend"):
         out["backend"] = config["resolved_backend"]
     elif isinstance(config.get("backend"), dict):
-        from workbench.backends import BackendConfig
-        from workbench.errors import BackendError
+        from workbench.backends import BackendConfig  # imports torch: `workbench show` runs without it
 
         try:
             mesh = config.get("mesh") or {}
