@@ -18,8 +18,13 @@ import pytest
 import workbench
 from workbench.cli import main
 from workbench.config import ConfigError, RunConfig
-from workbench.runs.run_dir import RunDir, list_runs
+from workbench.runs.run_dir import RunDir
 from workbench.train import finetune
+
+try:
+    from workbench.runs.run_index import list_runs
+except ImportError:  # where it lived at 429045a: these tests are also run against that commit, to see them fail
+    from workbench.runs.run_dir import list_runs
 
 # The package under test (a checkout named on PYTHONPATH too): the subprocesses import the same one.
 PACKAGE_ROOT = Path(workbench.__file__).resolve().parents[1]
@@ -209,16 +214,23 @@ def test_nproc_per_node_refuses_rank_count_options_before_torchrun_starts(tmp_pa
     assert time.monotonic() - start < 60  # torchrun never started its ranks
 
 
-def test_a_data_error_is_one_line_with_exit_code_2_and_debug_prints_its_traceback(tmp_path):
-    rows = tmp_path / "rows.jsonl"
+def _bad_rows_config(folder: Path) -> tuple[Path, Path]:
+    rows = folder / "rows.jsonl"
     rows.write_text('{"prompt": "hi", "response": "there"}\nnot json at all\n')
-    cfg = _config(tmp_path, data__path=str(rows))
+    return _config(folder, data__path=str(rows)), rows
+
+
+def test_a_data_error_is_one_line_with_exit_code_2(tmp_path):
+    cfg, rows = _bad_rows_config(tmp_path)
     proc = _cli(["finetune", str(cfg), "--output-dir", str(tmp_path / "runs")], tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     ours = [line for line in proc.stderr.splitlines() if line.startswith("workbench")]
     assert len(ours) == 1 and f"{rows}:2" in ours[0], proc.stderr
 
+
+def test_debug_prints_the_traceback_of_an_error(tmp_path):
+    cfg, rows = _bad_rows_config(tmp_path)
     proc = _cli(["finetune", str(cfg), "--output-dir", str(tmp_path / "runs"), "--debug"], tmp_path)
     assert proc.returncode == 2
     assert "Traceback (most recent call last)" in proc.stderr and f"{rows}:2" in proc.stderr.splitlines()[-1]
@@ -320,3 +332,15 @@ def test_a_config_json_with_a_huge_name_is_refused_unread_and_a_long_one_is_cut(
     assert summaries["long"]["readable"] and summaries["long"]["name"] == "m" * 197 + "..."
     with pytest.raises(ConfigError, match="at most 200 characters"):
         RunConfig.demo(name="m" * 201)
+
+
+def test_a_huge_error_message_is_clipped_in_status_json_so_the_run_stays_listed(finished_run, tmp_path):
+    run = RunDir(_copy(finished_run, tmp_path / "runs", "boom"))
+    message = "KeyError: " + "k" * (4 * 2**20) + " the end"
+    run.write_status("failed", error=message, traceback="Traceback (most recent call last):\n" + message)
+    assert run.status_path.stat().st_size < 100 * 2**10
+    status = run.read_status()
+    assert status["error"].startswith("KeyError: kkk") and status["error"].endswith("kkk the end")
+    assert "characters left out" in status["error"]
+    [summary] = list_runs(tmp_path / "runs")
+    assert summary["readable"] and summary["state"] == "failed"

@@ -26,13 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from workbench.runs.liveness import LIVE_STATES, checked_status, owner_fields
+from workbench.runs.run_files import CONFIG_FILE, ERROR_LOG, METRICS_FILE, STATUS_FILE, skipped_note
 from workbench.runs.run_names import run_id_problem
 
 RUN_STATES = frozenset({"starting", "running", "stopping", "completed", "failed", "stopped"})
-CONFIG_FILE = "config.json"
-STATUS_FILE = "status.json"
-METRICS_FILE = "metrics.jsonl"
-ERROR_LOG = "error.log"  # the tracebacks of failed ranks; the command line prints one line naming this file
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 
@@ -335,4 +332,3 @@ def _clipped(text: str) -> str:
 def _progress(status: dict) -> dict:
     # What a failure record keeps from the live status it replaces.
     return {k: status[k] for k in ("step", "total_steps", "world_size") if k in status}
-
