@@ -17,19 +17,10 @@ from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm
 
 from workbench.backends import CHOICES, BackendError
-from workbench.kernels import (
-    RMS_NORM_BACKENDS,
-    SWIGLU_BACKENDS,
-    SWIGLU_PACKED_BACKENDS,
-    RMSNorm,
-    fused_linear_cross_entropy,
-    linear_cross_entropy,
-    rms_norm,
-    shift_labels,
-    swiglu,
-    swiglu_packed,
-)
+from workbench.kernels.cross_entropy import fused_linear_cross_entropy, linear_cross_entropy, shift_labels
 from workbench.kernels.gpt_oss_gate import GPT_OSS_GATE_BACKENDS, ROW_BIAS_BACKENDS
+from workbench.kernels.rms_norm import RMS_NORM_BACKENDS, RMSNorm, rms_norm
+from workbench.kernels.swiglu import SWIGLU_BACKENDS, SWIGLU_PACKED_BACKENDS, swiglu, swiglu_packed
 
 # Shape suffixes: B batch, S sequence, D hidden, V vocab.
 
@@ -338,8 +329,8 @@ def test_triton_backend_on_cpu_tensor_says_use_torch():
 
 _TRITON_PARITY_SCRIPT = textwrap.dedent("""
     import sys, torch
-    from workbench.kernels import rms_norm, swiglu, swiglu_packed
-    from workbench.kernels.swiglu import swiglu_packed_weighted
+    from workbench.kernels.rms_norm import rms_norm
+    from workbench.kernels.swiglu import swiglu, swiglu_packed, swiglu_packed_weighted
     device, bf16_tol, shapes = sys.argv[1], float(sys.argv[2]), eval(sys.argv[3])
     torch.manual_seed(0)
 
@@ -803,7 +794,7 @@ assert pe[0].stride(-1) != 1
 fused.clear()
 attn = engine.model.layers[0].self_attn
 got = attn(x, pe, None)[0]
-attn.workbench_rope = "torch"  # the same module on Transformers' own forward: its RoPE, the same attention function
+attn.rope = "torch"  # the same module on Transformers' own forward: its RoPE, the same attention function
 want = attn(x, pe, None)[0]
 assert len(fused) == 1 and rel_err(got, want) < tol, (fused, rel_err(got, want))
 print("GPT-OSS ROPE OK")

@@ -159,7 +159,7 @@ def test_auto_prefers_the_measured_faster_paths_with_te_installed():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_te_kernel(dtype):
-    from workbench.kernels import rms_norm
+    from workbench.kernels.rms_norm import rms_norm
 
     g = torch.Generator(device="cuda").manual_seed(11)
     x32 = torch.randn(4, 33, 128, device="cuda", generator=g)

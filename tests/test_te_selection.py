@@ -14,7 +14,7 @@ import transformers
 
 import workbench.backends as backends
 from workbench import BackendConfig, BackendError
-from workbench.kernels import rms_norm
+from workbench.kernels.rms_norm import rms_norm
 from workbench.moe.dispatch import make_dispatcher
 from workbench.moe.hf_experts import expert_rows, install_engine_experts
 

@@ -12,7 +12,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from workbench.kernels._triton_util import check_triton_device
 from workbench.kernels.mm_fp32 import mm_fp32
+
+
+def _triton_cross_entropy():
+    """workbench.kernels.triton_cross_entropy, imported when a Triton path first runs: Triton is optional, and it reads
+    TRITON_INTERPRET when it is imported."""
+    import workbench.kernels.triton_cross_entropy as kernels
+
+    return kernels
 
 # Shape suffixes: N tokens (batch x sequence), D hidden, V vocab, C one chunk of tokens.
 
@@ -137,9 +146,7 @@ def _chunk_torch(
 def _scaled(grad: torch.Tensor, scale: torch.Tensor, use_triton: bool) -> torch.Tensor:
     """grad * scale in grad's dtype; with `use_triton` in place in one Triton pass, no bytes moved for a scale of 1."""
     if use_triton and grad.is_contiguous():
-        from workbench.kernels.triton_cross_entropy import scale_
-
-        return scale_(grad, scale.to(grad.device))
+        return _triton_cross_entropy().scale_(grad, scale.to(grad.device))
     return (grad * scale).to(grad.dtype)
 
 
@@ -175,11 +182,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         for start, end in bounds:
             h_CD, y_C = hidden_ND[start:end], labels_N[start:end]
             if use_triton:
-                from workbench.kernels.triton_cross_entropy import ce_rows_
-
                 # logits in the model dtype, as lm_head makes them; the kernel turns them into the gradient
                 grad_CV = F.linear(h_CD, weight_VD)
-                loss_sum += ce_rows_(grad_CV, y_C, denom, ignore_index, need_grad).sum()
+                loss_sum += _triton_cross_entropy().ce_rows_(grad_CV, y_C, denom, ignore_index, need_grad).sum()
             else:
                 loss_C, grad_CV = _chunk_torch(h_CD, weight_VD, y_C, denom, ignore_index, need_grad)
                 loss_sum += loss_C
@@ -261,8 +266,6 @@ def fused_linear_cross_entropy(
             f"use_triton must be True or False (BackendConfig.cross_entropy == 'triton'); got {use_triton!r}"
         )
     if use_triton:
-        from workbench.kernels._triton_util import check_triton_device
-
         check_triton_device(hidden_flat, "cross_entropy")
     if chunk_size is None:
         # the Triton path keeps logits in the model dtype (no float32 chunk), so more tokens fit

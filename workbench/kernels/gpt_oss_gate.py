@@ -16,6 +16,14 @@ import torch.nn.functional as F
 
 from workbench.kernels.registry import KernelRegistry
 
+
+def _triton_gpt_oss_gate():
+    """workbench.kernels.triton_gpt_oss_gate, imported when a Triton path first runs: Triton is optional, and it reads
+    TRITON_INTERPRET when it is imported."""
+    import workbench.kernels.triton_gpt_oss_gate as kernels
+
+    return kernels
+
 # Shape suffixes: N routed rows, E experts, I intermediate (2I: gate and up interleaved), C columns.
 
 
@@ -57,9 +65,7 @@ def gpt_oss_gate_triton(
     h_N2I: torch.Tensor, bias_E2I: torch.Tensor, seg: Segments, alpha: float, limit: float
 ) -> torch.Tensor:
     """Fused Triton version: saves only h; the backward writes dh and the bias gradient in one pass."""
-    from workbench.kernels import triton_gpt_oss_gate
-
-    return triton_gpt_oss_gate.gate(h_N2I, bias_E2I, seg.ids, seg.offsets, alpha, limit)
+    return _triton_gpt_oss_gate().gate(h_N2I, bias_E2I, seg.ids, seg.offsets, alpha, limit)
 
 
 def add_row_bias_torch(y_NC: torch.Tensor, bias_EC: torch.Tensor, seg: Segments) -> torch.Tensor:
@@ -72,9 +78,7 @@ def add_row_bias_triton(y_NC: torch.Tensor, bias_EC: torch.Tensor, seg: Segments
 
     Only for a `y` no other backward needs (a GEMM output: the GEMM saves its inputs, not its output).
     """
-    from workbench.kernels import triton_gpt_oss_gate
-
-    return triton_gpt_oss_gate.row_bias_(y_NC, bias_EC, seg.ids, seg.offsets)
+    return _triton_gpt_oss_gate().row_bias_(y_NC, bias_EC, seg.ids, seg.offsets)
 
 
 GPT_OSS_GATE_BACKENDS = KernelRegistry("gpt_oss gate", {"torch": gpt_oss_gate_torch, "triton": gpt_oss_gate_triton})

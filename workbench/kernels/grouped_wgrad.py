@@ -25,19 +25,24 @@ def grouped_wgrad_torch(
     return out_EMN, out_EMN.float().square().sum(dim=(1, 2))
 
 
+def _triton_grouped_wgrad():
+    """workbench.kernels.triton_grouped_wgrad, None without triton (the reference runs). Imported on first use:
+    Triton is optional, and it reads TRITON_INTERPRET when it is imported."""
+    try:
+        import workbench.kernels.triton_grouped_wgrad as kernels
+    except ImportError:
+        return None
+    return kernels
+
+
 def triton_takes(dtype: torch.dtype, device: torch.device, m: int, n: int) -> bool:
     """Whether the Triton kernel computes [E, m, n] gradients from `dtype` rows on `device` (and triton imports)."""
-    try:
-        from workbench.kernels.triton_grouped_wgrad import supports
-    except ImportError:  # no triton: the reference runs
-        return False
-    return supports(dtype, device, m, n)
+    kernels = _triton_grouped_wgrad()
+    return kernels is not None and kernels.supports(dtype, device, m, n)
 
 
 def grouped_wgrad(a_TM: torch.Tensor, b_TN: torch.Tensor, offsets_E: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [E, M, N], the float32 partial sums of Σ out², in a fixed order): Triton where it takes them."""
     if a_TM.dtype == b_TN.dtype and triton_takes(a_TM.dtype, a_TM.device, a_TM.shape[1], b_TN.shape[1]):
-        from workbench.kernels.triton_grouped_wgrad import grouped_wgrad as triton_grouped_wgrad
-
-        return triton_grouped_wgrad(a_TM, b_TN, offsets_E)
+        return _triton_grouped_wgrad().grouped_wgrad(a_TM, b_TN, offsets_E)
     return grouped_wgrad_torch(a_TM, b_TN, offsets_E)

@@ -5,7 +5,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from workbench.kernels import te_common
 from workbench.kernels.registry import KernelRegistry
+
+
+def _triton_rms_norm():
+    """workbench.kernels.triton_rms_norm, imported when a Triton path first runs: Triton is optional, and it reads
+    TRITON_INTERPRET when it is imported."""
+    import workbench.kernels.triton_rms_norm as kernels
+
+    return kernels
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -20,9 +29,7 @@ def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Fused Triton forward+backward RMSNorm (CUDA; CPU only under TRITON_INTERPRET=1)."""
-    from workbench.kernels import triton_rms_norm
-
-    return triton_rms_norm.rms_norm(x, weight, eps)
+    return _triton_rms_norm().rms_norm(x, weight, eps)
 
 
 def rms_norm_te(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -34,8 +41,6 @@ def rms_norm_te(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tens
     swap: TE's backward reads the module's weight again, after a swap would have been undone.
     The autograd graph keeps the module alive until then.
     """
-    from workbench.kernels import te_common
-
     te = te_common.import_te("rms_norm")
     te_common.check_cuda("rms_norm", x)
     norm = te.RMSNorm(weight.shape[0], eps=eps, zero_centered_gamma=False, device="meta", dtype=weight.dtype)
@@ -74,9 +79,7 @@ def rms_norm_residual(
     """
     _check_rms_norm_args(x, weight)
     if backend == "triton":
-        from workbench.kernels import triton_rms_norm
-
-        return triton_rms_norm.rms_norm_residual(x, weight, eps)
+        return _triton_rms_norm().rms_norm_residual(x, weight, eps)
     return rms_norm(x, weight, eps, backend), x
 
 

@@ -8,6 +8,14 @@ import torch.nn.functional as F
 from workbench.kernels.registry import KernelRegistry
 
 
+def _triton_swiglu():
+    """workbench.kernels.triton_swiglu, imported when a Triton path first runs: Triton is optional, and it reads
+    TRITON_INTERPRET when it is imported."""
+    import workbench.kernels.triton_swiglu as kernels
+
+    return kernels
+
+
 def swiglu_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """Reference SwiGLU: the eager ops Transformers runs (ACT2FN['silu'](gate) * up)."""
     return F.silu(gate) * up
@@ -15,9 +23,7 @@ def swiglu_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 def swiglu_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """Fused Triton SwiGLU (CUDA; CPU only under TRITON_INTERPRET=1)."""
-    from workbench.kernels import triton_swiglu
-
-    return triton_swiglu.swiglu(gate, up)
+    return _triton_swiglu().swiglu(gate, up)
 
 
 def swiglu_packed_torch(gate_up: torch.Tensor) -> torch.Tensor:
@@ -28,9 +34,7 @@ def swiglu_packed_torch(gate_up: torch.Tensor) -> torch.Tensor:
 
 def swiglu_packed_triton(gate_up: torch.Tensor) -> torch.Tensor:
     """Fused Triton SwiGLU on a packed [..., 2I] tensor; the gradient comes back packed too."""
-    from workbench.kernels import triton_swiglu
-
-    return triton_swiglu.swiglu_packed(gate_up)
+    return _triton_swiglu().swiglu_packed(gate_up)
 
 
 def swiglu_packed_weighted_torch(gate_up: torch.Tensor, weights_M: torch.Tensor) -> torch.Tensor:
@@ -43,9 +47,7 @@ def swiglu_packed_weighted_torch(gate_up: torch.Tensor, weights_M: torch.Tensor)
 
 def swiglu_packed_weighted_triton(gate_up: torch.Tensor, weights_M: torch.Tensor) -> torch.Tensor:
     """Fused Triton row-weighted SwiGLU; its backward also sums each row's weight gradient."""
-    from workbench.kernels import triton_swiglu
-
-    return triton_swiglu.swiglu_packed_weighted(gate_up, weights_M)
+    return _triton_swiglu().swiglu_packed_weighted(gate_up, weights_M)
 
 
 SWIGLU_BACKENDS = KernelRegistry("swiglu", {"torch": swiglu_torch, "triton": swiglu_triton})

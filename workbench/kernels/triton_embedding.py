@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from workbench.kernels._triton_util import check_triton_device
+from workbench.kernels.sorting import ends_of_sorted, stable_sort
 
 # Shape suffixes: T tokens, D the embedding width, V table rows.
 
@@ -56,8 +57,6 @@ def embedding_backward(
     grad_TD: torch.Tensor, ids_T: torch.Tensor, num_rows: int, padding_idx: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the table's gradient [V, D] in the gradient's dtype, float32 Σ grad² per table row [V])."""
-    from workbench.kernels.sorting import ends_of_sorted, stable_sort
-
     check_triton_device(grad_TD, "embedding")
     grad_TD = grad_TD.reshape(-1, grad_TD.shape[-1])
     grad_TD = grad_TD if grad_TD.stride(-1) == 1 else grad_TD.contiguous()
