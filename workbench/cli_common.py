@@ -5,14 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+import yaml
+
+from workbench.config_checks import ConfigError
+from workbench.config_io import load_yaml
+from workbench.runs.run_dir import RunDir
+from workbench.runs.run_summary import summary_lines
+
 
 def _parse_value(text: str):
     """A --set value read as YAML, numbers as people write them (1e-3 is a float)."""
-    import yaml
-
-    from workbench.config import ConfigError
-    from workbench.config_io import load_yaml
-
     try:
         return load_yaml(text)
     except yaml.YAMLError as err:
@@ -20,8 +22,6 @@ def _parse_value(text: str):
 
 
 def _overrides(args: argparse.Namespace) -> dict:
-    from workbench.config import ConfigError
-
     out: dict = {}
     for item in getattr(args, "set", None) or []:
         if "=" not in item:
@@ -63,7 +63,7 @@ def _wants_bar(args: argparse.Namespace) -> bool:
 
 
 def _progress_callbacks(bar: bool) -> list:
-    from workbench.train.progress_bar import ProgressBar
+    from workbench.train.progress_bar import ProgressBar  # the workbench.train package imports the trainer (torch)
 
     return [ProgressBar()] if bar else []
 
@@ -89,8 +89,6 @@ class RunWatch:
 
     def log_traceback(self, rank: int, text: str) -> str | None:
         """`text` appended to the run directory's error log; its path, or None without a run directory."""
-        from workbench.runs.run_dir import RunDir
-
         if self.run_dir is None:
             return None
         try:
@@ -106,8 +104,6 @@ def refused_before_work(err: BaseException, watch: RunWatch) -> bool:
 
 def _print_summary(run_path: str) -> None:
     """The run's summary (workbench.runs.run_summary) on stdout; a run directory that cannot be read says so."""
-    from workbench.runs.run_summary import summary_lines
-
     try:
         lines = summary_lines(run_path)
     except (OSError, ValueError) as err:

@@ -7,6 +7,8 @@ import os
 import sys
 
 from workbench.cli_common import _add_common, _overrides, _print_summary, _progress_callbacks, _wants_bar
+from workbench.parallel.launch import spawn
+from workbench.runs.run_dir import RunDir, default_runs_dir, new_run_id
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
@@ -29,7 +31,6 @@ def _run_demo(args: argparse.Namespace) -> int:
     import torch
 
     from workbench.config import RunConfig
-    from workbench.runs.run_dir import default_runs_dir, new_run_id
 
     world = args.ranks or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
     if world < 1:
@@ -44,8 +45,6 @@ def _run_demo(args: argparse.Namespace) -> int:
         f"run directory {os.path.join(runs_dir, rc.run_id)}",
         flush=True,
     )
-    from workbench.parallel.launch import spawn
-
     run_path = os.path.join(runs_dir, rc.run_id)
     if spawn(
         "workbench.cli_demo:_demo_rank",
@@ -61,8 +60,6 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 def _record_rank_failure(run_path: str, exits: list) -> None:
     """The launcher saw ranks fail: make status.json say which and how (a killed rank 0 cannot)."""
-    from workbench.runs.run_dir import RunDir
-
     if not os.path.isfile(os.path.join(run_path, "status.json")):
         return  # the run never got a directory; the ranks' errors are on stderr
     cause = exits[0]

@@ -16,6 +16,8 @@ from workbench.cli_common import (
     _wants_bar,
     refused_before_work,
 )
+from workbench.config_checks import ConfigError
+from workbench.parallel.launch import report_config_error, run_in_launched_group
 
 
 def _finetune_args(p: argparse.ArgumentParser) -> None:
@@ -75,9 +77,8 @@ def _torchrun_argv(args: argparse.Namespace) -> list[str]:
 
 
 def _run_finetune(args: argparse.Namespace) -> int:
-    from workbench.config import ConfigError, RunConfig
+    from workbench.config import RunConfig
     from workbench.parallel import dist_utils as du
-    from workbench.parallel.launch import report_config_error, run_in_launched_group
     from workbench.train.world_checks import check_world
 
     # Everything that can be checked from the config, the model's config.json and the launcher's

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from workbench.backends import BackendConfig
 
 # The sections live in their own modules; every public name stays importable from here.
@@ -26,8 +28,10 @@ from workbench.config_data import (
     TOKENIZER_DIR,
     DataConfig,
 )
+from workbench.config_io import dump_yaml, load_yaml, read_hf_config
 from workbench.config_lora import LORA_TARGETS, LoraConfig, lora_from_dict
 from workbench.config_train import FIXED_ON_RESUME, OPTIMIZER_STATES, OPTIMIZERS, PRECISIONS, RESUME_FIELDS, TrainConfig
+from workbench.parallel.mesh import MeshConfig
 from workbench.presets import PRESETS, TINY_VOCAB_SIZE, build_preset_config
 from workbench.runs.run_names import RUN_NAME_MAX_CHARS, run_id_problem, shown_id
 
@@ -114,8 +118,6 @@ class ModelConfig:
         if self.preset is not None:
             cfg = preset_config(self.preset, self.layers)
         else:
-            from workbench.config_io import read_hf_config
-
             cfg = read_hf_config(Path(self.path).expanduser())
             if self.layers is not None:
                 types = getattr(cfg, "layer_types", None)
@@ -135,8 +137,6 @@ class ModelConfig:
 def _mesh_from_dict(data: Any):
     if data is None:
         return None
-    from workbench.parallel.mesh import MeshConfig
-
     if isinstance(data, MeshConfig):
         return data
     check_keys(MeshConfig, data, "mesh")
@@ -227,8 +227,6 @@ class RunConfig:
 
     def to_yaml(self, path: str | os.PathLike | None = None) -> str:
         """YAML text of this config; also written to `path` if given."""
-        from workbench.config_io import dump_yaml
-
         text = dump_yaml(self.to_dict())
         if path is not None:
             Path(path).write_text(text, encoding="utf-8")
@@ -237,10 +235,6 @@ class RunConfig:
     @classmethod
     def from_yaml(cls, path_or_text: str | os.PathLike) -> RunConfig:
         """Load from a YAML file path (or YAML text containing a newline)."""
-        import yaml
-
-        from workbench.config_io import load_yaml
-
         text = str(path_or_text)
         source = "YAML text"
         if "\n" not in text:

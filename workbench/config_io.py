@@ -10,7 +10,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from workbench.config import ConfigError
+import yaml
+
+from workbench.config_checks import ConfigError
 from workbench.errors import CheckpointError
 from workbench.models.hf_io import check_model_folder
 
@@ -50,15 +52,11 @@ def _numbers_as_written(base: type) -> type:
 
 def load_yaml(text: str) -> Any:
     """`yaml.safe_load`, except that 1e-3, 3e-4 and 1E5 are floats (YAML 1.1 reads them as strings)."""
-    import yaml
-
     return yaml.load(text, Loader=_numbers_as_written(yaml.SafeLoader))
 
 
 def dump_yaml(data: Any) -> str:
     """`yaml.safe_dump` (keys in order) whose output `load_yaml` reads back unchanged."""
-    import yaml
-
     return yaml.dump(data, Dumper=_numbers_as_written(yaml.SafeDumper), sort_keys=False)
 
 
