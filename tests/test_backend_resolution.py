@@ -248,7 +248,7 @@ def test_a_config_resolved_for_an_h200_wires_every_triton_kernel_into_the_model(
         m.plan.backend == "grouped_mm" and m.plan.swiglu == "triton" and m.plan.dispatcher.use_triton for m in experts
     )
     attentions = [m for m in model.modules() if "Attention" in type(m).__name__]
-    assert attentions and all(type(m) is Qwen3MoeEngineAttention and m.workbench_rope == "triton" for m in attentions)
+    assert attentions and all(type(m) is Qwen3MoeEngineAttention and m.rope == "triton" for m in attentions)
     norms = [m for m in model.modules() if "RMSNorm" in type(m).__name__]
     assert norms and all(isinstance(m, RMSNorm) and m.backend == "triton" for m in norms)
     assert (

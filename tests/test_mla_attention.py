@@ -104,9 +104,9 @@ for overrides in ({}, {"q_lora_rank": None, "rope_interleave": False}):
     calls.clear()
     got = attn(x, pe, None)[0]
     assert len(calls) == 1, calls
-    attn.workbench_rope = "torch"  # Transformers' own forward on the same module
+    attn.rope = "torch"  # Transformers' own forward on the same module
     want = attn(x, pe, None)[0]
-    attn.workbench_rope = "triton"
+    attn.rope = "triton"
     assert rel_err(got, want) < tol, rel_err(got, want)
     # angles the kernel refuses: Transformers' forward, said in a warning
     tm.angles_supported = lambda *a: False

@@ -10,7 +10,6 @@ from tiny_models import tiny_qwen3_moe
 from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
 import workbench
-from workbench.models.engine_state import engine_state
 from workbench.moe.hf_experts import engine_experts_modules
 from workbench.moe.router import balanced_topk, load_balancing_loss, softmax_topk
 
@@ -149,13 +148,14 @@ def test_aux_loss_reuses_the_engine_routers_top_k_ids(monkeypatch):
     want_grads = torch.autograd.grad(want, parts.router_logits)
     assert all(torch.equal(g, w) for g, w in zip(grads, want_grads, strict=True))
     # a router that does not declare its ids (Transformers' own) leaves the formula its own top-k
-    engine_state(model).router_sink.topk_ids = None
-    for m in model.modules():
-        if hasattr(m, "workbench_topk_ids_index"):
-            monkeypatch.setattr(type(m), "workbench_topk_ids_index", None)
+    from workbench.models.families.qwen3_moe.router import Qwen3MoeEngineRouter
+
+    monkeypatch.setattr(Qwen3MoeEngineRouter, "topk_ids_index", None)
+    torch.manual_seed(0)
+    undeclared = AutoModelForCausalLM.from_config(cfg, device="cpu", dtype=torch.float32)
     calls.clear()
     monkeypatch.setattr(torch, "topk", lambda *a, **k: calls.append(1) or topk(*a, **k))
-    again = forward_loss_parts(model, model, kwargs)
+    again = forward_loss_parts(undeclared, undeclared, kwargs)
     assert len(calls) == 6 and torch.equal(again.aux, parts.aux)
 
 

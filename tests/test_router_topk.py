@@ -79,7 +79,7 @@ for router in ("torch", "triton"):
     models[router] = workbench.AutoModelForCausalLM.from_config(cfg, backend=backend, device=device, seed=0)
     models[router].load_state_dict(ref.state_dict())
 routers = [m for m in models["triton"].modules() if isinstance(m, Qwen3MoeEngineRouter)]
-assert len(routers) == cfg.num_hidden_layers and all(m.workbench_router == "triton" for m in routers)
+assert len(routers) == cfg.num_hidden_layers and all(m.topk_backend == "triton" for m in routers)
 ids = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2)).to(device)
 outs = {}
 for name, model in (("hf", ref), *models.items()):

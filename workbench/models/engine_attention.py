@@ -18,10 +18,16 @@ from workbench.models.qkv_projection import qkv_projection
 # Shape suffixes: B batch, H heads, S sequence, D head dim.
 
 
-def engine_forward_applies(module: nn.Module, args: tuple, kwargs: dict) -> bool:
+class EngineAttention:
+    """Mixin of the engine's attention classes (put in front of Transformers' own by a class swap)."""
+
+    rope: str = "torch"  # the resolved BackendConfig.rope it was installed with ('torch': Transformers' forward)
+
+
+def engine_forward_applies(module: EngineAttention, args: tuple, kwargs: dict) -> bool:
     """Whether `module` (an engine attention) runs its own forward: rope='triton', no cache, no positional extras."""
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
-    return not args and cache is None and getattr(module, "workbench_rope", "torch") == "triton"
+    return not args and cache is None and module.rope == "triton"
 
 
 def attention_function(family: ModuleType, impl: str) -> Callable:

@@ -172,14 +172,14 @@ def swap_linears(model: nn.Module, backend: str, num_experts: int) -> list[str]:
 class DeferredLMHead(nn.Linear):
     """The lm_head; while the fused cross-entropy runs it hands the hidden states on unchanged."""
 
-    workbench_defer = False
-    workbench_last = None
+    defer_to_loss: bool = False  # inside a fused loss forward (_deferred_logits)
+    deferred_hidden: torch.Tensor | None = None  # what it handed on, which the loss checks it gets back
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """F.linear, or (inside the fused loss forward) the hidden states themselves."""
-        if not self.workbench_defer:
+        if not self.defer_to_loss:
             return super().forward(hidden)
-        self.workbench_last = hidden
+        self.deferred_hidden = hidden
         return hidden
 
 
@@ -208,7 +208,7 @@ def _fused_loss(head: DeferredLMHead, use_triton: bool):
     from workbench.kernels.cross_entropy import shift_labels as shifted
 
     def loss(logits, labels, vocab_size=None, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **kwargs):
-        if logits is not head.workbench_last:
+        if logits is not head.deferred_hidden:
             raise RuntimeError(
                 "fused_ce: the model changed the logits between lm_head and its loss; this family "
                 "cannot use BackendConfig.fused_ce=True"
@@ -231,13 +231,13 @@ def _deferred_logits(model: nn.Module, use_triton: bool):
     head = model.get_output_embeddings()
     had_own = "_loss_function" in vars(model)
     own = vars(model).get("_loss_function")
-    head.workbench_defer = True
+    head.defer_to_loss = True
     model.loss_function = _fused_loss(head, use_triton)
     try:
         yield
     finally:
-        head.workbench_defer = False
-        head.workbench_last = None
+        head.defer_to_loss = False
+        head.deferred_hidden = None
         if had_own:
             model.loss_function = own
         else:

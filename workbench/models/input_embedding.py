@@ -23,11 +23,13 @@ def is_plain_embedding(module: nn.Module) -> bool:
 
 
 class EngineEmbedding(nn.Embedding):
-    """nn.Embedding whose lookup runs the backend in `workbench_embedding` (same parameter, same state dict)."""
+    """nn.Embedding whose lookup runs the backend `gradient_backend` (same parameter, same state dict)."""
+
+    gradient_backend: str = "torch"  # the resolved BackendConfig.embedding, set by use_engine_embeddings
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """The lookup, with the chosen backend's gradient."""
-        return EMBEDDING_BACKENDS.impl(self.workbench_embedding)(ids, self.weight, self.padding_idx)
+        return EMBEDDING_BACKENDS.impl(self.gradient_backend)(ids, self.weight, self.padding_idx)
 
 
 def use_engine_embeddings(model: nn.Module, backend: str) -> int:
@@ -36,5 +38,5 @@ def use_engine_embeddings(model: nn.Module, backend: str) -> int:
     if backend == "torch" or type(table) is not nn.Embedding or not is_plain_embedding(table):
         return 0
     table.__class__ = EngineEmbedding
-    table.workbench_embedding = backend
+    table.gradient_backend = backend
     return 1

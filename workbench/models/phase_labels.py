@@ -19,21 +19,32 @@ from workbench.moe.hf_experts import engine_experts_modules
 ROUTER_NAMES = ("gate", "router")
 
 
+class PhaseRange:
+    """The forward hooks that open and close one profiler range around a module's forward."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.open: list[record_function] = []
+
+    def enter(self, module: nn.Module, args) -> None:
+        """Forward pre-hook: open the range."""
+        opened = record_function(self.label)
+        opened.__enter__()
+        self.open.append(opened)
+
+    def leave(self, module: nn.Module, args, output) -> None:
+        """Forward hook (also when the forward raises): close it."""
+        self.open.pop().__exit__(None, None, None)
+
+
 def label_module(module: nn.Module, label: str) -> bool:
     """Wrap every forward of `module` in the profiler range `label`; False where it has one already."""
-    if getattr(module, "workbench_label", None) is not None:
+    # the module's own hook registry says whether it has one
+    if any(isinstance(getattr(hook, "__self__", None), PhaseRange) for hook in module._forward_pre_hooks.values()):
         return False
-
-    def enter(mod, args):
-        mod.workbench_range = record_function(label)
-        mod.workbench_range.__enter__()
-
-    def leave(mod, args, output):
-        mod.workbench_range.__exit__(None, None, None)
-
-    module.register_forward_pre_hook(enter)
-    module.register_forward_hook(leave, always_call=True)  # closed also when the forward raises
-    module.workbench_label = label
+    phase = PhaseRange(label)
+    module.register_forward_pre_hook(phase.enter)
+    module.register_forward_hook(phase.leave, always_call=True)  # closed also when the forward raises
     return True
 
 

@@ -25,12 +25,18 @@ from torch import nn
 from workbench.models.engine_state import engine_state
 
 
+class RecordsTopkIds:
+    """Mixin of an engine router whose output `topk_ids_index` is the top-k of the float32 softmax of its float32
+    logits: the aux loss's own choice, which the router hooks record beside the logits."""
+
+    topk_ids_index: int | None = None
+
+
 class RouterLogitSink:
     """Where the router hooks put one forward's router logits (None between forwards: nothing is kept).
 
     `topk_ids` gets the top-k ids of the routers that declare them equal to the aux loss's own choice
-    (`workbench_topk_ids_index`: the output index of ids that are top-k of the float32 softmax of float32
-    logits), so the aux loss does not sort each layer's [T, E] probabilities again.
+    (RecordsTopkIds), so the aux loss does not sort each layer's [T, E] probabilities again.
     """
 
     def __init__(self) -> None:
@@ -50,10 +56,9 @@ def _router_logit_specs(model: nn.Module) -> list[tuple[type, int]]:
     return out
 
 
-def _record_router_logits(sink: RouterLogitSink, index: int, module, args, output) -> None:
+def _record_router_logits(sink: RouterLogitSink, index: int, ids_index: int | None, module, args, output) -> None:
     if sink.logits is not None:
         sink.logits.append(output[index] if isinstance(output, tuple) else output)
-        ids_index = getattr(module, "workbench_topk_ids_index", None)
         if sink.topk_ids is not None and ids_index is not None and isinstance(output, tuple):
             sink.topk_ids.append(output[ids_index])
 
@@ -70,7 +75,8 @@ def attach_router_logit_hooks(model: nn.Module) -> int:
     for module in model.base_model.modules():
         index = next((i for cls, i in specs if isinstance(module, cls)), None)
         if index is not None:
-            module.register_forward_hook(functools.partial(_record_router_logits, sink, index))
+            ids_index = module.topk_ids_index if isinstance(module, RecordsTopkIds) else None
+            module.register_forward_hook(functools.partial(_record_router_logits, sink, index, ids_index))
             routers += 1
     if not routers:
         raise RuntimeError(

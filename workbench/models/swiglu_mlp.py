@@ -55,15 +55,20 @@ def is_standard_swiglu_mlp(module: nn.Module) -> bool:
     return isinstance(got, torch.Tensor) and got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def _forward(self, x: torch.Tensor) -> torch.Tensor:
-    """down_proj(swiglu(gate_proj(x), up_proj(x))) with the fused kernel."""
-    return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), self.workbench_swiglu))
+class EngineSwiGLU:
+    """Mixin put in front of a Transformers MLP class: its forward on the fused SwiGLU kernel."""
+
+    swiglu_backend: str = "torch"  # the resolved BackendConfig.swiglu, set by use_swiglu_mlps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """down_proj(swiglu(gate_proj(x), up_proj(x))) with the fused kernel."""
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), self.swiglu_backend))
 
 
 @functools.cache
 def _engine_class(hf_class: type) -> type:
     """The engine subclass of one Transformers MLP class (one per class, so isinstance checks keep working)."""
-    return type(f"Engine{hf_class.__name__}", (hf_class,), {"forward": _forward, "__module__": __name__})
+    return type(f"Engine{hf_class.__name__}", (EngineSwiGLU, hf_class), {"__module__": __name__})
 
 
 def use_swiglu_mlps(model: nn.Module, backend: str) -> int:
@@ -80,6 +85,6 @@ def use_swiglu_mlps(model: nn.Module, backend: str) -> int:
             probed[cls] = is_standard_swiglu_mlp(module)
         if probed[cls]:
             module.__class__ = _engine_class(cls)
-            module.workbench_swiglu = backend
+            module.swiglu_backend = backend
             swapped += 1
     return swapped

@@ -69,10 +69,9 @@ def apply_activation_checkpointing(model: nn.Module) -> int:
             "in _no_split_modules, so there is no layer to checkpoint; set it to false"
         )
     for layer in layers:
-        if getattr(layer, "workbench_activation_checkpoint", False):
+        if checkpoint.state(layer) is not None:  # torch's own record of the layers it wraps: once each
             continue
         checkpoint(layer, **kwargs)
-        layer.workbench_activation_checkpoint = True
     # A KV cache filled in forward would be filled again by the replay (DeepSeek-V3's MLA then saw 2S keys):
     # Transformers' own checkpointing turns the cache off too.
     model.config.use_cache = False

@@ -246,11 +246,11 @@ def _signature(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, named
 class GraphedLayer:
     """Mixin put in front of a decoder layer's class: its forward goes through the model's StackGraphs."""
 
-    workbench_graphs: StackGraphs
+    stack_graphs: StackGraphs  # the model's, set by install_stack_graphs
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         """The replayed stack's output, or the layer's own forward (StackGraphs.layer_forward)."""
-        return self.workbench_graphs.layer_forward(self, hidden_states, args, kwargs)
+        return self.stack_graphs.layer_forward(self, hidden_states, args, kwargs)
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -272,7 +272,7 @@ def install_stack_graphs(model: nn.Module) -> StackGraphs:
         if not issubclass(cls, GraphedLayer):
             # a class swap, not a wrapper: parameter names and state dict keys stay Transformers'
             layer.__class__ = type(f"Graphed{cls.__name__}", (GraphedLayer, cls), {"__module__": __name__})
-        layer.workbench_graphs = graphs
+        layer.stack_graphs = graphs
     engine_state(model).stack_graphs = graphs
     return graphs
 

@@ -17,6 +17,7 @@ from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
 
 from workbench.models.class_swap import swap_classes
 from workbench.models.engine_attention import (
+    EngineAttention,
     attention_function,
     engine_forward_applies,
     unit_stride_angles,
@@ -26,10 +27,8 @@ from workbench.models.engine_attention import (
 # Shape suffixes: B batch, S sequence, H heads, Q query/key head dim, K kv_b head dim (nope + v), R rotary dim.
 
 
-class DeepseekV3EngineAttention(hf.DeepseekV3Attention):
+class DeepseekV3EngineAttention(EngineAttention, hf.DeepseekV3Attention):
     """Transformers' DeepseekV3Attention whose training forward builds q/k/v with one fused kernel."""
-
-    workbench_rope = "torch"  # the resolved BackendConfig.rope, set by use_mla_attention
 
     def forward(self, hidden_states, position_embeddings, attention_mask=None, *args, **kwargs):
         """Transformers' forward; without a cache and with rope='triton', q/k/v come from the fused kernel."""
@@ -80,4 +79,4 @@ def use_mla_attention(model: torch.nn.Module, rope: str) -> int:
     """rope='triton': every DeepseekV3Attention of `model` gets the fused q/k/v forward (same module, parameters)."""
     if not wants_engine_attention(rope):  # 'torch': Transformers' own forward
         return 0
-    return swap_classes(model, hf.DeepseekV3Attention, DeepseekV3EngineAttention, workbench_rope=rope)
+    return swap_classes(model, hf.DeepseekV3Attention, DeepseekV3EngineAttention, rope=rope)

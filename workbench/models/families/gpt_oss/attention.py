@@ -14,13 +14,16 @@ import torch
 from transformers.models.gpt_oss import modeling_gpt_oss as hf
 
 from workbench.models.class_swap import swap_classes
-from workbench.models.engine_attention import engine_forward_applies, fused_rope_forward, wants_engine_attention
+from workbench.models.engine_attention import (
+    EngineAttention,
+    engine_forward_applies,
+    fused_rope_forward,
+    wants_engine_attention,
+)
 
 
-class GptOssEngineAttention(hf.GptOssAttention):
+class GptOssEngineAttention(EngineAttention, hf.GptOssAttention):
     """Transformers' GptOssAttention whose training forward applies RoPE with one fused kernel."""
-
-    workbench_rope = "torch"  # the resolved BackendConfig.rope, set by use_gpt_oss_attention
 
     def forward(self, hidden_states, position_embeddings, attention_mask=None, *args, **kwargs):
         """Transformers' forward; without a cache and with rope='triton', RoPE is the fused kernel."""
@@ -36,4 +39,4 @@ def use_gpt_oss_attention(model: torch.nn.Module, rope: str) -> int:
     if not wants_engine_attention(rope):  # 'torch': Transformers' own forward
         return 0
     # a class swap, not a wrapper: parameter names and state dict keys stay Transformers'
-    return swap_classes(model, hf.GptOssAttention, GptOssEngineAttention, workbench_rope=rope)
+    return swap_classes(model, hf.GptOssAttention, GptOssEngineAttention, rope=rope)

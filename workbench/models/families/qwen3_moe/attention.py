@@ -13,13 +13,16 @@ import torch
 from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 
 from workbench.models.class_swap import swap_classes
-from workbench.models.engine_attention import engine_forward_applies, fused_rope_forward, wants_engine_attention
+from workbench.models.engine_attention import (
+    EngineAttention,
+    engine_forward_applies,
+    fused_rope_forward,
+    wants_engine_attention,
+)
 
 
-class Qwen3MoeEngineAttention(hf.Qwen3MoeAttention):
+class Qwen3MoeEngineAttention(EngineAttention, hf.Qwen3MoeAttention):
     """Transformers' Qwen3MoeAttention whose training forward applies RoPE with one fused kernel."""
-
-    workbench_rope = "torch"  # the resolved BackendConfig.rope, set by use_engine_attention
 
     def forward(self, hidden_states, position_embeddings, attention_mask=None, *args, residual=None, **kwargs):
         """Transformers' forward; without a cache and with rope='triton', RoPE is the fused kernel.
@@ -47,4 +50,4 @@ def use_engine_attention(model: torch.nn.Module, rope: str) -> int:
     if not wants_engine_attention(rope):  # 'torch': Transformers' own forward
         return 0
     # a class swap, not a wrapper: parameter names and state dict keys stay Transformers'
-    return swap_classes(model, hf.Qwen3MoeAttention, Qwen3MoeEngineAttention, workbench_rope=rope)
+    return swap_classes(model, hf.Qwen3MoeAttention, Qwen3MoeEngineAttention, rope=rope)

@@ -13,17 +13,19 @@ import torch
 from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 
 from workbench.models.class_swap import swap_classes
+from workbench.models.router_aux import RecordsTopkIds
 from workbench.moe.router import SOFTMAX_TOPK_BACKENDS, router_logits, router_logits_passing
 
 # Shape suffixes: T tokens, D hidden, E experts, K top-k.
 
 
-class Qwen3MoeEngineRouter(hf.Qwen3MoeTopKRouter):
+class Qwen3MoeEngineRouter(RecordsTopkIds, hf.Qwen3MoeTopKRouter):
     """Transformers' Qwen3MoeTopKRouter whose logits are computed in float32."""
 
     # Output 2, the top-k ids, is the top-k of the float32 softmax of float32 logits: what the aux loss's
     # formula picks (models/router_aux records them; the loss then sorts no probabilities again).
-    workbench_topk_ids_index = 2
+    topk_ids_index = 2
+    topk_backend: str = "torch"  # the resolved BackendConfig.router, set by use_engine_router
 
     def forward(self, hidden_states: torch.Tensor, pass_input: bool = False):
         """(router logits [T, E] float32, top-k weights [T, K], top-k ids [T, K]) as Transformers returns them.
@@ -36,7 +38,7 @@ class Qwen3MoeEngineRouter(hf.Qwen3MoeTopKRouter):
             logits_TE, x_TD = router_logits_passing(x_TD, self.weight)
         else:
             logits_TE = router_logits(x_TD, self.weight)
-        topk = SOFTMAX_TOPK_BACKENDS.impl(getattr(self, "workbench_router", "torch"))
+        topk = SOFTMAX_TOPK_BACKENDS.impl(self.topk_backend)
         weights_TK, ids_TK = topk(logits_TE, self.top_k, self.norm_topk_prob)
         return (logits_TE, weights_TK, ids_TK, x_TD) if pass_input else (logits_TE, weights_TK, ids_TK)
 
@@ -46,4 +48,4 @@ def use_engine_router(model: torch.nn.Module, backend: str = "torch") -> int:
 
     `backend`: a resolved BackendConfig.router, the softmax + top-k kernel of each swapped router.
     """
-    return swap_classes(model, hf.Qwen3MoeTopKRouter, Qwen3MoeEngineRouter, workbench_router=backend)
+    return swap_classes(model, hf.Qwen3MoeTopKRouter, Qwen3MoeEngineRouter, topk_backend=backend)
