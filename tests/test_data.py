@@ -6,17 +6,12 @@ import pytest
 import torch
 
 from workbench.config import TINY_SFT_PATH, TINY_VOCAB_SIZE, TOKENIZER_DIR, DataConfig, preset_config
-from workbench.train.data import (
-    IGNORE_INDEX,
-    DataError,
-    TokenStream,
-    build_stream,
-    load_sft_examples,
-    load_tokenizer,
-    max_row_bytes,
-    pack_examples,
-    tokenize_messages,
-)
+from workbench.errors import DataError
+from workbench.train.data import TokenStream, build_stream
+from workbench.train.data_batch import IGNORE_INDEX, pack_examples
+from workbench.train.data_files import max_row_bytes
+from workbench.train.data_messages import load_sft_examples, tokenize_messages
+from workbench.train.data_tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

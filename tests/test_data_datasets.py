@@ -8,8 +8,12 @@ import torch
 datasets = pytest.importorskip("datasets")
 
 from workbench.config import TINY_VOCAB_SIZE, TOKENIZER_DIR, ConfigError, DataConfig, RunConfig  # noqa: E402
+from workbench.errors import DataError  # noqa: E402
 from workbench.train import data_cache  # noqa: E402
-from workbench.train.data import IGNORE_INDEX, DataError, build_stream, load_tokenizer, tokenize_messages  # noqa: E402
+from workbench.train.data import build_stream  # noqa: E402
+from workbench.train.data_batch import IGNORE_INDEX  # noqa: E402
+from workbench.train.data_messages import tokenize_messages  # noqa: E402
+from workbench.train.data_tokenizer import load_tokenizer  # noqa: E402
 
 N = 12
 ROWS = {
@@ -273,7 +277,7 @@ def test_config_validation_and_overrides(tmp_path):
 
 
 def test_model_folder_tokenizer_is_used(tmp_path):
-    from workbench.train.data import resolve_tokenizer_dir
+    from workbench.train.data_tokenizer import resolve_tokenizer_dir
 
     folder = tmp_path / "model"
     shutil.copytree(TOKENIZER_DIR, folder)

@@ -10,7 +10,8 @@ datasets = pytest.importorskip("datasets")
 
 from workbench.config import TINY_VOCAB_SIZE, DataConfig, RunConfig  # noqa: E402
 from workbench.train import finetune  # noqa: E402
-from workbench.train.data import IGNORE_INDEX, build_stream  # noqa: E402
+from workbench.train.data import build_stream  # noqa: E402
+from workbench.train.data_batch import IGNORE_INDEX  # noqa: E402
 
 ROWS = {
     "prompt": [f"what is {i} plus {i % 5}?" for i in range(40)],

@@ -24,7 +24,7 @@ from workbench.backends import te_availability
 from workbench.models.attention_sinks import SINK_ATTENTION
 from workbench.models.auto import AutoModelForCausalLM
 from workbench.models.engine_state import engine_state
-from workbench.train.data import IGNORE_INDEX, Batch, pack_examples
+from workbench.train.data_batch import IGNORE_INDEX, Batch, pack_examples
 
 LENGTHS = (7, 12, 5)  # three documents of different lengths in one row of 24
 EPS = {torch.float32: torch.finfo(torch.float32).eps, torch.bfloat16: 2.0**-8}

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from workbench.config import ConfigError, RunConfig
+from workbench.errors import DataError
 from workbench.runs.run_dir import RunDir
 from workbench.train import finetune
-from workbench.train.data import DataError
 
 
 def _rc(tmp_path, **overrides):

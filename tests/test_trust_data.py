@@ -17,8 +17,9 @@ import torch
 datasets = pytest.importorskip("datasets")
 
 from workbench.config import TINY_VOCAB_SIZE, TOKENIZER_DIR, ConfigError, DataConfig, RunConfig  # noqa: E402
+from workbench.errors import DataError  # noqa: E402
 from workbench.train import data_cache, data_rows  # noqa: E402
-from workbench.train.data import DataError, build_stream  # noqa: E402
+from workbench.train.data import build_stream  # noqa: E402
 
 N = 12
 ROWS = {

@@ -23,25 +23,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.config import DATA_FILE_BUILDERS
+from workbench.config_data import DATA_FILE_BUILDERS
+from workbench.errors import DataError
 from workbench.parallel import dist_utils as du
-from workbench.train.data import (
-    Batch,
-    DataError,
-    TokenCheck,
-    check_tokenizer_dir,
-    check_vocab,
-    iter_packed,
-    load_tokenizer,
-    pad_sequence_into,
-    pad_token_id,
-    require_datasets,
-)
+from workbench.runs.run_dir import default_runs_dir
+from workbench.train.data_batch import Batch, TokenCheck, iter_packed, pad_sequence_into
 from workbench.train.data_cache_digest import ARRAYS, ITEM_BYTES, damage, finish, new_hashes
-from workbench.train.data_files import check_data_file, check_eval_overlap, resolve_data_files
+from workbench.train.data_files import check_data_file, check_eval_overlap, require_datasets, resolve_data_files
 from workbench.train.data_rows import resolve_columns, tokenize_row, tokenize_texts
+from workbench.train.data_tokenizer import check_tokenizer_dir, check_vocab, load_tokenizer, pad_token_id
 
-# 2: a packed document's first label is -100 (data.iter_packed); caches of 1 still hold it as a target
+# 2: a packed document's first label is -100 (data_batch.iter_packed); caches of 1 still hold it as a target
 CACHE_VERSION = 2
 _NOT_TOKENIZER = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
 
@@ -124,8 +116,6 @@ def cache_root(cfg, runs_dir: str | None) -> Path:
     """data.cache_dir, else <runs directory>/.cache/tokenized."""
     if cfg.cache_dir:
         return Path(cfg.cache_dir).expanduser()
-    from workbench.runs.run_dir import default_runs_dir
-
     return Path(runs_dir or default_runs_dir()).expanduser() / ".cache" / "tokenized"
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.train.data import TokenCheck
+from workbench.train.data_batch import TokenCheck
 
 ARRAYS = ("input_ids", "labels", "position_ids")
 ITEM_BYTES = np.dtype(np.int32).itemsize

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from workbench.models.host_packing import host_packing
 from workbench.parallel import dist_utils as du
-from workbench.train.data import IGNORE_INDEX
+from workbench.train.data_batch import IGNORE_INDEX
 
 
 @torch.no_grad()

@@ -101,6 +101,17 @@ def _expand(entry: str, field: str) -> list[Path]:
 # What is in them
 
 
+def require_datasets():
+    """The `datasets` module, or a DataError saying how to install it (the data kinds that read files need it)."""
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(
+            "reading data files needs the `datasets` library (data.kind 'jsonl' and 'datasets'): pip install datasets"
+        ) from None
+    return datasets
+
+
 def scan_lines(path: Path, max_bytes: int, too_long: str, encoding: str) -> list[int]:
     """1-based numbers of the non-blank lines (datasets skips blank ones).
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.config import ROW_FIELDS
-from workbench.train.data import DataError, text_message, tokenize_messages
+from workbench.config_data import ROW_FIELDS
+from workbench.errors import DataError
 from workbench.train.data_files import MAX_DOCUMENT_BYTES, max_row_bytes
+from workbench.train.data_messages import text_message, tokenize_messages
 
 OPTIONAL_FIELDS = {"input"}  # instruction rows may leave out the input
 

@@ -15,7 +15,7 @@ from workbench.models.router_aux import forward_loss_parts
 from workbench.moe.bias_update import global_load, update_router_biases
 from workbench.parallel import dist_utils as du
 from workbench.params import num_experts
-from workbench.train.data import IGNORE_INDEX, Batch
+from workbench.train.data_batch import IGNORE_INDEX, Batch
 from workbench.train.guard import check_finite
 from workbench.train.loop_support import all_reduce, micro_batches
 from workbench.train.metrics import expert_load_from_router_logits, memory_gib, reset_peak_memory

@@ -11,7 +11,7 @@ from workbench.config import RunConfig
 from workbench.moe.bias_update import RouterBiasError, check_router_bias
 from workbench.parallel import dist_utils as du
 from workbench.runs.run_dir import RunDir, default_runs_dir, new_run_id
-from workbench.train.data import Batch
+from workbench.train.data_batch import Batch
 
 
 class Callbacks:
