@@ -65,17 +65,26 @@ def _fwd(x_MN, w, y_MN, rstd_M, rows, warps):
     )  # fmt: skip
 
 
-def _bwd(dy_MN, x_MN, w, rstd_M, dx_MN, rows, warps, programs_per_sm, kernel=_rms_norm_bwd_kernel):
+def _bwd(dy_MN, x_MN, w, rstd_M, dx_MN, rows, warps, programs_per_sm, loop_dw=False):
+    """The product's backward kernel at a launch shape, or (loop_dw) the earlier one, whose signature predates the
+    residual gradient's arguments (DRES, its stride, HAS_DRES)."""
     M, N = x_MN.shape
     tiles = triton.cdiv(M, rows)
     sms = torch.cuda.get_device_properties(x_MN.device).multi_processor_count
     programs = min(tiles, programs_per_sm * sms) if programs_per_sm else num_programs_for(x_MN.device, tiles)
     dw_partial = torch.zeros((programs, N), dtype=torch.float32, device=x_MN.device)
-    kernel[(programs,)](
-        dy_MN, x_MN, w, rstd_M, dx_MN, dw_partial, dx_MN, dy_MN.stride(0), x_MN.stride(0), dx_MN.stride(0), 0, M, N,
-        triton.cdiv(tiles, programs), BLOCK_M=rows, BLOCK_N=triton.next_power_of_2(N), WANT_DW=True, HAS_DRES=False,
-        num_warps=warps,
-    )  # fmt: skip
+    if loop_dw:
+        _rms_norm_bwd_loop_dw_kernel[(programs,)](
+            dy_MN, x_MN, w, rstd_M, dx_MN, dw_partial, dy_MN.stride(0), x_MN.stride(0), dx_MN.stride(0), M, N,
+            triton.cdiv(tiles, programs), BLOCK_M=rows, BLOCK_N=triton.next_power_of_2(N), WANT_DW=True,
+            num_warps=warps,
+        )  # fmt: skip
+    else:
+        _rms_norm_bwd_kernel[(programs,)](
+            dy_MN, x_MN, w, rstd_M, dx_MN, dw_partial, dx_MN, dy_MN.stride(0), x_MN.stride(0), dx_MN.stride(0), 0, M,
+            N, triton.cdiv(tiles, programs), BLOCK_M=rows, BLOCK_N=triton.next_power_of_2(N), WANT_DW=True,
+            HAS_DRES=False, num_warps=warps,
+        )  # fmt: skip
     return dw_partial.sum(0)
 
 
@@ -105,7 +114,7 @@ def main() -> None:
             torch.testing.assert_close(dx, xr.grad)  # every launch shape computes the product's gradient
             fwd_us = _us(functools.partial(_fwd, x, w, y, rstd, rows, warps))
             bwd = {p: _us(functools.partial(_bwd, dy, x, w, rstd, dx, rows, warps, p)) for p in (0, 2, 8)}
-            loop_dw = _us(functools.partial(_bwd, dy, x, w, rstd, dx, rows, warps, 0, _rms_norm_bwd_loop_dw_kernel))
+            loop_dw = _us(functools.partial(_bwd, dy, x, w, rstd, dx, rows, warps, 0, loop_dw=True))
             rows_out.append(
                 {
                     "rows": rows,
