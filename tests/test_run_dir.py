@@ -8,7 +8,8 @@ import stat
 import pytest
 
 from workbench.runs import run_dir as rd
-from workbench.runs.run_dir import RunDir, default_runs_dir, list_runs
+from workbench.runs.run_dir import RunDir, default_runs_dir
+from workbench.runs.run_index import list_runs
 
 
 def _config(dp=2, ep=2):
