@@ -23,8 +23,10 @@ read -r CARD GPUS <<<"$CARD_INFO"
 mkdir -p "$OUT/logs" || exit 2
 OUT="$(cd "$OUT" && pwd)"
 DAY="$(date +%F)"
-# The commit measured, so that two launches of a day keep both files (empty outside a git checkout).
-COMMIT="$(git rev-parse --short=7 HEAD 2>/dev/null || true)"
+# The commit measured, so that two launches of a day keep both files: $WORKBENCH_GIT_COMMIT where set (the bench
+# records the same; a copied tree's .git can be stale), else the checkout's, else none.
+COMMIT="${WORKBENCH_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || true)}"
+COMMIT="${COMMIT:0:7}"
 TAG="${COMMIT:+-$COMMIT}"
 FAILED=()
 echo "suite $(basename "$0"): $GPUS x $CARD, commit ${COMMIT:-unknown}, writing $OUT"
