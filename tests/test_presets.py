@@ -18,6 +18,9 @@ FAMILY_CLASSES = {
     "deepseek_v3": "DeepseekV3Config",
     "mixtral": "MixtralConfig",
     "olmoe": "OlmoeConfig",
+    "nemotron_h": "NemotronHConfig",
+    "qwen3_5_moe_text": "Qwen3_5MoeTextConfig",
+    "qwen3_next": "Qwen3NextConfig",
 }
 
 

@@ -40,6 +40,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "embedding": ("torch", "triton", "auto"),
     # The float32 routers' softmax + top-k (Qwen3-MoE's): torch's ops, or one Triton kernel each way.
     "router": ("torch", "triton", "auto"),
+    # The hybrid models' sequence mixers (Mamba2, Gated DeltaNet): Transformers' own module code, or the engine's
+    # chunked scans in plain torch ops (models/mixer_mamba2.py, models/mixer_gated_delta.py), compiled on CUDA.
+    "mixer": ("transformers", "chunked", "auto"),
 }
 
 # TransformerEngine backends run on Ampere or newer (bf16 GEMMs, fused attention); FP8 on Hopper+.
@@ -76,6 +79,9 @@ AUTO_ORDER: dict[str, tuple[str, ...]] = {
     # torch: the Triton ones were -0.13 ms a Qwen3 L8 step on an H200 over three A/B rounds, inside noise (2026-12-05)
     "embedding": ("torch", "triton"),
     "router": ("torch", "triton"),
+    # chunked where it is compiled (CUDA: Transformers' torch fallback is thousands of small kernels there); elsewhere
+    # Transformers' own code, the reference (auto_order says which by device; an explicit 'chunked' runs anywhere)
+    "mixer": ("chunked", "transformers"),
 }
 
 
@@ -245,7 +251,8 @@ def availability(
     field: str, choice: str, device: torch.device | str | Platform = "cpu", world_size: int = 1
 ) -> tuple[bool, str]:
     """Whether `choice` for `field` can run on `device` (or a Platform); the reason (with install hint) if not."""
-    if choice in ("loop", "local", "torch", "sdpa", "sinks", "native", "balanced", "alltoall", "autograd", "auto"):
+    pure_torch = ("loop", "local", "torch", "sdpa", "sinks", "native", "balanced", "alltoall", "autograd", "auto")
+    if choice in pure_torch or (field == "mixer" and choice in ("transformers", "chunked")):
         return True, ""  # pure torch (or resolved later): runs anywhere, nothing to detect
     plat = _platform(device)
     cuda = plat.device_type == "cuda"
@@ -301,8 +308,10 @@ def availability(
 Probe = Callable[[str, str], tuple[bool, str]]
 
 
-def auto_order(field: str, world_size: int = 1, fp8: bool = False) -> tuple[str, ...]:
-    """The choices "auto" tries for `field`, first available wins (AUTO_ORDER with the ep and fp8 rules)."""
+def auto_order(field: str, world_size: int = 1, fp8: bool = False, device_type: str = "cpu") -> tuple[str, ...]:
+    """The choices "auto" tries for `field`, first available wins (AUTO_ORDER with the ep, fp8 and device rules)."""
+    if field == "mixer" and device_type != "cuda":
+        return ("transformers",)
     if field == "dispatcher":
         return ("alltoall",) if world_size > 1 else ("local",)
     if field == "linear" and fp8:
@@ -310,9 +319,9 @@ def auto_order(field: str, world_size: int = 1, fp8: bool = False) -> tuple[str,
     return AUTO_ORDER[field]
 
 
-def pick_auto(field: str, probe: Probe, world_size: int = 1, fp8: bool = False) -> str | None:
+def pick_auto(field: str, probe: Probe, world_size: int = 1, fp8: bool = False, device_type: str = "cpu") -> str | None:
     """What "auto" becomes for `field` where `probe` says what runs; None where nothing in its order does."""
-    return next((c for c in auto_order(field, world_size, fp8) if probe(field, c)[0]), None)
+    return next((c for c in auto_order(field, world_size, fp8, device_type) if probe(field, c)[0]), None)
 
 
 @dataclass(frozen=True)
@@ -332,6 +341,7 @@ class BackendConfig:
     expert_wgrad: str = "auto"
     embedding: str = "auto"
     router: str = "auto"
+    mixer: str = "auto"
     # The lm_head + cross-entropy computed in chunks without materializing [tokens, vocab] logits
     # (the model's output then has logits=None when labels are given); `cross_entropy` picks its kernel.
     fused_ce: bool = False
@@ -388,7 +398,9 @@ class BackendConfig:
             value = getattr(self, field)
             if value == "auto":
                 # every order ends in a choice that runs anywhere: auto always finds one
-                value = pick_auto(field, lambda f, c: availability(f, c, plat, world_size), world_size, self.fp8)
+                value = pick_auto(
+                    field, lambda f, c: availability(f, c, plat, world_size), world_size, self.fp8, plat.device_type
+                )
             else:
                 ok, why = availability(field, value, plat, world_size)
                 if not ok:

@@ -31,13 +31,11 @@ PRESETS: Mapping[str, Preset] = _presets(*registered_presets())
 def build_preset_config(name: str, layers: int | None = None):
     """The family's own transformers config for preset `name`, with `layers` decoder layers if given.
 
-    Raises KeyError for an unknown name (workbench.config.preset_config turns it into a ConfigError).
+    Raises KeyError for an unknown name (workbench.config.preset_config turns it into a ConfigError), ConfigError for
+    more layers than a preset's layer pattern has.
     """
     from transformers import AutoConfig
 
     preset = PRESETS[name]
-    fields = preset.fields()
-    if layers is not None:
-        # Per-layer lists the config derives (GPT-OSS layer_types) follow num_hidden_layers.
-        fields["num_hidden_layers"] = layers
+    fields = preset.fields() if layers is None else preset.depth(preset.fields(), layers)
     return AutoConfig.for_model(preset.model_type, **fields)

@@ -38,7 +38,6 @@ TESTED_WITHOUT_FOLDER = (
     "hunyuan_v1_moe",
     "minimax_m2",
     "qwen2_moe",
-    "qwen3_5_moe_text",
 )
 # Every family the tests compare with vanilla Transformers (tests/test_generic_families.py): those above and every
 # registered family (its folder holds the tiny config the tests build).

@@ -34,6 +34,12 @@ def host_rows_packed(position_ids: torch.Tensor | None) -> bool | None:
     return bool(_starts(position_ids)[:, 1:].any())
 
 
+def known_unpacked(seq_len: int) -> bool:
+    """Whether the running forward's rows of `seq_len` tokens are known, from the host, to hold one document each."""
+    claim = _HOST_ROWS.get()
+    return claim is not None and claim[0] == seq_len and not claim[1]
+
+
 def document_index(position_ids: torch.Tensor) -> torch.Tensor:
     """Transformers' packed_sequence_mask: per token, its document's index in the row (a new one at each restart)."""
     return _starts(position_ids).cumsum(-1) - 1

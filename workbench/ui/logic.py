@@ -122,7 +122,7 @@ def resolve_auto(
         found = choice_status(f, value, rank_infos, device_type, world_size)
         return found.available, found.reason
 
-    return pick_auto(field, probe, world_size, fp8)
+    return pick_auto(field, probe, world_size, fp8, device_type)
 
 
 def device_of(rank_infos: Sequence[dict] | None, default: str = "cpu") -> str:

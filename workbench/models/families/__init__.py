@@ -12,7 +12,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from workbench.models.families import deepseek_v3, gpt_oss, mixtral, olmoe, qwen3_moe
+from workbench.models.families import (
+    deepseek_v3,
+    gpt_oss,
+    mixtral,
+    nemotron_h,
+    olmoe,
+    qwen3_5_moe_text,
+    qwen3_moe,
+    qwen3_next,
+)
 from workbench.models.families.family import AttentionWidths, Family
 from workbench.models.families.preset import Preset
 
@@ -23,6 +32,9 @@ REGISTERED: tuple[Family, ...] = (
     deepseek_v3.FAMILY,
     mixtral.FAMILY,
     olmoe.FAMILY,
+    nemotron_h.FAMILY,
+    qwen3_5_moe_text.FAMILY,
+    qwen3_next.FAMILY,
 )
 
 # A model_type without a folder: the generic path adds nothing.

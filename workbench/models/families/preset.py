@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.config_checks import ConfigError
+
 # The shipped tokenizer's vocabulary size (tests/test_data.py checks it matches the files).
 TINY_VOCAB_SIZE = 512
 
@@ -32,6 +34,28 @@ TINY_COMMON = dict(
 )
 
 
+def with_num_layers(fields: dict[str, Any], layers: int) -> dict[str, Any]:
+    """A preset's fields at `layers` decoder layers: num_hidden_layers, from which the config derives any per-layer
+    list (GPT-OSS's sliding/full layer_types, Qwen3.5's and Qwen3-Next's linear/full layer_types)."""
+    return {**fields, "num_hidden_layers": layers}
+
+
+def with_pattern_prefix(key: str) -> Callable[[dict[str, Any], int], dict[str, Any]]:
+    """The depth rule of a preset whose layers are one character each of the pattern string `fields[key]`
+    (Nemotron-H's hybrid_override_pattern): its first `layers` characters, so the family's pattern is kept."""
+
+    def rule(fields: dict[str, Any], layers: int) -> dict[str, Any]:
+        pattern = fields[key]
+        if layers > len(pattern):
+            raise ConfigError(
+                f"layers={layers} exceeds the {len(pattern)} layers of this preset's pattern {pattern!r}; "
+                f"use {len(pattern)} or fewer"
+            )
+        return {**fields, key: pattern[:layers], "num_hidden_layers": layers}
+
+    return rule
+
+
 @dataclass(frozen=True)
 class Preset:
     """A named architecture: the Transformers model_type and the config fields of that family."""
@@ -41,6 +65,8 @@ class Preset:
     family: str  # shown in the Studio's picker
     fields: Callable[[], dict[str, Any]]  # a fresh dict per call: callers may change it
     source: str = ""  # the published model whose config.json the numbers come from ("" = tiny)
+    # (fields, layers) -> the fields at that depth, keeping the family's layer pattern
+    depth: Callable[[dict[str, Any], int], dict[str, Any]] = with_num_layers
 
     def __post_init__(self) -> None:
         if not self.name or not self.model_type:

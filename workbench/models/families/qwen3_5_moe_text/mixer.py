@@ -1,0 +1,36 @@
+"""Qwen3.5-MoE's engine Gated DeltaNet and decoder layer (class swaps: Transformers' parameters and state dict keys)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as hf
+
+from workbench.models.class_swap import swap_classes
+from workbench.models.mixer_documents import MixerDocumentsLayer
+from workbench.models.mixer_gated_delta import EngineGatedDeltaNet, use_engine_gated_delta
+
+
+class Qwen3_5MoeEngineGatedDeltaNet(EngineGatedDeltaNet, hf.Qwen3_5MoeGatedDeltaNet):
+    """Transformers' Qwen3_5MoeGatedDeltaNet whose training forward is the engine's chunked gated delta rule."""
+
+    def projections(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(q|k|v before the conv, z, b, a): one projection each."""
+        return (
+            self.in_proj_qkv(hidden_states),
+            self.in_proj_z(hidden_states),
+            self.in_proj_b(hidden_states),
+            self.in_proj_a(hidden_states),
+        )
+
+
+class Qwen3_5MoeEngineDecoderLayer(MixerDocumentsLayer, hf.Qwen3_5MoeDecoderLayer):
+    """Transformers' Qwen3_5MoeDecoderLayer handing its position ids to its Gated DeltaNet (packed documents)."""
+
+
+def use_engine_mixers(model: nn.Module, mixer: str) -> int:
+    """mixer='chunked': the engine's Gated DeltaNets and the layers that feed them documents; how many mixers."""
+    swapped = use_engine_gated_delta(model, mixer, hf.Qwen3_5MoeGatedDeltaNet, Qwen3_5MoeEngineGatedDeltaNet)
+    if swapped:
+        swap_classes(model, hf.Qwen3_5MoeDecoderLayer, Qwen3_5MoeEngineDecoderLayer)
+    return swapped

@@ -1,0 +1,129 @@
+"""The engine's Gated DeltaNet: Transformers' module (same parameters) whose training forward is the chunked rule.
+
+Transformers' Gated DeltaNet (Qwen3.5's Qwen3_5MoeGatedDeltaNet, Qwen3-Next's Qwen3NextGatedDeltaNet) holds its input
+projections, conv1d, dt_bias, A_log, norm (an RMSNorm per head gated by SiLU(z)) and out_proj; without
+flash-linear-attention (which refuses Hopper with the image's Triton 3.6) its forward runs a torch fallback that
+solves the chunks' triangular systems and walks the chunks in thousands of small kernels. Here the projections stay
+the module's own and the rest - the causal conv (+ SiLU), the l2-normed q and k, beta and the decay g, the chunked
+gated delta rule with a float32 state (kernels/gated_delta.py) and the gated norm - is one function of plain torch
+ops, compiled by torch.compile on CUDA (models/mixer_compile.py) and eager on the CPU. Packed documents restart the
+rule and the conv (models/mixer_documents.py). With a cache (generation) Transformers' own forward runs.
+
+The family supplies how its projections give (conv input, z, b, a): Qwen3.5 has one projection each, Qwen3-Next two
+fused ones (in_proj_qkvz, in_proj_ba) split per key head by its own `fix_query_key_value_ordering`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workbench.kernels.causal_conv import causal_depthwise_conv
+from workbench.kernels.gated_delta import chunk_gated_delta
+from workbench.models.class_swap import swap_classes
+from workbench.models.mixer_call import call_cache, padding_mask
+from workbench.models.mixer_compile import run_mixer_math
+from workbench.models.mixer_documents import mixer_document_starts
+
+# Transformers' chunk size for the rule (torch_chunk_gated_delta_rule's default).
+CHUNK = 64
+
+
+def gated_delta_math(
+    mixed_qkv: torch.Tensor,
+    z: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor,
+    padding: torch.Tensor | None,
+    starts: torch.Tensor | None,
+    *,
+    key_heads: int,
+    value_heads: int,
+    key_dim: int,
+    value_dim: int,
+    chunk: int,
+    eps: float,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """(q|k|v before the conv [B, S, 2 Hk Dk + Hv Dv], z [B, S, Hv Dv], b, a [B, S, Hv]) -> [B, S, Hv Dv] for
+    out_proj, in out_dtype."""
+    batch, seq, _ = mixed_qkv.shape
+    x = causal_depthwise_conv(mixed_qkv, conv_weight, conv_bias, starts)  # float32, SiLU'd
+    if padding is not None:
+        x = x * padding[..., None]
+    q, k, v = x.split([key_heads * key_dim, key_heads * key_dim, value_heads * value_dim], dim=-1)
+    q = q.reshape(batch, seq, key_heads, key_dim)
+    k = k.reshape(batch, seq, key_heads, key_dim)
+    if value_heads != key_heads:  # each query/key head serves value_heads // key_heads consecutive value heads
+        q = q.repeat_interleave(value_heads // key_heads, dim=2)
+        k = k.repeat_interleave(value_heads // key_heads, dim=2)
+    beta = b.float().sigmoid()
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    o = chunk_gated_delta(q, k, v.reshape(batch, seq, value_heads, value_dim), g, beta, chunk, starts)
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps)
+    o = norm_weight.float() * o * F.silu(z.float().reshape(batch, seq, value_heads, value_dim))
+    return o.reshape(batch, seq, value_heads * value_dim).to(out_dtype)
+
+
+class EngineGatedDeltaNet:
+    """Mixin before a Transformers Gated DeltaNet class: the training forward of the chunked rule.
+
+    `projections(hidden_states)` -> (conv input, z, b, a) is the family's (its mixin subclass defines it).
+    """
+
+    def projections(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(q|k|v before the conv, z, b, a) from the module's own projections."""
+        raise NotImplementedError
+
+    def forward(self, hidden_states: torch.Tensor, *args, mixer_position_ids=None, **kwargs):
+        """Transformers' forward's result; without a cache, computed by `gated_delta_math` (compiled on CUDA)."""
+        if call_cache(args, kwargs) is not None:
+            return super().forward(hidden_states, *args, **kwargs)
+        batch, seq, _ = hidden_states.shape
+        padding = padding_mask(args, kwargs)
+        if padding is not None:
+            hidden_states = (hidden_states * padding[:, :, None]).to(hidden_states.dtype)
+        starts = mixer_document_starts(mixer_position_ids, batch, seq, hidden_states.device)
+        mixed_qkv, z, b, a = self.projections(hidden_states)
+        out = run_mixer_math(
+            gated_delta_math,
+            hidden_states.device,
+            mixed_qkv,
+            z,
+            b,
+            a,
+            self.conv1d.weight.squeeze(1),
+            self.conv1d.bias,
+            self.A_log,
+            self.dt_bias,
+            self.norm.weight,
+            padding,
+            starts,
+            key_heads=self.num_k_heads,
+            value_heads=self.num_v_heads,
+            key_dim=self.head_k_dim,
+            value_dim=self.head_v_dim,
+            chunk=CHUNK,
+            eps=float(self.norm.variance_epsilon),
+            out_dtype=hidden_states.dtype,
+        )
+        return self.out_proj(out)
+
+
+def use_engine_gated_delta(model: nn.Module, mixer: str, hf_class: type, engine_class: type) -> int:
+    """mixer='chunked': every `hf_class` module of `model` becomes `engine_class` (same parameters); how many."""
+    if mixer != "chunked":
+        return 0
+    unsupported = {m.activation for m in model.modules() if type(m) is hf_class and m.activation != "silu"}
+    if unsupported:
+        raise ValueError(
+            f"mixer='chunked' runs Gated DeltaNet's conv with SiLU; this model's {hf_class.__name__} uses "
+            f"{sorted(unsupported)}: set BackendConfig.mixer='transformers'"
+        )
+    return swap_classes(model, hf_class, engine_class)
