@@ -97,8 +97,13 @@ def test_conv_restarts_at_each_document():
 
 
 def _ssd_inputs(batch=2, seq=23, heads=4, hdim=3, groups=2, state=5):
-    x, dt, B, C, D = _inputs((batch, seq, heads, hdim), (batch, seq, heads), (batch, seq, groups, state),
-                             (batch, seq, groups, state), (heads,))
+    x, dt, B, C, D = _inputs(
+        (batch, seq, heads, hdim),
+        (batch, seq, heads),
+        (batch, seq, groups, state),
+        (batch, seq, groups, state),
+        (heads,),
+    )
     A = (-torch.rand(heads, generator=torch.Generator().manual_seed(5)) * 2 - 0.1).requires_grad_()
     return x, dt, A, B, C, D
 
@@ -124,9 +129,7 @@ def test_ssd_scan_keeps_documents_apart():
     ref = torch.zeros_like(got)
     for row, a, e in _documents(starts):
         one = slice(row, row + 1), slice(a, e)
-        ref[row, a:e] = hf.mamba2_chunk_scan(
-            x[one], dt[one], A, B[one], C[one], chunk_size=8, D=D, dt_softplus=True
-        )[0]
+        ref[row, a:e] = hf.mamba2_chunk_scan(x[one], dt[one], A, B[one], C[one], chunk_size=8, D=D, dt_softplus=True)[0]
     close(got, ref, "ssd per document")
     for name, g, r in zip(("x", "dt", "A", "B", "C", "D"), got_grads, _grads(ref, inputs)):
         close(g, r, f"ssd per document grad {name}")
@@ -136,8 +139,13 @@ def test_ssd_scan_keeps_documents_apart():
 
 
 def _delta_inputs(batch=2, seq=37, heads=4, kdim=8, vdim=6):
-    q, k, v, a, b = _inputs((batch, seq, heads, kdim), (batch, seq, heads, kdim), (batch, seq, heads, vdim),
-                            (batch, seq, heads), (batch, seq, heads))
+    q, k, v, a, b = _inputs(
+        (batch, seq, heads, kdim),
+        (batch, seq, heads, kdim),
+        (batch, seq, heads, vdim),
+        (batch, seq, heads),
+        (batch, seq, heads),
+    )
     return q, k, v, a, b
 
 

@@ -14,12 +14,15 @@ Packed documents (`starts`, True at each document's first token) keep their stat
 two documents, a token reads (and corrects against) the incoming state only if its document began before the chunk,
 and the state leaving a chunk holds only the document the chunk ends in.
 
-torch.compile on CUDA fuses the elementwise work (models/mixer_gated_delta.py); the inductor-generated Triton runs on
-the Triton that ships with the user's torch, and autograd gives the backward. The reference it is tested against is
+torch.compile on CUDA fuses the elementwise work (models/mixer_gated_delta.py compiles chunk_prepare and chunk_step
+apart: the walk over the chunks stays a Python loop of one compiled step); the inductor-generated Triton runs on the
+Triton that ships with the user's torch, and autograd gives the backward. The reference it is tested against is
 Transformers' own torch path (tests/test_mixers.py).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -109,6 +112,25 @@ def chunk_step(
     return out, state_BHKV * decay + k_out.transpose(-1, -2) @ v_new
 
 
+def scan_chunks(prepared: tuple[torch.Tensor, ...], step: Callable = chunk_step) -> torch.Tensor:
+    """[B, H, c, L, V]: chunk_prepare's tensors walked chunk by chunk from a zero state with `step` (chunk_step,
+    or its compiled form: one small graph reused seq / chunk times, where compiling the unrolled walk took seconds
+    per chunk on the CPU)."""
+    u, w_and_q, attn, k_out, decay = prepared
+    batch, heads = u.shape[:2]
+    state = u.new_zeros(batch, heads, k_out.shape[-1], u.shape[-1])
+    outs = []
+    for i in range(u.shape[2]):
+        out, state = step(state, u[:, :, i], w_and_q[:, :, i], attn[:, :, i], k_out[:, :, i], decay[:, :, i])
+        outs.append(out)
+    return torch.stack(outs, dim=2)
+
+
+def unchunk(o_BHcLV: torch.Tensor, seq: int) -> torch.Tensor:
+    """[B, H, c, L, V] -> [B, S, H, V] (the padding dropped)."""
+    return o_BHcLV.flatten(2, 3)[:, :, :seq].transpose(1, 2)
+
+
 def chunk_gated_delta(
     q_BSHK: torch.Tensor,
     k_BSHK: torch.Tensor,
@@ -119,12 +141,5 @@ def chunk_gated_delta(
     starts_BS: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """o [B, S, H, V] float32 of the gated delta rule from a zero state (q and k get their l2 norm and scale here)."""
-    batch, seq, heads, _ = k_BSHK.shape
-    u, w_and_q, attn, k_out, decay = chunk_prepare(q_BSHK, k_BSHK, v_BSHV, g_BSH, beta_BSH, chunk, starts_BS)
-    state = u.new_zeros(batch, heads, k_out.shape[-1], u.shape[-1])
-    outs = []
-    for i in range(u.shape[2]):
-        out, state = chunk_step(state, u[:, :, i], w_and_q[:, :, i], attn[:, :, i], k_out[:, :, i], decay[:, :, i])
-        outs.append(out)
-    o = torch.stack(outs, dim=2)  # [B, H, c, L, V]
-    return o.flatten(2, 3)[:, :, :seq].transpose(1, 2)
+    prepared = chunk_prepare(q_BSHK, k_BSHK, v_BSHV, g_BSH, beta_BSH, chunk, starts_BS)
+    return unchunk(scan_chunks(prepared), q_BSHK.shape[1])

@@ -21,6 +21,11 @@ def _compiled(fn: Callable) -> Callable:
     return torch.compile(fn, dynamic=False, fullgraph=True)
 
 
+def mixer_math(fn: Callable, device: torch.device) -> Callable:
+    """`fn` as it runs on `device`: compiled (once per input shape) on CUDA, itself on any other device."""
+    return _compiled(fn) if device.type == "cuda" else fn
+
+
 def run_mixer_math(fn: Callable, device: torch.device, *args, **kwargs):
-    """`fn(*args, **kwargs)`, compiled once per shape on CUDA; eager on any other device."""
-    return (_compiled(fn) if device.type == "cuda" else fn)(*args, **kwargs)
+    """`fn(*args, **kwargs)` as it runs on `device` (mixer_math)."""
+    return mixer_math(fn, device)(*args, **kwargs)

@@ -4,10 +4,12 @@ Transformers' Gated DeltaNet (Qwen3.5's Qwen3_5MoeGatedDeltaNet, Qwen3-Next's Qw
 projections, conv1d, dt_bias, A_log, norm (an RMSNorm per head gated by SiLU(z)) and out_proj; without
 flash-linear-attention (which refuses Hopper with the image's Triton 3.6) its forward runs a torch fallback that
 solves the chunks' triangular systems and walks the chunks in thousands of small kernels. Here the projections stay
-the module's own and the rest - the causal conv (+ SiLU), the l2-normed q and k, beta and the decay g, the chunked
-gated delta rule with a float32 state (kernels/gated_delta.py) and the gated norm - is one function of plain torch
-ops, compiled by torch.compile on CUDA (models/mixer_compile.py) and eager on the CPU. Packed documents restart the
-rule and the conv (models/mixer_documents.py). With a cache (generation) Transformers' own forward runs.
+the module's own and the rest is plain torch ops (kernels/gated_delta.py) in three steps, each compiled by
+torch.compile on CUDA (models/mixer_compile.py) and eager on the CPU: the rule's inputs (the causal conv + SiLU, the
+l2-normed q and k, beta and the decay g, every chunk's triangular solve), the walk over the chunks (a Python loop of
+one compiled step on the float32 state: compiling the unrolled walk took 177 s against 81 s for the two graphs at
+1024 tokens on the 2-core CPU, growing with the chunk count), and the gated norm. Packed documents restart the rule
+and the conv (models/mixer_documents.py). With a cache (generation) Transformers' own forward runs.
 
 The family supplies how its projections give (conv input, z, b, a): Qwen3.5 has one projection each, Qwen3-Next two
 fused ones (in_proj_qkvz, in_proj_ba) split per key head by its own `fix_query_key_value_ordering`.
@@ -20,14 +22,60 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.kernels.causal_conv import causal_depthwise_conv
-from workbench.kernels.gated_delta import chunk_gated_delta
+from workbench.kernels.gated_delta import chunk_prepare, chunk_step, scan_chunks, unchunk
 from workbench.models.class_swap import swap_classes
 from workbench.models.mixer_call import call_cache, padding_mask
-from workbench.models.mixer_compile import run_mixer_math
+from workbench.models.mixer_compile import mixer_math, run_mixer_math
 from workbench.models.mixer_documents import mixer_document_starts
 
 # Transformers' chunk size for the rule (torch_chunk_gated_delta_rule's default).
 CHUNK = 64
+
+
+def gated_delta_inputs(
+    mixed_qkv: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    padding: torch.Tensor | None,
+    starts: torch.Tensor | None,
+    *,
+    key_heads: int,
+    value_heads: int,
+    key_dim: int,
+    value_dim: int,
+    chunk: int,
+) -> tuple[torch.Tensor, ...]:
+    """(q|k|v before the conv [B, S, 2 Hk Dk + Hv Dv], b, a [B, S, Hv]) -> the rule's chunk_prepare tensors."""
+    batch, seq, _ = mixed_qkv.shape
+    x = causal_depthwise_conv(mixed_qkv, conv_weight, conv_bias, starts)  # float32, SiLU'd
+    if padding is not None:
+        x = x * padding[..., None]
+    q, k, v = x.split([key_heads * key_dim, key_heads * key_dim, value_heads * value_dim], dim=-1)
+    q = q.reshape(batch, seq, key_heads, key_dim)
+    k = k.reshape(batch, seq, key_heads, key_dim)
+    if value_heads != key_heads:  # each query/key head serves value_heads // key_heads consecutive value heads
+        q = q.repeat_interleave(value_heads // key_heads, dim=2)
+        k = k.repeat_interleave(value_heads // key_heads, dim=2)
+    beta = b.float().sigmoid()
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    return chunk_prepare(q, k, v.reshape(batch, seq, value_heads, value_dim), g, beta, chunk, starts)
+
+
+def gated_delta_output(
+    o_chunks: torch.Tensor, z: torch.Tensor, norm_weight: torch.Tensor, *, eps: float, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """The rule's chunked output [B, Hv, c, L, Dv] and z [B, S, Hv Dv] -> the gated, normed [B, S, Hv Dv] for
+    out_proj, in out_dtype."""
+    batch, seq = z.shape[:2]
+    heads, value_dim = o_chunks.shape[1], o_chunks.shape[-1]
+    o = unchunk(o_chunks, seq)
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps)
+    o = norm_weight.float() * o * F.silu(z.float().reshape(batch, seq, heads, value_dim))
+    return o.reshape(batch, seq, heads * value_dim).to(out_dtype)
 
 
 def gated_delta_math(
@@ -51,24 +99,14 @@ def gated_delta_math(
     eps: float,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    """(q|k|v before the conv [B, S, 2 Hk Dk + Hv Dv], z [B, S, Hv Dv], b, a [B, S, Hv]) -> [B, S, Hv Dv] for
-    out_proj, in out_dtype."""
-    batch, seq, _ = mixed_qkv.shape
-    x = causal_depthwise_conv(mixed_qkv, conv_weight, conv_bias, starts)  # float32, SiLU'd
-    if padding is not None:
-        x = x * padding[..., None]
-    q, k, v = x.split([key_heads * key_dim, key_heads * key_dim, value_heads * value_dim], dim=-1)
-    q = q.reshape(batch, seq, key_heads, key_dim)
-    k = k.reshape(batch, seq, key_heads, key_dim)
-    if value_heads != key_heads:  # each query/key head serves value_heads // key_heads consecutive value heads
-        q = q.repeat_interleave(value_heads // key_heads, dim=2)
-        k = k.repeat_interleave(value_heads // key_heads, dim=2)
-    beta = b.float().sigmoid()
-    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
-    o = chunk_gated_delta(q, k, v.reshape(batch, seq, value_heads, value_dim), g, beta, chunk, starts)
-    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps)
-    o = norm_weight.float() * o * F.silu(z.float().reshape(batch, seq, value_heads, value_dim))
-    return o.reshape(batch, seq, value_heads * value_dim).to(out_dtype)
+    """The mixer between its projections: the three steps above, each compiled on CUDA (eager elsewhere)."""
+    device = mixed_qkv.device
+    dims = dict(key_heads=key_heads, value_heads=value_heads, key_dim=key_dim, value_dim=value_dim, chunk=chunk)
+    prepared = run_mixer_math(
+        gated_delta_inputs, device, mixed_qkv, b, a, conv_weight, conv_bias, A_log, dt_bias, padding, starts, **dims
+    )
+    o_chunks = scan_chunks(prepared, step=mixer_math(chunk_step, device))
+    return run_mixer_math(gated_delta_output, device, o_chunks, z, norm_weight, eps=eps, out_dtype=out_dtype)
 
 
 class EngineGatedDeltaNet:
@@ -91,9 +129,7 @@ class EngineGatedDeltaNet:
             hidden_states = (hidden_states * padding[:, :, None]).to(hidden_states.dtype)
         starts = mixer_document_starts(mixer_position_ids, batch, seq, hidden_states.device)
         mixed_qkv, z, b, a = self.projections(hidden_states)
-        out = run_mixer_math(
-            gated_delta_math,
-            hidden_states.device,
+        out = gated_delta_math(
             mixed_qkv,
             z,
             b,
