@@ -19,8 +19,16 @@ import torch
 import triton
 from cuda_timing import cuda_event_ms
 
-from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys, adamw_scalars, squares_size
 from workbench.kernels.adamw8 import quant_block, scale_shape
+from workbench.kernels.adamw_args import (
+    DEFAULT_LAUNCH,
+    AdamWLaunch,
+    AdamWStep,
+    Moments8,
+    SRKeys,
+    adamw_scalars,
+    squares_size,
+)
 from workbench.kernels.triton_adamw import triton_adamw_step_
 from workbench.kernels.triton_adamw8 import triton_adamw8_step_
 
@@ -47,32 +55,30 @@ def main() -> None:
         g = (torch.randn(shape, device="cuda") * 1e-3).bfloat16()
         m = (torch.randn(shape, device="cuda") * 1e-4).bfloat16()
         v = (torch.rand(shape, device="cuda") * 1e-8).bfloat16()
-        full = functools.partial(triton_adamw_step_, p, g, m, v, scalars, False, keys, None, skip, coef)
+        clipped = AdamWStep(scalars, False, skip, coef)
+        full = functools.partial(triton_adamw_step_, p, g, m, v, clipped, keys)
         row = {"tensor": name, "shape": shape, "elements": n, "full_ms": round(_ms(full), 3)}
         row["full_tb_s"] = round(14 * n / row["full_ms"] / 1e9, 2)
         qb = quant_block(shape)
         codes = [torch.randint(8, 200, shape, device="cuda", dtype=torch.uint8) for _ in range(2)]
         scales = [torch.rand(scale_shape(shape, qb), device="cuda") * 1e-4 for _ in range(2)]
-        state = (codes[0], scales[0], codes[1], scales[1])
+        state = Moments8(codes[0], scales[0], codes[1], scales[1], qb)
         row["qblock"] = qb
         row["adamw8_ms_by_launch"] = {}
         for block, warps in LAUNCHES:
-            step = functools.partial(
-                triton_adamw8_step_, p, g, *state, scalars, keys, qb, True, False, None, skip, coef,
-                AdamWLaunch(block, warps),
-            )  # fmt: skip
+            shaped = AdamWStep(scalars, False, skip, coef, AdamWLaunch(block, warps))
+            step = functools.partial(triton_adamw8_step_, p, g, state, shaped, keys, True)
             row["adamw8_ms_by_launch"][f"{block}x{warps}"] = round(_ms(step), 3)
         # in-backward's launches (no clipping coefficient): without and with the kernel's sums of squares
+        in_backward = AdamWStep(scalars, False, skip)
         for kind, fn in (("full", triton_adamw_step_), ("adamw8", triton_adamw8_step_)):
             block = DEFAULT_LAUNCH.block if kind == "full" else max(DEFAULT_LAUNCH.block, qb)
             sq = torch.zeros(squares_size(n, block), device="cuda")
             for label, buffer in (("no_sq", None), ("sq", sq)):
                 if kind == "full":
-                    call = functools.partial(fn, p, g, m, v, scalars, False, keys, None, skip, None, squares=buffer)
+                    call = functools.partial(fn, p, g, m, v, in_backward, keys, squares=buffer)
                 else:
-                    call = functools.partial(
-                        fn, p, g, *state, scalars, keys, qb, True, False, None, skip, None, squares=buffer
-                    )
+                    call = functools.partial(fn, p, g, state, in_backward, keys, True, squares=buffer)
                 row[f"in_backward_{kind}_{label}_ms"] = round(_ms(call), 3)
         best = min(row["adamw8_ms_by_launch"].values())
         row["adamw8_default_tb_s"] = round(10 * n / row["adamw8_ms_by_launch"]["1024x4"] / 1e9, 2)

@@ -81,7 +81,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--out", default="adamw-modes.json")
     args = ap.parse_args()
-    from workbench.train.optim import TritonAdamW, set_grad_coef, set_skip_flag
+    from workbench.train.optim import set_grad_coef, set_skip_flag
+    from workbench.train.triton_adamw_optimizer import TritonAdamW
 
     shapes = model_shapes(args.layers)
     numel = sum(torch.Size(s).numel() for s in shapes)

@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--out", default="adamw-sweep.json")
     args = ap.parse_args()
 
-    from workbench.kernels.adamw import AdamWLaunch, adamw_scalars
+    from workbench.kernels.adamw_args import AdamWLaunch, AdamWStep, adamw_scalars
     from workbench.kernels.triton_adamw import triton_adamw_step_
 
     shapes = model_shapes(args.layers)
@@ -61,7 +61,7 @@ def main() -> None:
 
     def launch(tensors, block, warps):
         # the product's launcher (argument checks, flags) with this block and warps
-        triton_adamw_step_(*tensors, s, launch=AdamWLaunch(block, warps))
+        triton_adamw_step_(*tensors, AdamWStep(s, launch=AdamWLaunch(block, warps)))
 
     result = {
         "device": torch.cuda.get_device_name(),

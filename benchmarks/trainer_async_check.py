@@ -83,7 +83,7 @@ def main() -> None:
 
     from test_trainer_async import check_skip
 
-    from workbench.train.optim import TritonAdamW
+    from workbench.train.triton_adamw_optimizer import TritonAdamW
 
     check_skip(lambda ps: torch.optim.AdamW(ps, lr=0.1, fused=True), device="cuda")
     print("skip ok: torch fused AdamW (cuda)")

@@ -17,7 +17,8 @@ from workbench.kernels.adamw8 import decode_moments, encode_moments, quant_block
 from workbench.kernels.stochastic_round import random_bits, sr_key
 from workbench.train import finetune
 from workbench.train.checkpoint import list_checkpoints
-from workbench.train.optim import TritonAdamW, make_adamw
+from workbench.train.optim import make_adamw
+from workbench.train.triton_adamw_optimizer import TritonAdamW
 
 # ---------------------------------------------------------------- the format
 
@@ -90,10 +91,9 @@ def test_exact_codes_and_zeros_come_back_exactly():
 _KERNEL_SCRIPT = textwrap.dedent("""
     import sys
     import torch
-    from workbench.kernels.adamw import SRKeys, adamw_scalars
     from workbench.kernels.adamw8 import quant_block, scale_shape, torch_adamw8_step_
+    from workbench.kernels.adamw_args import AdamWLaunch, AdamWStep, Moments8, SRKeys, adamw_scalars
     from workbench.kernels.triton_adamw8 import triton_adamw8_step_
-    from workbench.kernels.adamw import AdamWLaunch
 
     device = sys.argv[1]
     g = torch.Generator().manual_seed(0)
@@ -122,10 +122,9 @@ _KERNEL_SCRIPT = textwrap.dedent("""
                 s = adamw_scalars(step, 1e-3, 0.9, 0.999, 1e-8, wd)
                 flag = torch.tensor(float(skip and step == 3), device=device) if skip else None
                 c = torch.tensor(0.5, device=device) if coef else None
-                kw = dict(sr_param=sr, precise=precise, out=out, skip=flag, grad_coef=c)
-                if impl is triton_adamw8_step_:
-                    kw["launch"] = AdamWLaunch(block=block)
-                impl(target, grad, *state, s, SRKeys.make(7, step, 2, base), qb, **kw)
+                # the torch ops take the launch too, and ignore it: one AdamWStep for both
+                one = AdamWStep(s, precise, flag, c, AdamWLaunch(block=block))
+                impl(target, grad, Moments8(*state, qb), one, SRKeys.make(7, step, 2, base), sr, out)
             results.append([target, *state] + ([out] if master else []))
         for a, b in zip(*results):
             assert torch.equal(a, b), (shape, dtype, (a.float() - b.float()).abs().max().item())

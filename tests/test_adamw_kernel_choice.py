@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import workbench.train.optim as optim
-from workbench.kernels.adamw import AdamWLaunch, adamw_scalars, adamw_step_
-from workbench.train.optim import TritonAdamW, describe_optimizer, make_adamw
+import workbench.backends as backends
+from workbench.kernels.adamw import adamw_step_
+from workbench.kernels.adamw_args import AdamWLaunch, AdamWStep, adamw_scalars
+from workbench.train.optim import describe_optimizer, make_adamw
+from workbench.train.triton_adamw_optimizer import TritonAdamW
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
@@ -29,7 +31,7 @@ def test_the_kernel_is_decided_when_the_optimizer_is_built(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert TritonAdamW([_param()]).kernel == "torch"  # CPU parameters, no interpreter: backends says torch
     monkeypatch.setattr(
-        optim,
+        backends,
         "availability",
         lambda field, choice, device, world_size=1: (
             (True, "") if torch.device(device).type == "cuda" else (False, "needs CUDA")
@@ -40,7 +42,9 @@ def test_the_kernel_is_decided_when_the_optimizer_is_built(monkeypatch):
     assert make_adamw(groups, "adamw", torch.device("cuda"), lr=1e-3, precision="bf16_sr").kernel == "triton"
     assert make_adamw(groups, "adamw", torch.device("cpu"), lr=1e-3, precision="bf16_sr").kernel == "torch"
     # CUDA without triton: the workbench AdamW that bf16_sr needs runs its torch ops (no triton import later)
-    monkeypatch.setattr(optim, "availability", lambda *a, **k: (False, "triton is not installed: pip install triton"))
+    monkeypatch.setattr(
+        backends, "availability", lambda *a, **k: (False, "triton is not installed: pip install triton")
+    )
     assert make_adamw(groups, "adamw", torch.device("cuda"), lr=1e-3, precision="bf16_sr").kernel == "torch"
 
 
@@ -60,7 +64,7 @@ def test_an_explicit_torch_kernel_is_kept_and_bad_choices_are_refused():
         AdamWLaunch(num_warps=3)
     s = adamw_scalars(1, 1e-3, 0.9, 0.999, 1e-8, 0.0)
     with pytest.raises(ValueError, match="resolved by the caller"):
-        adamw_step_(p.data, p.grad, torch.zeros(7), torch.zeros(7), s, kernel="auto")
+        adamw_step_(p.data, p.grad, torch.zeros(7), torch.zeros(7), AdamWStep(s), kernel="auto")
 
 
 def check_launch_shapes(device: str) -> None:
@@ -75,10 +79,10 @@ def check_launch_shapes(device: str) -> None:
         base = [torch.randn(1000, generator=g).to(dtype) for _ in range(2)]
         base = [t.to(device) for t in base + [0.1 * base[1], 0.01 * base[1] * base[1]]]
         ref = [t.clone() for t in base]
-        torch_adamw_step_(*ref, s)
+        torch_adamw_step_(*ref, AdamWStep(s))
         for launch in (AdamWLaunch(128, 1), AdamWLaunch(512, 2), AdamWLaunch()):
             got = [t.clone() for t in base]
-            triton_adamw_step_(*got, s, launch=launch)
+            triton_adamw_step_(*got, AdamWStep(s, launch=launch))
             assert all(torch.equal(a, b) for a, b in zip(got, ref)), (dtype, launch)
     p = torch.nn.Parameter(torch.randn(300, device=device))
     p.grad = torch.randn(300, device=device)

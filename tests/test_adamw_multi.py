@@ -13,7 +13,8 @@ from triton_script import DEVICES, run_triton_script
 
 _SCRIPT = textwrap.dedent("""
     import sys, torch
-    from workbench.kernels.adamw import AdamWLaunch, SRKeys, adamw_scalars, torch_adamw_step_
+    from workbench.kernels.adamw import torch_adamw_step_
+    from workbench.kernels.adamw_args import AdamWLaunch, AdamWStep, SRKeys, adamw_scalars
     from workbench.kernels.triton_adamw import triton_adamw_step_
     from workbench.kernels.triton_adamw_multi import triton_adamw_multi_step_
     torch.manual_seed(0)
@@ -24,22 +25,20 @@ _SCRIPT = textwrap.dedent("""
     cache = {}
     for sr_on, wd, skip_value, coef in ((True, 0.0, 0.0, None), (True, 1e-2, 0.0, 0.5), (False, 1e-2, 0.0, None),
                                         (True, 0.0, 1.0, None)):
-        groups = [((0.02 * torch.randn(n)).bfloat16(), torch.randn(n).bfloat16(), (0.1 * torch.randn(n)).bfloat16(),
-                   torch.rand(n).bfloat16()) for n in sizes]
-        s = adamw_scalars(3, 1e-5, 0.9, 0.95, 1e-8, wd)
-        keys = [SRKeys.make(7, 3, i, base=b) for i, b in enumerate(bases)] if sr_on else None
         skip = torch.tensor(skip_value, dtype=torch.float32)
         grad_coef = None if coef is None else torch.tensor(coef, dtype=torch.float32)
+        groups = [((0.02 * torch.randn(n)).bfloat16(), torch.randn(n).bfloat16(), (0.1 * torch.randn(n)).bfloat16(),
+                   torch.rand(n).bfloat16()) for n in sizes]
+        s = AdamWStep(adamw_scalars(3, 1e-5, 0.9, 0.95, 1e-8, wd), False, skip, grad_coef, launch)
+        keys = [SRKeys.make(7, 3, i, base=b) for i, b in enumerate(bases)] if sr_on else None
         one = [[t.clone() for t in g] for g in groups]
         many = [[t.clone() for t in g] for g in groups]
         ref = [[t.clone() for t in g] for g in groups]
         for i, g in enumerate(one):
-            triton_adamw_step_(*g, s, sr=None if keys is None else keys[i], skip=skip, grad_coef=grad_coef,
-                               launch=launch)
+            triton_adamw_step_(*g, s, sr=None if keys is None else keys[i])
         for i, g in enumerate(ref):
-            torch_adamw_step_(*g, s, sr=None if keys is None else keys[i], skip=skip, grad_coef=grad_coef)
-        triton_adamw_multi_step_([tuple(g) for g in many], s, sr=keys, skip=skip, grad_coef=grad_coef, launch=launch,
-                                 cache=cache)
+            torch_adamw_step_(*g, s, sr=None if keys is None else keys[i])
+        triton_adamw_multi_step_([tuple(g) for g in many], s, sr=keys, cache=cache)
         for a, b, c, g in zip(one, many, ref, groups):
             for x, y, z in zip(a, b, c):
                 assert torch.equal(x, y), (sr_on, wd, x.numel(), (x.float() - y.float()).abs().max())
@@ -49,15 +48,15 @@ _SCRIPT = textwrap.dedent("""
     assert len(cache) == 1  # the block map of these sizes, built once
     # float32 params with bf16 grads: another dtype per role, the same result as the per-tensor kernel
     groups = [(torch.randn(n), torch.randn(n).bfloat16(), torch.zeros(n), torch.zeros(n)) for n in sizes]
-    s = adamw_scalars(1, 1e-3, 0.9, 0.999, 1e-8, 0.0)
+    s = AdamWStep(adamw_scalars(1, 1e-3, 0.9, 0.999, 1e-8, 0.0), launch=launch)
     one = [[t.clone() for t in g] for g in groups]
     many = [tuple(t.clone() for t in g) for g in groups]
     for g in one:
-        triton_adamw_step_(*g, s, launch=launch)
-    triton_adamw_multi_step_(many, s, launch=launch)
+        triton_adamw_step_(*g, s)
+    triton_adamw_multi_step_(many, s)
     assert all(torch.equal(x, y) for a, b in zip(one, many) for x, y in zip(a, b))
     try:
-        triton_adamw_multi_step_([groups[0], tuple(t.bfloat16() for t in groups[1])], s, launch=launch)
+        triton_adamw_multi_step_([groups[0], tuple(t.bfloat16() for t in groups[1])], s)
     except ValueError as err:
         assert "one dtype per role" in str(err)
     else:
@@ -68,8 +67,8 @@ _SCRIPT = textwrap.dedent("""
 # TritonAdamW with multi_tensor_numel: the small tensors share launches, the result is the per-tensor one.
 _OPTIMIZER_SCRIPT = textwrap.dedent("""
     import sys, torch
-    from workbench.kernels.adamw import AdamWLaunch
-    from workbench.train.optim import TritonAdamW
+    from workbench.kernels.adamw_args import AdamWLaunch
+    from workbench.train.triton_adamw_optimizer import TritonAdamW
     torch.manual_seed(0)
     torch.set_default_device(sys.argv[1])
     shapes = [(16, 40), (40, 16), (7,), (3, 50, 4), (300, 9), (1,)]

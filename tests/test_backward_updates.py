@@ -118,7 +118,7 @@ def test_updates_on_their_own_cuda_stream_equal_those_on_the_backwards_stream(tm
 _SQUARES_SCRIPT = textwrap.dedent("""
     import sys
     import torch
-    from workbench.kernels.adamw import AdamWLaunch, SRKeys, adamw_scalars, squares_size
+    from workbench.kernels.adamw_args import AdamWLaunch, AdamWStep, Moments8, SRKeys, adamw_scalars, squares_size
     from workbench.kernels.adamw8 import quant_block, scale_shape
     from workbench.kernels.triton_adamw import triton_adamw_step_
     from workbench.kernels.triton_adamw8 import triton_adamw8_step_
@@ -130,7 +130,7 @@ _SQUARES_SCRIPT = textwrap.dedent("""
     p0 = (torch.randn(shape, generator=g) * 0.02).bfloat16().to(device)
     grad = (torch.randn(shape, generator=g) * 1e-3).bfloat16().to(device)
     coef, skip = torch.tensor(0.5, device=device), torch.zeros((), device=device)
-    s = adamw_scalars(2, 1e-3, 0.9, 0.999, 1e-8, 0.01)
+    s = AdamWStep(adamw_scalars(2, 1e-3, 0.9, 0.999, 1e-8, 0.01), False, skip, coef, launch)
     keys = SRKeys.make(3, 2, 1, 2**32 - 700)  # its second program straddles 2**32
     qb = quant_block(shape)
 
@@ -139,7 +139,7 @@ _SQUARES_SCRIPT = textwrap.dedent("""
                 (torch.rand(shape, generator=g) * 1e-8).bfloat16().to(device)]
 
     def full(state, grad, squares):
-        triton_adamw_step_(state[0], grad, state[1], state[2], s, False, keys, None, skip, coef, launch, squares)
+        triton_adamw_step_(state[0], grad, state[1], state[2], s, keys, None, squares)
 
     def eight_state():
         return [p0.clone(), torch.randint(8, 250, shape, generator=g, dtype=torch.uint8).to(device),
@@ -148,7 +148,7 @@ _SQUARES_SCRIPT = textwrap.dedent("""
                 (torch.rand(scale_shape(shape, qb), generator=g) * 1e-8).to(device)]
 
     def eight(state, grad, squares):
-        triton_adamw8_step_(state[0], grad, *state[1:], s, keys, qb, True, False, None, skip, coef, launch, squares)
+        triton_adamw8_step_(state[0], grad, Moments8(*state[1:], qb), s, keys, True, None, squares)
 
     for make, update in ((full_state, full), (eight_state, eight)):
         start = make()

@@ -16,9 +16,11 @@ from launch_utils import run_ranks
 
 from workbench.backends import BackendError
 from workbench.config import ConfigError, RunConfig, TrainConfig
-from workbench.kernels.adamw import adamw_scalars, torch_adamw_step_
+from workbench.kernels.adamw import torch_adamw_step_
+from workbench.kernels.adamw_args import AdamWStep, adamw_scalars
 from workbench.train import finetune
-from workbench.train.optim import TritonAdamW, build_optimizer, resolve_optimizer
+from workbench.train.optim import build_optimizer, resolve_optimizer
+from workbench.train.triton_adamw_optimizer import TritonAdamW
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -145,7 +147,7 @@ def check_kernel_equals_torch_ops(device: str) -> None:
                 for i, p in enumerate(params):
                     g = ((0.1 + step) * torch.randn(p.shape, generator=gen)).to(device=device, dtype=dtype)
                     s = adamw_scalars(step + 1, lrs[i], *BETAS, 1e-8, wds[i])
-                    torch_adamw_step_(p, g, *states[i], s, precise)
+                    torch_adamw_step_(p, g, *states[i], AdamWStep(s, precise))
             for a, b, sa, sb in zip(ours_p, params, ours_s, states):
                 assert torch.equal(a, b), (dtype, precise, (a.float() - b.float()).abs().max())
                 assert torch.equal(sa[0], sb[0]) and torch.equal(sa[1], sb[1]), (dtype, precise)
@@ -302,7 +304,7 @@ def test_int64_offsets_past_2_31_elements_on_cuda():
     m, v = 0.1 * g, 0.01 * g * g
     tail = slice(n - 3 * 4096 - 7, n)  # the last blocks sit past int32 offsets
     ref = [t[tail].clone() for t in (p, g, m, v)]
-    s = adamw_scalars(3, LR, *BETAS, 1e-8, WD)
+    s = AdamWStep(adamw_scalars(3, LR, *BETAS, 1e-8, WD))
     triton_adamw_step_(p, g, m, v, s)
     torch_adamw_step_(*ref, s)
     for a, b in zip((p[tail], m[tail], v[tail]), (ref[0], ref[2], ref[3])):
@@ -313,15 +315,18 @@ def test_int64_offsets_past_2_31_elements_on_cuda():
 
 
 def test_selection_triton_on_cuda_torch_on_cpu(monkeypatch):
+    import workbench.backends as backends
     import workbench.train.optim as optim
 
-    monkeypatch.setattr(
-        optim,
-        "availability",
-        lambda field, choice, device, world_size=1: (
-            (True, "") if torch.device(device).type == "cuda" else (False, "needs CUDA")
-        ),
-    )
+    def cuda_only(field, choice, device, world_size=1):
+        return (True, "") if torch.device(device).type == "cuda" else (False, "needs CUDA")
+
+    def no_triton(*args, **kwargs):
+        return False, "triton is not installed: pip install triton"
+
+    # the kernel choice (backends.adamw_kernel) and resolve_optimizer's reason read the same availability
+    for module in (backends, optim):
+        monkeypatch.setattr(module, "availability", cuda_only)
     assert resolve_optimizer("adamw", "cuda") == "adamw_triton"
     assert resolve_optimizer("adamw", "cpu") == "adamw_torch"
     assert resolve_optimizer("adamw_torch", "cuda") == "adamw_torch"
@@ -336,7 +341,8 @@ def test_selection_triton_on_cuda_torch_on_cpu(monkeypatch):
     forced = build_optimizer(model, TrainConfig(optimizer="adamw_torch"), torch.device("cuda"))
     assert type(forced) is torch.optim.AdamW and forced.param_groups[0]["fused"] is True
     # without triton, "adamw" quietly takes torch's, an explicit "adamw_triton" says what to install
-    monkeypatch.setattr(optim, "availability", lambda *a, **k: (False, "triton is not installed: pip install triton"))
+    for module in (backends, optim):
+        monkeypatch.setattr(module, "availability", no_triton)
     assert resolve_optimizer("adamw", "cuda") == "adamw_torch"
     with pytest.raises(BackendError, match="pip install triton"):
         resolve_optimizer("adamw_triton", "cuda")

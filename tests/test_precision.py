@@ -10,12 +10,14 @@ import torch.nn.functional as F
 from triton_script import DEVICES, run_triton_script
 
 from workbench.config import ConfigError, RunConfig, TrainConfig
-from workbench.kernels.adamw import SRKeys, adamw_scalars, torch_adamw_step_
+from workbench.kernels.adamw import torch_adamw_step_
+from workbench.kernels.adamw_args import AdamWStep, SRKeys, adamw_scalars
 from workbench.kernels.stochastic_round import STREAMS, random_bits, sr_key, stochastic_round_bf16, stream_bits
 from workbench.train import finetune
 from workbench.train.checkpoint import list_checkpoints
-from workbench.train.optim import TritonAdamW, make_adamw
+from workbench.train.optim import make_adamw
 from workbench.train.precision import DEFAULT_PRECISION, resolve_precision
+from workbench.train.triton_adamw_optimizer import TritonAdamW
 
 # ---------------------------------------------------------------- (a) stochastic rounding
 
@@ -210,7 +212,8 @@ def test_fp32_master_keeps_float32_weights_and_moments():
 
 _KERNEL_SCRIPT = textwrap.dedent("""
     import sys, torch
-    from workbench.kernels.adamw import SRKeys, adamw_scalars, torch_adamw_step_
+    from workbench.kernels.adamw import torch_adamw_step_
+    from workbench.kernels.adamw_args import AdamWStep, SRKeys, adamw_scalars
     from workbench.kernels.triton_adamw import triton_adamw_step_
     torch.manual_seed(0)
     torch.set_default_device(sys.argv[1])
@@ -218,7 +221,7 @@ _KERNEL_SCRIPT = textwrap.dedent("""
     for n, base, wd in ((1, 0, 0.0), (4097, 0, 1e-2), (1000, 3 * 2 ** 32 + 5, 0.0), (3000, 2 ** 32 - 500, 0.0)):
         p = (0.02 * torch.randn(n)).bfloat16()
         tensors = (p, torch.randn(n).bfloat16(), (0.1 * torch.randn(n)).bfloat16(), torch.rand(n).bfloat16())
-        s = adamw_scalars(3, 1e-5, 0.9, 0.95, 1e-8, wd)
+        s = AdamWStep(adamw_scalars(3, 1e-5, 0.9, 0.95, 1e-8, wd))
         keys = SRKeys.make(7, 3, 2, base=base)
         a, b = [t.clone() for t in tensors], [t.clone() for t in tensors]
         torch_adamw_step_(*a, s, sr=keys)
@@ -254,7 +257,8 @@ def test_triton_sr_kernel_equals_the_torch_reference_bit_for_bit(device):
 _ONE_DIVISION_SCRIPT = textwrap.dedent("""
     import sys, torch, triton, triton.language as tl
     from workbench.kernels import triton_adamw as ta
-    from workbench.kernels.adamw import adam_update, adamw_scalars
+    from workbench.kernels.adamw import adam_update
+    from workbench.kernels.adamw_args import adamw_scalars
 
     @triton.jit
     def _probe(P, G, M, V, OUT, n, b1, o1, b2, o2, lwd, eps, step_size, bc2, ONE: tl.constexpr, BLOCK: tl.constexpr):
@@ -307,7 +311,7 @@ def test_torch_reference_sr_changes_only_bf16_stores():
     n = 500
     weights = (0.01 + 0.02 * torch.rand(n)) * torch.randn(n).sign()  # |w| >= 0.01: half an ulp > 1e-5
     tensors = [weights.bfloat16(), torch.randn(n).bfloat16(), torch.zeros(n).bfloat16(), torch.zeros(n).bfloat16()]
-    s = adamw_scalars(1, 1e-5, 0.9, 0.95, 1e-8, 0.0)
+    s = AdamWStep(adamw_scalars(1, 1e-5, 0.9, 0.95, 1e-8, 0.0))
     rn, sr = [t.clone() for t in tensors], [t.clone() for t in tensors]
     torch_adamw_step_(*rn, s)
     torch_adamw_step_(*sr, s, sr=SRKeys.make(0, 1, 0))

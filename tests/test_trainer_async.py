@@ -19,7 +19,8 @@ from workbench.models.router_aux import forward_loss_parts
 from workbench.train.guard import NonFiniteError
 from workbench.train.host_syncs import HostSyncRecorder
 from workbench.train.loop import Trainer
-from workbench.train.optim import TritonAdamW, set_skip_flag
+from workbench.train.optim import set_skip_flag
+from workbench.train.triton_adamw_optimizer import TritonAdamW
 
 
 def _saved(family: str, path: Path) -> str:
@@ -290,7 +291,7 @@ def test_triton_adamw_kernel_honours_the_skip_flag_and_the_clip_coefficient_in_t
         import sys
         sys.path.insert(0, "tests")
         from test_trainer_async import {check}
-        from workbench.train.optim import TritonAdamW
+        from workbench.train.triton_adamw_optimizer import TritonAdamW
         opts = []
         {check}(lambda ps: opts.append(TritonAdamW(ps, lr=0.1)) or opts[-1])
         kernel_updates = [o.updates["triton"] + o.updates["triton_multi"] for o in opts]

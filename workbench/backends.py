@@ -304,6 +304,12 @@ def availability(
     return False, f"unknown backend {choice!r} for {field!r}"
 
 
+def adamw_kernel(device: torch.device | str) -> str:
+    """The kernel the workbench AdamW (TritonAdamW) runs on `device`: "triton" where Triton runs, else "torch"
+    (its torch-op path, the same math)."""
+    return "triton" if availability("optimizer", "triton", device)[0] else "torch"
+
+
 # (field, choice) -> (runs here?, why not): availability on one platform, or a cluster's rank records.
 Probe = Callable[[str, str], tuple[bool, str]]
 

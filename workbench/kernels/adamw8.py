@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import torch
 
-from workbench.kernels._triton_util import triton_interpreting
-from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys, _refuse_squares, _unless, adam_update
+from workbench.kernels.adamw import adam_update, unless_skipped
+from workbench.kernels.adamw_args import AdamWStep, Moments8, SRKeys, kernel_supports8, refuse_squares
 from workbench.kernels.stochastic_round import random_bits, stochastic_round_bf16, stream_bits
 
 QBLOCK_MAX = 256
@@ -110,81 +110,69 @@ def encode_moments(
     return m_code.to(torch.uint8), m_max.reshape(-1), v_code.to(torch.uint8), v_max.reshape(-1)
 
 
-def kernel_supports8(param, grad, m_q, m_scale, v_q, v_scale, out=None) -> bool:
-    """Whether the Triton kernel can take these tensors (contiguous, one device, CUDA or the interpreter)."""
-    tensors = [t for t in (param, grad, m_q, m_scale, v_q, v_scale, out) if t is not None]
-    if param.device.type != "cuda" and not triton_interpreting():
-        return False
-    return all(t.is_contiguous() and t.device == param.device for t in tensors)
+def _triton_adamw8():
+    """workbench.kernels.triton_adamw8, imported when the Triton kernel first runs: Triton is optional, and it reads
+    TRITON_INTERPRET when it is imported."""
+    import workbench.kernels.triton_adamw8 as kernels
+
+    return kernels
 
 
 def torch_adamw8_step_(
     param: torch.Tensor,
     grad: torch.Tensor,
-    m_q: torch.Tensor,
-    m_scale: torch.Tensor,
-    v_q: torch.Tensor,
-    v_scale: torch.Tensor,
-    scalars: dict[str, float],
+    moments: Moments8,
+    step: AdamWStep,
     keys: SRKeys,
-    qblock: int,
     sr_param: bool = False,
-    precise: bool = False,
     out: torch.Tensor | None = None,
-    skip: torch.Tensor | None = None,
-    grad_coef: torch.Tensor | None = None,
 ) -> None:
     """The 8-bit kernel's update in torch ops, in place (the math of adamw.torch_adamw_step_ on decoded moments).
 
     `keys`: the element hashes' key and base (moments are always rounded stochastically); `sr_param`: the
-    bf16 parameter too (train.precision "bf16_sr"), else to nearest; `out`, `skip`, `grad_coef` as there.
+    bf16 parameter too (train.precision "bf16_sr"), else to nearest; `out` and `step` as there.
     """
+    m_q, m_scale, v_q, v_scale, qblock = moments
     m_old, v_old = decode_moments(m_q, m_scale, v_q, v_scale, qblock)
-    p, m, v = adam_update(param.reshape(-1), grad.reshape(-1), m_old, v_old, scalars, precise, grad_coef)
+    p, m, v = adam_update(
+        param.reshape(-1), grad.reshape(-1), m_old, v_old, step.scalars, step.precise, step.grad_coef
+    )  # fmt: skip
     bits = random_bits(keys.key, keys.base, p.numel(), p.device)
     m_code, m_max, v_code, v_max = encode_moments(m, v, bits, qblock)
     new_p = p
     if sr_param and param.dtype == torch.bfloat16:
         new_p = stochastic_round_bf16(p, stream_bits(bits, "param"))
-    param.copy_(_unless(skip, param, new_p.reshape(param.shape)))
+    param.copy_(unless_skipped(step.skip, param, new_p.reshape(param.shape)))
     for dst, value in ((m_q, m_code), (m_scale, m_max), (v_q, v_code), (v_scale, v_max)):
-        dst.copy_(_unless(skip, dst, value.reshape(dst.shape)))
+        dst.copy_(unless_skipped(step.skip, dst, value.reshape(dst.shape)))
     if out is not None:
-        out.copy_(_unless(skip, out, p.reshape(out.shape)))
+        out.copy_(unless_skipped(step.skip, out, p.reshape(out.shape)))
 
 
 def adamw8_step_(
     param: torch.Tensor,
     grad: torch.Tensor,
-    m_q: torch.Tensor,
-    m_scale: torch.Tensor,
-    v_q: torch.Tensor,
-    v_scale: torch.Tensor,
-    scalars: dict[str, float],
+    moments: Moments8,
+    step: AdamWStep,
     keys: SRKeys,
-    qblock: int,
     sr_param: bool = False,
-    precise: bool = False,
     out: torch.Tensor | None = None,
-    skip: torch.Tensor | None = None,
-    grad_coef: torch.Tensor | None = None,
+    squares: torch.Tensor | None = None,
     *,
     kernel: str,
-    launch: AdamWLaunch = DEFAULT_LAUNCH,
-    squares: torch.Tensor | None = None,
 ) -> str:
     """Update one tensor with 8-bit moments in place by `kernel` ("triton" where it takes them, else torch ops);
     `squares` as adamw.adamw_step_'s (the Triton kernel only)."""
     if param.numel() == 0:
         return "empty"
-    if param.numel() % qblock or m_scale.numel() * qblock != param.numel():
-        raise ValueError(f"8-bit AdamW: {param.numel()} elements do not make {m_scale.numel()} blocks of {qblock}")
-    args = (param, grad, m_q, m_scale, v_q, v_scale)
-    if kernel == "triton" and kernel_supports8(*args, out):
-        from workbench.kernels.triton_adamw8 import triton_adamw8_step_
-
-        triton_adamw8_step_(*args, scalars, keys, qblock, sr_param, precise, out, skip, grad_coef, launch, squares)
+    qblock = moments.qblock
+    if param.numel() % qblock or moments.m_scale.numel() * qblock != param.numel():
+        raise ValueError(
+            f"8-bit AdamW: {param.numel()} elements do not make {moments.m_scale.numel()} blocks of {qblock}"
+        )
+    if kernel == "triton" and kernel_supports8(param, grad, moments, out):
+        _triton_adamw8().triton_adamw8_step_(param, grad, moments, step, keys, sr_param, out, squares)
         return "triton8"
-    _refuse_squares(squares)
-    torch_adamw8_step_(*args, scalars, keys, qblock, sr_param, precise, out, skip, grad_coef)
+    refuse_squares(squares)
+    torch_adamw8_step_(param, grad, moments, step, keys, sr_param, out)
     return "torch8"

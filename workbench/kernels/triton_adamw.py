@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from workbench.kernels._triton_util import triton_interpreting
-from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys, kernel_supports, squares_size
+from workbench.kernels.adamw_args import AdamWStep, SRKeys, kernel_supports, squares_size
 
 
 @triton.jit
@@ -46,7 +46,7 @@ def _f64(bits):
 
 
 @triton.jit
-def _store(ptr, offs, x, mask, ROUND_BY_HAND: tl.constexpr):
+def store(ptr, offs, x, mask, ROUND_BY_HAND: tl.constexpr):
     if ROUND_BY_HAND:
         if ptr.dtype.element_ty == tl.bfloat16:
             # Triton's interpreter truncates float32 -> bf16: round to nearest even by hand first
@@ -69,7 +69,7 @@ def _mix32(x):
 
 
 @triton.jit
-def _element_bits(key_bits, local, start, BLOCK: tl.constexpr):
+def element_bits(key_bits, local, start, BLOCK: tl.constexpr):
     # stochastic_round.random_bits(key, ...) of the global element index start + local (local: int32 in
     # [0, BLOCK)): one hash per element for all three stores. The index's high word is one of two per block (a
     # block spans at most two 2**32 ranges), so two scalar hashes, and the low word is a wrapping 32-bit add: its
@@ -84,7 +84,7 @@ def _element_bits(key_bits, local, start, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _block_squares(SQ, g):
+def block_squares(SQ, g):
     # The program's sum of squared gradients into SQ[program] (the update's caller sums them: the gradient norm
     # without a second read of the gradient); whether it is finite, so a block with an inf or nan stores nothing.
     partial = tl.sum(g * g)
@@ -101,11 +101,11 @@ def _sr_bf16(x, bits16):
 
 
 @triton.jit
-def _store_rounded(ptr, offs, x, mask, bits16, SR: tl.constexpr, ROUND_BY_HAND: tl.constexpr):
+def store_rounded(ptr, offs, x, mask, bits16, SR: tl.constexpr, ROUND_BY_HAND: tl.constexpr):
     if SR:
         if ptr.dtype.element_ty == tl.bfloat16:
             x = _sr_bf16(x, bits16)  # exactly representable: the store below does not round
-    _store(ptr, offs, x, mask, ROUND_BY_HAND)
+    store(ptr, offs, x, mask, ROUND_BY_HAND)
 
 
 @triton.jit
@@ -142,7 +142,7 @@ def adam_update(
 
 
 @triton.jit
-def _update_block(
+def update_block(
     P, G, M, V, OUT, COEF, SQ, offs, mask, block_start, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits,
     eps_bits, step_size, bc2_sqrt, key, base, HAS_WD: tl.constexpr, PRECISE: tl.constexpr, SR: tl.constexpr,
     HAS_OUT: tl.constexpr, HAS_COEF: tl.constexpr, HAS_SQ: tl.constexpr, ROUND_BY_HAND: tl.constexpr,
@@ -159,7 +159,7 @@ def _update_block(
     # The block's sum masks the stores only: loads behind a block reduction wait for it, and this memory-bound
     # kernel then has half its bytes in flight (gpt-oss in-backward 8-bit: +8 ms a step on an H200, 2026-12-03).
     if HAS_SQ:  # (a where, not a scalar `&`: Triton's interpreter refuses a scalar and a tensor mask)
-        mask = tl.where(_block_squares(SQ, g), mask, False)
+        mask = tl.where(block_squares(SQ, g), mask, False)
     p, m, v = adam_update(
         p, g, m, v, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits, eps_bits, step_size, bc2_sqrt, HAS_WD,
         PRECISE, SR and P.dtype.element_ty == tl.bfloat16,
@@ -167,15 +167,15 @@ def _update_block(
     bits_p, bits_m, bits_v = offs, offs, offs  # unused unless SR
     if SR:  # stochastic_round.stream_bits: the param low 16 bits, exp_avg_sq high 16, exp_avg (h * C) >> 16
         start = base.to(tl.int64) + block_start
-        bits = _element_bits(key, (offs - block_start).to(tl.int32), start, BLOCK)
+        bits = element_bits(key, (offs - block_start).to(tl.int32), start, BLOCK)
         bits_p = bits & 0xFFFF
         bits_v = bits >> 16
         bits_m = (bits * tl.full(bits.shape, 0x9E3779B1, tl.uint32)) >> 16
-    _store_rounded(P, offs, p, mask, bits_p, SR, ROUND_BY_HAND)
-    _store_rounded(M, offs, m, mask, bits_m, SR, ROUND_BY_HAND)
-    _store_rounded(V, offs, v, mask, bits_v, SR, ROUND_BY_HAND)
+    store_rounded(P, offs, p, mask, bits_p, SR, ROUND_BY_HAND)
+    store_rounded(M, offs, m, mask, bits_m, SR, ROUND_BY_HAND)
+    store_rounded(V, offs, v, mask, bits_v, SR, ROUND_BY_HAND)
     if HAS_OUT:  # fp32_master: P is the float32 master, OUT the bf16 parameter (one pass, no extra copy)
-        _store(OUT, offs, p, mask, ROUND_BY_HAND)
+        store(OUT, offs, p, mask, ROUND_BY_HAND)
 
 
 @triton.jit(
@@ -231,7 +231,7 @@ def _adamw_kernel(
         if tl.load(SKIP) != 0.0:
             return
     block_start = tl.program_id(0).to(tl.int64) * BLOCK
-    _update_block(
+    update_block(
         P, G, M, V, OUT, COEF, SQ, offs, mask, block_start, beta1_bits, omb1_bits, beta2_bits, omb2_bits,
         lr_wd_bits, eps_bits, step_size, bc2_sqrt, key, base, HAS_WD, PRECISE, SR, HAS_OUT, HAS_COEF, HAS_SQ,
         ROUND_BY_HAND, BLOCK,
@@ -248,15 +248,6 @@ def scalar_args(scalars: dict[str, float]) -> tuple:
     return (*(_bits(scalars[n]) for n in names), scalars["step_size"], scalars["bc2_sqrt"])
 
 
-def check_flags(skip: torch.Tensor | None, grad_coef: torch.Tensor | None, device: torch.device) -> None:
-    """Refuse a skip flag or clip coefficient that is not a float32 scalar on `device`."""
-    for name, flag in (("skip", skip), ("grad_coef", grad_coef)):
-        if flag is not None and (flag.numel() != 1 or flag.dtype != torch.float32 or flag.device != device):
-            raise ValueError(
-                f"{name} must be a float32 scalar on {device}, got {flag.dtype} {tuple(flag.shape)} on {flag.device}"
-            )
-
-
 def check_squares(squares: torch.Tensor | None, n: int, block: int, device: torch.device) -> None:
     """Refuse a `squares` buffer that is not float32 on `device` with a float per program."""
     if squares is not None and (
@@ -268,22 +259,22 @@ def check_squares(squares: torch.Tensor | None, n: int, block: int, device: torc
         )
 
 
-def common_flags(scalars: dict[str, float], precise: bool, sr: bool, skip, grad_coef, launch: AdamWLaunch) -> dict:
-    """The constexpr and launch keywords both AdamW kernels take."""
+def common_flags(step: AdamWStep, sr: bool) -> dict:
+    """The constexpr and launch keywords every AdamW kernel takes (`sr`: bf16 stores rounded stochastically)."""
     return dict(
-        HAS_WD=scalars["lr_wd"] != 0,
-        PRECISE=bool(precise),
+        HAS_WD=step.scalars["lr_wd"] != 0,
+        PRECISE=step.precise,
         SR=sr,
-        HAS_SKIP=skip is not None,
-        HAS_COEF=grad_coef is not None,
+        HAS_SKIP=step.skip is not None,
+        HAS_COEF=step.grad_coef is not None,
         ROUND_BY_HAND=triton_interpreting(),
-        BLOCK=launch.block,
-        num_warps=launch.num_warps,
+        BLOCK=step.launch.block,
+        num_warps=step.launch.num_warps,
         enable_fp_fusion=False,
     )
 
 
-def _i32(key: int) -> int:
+def key_i32(key: int) -> int:
     # a uint32 key as the int32 of its bits (one argument type whatever the value; bitcast back in the kernel)
     return key - (1 << 32) if key >= 1 << 31 else key
 
@@ -293,21 +284,15 @@ def triton_adamw_step_(
     grad: torch.Tensor,
     exp_avg: torch.Tensor,
     exp_avg_sq: torch.Tensor,
-    scalars: dict[str, float],
-    precise: bool = False,
+    step: AdamWStep,
     sr: SRKeys | None = None,
     out: torch.Tensor | None = None,
-    skip: torch.Tensor | None = None,
-    grad_coef: torch.Tensor | None = None,
-    launch: AdamWLaunch = DEFAULT_LAUNCH,
     squares: torch.Tensor | None = None,
 ) -> None:
-    """One AdamW update of one contiguous tensor, in place (scalars from `adamw_scalars`; `sr`: bf16 stores
-    rounded stochastically; `out`: also gets the new parameter; `skip`: a float32 scalar on the device,
-    nonzero stores nothing; `grad_coef`: a float32 scalar on the device multiplying the gradient; as
-    workbench.kernels.adamw.torch_adamw_step_; `launch`: block and warps, AdamWLaunch's default measured best;
-    `squares`: zeros of `squares_size(n, launch.block)` floats that get each block's sum of squared gradients,
-    and a block whose sum is not finite stores nothing)."""
+    """One AdamW update of one contiguous tensor, in place, as workbench.kernels.adamw.torch_adamw_step_ (`sr`: bf16
+    stores rounded stochastically; `out`: also gets the new parameter; `step`: scalars, skip flag, clip coefficient
+    and launch, AdamWLaunch's default measured best); `squares`: zeros of `squares_size(n, step.launch.block)` floats
+    that get each block's sum of squared gradients, and a block whose sum is not finite stores nothing."""
     tensors = (param, grad, exp_avg, exp_avg_sq) + (() if out is None else (out,))
     if not kernel_supports(*tensors):
         got = [(tuple(t.shape), t.dtype, str(t.device), t.is_contiguous()) for t in tensors]
@@ -318,11 +303,9 @@ def triton_adamw_step_(
     n = param.numel()
     if n == 0:
         return
-    if not isinstance(launch, AdamWLaunch):
-        raise TypeError(f"launch must be an AdamWLaunch, got {type(launch).__name__}")
-    check_flags(skip, grad_coef, param.device)
+    step.check_flags(param.device)
+    launch = step.launch
     check_squares(squares, n, launch.block, param.device)
-    s = scalars
     keys = sr if sr is not None else SRKeys(0, 0)
     # Triton launches on the current device: make it the tensors' one
     guard = torch.cuda.device(param.device) if param.device.type == "cuda" else contextlib.nullcontext()
@@ -333,14 +316,14 @@ def triton_adamw_step_(
             exp_avg,
             exp_avg_sq,
             param if out is None else out,
-            param if skip is None else skip,
-            param if grad_coef is None else grad_coef,
+            param if step.skip is None else step.skip,
+            param if step.grad_coef is None else step.grad_coef,
             param if squares is None else squares,
             n,
-            *scalar_args(s),
-            _i32(keys.key),
+            *scalar_args(step.scalars),
+            key_i32(keys.key),
             keys.base,
             HAS_OUT=out is not None,
             HAS_SQ=squares is not None,
-            **common_flags(s, precise, sr is not None, skip, grad_coef, launch),
+            **common_flags(step, sr is not None),
         )

@@ -15,19 +15,17 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys
-from workbench.kernels.adamw8 import kernel_supports8
+from workbench.kernels.adamw_args import AdamWStep, Moments8, SRKeys, kernel_supports8
 from workbench.kernels.triton_adamw import (
-    _block_squares,
-    _element_bits,
-    _i32,
-    _store,
-    _store_rounded,
     adam_update,
-    check_flags,
+    block_squares,
     check_squares,
     common_flags,
+    element_bits,
+    key_i32,
     scalar_args,
+    store,
+    store_rounded,
 )
 
 
@@ -99,8 +97,8 @@ def _adamw8_kernel(
     v = _decode(tl.load(VQ + offs, mask=mask, other=0).to(tl.int32) << 20, 96)
     v = v * tl.load(VS + rows, mask=rmask, other=0.0)[:, None]
     if HAS_SQ:  # a program whose gradients are not all finite stores nothing (its codes and scales too); after
-        # the loads, which would wait for the block's sum (triton_adamw._update_block)
-        finite = _block_squares(SQ, g)
+        # the loads, which would wait for the block's sum (triton_adamw.update_block)
+        finite = block_squares(SQ, g)
         mask = tl.where(finite, mask, False)  # (a where: the interpreter refuses a scalar `&` a tensor mask)
         rmask = tl.where(finite, rmask, False)
     p, m, v = adam_update(
@@ -108,7 +106,7 @@ def _adamw8_kernel(
         PRECISE, False,
     )  # fmt: skip
     local = tl.arange(0, ROWS)[:, None] * QB + tl.arange(0, QB)[None, :]  # offs - block_start, in int32
-    bits = _element_bits(key, local, base.to(tl.int64) + block_start, BLOCK)
+    bits = element_bits(key, local, base.to(tl.int64) + block_start, BLOCK)
     m_abs = tl.abs(m)
     m_max = tl.max(m_abs, axis=1)
     v_max = tl.max(v, axis=1)
@@ -121,36 +119,29 @@ def _adamw8_kernel(
     mag = _encode(y_m, r_m, 112, 6.103515625e-05, False)  # 2**-14
     m_code = mag | ((m.to(tl.int32, bitcast=True) >> 24) & 128)  # the float's sign bit, zeros included
     v_code = _encode(y_v, r_v, 96, 9.313225746154785e-10, True)  # 2**-30
-    _store_rounded(P, offs, p, mask, bits & 0xFFFF, SR, ROUND_BY_HAND)
+    store_rounded(P, offs, p, mask, bits & 0xFFFF, SR, ROUND_BY_HAND)
     tl.store(MQ + offs, m_code.to(tl.uint8), mask=mask)
     tl.store(VQ + offs, v_code.to(tl.uint8), mask=mask)
     tl.store(MS + rows, m_max, mask=rmask)
     tl.store(VS + rows, v_max, mask=rmask)
     if HAS_OUT:  # fp32_master: P is the float32 master, OUT the bf16 parameter
-        _store(OUT, offs, p, mask, ROUND_BY_HAND)
+        store(OUT, offs, p, mask, ROUND_BY_HAND)
 
 
 def triton_adamw8_step_(
     param: torch.Tensor,
     grad: torch.Tensor,
-    m_q: torch.Tensor,
-    m_scale: torch.Tensor,
-    v_q: torch.Tensor,
-    v_scale: torch.Tensor,
-    scalars: dict[str, float],
+    moments: Moments8,
+    step: AdamWStep,
     keys: SRKeys,
-    qblock: int,
     sr_param: bool = False,
-    precise: bool = False,
     out: torch.Tensor | None = None,
-    skip: torch.Tensor | None = None,
-    grad_coef: torch.Tensor | None = None,
-    launch: AdamWLaunch = DEFAULT_LAUNCH,
     squares: torch.Tensor | None = None,
 ) -> None:
     """One 8-bit-moment AdamW update of one contiguous tensor, in place (as adamw8.torch_adamw8_step_);
-    `squares` as triton_adamw.triton_adamw_step_'s, one float per program of max(launch.block, qblock)."""
-    if not kernel_supports8(param, grad, m_q, m_scale, v_q, v_scale, out):
+    `squares` as triton_adamw.triton_adamw_step_'s, one float per program of max(step.launch.block, qblock)."""
+    m_q, m_scale, v_q, v_scale, qblock = moments
+    if not kernel_supports8(param, grad, moments, out):
         raise ValueError(
             "the Triton 8-bit AdamW kernel needs contiguous tensors on one CUDA device (or TRITON_INTERPRET=1)"
         )
@@ -159,9 +150,9 @@ def triton_adamw8_step_(
     n = param.numel()
     if n == 0:
         return
-    check_flags(skip, grad_coef, param.device)
-    flags = common_flags(scalars, precise, bool(sr_param and param.dtype == torch.bfloat16), skip, grad_coef, launch)
-    flags["BLOCK"] = max(launch.block, qblock)
+    step.check_flags(param.device)
+    flags = common_flags(step, bool(sr_param and param.dtype == torch.bfloat16))
+    flags["BLOCK"] = max(step.launch.block, qblock)
     check_squares(squares, n, flags["BLOCK"], param.device)
     guard = torch.cuda.device(param.device) if param.device.type == "cuda" else contextlib.nullcontext()
     with guard:
@@ -173,12 +164,12 @@ def triton_adamw8_step_(
             v_q,
             v_scale,
             param if out is None else out,
-            param if skip is None else skip,
-            param if grad_coef is None else grad_coef,
+            param if step.skip is None else step.skip,
+            param if step.grad_coef is None else step.grad_coef,
             param if squares is None else squares,
             n // qblock,
-            *scalar_args(scalars),
-            _i32(keys.key),
+            *scalar_args(step.scalars),
+            key_i32(keys.key),
             keys.base,
             QB=qblock,
             HAS_OUT=out is not None,

@@ -6,7 +6,7 @@ Triton launch each cost ~65 us of host time, 38 ms of a 365 ms step on the H200 
 updates block i of the concatenated blocks; its tensor comes from a block -> tensor map (built once per
 list of sizes, kept on the device) and its addresses, size, first block, stochastic-rounding key and
 element base from a table of int64 rows sent each step (grads are new tensors every step), through buffers
-allocated once. The update itself is triton_adamw._update_block, so each tensor's result equals
+allocated once. The update itself is triton_adamw.update_block, so each tensor's result equals
 triton_adamw_step_'s bit for bit.
 """
 
@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.kernels.adamw import DEFAULT_LAUNCH, AdamWLaunch, SRKeys, kernel_supports
-from workbench.kernels.triton_adamw import _update_block, check_flags, common_flags, scalar_args
+from workbench.kernels.adamw_args import AdamWStep, SRKeys, kernel_supports
+from workbench.kernels.triton_adamw import common_flags, scalar_args, update_block
 
 # Rows of the per-step table, each n_tensors int64 long.
 _ROWS = ("param", "grad", "exp_avg", "exp_avg_sq", "numel", "first_block", "sr_key", "sr_base")
@@ -49,7 +49,7 @@ def _adamw_multi_kernel(
     base = tl.load(TABLE + 7 * n_tensors + t)
     offs = block_start + tl.arange(0, BLOCK)
     mask = offs < n
-    _update_block(
+    update_block(
         P, G, M, V, P, COEF, P, offs, mask, block_start, beta1_bits, omb1_bits, beta2_bits, omb2_bits, lr_wd_bits,
         eps_bits, step_size, bc2_sqrt, key, base, HAS_WD, PRECISE, SR, False, HAS_COEF, False, ROUND_BY_HAND, BLOCK,
     )  # fmt: skip
@@ -61,8 +61,8 @@ class _ListState:
     The table goes to the device through two pinned host buffers used in turn and one device buffer, all
     allocated once: a `pin_memory()` per step allocated a pinned block whenever the last one's copy had not
     run yet (the host runs ahead of the device), and the steps measured with that path on the H200 were
-    slower in their forward (LoRA48 ~8.2k against ~10.6k tokens/s, 2026-12-02). The device buffer is rewritten on the stream
-    after the previous kernel that read it; a host buffer is rewritten once its copy two steps ago has run.
+    slower in their forward (LoRA48 ~8.2k against ~10.6k tokens/s, 2026-12-02). The device buffer is rewritten on the
+    stream after the previous kernel that read it; a host buffer is rewritten once its copy two steps ago has run.
     """
 
     def __init__(self, blocks: torch.Tensor) -> None:
@@ -98,17 +98,13 @@ def block_map(numels: list[int], block: int, device: torch.device) -> torch.Tens
 
 def triton_adamw_multi_step_(
     tensors: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
-    scalars: dict[str, float],
-    precise: bool = False,
+    step: AdamWStep,
     sr: list[SRKeys] | None = None,
-    skip: torch.Tensor | None = None,
-    grad_coef: torch.Tensor | None = None,
-    launch: AdamWLaunch = DEFAULT_LAUNCH,
     cache: dict | None = None,
 ) -> None:
     """triton_adamw_step_ for every (param, grad, exp_avg, exp_avg_sq) of `tensors` in one launch, in place.
 
-    All share `scalars` (one step count) and, per role, one dtype and device; `sr`: one key per tensor
+    All share `step` (one step count) and, per role, one dtype and device; `sr`: one key per tensor
     (bf16 stores rounded stochastically) or None; `cache`: a dict kept by the caller, holding the block
     map of each list of sizes (static over a run) so it is built once.
     """
@@ -131,6 +127,7 @@ def triton_adamw_multi_step_(
     numels = [g[0].numel() for g in tensors]
     if min(numels) == 0:
         raise ValueError("the multi-tensor AdamW takes no empty tensors (the caller skips them)")
+    launch = step.launch
     key = (str(device), launch.block, tuple(numels))
     cache = {} if cache is None else cache
     if key not in cache:
@@ -149,8 +146,7 @@ def triton_adamw_multi_step_(
     assert len(rows) == len(_ROWS)
     # on the host even under torch.set_default_device("cuda")
     table = torch.tensor(rows, dtype=torch.int64, device="cpu")
-    check_flags(skip, grad_coef, device)
-    s = scalars
+    step.check_flags(device)
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with guard:  # the table's copy and event on the tensors' device, as the launch
         if device.type == "cuda":
@@ -158,13 +154,13 @@ def triton_adamw_multi_step_(
         _adamw_multi_kernel[(blocks.numel(),)](
             table,
             blocks,
-            table if skip is None else skip,
-            table if grad_coef is None else grad_coef,
+            table if step.skip is None else step.skip,
+            table if step.grad_coef is None else step.grad_coef,
             len(tensors),
-            *scalar_args(s),
+            *scalar_args(step.scalars),
             P_DT=_TL_DTYPES[first[0].dtype],
             G_DT=_TL_DTYPES[first[1].dtype],
             M_DT=_TL_DTYPES[first[2].dtype],
             V_DT=_TL_DTYPES[first[3].dtype],
-            **common_flags(s, precise, sr is not None, skip, grad_coef, launch),
+            **common_flags(step, sr is not None),
         )

@@ -8,6 +8,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from workbench.config_checks import ConfigError
+from workbench.devices import default_device
+
 
 def initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
@@ -26,14 +29,17 @@ def barrier() -> None:
         dist.barrier()
 
 
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (without to_local's autograd overhead), or the tensor itself."""
+    local = getattr(t, "_local_tensor", None)
+    return t if local is None else local
+
+
 def pick_device(kind: str = "auto") -> torch.device:
     """This rank's device (`kind` "auto": see `workbench.devices.default_device`), made current.
 
     "cpu" pins the CPU also where GPUs are visible (a float32 CPU reference on a GPU machine).
     """
-    from workbench.config_checks import ConfigError
-    from workbench.devices import default_device
-
     gloo = initialized() and "nccl" not in str(dist.get_backend()).lower()
     if kind == "cpu":
         if initialized() and not gloo:

@@ -114,7 +114,7 @@ def run_in_launched_group(
     The traceback itself goes to stderr with `debug`, or where there is no `traceback_to` (a caller
     without a place for it). A rank of a multi-rank group never returns: it leaves with os._exit.
     """
-    from workbench.parallel import dist_utils as du
+    from workbench.parallel import dist_utils as du  # torch: the CLI imports this module for `workbench --help`
 
     created = du.init_from_env()
     multi = du.world_size() > 1

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import torch
 
+from workbench.parallel.dist_utils import local_shard
 from workbench.train.step_stats import SkipFlag
-from workbench.train.triton_adamw_optimizer import TritonAdamW, _local
+from workbench.train.triton_adamw_optimizer import TritonAdamW
 
 
 class BackwardUpdates:
@@ -81,7 +82,7 @@ class BackwardUpdates:
         # stores nothing for a block that is not finite; the step's end sets the flag from the norm.
         square = self.optimizer.step_param_squares(p, group, index)
         if square is None:  # torch ops: the norm first, so a non-finite gradient sets the flag before its update
-            square = torch.linalg.vector_norm(_local(p.grad), dtype=torch.float32).square()
+            square = torch.linalg.vector_norm(local_shard(p.grad), dtype=torch.float32).square()
             self.skip.update(self.step, [square])
             self.optimizer.step_param(p, group, index)
         self._squares.append(square)

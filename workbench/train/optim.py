@@ -10,13 +10,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from workbench.backends import BackendError, availability
-from workbench.config import OPTIMIZERS
+from workbench.backends import BackendError, adamw_kernel, availability
+from workbench.config_train import OPTIMIZERS
 from workbench.kernels import grad_squares
 from workbench.kernels._triton_util import triton_interpreting
+from workbench.parallel.dist_utils import local_shard
 from workbench.parallel.fsdp import GRAD_NORM_GROUP_ATTR  # set by the mesh builders, read here
 from workbench.train.precision import needs_workbench_adamw, resolve_precision
-from workbench.train.triton_adamw_optimizer import TritonAdamW, _local
+from workbench.train.triton_adamw_optimizer import TritonAdamW
 
 
 def resolve_optimizer(name: str, device: torch.device | str) -> str:
@@ -31,11 +32,6 @@ def resolve_optimizer(name: str, device: torch.device | str) -> str:
         if not ok:
             raise BackendError(f"optimizer='adamw_triton' cannot run here: {why}; or use 'adamw_torch'")
     return name
-
-
-def adamw_kernel(device: torch.device | str) -> str:
-    """The kernel TritonAdamW runs on `device`: "triton" where workbench.backends says Triton runs, else "torch"."""
-    return "triton" if availability("optimizer", "triton", device)[0] else "torch"
 
 
 def build_optimizer(model: torch.nn.Module, train_cfg, device: torch.device) -> torch.optim.Optimizer:
@@ -171,6 +167,7 @@ def _local_sum_of_squares(grads: list[torch.Tensor]) -> torch.Tensor | None:
     """Σ ||g||² by the Triton kernel where plain grads on one device include large ones it takes; else None."""
     if len({g.device for g in grads}) != 1 or (grads[0].device.type != "cuda" and not triton_interpreting()):
         return None
+    # Triton is optional, and it reads TRITON_INTERPRET when it is imported: imported where its kernel runs
     from workbench.kernels.triton_sum_squares import sum_of_squares, takes
 
     detached = [g.detach() for g in grads]
@@ -249,7 +246,7 @@ def clip_grad_norm(
         return norm
     by_kind: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     for p in params:
-        g = _local(p.grad)  # every shard times the same global coefficient
+        g = local_shard(p.grad)  # every shard times the same global coefficient
         by_kind[(g.device, g.dtype)].append(g)
     for (device, _), grads in by_kind.items():
         torch._foreach_mul_(grads, coef.to(device))

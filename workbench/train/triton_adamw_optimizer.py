@@ -9,26 +9,24 @@ from typing import Any
 
 import torch
 
-from workbench.config import OPTIMIZER_STATES
-from workbench.kernels.adamw import (
+from workbench.backends import adamw_kernel
+from workbench.config_train import OPTIMIZER_STATES
+from workbench.kernels.adamw import adamw_step_
+from workbench.kernels.adamw8 import adamw8_step_, quant_block, scale_shape
+from workbench.kernels.adamw_args import (
     ADAMW_KERNELS,
     DEFAULT_LAUNCH,
     AdamWLaunch,
+    AdamWStep,
+    Moments8,
     SRKeys,
     adamw_scalars,
-    adamw_step_,
     kernel_supports,
     squares_size,
 )
-from workbench.kernels.adamw8 import adamw8_step_, quant_block, scale_shape
 from workbench.kernels.stochastic_round import element_base
+from workbench.parallel.dist_utils import local_shard
 from workbench.train.precision import OPTIMIZER_PRECISIONS
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (without to_local's autograd overhead), or the tensor itself."""
-    local = getattr(t, "_local_tensor", None)
-    return t if local is None else local
 
 
 def _torch_adamw_options() -> dict[str, Any]:
@@ -48,7 +46,7 @@ def _blocks_along_rows(p: torch.Tensor) -> bool:
 
 def _scales_like(p: torch.Tensor, qblock: int) -> torch.Tensor:
     """float32 zeros, one per `qblock` elements of each row of `p`; a DTensor sharded as `p` for FSDP2's."""
-    local = _local(p)
+    local = local_shard(p)
     scales = torch.zeros(scale_shape(local.shape, qblock), dtype=torch.float32, device=local.device)
     if local is p:
         return scales
@@ -138,8 +136,6 @@ class TritonAdamW(torch.optim.Optimizer):
         super().__init__(params, defaults)
         if kernel is None:
             first = next((p for g in self.param_groups for p in g["params"]), None)
-            from workbench.train.optim import adamw_kernel  # the one decision, beside make_adamw's
-
             kernel = adamw_kernel(first.device if first is not None else "cpu")
         self.kernel, self.launch = kernel, launch
         # Tensors of at most this many elements share one launch per group and step (kernels/triton_adamw_multi.py:
@@ -241,14 +237,14 @@ class TritonAdamW(torch.optim.Optimizer):
                 loss = closure()
         index = -1  # the parameter's position over all groups: part of its stochastic-rounding key
         for group in self.param_groups:
-            scalars_by_step: dict[int, dict[str, float]] = {}
+            steps: dict[int, AdamWStep] = {}  # by step count: usually one per group
             batches: dict[tuple, list] = {}  # (step, dtypes, device, SR) -> [(tensors, sr keys)]: one launch each
             for p in group["params"]:
                 index += 1
                 if p.grad is not None:
-                    self._update(p, group, index, scalars_by_step, batches)
-            for (step, *_), items in batches.items():
-                self._step_many(items, scalars_by_step[step])
+                    self._update(p, group, index, steps, batches)
+            for (count, *_), items in batches.items():
+                self._step_many(items, steps[count])
         return loss
 
     @torch.no_grad()
@@ -260,7 +256,7 @@ class TritonAdamW(torch.optim.Optimizer):
     def step_param_squares(self, p: torch.Tensor, group: dict, index: int) -> torch.Tensor | None:
         """step_param by the Triton kernel, which also sums the gradient's squares (a device scalar, returned) and
         stores nothing for a block of it that is not finite; None, with nothing updated, where torch ops would run."""
-        if p.grad is None or self.kernel != "triton" or not kernel_supports(_local(p), _local(p.grad)):
+        if p.grad is None or self.kernel != "triton" or not kernel_supports(local_shard(p), local_shard(p.grad)):
             return None
         squares: list[torch.Tensor] = []
         self._update(p, group, index, {}, None, squares)
@@ -278,7 +274,7 @@ class TritonAdamW(torch.optim.Optimizer):
         p: torch.Tensor,
         group: dict,
         index: int,
-        scalars_by_step: dict,
+        steps: dict[int, AdamWStep],
         batches: dict | None,
         squares: list | None = None,
     ) -> None:
@@ -315,13 +311,11 @@ class TritonAdamW(torch.optim.Optimizer):
         step += 1
         self._steps[p] = step
         state["step"].fill_(float(step))
-        if step not in scalars_by_step:  # usually one step count per group
-            scalars_by_step[step] = adamw_scalars(
-                step, float(group["lr"]), beta1, beta2, group["eps"], group["weight_decay"]
-            )
-        scalars = scalars_by_step[step]
+        if step not in steps:
+            scalars = adamw_scalars(step, float(group["lr"]), beta1, beta2, group["eps"], group["weight_decay"])
+            steps[step] = AdamWStep(scalars, self.precise, self.found_inf, self.grad_coef, self.launch)
         if "exp_avg_q8" in state:  # the state's layout decides (a checkpoint may come from another kernel choice)
-            self._update8(p, state, index, step, scalars, master, squares)
+            self._update8(p, state, index, step, steps[step], master, squares)
             return
         sr = None
         if self.precision == "bf16_sr" and p.dtype == torch.bfloat16:
@@ -330,31 +324,27 @@ class TritonAdamW(torch.optim.Optimizer):
             base, salt = self._bases[p]
             sr = SRKeys.make(self.seed, step, index, base, salt)
         # fp32_master: the master is updated and the bf16 parameter written from it (to nearest)
-        target, out = (_local(state["master"]), _local(p)) if master else (_local(p), None)
+        target, out = (local_shard(state["master"]), local_shard(p)) if master else (local_shard(p), None)
         if (
             batches is not None
             and out is None
             and self.kernel == "triton"
             and 0 < target.numel() <= self.multi_tensor_numel
         ):
-            tensors = (target, _local(p.grad), _local(state["exp_avg"]), _local(state["exp_avg_sq"]))
+            tensors = (target, local_shard(p.grad), local_shard(state["exp_avg"]), local_shard(state["exp_avg_sq"]))
             if kernel_supports(*tensors):
                 batch_key = (step, tuple(t.dtype for t in tensors), target.device, sr is None)
                 batches.setdefault(batch_key, []).append((tensors, sr))
                 return
         path = adamw_step_(
             target,
-            _local(p.grad),
-            _local(state["exp_avg"]),
-            _local(state["exp_avg_sq"]),
-            scalars,
-            self.precise,
+            local_shard(p.grad),
+            local_shard(state["exp_avg"]),
+            local_shard(state["exp_avg_sq"]),
+            steps[step],
             sr,
             out,
-            self.found_inf,
-            self.grad_coef,
             kernel=self.kernel,
-            launch=self.launch,
             squares=self._squares_buffer(squares, target.numel(), self.launch.block, target.device),
         )
         self.updates[path] += 1
@@ -364,9 +354,9 @@ class TritonAdamW(torch.optim.Optimizer):
         if self.states != "8bit" or not quant_block(p.shape) or not _blocks_along_rows(p):
             return False
         # a tensor that shares a multi-tensor launch keeps full moments (a launch of its own costs ~65 us of host time)
-        return not (self.kernel == "triton" and _local(p).numel() <= self.multi_tensor_numel)
+        return not (self.kernel == "triton" and local_shard(p).numel() <= self.multi_tensor_numel)
 
-    def _update8(self, p, state, index: int, step: int, scalars: dict, master: bool, squares: list | None) -> None:
+    def _update8(self, p, state, index: int, count: int, step: AdamWStep, master: bool, squares: list | None) -> None:
         # One parameter with 8-bit moments: its own launch; the moment codes are always rounded stochastically.
         # The block size is the state's own (its scales per row), whichever rule made it.
         scales = tuple(state["exp_avg_absmax"].shape)
@@ -379,33 +369,28 @@ class TritonAdamW(torch.optim.Optimizer):
         if p not in self._bases:
             self._bases[p] = element_base(p)
         base, salt = self._bases[p]
-        keys = SRKeys.make(self.seed, step, index, base, salt)
-        target, out = (_local(state["master"]), _local(p)) if master else (_local(p), None)
-        q = [_local(state[k]) for k in _STATE_KEYS_8BIT]
+        keys = SRKeys.make(self.seed, count, index, base, salt)
+        target, out = (local_shard(state["master"]), local_shard(p)) if master else (local_shard(p), None)
+        moments = Moments8(*(local_shard(state[k]) for k in _STATE_KEYS_8BIT), qblock)
         path = adamw8_step_(
             target,
-            _local(p.grad),
-            *q,
-            scalars,
+            local_shard(p.grad),
+            moments,
+            step,
             keys,
-            qblock,
             sr_param=self.precision == "bf16_sr",
-            precise=self.precise,
             out=out,
-            skip=self.found_inf,
-            grad_coef=self.grad_coef,
             kernel=self.kernel,
-            launch=self.launch,
             squares=self._squares_buffer(squares, target.numel(), max(self.launch.block, qblock), target.device),
         )
         self.updates[path] += 1
 
-    def _step_many(self, items: list, scalars: dict[str, float]) -> None:
+    def _step_many(self, items: list, step: AdamWStep) -> None:
+        # Only with kernel "triton", which is decided where Triton imports: Triton is optional, and it reads
+        # TRITON_INTERPRET when it is imported.
         from workbench.kernels.triton_adamw_multi import triton_adamw_multi_step_
 
         keys = None if items[0][1] is None else [sr for _, sr in items]
         tensors = [t for t, _ in items]
-        triton_adamw_multi_step_(
-            tensors, scalars, self.precise, keys, self.found_inf, self.grad_coef, self.launch, self._block_maps
-        )
+        triton_adamw_multi_step_(tensors, step, keys, self._block_maps)
         self.updates["triton_multi"] += len(tensors)
