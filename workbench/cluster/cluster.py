@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from workbench.cluster import engine as engine_code
-from workbench.cluster import files as ipp_files
-from workbench.cluster import processes, startup
+import workbench.cluster.engine as engine_code
+import workbench.cluster.files as ipp_files
+import workbench.cluster.processes as processes
+import workbench.cluster.startup as startup
 from workbench.cluster.errors import ClusterError
 from workbench.cluster.placement import DEFAULT_CPU_RANKS, LAUNCHERS, resolve_devices
+from workbench.cluster.run import Run
 from workbench.cluster.startup import ENGINE_MAIN
 from workbench.parallel.launch import free_port
 from workbench.runs.liveness import pid_alive
-
-if TYPE_CHECKING:  # the return type of finetune (run.py imports this module)
-    from workbench.cluster.run import Run
 
 __all__ = ["DEFAULT_CPU_RANKS", "ENGINE_MAIN", "LAUNCHERS", "Cluster", "ClusterError"]
 
@@ -311,8 +310,6 @@ class Cluster:
 
     def finetune(self, run_config: Any, **kwargs: Any) -> Run:
         """Start `workbench.train.finetune(run_config)` on every rank; returns a `Run` at once."""
-        from workbench.cluster.run import Run
-
         self._require_running()
         return Run.launch(self, run_config, **kwargs)
 

@@ -170,6 +170,7 @@ def rank_info(backend: str) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
+    # torch, on the engine only: the notebook's client imports this module and stays without it
     from workbench.backends import CHOICES, availability, package_versions
 
     facts = _device_facts(backend)
@@ -298,7 +299,7 @@ def run_finetune(
     rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
     stream = StreamCallback(min_interval_s=min_interval_s, load_every=load_every)
     try:
-        from workbench.config import RunConfig
+        from workbench.config import RunConfig  # torch, on the engine only (as rank_info's imports)
 
         run_config = RunConfig.from_dict(config)
         run_dir = Path(run_config.output_dir).expanduser() / run_config.run_id

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from workbench.cluster import engine as engine_code
+import workbench.cluster.engine as engine_code
 from workbench.cluster.errors import RankError
 from workbench.cluster.records import GapFiller, RecordStore
 from workbench.cluster.run_watch import ENDED_STATES, FAILURE_GRACE_S, TERMINAL_STATES, RunWatcher
@@ -71,7 +71,7 @@ class Run(RunWatcher):
         Every `load_every` steps (and the last) the ranks send their expert-load matrices with the
         record; the watcher looks at the ranks every `poll_interval` seconds.
         """
-        from workbench.config import RunConfig
+        from workbench.config import RunConfig  # torch: `from workbench.cluster import Cluster` stays without it
 
         if not isinstance(run_config, RunConfig):
             raise TypeError(f"cluster.finetune needs a workbench.RunConfig, got {type(run_config).__name__}")

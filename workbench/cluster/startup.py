@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from workbench.cluster import engine as engine_code
+import workbench.cluster.engine as engine_code
 from workbench.cluster.errors import ClusterError
 from workbench.cluster.owner_watch import OWNER_ENV  # engine_main.py and controller_main.py exit once it is gone
 
