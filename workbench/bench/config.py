@@ -126,6 +126,12 @@ VARIANTS: dict[str, VariantSpec] = {
     "anchor_eager": VariantSpec(
         "anchor", "the anchor with eager (v4-style loop) experts", experts_implementation="eager"
     ),
+    # the hybrid models (Nemotron-H, Qwen3.5-MoE, Qwen3-Next): what the engine's chunked sequence mixers add
+    "engine_transformers_mixer": VariantSpec(
+        "engine",
+        "engine with Transformers' own sequence mixers (Mamba2, Gated DeltaNet: BackendConfig.mixer='transformers')",
+        backend=(("mixer", "transformers"),),
+    ),
     "engine_recompute": VariantSpec(
         "engine", "engine, expert MLPs recomputed in backward (memory)", backend=(("expert_recompute", True),)
     ),
