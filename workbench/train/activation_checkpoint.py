@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from workbench.models.engine_state import engine_state
+from workbench.models.generic_extras import attention_backend
 from workbench.parallel.fsdp import decoder_layers
 
 
@@ -48,8 +49,6 @@ def _has_early_stop() -> bool:
 
 def replay_contexts(model: nn.Module):
     """torch checkpoint's `context_fn`: nothing around the forward, the forward's attention choice around the replay."""
-    from workbench.models.generic_extras import attention_backend
-
     backend = engine_state(model).backend
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")

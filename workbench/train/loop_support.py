@@ -8,7 +8,9 @@ from typing import Any
 import torch
 
 from workbench.config import RunConfig
+from workbench.config_checks import ConfigError
 from workbench.moe.bias_update import RouterBiasError, check_router_bias
+from workbench.moe.routed_load import load_counters, pop_routed_load
 from workbench.parallel import dist_utils as du
 from workbench.runs.run_dir import RunDir, default_runs_dir, new_run_id
 from workbench.train.data_batch import Batch
@@ -78,8 +80,6 @@ def is_parallel(model: torch.nn.Module) -> bool:
 
 def expert_load_reader(model: torch.nn.Module):
     """This rank's routed tokens [layers, experts] since the last read (the engine's counters), or None."""
-    from workbench.moe.routed_load import load_counters, pop_routed_load
-
     reader = pop_routed_load if load_counters(model) else None
     if reader is not None:
         reader(model)  # start from zero
@@ -88,9 +88,6 @@ def expert_load_reader(model: torch.nn.Module):
 
 def router_biases_to_update(model: torch.nn.Module, hf_config, meta: bool = False) -> list:
     """The score-correction biases train.router_bias_update_rate updates, one per engine MoE layer."""
-    from workbench.config import ConfigError
-    from workbench.moe.routed_load import load_counters
-
     counters = len(load_counters(model)) if not meta else None  # a meta model has no engine yet
     try:
         if not meta and not counters:

@@ -6,7 +6,14 @@ from typing import Any
 
 import torch
 
-from workbench.config import ConfigError
+from workbench.config_checks import ConfigError
+from workbench.models.auto import AutoModelForCausalLM as EngineAuto
+from workbench.models.cast import cast_like_transformers
+from workbench.models.generic import UnsupportedModelError, has_fused_experts
+from workbench.models.lora_targets import check_lora_targets
+from workbench.models.mesh_build import check_mesh_for_model
+from workbench.parallel.mesh import MeshConfig
+from workbench.params import num_experts as config_num_experts
 
 
 def resolve_dtype_name(dtype: str, device_type: str) -> str:
@@ -28,11 +35,6 @@ def resolve_mesh(mesh: Any, world_size: int, hf_config: Any):
     world size when it divides the expert count (else ep = 1). An explicit mesh is validated
     against the world and the model: ep > 1 needs experts the engine can split.
     """
-    from workbench.models.generic import UnsupportedModelError, has_fused_experts
-    from workbench.models.mesh_build import check_mesh_for_model
-    from workbench.parallel.mesh import MeshConfig
-    from workbench.params import num_experts as config_num_experts
-
     experts = config_num_experts(hf_config)
     try:  # a MoE model whose experts the engine cannot run is refused before the run directory exists
         engine = has_fused_experts(hf_config)
@@ -55,9 +57,6 @@ def check_lora(rc, hf_config: Any) -> None:
     """Refuse rc.lora on a model without the engine's experts, or naming a target the model lacks (meta model only)."""
     if getattr(rc, "lora", None) is None:
         return
-    from workbench.models.generic import has_fused_experts
-    from workbench.models.lora_targets import check_lora_targets
-
     if not has_fused_experts(hf_config):
         raise ConfigError(
             f"lora runs on the engine's path; model_type {hf_config.model_type!r} has no v5 fused "
@@ -75,8 +74,6 @@ def build_model(
     than one rank always means synchronized data parallelism. `backend`: rc.backend as the trainer
     resolved it for this device and mesh (resolving a resolved config again changes nothing).
     """
-    from workbench.models.auto import AutoModelForCausalLM as EngineAuto
-
     lora = getattr(rc, "lora", None)
     # LoRA: the adapters are seeded by train.seed on every path (the base weights as before).
     lora_kwargs = {"lora": lora, "seed": rc.train.seed} if lora is not None else {}
@@ -97,7 +94,5 @@ def build_model(
             hf_config, backend=backend or rc.backend, mesh=mesh, device=device, dtype=dtype, **extra
         )
     if mesh is None:
-        from workbench.models.cast import cast_like_transformers
-
         model = cast_like_transformers(model.to(device=device), dtype)
     return model

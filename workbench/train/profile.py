@@ -19,6 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from workbench.train.loop import finetune
+
 PHASES = ("attention", "router", "dispatch", "experts", "combine", "optimizer", "forward", "backward")
 LABEL_PREFIX = "workbench."
 # c10d covers the functional collectives and their wait_tensor (time spent waiting for the network).
@@ -153,8 +155,6 @@ def profile_finetune(
     run_config: Any, callbacks: list | None = None, skip_steps: int = 1, profile_steps: int | None = None
 ) -> dict[str, Any]:
     """`finetune` under torch.profiler on this rank; adds "profile_dir" to the result."""
-    from workbench.train.loop import finetune
-
     profiler = ProfilerCallback(skip_steps, profile_steps)
     result = finetune(run_config, callbacks=[*(callbacks or []), profiler])
     result["profile_dir"] = str(Path(result["run_dir"]) / PROFILE_DIR)

@@ -26,7 +26,9 @@ import logging
 import torch
 from torch import nn
 
+from workbench.config_checks import ConfigError
 from workbench.models.engine_state import engine_state
+from workbench.moe.routed_load import load_counters
 
 log = logging.getLogger("workbench")
 
@@ -182,8 +184,6 @@ class StackGraphs:
         return outputs[0]
 
     def _capture(self, inputs: tuple[torch.Tensor, ...], names: tuple[str, ...]) -> None:
-        from workbench.moe.routed_load import load_counters
-
         counters = load_counters(self.model_ref)
         before = [c.clone() for c in counters]  # the warm-up forwards count tokens that were never trained on
         # the hidden states need a gradient exactly where the real ones do (LoRA: not at layer 0)
@@ -282,8 +282,6 @@ def check_stack_graphs(train, backend, world: int, accum: int, device: torch.dev
 
     Every reason at once, so one edit of the config fixes them all.
     """
-    from workbench.config_checks import ConfigError
-
     if not train.cuda_graphs:
         return
     reasons = []
