@@ -21,7 +21,7 @@ from workbench import BackendConfig
 from workbench.backends import Platform
 from workbench.config_checks import ConfigError
 from workbench.kernels.causal_conv import causal_depthwise_conv
-from workbench.kernels.gated_delta import chunk_gated_delta
+from workbench.kernels.gated_delta import chunk_block, chunk_gated_delta, chunk_prepare, scan_chunks, unchunk
 from workbench.kernels.ssd_scan import ssd_chunked
 from workbench.models.auto import AutoModelForCausalLM
 from workbench.models.engine_state import engine_state
@@ -158,6 +158,9 @@ def test_gated_delta_equals_transformers_chunk_rule(module):
     )
     got = chunk_gated_delta(q, k, v, -F.softplus(a), b.sigmoid(), 16)  # 37 tokens: three chunks, the last padded
     close(got, ref, f"{module} gated delta")
+    # the walk in blocks of two chunks (the compiled mixer's calls): the same result
+    prepared = chunk_prepare(q, k, v, -F.softplus(a), b.sigmoid(), 16)
+    close(unchunk(scan_chunks(prepared, chunk_block, 2), 37), got, f"{module} gated delta in blocks")
     for name, gg, r in zip("qkvab", _grads(got, inputs), _grads(ref, inputs)):
         close(gg, r, f"{module} gated delta grad {name}")
 

@@ -14,10 +14,10 @@ Packed documents (`starts`, True at each document's first token) keep their stat
 two documents, a token reads (and corrects against) the incoming state only if its document began before the chunk,
 and the state leaving a chunk holds only the document the chunk ends in.
 
-torch.compile on CUDA fuses the elementwise work (models/mixer_gated_delta.py compiles chunk_prepare and chunk_step
-apart: the walk over the chunks stays a Python loop of one compiled step); the inductor-generated Triton runs on the
-Triton that ships with the user's torch, and autograd gives the backward. The reference it is tested against is
-Transformers' own torch path (tests/test_mixers.py).
+torch.compile on CUDA fuses the elementwise work (models/mixer_gated_delta.py compiles chunk_prepare and chunk_block
+apart: the walk over the chunks stays a Python loop of one compiled block of chunks); the inductor-generated Triton
+runs on the Triton that ships with the user's torch, and autograd gives the backward. The reference it is tested
+against is Transformers' own torch path (tests/test_mixers.py).
 """
 
 from __future__ import annotations
@@ -112,18 +112,40 @@ def chunk_step(
     return out, state_BHKV * decay + k_out.transpose(-1, -2) @ v_new
 
 
-def scan_chunks(prepared: tuple[torch.Tensor, ...], step: Callable = chunk_step) -> torch.Tensor:
-    """[B, H, c, L, V]: chunk_prepare's tensors walked chunk by chunk from a zero state with `step` (chunk_step,
-    or its compiled form: one small graph reused seq / chunk times, where compiling the unrolled walk took seconds
-    per chunk on the CPU)."""
-    u, w_and_q, attn, k_out, decay = prepared
-    batch, heads = u.shape[:2]
-    state = u.new_zeros(batch, heads, k_out.shape[-1], u.shape[-1])
+def chunk_block(
+    state_BHKV: torch.Tensor,
+    u: torch.Tensor,
+    w_and_q: torch.Tensor,
+    attn: torch.Tensor,
+    k_out: torch.Tensor,
+    decay: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Consecutive chunks across the state, one chunk_step each: (outputs [B, H, n, L, V], state after the last)."""
     outs = []
     for i in range(u.shape[2]):
-        out, state = step(state, u[:, :, i], w_and_q[:, :, i], attn[:, :, i], k_out[:, :, i], decay[:, :, i])
+        out, state_BHKV = chunk_step(
+            state_BHKV, u[:, :, i], w_and_q[:, :, i], attn[:, :, i], k_out[:, :, i], decay[:, :, i]
+        )
         outs.append(out)
-    return torch.stack(outs, dim=2)
+    return torch.stack(outs, dim=2), state_BHKV
+
+
+def scan_chunks(
+    prepared: tuple[torch.Tensor, ...], block: Callable = chunk_block, chunks_per_block: int | None = None
+) -> torch.Tensor:
+    """[B, H, c, L, V]: chunk_prepare's tensors walked from a zero state, `chunks_per_block` chunks (None: all) a
+    call of `block` (chunk_block, or its compiled form: a small graph reused c / chunks_per_block times, where
+    compiling the whole unrolled walk takes longer with every chunk)."""
+    u, _, _, k_out, _ = prepared
+    batch, heads, n_chunks = u.shape[:3]
+    per_block = n_chunks if chunks_per_block is None else chunks_per_block
+    state = u.new_zeros(batch, heads, k_out.shape[-1], u.shape[-1])
+    outs = []
+    for first in range(0, n_chunks, per_block):
+        part = slice(first, first + per_block)
+        out, state = block(state, *(t[:, :, part] for t in prepared))
+        outs.append(out)
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
 def unchunk(o_BHcLV: torch.Tensor, seq: int) -> torch.Tensor:

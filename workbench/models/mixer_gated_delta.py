@@ -7,9 +7,10 @@ solves the chunks' triangular systems and walks the chunks in thousands of small
 the module's own and the rest is plain torch ops (kernels/gated_delta.py) in three steps, each compiled by
 torch.compile on CUDA (models/mixer_compile.py) and eager on the CPU: the rule's inputs (the causal conv + SiLU, the
 l2-normed q and k, beta and the decay g, every chunk's triangular solve), the walk over the chunks (a Python loop of
-one compiled step on the float32 state: compiling the unrolled walk took 177 s against 81 s for the two graphs at
-1024 tokens on the 2-core CPU, growing with the chunk count), and the gated norm. Packed documents restart the rule
-and the conv (models/mixer_documents.py). With a cache (generation) Transformers' own forward runs.
+one compiled block of CHUNKS_PER_CALL chunk steps on the float32 state: compiling the whole unrolled walk took 177 s
+against 81 s with a one-chunk block at 1024 tokens on the 2-core CPU, and grows with the chunk count), and the gated
+norm. Packed documents restart the rule and the conv (models/mixer_documents.py). With a cache (generation)
+Transformers' own forward runs.
 
 The family supplies how its projections give (conv input, z, b, a): Qwen3.5 has one projection each, Qwen3-Next two
 fused ones (in_proj_qkvz, in_proj_ba) split per key head by its own `fix_query_key_value_ordering`.
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.kernels.causal_conv import causal_depthwise_conv
-from workbench.kernels.gated_delta import chunk_prepare, chunk_step, scan_chunks, unchunk
+from workbench.kernels.gated_delta import chunk_block, chunk_prepare, scan_chunks, unchunk
 from workbench.models.class_swap import swap_classes
 from workbench.models.mixer_call import call_cache, padding_mask
 from workbench.models.mixer_compile import mixer_math, run_mixer_math
@@ -30,6 +31,9 @@ from workbench.models.mixer_documents import mixer_document_starts
 
 # Transformers' chunk size for the rule (torch_chunk_gated_delta_rule's default).
 CHUNK = 64
+# Chunks walked by one call of the compiled block: fewer calls (each a guard check, an autograd node and a few kernel
+# launches, forward and backward) against a longer unrolled graph to compile. 8 is not yet measured on a GPU.
+CHUNKS_PER_CALL = 8
 
 
 def gated_delta_inputs(
@@ -105,7 +109,7 @@ def gated_delta_math(
     prepared = run_mixer_math(
         gated_delta_inputs, device, mixed_qkv, b, a, conv_weight, conv_bias, A_log, dt_bias, padding, starts, **dims
     )
-    o_chunks = scan_chunks(prepared, step=mixer_math(chunk_step, device))
+    o_chunks = scan_chunks(prepared, mixer_math(chunk_block, device), CHUNKS_PER_CALL)
     return run_mixer_math(gated_delta_output, device, o_chunks, z, norm_weight, eps=eps, out_dtype=out_dtype)
 
 
