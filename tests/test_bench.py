@@ -15,8 +15,7 @@ import pytest
 import torch
 from launch_utils import run_ranks
 
-from workbench.bench import BenchConfig
-from workbench.bench.config import VariantSpec
+from workbench.bench.config import BenchConfig, VariantSpec
 from workbench.bench.readme import BEGIN, END, history_table, replace_section, table, write_readme
 from workbench.config import ConfigError
 from workbench.parallel.mesh import MeshConfig
@@ -214,7 +213,7 @@ def test_readme_table_from_results(two_rank_result, tmp_path):
 
 
 def _one_rank(rank, world, out_dir):
-    from workbench.bench import run_bench
+    from workbench.bench.runner import run_bench
 
     cfg = BenchConfig(
         preset="tiny",
@@ -416,7 +415,7 @@ def test_cpu_threads_respect_omp_num_threads(monkeypatch):
 
 
 def _family_bench(rank, world, preset, variants, seq, steps):
-    from workbench.bench import run_bench
+    from workbench.bench.runner import run_bench
 
     cfg = BenchConfig(
         preset=preset,
@@ -663,7 +662,7 @@ def test_bad_variant_spec(kwargs, match):
 
 
 def _precision_rows(rank, world, out_dir):
-    from workbench.bench import run_bench
+    from workbench.bench.runner import run_bench
 
     cfg = BenchConfig(
         preset="tiny",
@@ -703,7 +702,7 @@ def test_precision_variants_reach_the_engine_optimizer(tmp_path):
 
 
 def _in_backward_rows(rank, world, out_dir):
-    from workbench.bench import run_bench
+    from workbench.bench.runner import run_bench
 
     cfg = BenchConfig(
         preset="tiny", seq=16, batch=2, warmup=0, steps=2,
@@ -769,8 +768,8 @@ def test_precision_flag_and_bad_values():
 
 def _bench_then_finetune(rank, world, out_dir):
     """The bench's engine row, then a plain `workbench finetune` of the same model, data and settings."""
-    from workbench.bench import run_bench
     from workbench.bench.anchor import save_init_checkpoint
+    from workbench.bench.runner import run_bench
     from workbench.config import DataConfig, ModelConfig, RunConfig, TrainConfig
     from workbench.train.loop import finetune
 
@@ -893,7 +892,7 @@ def test_engine_adamw_torch_and_anchor_liger_specs():
 def _live_after_bench(rank, world):
     import gc
 
-    from workbench.bench import run_bench
+    from workbench.bench.runner import run_bench
 
     cfg = BenchConfig(
         preset="tiny",

@@ -35,16 +35,19 @@ class Subcommand:
 # -- bench -----------------------------------------------------------------------------------
 
 
-def _bench_args(p: argparse.ArgumentParser) -> None:
-    from workbench.bench import cli as bench_cli  # its choices come from the backends (torch)
+def _bench_cli():
+    """workbench.bench.cli, imported when `bench` is the subcommand: its choices come from the backends (torch)."""
+    import workbench.bench.cli as bench_cli
 
-    bench_cli.add_arguments(p)
+    return bench_cli
+
+
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    _bench_cli().add_arguments(p)
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from workbench.bench import cli as bench_cli
-
-    return bench_cli.run(args)
+    return _bench_cli().run(args)
 
 
 SUBCOMMANDS: tuple[Subcommand, ...] = (

@@ -9,7 +9,10 @@ from pathlib import Path
 import torch
 
 from workbench.bench.config import VariantSpec
+from workbench.bench.liger import liger_patched
+from workbench.models.mesh_build import shard_without_engine
 from workbench.parallel import dist_utils as du
+from workbench.parallel.mesh import MeshConfig
 
 CUDNN_REASON = "torch's cuDNN SDPA backend needs an NVIDIA GPU"
 # Flags of Transformers' PreTrainedModel saying whether a family runs an attention implementation.
@@ -100,14 +103,9 @@ def build_anchor(
         "dtype": str(dtype),
     }
     if spec.liger:
-        from workbench.bench.liger import liger_patched
-
         setup.update(stack.enter_context(liger_patched(model)))  # before sharding: it patches modules in place
     world = du.world_size()
     if world > 1:
-        from workbench.models.mesh_build import shard_without_engine
-        from workbench.parallel.mesh import MeshConfig
-
         model = shard_without_engine(model, MeshConfig(dp=world, ep=1))
     setup["fsdp"] = "fully_shard per decoder layer + root, summed grads" if world > 1 else "none (one rank)"
     stack.enter_context(_sdpa_context(spec.sdpa_backend))

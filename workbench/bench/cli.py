@@ -9,14 +9,25 @@ import shlex
 import sys
 from pathlib import Path
 
-from workbench.backends import CHOICES
-from workbench.config import PRECISIONS
+from workbench.backends import CHOICES, BackendConfig, BackendError
+from workbench.bench.config import DEFAULT_VARIANTS, VARIANTS, BenchConfig
+from workbench.bench.plot import write_html
+from workbench.bench.readme import history_table, table, write_readme
+from workbench.config import PRECISIONS, ConfigError
+from workbench.parallel.launch import run_in_launched_group, spawn
+from workbench.parallel.mesh import MeshConfig
+
+
+def _runner():
+    """workbench.bench.runner, imported when variants are run: it imports the trainer and Transformers, which
+    `workbench bench --help`, --readme-table and --html never need."""
+    import workbench.bench.runner as runner
+
+    return runner
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The bench subcommand's flags."""
-    from workbench.bench.config import DEFAULT_VARIANTS, VARIANTS
-
     p.add_argument(
         "--preset",
         default="tiny",
@@ -95,13 +106,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace):
     """BenchConfig from parsed flags (ConfigError/MeshError/BackendError on bad input)."""
-    from workbench.backends import BackendConfig
-    from workbench.bench.config import BenchConfig
-
     mesh = None
     if args.dp is not None or args.ep is not None:
-        from workbench.parallel.mesh import MeshConfig
-
         world = args.dp or args.ranks or int(os.environ.get("WORLD_SIZE", "1"))
         mesh = MeshConfig(dp=world, ep=args.ep or 1)
     backend = BackendConfig(
@@ -137,37 +143,24 @@ def config_from_args(args: argparse.Namespace):
 
 def _bench_rank(cfg_dict: dict) -> None:
     """What each spawned bench rank runs."""
-    from workbench.bench.config import BenchConfig
-    from workbench.bench.runner import run_bench
-
-    run_bench(BenchConfig.from_dict(cfg_dict))
+    _runner().run_bench(BenchConfig.from_dict(cfg_dict))
 
 
 def launch(cfg, ranks: int) -> int:
     """Run `cfg` on `ranks` spawned local processes; 0 when every rank succeeded."""
     import torch
 
-    from workbench.config import ConfigError
-
     if torch.cuda.is_available() and ranks > torch.cuda.device_count():
         raise ConfigError(f"--ranks {ranks} but only {torch.cuda.device_count()} GPU(s) are visible")
     if cfg.mesh is not None:  # the ranks' own check (bench_mesh), before any rank is spawned
-        from workbench.bench.runner import bench_mesh
-
-        bench_mesh(cfg, ranks, cfg.hf_config())
-    from workbench.parallel.launch import spawn
+        _runner().bench_mesh(cfg, ranks, cfg.hf_config())
 
     return spawn("workbench.bench.cli:_bench_rank", cfg.to_dict(), ranks, "bench")
 
 
 def run(args: argparse.Namespace) -> int:
     """Entry of `workbench bench`."""
-    from workbench.backends import BackendError
-    from workbench.config import ConfigError
-
     if args.readme_table or args.history_table:
-        from workbench.bench.readme import history_table, table, write_readme
-
         history = args.history_table
         try:
             text = (
@@ -181,8 +174,6 @@ def run(args: argparse.Namespace) -> int:
         print(text)
         return 0
     if args.html:
-        from workbench.bench.plot import write_html
-
         path = Path(args.html)
         written = write_html(json.loads(path.read_text(encoding="utf-8")), path.with_suffix(".html"))
         if written is None:
@@ -207,11 +198,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_here(cfg) -> int:
     """This process is one rank (torchrun) or the whole run (one process)."""
-    from workbench.bench.runner import run_bench
-    from workbench.config import ConfigError
-    from workbench.parallel.launch import run_in_launched_group
-
-    return run_in_launched_group(lambda: run_bench(cfg), "bench", (ConfigError,))
+    runner = _runner()
+    return run_in_launched_group(lambda: runner.run_bench(cfg), "bench", (ConfigError,))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,8 +8,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.backends import BackendConfig
-from workbench.config import OPTIMIZER_STATES, OPTIMIZERS, PRECISIONS, PRESETS, ConfigError
+from workbench.backends import CHOICES, BackendConfig
+from workbench.config import OPTIMIZER_STATES, OPTIMIZERS, PRECISIONS, PRESETS, ConfigError, preset_config
+from workbench.parallel.mesh import MeshConfig
+from workbench.runs.run_dir import default_runs_dir
 
 
 @dataclass(frozen=True)
@@ -37,8 +39,6 @@ class VariantSpec:
     optimizer_states: str = "full"  # engine only: train.optimizer_states ("8bit": one-byte AdamW moments)
 
     def __post_init__(self) -> None:
-        from workbench.backends import CHOICES
-
         if self.kind not in ("anchor", "engine"):
             raise ConfigError(f"variant kind must be 'anchor' or 'engine', got {self.kind!r}")
         if self.attn_implementation not in ANCHOR_ATTENTION:
@@ -206,8 +206,6 @@ DEFAULT_VARIANTS = ("anchor", "anchor_liger", "engine", "engine_balanced", "engi
 
 def default_out_dir() -> str:
     """`<runs directory>/bench`: results land with the runs, not in whatever folder is current."""
-    from workbench.runs.run_dir import default_runs_dir
-
     return str(default_runs_dir() / "bench")
 
 
@@ -288,8 +286,6 @@ class BenchConfig:
 
     def hf_config(self):
         """The Transformers config of the benchmarked model."""
-        from workbench.config import preset_config
-
         return preset_config(self.preset, self.layers)
 
     def to_dict(self) -> dict[str, Any]:
@@ -309,8 +305,6 @@ class BenchConfig:
             raise ConfigError(f"unknown BenchConfig key(s) {unknown}; allowed: {sorted(allowed)}")
         kwargs = dict(data)
         if isinstance(kwargs.get("mesh"), dict):
-            from workbench.parallel.mesh import MeshConfig
-
             kwargs["mesh"] = MeshConfig(**kwargs["mesh"])
         if isinstance(kwargs.get("backend"), dict):
             kwargs["backend"] = BackendConfig.from_dict(kwargs["backend"])

@@ -13,6 +13,10 @@ from typing import Any
 
 import torch
 
+from workbench.bench.config import VARIANTS
+from workbench.bench.plot import write_html
+from workbench.params import num_experts
+
 # /2: every variant timed through workbench.train.loop.Trainer.train_step, in alternating rounds, with
 # p10/p90; /1: the bench's own training loop (still read by the README and history tables).
 SCHEMA = "workbench.bench/2"
@@ -119,8 +123,6 @@ REFERENCE_RULE = (
 
 
 def _is_liger(row: dict[str, Any]) -> bool:
-    from workbench.bench.config import VARIANTS
-
     spec = VARIANTS.get(row.get("name"))
     return spec is not None and spec.liger
 
@@ -202,8 +204,8 @@ def build_result(
     order: list[str] | None = None,
 ) -> dict[str, Any]:
     """The whole JSON record of one launch."""
+    # the trainer's FLOP count (train.metrics imports the trainer): --readme-table and --html read results without it
     from workbench.bench.floor import step_floor
-    from workbench.params import num_experts
 
     layers = hf_config.num_hidden_layers
     info = device_info(device, world)
@@ -315,8 +317,6 @@ def write_result(result: dict[str, Any], out_dir: Path, name: str | None = None,
     paths = {"json": out_dir / f"{stem}.json"}
     paths["json"].write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     if html:
-        from workbench.bench.plot import write_html
-
         written = write_html(result, out_dir / f"{stem}.html")
         if written is not None:
             paths["html"] = written

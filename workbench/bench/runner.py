@@ -15,10 +15,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from workbench.backends import BackendError
+from workbench.bench.anchor import CUDNN_REASON, attention_refusal, save_init_checkpoint
 from workbench.bench.config import VARIANTS, BenchConfig, VariantSpec
 from workbench.bench.gpu_clocks import merge as merge_clocks
+from workbench.bench.liger import liger_refusal
+from workbench.bench.report import build_result, format_table, write_result
+from workbench.bench.timing import combine_rounds, round_orders, split_steps
+from workbench.bench.trainer_run import train_round
+from workbench.bench.variant_backend import variant_backend
 from workbench.parallel import dist_utils as du
 from workbench.parallel.launch import free_port
+from workbench.parallel.mesh import MeshConfig
 from workbench.train.metrics import flops_per_token, tflops_per_gpu
 from workbench.train.model_setup import model_dtype, resolve_mesh
 
@@ -37,8 +45,6 @@ def _ensure_group() -> bool:
 
 def bench_mesh(cfg: BenchConfig, world: int, hf_config):
     """The engine variants' mesh: the trainer's rule (train/model_setup.resolve_mesh), dp=ep=1 for one rank."""
-    from workbench.parallel.mesh import MeshConfig
-
     return resolve_mesh(cfg.mesh, world, hf_config) or MeshConfig(dp=1, ep=1)
 
 
@@ -78,8 +84,6 @@ def _shared_tmpdir(base: str | None) -> Path:
 
 def _skip_reason(spec: VariantSpec, cfg: BenchConfig, hf_config, mesh, device: torch.device) -> str | None:
     """Why a variant cannot run here (recorded as skipped, never built); None when it can."""
-    from workbench.bench.anchor import CUDNN_REASON, attention_refusal
-
     if spec.needs_cuda and device.type != "cuda":
         return spec.cuda_reason or CUDNN_REASON
     if spec.kind == "anchor":
@@ -87,13 +91,8 @@ def _skip_reason(spec: VariantSpec, cfg: BenchConfig, hf_config, mesh, device: t
         if refused is not None:  # e.g. GPT-OSS and sdpa: recorded, not built
             return refused
         if spec.liger:
-            from workbench.bench.liger import liger_refusal
-
             return liger_refusal(hf_config)
     if spec.kind == "engine" and spec.backend:
-        from workbench.backends import BackendError
-        from workbench.bench.variant_backend import variant_backend
-
         try:
             variant_backend(spec, cfg.backend).resolve(device, world_size=mesh.ep)
         except BackendError as err:  # an extra that is not installed here is a skip, not a failure
@@ -112,8 +111,6 @@ def _row(name: str, spec: VariantSpec) -> dict[str, Any]:
 
 def _finish(row: dict[str, Any], rounds: list[list[dict]], cfg: BenchConfig, hf_config, world: int) -> dict[str, Any]:
     """A variant's ok row from its records of every round."""
-    from workbench.bench.timing import combine_rounds
-
     measured = combine_rounds(rounds, cfg.warmup, world)
     tokens = cfg.batch * cfg.seq
     row.update(measured)
@@ -142,9 +139,6 @@ def run_variants(
     cfg: BenchConfig, hf_config, mesh, tmp: Path, device: torch.device, dtype: torch.dtype, world: int
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Every variant in alternating rounds (ABC CBA ...); the rows (in cfg.variants order) and the run order."""
-    from workbench.bench.timing import round_orders, split_steps
-    from workbench.bench.trainer_run import train_round
-
     rows = {name: _row(name, VARIANTS[name]) for name in cfg.variants}
     for name, row in rows.items():
         reason = _skip_reason(VARIANTS[name], cfg, hf_config, mesh, device)
@@ -215,7 +209,6 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """
     if not isinstance(cfg, BenchConfig):
         raise TypeError(f"run_bench needs a workbench.bench.BenchConfig, got {type(cfg).__name__}")
-    from workbench.bench.report import build_result, format_table, write_result
 
     hf_config = cfg.hf_config()
     device = du.pick_device()  # before the group: nccl wants the rank's device set first
@@ -232,8 +225,6 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         tmp = _shared_tmpdir(os.environ.get("WORKBENCH_BENCH_TMP"))
         try:
             if any(VARIANTS[v].kind == "engine" for v in cfg.variants):
-                from workbench.bench.anchor import save_init_checkpoint
-
                 save_init_checkpoint(hf_config, cfg.seed, device, dtype, tmp / "init")
                 _free(device)
             rows, order = run_variants(cfg, hf_config, mesh, tmp, device, dtype, world)

@@ -15,9 +15,18 @@ from typing import Any
 
 import torch
 
+from workbench.bench.anchor import build_anchor
 from workbench.bench.config import BenchConfig, VariantSpec
+from workbench.bench.gpu_clocks import ClockSampler
+from workbench.bench.variant import weight_fingerprint
+from workbench.bench.variant_backend import variant_backend
 from workbench.config import DataConfig, ModelConfig, RunConfig, TrainConfig
 from workbench.models.engine_state import engine_state
+from workbench.moe.dispatch import close_dispatchers
+from workbench.parallel import dist_utils as du
+from workbench.parallel.mesh import MeshConfig
+from workbench.train.loop import Trainer
+from workbench.train.optim import adamw_precision, describe_optimizer
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
@@ -35,9 +44,6 @@ def run_config(
     round_index: int,
 ) -> RunConfig:
     """The RunConfig a variant's round trains with: synthetic data, clip 1.0 (none in the backward), the schedule."""
-    from workbench.bench.variant_backend import variant_backend
-    from workbench.parallel.mesh import MeshConfig
-
     if spec.kind == "engine":
         model = ModelConfig(preset=None, path=str(checkpoint), dtype=_DTYPE_NAMES[dtype])
         mesh, backend = cfg.mesh, variant_backend(spec, cfg.backend)
@@ -94,14 +100,6 @@ def train_round(
 
     Frees the model, optimizer and Trainer before returning (the next variant needs the memory).
     """
-    from workbench.bench.anchor import build_anchor
-    from workbench.bench.gpu_clocks import ClockSampler
-    from workbench.bench.variant import weight_fingerprint
-    from workbench.moe.dispatch import close_dispatchers
-    from workbench.parallel import dist_utils as du
-    from workbench.train.loop import Trainer
-    from workbench.train.optim import adamw_precision, describe_optimizer
-
     steps = cfg.warmup + timed_steps
     rc = run_config(
         name,

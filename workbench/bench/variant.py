@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from workbench.parallel.dist_utils import collective_device
+
 
 def weight_fingerprint(model: torch.nn.Module) -> float:
     """Sum of every weight element over the world, in float64.
@@ -20,8 +22,6 @@ def weight_fingerprint(model: torch.nn.Module) -> float:
             local = p.to_local() if hasattr(p, "to_local") else p
             total += local.detach().double().sum().cpu()
     if dist.is_initialized() and dist.get_world_size() > 1 and _is_partitioned(model):
-        from workbench.parallel.dist_utils import collective_device
-
         total = total.to(collective_device())
         dist.all_reduce(total)
     return float(total)
