@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from workbench.errors import INSTALL_HINT, BackendError
+from workbench.kernels.te_common import import_transformer_engine
 
 # Choices per field. "auto" is resolved by `BackendConfig.resolve`.
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -122,8 +123,6 @@ def _cuda_capability(dev: torch.device) -> tuple[int, int] | None:
 @functools.lru_cache(maxsize=1)
 def _te_import_error() -> str | None:
     """Why `import transformer_engine.pytorch` fails here (None when it works); asked once."""
-    from workbench.kernels.te_common import import_transformer_engine
-
     try:
         import_transformer_engine()
     except Exception as err:  # a broken install fails with OSError/RuntimeError too, not just ImportError

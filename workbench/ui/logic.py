@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.backends import AUTO_ORDER, CHOICES, availability, pick_auto
+from workbench.config import preset_config
 from workbench.parallel.mesh import MeshConfig, valid_meshes
 from workbench.params import moe_layer_flags, num_experts, param_counts
+from workbench.presets import PRESETS
 
 CUSTOM_CHECKPOINT = "local checkpoint"
 
@@ -177,9 +179,6 @@ class PresetOption:
 
 def preset_options() -> list[PresetOption]:
     """Every preset, grouped by family (in PRESETS order), with total and active parameters."""
-    from workbench.config import preset_config
-    from workbench.presets import PRESETS
-
     families = list(dict.fromkeys(p.family for p in PRESETS.values()))
     out = []
     for family in families:

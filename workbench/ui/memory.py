@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench.config import OPTIMIZER_STATES
+from workbench.models.lora_targets import adapter_counts
 from workbench.params import ParamCounts, head_dims, is_mla, moe_layer_flags, param_counts
 from workbench.train.model_setup import resolve_dtype_name
 
@@ -135,8 +136,6 @@ def estimate_memory(
     per_param = 2 * b + moments
     adapters = lora_adapters = 0
     if lora is not None:
-        from workbench.models.lora_targets import adapter_counts
-
         dense_adapters, expert_adapters, lora_adapters = adapter_counts(cfg, lora)
         adapters = (dense_adapters + expert_adapters) / dp * (2 * b + moments)
         per_param = b  # the frozen base: its weights only

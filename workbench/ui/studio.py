@@ -7,6 +7,7 @@ from typing import Any
 
 import ipywidgets as W
 
+from workbench.runs.run_dir import default_runs_dir
 from workbench.ui.logic import device_of
 from workbench.ui.panels import BackendPanel, MeshPanel, ModelPanel
 from workbench.ui.plots import CompareRuns, LivePlots
@@ -36,8 +37,6 @@ class Studio:
         layers: int | None = None,
         steps: int = 20,
     ) -> None:
-        from workbench.runs.run_dir import default_runs_dir
-
         self.cluster = cluster
         self.rank_infos = cluster.info() if cluster is not None and not cluster.busy else None
         world = cluster.world_size if cluster is not None else 1
