@@ -11,6 +11,7 @@ from workbench.config_checks import ConfigError
 from workbench.config_io import load_yaml
 from workbench.runs.run_dir import RunDir
 from workbench.runs.run_summary import summary_lines
+from workbench.ui.terminal_progress import ProgressBar
 
 
 def _parse_value(text: str):
@@ -63,8 +64,6 @@ def _wants_bar(args: argparse.Namespace) -> bool:
 
 
 def _progress_callbacks(bar: bool) -> list:
-    from workbench.train.progress_bar import ProgressBar  # the workbench.train package imports the trainer (torch)
-
     return [ProgressBar()] if bar else []
 
 

@@ -120,7 +120,7 @@ class StepRecords:
         for record in records:
             self.callbacks.call("on_step", record)
         if self.rank == 0:
-            # a callback that draws a progress bar (workbench.train.progress_bar) has the terminal instead
+            # a callback that draws a progress bar (workbench.ui.terminal_progress) has the terminal instead
             bar = any(getattr(cb, "prints_step_lines", False) for cb in self.callbacks.items)
             for record in () if bar else records:  # each logging step's line once, whenever its record arrives
                 if record["step"] % self.rc.train.log_every == 0 or record["step"] == total:

@@ -1,4 +1,5 @@
-"""Notebook widgets: setup panels, live plots, run comparison, profiling, and the Studio app.
+"""Notebook widgets: setup panels, live plots, run comparison, profiling, and the Studio app; the command line's
+progress bar (terminal_progress, tqdm only).
 
 The widgets need ipywidgets, plotly and anywidget (the `lab` extra); the engines never do. Names are
 imported on first use, so the pure-logic modules (workbench.ui.logic, .memory) import without them:
