@@ -10,7 +10,6 @@ from workbench.train.metrics import GIB, flops_per_token
 # Measured on the project's H200 (benchmarks/NOTES.md): bf16 dense matmul and grouped expert GEMM.
 H200_MATMUL_TFLOPS = 794.0
 H200_GROUPED_MM_TFLOPS = 536.0
-H200_COPY_TBPS = 4.25
 
 
 def step_floor(

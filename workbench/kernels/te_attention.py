@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from workbench.kernels import te_common
-from workbench.kernels.attention_interface import use_attention_implementation
 
 TE_ATTENTION = "workbench_te"
 # Attribute on each attention module: why its last call fell back to SDPA (None: it ran TE).
@@ -123,13 +122,3 @@ def register_te_attention() -> str:
     AttentionInterface.register(TE_ATTENTION, te_attention_forward)
     AttentionMaskInterface.register(TE_ATTENTION, sdpa_mask)
     return TE_ATTENTION
-
-
-def use_te_attention(model: nn.Module) -> None:
-    """Point `model` (a Transformers PreTrainedModel) at the TE attention implementation.
-
-    The model first gets its own copy of its config: Transformers builds models around the
-    caller's config object, so switching the implementation in place would also switch every
-    other model built from that config (a benchmark's anchor, a reference model in a test).
-    """
-    use_attention_implementation(model, register_te_attention())
