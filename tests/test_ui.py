@@ -169,12 +169,13 @@ def test_model_panel_presets_and_checkpoint(tmp_path):
 
 def test_model_picker_lists_presets_by_family_with_total_and_active_params():
     from workbench.config import PRESETS
+    from workbench.models.families import REGISTERED
     from workbench.ui.logic import preset_options
 
     options = preset_options()
     assert [o.name for o in options] == list(PRESETS)
     families = [o.family for o in options]
-    assert len(set(families)) == 5 and all(
+    assert len(set(families)) == len(REGISTERED) and all(
         f == g or f not in families[i + 1 :] for i, (f, g) in enumerate(zip(families, families[1:]))
     )  # each family together
     by = {o.name: o for o in options}

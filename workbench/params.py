@@ -104,7 +104,8 @@ def _attention(cfg: Any) -> tuple[int, int]:
 
 def _mlp_width(cfg: Any) -> int:
     """Width of one routed expert (moe_intermediate_size; Mixtral and GPT-OSS use intermediate_size)."""
-    return _get(cfg, "moe_intermediate_size", default=cfg.intermediate_size)
+    width = _get(cfg, "moe_intermediate_size", default=None)  # Qwen3.5-MoE's config has no intermediate_size at all
+    return width if width is not None else cfg.intermediate_size
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ def param_counts(cfg: Any) -> ParamCounts:
         expert_params=expert_params,
         expert_matmul=expert_matmul,
         shared_per_layer=shared,
-        dense_mlp_per_layer=3 * hidden * cfg.intermediate_size,
+        dense_mlp_per_layer=3 * hidden * (getattr(cfg, "intermediate_size", None) or 0),  # Qwen3.5-MoE has none
         layers=layers,
         moe_layers=moe_layers,
         num_experts=experts,
