@@ -8,9 +8,10 @@ from typing import Any
 from workbench.config_checks import ConfigError, check_float, check_int, check_keys
 
 # What LoRA can adapt (workbench/models/lora_targets.py finds each in a model): the attention projections
-# (MLA's too), the routed experts' fused gate/up and down weights, shared experts, the MLPs of dense
-# layers, and the router's gate where it is an nn.Linear.
-LORA_TARGETS = ("attention", "experts", "shared_experts", "dense_mlp", "router")
+# (MLA's too), the projections of a hybrid's other sequence mixers (Mamba2, Gated DeltaNet: in_proj, out_proj), the
+# routed experts' fused gate/up and down weights, shared experts, the MLPs of dense layers, and the router's gate
+# where it is an nn.Linear.
+LORA_TARGETS = ("attention", "mixer", "experts", "shared_experts", "dense_mlp", "router")
 
 
 @dataclass(frozen=True)

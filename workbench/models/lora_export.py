@@ -16,6 +16,7 @@ families stored per expert on disk have this form.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -25,6 +26,8 @@ from torch import nn
 from workbench.models.engine_state import engine_state
 from workbench.models.export_folder import check_export_folder, write_whole
 from workbench.moe.lora_experts import adapter_names, expert_delta
+
+log = logging.getLogger(__name__)
 
 # Shape suffixes: E experts, I in features, O out features, R LoRA rank.
 
@@ -36,6 +39,11 @@ ADAPTER_SUBDIR = "adapter"  # save_pretrained of a LoRA model: the PEFT adapter 
 # name is therefore targeted as a parameter (`<name>.weight`): PEFT's ParamWrapper on a 2-D weight is
 # the same LoRA (lora_A [r, in], lora_B [out, r], same keys), and that list is not converted.
 PEFT_CONVERTED_LEAVES = ("gate", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
+# PEFT (0.21) refuses to put LoRA on these leaf modules of these model types, as a module or as a parameter, so it
+# cannot load an adapter folder holding them (mamba_ssm's fused kernels read out_proj's weight directly, past any
+# adapter on the module). The engine's LoRA on them trains and merges like any other: the merged export carries it.
+PEFT_MAMBA_TYPES = ("falcon_h1", "mamba", "mamba2", "falcon_mamba", "nemotron_h")
+PEFT_MAMBA_REFUSED = ("out_proj", "conv1d")
 
 
 def _is_rank0() -> bool:
@@ -146,9 +154,31 @@ def _finish() -> None:
         dist.barrier()
 
 
+def peft_refusal(model: nn.Module) -> str | None:
+    """Why PEFT cannot load `model`'s adapter folder (PEFT_MAMBA_REFUSED adapters of a Mamba model), or None."""
+    _, plan = _lora_of(model)
+    model_type = model.config.model_type
+    refused = [n for n in plan.linears if n.rsplit(".", 1)[-1] in PEFT_MAMBA_REFUSED]
+    if model_type not in PEFT_MAMBA_TYPES or not refused:
+        return None
+    leaves = sorted({n.rsplit(".", 1)[-1] for n in refused})
+    return (
+        f"PEFT refuses LoRA on {leaves} of Mamba models (model_type {model_type!r}; here on {refused[0]} and "
+        f"{len(refused) - 1} more, which lora.targets 'mixer' adapts), so it could not load this adapter folder"
+    )
+
+
 def save_lora_adapter(model: nn.Module, out_dir, base_model_name_or_path: str | None = None) -> Path:
-    """Write the PEFT adapter folder of a LoRA model from any mesh; collective: every rank calls it."""
+    """Write the PEFT adapter folder of a LoRA model from any mesh; collective: every rank calls it.
+
+    Refused (before anything is written) where PEFT could not load it (peft_refusal)."""
     out_dir = Path(out_dir)
+    why = peft_refusal(model)
+    if why is not None:
+        raise ValueError(
+            f"{why}: save_merged(model, dir) writes the model with every adapter folded in, which vanilla "
+            "Transformers loads; for a PEFT adapter train without 'mixer' in lora.targets"
+        )
     check_export_folder(out_dir, "adapter")  # on every rank, before the gathers
     tensors = adapter_tensors(model)
     if _is_rank0():
@@ -270,9 +300,16 @@ def save_lora_model(model: nn.Module, out_dir, max_shard_size: str = "5GB") -> P
     """A LoRA model's save_pretrained: the merged model in `out_dir`, the PEFT adapter in `out_dir/adapter`.
 
     The adapter sits in a subfolder: an adapter_config.json at the top would make Transformers try to
-    load the folder as an adapter. Collective.
+    load the folder as an adapter; where PEFT could not load it (peft_refusal) only the merged model is written,
+    and a warning says why. Collective.
     """
     out_dir = Path(out_dir)
     save_merged(model, out_dir, max_shard_size)
-    save_lora_adapter(model, out_dir / ADAPTER_SUBDIR)
+    why = peft_refusal(model)
+    if why is None:
+        save_lora_adapter(model, out_dir / ADAPTER_SUBDIR)
+    elif _is_rank0():
+        log.warning(
+            "%s: %s holds the merged model only (the adapters folded in), no %s/ folder", why, out_dir, ADAPTER_SUBDIR
+        )
     return out_dir

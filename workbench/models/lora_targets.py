@@ -1,21 +1,47 @@
 """Which modules and parameters of a Transformers MoE model each `lora.targets` entry names.
 
-Found from the module tree, not per family: every decoder layer's attention projections (any
-nn.Linear under `self_attn` / `linear_attn`: q/k/v/o, MLA's q_a/q_b/kv_a/kv_b), the fused
-routed experts' up (gate+up) and down weights, the nn.Linears of shared experts, of dense layers'
-MLPs, and the router's gate where it is an nn.Linear.
+Found from what the modules are, not from the names a family gives its blocks (Nemotron-H names every block
+`mixer`, Gemma 4 puts its experts beside the dense MLP in the decoder layer itself): in every decoder layer,
+- experts: every v5 fused experts module (@use_experts_implementation), their up (gate+up) and down weights;
+- mixer: every sequence mixer that is not softmax attention - a recurrence with a decay (a learned `A_log`: Mamba,
+  Mamba2, Gated DeltaNet, Kimi's delta attention; fixed `slope_rate` decays: MiniMax's lightning attention) or a
+  short convolution (a Conv1d beside its projections: LFM2) - its nn.Linears (in_proj, out_proj, ...);
+- attention: every module Transformers' attention functions run on (it carries the `is_causal` and `scaling` they
+  read: MHA, GQA, MLA, sliding), its nn.Linears (q/k/v/o, MLA's q_a/q_b/kv_a/kv_b);
+- shared_experts: in a layer with experts, the MLPs beside them (a class named `...MLP` or `...SharedExpert(s)`, or
+  a child named shared_expert(s)/shared_mlp) in the layer or the experts' block, their nn.Linears;
+- dense_mlp: in a layer without experts, its MLP's nn.Linears;
+- router: the experts' router (a child named gate/router of the experts' block) where it is an nn.Linear.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import nn
 
-ATTENTION_NAMES = ("self_attn", "linear_attn")
-MLP_NAMES = ("mlp", "block_sparse_moe", "feed_forward")
+from workbench.config_checks import ConfigError
+from workbench.models.generic import meta_model
+from workbench.moe.hf_experts import is_fused_experts, layout_of
+from workbench.parallel.fsdp import decoder_layers
+
 SHARED_NAMES = ("shared_expert", "shared_experts", "shared_mlp")
+MLP_NAMES = ("mlp", "block_sparse_moe", "feed_forward")  # a layer's MLP where its class does not say so
 ROUTER_NAMES = ("gate", "router")
+MLP_CLASS_ENDINGS = ("MLP", "SharedExpert", "SharedExperts")
+
+# Why a target matched nothing, named in the refusal.
+MISSING_HINTS = {
+    "router": "its router is not an nn.Linear",
+    "dense_mlp": "it has no dense (non-MoE) layers",
+    "shared_experts": "it has no shared experts",
+    "experts": "it has no fused experts modules",
+    "attention": "no attention module (a class named ...Attention) holds an nn.Linear",
+    "mixer": (
+        "it has no sequence mixers besides attention (Mamba/Mamba2, Gated DeltaNet, short convolutions); "
+        "the attention projections are the 'attention' target"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -27,47 +53,104 @@ class LoraPlan:
     by_target: tuple[tuple[str, int], ...]  # (target, how many modules it matched)
 
 
+@dataclass
+class _LayerParts:
+    """One decoder layer's modules by role: (full name, module) each."""
+
+    experts: list = field(default_factory=list)
+    mixer: list = field(default_factory=list)
+    attention: list = field(default_factory=list)
+    mlps: list = field(default_factory=list)  # the MLPs outside the experts' blocks
+    routers: list = field(default_factory=list)  # nn.Linear routers of the experts' blocks
+
+
+def _class_names(module: nn.Module) -> list[str]:
+    # along the class hierarchy: an engine or FSDP subclass (FSDPQwen3MoeAttention) is still what it replaced
+    return [cls.__name__ for cls in type(module).__mro__ if cls not in (nn.Module, object)]
+
+
+def is_attention(module: nn.Module) -> bool:
+    """Whether `module` is an attention Transformers' attention functions run on: it carries the `is_causal` and
+    `scaling` they read (its class name varies: LongcatFlashMLA; delta-rule and lightning attention carry neither)."""
+    return hasattr(module, "is_causal") and hasattr(module, "scaling")
+
+
+def is_sequence_mixer(module: nn.Module) -> bool:
+    """Whether `module` is a sequence mixer other than softmax attention: a recurrence with a decay (a learned `A_log`
+    anywhere in it: Mamba, Mamba2, Gated DeltaNet, Kimi's delta attention; fixed `slope_rate` decays: MiniMax's
+    lightning attention) or a short convolution (a Conv1d child beside nn.Linear children: LFM2's conv block)."""
+    if any(name.rsplit(".", 1)[-1] == "A_log" for name, _ in module.named_parameters()):
+        return True
+    if any(name.rsplit(".", 1)[-1] == "slope_rate" for name, _ in module.named_buffers()):
+        return True
+    children = list(module.children())
+    return any(isinstance(c, nn.Conv1d) for c in children) and any(type(c) is nn.Linear for c in children)
+
+
+def _is_mlp(name: str, module: nn.Module) -> bool:
+    leaf = name.rsplit(".", 1)[-1]
+    return leaf in SHARED_NAMES + MLP_NAMES or any(n.endswith(MLP_CLASS_ENDINGS) for n in _class_names(module))
+
+
+def _holds_experts(module: nn.Module) -> bool:
+    return any(is_fused_experts(m) for m in module.modules())
+
+
+def _collect(prefix: str, module: nn.Module, parts: _LayerParts, experts_block: bool, mlps_here: bool = True) -> None:
+    """Sort `module`'s children into `parts`, descending only into modules no role claims.
+
+    `experts_block`: `module` holds the experts (their block, or a layer holding them itself, as Gemma 4's).
+    `mlps_here`: its MLPs are the layer's (the layer, the experts' block and module lists in them); inside any
+    other module an MLP is a part of that module (AXK2's gated norm), not a shared expert or a dense MLP.
+    """
+    for child_name, child in module.named_children():
+        full = f"{prefix}.{child_name}"
+        if is_fused_experts(child):
+            parts.experts.append((full, child))
+        elif is_sequence_mixer(child):
+            parts.mixer.append((full, child))
+        elif is_attention(child):
+            parts.attention.append((full, child))
+        elif _holds_experts(child):
+            _collect(full, child, parts, experts_block=True)
+        elif experts_block and child_name in ROUTER_NAMES:
+            if type(child) is nn.Linear:
+                parts.routers.append((full, child))
+        elif mlps_here and _is_mlp(child_name, child):
+            parts.mlps.append((full, child))
+        else:
+            container = isinstance(child, (nn.ModuleList, nn.ModuleDict, nn.Sequential))
+            _collect(full, child, parts, experts_block=False, mlps_here=mlps_here and container)
+
+
 def _linears_under(prefix: str, module: nn.Module) -> list[str]:
+    if type(module) is nn.Linear:
+        return [prefix]
     return [f"{prefix}.{n}" for n, m in module.named_modules() if n and type(m) is nn.Linear]
-
-
-def _layer_parts(layer: nn.Module):
-    attn = [(n, getattr(layer, n)) for n in ATTENTION_NAMES if isinstance(getattr(layer, n, None), nn.Module)]
-    mlp = next(((n, getattr(layer, n)) for n in MLP_NAMES if isinstance(getattr(layer, n, None), nn.Module)), None)
-    return attn, mlp
 
 
 def plan_lora(model: nn.Module, targets: tuple[str, ...]) -> LoraPlan:
     """What each of `targets` names in `model` (vanilla or with the engine installed)."""
-    from workbench.moe.hf_experts import is_fused_experts, layout_of
-    from workbench.parallel.fsdp import decoder_layers
-
     layer_names = {id(m): n for n, m in model.named_modules()}
     found: dict[str, list] = {t: [] for t in targets}
     for layer in decoder_layers(model):
-        name = layer_names[id(layer)]
-        attn, mlp = _layer_parts(layer)
-        if "attention" in found:
-            for attn_name, module in attn:
-                found["attention"] += _linears_under(f"{name}.{attn_name}", module)
-        if mlp is None:
-            continue
-        mlp_name, mlp_module = mlp
-        experts = [(n, m) for n, m in mlp_module.named_modules() if is_fused_experts(m)]
-        if not experts:
-            if "dense_mlp" in found:
-                found["dense_mlp"] += _linears_under(f"{name}.{mlp_name}", mlp_module)
-            continue
+        parts = _LayerParts()
+        _collect(layer_names[id(layer)], layer, parts, experts_block=_holds_experts(layer))
+        linear_roles = {
+            "attention": parts.attention,
+            "mixer": parts.mixer,
+            # an MLP beside the experts is a shared expert; in a layer without experts it is the dense MLP
+            "shared_experts": parts.mlps if parts.experts else [],
+            "dense_mlp": [] if parts.experts else parts.mlps,
+            "router": parts.routers,
+        }
+        for target, modules in linear_roles.items():
+            if target in found:
+                for name, module in modules:
+                    found[target] += _linears_under(name, module)
         if "experts" in found:
-            for n, m in experts:
-                layout = layout_of(m)
-                found["experts"].append((f"{name}.{mlp_name}.{n}", (layout.up_name, "down_proj")))
-        for child_name, child in mlp_module.named_children():
-            full = f"{name}.{mlp_name}.{child_name}"
-            if "shared_experts" in found and child_name in SHARED_NAMES:
-                found["shared_experts"] += _linears_under(full, child)
-            if "router" in found and child_name in ROUTER_NAMES and type(child) is nn.Linear:
-                found["router"].append(full)
+            for name, module in parts.experts:
+                found["experts"].append((name, (layout_of(module).up_name, "down_proj")))
     linears = tuple(n for t in targets if t != "experts" for n in found[t])
     return LoraPlan(
         linears=linears, experts=tuple(found.get("experts", ())), by_target=tuple((t, len(found[t])) for t in targets)
@@ -95,19 +178,10 @@ def rank_limit(model: nn.Module, plan: LoraPlan) -> tuple[int, str, tuple[int, i
 
 def check_plan(plan: LoraPlan, model: nn.Module, rank: int) -> None:
     """Refuse a target the model lacks (it would silently train nothing there), or a rank wider than a layer."""
-    from workbench.config_checks import ConfigError
-
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     missing = [t for t, count in plan.by_target if count == 0]
     if missing:
-        hints = {
-            "router": "its router is not an nn.Linear",
-            "dense_mlp": "it has no dense (non-MoE) layers",
-            "shared_experts": "it has no shared experts",
-            "experts": "it has no fused experts modules",
-            "attention": "no nn.Linear under self_attn/linear_attn",
-        }
-        why = "; ".join(f"{t!r}: {hints[t]}" for t in missing)
+        why = "; ".join(f"{t!r}: {MISSING_HINTS[t]}" for t in missing)
         raise ConfigError(
             f"lora.targets {missing} match nothing in model_type {model_type!r} ({why}); drop them from lora.targets"
         )
@@ -124,8 +198,6 @@ def check_plan(plan: LoraPlan, model: nn.Module, rank: int) -> None:
 def check_lora_targets(config, lora) -> LoraPlan:
     """The plan of `lora` for `config`'s model, built on the meta device; refuses missing targets and a rank
     wider than a targeted layer (before any weight is allocated)."""
-    from workbench.models.generic import meta_model
-
     model = meta_model(config)
     plan = plan_lora(model, lora.targets)
     check_plan(plan, model, lora.rank)
@@ -139,8 +211,6 @@ def adapter_counts(config, lora) -> tuple[int, int, int]:
     The third number is how many adapters one token passes through (each routed copy counted once per
     expert weight), for the rank-wide activations they keep.
     """
-    from workbench.models.generic import meta_model
-
     model = meta_model(config)
     plan = plan_lora(model, lora.targets)
     dense = sum(lora.rank * (m.in_features + m.out_features) for m in map(model.get_submodule, plan.linears))
