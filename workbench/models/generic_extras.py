@@ -313,6 +313,11 @@ class EngineCausalLMSharedAux(EngineCausalLM):
 def engine_lm_class(hf_class: type, router_modules: bool = True) -> type:
     """A same-named subclass of the Transformers causal LM with the engine's forward (save writes its name).
 
+    It claims the Transformers class's module too: Transformers takes a class from any other module for custom code
+    and then skips the class's own checkpoint renaming when it saves, applying the family's renaming to its base
+    model instead (DeepSeek-V4's save wrote `model.embed.weight`, `model.hc_head_fn`, ... where vanilla reads
+    `model.embed_tokens.weight`, `model.hc_head.hc_fn`); its other module-keyed choices (whether the attention and
+    experts implementations can be set) then answer as for the Transformers class.
     `router_modules`: whether Transformers records the router logits from modules (router_aux.records_router_logits);
     the engine's shared aux loss needs them.
     """
@@ -320,7 +325,9 @@ def engine_lm_class(hf_class: type, router_modules: bool = True) -> type:
         return hf_class
     shared = router_modules and has_standard_aux_loss(hf_class)
     mixin = EngineCausalLMSharedAux if shared else EngineCausalLM
-    return type(hf_class.__name__, (mixin, hf_class), {"__module__": __name__, "__qualname__": hf_class.__qualname__})
+    return type(
+        hf_class.__name__, (mixin, hf_class), {"__module__": hf_class.__module__, "__qualname__": hf_class.__qualname__}
+    )
 
 
 def install_extras(model: nn.Module, backend, num_experts: int, family: Family = GENERIC) -> dict[str, int]:
