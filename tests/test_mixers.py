@@ -23,6 +23,7 @@ from workbench.config_checks import ConfigError
 from workbench.kernels.causal_conv import causal_depthwise_conv
 from workbench.kernels.gated_delta import chunk_block, chunk_gated_delta, chunk_prepare, scan_chunks, unchunk
 from workbench.kernels.ssd_scan import ssd_chunked
+from workbench.models import mixer_compile
 from workbench.models.auto import AutoModelForCausalLM
 from workbench.models.engine_state import engine_state
 from workbench.presets import build_preset_config
@@ -242,10 +243,27 @@ def test_packed_documents_equal_each_document_alone(family):
 # ---------------------------------------------------------------- the backend choice and the presets
 
 
-def test_mixer_auto_is_chunked_on_cuda_and_transformers_elsewhere():
+def test_mixer_auto_is_chunked_everywhere_and_transformers_is_a_choice():
+    # chunked by default on every device: it keeps packed documents apart, Transformers' torch path does not
     assert BackendConfig().resolve(Platform(device_type="cuda", capability=(9, 0))).mixer == "chunked"
-    assert BackendConfig().resolve("cpu").mixer == "transformers"
-    assert BackendConfig(mixer="chunked").resolve("cpu").mixer == "chunked"  # an explicit choice runs anywhere
+    assert BackendConfig().resolve("cpu").mixer == "chunked"
+    assert BackendConfig(mixer="transformers").resolve("cpu").mixer == "transformers"
+
+
+def test_a_mixer_function_that_cannot_compile_runs_eagerly_with_one_warning(caplog):
+    def data_dependent(x):
+        # a Python branch on a tensor's value: fullgraph compilation refuses it at the first call
+        return x * 2 if float(x.sum()) > 0 else x - 1
+
+    x = torch.randn(4, 8).abs()
+    call = mixer_compile._compiled_or_eager(data_dependent)
+    with caplog.at_level("WARNING", logger=mixer_compile.__name__):
+        first, second = call(x), call(x)
+    torch.testing.assert_close(first, x * 2, rtol=0, atol=0)
+    torch.testing.assert_close(second, x * 2, rtol=0, atol=0)
+    assert data_dependent in mixer_compile._COMPILE_FAILED
+    warnings = [r for r in caplog.records if "runs eagerly from now on" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
 
 
 @pytest.mark.parametrize(

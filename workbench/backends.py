@@ -80,8 +80,9 @@ AUTO_ORDER: dict[str, tuple[str, ...]] = {
     # torch: the Triton ones were -0.13 ms a Qwen3 L8 step on an H200 over three A/B rounds, inside noise (2026-12-05)
     "embedding": ("torch", "triton"),
     "router": ("torch", "triton"),
-    # chunked where it is compiled (CUDA: Transformers' torch fallback is thousands of small kernels there); elsewhere
-    # Transformers' own code, the reference (auto_order says which by device; an explicit 'chunked' runs anywhere)
+    # chunked everywhere: its scan and conv restart at each packed document, where Transformers' torch path carries
+    # the state from one document into the next; compiled on CUDA (Transformers' fallback is thousands of small
+    # kernels there), eager elsewhere
     "mixer": ("chunked", "transformers"),
 }
 
@@ -313,10 +314,8 @@ def adamw_kernel(device: torch.device | str) -> str:
 Probe = Callable[[str, str], tuple[bool, str]]
 
 
-def auto_order(field: str, world_size: int = 1, fp8: bool = False, device_type: str = "cpu") -> tuple[str, ...]:
-    """The choices "auto" tries for `field`, first available wins (AUTO_ORDER with the ep, fp8 and device rules)."""
-    if field == "mixer" and device_type != "cuda":
-        return ("transformers",)
+def auto_order(field: str, world_size: int = 1, fp8: bool = False) -> tuple[str, ...]:
+    """The choices "auto" tries for `field`, first available wins (AUTO_ORDER with the ep and fp8 rules)."""
     if field == "dispatcher":
         return ("alltoall",) if world_size > 1 else ("local",)
     if field == "linear" and fp8:
@@ -324,9 +323,9 @@ def auto_order(field: str, world_size: int = 1, fp8: bool = False, device_type: 
     return AUTO_ORDER[field]
 
 
-def pick_auto(field: str, probe: Probe, world_size: int = 1, fp8: bool = False, device_type: str = "cpu") -> str | None:
+def pick_auto(field: str, probe: Probe, world_size: int = 1, fp8: bool = False) -> str | None:
     """What "auto" becomes for `field` where `probe` says what runs; None where nothing in its order does."""
-    return next((c for c in auto_order(field, world_size, fp8, device_type) if probe(field, c)[0]), None)
+    return next((c for c in auto_order(field, world_size, fp8) if probe(field, c)[0]), None)
 
 
 @dataclass(frozen=True)
@@ -403,9 +402,7 @@ class BackendConfig:
             value = getattr(self, field)
             if value == "auto":
                 # every order ends in a choice that runs anywhere: auto always finds one
-                value = pick_auto(
-                    field, lambda f, c: availability(f, c, plat, world_size), world_size, self.fp8, plat.device_type
-                )
+                value = pick_auto(field, lambda f, c: availability(f, c, plat, world_size), world_size, self.fp8)
             else:
                 ok, why = availability(field, value, plat, world_size)
                 if not ok:

@@ -124,7 +124,7 @@ def resolve_auto(
         found = choice_status(f, value, rank_infos, device_type, world_size)
         return found.available, found.reason
 
-    return pick_auto(field, probe, world_size, fp8, device_type)
+    return pick_auto(field, probe, world_size, fp8)
 
 
 def device_of(rank_infos: Sequence[dict] | None, default: str = "cpu") -> str:
