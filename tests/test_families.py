@@ -67,7 +67,8 @@ def test_only_a_familys_own_folder_and_the_registry_import_its_modules():
 
 def test_presets_come_from_the_family_folders_in_registration_order():
     assert list(PRESETS) == [p.name for f in REGISTERED for p in f.presets]
-    assert {p.model_type for p in PRESETS.values()} == {f.model_type for f in REGISTERED}
+    # a family may add no presets (Ergo adds only its experts' rows)
+    assert {p.model_type for p in PRESETS.values()} == {f.model_type for f in REGISTERED if f.presets}
 
 
 def test_every_registered_family_is_compared_with_transformers_in_the_tests():

@@ -24,7 +24,12 @@ from workbench.models.export_folder import check_export_folder, write_whole
 from workbench.models.families import REGISTERED, family_for
 from workbench.models.generic_extras import install_extras
 from workbench.models.phase_labels import label_phases
-from workbench.moe.hf_experts import engine_experts_modules, install_engine_experts, is_fused_experts
+from workbench.moe.hf_experts import (
+    engine_experts_modules,
+    install_engine_experts,
+    is_fused_experts,
+    own_forward_refusal,
+)
 from workbench.moe.routed_load import LOAD_BUFFER
 from workbench.params import num_experts as config_num_experts
 
@@ -90,6 +95,7 @@ def _has_fused_experts(same: _SameConfig) -> bool:
     config = same.config
     model = meta_model(config)
     if fused_experts_modules(model):
+        check_experts_forwards(model)
         return True
     expert_lists = [n for n, m in model.named_modules() if n.rsplit(".", 1)[-1] == "experts"]
     if config_num_experts(config) or expert_lists:
@@ -100,6 +106,17 @@ def _has_fused_experts(same: _SameConfig) -> bool:
             "upgrade transformers if a newer version fuses this family's experts"
         )
     return False
+
+
+def check_experts_forwards(model: nn.Module) -> None:
+    """Refuse experts whose class adds steps to Transformers' decorated forward that the engine would skip, unless
+    the family's expert rows reproduce them (Family.experts_forwards); asked on the meta model, before any weights."""
+    model_type = model.config.model_type
+    honoured = family_for(model_type).experts_forwards
+    for name, module in fused_experts_modules(model):
+        refusal = own_forward_refusal(module, honoured)
+        if refusal is not None:
+            raise UnsupportedModelError(f"model_type {model_type!r}: {name} is not run by the engine: {refusal}")
 
 
 def validate_config(config) -> None:
@@ -153,6 +170,7 @@ def install(
             device=device,
             wgrad=backend.expert_wgrad,
             family_rows=family.expert_rows(module, backend.swiglu),
+            honoured=family.experts_forwards,
         )
     select_attention(model, backend.attention, family.sinks_by_default)
     extras = install_extras(model, backend, total, family)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
+from transformers.integrations import moe as hf_moe
 
 from workbench.kernels.gpt_oss_gate import expert_row_bias
 from workbench.kernels.registry import KernelRegistry
@@ -122,6 +123,58 @@ def is_fused_experts(module: nn.Module) -> bool:
     layout = layout_of(module)
     weights = [getattr(module, layout.up_name, None), getattr(module, "down_proj", None)]
     return all(isinstance(w, nn.Parameter) and w.dim() == 3 for w in weights)
+
+
+def _decorated_forward_code():
+    class Probe(nn.Module):
+        def forward(self, x):
+            return x
+
+    return hf_moe.use_experts_implementation(Probe).forward.__code__
+
+
+# The forward @use_experts_implementation gives a class: one code object for every class it decorates.
+DECORATED_FORWARD = _decorated_forward_code()
+
+
+def decorated_experts_class(cls: type) -> type | None:
+    """The class along `cls`'s hierarchy that @use_experts_implementation decorated, or None."""
+    for klass in cls.__mro__:
+        if getattr(vars(klass).get("forward"), "__code__", None) is DECORATED_FORWARD:
+            return klass
+    return None
+
+
+def own_forward_class(module: nn.Module) -> type | None:
+    """The subclass of the decorated experts class whose own forward `module` runs around the decorated one
+    (Ergo's ErgoExperts: a per-expert norm before the weighted sum), or None where the decorated forward is it."""
+    decorated = decorated_experts_class(type(module))
+    if decorated is None:
+        return None
+    for klass in type(module).__mro__:
+        if klass is decorated:
+            return None
+        if klass is not EngineExperts and "forward" in vars(klass):
+            return klass
+    return None
+
+
+def own_forward_refusal(module: nn.Module, honoured: tuple[str, ...] = ()) -> str | None:
+    """Why the engine must not take `module` over: its class adds steps of its own around the decorated forward, which
+    the engine's forward would skip (its weights would get no gradient and the outputs would differ), unless its
+    family's expert rows reproduce that class's forward (`honoured`: class names, Family.experts_forwards); or None.
+    """
+    own = own_forward_class(module)
+    if own is None or own.__name__ in honoured:
+        return None
+    decorated = decorated_experts_class(type(module))
+    return (
+        f"{own.__name__} overrides the forward of {decorated.__name__} (Transformers' @use_experts_implementation "
+        f"class) with steps of its own, which the engine's experts forward would skip: the engine refuses it rather "
+        f"than compute something else. Run this model with vanilla Transformers, or give its family a folder "
+        f"(workbench/models/families/<model_type>/) whose expert_rows reproduce {own.__name__}.forward and that lists "
+        f"it in Family.experts_forwards"
+    )
 
 
 def grouped_mm_dtypes(device: torch.device | str) -> tuple[torch.dtype, ...]:
@@ -423,6 +476,7 @@ def install_engine_experts(
     device: torch.device | str | None = None,
     wgrad: str = "autograd",
     family_rows: Callable | None = None,
+    honoured: tuple[str, ...] = (),
 ) -> nn.Module:
     """Turn a v5 experts module into the engine's in place; keep only experts [first, last).
 
@@ -433,9 +487,13 @@ def install_engine_experts(
     GPT-OSS's fused gate); other gates stay the family's own.
     `recompute`: BackendConfig.expert_recompute; `wgrad`: a resolved BackendConfig.expert_wgrad. `device`: where
     the experts will run (the one BackendConfig was resolved for; None: where their weights are now); grouped_mm's
-    dtypes there are decided here, once, not per GEMM.
+    dtypes there are decided here, once, not per GEMM. A module whose class runs a forward of its own around the
+    decorated one is refused unless `family_rows` reproduce it (`honoured`: own_forward_refusal).
     """
     check_generic_backend(backend)
+    refusal = own_forward_refusal(module, honoured if family_rows is not None else ())
+    if refusal is not None:
+        raise ValueError(refusal)
     if gate not in GATES:
         raise ValueError(f"gate {gate!r} is not one of {list(GATES)}")
     if swiglu not in ("torch", "triton"):
@@ -449,6 +507,19 @@ def install_engine_experts(
             "stores them transposed: use experts='grouped_mm'"
         )
     first, last = expert_range
+    if (first, last) != (0, num_experts):
+        # per-expert tensors beside the fused weights (ErgoExperts's post_expert_norm [E, D]) would stay whole on
+        # every rank and be reduced as dense ones, while only the owner of an expert computes with its row
+        others = [
+            n
+            for n, p in module.named_parameters()
+            if n not in layout.param_names() and p.dim() >= 1 and p.shape[0] == num_experts
+        ]
+        if others:
+            raise ValueError(
+                f"{type(module).__name__} holds per-expert parameters besides its fused weights ({', '.join(others)}), "
+                "which expert parallelism does not split: use mesh ep=1 (data parallelism over every rank)"
+            )
     for name in layout.param_names():
         param = getattr(module, name)
         if param.shape[0] != num_experts:

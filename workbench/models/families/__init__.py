@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 from workbench.models.families import (
     deepseek_v3,
+    ergo,
     gpt_oss,
     mixtral,
     nemotron_h,
@@ -35,6 +36,7 @@ REGISTERED: tuple[Family, ...] = (
     nemotron_h.FAMILY,
     qwen3_5_moe_text.FAMILY,
     qwen3_next.FAMILY,
+    ergo.FAMILY,
 )
 
 # A model_type without a folder: the generic path adds nothing.

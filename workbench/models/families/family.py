@@ -60,6 +60,8 @@ class Family:
     - `attention_params(widths)`: parameters one attention block holds beyond its projections and their biases
       (per-head norms, sinks).
     - `biased_experts`: the router and both expert projections carry biases.
+    - `experts_forwards`: experts classes whose own forward wraps Transformers' decorated one with steps of its own
+      (Ergo's per-expert norm) and that the family's `expert_rows` reproduce; the engine refuses any other such class.
     """
 
     model_type: str
@@ -71,6 +73,7 @@ class Family:
     sinks_by_default: bool = False
     attention_params: Callable[[AttentionWidths], int] = no_attention_params
     biased_experts: bool = False
+    experts_forwards: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         others = [p.name for p in self.presets if p.model_type != self.model_type]
