@@ -11,7 +11,6 @@ from workbench.config_checks import ConfigError
 from workbench.config_io import load_yaml
 from workbench.runs.run_dir import RunDir
 from workbench.runs.run_summary import summary_lines
-from workbench.ui.terminal_progress import ProgressBar
 
 
 def _parse_value(text: str):
@@ -63,8 +62,12 @@ def _wants_bar(args: argparse.Namespace) -> bool:
     return mode == "bar" or (mode == "auto" and sys.stdout.isatty())
 
 
-def _progress_callbacks(bar: bool) -> list:
-    return [ProgressBar()] if bar else []
+def run_command():
+    """workbench.train.command, imported when a run starts: it imports torch and the trainer, which `workbench
+    --help`, `workbench runs` and `workbench show` never wait for."""
+    import workbench.train.command as command
+
+    return command
 
 
 # What a run refuses before its steps start: a config, data, backend, mesh or checkpoint that cannot run
@@ -78,20 +81,23 @@ class RunWatch:
     def __init__(self) -> None:
         self.started = False
         self.run_dir: str | None = None
+        self.rank = 0  # this process's rank, as the trainer reports it with the run directory
 
     def on_start(self, info: dict) -> None:
         self.started = True
         self.run_dir = info.get("run_dir") or self.run_dir
+        self.rank = info.get("rank", self.rank)
 
     def on_end(self, result: dict) -> None:
         self.run_dir = result.get("run_dir") or self.run_dir
 
-    def log_traceback(self, rank: int, text: str) -> str | None:
-        """`text` appended to the run directory's error log; its path, or None without a run directory."""
+    def log_traceback(self, text: str) -> str | None:
+        """`text` appended to the run directory's error log under this rank; its path, or None without a run
+        directory (the trainer had not started)."""
         if self.run_dir is None:
             return None
         try:
-            return str(RunDir(self.run_dir).log_error(rank, text))
+            return str(RunDir(self.run_dir).log_error(self.rank, text))
         except OSError:
             return None  # a full disk or a removed folder: the caller says how to see the traceback instead
 

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from workbench.cli_common import _add_common, _overrides, _print_summary, _progress_callbacks, _wants_bar
+from workbench.cli_common import _add_common, _overrides, _print_summary, _wants_bar, run_command
 from workbench.parallel.launch import spawn
 from workbench.runs.run_dir import RunDir, default_runs_dir, new_run_id
 
@@ -18,28 +18,14 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _demo_rank(payload: dict) -> None:
-    """What each spawned demo rank runs: {"config": RunConfig dict, "bar": rank 0 draws a progress bar}."""
-    from workbench.config import RunConfig
-    from workbench.parallel import dist_utils as du
-    from workbench.train import finetune
-
-    finetune(RunConfig.from_dict(payload["config"]), callbacks=_progress_callbacks(payload["bar"] and du.rank() == 0))
-
-
 def _run_demo(args: argparse.Namespace) -> int:
-    import torch
-
-    from workbench.config import RunConfig
-
-    world = args.ranks or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
+    command = run_command()
+    world, where = command.demo_world(args.ranks)
     if world < 1:
         print("workbench demo: --ranks must be >= 1", file=sys.stderr)
         return 2
-    rc = RunConfig.demo()
-    rc = rc.with_overrides({**_overrides(args), "run_id": args.run_id or new_run_id()})
+    rc = command.demo_config({**_overrides(args), "run_id": args.run_id or new_run_id()})
     runs_dir = rc.output_dir or str(default_runs_dir())
-    where = "GPU" if torch.cuda.is_available() else "CPU (gloo)"
     print(
         f"workbench demo: tiny Qwen3-MoE, {rc.train.steps} steps on {world} {where} rank(s); "
         f"run directory {os.path.join(runs_dir, rc.run_id)}",
@@ -47,7 +33,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     )
     run_path = os.path.join(runs_dir, rc.run_id)
     if spawn(
-        "workbench.cli_demo:_demo_rank",
+        "workbench.train.command:demo_rank",
         {"config": rc.to_dict(), "bar": _wants_bar(args)},
         world,
         "demo",

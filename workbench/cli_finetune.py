@@ -12,9 +12,9 @@ from workbench.cli_common import (
     _add_common,
     _overrides,
     _print_summary,
-    _progress_callbacks,
     _wants_bar,
     refused_before_work,
+    run_command,
 )
 from workbench.config_checks import ConfigError
 from workbench.parallel.launch import report_config_error, run_in_launched_group
@@ -77,10 +77,6 @@ def _torchrun_argv(args: argparse.Namespace) -> list[str]:
 
 
 def _run_finetune(args: argparse.Namespace) -> int:
-    from workbench.config import RunConfig
-    from workbench.parallel import dist_utils as du
-    from workbench.train.world_checks import check_world
-
     # Everything that can be checked from the config, the model's config.json and the launcher's
     # WORLD_SIZE (or --nproc-per-node) is checked here, before the process group and before torchrun
     # starts a rank: the trainer's own checks of the rank count (workbench.train.world_checks), so a
@@ -90,12 +86,9 @@ def _run_finetune(args: argparse.Namespace) -> int:
         print(f"workbench finetune: --nproc-per-node must be >= 1, got {args.nproc_per_node}", file=sys.stderr)
         return 2
     world = args.nproc_per_node if launch else int(os.environ.get("WORLD_SIZE", "1"))
+    command = run_command()
     try:
-        rc = RunConfig.from_yaml(args.config)
-        overrides = _overrides(args)
-        if overrides:
-            rc = rc.with_overrides(overrides)
-        check_world(rc, world, rc.model.hf_config(), du.pick_device(rc.model.device))
+        rc = command.checked_config(args.config, _overrides(args), world)
     except (ConfigError, ValueError, TypeError) as err:
         if args.debug:
             traceback.print_exc()
@@ -108,11 +101,8 @@ def _run_finetune(args: argparse.Namespace) -> int:
     watch = RunWatch()
 
     def run() -> None:
-        from workbench.train import finetune
-
-        rank0 = du.rank() == 0
-        result = finetune(rc, callbacks=[*_progress_callbacks(rank0 and _wants_bar(args)), watch])
-        if rank0:
+        result = command.run_rank(rc, _wants_bar(args), (watch,))
+        if result is not None:  # rank 0
             _print_summary(result["run_dir"])
 
     return run_in_launched_group(
@@ -120,5 +110,5 @@ def _run_finetune(args: argparse.Namespace) -> int:
         "finetune",
         refused=lambda err: refused_before_work(err, watch),
         debug=args.debug,
-        traceback_to=lambda text: watch.log_traceback(du.rank(), text),
+        traceback_to=watch.log_traceback,
     )
