@@ -12,7 +12,8 @@ from workbench import BackendConfig
 from workbench.models.auto import AutoModelForCausalLM
 from workbench.models.engine_state import engine_state
 from workbench.models.generic import UnsupportedModelError
-from workbench.moe.hf_experts import engine_experts_modules, grouped_mm_dtypes, grouped_mm_ok
+from workbench.moe.grouped_linear import grouped_mm_dtypes, grouped_mm_ok
+from workbench.moe.hf_experts import engine_experts_modules
 
 EPS = torch.finfo(torch.float32).eps
 GENERIC = list(FAMILIES)  # qwen3_moe too: the generic path plus its own extras
@@ -388,7 +389,7 @@ def test_the_fused_experts_check_builds_one_meta_model_per_config(monkeypatch):
 
 def test_grouped_mm_dtypes_are_decided_once_at_install_and_passed_down():
     """Which dtypes grouped_mm takes is the device's, decided at install; the GEMMs only read the decision."""
-    from workbench.moe.hf_experts import grouped_linear
+    from workbench.moe.grouped_linear import grouped_linear
 
     cfg = _config("mixtral")
     grouped = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts="grouped_mm"), device="cpu")

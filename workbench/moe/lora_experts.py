@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.moe.grouped_linear import grouped_linear
+
 # Shape suffixes: N routed rows, D in features, R LoRA rank, E experts.
 
 
@@ -91,8 +93,6 @@ def lora_rows(
     The scaling multiplies the rank-r rows [N, r], not the output [N, out] (a pass over 1/100 of the
     bytes; exact for the usual alpha = 2 x rank, a power of two). `offsets`: the base GEMM's row offsets.
     """
-    from workbench.moe.hf_experts import grouped_linear
-
     lora: ExpertsLora | None = module.plan.lora
     if lora is None or weight not in lora.weights:
         return None
