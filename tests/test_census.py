@@ -20,7 +20,7 @@ from test_generic_families import close, close_grads, randomize
 from workbench import BackendConfig
 from workbench.config import LoraConfig
 from workbench.models.auto import AutoModelForCausalLM
-from workbench.models.lora_targets import check_lora_targets
+from workbench.models.lora_check import check_lora_targets
 from workbench.moe.hf_experts import engine_experts_modules
 
 FAMILIES = fused_experts_model_types()

@@ -261,7 +261,7 @@ def test_lora_checkpoint_holds_only_adapters_and_resumes_exactly(tmp_path):
 
 
 def test_memory_estimate_counts_the_adapters_the_engine_builds():
-    from workbench.models.lora_targets import adapter_counts
+    from workbench.models.lora_check import adapter_counts
     from workbench.ui.memory import estimate_memory
 
     cfg = _config("deepseek_v3")

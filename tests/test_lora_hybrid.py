@@ -15,8 +15,9 @@ from workbench import AutoModelForCausalLM, BackendConfig
 from workbench.config import ConfigError, LoraConfig
 from workbench.models.generic import meta_model
 from workbench.models.lora import adapter_parameters
+from workbench.models.lora_check import check_lora_targets
 from workbench.models.lora_export import save_lora_adapter, save_merged
-from workbench.models.lora_targets import check_lora_targets, plan_lora
+from workbench.models.lora_targets import plan_lora
 
 HYBRID_TARGETS = ("attention", "mixer", "experts")
 

@@ -84,7 +84,7 @@ def _generic_from(config, path, resolved: BackendConfig, mesh, device, hf_kwargs
     generic.validate_config(config)
     check_generic_backend(resolved.experts)
     if lora is not None:
-        from workbench.models.lora_targets import check_lora_targets
+        from workbench.models.lora_check import check_lora_targets
 
         check_lora_targets(config, lora)  # a target the family lacks is refused before any weights exist
     if mesh is not None:

@@ -10,16 +10,14 @@ model sharded over a mesh, one given router hooks) gets it on first use.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import nn
 
 from workbench.backends import BackendConfig
+from workbench.models.lora_targets import LoraPlan
+from workbench.models.router_records import RouterLogitSink
 from workbench.parallel.mesh import MeshConfig
-
-if TYPE_CHECKING:  # type names only: router_aux imports this module
-    from workbench.models.lora_targets import LoraPlan
-    from workbench.models.router_aux import RouterLogitSink
 
 
 @dataclass

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from workbench.config_checks import ConfigError
-from workbench.models.generic import meta_model
 from workbench.moe.hf_experts import is_fused_experts, layout_of
 from workbench.parallel.fsdp import decoder_layers
 
@@ -193,32 +192,3 @@ def check_plan(plan: LoraPlan, model: nn.Module, rank: int) -> None:
             f"the largest allowed rank for lora.targets {list(dict(plan.by_target))} is {limit}: set lora.rank "
             f"to {limit} or less"
         )
-
-
-def check_lora_targets(config, lora) -> LoraPlan:
-    """The plan of `lora` for `config`'s model, built on the meta device; refuses missing targets and a rank
-    wider than a targeted layer (before any weight is allocated)."""
-    model = meta_model(config)
-    plan = plan_lora(model, lora.targets)
-    check_plan(plan, model, lora.rank)
-    return plan
-
-
-def adapter_counts(config, lora) -> tuple[int, int, int]:
-    """(dense adapter parameters, routed-expert adapter parameters, adapted modules per token path) of `lora`.
-
-    Counted on the meta model: r * (in + out) per nn.Linear, E * r * (in + out) per fused expert weight.
-    The third number is how many adapters one token passes through (each routed copy counted once per
-    expert weight), for the rank-wide activations they keep.
-    """
-    model = meta_model(config)
-    plan = plan_lora(model, lora.targets)
-    dense = sum(lora.rank * (m.in_features + m.out_features) for m in map(model.get_submodule, plan.linears))
-    experts = 0
-    top_k = getattr(config, "num_experts_per_tok", None) or 1
-    for name, weights in plan.experts:
-        module = model.get_submodule(name)
-        for w in weights:
-            e, d1, d2 = getattr(module, w).shape
-            experts += e * lora.rank * (d1 + d2)
-    return dense, experts, len(plan.linears) + top_k * sum(len(w) for _, w in plan.experts)

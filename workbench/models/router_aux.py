@@ -23,25 +23,7 @@ import torch
 from torch import nn
 
 from workbench.models.engine_state import engine_state
-
-
-class RecordsTopkIds:
-    """Mixin of an engine router whose output `topk_ids_index` is the top-k of the float32 softmax of its float32
-    logits: the aux loss's own choice, which the router hooks record beside the logits."""
-
-    topk_ids_index: int | None = None
-
-
-class RouterLogitSink:
-    """Where the router hooks put one forward's router logits (None between forwards: nothing is kept).
-
-    `topk_ids` gets the top-k ids of the routers that declare them equal to the aux loss's own choice
-    (RecordsTopkIds), so the aux loss does not sort each layer's [T, E] probabilities again.
-    """
-
-    def __init__(self) -> None:
-        self.logits: list[torch.Tensor] | None = None
-        self.topk_ids: list[torch.Tensor] | None = None
+from workbench.models.router_records import RecordsTopkIds, RouterLogitSink
 
 
 def _router_logit_specs(model: nn.Module) -> list[tuple[type, int]]:

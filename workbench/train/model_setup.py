@@ -10,7 +10,7 @@ from workbench.config_checks import ConfigError
 from workbench.models.auto import AutoModelForCausalLM as EngineAuto
 from workbench.models.cast import cast_like_transformers
 from workbench.models.generic import UnsupportedModelError, has_fused_experts
-from workbench.models.lora_targets import check_lora_targets
+from workbench.models.lora_check import check_lora_targets
 from workbench.models.mesh_build import check_mesh_for_model
 from workbench.parallel.mesh import MeshConfig
 from workbench.params import num_experts as config_num_experts

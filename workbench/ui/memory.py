@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench.config import OPTIMIZER_STATES
-from workbench.models.lora_targets import adapter_counts
+from workbench.models.lora_check import adapter_counts
 from workbench.params import ParamCounts, head_dims, is_mla, moe_layer_flags, param_counts
 from workbench.train.model_setup import resolve_dtype_name
 

@@ -13,7 +13,7 @@ import torch
 from transformers.models.qwen3_moe import modeling_qwen3_moe as hf
 
 from workbench.models.class_swap import swap_classes
-from workbench.models.router_aux import RecordsTopkIds
+from workbench.models.router_records import RecordsTopkIds
 from workbench.moe.router import SOFTMAX_TOPK_BACKENDS, router_logits, router_logits_passing
 
 # Shape suffixes: T tokens, D hidden, E experts, K top-k.
