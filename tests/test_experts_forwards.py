@@ -13,7 +13,8 @@ from transformers.models.mixtral.modeling_mixtral import MixtralExperts
 from workbench import BackendConfig
 from workbench.models.auto import AutoModelForCausalLM
 from workbench.models.families.ergo import expert_rows
-from workbench.models.generic import UnsupportedModelError, check_experts_forwards, fused_experts_modules, meta_model
+from workbench.models.generic import UnsupportedModelError, check_experts_forwards, fused_experts_modules
+from workbench.models.meta_model import meta_model
 from workbench.moe.dispatch.local import LocalDispatcher
 from workbench.moe.hf_experts import (
     decorated_experts_class,

@@ -11,6 +11,7 @@ from launch_utils import run_ranks
 from workbench import BackendConfig
 from workbench.models.auto import AutoModelForCausalLM
 from workbench.models.engine_state import engine_state
+from workbench.models.full_state import full_state_dict
 from workbench.models.generic import UnsupportedModelError
 from workbench.moe.grouped_linear import grouped_mm_dtypes, grouped_mm_ok
 from workbench.moe.hf_experts import engine_experts_modules
@@ -165,7 +166,7 @@ def _ep_worker(rank, world, family, save_dir):
         assert m.plan.expert_range == (first, last)
         w = m.down_proj.to_local() if isinstance(m.down_proj, DTensor) else m.down_proj
         held[name] = w.shape[0]
-    full = generic.full_state_dict(model)  # collective
+    full = full_state_dict(model)  # collective
     ref = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="eager")
     ref.load_state_dict(full, strict=True)
 
@@ -255,7 +256,6 @@ def test_trainer_steps_on_the_generic_path_lower_the_loss(family, tmp_path):
 def _pretrained_worker(rank, world, path, mesh_kwargs):
     from torch.distributed.tensor import DTensor
 
-    from workbench.models import generic
     from workbench.parallel.mesh import MeshConfig
 
     model = AutoModelForCausalLM.from_pretrained(path, mesh=MeshConfig(**mesh_kwargs))
@@ -263,7 +263,7 @@ def _pretrained_worker(rank, world, path, mesh_kwargs):
         n: tuple((m.down_proj.to_local() if isinstance(m.down_proj, DTensor) else m.down_proj).shape)
         for n, m in engine_experts_modules(model)
     }
-    full = generic.full_state_dict(model)
+    full = full_state_dict(model)
     return shapes, {k: v for k, v in full.items() if ".experts." in k or k.endswith("embed_tokens.weight")}
 
 
@@ -279,11 +279,10 @@ def test_from_pretrained_on_a_mesh_keeps_this_ranks_experts_of_the_checkpoint(tm
 
 
 def _init_worker(rank, world, family, ep):
-    from workbench.models import generic
     from workbench.parallel.mesh import MeshConfig
 
     model = AutoModelForCausalLM.from_config(_config(family), mesh=MeshConfig(dp=world, ep=ep), seed=5)
-    return generic.full_state_dict(model)
+    return full_state_dict(model)
 
 
 @pytest.mark.slow

@@ -121,8 +121,8 @@ def test_save_pretrained_of_a_lora_model_writes_merged_and_adapter(tmp_path):
 def test_every_family_round_trips_through_peft_and_the_merged_export(family, tmp_path):
     # Every target the family has (shared experts, dense layers, the hybrids' mixers where present).
     peft = pytest.importorskip("peft", reason="pip install peft")
-    from workbench.models.generic import meta_model
     from workbench.models.lora_targets import plan_lora
+    from workbench.models.meta_model import meta_model
 
     cfg = tiny_config(family)
     targets = tuple(t for t, n in plan_lora(meta_model(cfg), LORA_TARGETS).by_target if n)

@@ -13,11 +13,11 @@ from test_lora import randomize_adapters
 
 from workbench import AutoModelForCausalLM, BackendConfig
 from workbench.config import ConfigError, LoraConfig
-from workbench.models.generic import meta_model
 from workbench.models.lora import adapter_parameters
 from workbench.models.lora_check import check_lora_targets
 from workbench.models.lora_export import save_lora_adapter, save_merged
 from workbench.models.lora_targets import plan_lora
+from workbench.models.meta_model import meta_model
 
 HYBRID_TARGETS = ("attention", "mixer", "experts")
 

@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from workbench.config import DataConfig, ModelConfig, RunConfig
-from workbench.models.generic import full_state_dict
+from workbench.models.full_state import full_state_dict
 from workbench.train.loop import Trainer
 
 COEF = 1e6  # coef x aux ~ 1e6: one float32 ulp there is 0.06, the cross-entropy is ~6

@@ -12,7 +12,7 @@ import transformers
 from workbench.backends import BackendConfig
 from workbench.devices import default_device
 from workbench.errors import CheckpointError
-from workbench.models import generic
+from workbench.models import generic, save_model
 from workbench.models.hf_io import check_model_folder
 from workbench.models.mesh_build import (
     build_generic_parallel_model,
@@ -20,6 +20,7 @@ from workbench.models.mesh_build import (
     check_mesh_for_model,
     shard_without_engine,
 )
+from workbench.models.meta_model import meta_model
 from workbench.models.sliced_load import plan_rank_read
 from workbench.moe.dispatch import LocalDispatcher
 from workbench.moe.hf_experts import check_generic_backend
@@ -103,7 +104,7 @@ def _generic_from(config, path, resolved: BackendConfig, mesh, device, hf_kwargs
     else:
         # The engine's reader checks every tensor's header against the config first (as on a mesh): a
         # wrong shape is one error naming the tensor and its file, not Transformers' conversion report.
-        twin = generic.meta_model(config)
+        twin = meta_model(config)
         plan_rank_read(twin, path, (0, generic.num_experts(twin, config)))
         try:
             model, info = transformers.AutoModelForCausalLM.from_pretrained(
@@ -217,4 +218,4 @@ class AutoModelForCausalLM(transformers.AutoModelForCausalLM):
 
 def save_pretrained(model, out_dir, max_shard_size: str = "5GB") -> None:
     """Write the Transformers layout from any mesh; collective: every rank must call it."""
-    generic.save_pretrained(model, out_dir, max_shard_size)
+    save_model.save_pretrained(model, out_dir, max_shard_size)

@@ -11,18 +11,14 @@ import functools
 import logging
 import zlib
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import transformers
 from torch import nn
 
 from workbench.models.attention_sinks import select_attention
-from workbench.models.engine_state import engine_state
-from workbench.models.export_folder import check_export_folder, write_whole
 from workbench.models.families import REGISTERED, family_for
 from workbench.models.generic_extras import install_extras
+from workbench.models.meta_model import meta_model
 from workbench.models.phase_labels import label_phases
 from workbench.moe.hf_experts import (
     engine_experts_modules,
@@ -51,12 +47,6 @@ TESTED_FAMILIES = tuple(sorted(TESTED_WITHOUT_FOLDER + tuple(f.model_type for f 
 
 class UnsupportedModelError(ValueError):
     """A MoE model whose experts are not Transformers v5 fused experts modules."""
-
-
-def meta_model(config) -> nn.Module:
-    """Transformers' causal LM for `config` on the meta device (no memory, no init)."""
-    with torch.device("meta"):
-        return transformers.AutoModelForCausalLM.from_config(config)
 
 
 def fused_experts_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -246,64 +236,3 @@ def init_random(model: nn.Module, seed: int, only: Callable[[str], bool] | None 
                 for local, e in enumerate(range(first, last)):
                     g = torch.Generator(device=device).manual_seed(zlib.crc32(f"{seed}/{name}/{pname}/{e}".encode()))
                     param[local].normal_(0.0, std, generator=g)
-
-
-def full_state_dict(model: nn.Module, to_rank0_only: bool = False) -> dict[str, torch.Tensor]:
-    """Every tensor of the unsharded model on the CPU (experts gathered over ep); collective.
-
-    One tensor at a time: each is unsharded (and its experts gathered over ep) on the device,
-    copied to the CPU and freed before the next, so no rank ever holds the whole model on its
-    GPU. With `to_rank0_only` the other ranks return an empty dict (they only take part).
-    """
-    from torch.distributed.tensor import DTensor
-
-    state = engine_state(model)
-    mesh = state.mesh
-    ep_group = state.device_mesh.get_group("ep") if mesh is not None and mesh.ep > 1 else None
-    expert_keys = {
-        f"{name}.{pname}"
-        for name, module in engine_experts_modules(model)
-        for pname in module.plan.layout.param_names()
-    }
-    keep = not to_rank0_only or not dist.is_initialized() or dist.get_rank() == 0
-    state = {}
-    for key, value in model.state_dict().items():  # the same keys in the same order on every rank
-        full = value.full_tensor() if isinstance(value, DTensor) else value.detach()
-        if ep_group is not None and key in expert_keys:
-            parts = [torch.empty_like(full) for _ in range(mesh.ep)]
-            dist.all_gather(parts, full.contiguous(), group=ep_group)
-            full = torch.cat(parts)
-        if keep:
-            state[key] = full.detach().cpu()
-        del full
-    return state
-
-
-def save_pretrained(model: nn.Module, out_dir, max_shard_size: str = "5GB") -> None:
-    """Transformers' own save of the unsharded model from any mesh, engine or vanilla; collective.
-
-    Transformers' save_pretrained writes the family's disk layout (its reverse weight conversion).
-    A model the engine did not change and that is not sharded is saved as it is; any other goes
-    through full_state_dict into a twin of Transformers' class (the engine and fully_shard
-    renamed the live one's, which save_pretrained records), written by rank 0.
-    """
-    from torch.distributed.tensor import DTensor
-
-    if engine_state(model).lora is not None:  # LoRA: the merged model, its adapter beside it
-        from workbench.models.lora_export import save_lora_model
-
-        return save_lora_model(model, out_dir, max_shard_size)
-    rank0 = not dist.is_initialized() or dist.get_rank() == 0
-    check_export_folder(Path(out_dir), "model")  # on every rank, before the gathers
-    if not engine_experts_modules(model) and not any(isinstance(p, DTensor) for p in model.parameters()):
-        if rank0:
-            write_whole(Path(out_dir), "model", lambda d: model.save_pretrained(d, max_shard_size=max_shard_size))
-    else:
-        state = full_state_dict(model, to_rank0_only=True)
-        if rank0:
-            twin = meta_model(model.config)
-            twin.load_state_dict(state, assign=True, strict=True)  # a missing tensor fails, not saves meta
-            twin.tie_weights()
-            write_whole(Path(out_dir), "model", lambda d: twin.save_pretrained(d, max_shard_size=max_shard_size))
-    if dist.is_initialized():
-        dist.barrier()

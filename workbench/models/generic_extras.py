@@ -34,6 +34,7 @@ from workbench.models.router_aux import (
     has_standard_aux_loss,
     records_router_logits,
 )
+from workbench.models.save_model import save_pretrained
 from workbench.models.swiglu_mlp import use_swiglu_mlps
 
 log = logging.getLogger(__name__)
@@ -280,8 +281,6 @@ class EngineCausalLM:
         state = engine_state(self)
         if state.mesh is None and state.lora is None:
             return super().save_pretrained(save_directory, *args, **kwargs)
-        from workbench.models.generic import save_pretrained
-
         return save_pretrained(self, save_directory, kwargs.get("max_shard_size", "5GB"))
 
 

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from workbench.models.generic import meta_model
 from workbench.models.lora_targets import LoraPlan, check_plan, plan_lora
+from workbench.models.meta_model import meta_model
 
 
 def check_lora_targets(config, lora) -> LoraPlan:

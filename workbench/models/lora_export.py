@@ -25,6 +25,10 @@ from torch import nn
 
 from workbench.models.engine_state import engine_state
 from workbench.models.export_folder import check_export_folder, write_whole
+from workbench.models.full_state import full_state_dict
+from workbench.models.lora import is_adapter_name
+from workbench.models.meta_model import meta_model
+from workbench.models.sliced_load import disk_rules
 from workbench.moe.lora_experts import adapter_names, expert_delta
 
 log = logging.getLogger(__name__)
@@ -189,8 +193,6 @@ def save_lora_adapter(model: nn.Module, out_dir, base_model_name_or_path: str | 
 
 def _vllm_expert_keys(model_type: str, name: str, weight: str):
     """(per-expert disk names with '{e}', concat dim) of fused weight `name.weight`, or None."""
-    from workbench.models.sliced_load import disk_rules
-
     rules = disk_rules(model_type)
     key = f"{name}.{weight}"
     for merge in rules.merges:
@@ -255,9 +257,6 @@ def save_vllm_adapter(model: nn.Module, out_dir, base_model_name_or_path: str | 
 
 def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The base state dict with every adapter folded in (W + scaling * update), no adapter keys; collective."""
-    from workbench.models.generic import full_state_dict
-    from workbench.models.lora import is_adapter_name
-
     _, plan = _lora_of(model)
     tensors = adapter_tensors(model)
     state = {k: v for k, v in full_state_dict(model, to_rank0_only=True).items() if not is_adapter_name(k)}
@@ -282,8 +281,6 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def save_merged(model: nn.Module, out_dir, max_shard_size: str = "5GB") -> Path:
     """Write the merged model (base + LoRA folded) in the Transformers layout; collective."""
-    from workbench.models.generic import meta_model
-
     out_dir = Path(out_dir)
     check_export_folder(out_dir, "model")  # on every rank, before the gathers
     state = merged_state_dict(model)

@@ -15,7 +15,7 @@ import torch
 from workbench.backends import BackendConfig
 from workbench.config import RunConfig
 from workbench.config_checks import ConfigError
-from workbench.models.generic import meta_model
+from workbench.models.meta_model import meta_model
 from workbench.train.loop_support import router_biases_to_update
 from workbench.train.model_setup import check_lora, resolve_mesh
 from workbench.train.stack_graphs import check_stack_graphs
