@@ -2,7 +2,8 @@
 runs (a run's files) imports none of them.
 
 Imports are read from the source (top-level and inside functions alike: a lazy import is still a
-dependency), so a cycle hidden behind a function-level import fails here too.
+dependency), so a cycle hidden behind a function-level import fails here too; the same holds between the
+modules of every package (test_modules_import_without_cycles).
 """
 
 from __future__ import annotations
@@ -123,6 +124,127 @@ def test_the_cycle_check_sees_a_cycle_through_a_lazy_import():
         ["backends", "kernels"]
     ]
     assert cycles({("moe", "kernels"): []}) == []
+
+
+def module_imports(root: Path) -> dict[str, dict[str, int]]:
+    """Module -> {workbench module it imports: the line of the first such import}, for every module under
+    root/workbench. Every import counts (inside functions and TYPE_CHECKING blocks too), relative ones resolved;
+    `from pkg import name` is an edge to pkg, and to pkg.name too where that is a module (a submodule importing
+    its own package's __init__, which imports it, is a circle)."""
+    files = {}
+    for path in sorted((root / "workbench").rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in files.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        edges: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+                targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            for target in targets:
+                if target in files and target != name:
+                    edges[target] = min(edges.get(target, node.lineno), node.lineno)
+        graph[name] = edges
+    return graph
+
+
+def strongly_connected(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The sets of two or more modules that reach each other through their imports (Tarjan's algorithm), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(graph[start]))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, targets = work[-1]
+            target = next(targets, None)
+            if target is not None:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(graph.get(target, {}))))
+                elif target in on_stack:
+                    low[node] = min(low[node], index[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.add(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    found.append(sorted(group))
+    return sorted(found)
+
+
+def _loop(group: list[str], graph: dict[str, dict[str, int]]) -> str:
+    """One import loop through the group's first module, as 'a (line 3) -> b (line 7) -> a'."""
+    members, start = set(group), group[0]
+    came_from: dict[str, str] = {}
+    todo = [start]
+    while todo and start not in came_from:
+        node = todo.pop(0)
+        for target in graph[node]:
+            if target in members and target not in came_from:
+                came_from[target] = node
+                todo.append(target)
+    path, node = [start], start
+    while True:
+        node = came_from[node]
+        path.append(node)
+        if node == start:
+            break
+    path.reverse()
+    return " -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(path, path[1:])) + f" -> {start}"
+
+
+def test_modules_import_without_cycles():
+    # Between modules, not only packages: a circle kept alive by an import inside a function is a circle too.
+    graph = module_imports(ROOT)
+    found = strongly_connected(graph)
+    assert not found, "modules that import each other (imports inside functions count):\n" + "\n".join(
+        f"{' <-> '.join(group)}\n    e.g. {_loop(group, graph)}" for group in found
+    )
+
+
+def test_the_module_cycle_check_sees_lazy_imports_and_a_package_importing_its_submodule(tmp_path):
+    files = {
+        "workbench/__init__.py": "",
+        "workbench/a.py": "def f():\n    from workbench.b import g\n",  # inside a function: still an edge
+        "workbench/b.py": "from . import a\n",  # relative, a submodule by name
+        "workbench/c.py": "import workbench.b\n",  # imports, is not imported: no circle
+        "workbench/sub/__init__.py": "from workbench.sub.leaf import x\n",
+        "workbench/sub/leaf.py": "from workbench.sub import other\n",  # through the package that imports it
+        "workbench/sub/other.py": "",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = module_imports(tmp_path)
+    assert graph["workbench.sub.leaf"] == {"workbench.sub": 1, "workbench.sub.other": 1}
+    assert strongly_connected(graph) == [["workbench.a", "workbench.b"], ["workbench.sub", "workbench.sub.leaf"]]
+    assert _loop(["workbench.a", "workbench.b"], graph) == "workbench.a (line 2) -> workbench.b (line 1) -> workbench.a"
 
 
 def test_device_helper_imports_no_workbench_package():
