@@ -9,6 +9,7 @@ import torch
 import transformers
 
 from workbench.config import PRESETS, ConfigError, ModelConfig, RunConfig, preset_config
+from workbench.moe.hf_experts import is_fused_experts
 from workbench.params import num_experts, param_counts
 
 TINY = [name for name in PRESETS if name.startswith("tiny")]
@@ -74,12 +75,12 @@ def test_param_counts_equal_the_real_modules(name, changes):
         setattr(cfg, key, value)
     model = on_meta(cfg)
     counts = param_counts(cfg)
-    routed = {n: p.numel() for n, p in model.named_parameters() if ".mlp.experts." in n}
+    experts = [m for m in model.modules() if is_fused_experts(m)]  # under .mlp, Nemotron-H's under .mixer
+    routed = sum(p.numel() for m in experts for p in m.parameters())
     assert counts.total == sum(p.numel() for p in model.parameters())
-    assert counts.experts == sum(routed.values())
-    moe_layers = {n.split(".mlp.")[0] for n in routed}
-    assert counts.moe_layers == len(moe_layers)
-    one_expert = sum(routed.values()) // (len(moe_layers) * counts.num_experts)
+    assert counts.experts == routed
+    assert counts.moe_layers == len(experts)
+    one_expert = routed // (len(experts) * counts.num_experts)
     assert counts.active == counts.total - counts.experts + counts.moe_layers * counts.top_k * one_expert
 
 

@@ -7,6 +7,9 @@ Mixtral / GPT-OSS (`num_local_experts`), DeepSeek-V3 (`n_routed_experts`, `n_sha
 biases, router and expert biases, MLA's latent norms, and what a family's attention adds (its folder's
 `attention_params`: GPT-OSS's sinks, OLMoE's and Qwen3's q/k norms; models/families/).
 Buffers (DeepSeek-V3's score-correction bias) are not parameters and are not counted.
+A hybrid's layers differ (its family's `layer_blocks`): Nemotron-H's hold one block each (Mamba2, attention, MoE
+or a relu² MLP), Qwen3.5-MoE's and Qwen3-Next's a Gated DeltaNet or attention before their MoE; the sequence
+mixers are counted by workbench/mixer_counts.py.
 
 Active parameters are those one token uses: everything but the routed experts, plus top-k of
 them in each MoE layer (shared experts always run). Vendors differ in how they quote it: Qwen,
@@ -19,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.models.families import AttentionWidths, family_for
+from workbench.mixer_counts import mixer_counts
+from workbench.models.families import AttentionWidths, LayerBlocks, family_for
 
 EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 
@@ -50,8 +54,8 @@ def head_dims(cfg: Any) -> tuple[int, int]:
     return d, d
 
 
-def moe_layer_flags(cfg: Any) -> list[bool]:
-    """Which decoder layers hold routed experts.
+def _sparse_layer_flags(cfg: Any) -> list[bool]:
+    """Which decoder layers hold routed experts by the generic rule.
 
     Qwen-style configs mark dense layers with mlp_only_layers / decoder_sparse_step, DeepSeek-V3
     keeps its first `first_k_dense_replace` layers dense; everything else with experts is MoE.
@@ -63,6 +67,26 @@ def moe_layer_flags(cfg: Any) -> list[bool]:
     step = getattr(cfg, "decoder_sparse_step", 1) or 1
     first_dense = getattr(cfg, "first_k_dense_replace", 0) or 0
     return [i not in mlp_only and (i + 1) % step == 0 and i >= first_dense for i in range(layers)]
+
+
+def layer_blocks(cfg: Any) -> tuple[LayerBlocks, ...]:
+    """Each decoder layer's blocks: a hybrid family's own (Family.layer_blocks), else attention and an MoE (where the
+    generic rule puts experts) or a dense MLP."""
+    sparse = _sparse_layer_flags(cfg)
+    own = family_for(getattr(cfg, "model_type", "")).layer_blocks
+    if own is not None:
+        return tuple(own(cfg, sparse))
+    return tuple(LayerBlocks("attention", "moe" if s else "dense") for s in sparse)
+
+
+def moe_layer_flags(cfg: Any) -> list[bool]:
+    """Which decoder layers hold routed experts (layer_blocks)."""
+    return [blocks.mlp == "moe" for blocks in layer_blocks(cfg)]
+
+
+def attention_layer_flags(cfg: Any) -> list[bool]:
+    """Which decoder layers hold attention (every layer but a hybrid's others: layer_blocks)."""
+    return [blocks.mixer == "attention" for blocks in layer_blocks(cfg)]
 
 
 def sliding_layer_flags(cfg: Any) -> list[bool]:
@@ -95,8 +119,9 @@ def _attention(cfg: Any) -> tuple[int, int]:
     kv_heads = _get(cfg, "num_key_value_heads", default=heads)
     d, _ = head_dims(cfg)
     q, kv = heads * d, kv_heads * d
-    weights = hidden * (q + 2 * kv) + q * hidden
-    other = bias * (q + 2 * kv + hidden)
+    q_out = q * (2 if family_for(getattr(cfg, "model_type", "")).gated_query else 1)  # Qwen3.5's output gate
+    weights = hidden * (q_out + 2 * kv) + q * hidden
+    other = bias * (q_out + 2 * kv + hidden)
     # what the family's attention holds beyond these (Qwen3's and OLMoE's q/k norms, GPT-OSS's sinks)
     other += family_for(getattr(cfg, "model_type", "")).attention_params(AttentionWidths(heads, kv_heads, d))
     return weights + other, weights
@@ -108,6 +133,14 @@ def _mlp_width(cfg: Any) -> int:
     return width if width is not None else cfg.intermediate_size
 
 
+def _shared_width(cfg: Any, width: int) -> int:
+    """Intermediate width of one MoE layer's shared experts together (0: none)."""
+    own = _get(cfg, "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", default=None)
+    if own:  # Qwen2-MoE, Qwen3.5-MoE, Qwen3-Next; Nemotron-H: one shared expert of its own width
+        return int(own)
+    return width * int(getattr(cfg, "n_shared_experts", 0) or 0)  # DeepSeek-V3: n experts of the routed width
+
+
 @dataclass(frozen=True)
 class ParamCounts:
     """Parameters of a model, split the way the mesh shards them and the FLOPs formula needs them."""
@@ -117,7 +150,7 @@ class ParamCounts:
     norms: int  # the decoder layers' and the final RMSNorm weights
     attention_per_layer: int  # everything in one attention block
     attention_matmul_per_layer: int  # its projection weight matrices
-    router_per_layer: int
+    router_per_layer: int  # the router (and a shared expert's sigmoid gate)
     expert_params: int  # one routed expert, biases included
     expert_matmul: int  # one routed expert's weight matrices
     shared_per_layer: int  # shared experts of one MoE layer (dense: every token runs them)
@@ -128,6 +161,11 @@ class ParamCounts:
     top_k: int
     hidden: int
     vocab: int
+    attention_layers: int  # layers with attention (every layer but a hybrid's mixer-only ones)
+    dense_mlp_layers: int  # layers with a dense MLP
+    mixer_layers: int = 0  # a hybrid's layers with another sequence mixer (Mamba2, Gated DeltaNet)
+    mixer_per_layer: int = 0  # everything in one of those mixers (workbench/mixer_counts.py)
+    mixer_matmul_per_layer: int = 0  # its projection weight matrices
 
     @property
     def experts_per_layer(self) -> int:
@@ -146,9 +184,10 @@ class ParamCounts:
             self.embed
             + self.lm_head
             + self.norms
-            + self.layers * self.attention_per_layer
+            + self.attention_layers * self.attention_per_layer
+            + self.mixer_layers * self.mixer_per_layer
             + self.moe_layers * (self.router_per_layer + self.shared_per_layer)
-            + (self.layers - self.moe_layers) * self.dense_mlp_per_layer
+            + self.dense_mlp_layers * self.dense_mlp_per_layer
         )
 
     @property
@@ -164,13 +203,14 @@ class ParamCounts:
     def active_matmul(self) -> int:
         """Weights of the matmuls one token goes through (the FLOPs formula's parameters).
 
-        Attention projections, the dense and shared MLPs, top-k experts and the LM head (a matmul
+        Attention and mixer projections, the dense and shared MLPs, top-k experts and the LM head (a matmul
         even when tied); not the embedding lookup, norms, biases or the router (as NeMo counts).
         """
         return (
             self.vocab * self.hidden
-            + self.layers * self.attention_matmul_per_layer
-            + (self.layers - self.moe_layers) * self.dense_mlp_per_layer
+            + self.attention_layers * self.attention_matmul_per_layer
+            + self.mixer_layers * self.mixer_matmul_per_layer
+            + self.dense_mlp_layers * self.dense_mlp_per_layer
             + self.moe_layers * (self.shared_per_layer + self.top_k * self.expert_matmul)
         )
 
@@ -178,32 +218,45 @@ class ParamCounts:
 def param_counts(cfg: Any) -> ParamCounts:
     """Count the parameters of a transformers MoE (or dense) decoder config."""
     hidden, vocab, layers = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers
+    family = family_for(getattr(cfg, "model_type", ""))
     experts = num_experts(cfg)
     width = _mlp_width(cfg)
-    moe_layers = sum(moe_layer_flags(cfg))
-    attention, attention_matmul = _attention(cfg)
-    expert_matmul = 3 * hidden * width
+    blocks = layer_blocks(cfg)
+    mixers = {b.mixer for b in blocks} - {"attention", None}
+    if len(mixers) > 1:
+        raise ValueError(f"model_type {cfg.model_type!r}: layers with different sequence mixers {sorted(mixers)}")
+    mixer = mixer_counts(cfg, mixers.pop()) if mixers else None
+    attention, attention_matmul = _attention(cfg) if any(b.mixer == "attention" for b in blocks) else (0, 0)
+    matrices = 3 if family.gated_mlps else 2  # gate, up, down; Nemotron-H's relu² MLPs: up, down
+    expert_matmul = matrices * hidden * width
     # GPT-OSS: biases on the router and on both expert projections.
-    has_bias = family_for(getattr(cfg, "model_type", "")).biased_experts
+    has_bias = family.biased_experts
     expert_params = expert_matmul + has_bias * (2 * width + hidden)
-    shared = 3 * hidden * width * int(getattr(cfg, "n_shared_experts", 0) or 0)  # DeepSeek-V3
+    shared = matrices * hidden * _shared_width(cfg, width)
     top_k = int(_get(cfg, "num_experts_per_tok", default=1)) if experts else 0
     tied = bool(getattr(cfg, "tie_word_embeddings", False))
     return ParamCounts(
         embed=vocab * hidden,
         lm_head=0 if tied else vocab * hidden,
-        norms=(2 * layers + 1) * hidden,
+        # each block's pre-norm and the final norm
+        norms=(sum((b.mixer is not None) + (b.mlp is not None) for b in blocks) + 1) * hidden,
         attention_per_layer=attention,
         attention_matmul_per_layer=attention_matmul,
-        router_per_layer=experts * hidden + has_bias * experts,
+        router_per_layer=experts * hidden + has_bias * experts + family.shared_expert_gate * hidden,
         expert_params=expert_params,
         expert_matmul=expert_matmul,
         shared_per_layer=shared,
-        dense_mlp_per_layer=3 * hidden * (getattr(cfg, "intermediate_size", None) or 0),  # Qwen3.5-MoE has none
+        # Qwen3.5-MoE has no intermediate_size at all
+        dense_mlp_per_layer=matrices * hidden * (getattr(cfg, "intermediate_size", None) or 0),
         layers=layers,
-        moe_layers=moe_layers,
+        moe_layers=sum(b.mlp == "moe" for b in blocks),
         num_experts=experts,
         top_k=top_k,
         hidden=hidden,
         vocab=vocab,
+        attention_layers=sum(b.mixer == "attention" for b in blocks),
+        dense_mlp_layers=sum(b.mlp == "dense" for b in blocks),
+        mixer_layers=sum(b.mixer not in ("attention", None) for b in blocks),
+        mixer_per_layer=mixer.params if mixer else 0,
+        mixer_matmul_per_layer=mixer.matmul if mixer else 0,
     )

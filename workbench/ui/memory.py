@@ -9,16 +9,20 @@ The estimate (bytes on one rank, b = bytes per element of the training dtype):
                       # (one byte each and a float32 scale per block of at most 64..256 elements)
     gathered (dp>1) = b * (2 * (embed + lm_head)            # root module stays unsharded (+ its grad)
                            + 3 * one decoder layer)          # all-gathered layer, prefetch, grad
-                      # one decoder layer = attention + router + shared experts + this rank's E/ep
-                      # experts (or the dense MLP of a layer without experts, if larger)
+                      # one decoder layer = attention (or a hybrid's mixer) + router + shared experts
+                      # + this rank's E/ep experts (or its dense MLP); the largest layer counts
     activations     = tokens * b * sum over layers of per_token_layer   # tokens = local_batch * seq
-                      per_token_layer = 4H + attention + mlp
+                      per_token_layer = 2H per block (its norm's input, the residual) + mixer + mlp
+                                        (a transformer layer has two blocks, a Nemotron-H layer one)
                       attention = 2*n_h*d + 2*n_kv*d         # q, attention out, k/v
                                   MLA: n_h*(2*d_qk + 2*d_v) + kv_lora + rope (+ q_lora)
-                      mlp (MoE)   = 2H + k * (2H + 3*I_e)    # router input; each of the k routed
-                                    + (2H + 3*I_s)           # copies keeps its input, output and
+                      Mamba2, Gated DeltaNet: their projections', conv's, output's and gated norm's
+                                  widths and their chunk states' share (workbench/mixer_counts.py)
+                      mlp (MoE)   = 2H + k * (2H + g*I_e)    # router input; each of the k routed
+                                    + (2H + g*I_s)           # copies keeps its input, output and
                                                              # gate/up/activation; shared experts
-                      mlp (dense) = 2H + 3*I                 # a dense layer's MLP
+                      mlp (dense) = 2H + g*I                 # a dense layer's MLP
+                      g = 3 (gate, up, activation); 2 for Nemotron-H's relu² MLPs (up, activation)
                       with activation checkpointing: tokens * b * (layers * H + max per_token_layer)
     logits          = tokens * V * (b + 8)                   # logits, fp32 upcast and fp32 grad
                       (0 with the fused linear cross-entropy)
@@ -41,8 +45,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench.config import OPTIMIZER_STATES
+from workbench.mixer_counts import mixer_counts
+from workbench.models.families import LayerBlocks, family_for
 from workbench.models.lora_check import adapter_counts
-from workbench.params import ParamCounts, head_dims, is_mla, moe_layer_flags, param_counts
+from workbench.params import ParamCounts, head_dims, is_mla, layer_blocks, param_counts
 from workbench.train.model_setup import resolve_dtype_name
 
 GIB = float(1 << 30)
@@ -73,28 +79,48 @@ class MemoryEstimate:
         return out
 
 
-def _per_token_layer(cfg: Any, counts: ParamCounts, is_moe: bool) -> int:
-    """Activation elements one token keeps for backward in one decoder layer (module docstring)."""
-    hidden, heads = counts.hidden, cfg.num_attention_heads
+def _attention_per_token(cfg: Any) -> int:
+    heads = cfg.num_attention_heads
     qk, v = head_dims(cfg)
     if is_mla(cfg):
-        attention = (
+        return (
             heads * (2 * qk + 2 * v)
             + cfg.kv_lora_rank
             + cfg.qk_rope_head_dim
             + (getattr(cfg, "q_lora_rank", None) or 0)
         )
-    else:
-        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-        attention = 2 * heads * qk + 2 * kv_heads * qk
-    if is_moe:
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    return 2 * heads * qk + 2 * kv_heads * qk
+
+
+def _per_token_layer(cfg: Any, counts: ParamCounts, blocks: LayerBlocks) -> float:
+    """Activation elements one token keeps for backward in one decoder layer (module docstring)."""
+    hidden = counts.hidden
+    gated = 3 if family_for(getattr(cfg, "model_type", "")).gated_mlps else 2
+    total = 2 * hidden * ((blocks.mixer is not None) + (blocks.mlp is not None))
+    if blocks.mixer == "attention":
+        total += _attention_per_token(cfg)
+    elif blocks.mixer is not None:
+        total += mixer_counts(cfg, blocks.mixer).activations_per_token
+    if blocks.mlp == "moe":
         width = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
-        mlp = 2 * hidden + counts.top_k * (2 * hidden + 3 * width)
+        total += 2 * hidden + counts.top_k * (2 * hidden + gated * width)
         if counts.shared_per_layer:
-            mlp += 2 * hidden + counts.shared_per_layer // hidden  # 3 * I_s
-    else:
-        mlp = 2 * hidden + 3 * cfg.intermediate_size
-    return 4 * hidden + attention + mlp
+            total += 2 * hidden + counts.shared_per_layer // hidden  # g * I_s
+    elif blocks.mlp == "dense":
+        total += 2 * hidden + gated * cfg.intermediate_size
+    return total
+
+
+def _largest_layer(counts: ParamCounts, blocks: tuple[LayerBlocks, ...], ep: int) -> float:
+    """Parameters of the largest decoder layer, with this rank's E/ep experts (the one gathered at a time)."""
+    mixers = {"attention": counts.attention_per_layer, None: 0}
+    mlps = {
+        "moe": counts.router_per_layer + counts.shared_per_layer + counts.experts_per_layer / ep,
+        "dense": counts.dense_mlp_per_layer,
+        None: 0,
+    }
+    return max(mixers.get(b.mixer, counts.mixer_per_layer) + mlps[b.mlp] for b in blocks)
 
 
 def resolve_dtype(dtype: str, device_type: str) -> str:
@@ -140,15 +166,13 @@ def estimate_memory(
         adapters = (dense_adapters + expert_adapters) / dp * (2 * b + moments)
         per_param = b  # the frozen base: its weights only
     sharded = (counts.dense / dp + counts.experts / (ep * edp)) * per_param + adapters
+    blocks = layer_blocks(cfg)
     gathered = 0.0
     if dp > 1:
-        mlp = counts.router_per_layer + counts.shared_per_layer + counts.experts_per_layer / ep
-        if counts.moe_layers < counts.layers:  # the largest gathered layer may be a dense one
-            mlp = max(mlp, counts.dense_mlp_per_layer)
-        layer = counts.attention_per_layer + mlp
+        layer = _largest_layer(counts, blocks, ep)
         root, layers = (1, 2) if lora is not None else (2, 3)  # a frozen base gathers no gradient
         gathered = b * (root * (counts.embed + counts.lm_head) + layers * layer)
-    per_layer = [_per_token_layer(cfg, counts, is_moe) for is_moe in moe_layer_flags(cfg)]
+    per_layer = [_per_token_layer(cfg, counts, one) for one in blocks]
     tokens = seq_len * local_batch
     if activation_checkpointing:
         activations = tokens * b * (counts.layers * counts.hidden + max(per_layer))

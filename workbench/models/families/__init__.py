@@ -23,7 +23,7 @@ from workbench.models.families import (
     qwen3_moe,
     qwen3_next,
 )
-from workbench.models.families.family import AttentionWidths, Family
+from workbench.models.families.family import AttentionWidths, Family, LayerBlocks
 from workbench.models.families.preset import Preset
 
 # One line per family, in the Studio picker's order (its presets listed family by family).
@@ -71,6 +71,7 @@ __all__ = [
     "REGISTERED",
     "AttentionWidths",
     "Family",
+    "LayerBlocks",
     "Preset",
     "family_for",
     "registered_presets",

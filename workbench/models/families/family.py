@@ -30,6 +30,28 @@ class AttentionWidths:
     head_dim: int
 
 
+# The sequence mixers a decoder layer may hold, and its MLPs (LayerBlocks).
+SEQUENCE_MIXERS = ("attention", "mamba2", "gated_deltanet")
+MLPS = ("moe", "dense")
+
+
+@dataclass(frozen=True)
+class LayerBlocks:
+    """What one decoder layer holds, for the parameter counts, the FLOPs and the memory estimate: its sequence mixer
+    (`attention`, `mamba2`, `gated_deltanet` or None) and its MLP (`moe`, `dense` or None); each block has its
+    pre-norm. A transformer layer is attention + MoE or dense MLP; a hybrid's layer may hold one block only."""
+
+    mixer: str | None = "attention"
+    mlp: str | None = "moe"
+
+    def __post_init__(self) -> None:
+        if self.mixer not in (*SEQUENCE_MIXERS, None) or self.mlp not in (*MLPS, None):
+            raise ValueError(
+                f"LayerBlocks({self.mixer!r}, {self.mlp!r}): the mixer is one of {SEQUENCE_MIXERS} or None, "
+                f"the mlp one of {MLPS} or None"
+            )
+
+
 def no_extras(model: nn.Module, backend: Any) -> dict[str, int]:
     """A family without engine modules of its own: nothing installed."""
     return {}
@@ -62,6 +84,13 @@ class Family:
     - `biased_experts`: the router and both expert projections carry biases.
     - `experts_forwards`: experts classes whose own forward wraps Transformers' decorated one with steps of its own
       (Ergo's per-expert norm) and that the family's `expert_rows` reproduce; the engine refuses any other such class.
+    - `layer_blocks(config, moe_flags)`: each decoder layer's LayerBlocks, for a hybrid whose layers differ (its
+      sequence mixers, layers of one block); `moe_flags`: which layers the generic rule gives experts. None: every
+      layer is attention plus an MoE (where moe_flags says) or a dense MLP.
+    - `gated_mlps`: its MLPs and experts have a gate projection (SwiGLU: 3 matrices); False: up and down only
+      (Nemotron-H's relu²).
+    - `gated_query`: its attention's query projection also gives a per-head output gate (2x its width).
+    - `shared_expert_gate`: its shared expert's output passes a sigmoid gate, an nn.Linear(hidden, 1).
     """
 
     model_type: str
@@ -74,6 +103,10 @@ class Family:
     attention_params: Callable[[AttentionWidths], int] = no_attention_params
     biased_experts: bool = False
     experts_forwards: tuple[str, ...] = ()
+    layer_blocks: Callable[[Any, list[bool]], tuple[LayerBlocks, ...]] | None = None
+    gated_mlps: bool = True
+    gated_query: bool = False
+    shared_expert_gate: bool = False
 
     def __post_init__(self) -> None:
         others = [p.name for p in self.presets if p.model_type != self.model_type]

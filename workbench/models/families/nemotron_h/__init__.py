@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.models.families.family import Family
+from workbench.models.families.family import Family, LayerBlocks
 from workbench.models.families.nemotron_h.presets import PRESETS
 
 
@@ -18,6 +18,22 @@ def install_extras(model, backend) -> dict[str, int]:
     from workbench.models.families.nemotron_h.mixer import use_engine_mixers
 
     return {"mixer": use_engine_mixers(model, backend.mixer)}
+
+
+# Transformers' names for the blocks of hybrid_override_pattern (M, *, E, -), older ones first
+NEMOTRON_BLOCKS = {
+    "mamba": LayerBlocks("mamba2", None),
+    "linear_attention": LayerBlocks("mamba2", None),
+    "attention": LayerBlocks("attention", None),
+    "full_attention": LayerBlocks("attention", None),
+    "moe": LayerBlocks(None, "moe"),
+    "mlp": LayerBlocks(None, "dense"),
+}
+
+
+def layer_blocks(cfg, moe_flags: list[bool]) -> tuple[LayerBlocks, ...]:
+    """One block per layer, as its pattern says: a Mamba2 mixer, attention, an MoE or a relu² MLP."""
+    return tuple(NEMOTRON_BLOCKS[kind] for kind in cfg.layers_block_type)
 
 
 TEST_CONFIG: dict[str, Any] = dict(
@@ -40,4 +56,6 @@ FAMILY = Family(
     presets=PRESETS,
     test_config=TEST_CONFIG,
     install_extras=install_extras,
+    layer_blocks=layer_blocks,
+    gated_mlps=False,
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.models.families.family import AttentionWidths, Family
+from workbench.models.families.family import AttentionWidths, Family, LayerBlocks
 from workbench.models.families.qwen3_next.presets import PRESETS
 
 
@@ -23,6 +23,12 @@ def install_extras(model, backend) -> dict[str, int]:
 def attention_params(widths: AttentionWidths) -> int:
     """Its per-head q_norm and k_norm."""
     return 2 * widths.head_dim
+
+
+def layer_blocks(cfg, moe_flags: list[bool]) -> tuple[LayerBlocks, ...]:
+    """A Gated DeltaNet ('linear_attention') or attention in each layer, before its MoE (or dense MLP)."""
+    mixers = {"linear_attention": "gated_deltanet", "full_attention": "attention"}
+    return tuple(LayerBlocks(mixers[t], "moe" if moe else "dense") for t, moe in zip(cfg.layer_types, moe_flags))
 
 
 TEST_CONFIG: dict[str, Any] = dict(
@@ -46,4 +52,7 @@ FAMILY = Family(
     test_config=TEST_CONFIG,
     install_extras=install_extras,
     attention_params=attention_params,
+    layer_blocks=layer_blocks,
+    gated_query=True,  # its q_proj also gives the attention output's gate
+    shared_expert_gate=True,
 )
