@@ -16,6 +16,12 @@ from workbench.parallel.mesh import MeshConfig, MeshError, dense_mesh, valid_mes
 STEPS = 5
 
 
+# Losses of the mesh against one process: gradients are summed over ranks in another order, and AdamW at lr 1e-2
+# turns float32 rounding of near-zero gradients into whole steps of lr. With transformers 5.25 (2026-12-06) the step-5
+# loss differed by 1.7e-5 to 1.9e-5 relative on every mesh, on the code before the engine-state refactor too.
+LOSS_RTOL = 5e-5
+
+
 def global_batch(cfg, step: int, batch: int = 8, seq: int = 12):
     g = torch.Generator().manual_seed(1000 + step)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
@@ -146,7 +152,7 @@ def test_dp2_ep2_equals_one_process(moe_checkpoint, tmp_path):
     assert all(r["reads"] == r["read_stats"].tensors for r in results)
     assert results[0]["dispatcher"] == "AllToAllDispatcher"
     for r in results:
-        torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref), rtol=1e-5, atol=0)
+        torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref), rtol=LOSS_RTOL, atol=0)
     assert ref[-1] < ref[0]
     # save_pretrained from the EP run equals the single-process save, tensor by tensor.
     single = load_file(tmp_path / "single" / "model.safetensors")
@@ -154,8 +160,10 @@ def test_dp2_ep2_equals_one_process(moe_checkpoint, tmp_path):
     assert set(single) == set(sharded)
     for k in single:
         # AdamW divides by sqrt(v): float32 rounding of near-zero gradients (summed over ranks in
-        # another order) moves those entries by up to ~lr * 1e-2 after 5 steps (6.5e-5 seen).
-        torch.testing.assert_close(sharded[k], single[k], rtol=1e-5, atol=2e-4, msg=lambda m, k=k: f"{k}: {m}")
+        # another order) moves those entries after 5 steps, each step by up to lr: 6.5e-5 seen on transformers 5.24;
+        # on 5.25 (2026-12-06) 4.4e-3 in 21 of 512 entries of one expert's down_proj, the same on the code before
+        # the engine-state refactor. The losses above and the logits below are the tight checks.
+        torch.testing.assert_close(sharded[k], single[k], rtol=1e-5, atol=1e-2, msg=lambda m, k=k: f"{k}: {m}")
     # Before training, the gathered EP save is the checkpoint it loaded, bit for bit.
     loaded = load_file(path / "model.safetensors")
     untrained = load_file(tmp_path / "ep-untrained" / "model.safetensors")
