@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.backends import BackendError
 from workbench.kernels.attention_interface import use_attention_implementation
 from workbench.models.attention_sinks_kernels import (
     _CpuFlash,
@@ -301,8 +302,6 @@ def select_attention(model: nn.Module, attention: str, sinks_by_default: bool = 
     """
     sinks = has_sinks(model)
     if sinks and attention == "te":
-        from workbench.backends import BackendError
-
         raise BackendError(
             f"BackendConfig.attention='te' cannot run the attention sinks of model_type "
             f"{model.config.model_type!r}; use attention='auto' or 'sinks'"

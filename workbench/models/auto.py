@@ -14,6 +14,8 @@ from workbench.devices import default_device
 from workbench.errors import CheckpointError
 from workbench.models import generic, save_model
 from workbench.models.hf_io import check_model_folder
+from workbench.models.lora import apply_lora
+from workbench.models.lora_check import check_lora_targets
 from workbench.models.mesh_build import (
     build_generic_parallel_model,
     check_mesh_call,
@@ -21,6 +23,7 @@ from workbench.models.mesh_build import (
     shard_without_engine,
 )
 from workbench.models.meta_model import meta_model
+from workbench.models.random_init import materialize_random
 from workbench.models.sliced_load import plan_rank_read
 from workbench.moe.dispatch import LocalDispatcher
 from workbench.moe.hf_experts import check_generic_backend
@@ -85,8 +88,6 @@ def _generic_from(config, path, resolved: BackendConfig, mesh, device, hf_kwargs
     generic.validate_config(config)
     check_generic_backend(resolved.experts)
     if lora is not None:
-        from workbench.models.lora_check import check_lora_targets
-
         check_lora_targets(config, lora)  # a target the family lacks is refused before any weights exist
     if mesh is not None:
         return build_generic_parallel_model(config, resolved, mesh, checkpoint=path, lora=lora, **hf_kwargs)
@@ -132,8 +133,6 @@ def _generic_from(config, path, resolved: BackendConfig, mesh, device, hf_kwargs
     # The device `resolved` was resolved for: the experts' grouped_mm dtypes are decided for it.
     generic.install(model, resolved, lambda n: LocalDispatcher(n, resolved.combine), device=build_device(None, device))
     if lora is not None:
-        from workbench.models.lora import apply_lora
-
         apply_lora(model, lora, seed or 0)
     return model
 
@@ -147,8 +146,6 @@ def _seeded_generic(config, resolved: BackendConfig, device, seed: int, hf_kwarg
     the world size (Transformers' own init draws from one sequence, which a sharded build cannot
     reproduce).
     """
-    from workbench.models.random_init import materialize_random
-
     dtype = hf_kwargs.pop("dtype", None) or hf_kwargs.pop("torch_dtype", None)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, **hf_kwargs)
@@ -157,8 +154,6 @@ def _seeded_generic(config, resolved: BackendConfig, device, seed: int, hf_kwarg
     # a block at a time, so the float32 draw never holds the whole model (122 GB at 48 layers of 30B-A3B)
     materialize_random(model, torch.device(device) if device is not None else torch.device("cpu"), seed, dtype)
     if lora is not None:  # adapters drawn in float32 and stored in the base's dtype (models/lora.py)
-        from workbench.models.lora import apply_lora
-
         apply_lora(model, lora, seed)
     model.tie_weights()
     return model

@@ -13,6 +13,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from workbench.kernels.rms_norm import RMSNorm
 from workbench.models.qkv_projection import qkv_projection
 
 # Shape suffixes: B batch, H heads, S sequence, D head dim.
@@ -137,8 +138,6 @@ def o_proj_residual(o_proj: nn.Module, out: torch.Tensor, residual: torch.Tensor
 
 def fused_norm_rope_applies(norm: nn.Module | None, x_BHSD: torch.Tensor, cos: torch.Tensor) -> bool:
     """Whether a per-head norm and RoPE run as one kernel: the engine's Triton RMSNorm over a layout it takes."""
-    from workbench.kernels.rms_norm import RMSNorm
-
     if not isinstance(norm, RMSNorm) or norm.backend != "triton":
         return False
     from workbench.kernels.triton_norm_rope import supported as norm_rope_supported

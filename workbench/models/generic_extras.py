@@ -25,6 +25,12 @@ import logging
 import torch
 from torch import nn
 
+from workbench.kernels.cross_entropy import fused_linear_cross_entropy
+from workbench.kernels.cross_entropy import shift_labels as shifted
+from workbench.kernels.rms_norm import RMSNorm
+from workbench.kernels.te_common import fp8_autocast
+from workbench.kernels.te_linear import to_te_linear
+from workbench.models.attention_sinks import forward_sequences
 from workbench.models.engine_state import EngineState, engine_state
 from workbench.models.families import GENERIC, Family
 from workbench.models.input_embedding import use_engine_embeddings
@@ -36,6 +42,7 @@ from workbench.models.router_aux import (
 )
 from workbench.models.save_model import save_pretrained
 from workbench.models.swiglu_mlp import use_swiglu_mlps
+from workbench.parallel.fsdp import decoder_layers
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +122,6 @@ def swap_rms_norms(model: nn.Module, backend: str) -> list[str]:
     """
     if backend == "torch":
         return []
-    from workbench.kernels.rms_norm import RMSNorm
 
     swapped, refused = [], set()
     for parent_name, parent in list(model.named_modules()):
@@ -151,8 +157,6 @@ def swap_linears(model: nn.Module, backend: str, num_experts: int) -> list[str]:
     """
     if backend != "te":
         return []
-    from workbench.kernels.te_linear import to_te_linear
-    from workbench.parallel.fsdp import decoder_layers
 
     swapped = []
     for layer in decoder_layers(model):
@@ -205,9 +209,6 @@ def check_fused_ce(model: nn.Module) -> None:
 
 
 def _fused_loss(head: DeferredLMHead, use_triton: bool):
-    from workbench.kernels.cross_entropy import fused_linear_cross_entropy
-    from workbench.kernels.cross_entropy import shift_labels as shifted
-
     def loss(logits, labels, vocab_size=None, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **kwargs):
         if logits is not head.deferred_hidden:
             raise RuntimeError(
@@ -262,14 +263,12 @@ class EngineCausalLM:
         fused = backend.fused_ce and kwargs.get("labels") is not None
         if fused and kwargs.get("logits_to_keep"):
             raise ValueError("logits_to_keep cannot be combined with labels under fused_ce=True")
-        from workbench.kernels.te_common import fp8_autocast
 
         with contextlib.ExitStack() as stack:
             stack.enter_context(attention_backend(backend, self.device))
             stack.enter_context(fp8_autocast(backend.fp8))
             if fused:
                 stack.enter_context(_deferred_logits(self, backend.cross_entropy == "triton"))
-            from workbench.models.attention_sinks import forward_sequences
 
             out = super().forward(*args, **kwargs, **forward_sequences(self, args, kwargs))
         if fused:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.config_checks import ConfigError
 from workbench.models.engine_state import engine_state
 from workbench.models.lora_targets import LoraPlan, check_plan, plan_lora
 from workbench.moe.lora_experts import add_expert_adapters
@@ -109,8 +110,6 @@ def _to_lora_linear(module: nn.Linear, name: str, rank: int, scaling: float, dro
 
 
 def _check_backend(model: nn.Module, plan: LoraPlan) -> None:
-    from workbench.config_checks import ConfigError
-
     backend = engine_state(model).backend
     if plan.linears and backend is not None and getattr(backend, "linear", "torch") == "te":
         raise ConfigError(

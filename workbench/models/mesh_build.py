@@ -10,8 +10,10 @@ from torch import nn
 
 from workbench.backends import BackendConfig
 from workbench.devices import default_device
+from workbench.models import generic
 from workbench.models.cast import cast_like_transformers
 from workbench.models.engine_state import engine_state
+from workbench.models.lora import apply_lora
 from workbench.models.random_init import materialize_random
 from workbench.models.sliced_load import disk_rules, init_nonpersistent_buffers, load_rank_slice, plan_rank_read
 from workbench.moe.dispatch import make_dispatcher
@@ -54,10 +56,9 @@ def check_mesh_for_model(mesh: MeshConfig, config) -> None:
         raise TypeError(f"mesh must be a workbench.MeshConfig, got {type(mesh).__name__}")
     if mesh.ep == 1:
         return
-    from workbench.models.generic import has_fused_experts
 
     model_type = getattr(config, "model_type", None)
-    if has_fused_experts(config):  # refuses experts it cannot split
+    if generic.has_fused_experts(config):  # refuses experts it cannot split
         return
     if not config_num_experts(config):
         raise MeshError(
@@ -136,8 +137,6 @@ def build_generic_parallel_model(
     """
     import transformers
 
-    from workbench.models import generic
-
     check_mesh_call(mesh)
     _check_resolved(backend, mesh)
     dtype = dtype or hf_kwargs.pop("torch_dtype", None)
@@ -170,8 +169,6 @@ def build_generic_parallel_model(
         init_nonpersistent_buffers(model)
         engine_state(model).checkpoint_read = load_rank_slice(model, checkpoint, plan, expert_range)
     if lora is not None:  # after the base weights, before FSDP2: adapters shard with their layer
-        from workbench.models.lora import apply_lora
-
         apply_lora(model, lora, seed)
     if dtype is not None:
         cast_like_transformers(model, dtype)

@@ -24,6 +24,7 @@ from torch import nn
 
 from workbench.models.engine_state import engine_state
 from workbench.models.router_records import RecordsTopkIds, RouterLogitSink
+from workbench.moe.router import load_balancing_loss
 
 
 def _router_logit_specs(model: nn.Module) -> list[tuple[type, int]]:
@@ -136,8 +137,6 @@ def forward_loss_parts(model: nn.Module, forward: Callable[..., Any], kwargs: di
     of the micro-batch across the group (load_balancing_loss: counts summed over the group), so
     shares and gradients add up to the global batch's, as one process computes it.
     """
-    from workbench.moe.router import load_balancing_loss
-
     sink = engine_state(model).router_sink
     kwargs = {**kwargs, "output_router_logits": False}
     if sink is None:

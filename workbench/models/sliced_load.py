@@ -23,6 +23,7 @@ from torch import nn
 from workbench.errors import CheckpointError
 from workbench.models.hf_io import checkpoint_key_files
 from workbench.moe.hf_experts import EngineExperts, is_fused_experts, layout_of
+from workbench.moe.routed_load import load_counters
 
 _LITERAL = re.compile(r"[\w.]+")  # a rule pattern the reader follows: no regex beyond '.'
 
@@ -303,8 +304,6 @@ def load_rank_slice(model: nn.Module, path: Path, plan: ReadPlan, expert_range: 
 
 def init_nonpersistent_buffers(model: nn.Module) -> None:
     """Recompute buffers no checkpoint holds (rotary tables) after `to_empty`, as Transformers' init does."""
-    from workbench.moe.routed_load import load_counters
-
     for module in model.modules():
         # Experts modules' only such buffer is the engine's load counter: their weights come from the checkpoint.
         if getattr(module, "_non_persistent_buffers_set", None) and not isinstance(module, EngineExperts):

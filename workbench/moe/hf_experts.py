@@ -22,8 +22,11 @@ from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 from transformers.integrations import moe as hf_moe
 
+from workbench.kernels import te_common
 from workbench.kernels.gpt_oss_gate import expert_row_bias
 from workbench.kernels.registry import KernelRegistry
+from workbench.kernels.swiglu import swiglu_packed_triton
+from workbench.kernels.te_experts import FP8_ROW_ALIGN, grouped_linear_te
 from workbench.moe.dispatch.contract import Dispatcher, caps_of
 from workbench.moe.expert_wgrad import WGRAD_BACKENDS, wgrad_refusal
 from workbench.moe.grouped_linear import grouped_linear, grouped_mm_dtypes, row_offsets
@@ -238,16 +241,12 @@ def _gate(module: nn.Module, h_NI2: torch.Tensor, row_weights_N: torch.Tensor | 
     if not plan.layout.has_gate:
         return module.act_fn(h_NI2)
     if plan.swiglu == "triton" and plan.family_rows is None:
-        from workbench.kernels.swiglu import swiglu_packed_triton
-
         return swiglu_packed_triton(h_NI2)  # one pass over [N, 2I] instead of chunk/silu/mul
     # The family's own gate (GPT-OSS's clamped SwiGLU splits interleaved gate/up columns itself).
     return module._apply_gate(h_NI2)
 
 
 def _te_linear_rows(x_ND: torch.Tensor, counts: list[int], weight_E: torch.Tensor) -> torch.Tensor:
-    from workbench.kernels.te_experts import grouped_linear_te
-
     return grouped_linear_te(x_ND, counts, weight_E)  # TE's GroupedLinear takes [E, out, in]: untransposed
 
 
@@ -257,8 +256,6 @@ def _expert_rows_te(
     """experts='te': TE GroupedLinear GEMMs (FP8 inside fp8_autocast: rows padded to 16 per expert)."""
     if row_weights_N is not None:
         raise ValueError("experts='te' applies the routing weights in the combine, not in its rows")
-    from workbench.kernels import te_common
-    from workbench.kernels.te_experts import FP8_ROW_ALIGN
 
     layout: ExpertsLayout = module.plan.layout
     te = te_common.import_te("experts")  # first: without TE the error names the pip extra

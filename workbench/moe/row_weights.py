@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from workbench.kernels.swiglu import swiglu_packed_weighted
+
 # Shape suffixes: N routed rows, I the experts' intermediate width (I2: the packed gate and up halves).
 
 # Experts backends whose forward runs the gate this module can weight (the TE path keeps the weighted combine).
@@ -36,6 +38,4 @@ def weights_fold_into_rows(layout, backend: str, plain_swiglu: bool) -> bool:
 
 def weighted_swiglu(module: nn.Module, h_NI2: torch.Tensor, row_weights_N: torch.Tensor) -> torch.Tensor:
     """w[n] * silu(gate) * up for the packed rows, with the module's SwiGLU backend."""
-    from workbench.kernels.swiglu import swiglu_packed_weighted
-
     return swiglu_packed_weighted(h_NI2, row_weights_N, backend=module.plan.swiglu)

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import torch
 
+from workbench.moe.dispatch.alltoall import AllToAllDispatcher
 from workbench.moe.dispatch.contract import NO_CAPS, Dispatcher, DispatcherCaps, caps_of
+from workbench.moe.dispatch.deepep import DeepEPDispatcher
 from workbench.moe.dispatch.local import LocalDispatcher, Permutation, permute, sort_by_expert, unpermute
+from workbench.moe.dispatch.symm_mem import SymmMemDispatcher
 
 
 def make_dispatcher(name: str, num_experts: int, ep_group=None, combine: str = "torch") -> Dispatcher:
@@ -25,16 +28,10 @@ def make_dispatcher(name: str, num_experts: int, ep_group=None, combine: str = "
             raise ValueError("dispatcher='local' cannot serve expert parallelism (ep > 1); use 'alltoall'")
         return LocalDispatcher(num_experts, combine)
     if name == "alltoall":
-        from workbench.moe.dispatch.alltoall import AllToAllDispatcher
-
         return AllToAllDispatcher(num_experts, ep_group, combine)
     if name == "symm_mem":
-        from workbench.moe.dispatch.symm_mem import SymmMemDispatcher
-
         return SymmMemDispatcher(num_experts, ep_group, combine)
     if name == "deepep":
-        from workbench.moe.dispatch.deepep import DeepEPDispatcher
-
         return DeepEPDispatcher(num_experts, ep_group, combine)
     raise ValueError(f"unknown dispatcher {name!r}")
 
