@@ -310,6 +310,17 @@ def test_explicit_sinks_on_mixtral_equals_vanilla():
     close(eng(input_ids=ids).logits, ref(input_ids=ids).logits, "logits")
 
 
+def test_te_attention_is_the_model_attention_where_it_is_asked_for():
+    # attention='te' once set nothing on the generic path: Transformers' sdpa ran under the 'te' name
+    from workbench.kernels.te_attention import TE_ATTENTION, te_attention_forward
+
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config("mixtral", sliding_window=None))
+    assert select_attention(model, "te") == TE_ATTENTION
+    assert model.config._attn_implementation == TE_ATTENTION
+    assert transformers.AttentionInterface()[TE_ATTENTION] is te_attention_forward
+    assert select_attention(transformers.AutoModelForCausalLM.from_config(tiny_config("mixtral")), "sdpa") is None
+
+
 def test_te_attention_refused_for_sinks():
     model = transformers.AutoModelForCausalLM.from_config(tiny_config("gpt_oss"))
     with pytest.raises(BackendError, match="attention='te' cannot run the attention sinks"):

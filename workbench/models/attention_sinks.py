@@ -33,6 +33,7 @@ from torch import nn
 
 from workbench.backends import BackendError
 from workbench.kernels.attention_interface import use_attention_implementation
+from workbench.kernels.te_attention import register_te_attention
 from workbench.models.attention_sinks_kernels import (
     _CpuFlash,
     _CudnnSdpa,
@@ -298,7 +299,8 @@ def select_attention(model: nn.Module, attention: str, sinks_by_default: bool = 
     check in tests/test_attention_sinks.py) gets it for "sdpa" too, the choice "auto" resolves to: Transformers'
     sdpa cannot express sinks (GPT-OSS refuses it), and this is the same fused causal attention plus the sink.
     Other families with sinks (deepseek_v4, mimo_v2_flash, granite_swa, ...) keep Transformers' attention unless
-    attention='sinks' is asked for. "te" cannot run sinks and is refused for a model with sinks.
+    attention='sinks' is asked for. "te" runs TransformerEngine's attention (kernels/te_attention.py) and is refused
+    for a model with sinks, which it cannot run.
     """
     sinks = has_sinks(model)
     if sinks and attention == "te":
@@ -306,6 +308,10 @@ def select_attention(model: nn.Module, attention: str, sinks_by_default: bool = 
             f"BackendConfig.attention='te' cannot run the attention sinks of model_type "
             f"{model.config.model_type!r}; use attention='auto' or 'sinks'"
         )
+    if attention == "te":
+        name = register_te_attention()
+        use_attention_implementation(model, name)
+        return name
     auto = sinks and sinks_by_default
     if attention == "sinks" or (auto and attention == "sdpa"):
         use_sink_attention(model)
