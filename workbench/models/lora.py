@@ -88,10 +88,6 @@ class LoraLinear(nn.Linear):
         )
         return out.view(base.shape)
 
-    def delta_weight(self) -> torch.Tensor:
-        """scaling * B @ A: what merging adds to `weight`."""
-        return (self.lora_B.weight @ self.lora_A.weight) * self.lora_scaling
-
 
 def _to_lora_linear(module: nn.Linear, name: str, rank: int, scaling: float, dropout: float, seed: int) -> None:
     weight = module.weight
