@@ -227,7 +227,8 @@ def test_unknown_subcommand_lists_choices(tmp_path):
 
 
 def test_set_reads_numbers_as_people_write_them():
-    from workbench.cli import _overrides, build_parser
+    from workbench.cli import build_parser
+    from workbench.cli_common import config_overrides
 
     args = build_parser().parse_args(
         [
@@ -243,7 +244,7 @@ def test_set_reads_numbers_as_people_write_them():
             "run_id=1e-3x",
         ]
     )
-    overrides = _overrides(args)
+    overrides = config_overrides(args)
     assert overrides == {"train.lr": 1e-3, "train.weight_decay": 3e-4, "train.clip_grad_norm": 1e5, "run_id": "1e-3x"}
     rc = RunConfig.demo().with_overrides(overrides)
     assert (rc.train.lr, rc.train.weight_decay, rc.train.clip_grad_norm, rc.run_id) == (1e-3, 3e-4, 1e5, "1e-3x")
@@ -317,12 +318,13 @@ def test_finetune_nproc_per_node_checks_the_config_once_before_any_rank_starts(t
 
 
 def test_finetune_nproc_per_node_runs_the_same_command_under_torchrun():
-    from workbench.cli import _torchrun_argv, build_parser
+    from workbench.cli import build_parser
+    from workbench.cli_finetune import torchrun_argv
 
     args = build_parser().parse_args(
         ["finetune", "c.yaml", "--nproc-per-node", "4", "--set", "train.lr=1e-3", "--steps", "7", "--run-id", "r1"]
     )
-    assert _torchrun_argv(args) == [
+    assert torchrun_argv(args) == [
         sys.executable,
         "-m",
         "torch.distributed.run",
@@ -350,11 +352,12 @@ def test_finetune_nproc_per_node_runs_the_same_command_under_torchrun():
     ],
 )
 def test_bad_set_item_is_a_config_error(item, message):
-    from workbench.cli import _overrides, build_parser
+    from workbench.cli import build_parser
+    from workbench.cli_common import config_overrides
     from workbench.config import ConfigError
 
     with pytest.raises(ConfigError, match=message):
-        _overrides(build_parser().parse_args(["finetune", "cfg.yaml", "--set", item]))
+        config_overrides(build_parser().parse_args(["finetune", "cfg.yaml", "--set", item]))
 
 
 def test_help_and_runs_import_neither_torch_nor_transformers(tmp_path):

@@ -131,11 +131,12 @@ def test_yaml_refuses_non_finite_numbers(tmp_path, section, key, text):
 
 
 def test_set_refuses_nan_clip_grad_norm_instead_of_disabling_clipping():
-    from workbench.cli import _overrides, build_parser
+    from workbench.cli import build_parser
+    from workbench.cli_common import config_overrides
 
     args = build_parser().parse_args(["finetune", "cfg.yaml", "--set", "train.clip_grad_norm=.nan"])
     with pytest.raises(ConfigError, match=r"train\.clip_grad_norm must be a finite number >= 0.0, got nan"):
-        RunConfig.demo().with_overrides(_overrides(args))
+        RunConfig.demo().with_overrides(config_overrides(args))
 
 
 @pytest.mark.parametrize("betas", [(float("nan"), 0.95), (0.9, float("inf"))])

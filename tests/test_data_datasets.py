@@ -261,7 +261,7 @@ def test_config_validation_and_overrides(tmp_path):
     assert RunConfig.from_yaml(rc.to_yaml()).data == rc.data
     import argparse
 
-    from workbench.cli import _overrides
+    from workbench.cli_common import config_overrides
 
     sets = [
         "data.kind=datasets",
@@ -271,7 +271,7 @@ def test_config_validation_and_overrides(tmp_path):
         "data.eval_every=5",
         "data.assistant_only_loss=false",
     ]
-    cli = RunConfig.demo().with_overrides(_overrides(argparse.Namespace(set=sets)))
+    cli = RunConfig.demo().with_overrides(config_overrides(argparse.Namespace(set=sets)))
     assert cli.data.columns == {"prompt": "q", "completion": "a"} and cli.data.data_files == ["a.parquet"]
     assert cli.data.assistant_only_loss is False and cli.data.eval_every == 5
 

@@ -13,7 +13,7 @@ from generic_families import tiny_config
 from torch.func import functional_call
 
 from workbench import AutoModelForCausalLM, BackendConfig
-from workbench.cli import _overrides
+from workbench.cli_common import config_overrides
 from workbench.config import ConfigError, LoraConfig, RunConfig
 from workbench.models.lora import adapter_parameters
 from workbench.moe.hf_experts import engine_experts_modules
@@ -47,7 +47,7 @@ def randomize_adapters(model, seed: int = 1, std: float = 0.3) -> None:
 def test_lora_section_yaml_set_and_defaults(tmp_path):
     assert RunConfig.demo().lora is None  # off by default
     args = argparse.Namespace(set=["lora.rank=8", "lora.targets=[attention, experts, shared_experts]"])
-    rc = RunConfig.demo().with_overrides(_overrides(args))
+    rc = RunConfig.demo().with_overrides(config_overrides(args))
     assert rc.lora == LoraConfig(rank=8, targets=("attention", "experts", "shared_experts"))
     assert rc.lora.scaling == 32.0 / 8
     assert RunConfig.from_yaml(rc.to_yaml(tmp_path / "c.yaml")) == rc

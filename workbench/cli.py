@@ -14,14 +14,12 @@ from dataclasses import dataclass
 # Nothing heavy at module level, here and in the cli_*.py modules each subcommand lives in:
 # `workbench --help` and `workbench runs` must not wait seconds for torch and Transformers. Each
 # subcommand imports what it needs when it runs (or, for `bench`, when its own arguments are added).
-from workbench.cli_common import _overrides
-from workbench.cli_demo import _demo_args, _run_demo
-from workbench.cli_finetune import _finetune_args, _run_finetune, _torchrun_argv
-from workbench.cli_runs import _run_runs, _run_show, _runs_args, _show_args
+from workbench.cli_demo import demo_arguments, run_demo
+from workbench.cli_finetune import finetune_arguments, run_finetune
+from workbench.cli_runs import run_runs, run_show, runs_arguments, show_arguments
 from workbench.config_checks import ConfigError
 
-# Importable from here, where callers and tests have always found them.
-__all__ = ["SUBCOMMANDS", "Subcommand", "_overrides", "_torchrun_argv", "build_parser", "main"]
+__all__ = ["SUBCOMMANDS", "Subcommand", "build_parser", "main"]
 
 
 @dataclass(frozen=True)
@@ -52,21 +50,21 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand(
-        "finetune", "fine-tune from a RunConfig YAML (standalone or under torchrun)", _finetune_args, _run_finetune
+        "finetune", "fine-tune from a RunConfig YAML (standalone or under torchrun)", finetune_arguments, run_finetune
     ),
-    Subcommand("demo", "fine-tune the embedded tiny MoE on 2 CPU ranks or all local GPUs", _demo_args, _run_demo),
+    Subcommand("demo", "fine-tune the embedded tiny MoE on 2 CPU ranks or all local GPUs", demo_arguments, run_demo),
     Subcommand(
         "runs",
         "list the runs in a runs directory: model, mesh, state (running, completed, failed, died), "
         "step, tokens/s per GPU, loss",
-        _runs_args,
-        _run_runs,
+        runs_arguments,
+        run_runs,
     ),
     Subcommand(
         "show",
         "one run's summary and its figures per step in the terminal (--png FILE: its plots)",
-        _show_args,
-        _run_show,
+        show_arguments,
+        run_show,
     ),
     Subcommand(
         "bench", "Transformers v5 anchor vs the engine, timed in one launch (see benchmarks/)", _bench_args, _run_bench

@@ -21,7 +21,7 @@ def _parse_value(text: str):
         raise ConfigError(f"--set value {text!r} is not valid YAML: {getattr(err, 'problem', None) or err}") from err
 
 
-def _overrides(args: argparse.Namespace) -> dict:
+def config_overrides(args: argparse.Namespace) -> dict:
     out: dict = {}
     for item in getattr(args, "set", None) or []:
         if "=" not in item:
@@ -43,7 +43,7 @@ def _overrides(args: argparse.Namespace) -> dict:
 PROGRESS = ("auto", "bar", "lines")  # --progress: auto is a bar on a terminal, lines elsewhere
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, help="optimizer steps (overrides train.steps)")
     p.add_argument("--output-dir", help="runs directory (default: $WORKBENCH_RUNS_DIR or ~/moe-workbench/runs)")
     p.add_argument("--run-id", help="name of the run directory (default: a timestamp)")
@@ -56,7 +56,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _wants_bar(args: argparse.Namespace) -> bool:
+def wants_bar(args: argparse.Namespace) -> bool:
     """Whether rank 0 draws a progress bar: asked for, or by default when stdout is a terminal (not CI or a pipe)."""
     mode = getattr(args, "progress", "auto")
     return mode == "bar" or (mode == "auto" and sys.stdout.isatty())
@@ -107,7 +107,7 @@ def refused_before_work(err: BaseException, watch: RunWatch) -> bool:
     return not watch.started and isinstance(err, REFUSALS)
 
 
-def _print_summary(run_path: str) -> None:
+def print_summary(run_path: str) -> None:
     """The run's summary (workbench.runs.run_summary) on stdout; a run directory that cannot be read says so."""
     try:
         lines = summary_lines(run_path)

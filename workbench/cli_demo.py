@@ -6,25 +6,25 @@ import argparse
 import os
 import sys
 
-from workbench.cli_common import _add_common, _overrides, _print_summary, _wants_bar, run_command
+from workbench.cli_common import add_run_arguments, config_overrides, print_summary, run_command, wants_bar
 from workbench.parallel.launch import spawn
 from workbench.runs.run_dir import RunDir, default_runs_dir, new_run_id
 
 
-def _demo_args(p: argparse.ArgumentParser) -> None:
-    _add_common(p)
+def demo_arguments(p: argparse.ArgumentParser) -> None:
+    add_run_arguments(p)
     p.add_argument(
         "--ranks", type=int, default=None, help="processes to run (default: all local GPUs, else 2 CPU ranks over gloo)"
     )
 
 
-def _run_demo(args: argparse.Namespace) -> int:
+def run_demo(args: argparse.Namespace) -> int:
     command = run_command()
     world, where = command.demo_world(args.ranks)
     if world < 1:
         print("workbench demo: --ranks must be >= 1", file=sys.stderr)
         return 2
-    rc = command.demo_config({**_overrides(args), "run_id": args.run_id or new_run_id()})
+    rc = command.demo_config({**config_overrides(args), "run_id": args.run_id or new_run_id()})
     runs_dir = rc.output_dir or str(default_runs_dir())
     print(
         f"workbench demo: tiny Qwen3-MoE, {rc.train.steps} steps on {world} {where} rank(s); "
@@ -34,13 +34,13 @@ def _run_demo(args: argparse.Namespace) -> int:
     run_path = os.path.join(runs_dir, rc.run_id)
     if spawn(
         "workbench.train.command:demo_rank",
-        {"config": rc.to_dict(), "bar": _wants_bar(args)},
+        {"config": rc.to_dict(), "bar": wants_bar(args)},
         world,
         "demo",
         on_failure=lambda exits: _record_rank_failure(run_path, exits),
     ):
         return 1
-    _print_summary(run_path)
+    print_summary(run_path)
     return 0
 
 

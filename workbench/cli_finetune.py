@@ -9,20 +9,20 @@ import traceback
 
 from workbench.cli_common import (
     RunWatch,
-    _add_common,
-    _overrides,
-    _print_summary,
-    _wants_bar,
+    add_run_arguments,
+    config_overrides,
+    print_summary,
     refused_before_work,
     run_command,
+    wants_bar,
 )
 from workbench.config_checks import ConfigError
 from workbench.parallel.launch import report_config_error, run_in_launched_group
 
 
-def _finetune_args(p: argparse.ArgumentParser) -> None:
+def finetune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="RunConfig YAML file")
-    _add_common(p)
+    add_run_arguments(p)
     p.add_argument("--resume-from", help="checkpoint or run directory to resume from")
     p.add_argument(
         "--set",
@@ -45,7 +45,7 @@ def _finetune_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _torchrun_argv(args: argparse.Namespace) -> list[str]:
+def torchrun_argv(args: argparse.Namespace) -> list[str]:
     """This command again, for each rank torchrun starts (without --nproc-per-node)."""
     argv = [
         sys.executable,
@@ -76,7 +76,7 @@ def _torchrun_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def _run_finetune(args: argparse.Namespace) -> int:
+def run_finetune(args: argparse.Namespace) -> int:
     # Everything that can be checked from the config, the model's config.json and the launcher's
     # WORLD_SIZE (or --nproc-per-node) is checked here, before the process group and before torchrun
     # starts a rank: the trainer's own checks of the rank count (workbench.train.world_checks), so a
@@ -88,7 +88,7 @@ def _run_finetune(args: argparse.Namespace) -> int:
     world = args.nproc_per_node if launch else int(os.environ.get("WORLD_SIZE", "1"))
     command = run_command()
     try:
-        rc = command.checked_config(args.config, _overrides(args), world)
+        rc = command.checked_config(args.config, config_overrides(args), world)
     except (ConfigError, ValueError, TypeError) as err:
         if args.debug:
             traceback.print_exc()
@@ -96,14 +96,14 @@ def _run_finetune(args: argparse.Namespace) -> int:
         return 2
     if launch:
         sys.stdout.flush()
-        os.execv(sys.executable, _torchrun_argv(args))  # replaces this process: torchrun's exit code is ours
+        os.execv(sys.executable, torchrun_argv(args))  # replaces this process: torchrun's exit code is ours
 
     watch = RunWatch()
 
     def run() -> None:
-        result = command.run_rank(rc, _wants_bar(args), (watch,))
+        result = command.run_rank(rc, wants_bar(args), (watch,))
         if result is not None:  # rank 0
-            _print_summary(result["run_dir"])
+            print_summary(result["run_dir"])
 
     return run_in_launched_group(
         run,

@@ -17,11 +17,11 @@ from workbench.ui.png import save_live_png
 from workbench.ui.series import live_series
 
 
-def _runs_args(p: argparse.ArgumentParser) -> None:
+def runs_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs_dir", nargs="?", help="runs directory (default: $WORKBENCH_RUNS_DIR or ~/moe-workbench/runs)")
 
 
-def _run_runs(args: argparse.Namespace) -> int:
+def run_runs(args: argparse.Namespace) -> int:
     runs_dir = args.runs_dir or str(default_runs_dir())
     if not os.path.isdir(os.path.expanduser(runs_dir)):
         print(f"workbench runs: no runs directory at {runs_dir}", file=sys.stderr)
@@ -61,7 +61,7 @@ def _run_runs(args: argparse.Namespace) -> int:
 # -- show ------------------------------------------------------------------------------------
 
 
-def _show_args(p: argparse.ArgumentParser) -> None:
+def show_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="run directory, or a run id in the runs directory")
     p.add_argument(
         "--runs-dir", help="where a run id is looked up (default: $WORKBENCH_RUNS_DIR or ~/moe-workbench/runs)"
@@ -74,7 +74,7 @@ def _show_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _run_show(args: argparse.Namespace) -> int:
+def run_show(args: argparse.Namespace) -> int:
     path = os.path.expanduser(args.run)
     if not os.path.isdir(path):
         problem = run_id_problem(args.run)
