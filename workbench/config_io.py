@@ -85,7 +85,7 @@ def read_hf_config(path: Path):
         raise ConfigError(f"{file} must hold a JSON object, got {type(raw).__name__}")
     model_type = raw.get("model_type")
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
-        from workbench.models.generic import TESTED_FAMILIES
+        from workbench.models.generic import TESTED_FAMILIES  # torch and Transformers' models: only for this message
 
         if model_type is None:
             what = "has no model_type"

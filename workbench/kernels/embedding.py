@@ -26,6 +26,7 @@ class _EmbeddingWithSquares(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
+        # Triton: optional, imported where its kernel runs
         from workbench.kernels.triton_embedding import embedding_backward
 
         if not ctx.needs_input_grad[1]:

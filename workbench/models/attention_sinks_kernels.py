@@ -167,6 +167,7 @@ class _SinkAttention(torch.autograd.Function):
             # the kernels' backward read lse and out with their own strides: keep them
             lse_s, out_s = torch.empty_like(lse), torch.empty_like(out)
             if glue == "triton":
+                # Triton: optional, imported where its kernel runs
                 from workbench.kernels.triton_attention_sinks import sink_scale
 
                 head = kernel.lse_head_axis
@@ -189,6 +190,7 @@ class _SinkAttention(torch.autograd.Function):
         if ctx.has_sinks and ctx.needs_input_grad[3]:
             head = kernel.lse_head_axis
             if ctx.glue == "triton":
+                # Triton: optional, imported where its kernel runs
                 from workbench.kernels.triton_attention_sinks import sink_grad
 
                 dsinks = sink_grad(_bhsd(dout, head), _bhsd(out, head), _bhsd(lse, head), sinks).to(sinks.dtype)

@@ -73,7 +73,7 @@ def fused_rope_forward(
     """A Llama-style attention forward of `family` (q/k/v projections, per-head q/k norms where given, RoPE, the
     family's attention function with `attention_extras`, o_proj) with RoPE on the fused kernel where it applies;
     with `residual`, o_proj's output comes back with it added (o_proj_residual)."""
-    from workbench.kernels.triton_rope import apply_rope, supported
+    from workbench.kernels.triton_rope import apply_rope, supported  # Triton: optional, imported where its kernel runs
 
     kwargs.pop("cache", None)
     kwargs.pop("past_key_values", None)
@@ -86,7 +86,7 @@ def fused_rope_forward(
     q_BHSD, k_BHSD = q.transpose(1, 2), k.transpose(1, 2)
     if fused_norm_rope_applies(q_norm, q_BHSD, cos) and fused_norm_rope_applies(k_norm, k_BHSD, cos):
         # the per-head norms and RoPE in one kernel each way (kernels/triton_norm_rope.py)
-        from workbench.kernels.triton_norm_rope import norm_rope
+        from workbench.kernels.triton_norm_rope import norm_rope  # Triton: optional, imported where its kernel runs
 
         q_BHSD = norm_rope(q_BHSD, q_norm.weight, q_norm.variance_epsilon, cos, sin)
         k_BHSD = norm_rope(k_BHSD, k_norm.weight, k_norm.variance_epsilon, cos, sin)
@@ -140,6 +140,7 @@ def fused_norm_rope_applies(norm: nn.Module | None, x_BHSD: torch.Tensor, cos: t
     """Whether a per-head norm and RoPE run as one kernel: the engine's Triton RMSNorm over a layout it takes."""
     if not isinstance(norm, RMSNorm) or norm.backend != "triton":
         return False
+    # Triton: optional, imported where its kernel runs
     from workbench.kernels.triton_norm_rope import supported as norm_rope_supported
 
     return norm_rope_supported(x_BHSD, norm.weight, cos)

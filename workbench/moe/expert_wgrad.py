@@ -30,7 +30,7 @@ def wgrad_applies(x_NK: torch.Tensor, weight_E: torch.Tensor) -> bool:
 
 def wgrad_refusal(weight_E: torch.Tensor) -> str | None:
     """Why the Triton weight gradient cannot take this weight's GEMMs (its tiles do not divide them), or None."""
-    from workbench.kernels.triton_grouped_wgrad import blocks_for
+    from workbench.kernels.triton_grouped_wgrad import blocks_for  # Triton: optional, imported where its kernel runs
 
     m, n = weight_E.shape[-2:]
     if blocks_for(m, n) is None:

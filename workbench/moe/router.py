@@ -106,6 +106,7 @@ def softmax_topk(logits_TE: torch.Tensor, top_k: int, norm_topk_prob: bool) -> t
 
 def softmax_topk_triton(logits_TE: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax_topk in one Triton kernel each way (float32 logits; kernels/triton_router_topk.py)."""
+    # Triton: optional, imported where its kernel runs
     from workbench.kernels.triton_router_topk import softmax_topk as triton_softmax_topk
 
     weights_TK, ids_TK = triton_softmax_topk(logits_TE, top_k, norm_topk_prob)

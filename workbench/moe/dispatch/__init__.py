@@ -42,6 +42,7 @@ def _closable(dispatcher) -> bool:
 
 def model_dispatchers(model: torch.nn.Module) -> list:
     """The dispatcher of every MoE layer of `model` (its engine experts modules), in module order."""
+    # hf_experts imports this package (its contract): read when called
     from workbench.moe.hf_experts import EngineExperts
 
     return [m.plan.dispatcher for m in model.modules() if isinstance(m, EngineExperts)]
@@ -75,6 +76,7 @@ def close_live_dispatchers() -> int:
 
     import torch.distributed as dist
 
+    # hf_experts imports this package (its contract): read when called
     from workbench.moe.hf_experts import EngineExperts
 
     if not (dist.is_available() and dist.is_initialized()):

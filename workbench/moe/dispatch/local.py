@@ -106,7 +106,7 @@ def sum_slots(
 ) -> torch.Tensor:
     """out[t] = sum_k y[row_of_slot[t*K + k]] (+ residual[t]), summed in float32; slots may have no row."""
     if use_triton:  # the unweighted combine: one pass over the rows, no [T, K, D] gather
-        from workbench.kernels.triton_combine import sum_forward
+        from workbench.kernels.triton_combine import sum_forward  # Triton: optional, imported where its kernel runs
 
         return sum_forward(y_ND, row_of_slot, top_k, residual_TD)
     y_TKD = gather_slots(y_ND, row_of_slot).view(row_of_slot.numel() // top_k, top_k, y_ND.shape[-1])
@@ -170,6 +170,7 @@ class _WeightedCombine(torch.autograd.Function):
         ctx.save_for_backward(y_ND, weights_TK, row_of_slot, slot_order)
         ctx.use_triton = use_triton
         if ctx.use_triton:
+            # Triton: optional, imported where its kernel runs
             from workbench.kernels.triton_combine import combine_forward
 
             return combine_forward(y_ND, weights_TK, row_of_slot, residual_TD=residual_TD)
@@ -185,6 +186,7 @@ class _WeightedCombine(torch.autograd.Function):
         y_ND, weights_TK, row_of_slot, slot_order = ctx.saved_tensors
         num_tokens, top_k = weights_TK.shape
         if ctx.use_triton:
+            # Triton: optional, imported where its kernel runs
             from workbench.kernels.triton_combine import combine_backward
 
             grad_y, grad_w = combine_backward(grad_TD, y_ND, weights_TK, row_of_slot)
