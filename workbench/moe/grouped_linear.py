@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from workbench.moe.expert_wgrad import grouped_linear_wgrad, wgrad_applies
 from workbench.moe.grouped_mm import grouped_mm_op, weight_EKO
 
+# Shape suffixes: E experts, N routed rows, D a row's width, K a GEMM's inner size; weight_EKN: [E, K in, N out].
+
 
 def grouped_mm_dtypes(device: torch.device | str) -> tuple[torch.dtype, ...]:
     """The dtypes torch's grouped GEMM takes on `device`; () where it cannot run there. Asked once, at install."""
