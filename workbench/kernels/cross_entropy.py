@@ -23,6 +23,7 @@ def _triton_cross_entropy():
 
     return kernels
 
+
 # Shape suffixes: N tokens (batch x sequence), D hidden, V vocab, C one chunk of tokens.
 
 # Budget for one chunk's logits where the lm_head is frozen (LoRA): chunking then only saves memory.

@@ -24,6 +24,7 @@ def _triton_gpt_oss_gate():
 
     return kernels
 
+
 # Shape suffixes: N routed rows, E experts, I intermediate (2I: gate and up interleaved), C columns.
 
 
