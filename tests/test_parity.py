@@ -109,13 +109,13 @@ def test_bfloat16_against_float32_hf(shape, experts):
 
 def test_grouped_mm_really_runs_grouped_gemm(monkeypatch):
     """The grouped_mm backend must not silently take the loop fallback on supported shapes."""
-    from workbench.moe import hf_experts
+    from workbench.moe import grouped_linear
 
     cfg = tiny_qwen3_moe()
     _, engine = build_pair(cfg, "grouped_mm", 3)
     calls = []
-    real = hf_experts.grouped_mm_op()
-    monkeypatch.setattr(hf_experts, "grouped_mm_op", lambda: lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = grouped_linear.grouped_mm_op()
+    monkeypatch.setattr(grouped_linear, "grouped_mm_op", lambda: lambda *a, **k: calls.append(1) or real(*a, **k))
     ids, labels = fresh_batch(cfg, 4)
     engine(input_ids=ids, labels=labels).loss.backward()
     assert len(calls) == 2 * cfg.num_hidden_layers  # gate_up and down of every MoE layer, no loop fallback
