@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from workbench.kernels.causal_conv import causal_depthwise_conv
 from workbench.kernels.gated_delta import chunk_block, chunk_prepare, scan_chunks, unchunk
-from workbench.models.class_swap import swap_classes
 from workbench.models.mixer_call import call_cache, padding_mask
 from workbench.models.mixer_compile import mixer_math, run_mixer_math
 from workbench.models.mixer_documents import mixer_document_starts
@@ -154,16 +152,3 @@ class EngineGatedDeltaNet:
             out_dtype=hidden_states.dtype,
         )
         return self.out_proj(out)
-
-
-def use_engine_gated_delta(model: nn.Module, mixer: str, hf_class: type, engine_class: type) -> int:
-    """mixer='chunked': every `hf_class` module of `model` becomes `engine_class` (same parameters); how many."""
-    if mixer != "chunked":
-        return 0
-    unsupported = {m.activation for m in model.modules() if type(m) is hf_class and m.activation != "silu"}
-    if unsupported:
-        raise ValueError(
-            f"mixer='chunked' runs Gated DeltaNet's conv with SiLU; this model's {hf_class.__name__} uses "
-            f"{sorted(unsupported)}: set BackendConfig.mixer='transformers'"
-        )
-    return swap_classes(model, hf_class, engine_class)

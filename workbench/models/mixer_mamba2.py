@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from workbench.kernels.causal_conv import causal_depthwise_conv
 from workbench.kernels.ssd_scan import ssd_chunked
-from workbench.models.class_swap import swap_classes
 from workbench.models.mixer_call import call_cache, padding_mask
 from workbench.models.mixer_compile import run_mixer_math
 from workbench.models.mixer_documents import mixer_document_starts
@@ -110,16 +108,3 @@ class EngineMamba2Mixer:
             out_dtype=hidden_states.dtype,
         )
         return self.out_proj(mixed)
-
-
-def use_engine_mamba2(model: nn.Module, mixer: str, hf_class: type, engine_class: type) -> int:
-    """mixer='chunked': every `hf_class` mixer of `model` becomes `engine_class` (same parameters); how many."""
-    if mixer != "chunked":
-        return 0
-    unsupported = {m.activation for m in model.modules() if type(m) is hf_class and m.activation != "silu"}
-    if unsupported:
-        raise ValueError(
-            f"mixer='chunked' runs Mamba2's conv with SiLU; this model's {hf_class.__name__} uses "
-            f"{sorted(unsupported)}: set BackendConfig.mixer='transformers'"
-        )
-    return swap_classes(model, hf_class, engine_class)

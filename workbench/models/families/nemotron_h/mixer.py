@@ -7,7 +7,8 @@ from transformers.models.nemotron_h import modeling_nemotron_h as hf
 
 from workbench.models.class_swap import swap_classes
 from workbench.models.mixer_documents import MixerDocumentsLayer
-from workbench.models.mixer_mamba2 import EngineMamba2Mixer, use_engine_mamba2
+from workbench.models.mixer_mamba2 import EngineMamba2Mixer
+from workbench.models.mixer_swap import swap_engine_mixers
 
 
 class NemotronHEngineMamba2Mixer(EngineMamba2Mixer, hf.NemotronHMamba2Mixer):
@@ -20,7 +21,7 @@ class NemotronHEngineBlock(MixerDocumentsLayer, hf.NemotronHBlock):
 
 def use_engine_mixers(model: nn.Module, mixer: str) -> int:
     """mixer='chunked': the engine's Mamba2 mixers and the blocks that feed them documents; how many mixers."""
-    swapped = use_engine_mamba2(model, mixer, hf.NemotronHMamba2Mixer, NemotronHEngineMamba2Mixer)
+    swapped = swap_engine_mixers(model, mixer, hf.NemotronHMamba2Mixer, NemotronHEngineMamba2Mixer, "Mamba2")
     if swapped:
         swap_classes(model, hf.NemotronHBlock, NemotronHEngineBlock)
     return swapped

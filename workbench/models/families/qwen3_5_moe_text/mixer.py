@@ -8,7 +8,8 @@ from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as hf
 
 from workbench.models.class_swap import swap_classes
 from workbench.models.mixer_documents import MixerDocumentsLayer
-from workbench.models.mixer_gated_delta import EngineGatedDeltaNet, use_engine_gated_delta
+from workbench.models.mixer_gated_delta import EngineGatedDeltaNet
+from workbench.models.mixer_swap import swap_engine_mixers
 
 
 class Qwen3_5MoeEngineGatedDeltaNet(EngineGatedDeltaNet, hf.Qwen3_5MoeGatedDeltaNet):
@@ -30,7 +31,9 @@ class Qwen3_5MoeEngineDecoderLayer(MixerDocumentsLayer, hf.Qwen3_5MoeDecoderLaye
 
 def use_engine_mixers(model: nn.Module, mixer: str) -> int:
     """mixer='chunked': the engine's Gated DeltaNets and the layers that feed them documents; how many mixers."""
-    swapped = use_engine_gated_delta(model, mixer, hf.Qwen3_5MoeGatedDeltaNet, Qwen3_5MoeEngineGatedDeltaNet)
+    swapped = swap_engine_mixers(
+        model, mixer, hf.Qwen3_5MoeGatedDeltaNet, Qwen3_5MoeEngineGatedDeltaNet, "Gated DeltaNet"
+    )
     if swapped:
         swap_classes(model, hf.Qwen3_5MoeDecoderLayer, Qwen3_5MoeEngineDecoderLayer)
     return swapped

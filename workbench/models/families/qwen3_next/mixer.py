@@ -8,7 +8,8 @@ from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
 from workbench.models.class_swap import swap_classes
 from workbench.models.mixer_documents import MixerDocumentsLayer
-from workbench.models.mixer_gated_delta import EngineGatedDeltaNet, use_engine_gated_delta
+from workbench.models.mixer_gated_delta import EngineGatedDeltaNet
+from workbench.models.mixer_swap import swap_engine_mixers
 
 
 class Qwen3NextEngineGatedDeltaNet(EngineGatedDeltaNet, hf.Qwen3NextGatedDeltaNet):
@@ -29,7 +30,9 @@ class Qwen3NextEngineDecoderLayer(MixerDocumentsLayer, hf.Qwen3NextDecoderLayer)
 
 def use_engine_mixers(model: nn.Module, mixer: str) -> int:
     """mixer='chunked': the engine's Gated DeltaNets and the layers that feed them documents; how many mixers."""
-    swapped = use_engine_gated_delta(model, mixer, hf.Qwen3NextGatedDeltaNet, Qwen3NextEngineGatedDeltaNet)
+    swapped = swap_engine_mixers(
+        model, mixer, hf.Qwen3NextGatedDeltaNet, Qwen3NextEngineGatedDeltaNet, "Gated DeltaNet"
+    )
     if swapped:
         swap_classes(model, hf.Qwen3NextDecoderLayer, Qwen3NextEngineDecoderLayer)
     return swapped
