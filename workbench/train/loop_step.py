@@ -19,6 +19,7 @@ from workbench.train.data_batch import IGNORE_INDEX, Batch
 from workbench.train.guard import check_finite
 from workbench.train.loop_support import all_reduce, micro_batches
 from workbench.train.metrics import expert_load_from_router_logits, memory_gib, reset_peak_memory
+from workbench.train.moe_health import router_entropy_sums
 from workbench.train.optim import clip_grad_norm
 from workbench.train.step_stats import PendingStep, StatsLayout, to_device
 
@@ -64,6 +65,7 @@ class TrainStep:
         ce_sum = torch.zeros((), dtype=torch.float64, device=device)
         aux_sum = torch.zeros((), dtype=torch.float64, device=device)
         loads = []
+        entropy = None  # the router entropy per layer summed over micro-batches (train/moe_health), on the device
         for i, mb in enumerate(micro):
             extra = self._sequences(mb)  # from the host's position_ids, before the copy
             host_positions = mb.position_ids
@@ -96,6 +98,9 @@ class TrainStep:
             ce_sum += ce.detach().to(torch.float64)
             if aux is not None:
                 aux_sum += aux.detach().to(torch.float64) * self.aux_scale
+            if parts.router_logits:
+                sums = router_entropy_sums(parts.router_logits)
+                entropy = sums if entropy is None else entropy + sums
             if self._expert_load is None and parts.router_logits:
                 loads.append(
                     expert_load_from_router_logits(
@@ -145,10 +150,14 @@ class TrainStep:
             "first_bad": self._skip.first_bad,
             "loss_tokens": loss_tokens,
         }
+        if entropy is not None:
+            entropy = entropy / len(micro)
         layout = StatsLayout(
-            tuple(load.shape) if load is not None else (), tuple(b.numel() for b in self.router_biases or ())
+            tuple(load.shape) if load is not None else (),
+            tuple(b.numel() for b in self.router_biases or ()),
+            entropy.numel() if entropy is not None else 0,
         )
-        pending.queue_copy(layout, layout.pack(scalars, load, self.router_biases), clock)
+        pending.queue_copy(layout, layout.pack(scalars, load, self.router_biases, entropy), clock)
         # A CUDA graph pool's replay memory is not "allocated"; the capture's own step counts it twice (an overestimate)
         graphs = engine_state(self.model).stack_graphs
         # the allocator's counters: host-side, no wait

@@ -64,17 +64,23 @@ class Clock:
 
 @dataclass(frozen=True)
 class StatsLayout:
-    """Where things sit in the stats vector: the SCALARS, the expert load [L, E], the router biases."""
+    """Where things sit in the stats vector: the SCALARS, the expert load [L, E], the router biases, the router
+    entropy [L] (train/moe_health; 0 layers where the router logits are not recorded)."""
 
     load_shape: tuple[int, ...] = ()
     bias_sizes: tuple[int, ...] = ()
+    entropy_layers: int = 0
 
     def __post_init__(self) -> None:
         if len(self.load_shape) not in (0, 2):
             raise ValueError(f"load_shape must be () or (layers, experts), got {self.load_shape}")
 
     def pack(
-        self, scalars: dict[str, torch.Tensor], load: torch.Tensor | None, biases: list[torch.Tensor] | None
+        self,
+        scalars: dict[str, torch.Tensor],
+        load: torch.Tensor | None,
+        biases: list[torch.Tensor] | None,
+        entropy: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One float64 vector on the scalars' device (int64 counts are exact below 2**53)."""
         parts = [torch.stack([scalars[k].reshape(()).to(torch.float64) for k in SCALARS])]
@@ -82,10 +88,13 @@ class StatsLayout:
             parts.append(load.reshape(-1).to(parts[0].device, torch.float64))
         for b in biases or ():
             parts.append(b.detach().reshape(-1).to(parts[0].device, torch.float64))
+        if entropy is not None:
+            parts.append(entropy.reshape(-1).to(parts[0].device, torch.float64))
         return torch.cat(parts)
 
     def unpack(self, values: list[float]) -> dict[str, Any]:
-        """The host values of a packed vector: SCALARS by name, "expert_load" and "router_bias" as lists."""
+        """The host values of a packed vector: SCALARS by name, "expert_load", "router_bias", "router_entropy" as
+        lists (None where the vector has none)."""
         out: dict[str, Any] = dict(zip(SCALARS, values))
         i = len(SCALARS)
         out["expert_load"] = None
@@ -100,6 +109,7 @@ class StatsLayout:
             for n in self.bias_sizes:
                 out["router_bias"].append(values[i : i + n])
                 i += n
+        out["router_entropy"] = values[i : i + self.entropy_layers] if self.entropy_layers else None
         return out
 
 
