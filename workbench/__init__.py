@@ -23,6 +23,8 @@ _LAZY = {
     "save_vllm_adapter": "workbench.models.lora_export",
     "save_merged": "workbench.models.lora_export",
     "finetune": "workbench.train.loop",
+    "generate": "workbench.generation.api",
+    "generate_stream": "workbench.generation.api",
     "Cluster": "workbench.cluster",
     "Run": "workbench.cluster",
     "RankError": "workbench.cluster",

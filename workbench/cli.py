@@ -16,6 +16,7 @@ from dataclasses import dataclass
 # subcommand imports what it needs when it runs (or, for `bench`, when its own arguments are added).
 from workbench.cli_demo import demo_arguments, run_demo
 from workbench.cli_finetune import finetune_arguments, run_finetune
+from workbench.cli_generate import generate_arguments, run_generate
 from workbench.cli_runs import run_runs, run_show, runs_arguments, show_arguments
 from workbench.config_checks import ConfigError
 
@@ -65,6 +66,12 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         "one run's summary and its figures per step in the terminal (--png FILE: its plots)",
         show_arguments,
         run_show,
+    ),
+    Subcommand(
+        "generate",
+        "ask a run's model: its latest weights (export or checkpoint) answer a prompt, streamed token by token",
+        generate_arguments,
+        run_generate,
     ),
     Subcommand(
         "bench", "Transformers v5 anchor vs the engine, timed in one launch (see benchmarks/)", _bench_args, _run_bench

@@ -80,3 +80,24 @@ def load_checkpoint(
     if rng is not None:
         _set_rng_state(rng)
     return {"step": trainer_state["step"], "data": trainer_state["data"]}
+
+
+def load_model_weights(ckpt: str | Path, model: torch.nn.Module) -> int:
+    """The model tensors of checkpoint `ckpt` into `model`, built on one process without a mesh; returns its step.
+
+    Reading the weights only (`workbench generate`): no optimizer is built and the schedule and RNG
+    are left alone. A LoRA model reads its adapters (the checkpoint holds no frozen base tensor).
+    The files go through the same allow-lists as a resume (workbench.train.safe_load).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    ckpt = Path(ckpt)
+    options = _state_options(model)
+    state = {"model": get_model_state_dict(model, options=options)}
+    _check_tensor_shapes(ckpt, state)
+    reader, planner = safe_dcp_reader_and_planner(ckpt)
+    with _quiet_dcp():
+        dcp.load(state, checkpoint_id=str(ckpt), storage_reader=reader, planner=planner)
+    set_model_state_dict(model, state["model"], options=options)
+    return int(read_json(ckpt / TRAINER_STATE_FILE, ckpt)["step"])
