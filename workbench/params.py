@@ -133,6 +133,20 @@ def _mlp_width(cfg: Any) -> int:
     return width if width is not None else cfg.intermediate_size
 
 
+def experts_input_width(cfg: Any) -> int:
+    """The width routed experts take and give back: hidden_size, or the latent width a LatentMoE projects each token
+    into around them (Nemotron 3 Super's and Ultra's moe_latent_size: fc1_latent_proj before, fc2_latent_proj after)."""
+    return int(getattr(cfg, "moe_latent_size", None) or cfg.hidden_size)
+
+
+def _latent_projections(cfg: Any, hidden: int) -> int:
+    """A LatentMoE layer's two projections, hidden -> latent -> hidden (with biases where mlp_bias); 0 without."""
+    latent = getattr(cfg, "moe_latent_size", None)
+    if not latent:
+        return 0
+    return 2 * hidden * latent + bool(getattr(cfg, "mlp_bias", False)) * (latent + hidden)
+
+
 def _shared_width(cfg: Any, width: int) -> int:
     """Intermediate width of one MoE layer's shared experts together (0: none)."""
     own = _get(cfg, "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", default=None)
@@ -166,6 +180,8 @@ class ParamCounts:
     mixer_layers: int = 0  # a hybrid's layers with another sequence mixer (Mamba2, Gated DeltaNet)
     mixer_per_layer: int = 0  # everything in one of those mixers (workbench/mixer_counts.py)
     mixer_matmul_per_layer: int = 0  # its projection weight matrices
+    # a LatentMoE layer's projections into the experts' latent width and back (every token runs them)
+    latent_per_layer: int = 0
 
     @property
     def experts_per_layer(self) -> int:
@@ -186,7 +202,7 @@ class ParamCounts:
             + self.norms
             + self.attention_layers * self.attention_per_layer
             + self.mixer_layers * self.mixer_per_layer
-            + self.moe_layers * (self.router_per_layer + self.shared_per_layer)
+            + self.moe_layers * (self.router_per_layer + self.shared_per_layer + self.latent_per_layer)
             + self.dense_mlp_layers * self.dense_mlp_per_layer
         )
 
@@ -211,7 +227,7 @@ class ParamCounts:
             + self.attention_layers * self.attention_matmul_per_layer
             + self.mixer_layers * self.mixer_matmul_per_layer
             + self.dense_mlp_layers * self.dense_mlp_per_layer
-            + self.moe_layers * (self.shared_per_layer + self.top_k * self.expert_matmul)
+            + self.moe_layers * (self.shared_per_layer + self.latent_per_layer + self.top_k * self.expert_matmul)
         )
 
 
@@ -228,10 +244,11 @@ def param_counts(cfg: Any) -> ParamCounts:
     mixer = mixer_counts(cfg, mixers.pop()) if mixers else None
     attention, attention_matmul = _attention(cfg) if any(b.mixer == "attention" for b in blocks) else (0, 0)
     matrices = 3 if family.gated_mlps else 2  # gate, up, down; Nemotron-H's relu² MLPs: up, down
-    expert_matmul = matrices * hidden * width
+    experts_in = experts_input_width(cfg)
+    expert_matmul = matrices * experts_in * width
     # GPT-OSS: biases on the router and on both expert projections.
     has_bias = family.biased_experts
-    expert_params = expert_matmul + has_bias * (2 * width + hidden)
+    expert_params = expert_matmul + has_bias * (2 * width + experts_in)
     shared = matrices * hidden * _shared_width(cfg, width)
     top_k = int(_get(cfg, "num_experts_per_tok", default=1)) if experts else 0
     tied = bool(getattr(cfg, "tie_word_embeddings", False))
@@ -259,4 +276,5 @@ def param_counts(cfg: Any) -> ParamCounts:
         mixer_layers=sum(b.mixer not in ("attention", None) for b in blocks),
         mixer_per_layer=mixer.params if mixer else 0,
         mixer_matmul_per_layer=mixer.matmul if mixer else 0,
+        latent_per_layer=_latent_projections(cfg, hidden),
     )

@@ -23,6 +23,8 @@ The estimate (bytes on one rank, b = bytes per element of the training dtype):
                                                              # gate/up/activation; shared experts
                       mlp (dense) = 2H + g*I                 # a dense layer's MLP
                       g = 3 (gate, up, activation); 2 for Nemotron-H's relu² MLPs (up, activation)
+                      LatentMoE (moe_latent_size L): each routed copy keeps 2L, not 2H, and the
+                                    combined latent rows add L (fc2_latent_proj's input)
                       with activation checkpointing: tokens * b * (layers * H + max per_token_layer)
     logits          = tokens * V * (b + 8)                   # logits, fp32 upcast and fp32 grad
                       (0 with the fused linear cross-entropy)
@@ -45,11 +47,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench.config import OPTIMIZER_STATES
+from workbench.devices import resolve_dtype_name
 from workbench.mixer_counts import mixer_counts
 from workbench.models.families import LayerBlocks, family_for
 from workbench.models.lora_check import adapter_counts
-from workbench.params import ParamCounts, head_dims, is_mla, layer_blocks, param_counts
-from workbench.train.model_setup import resolve_dtype_name
+from workbench.params import ParamCounts, experts_input_width, head_dims, is_mla, layer_blocks, param_counts
 
 GIB = float(1 << 30)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -104,7 +106,10 @@ def _per_token_layer(cfg: Any, counts: ParamCounts, blocks: LayerBlocks) -> floa
         total += mixer_counts(cfg, blocks.mixer).activations_per_token
     if blocks.mlp == "moe":
         width = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
-        total += 2 * hidden + counts.top_k * (2 * hidden + gated * width)
+        routed = experts_input_width(cfg)  # a LatentMoE's experts work at the latent width
+        total += 2 * hidden + counts.top_k * (2 * routed + gated * width)
+        if counts.latent_per_layer:  # the combined latent rows, fc2_latent_proj's input
+            total += routed
         if counts.shared_per_layer:
             total += 2 * hidden + counts.shared_per_layer // hidden  # g * I_s
     elif blocks.mlp == "dense":
@@ -116,7 +121,10 @@ def _largest_layer(counts: ParamCounts, blocks: tuple[LayerBlocks, ...], ep: int
     """Parameters of the largest decoder layer, with this rank's E/ep experts (the one gathered at a time)."""
     mixers = {"attention": counts.attention_per_layer, None: 0}
     mlps = {
-        "moe": counts.router_per_layer + counts.shared_per_layer + counts.experts_per_layer / ep,
+        "moe": counts.router_per_layer
+        + counts.shared_per_layer
+        + counts.latent_per_layer
+        + counts.experts_per_layer / ep,
         "dense": counts.dense_mlp_per_layer,
         None: 0,
     }
