@@ -148,6 +148,13 @@ def test_moe_without_fused_experts_is_refused_naming_supported_families():
 
 
 def _ep_worker(rank, world, family, save_dir):
+    return ep_step_on(rank, world, _config(family), save_dir)
+
+
+def ep_step_on(rank, world, cfg, save_dir):
+    """One training step of `cfg`'s model on dp = ep = `world` gloo ranks, each on its own tokens, against vanilla
+    Transformers on the whole batch in one process: the loss, every gradient, the experts each rank holds, and the
+    gathered save loaded by vanilla Transformers (rank 0)."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
@@ -155,7 +162,6 @@ def _ep_worker(rank, world, family, save_dir):
     from workbench.models.auto import save_pretrained
     from workbench.parallel.mesh import MeshConfig
 
-    cfg = _config(family)
     model = AutoModelForCausalLM.from_config(
         cfg, mesh=MeshConfig(dp=world, ep=world), seed=3, backend=BackendConfig(experts="grouped_mm")
     )
@@ -209,10 +215,12 @@ def _ep_worker(rank, world, family, save_dir):
 )
 def test_dp2_ep2_equals_one_process_and_saves_for_vanilla(family, tmp_path):
     _config(family)  # skip early where this transformers lacks the family
-    _check_ep(run_ranks(_ep_worker, 2, family, str(tmp_path / "saved"), timeout=300))
+    check_ep(run_ranks(_ep_worker, 2, family, str(tmp_path / "saved"), timeout=300))
 
 
-def _check_ep(results: list) -> None:
+def check_ep(results: list) -> None:
+    """The ranks of ep_step_on agree with one process (loss, gradients, logits after the save) and each held its
+    share of the experts."""
     for r in results:
         assert abs(r["loss"] - r["ref_loss"]) <= 64 * EPS * abs(r["ref_loss"]), r
         assert r["grad_rel"] <= 512 * EPS, r
@@ -223,7 +231,7 @@ def _check_ep(results: list) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
 def test_ep4_on_four_ranks_equals_one_process(family, tmp_path):
-    _check_ep(run_ranks(_ep_worker, 4, family, str(tmp_path / "saved"), timeout=300))
+    check_ep(run_ranks(_ep_worker, 4, family, str(tmp_path / "saved"), timeout=300))
 
 
 def _saved(family: str, path, **overrides) -> str:
