@@ -91,6 +91,9 @@ class TrainConfig:
     cuda_graphs: bool = False
     # Aux-loss-free balancing (DeepSeek-V3): after each step, bias_e += rate * sign(mean load - load_e); 0 = off.
     router_bias_update_rate: float = 0.0
+    # Multi-token prediction (DeepSeek-V3, Nemotron 3 Super): add weight x the MTP layers' cross-entropy to the loss;
+    # 0 = off. Refused above 0 while Transformers builds no MTP layers in the model (workbench/models/mtp.py).
+    mtp_loss_weight: float = 0.0
     checkpoint_every: int | None = None  # steps; None = only at the end
     save_final_checkpoint: bool = True
     export_hf: bool = False  # write a vanilla HF checkpoint (save_pretrained) at the end
@@ -148,6 +151,7 @@ class TrainConfig:
             )
         check_int(self.seed, "train.seed", 0)
         check_float(self.router_bias_update_rate, "train.router_bias_update_rate", 0.0)
+        check_float(self.mtp_loss_weight, "train.mtp_loss_weight", 0.0)
         check_int(self.checkpoint_every, "train.checkpoint_every", 1, allow_none=True)
         check_int(self.log_every, "train.log_every", 1)
         check_int(self.gc_every, "train.gc_every", 0)

@@ -16,6 +16,7 @@ from workbench.backends import BackendConfig
 from workbench.config import RunConfig
 from workbench.config_checks import ConfigError
 from workbench.models.meta_model import meta_model
+from workbench.models.mtp import check_mtp_loss
 from workbench.train.loop_support import router_biases_to_update
 from workbench.train.model_setup import check_lora, resolve_mesh
 from workbench.train.stack_graphs import check_stack_graphs
@@ -50,6 +51,8 @@ def check_world(rc: RunConfig, world: int, hf_config: Any, device: torch.device)
     dp = mesh.dp if mesh is not None else world
     if rc.train.router_bias_update_rate > 0:  # a meta model only
         router_biases_to_update(meta_model(hf_config), hf_config, meta=True)
+    if rc.train.mtp_loss_weight > 0:  # a meta model only
+        check_mtp_loss(meta_model(hf_config), rc.train.mtp_loss_weight)
     accum = rc.train.accumulation_steps(dp)
     check_optimizer_in_backward(rc.train, world, accum)
     mesh_sizes = mesh.to_dict() if mesh is not None else {"dp": 1, "ep": 1}
