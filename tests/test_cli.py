@@ -12,6 +12,7 @@ import pytest
 
 from workbench.config import RunConfig
 from workbench.runs.run_index import list_runs
+from workbench.runs.throughput import run_throughput
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,8 +138,9 @@ def test_finetune_on_a_terminal_draws_a_progress_bar_then_a_summary(terminal_run
     assert any(re.search(r"\| [123]/4 \[\d\d:\d\d<\d\d:\d\d", f) for f in frames), frames  # an ETA while it runs
     metrics = [json.loads(line) for line in (runs / "tty" / "metrics.jsonl").read_text().splitlines()]
     summary = out[out.index(f"run completed: {runs / 'tty'}") :].splitlines()
-    assert f"final {metrics[-1]['loss']:.4f}" in summary[3]
-    assert summary[4] == f"  eval loss     {metrics[-1]['eval_loss']:.4f} at step 4"
+    assert summary[1] == "  kind          full \u00b7 rows.parquet \u00b7 eval every 2 steps on 20% held out"
+    assert f"final {metrics[-1]['loss']:.4f}" in summary[4]
+    assert summary[5] == f"  eval loss     {metrics[-1]['eval_loss']:.4f} at step 4"
 
 
 @pytest.mark.slow
@@ -147,17 +149,18 @@ def test_runs_lists_model_mesh_state_and_figures(terminal_run):
     proc = _workbench(["runs"], runs)
     assert proc.returncode == 0, proc.stderr
     header, line = proc.stdout.splitlines()
-    assert header.split() == ["RUN", "MODEL", "MESH", "STATE", "STEP", "TOK/S/GPU", "LOSS", "DETAIL"]
-    last = [json.loads(line) for line in (runs / "tty" / "metrics.jsonl").read_text().splitlines()][-1]
+    assert header.split() == ["RUN", "NAME", "MODEL", "MESH", "STATE", "STEP", "TOK/S/GPU", "LOSS", "KIND"]
+    records = [json.loads(line) for line in (runs / "tty" / "metrics.jsonl").read_text().splitlines()]
     assert line.split() == [
-        "tty",
+        "tty",  # no name: its column is blank
         "tiny",
         "dp1",
         "ep1",
         "completed",
         "4/4",
-        f"{last['tokens_per_s_per_gpu']:,.0f}",
-        f"{last['loss']:.4f}",
+        f"{run_throughput(records):,.0f}",  # the run's one tokens/s, as `workbench show` and the Studio say
+        f"{records[-1]['loss']:.4f}",
+        *"full \u00b7 rows.parquet \u00b7 eval every 2 steps on 20% held out".split(),  # the kind
     ]
 
 

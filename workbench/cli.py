@@ -7,6 +7,7 @@ adding its arguments and a function running it; add one by adding an entry.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,15 +102,29 @@ def build_parser(
     return parser
 
 
+def _closed_pipe() -> int:
+    """The reader of stdout went away (`workbench show RUN | head`): stop quietly, no traceback.
+
+    Python's own advice: point stdout at /dev/null so the flush at exit does not raise again.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `workbench` console script."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv=argv).parse_args(argv)
     try:
-        return int(args._run(args) or 0)
-    except ConfigError as err:  # a subcommand's own arguments or config refused before any work
-        print(f"workbench {args.command}: {err}", file=sys.stderr, flush=True)
-        return 2
+        args = build_parser(argv=argv).parse_args(argv)  # --help writes too
+        try:
+            return int(args._run(args) or 0)
+        except ConfigError as err:  # a subcommand's own arguments or config refused before any work
+            print(f"workbench {args.command}: {err}", file=sys.stderr, flush=True)
+            return 2
+    except BrokenPipeError:
+        return _closed_pipe()
 
 
 if __name__ == "__main__":

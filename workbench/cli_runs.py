@@ -30,10 +30,10 @@ def run_runs(args: argparse.Namespace) -> int:
     if not runs:
         print(f"no runs in {runs_dir}")
         return 0
-    rows = [("RUN", "MODEL", "MESH", "STATE", "STEP", "TOK/S/GPU", "LOSS", "DETAIL")]
+    rows = [("RUN", "NAME", "MODEL", "MESH", "STATE", "STEP", "TOK/S/GPU", "LOSS", "KIND", "NOTE")]
     for r in runs:
         if not r.get("readable"):
-            rows.append((r["id"], "", "", "unreadable", "", "", "", r.get("error", "")))
+            rows.append((r["id"], "", "", "", "unreadable", "", "", "", "", r.get("error", "")))
             continue
         status = r.get("status") or {}
         step = "" if r.get("step") is None else f"{r['step']}/{r.get('total_steps') or '?'}"
@@ -46,12 +46,25 @@ def run_runs(args: argparse.Namespace) -> int:
             notes.append(f"step and loss from {r['progress_from']}")
         if r.get("metrics_skipped"):
             notes.append(r["metrics_skipped"]["note"])
-        detail = "; ".join(notes)
+        kind = (r.get("kind") or {}).get("label", "")
         rows.append(
-            (r["id"], str(r.get("model") or ""), mesh_label(r.get("mesh")), r["state"], step, speed, loss, detail)
+            (
+                r["id"],
+                r.get("name") or "",
+                str(r.get("model") or ""),
+                mesh_label(r.get("mesh")),
+                r["state"],
+                step,
+                speed,
+                loss,
+                kind,
+                "; ".join(notes),
+            )
         )
+    if not any(row[-1] for row in rows[1:]):
+        rows = [row[:-1] for row in rows]  # no notes: no empty column
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    right = {4, 5, 6}  # numbers
+    right = {5, 6, 7}  # numbers
     for row in rows:
         cells = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
         print("  ".join([*cells, row[-1]]).rstrip())

@@ -35,7 +35,9 @@ from typing import Any
 
 from workbench.runs.liveness import LIVE_STATES, checked_status
 from workbench.runs.run_files import CONFIG_FILE, METRICS_FILE, STATUS_FILE, skipped_note
+from workbench.runs.run_kind import run_kind
 from workbench.runs.run_names import run_id_problem, shown_name
+from workbench.runs.throughput import THROUGHPUT_WINDOW, StepThroughput
 
 SPARK_KEYS = ("tokens_per_s_per_gpu", "loss")
 # The fields of the last rank-0 record a summary shows (a record may also hold large matrices).
@@ -254,12 +256,14 @@ class _SummaryTail(_MetricsTail):
         self.records = 0
         self.last: dict = {}
         self.series = {key: Thinned(points) for key in SPARK_KEYS}
+        self.throughput = StepThroughput()
 
     def held(self) -> int:
         return len(self.last) + sum(len(s.kept) for s in self.series.values())
 
     def take(self, record: dict) -> None:
         self.records += 1
+        self.throughput.add(record)
         if record.get("rank", 0) != 0:
             return
         self.last = {k: record[k] for k in LAST_KEYS if k in record}
@@ -474,7 +478,10 @@ class RunIndex:
             "step": step,
             "total_steps": status.get("total_steps"),
             "loss": loss,
-            "tokens_per_s_per_gpu": last.get("tokens_per_s_per_gpu"),
+            # The run's one tokens/s figure (workbench.runs.throughput), and the steps it is the median of.
+            "tokens_per_s_per_gpu": tail.throughput.value() if tail else None,
+            "tokens_per_s_steps": tail.throughput.window_steps() if tail else [],
+            "kind": run_kind(config),
             "updated_at": updated,
             "spark": {k: (tail.series[k].values() if tail else []) for k in SPARK_KEYS},
             # A one-off summary reads only the file's end: it does not know how many records there are.
@@ -495,7 +502,8 @@ class RunIndex:
 
     def _read_end(self, root: Path, path: Path) -> _SummaryTail | None:
         """A summary tail of only the end of `path`: the last `tail_bytes`, read again four times as
-        far back while no rank-0 step record is in it, up to `max_tail_bytes`."""
+        far back while it holds no rank-0 step record or too few steps for the run's tokens/s (the
+        window's, one the cut may have torn and the one being written), up to `max_tail_bytes`."""
         try:
             fd = open_confined(root, path)
         except FileNotFoundError:
@@ -514,7 +522,8 @@ class RunIndex:
                     data = data[data.find(b"\n") + 1 :] if b"\n" in data else b""  # the first line is cut
                 tail.offset = st.st_size
                 self._consume(tail, data)
-                if "step" in tail.last or start == 0 or window >= self.limits.max_tail_bytes:
+                enough = "step" in tail.last and len(tail.throughput.steps) >= THROUGHPUT_WINDOW + 2
+                if enough or start == 0 or window >= self.limits.max_tail_bytes:
                     return tail
                 window = min(window * 4, self.limits.max_tail_bytes)
 

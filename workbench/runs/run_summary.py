@@ -16,6 +16,7 @@ from typing import Any
 
 from workbench.runs.run_files import ERROR_LOG, skipped_note
 from workbench.runs.run_index import SeriesRecords, one_off_index
+from workbench.runs.throughput import StepThroughput
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
@@ -36,16 +37,15 @@ class RunFigures:
     """The figures of a run's step records (every rank's), taken one record at a time: exact, and held in a
     few numbers however long the run (`workbench show` of a 1 GB metrics file holds no record list).
 
-    Throughput leaves out the first step when there are others: it includes the warm-up
-    (allocation, compilation) and would make a short run look slow.
+    Tokens/s and TFLOP/s per GPU are the run's one definition of them (workbench.runs.throughput):
+    the median of the latest steps, the first step (the warm-up) left out.
     """
 
     def __init__(self) -> None:
         self.records = 0
         self.first_step: int | None = None
         self.last_step: int | None = None
-        self.sums = {key: [0.0, 0] for key in _MEANS}  # over every record
-        self.first_sums = {key: [0.0, 0] for key in _MEANS}  # over the records of the first step
+        self.throughput = {key: StepThroughput(key) for key in _THROUGHPUTS}
         self.peak: float | None = None
         # The lowest rank's first and last step records and its last eval (its losses are the run's).
         self.own_rank: int | None = None
@@ -60,14 +60,9 @@ class RunFigures:
         self.records += 1
         if self.first_step is None or step < self.first_step:
             self.first_step = step
-            self.first_sums = {key: [0.0, 0] for key in _MEANS}
         self.last_step = step if self.last_step is None else max(self.last_step, step)
-        for key in _MEANS:
-            value = record.get(key)
-            if _is_number(value):
-                for sums in (self.sums, *((self.first_sums,) if step == self.first_step else ())):
-                    sums[key][0] += float(value)
-                    sums[key][1] += 1
+        for figure in self.throughput.values():
+            figure.add(record)
         if _is_number(record.get("mem_peak_gib")):
             self.peak = max(float(record["mem_peak_gib"]), self.peak if self.peak is not None else -math.inf)
         if self.own_rank is None or rank < self.own_rank:
@@ -86,14 +81,6 @@ class RunFigures:
         """{"records": 0} before any step record; else first/last step, seconds, means, peak, losses."""
         if not self.records:
             return {"records": 0}
-        several = self.last_step != self.first_step
-
-        def mean(key: str) -> float | None:
-            total, count = self.sums[key]
-            if several:  # the first step's records left out
-                total, count = total - self.first_sums[key][0], count - self.first_sums[key][1]
-            return total / count if count else None
-
         first, last = self.own_first or {}, self.own_last or {}
         seconds = None
         if _is_number(first.get("time")) and _is_number(last.get("time")):
@@ -103,9 +90,10 @@ class RunFigures:
             "first_step": self.first_step,
             "last_step": self.last_step,
             "seconds": seconds,
-            "warmup_left_out": several,
-            "tokens_per_s_per_gpu": mean("tokens_per_s_per_gpu"),
-            "tflops_per_gpu": mean("tflops_per_gpu"),
+            "warmup_left_out": self.last_step != self.first_step,
+            "throughput_steps": self.throughput["tokens_per_s_per_gpu"].window_steps(),
+            "tokens_per_s_per_gpu": self.throughput["tokens_per_s_per_gpu"].value(),
+            "tflops_per_gpu": self.throughput["tflops_per_gpu"].value(),
             "peak_gib": self.peak,
             "first_loss": first.get("loss"),
             "final_loss": last.get("loss"),
@@ -115,7 +103,7 @@ class RunFigures:
         }
 
 
-_MEANS = ("tokens_per_s_per_gpu", "tflops_per_gpu")
+_THROUGHPUTS = ("tokens_per_s_per_gpu", "tflops_per_gpu")
 _OWN_KEYS = ("step", "time", "step_time_s", "loss", "eval_loss")
 
 
@@ -200,6 +188,10 @@ def summary_lines(path: str | os.PathLike, reading: RunReading | None = None) ->
     status = summary.get("status") or {}
     state = summary.get("state", "unknown")
     lines = [f"run {state}: {summary['path']}"]
+    if summary.get("name"):
+        lines.append(f"  name          {summary['name']}")
+    if summary.get("kind"):
+        lines.append(f"  kind          {summary['kind']['label']}")
     world = summary.get("world_size")
     ranks = f"{world} rank{'s' if world != 1 else ''}" if isinstance(world, int) else "? ranks"
     where = ", ".join(x for x in (ranks, mesh_label(summary.get("mesh")), str(summary.get("model") or "")) if x)
@@ -216,12 +208,11 @@ def summary_lines(path: str | os.PathLike, reading: RunReading | None = None) ->
             )
         took = f" in {figures['seconds']:.1f} s" if figures["seconds"] is not None else ""
         lines.append(f"  steps         {last_step}/{total}{took} ({where})")
+        window = figures["throughput_steps"]
         warm = (
-            (
-                f" (mean of steps {figures['first_step'] + 1}-{figures['last_step']}; step {figures['first_step']}, "
-                "the warm-up, left out)"
-            )
-            if figures["warmup_left_out"]
+            f" (median of steps {window[0]}-{window[-1]}"
+            + (f"; step {figures['first_step']}, the warm-up, left out)" if figures["warmup_left_out"] else ")")
+            if window
             else ""
         )
         peak = f", peak {figures['peak_gib']:.2f} GiB" if figures["peak_gib"] is not None else ""

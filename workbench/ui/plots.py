@@ -14,6 +14,7 @@ from plotly.subplots import make_subplots
 
 from workbench.runs.run_index import list_runs
 from workbench.ui.png import save_live_png
+from workbench.ui.run_title import run_config_of, run_title_html
 from workbench.ui.series import (
     LIVE_PANELS,
     axis_range,
@@ -111,7 +112,7 @@ class LivePlots:
         with self._lock:
             self._records.clear()
         self.run = run
-        self.title.value = f"<b>Live</b>: run <code>{run.run_id}</code>"
+        self.title.value = f"<b>Live</b>: run {run_title_html(run.run_id, run_config_of(run))}"
         self._unsubscribe = run.on_metrics(self.update)
 
     def update(self, records: Iterable[dict]) -> None:
@@ -256,7 +257,8 @@ class LivePlots:
                 heat.hovertemplate = "expert %{x}, %{y}: %{z:.2f} x uniform<extra></extra>"
                 self.figure.layout.annotations[4].text = f"expert load at step {load['step']} (x uniform)"
         if self.run is not None and getattr(self.run, "done", False):
-            self.title.value = f"<b>Live</b>: run <code>{self.run.run_id}</code> {self.run.state}"
+            title = run_title_html(self.run.run_id, run_config_of(self.run))
+            self.title.value = f"<b>Live</b>: run {title} {self.run.state}"
 
     def save_png(self, path: str | Path) -> Path:
         """Write the plots as a PNG (plotly + kaleido if it works, else matplotlib)."""

@@ -21,6 +21,7 @@ from workbench.config import (
     TrainConfig,
 )
 from workbench.ui.panels import WIDE, fit_layout, wrap_row
+from workbench.ui.run_title import run_config_of, run_title_html
 from workbench.ui.summary import ProgressLine
 
 
@@ -241,7 +242,7 @@ class RunPanel:
             self._say(f"<span style='color:#b00020'>{html.escape(str(err))}</span>")
             return None
         self.run = run
-        self._say(f"run <code>{html.escape(run.run_id)}</code> in {html.escape(str(run.path))}")
+        self._say(f"run {run_title_html(run.run_id, run_config_of(run))} in {html.escape(str(run.path))}")
         self.progress.children = [ProgressLine(run).widget]
         self.start_button.disabled, self.stop_button.disabled = True, False  # one run at a time
         run.on_metrics(lambda _: self._on_progress())
@@ -254,7 +255,7 @@ class RunPanel:
             self.start_button.disabled, self.stop_button.disabled = False, True
             error = self.run.error
             state = self.run.state
-            text = f"run <code>{html.escape(self.run.run_id)}</code> {state}"
+            text = f"run {run_title_html(self.run.run_id, run_config_of(self.run))} {state}"
             if error is not None:
                 text += f": rank {error.rank} failed<pre>{html.escape(error.traceback[-1500:])}</pre>"
             self._say(text)

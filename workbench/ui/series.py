@@ -7,6 +7,8 @@ from typing import Any
 
 from workbench.errors import BackendError
 from workbench.runs.run_dir import RunDir
+from workbench.runs.run_names import shown_name
+from workbench.runs.throughput import StepThroughput, run_throughput
 
 LIVE_PANELS = {
     "tokens_per_s_per_gpu": "tokens/s per GPU",
@@ -170,7 +172,8 @@ def _flatten(config: dict, prefix: str = "") -> dict[str, Any]:
 
 
 # Bookkeeping, not settings: where a run lives, and the top-level copies of the mesh's sizes.
-IGNORED_FOR_LABELS = ("run_id", "output_dir", "train.resume_from", "train.resume_allow_changes", "dp")
+# The name leads a label of its own (labels_from_configs).
+IGNORED_FOR_LABELS = ("run_id", "name", "output_dir", "train.resume_from", "train.resume_allow_changes", "dp")
 
 
 def _show(value: Any) -> str:
@@ -197,8 +200,9 @@ def labels_from_configs(configs: list[dict], ids: list[str]) -> list[str]:
     short = {k: k.rsplit(".", 1)[-1] for k in differing}
     names = {k: short[k] if list(short.values()).count(short[k]) == 1 else k for k in differing}
     labels = []
-    for f, run_id in zip(flat, ids):
-        parts = [f"{names[k]}={_show(f.get(k))}" for k in differing]
+    for config, f, run_id in zip(configs, flat, ids):
+        name = shown_name(config.get("name"))
+        parts = ([name] if name else []) + [f"{names[k]}={_show(f.get(k))}" for k in differing]
         labels.append(" \u00b7 ".join(parts) if parts else run_id)
     if len(set(labels)) < len(labels):  # same settings twice: keep them apart by id
         labels = [f"{label} ({run_id})" for label, run_id in zip(labels, ids)]
@@ -206,9 +210,13 @@ def labels_from_configs(configs: list[dict], ids: list[str]) -> list[str]:
 
 
 def run_list_label(summary: dict) -> str:
-    """One line of the Compare tab's run list from a `list_runs` summary: id, state, model, mesh, progress."""
+    """One line of the Compare tab's run list from a `list_runs` summary: name and id, state, model, kind,
+    mesh, progress, tokens/s (the run's one figure: workbench.runs.throughput)."""
     mesh = summary.get("mesh")
-    parts = [summary["id"], summary.get("state") or "?", str(summary.get("model") or "?")]
+    who = f"{summary['name']} ({summary['id']})" if summary.get("name") else summary["id"]
+    parts = [who, summary.get("state") or "?", str(summary.get("model") or "?")]
+    if (summary.get("kind") or {}).get("label"):
+        parts.append(summary["kind"]["label"])
     if isinstance(mesh, dict):
         sizes = [f"{k}{v}" for k, v in mesh.items() if isinstance(v, int) and (v > 1 or k == "dp")]
         parts.append("\u00b7".join(sizes))
@@ -242,20 +250,26 @@ def compare_frame(runs: list[Any], labels: list[str] | None = None):
 
 
 def summarize(frame):
-    """Per run: steps, median tokens/s and TFLOP/s per GPU (first step excluded), step time, memory, loss."""
+    """Per run: steps, tokens/s and TFLOP/s per GPU (the run's one figure: workbench.runs.throughput),
+    step time (median over the same steps of the slowest rank's), memory, loss."""
     import pandas as pd
 
     rows = []
     for label, df in frame.groupby("label", sort=False):
-        steady = df[df["step"] > df["step"].min()] if df["step"].nunique() > 1 else df
+        records = df.to_dict("records")
+        throughput = StepThroughput()
+        for record in records:
+            throughput.add(record)
+        window = throughput.window_steps()
+        steady = df[df["step"].isin(window)] if window else df
         last = df[df["step"] == df["step"].max()]
         rows.append(
             {
                 "run": label,
                 "run_id": df["run_id"].iloc[0],
                 "steps": int(df["step"].max()),
-                "tokens/s/GPU": steady.groupby("step")["tokens_per_s_per_gpu"].mean().median(),
-                "TFLOP/s/GPU": steady.groupby("step")["tflops_per_gpu"].mean().median(),
+                "tokens/s/GPU": throughput.value(),
+                "TFLOP/s/GPU": run_throughput(records, "tflops_per_gpu"),
                 "step s": steady.groupby("step")["step_time_s"].max().median(),
                 "peak GiB": df["mem_peak_gib"].max(),
                 "load CV": df["expert_load_cv"].mean() if "expert_load_cv" in df else float("nan"),

@@ -15,7 +15,9 @@ from typing import Any
 
 import ipywidgets as W
 
+from workbench.runs.throughput import THROUGHPUT_RULE, THROUGHPUT_WINDOW, StepThroughput
 from workbench.ui.progress import format_eta
+from workbench.ui.run_title import run_config_of, run_title_text
 from workbench.ui.series import ema, warmup_step
 
 # Dense bf16 tensor-core peaks from the vendors' datasheets (TFLOP/s, no sparsity): the MFU denominator.
@@ -28,8 +30,9 @@ PEAK_BF16_TFLOPS = {
     "B200": 2250.0,
     "L40S": 362.0,
 }
-# Steps the live figures take their median over (the latest ones, warm-up step left out).
-WINDOW = 10
+# Steps the live figures take their median over (the latest ones, warm-up step left out): the run's
+# tokens/s definition's (workbench.runs.throughput), so the strip shows what `workbench runs` shows.
+WINDOW = THROUGHPUT_WINDOW
 
 
 def peak_tflops(device_name: str | None) -> float | None:
@@ -52,8 +55,8 @@ class RankMemory:
 class LiveSummary:
     """The summary strip's figures (None where the records cannot say yet).
 
-    tokens/s, TFLOP/s and step time: per step the mean (step time: max) over ranks, then the
-    median over the latest WINDOW complete steps, the warm-up step left out unless it is the only one.
+    tokens/s and TFLOP/s: the run's definition (workbench.runs.throughput); step time: per step the
+    max over ranks, then the median over the same steps.
     """
 
     step: int
@@ -100,7 +103,11 @@ def summarize_live(
         return statistics.median(values) if values else None
 
     step = max(by_step, default=0)
-    tokens, tflops = median_of("tokens_per_s_per_gpu"), median_of("tflops_per_gpu")
+    throughput = {key: StepThroughput(key) for key in ("tokens_per_s_per_gpu", "tflops_per_gpu")}
+    for r in records:
+        for figure in throughput.values():
+            figure.add(r)
+    tokens, tflops = throughput["tokens_per_s_per_gpu"].value(), throughput["tflops_per_gpu"].value()
     step_time = median_of("step_time_s", over_ranks=max)
     eta = None
     if total_steps and step_time is not None:
@@ -163,7 +170,7 @@ def strip_html(s: LiveSummary, done: bool = False, elapsed_s: float | None = Non
             "tokens/s per GPU",
             num(s.tokens_per_s_per_gpu, ",.0f"),
             s.tokens_per_s_per_gpu,
-            f"median over steps {list(s.window)} (warm-up step left out)",
+            f"{THROUGHPUT_RULE}: steps {list(s.window)}",
         ),
         _figure("tflops_per_gpu", "TFLOP/s per GPU", num(s.tflops_per_gpu, ".3g"), s.tflops_per_gpu),
         _figure(
@@ -250,6 +257,7 @@ class ProgressLine:
             [self.bar, self.label], layout=W.Layout(flex_flow="row wrap", align_items="center", width="100%")
         )
         self._started = time.monotonic()
+        self.title = run_title_text(run.run_id, run_config_of(run))
         run.on_metrics(lambda _: self._update())
         self._update()
 
@@ -264,4 +272,5 @@ class ProgressLine:
             text = f"{run.state} at step {step}/{total or '?'} in {format_eta(time.monotonic() - self._started)}"
         else:
             text = f"{run.state}: step {step}/{total or '?'}"
+        text = f"{self.title}: {text}"
         self.label.value = f"<span class='mwb-progress-text'>{html.escape(text)}</span>"
