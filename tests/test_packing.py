@@ -92,13 +92,20 @@ def check_isolation(model, what: str) -> None:
     alone = [_token_ce(model, d, _positions([d])) for d in docs]
     scale = max(a.abs().max().item() for a in alone)
     tol = _tol(dtype, scale)
+    worst = 0.0
     for i, (p, a) in enumerate(zip(packed, alone)):
         diff = (p - a).abs().max().item()
+        worst = max(worst, diff)
         assert diff <= tol, f"{what}: document {i} packed vs alone: max |diff| of token CE {diff:.3g} > {tol:.3g}"
-    # the control: attending across documents (positions not restarting) moves later documents' CE by far more
+    # the control: attending across documents (positions not restarting) moves later documents' CE by far more.
+    # bf16's tol is 4 units of the CE's last place; a leak through a hybrid's decaying mixer state moved CE by 4.4 tol
+    # on an H100 (2026-12-06), so in bf16 the leak must stand 4x clear of the packing's own rounding instead.
     leaky = _split(_token_ce(model, torch.cat(docs), _positions(docs, restart=False)), docs)
     moved = max((p - a).abs().max().item() for p, a in zip(leaky[1:], alone[1:]))
-    assert moved > 8 * tol, f"{what}: cross-document attention moves CE by only {moved:.3g} (tol {tol:.3g})"
+    floor = 8 * tol if dtype == torch.float32 else max(2 * tol, 4 * worst)
+    assert moved > floor, (
+        f"{what}: cross-document attention moves CE by only {moved:.3g} (tol {tol:.3g}, worst {worst:.3g})"
+    )
     # backward: the last document's loss reaches no earlier token's embedding
     ids = torch.cat(docs)[None].to(model.device)
     emb = model.get_input_embeddings()(ids).detach().requires_grad_()
