@@ -25,7 +25,8 @@ from workbench.config import ConfigError, ModelConfig
         (dict(gate="random"), r"unknown gate backend 'random'; choose one of \['native', 'balanced'\]"),
         (dict(attention="flash"), r"unknown attention backend 'flash'"),
         (dict(experts=3), r"BackendConfig.experts must be a string"),
-        (dict(fused_ce="yes"), r"fused_ce must be True or False"),
+        (dict(fused_ce="yes"), r"fused_ce must be True, False or 'auto'; got 'yes'"),
+        (dict(expert_recompute="yes"), r"expert_recompute must be True or False"),
     ],
 )
 def test_backend_config_rejects_bad_values(kwargs, message):

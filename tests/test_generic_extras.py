@@ -58,7 +58,10 @@ def test_fused_ce_loss_aux_and_grads_equal_transformers(family):
     n = torch.tensor(float((labels[:, 1:] != -100).sum()))
     out_ref = ref(input_ids=ids, labels=labels, output_router_logits=True, num_items_in_batch=n)
     out_eng = eng(input_ids=ids, labels=labels, output_router_logits=True, num_items_in_batch=n)
-    assert out_eng.logits is None and out_ref.logits is not None  # the [tokens, vocab] logits were never built
+    # the [tokens, vocab] logits were never built: reading them says how to get them
+    assert "logits" not in out_eng.keys() and out_ref.logits is not None
+    with pytest.raises(AttributeError, match=r"logits were not computed.*return_logits=True"):
+        out_eng.logits  # noqa: B018
     close(out_eng.loss, out_ref.loss, f"{family} loss (CE + coef * aux)")
     if getattr(out_ref, "aux_loss", None) is not None:
         close(out_eng.aux_loss, out_ref.aux_loss, f"{family} aux loss")
@@ -87,8 +90,10 @@ def test_fused_ce_refused_where_logits_are_transformed():
     )
     with pytest.raises(ValueError, match=r"fused_ce=True cannot serve model_type 'granitemoe'.*logits_scaling"):
         AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(fused_ce=True), device="cpu")
-    # fused_ce=False builds it
-    AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(), device="cpu")
+    # fused_ce=False builds it, and so does the default ('auto'), which is off for this model
+    AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(fused_ce=False), device="cpu")
+    model = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(), device="cpu")
+    assert engine_state(model).backend.fused_ce is False
 
 
 @pytest.mark.parametrize(

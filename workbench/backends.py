@@ -346,9 +346,13 @@ class BackendConfig:
     embedding: str = "auto"
     router: str = "auto"
     mixer: str = "auto"
-    # The lm_head + cross-entropy computed in chunks without materializing [tokens, vocab] logits
-    # (the model's output then has logits=None when labels are given); `cross_entropy` picks its kernel.
-    fused_ce: bool = False
+    # The lm_head + cross-entropy computed in chunks without materializing [tokens, vocab] logits; `cross_entropy`
+    # picks its kernel. A forward with labels then returns no logits (reading them says how to get them:
+    # models/fused_ce.py). "auto": on wherever the model's logits are lm_head(hidden) and nothing more, off (with
+    # the reason) for a family that scales or softcaps them; decided by resolve(..., fused_ce_support=) or, where
+    # that was not given, by the model build. Measured on 1 x H100 (2026-12-06, Qwen3-30B-A3B L8, seq 4096 x 2,
+    # `workbench finetune`): 65,704 tokens/s at 42.3 GiB fused, 58,214 at 54.8 GiB with full logits.
+    fused_ce: bool | str = "auto"
     # Recompute each expert MLP in backward instead of saving its intermediates: -300 MB per MoE
     # layer at 8k tokens x top-8 (Qwen3-30B-A3B shapes) for one more forward of the expert GEMMs.
     expert_recompute: bool = False
@@ -368,7 +372,9 @@ class BackendConfig:
                 )
             if value not in choices:
                 raise BackendError(f"unknown {field} backend {value!r}; choose one of {list(choices)}")
-        for flag in ("fused_ce", "expert_recompute", "fp8"):
+        if self.fused_ce != "auto" and not isinstance(self.fused_ce, bool):
+            raise BackendError(f"BackendConfig.fused_ce must be True, False or 'auto'; got {self.fused_ce!r}")
+        for flag in ("expert_recompute", "fp8"):
             if not isinstance(getattr(self, flag), bool):
                 raise BackendError(f"BackendConfig.{flag} must be True or False; got {getattr(self, flag)!r}")
 
@@ -389,13 +395,26 @@ class BackendConfig:
         """Whether every implementation field names a concrete backend (no "auto" left)."""
         return all(getattr(self, field) != "auto" for field in CHOICES)
 
-    def resolve(self, device: torch.device | str | Platform = "cpu", world_size: int = 1) -> BackendConfig:
-        """The concrete backends for `device` (or a Platform): "auto" replaced, explicit choices checked."""
+    def resolve(
+        self,
+        device: torch.device | str | Platform = "cpu",
+        world_size: int = 1,
+        fused_ce_support: tuple[bool, str] | None = None,
+    ) -> BackendConfig:
+        """The concrete backends for `device` (or a Platform): "auto" replaced, explicit choices checked.
+
+        `fused_ce_support`: (whether the model can take the fused cross-entropy, why not), as
+        `workbench.models.fused_ce.fused_ce_support(hf_config)` answers; fused_ce="auto" becomes that answer, and
+        fused_ce=True where the model cannot is refused. None (the model is not known here): fused_ce stays as
+        set, and the model build decides an "auto" one.
+        """
         plat = _platform(device)  # detected once: every field is decided on the same facts
         # everything that is not an implementation choice (gate, the flags) passes through unchanged
         resolved: dict[str, Any] = {
             f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name == "gate" or f.name not in CHOICES
         }
+        if fused_ce_support is not None:
+            resolved["fused_ce"] = self._fused_ce_for(fused_ce_support)
         for field in CHOICES:
             if field == "gate":
                 continue
@@ -418,3 +437,13 @@ class BackendConfig:
                     "experts resolved to 'te'; set linear='te' and/or experts='te'"
                 )
         return BackendConfig(**resolved)
+
+    def _fused_ce_for(self, support: tuple[bool, str]) -> bool:
+        """fused_ce for a model that can (or cannot, and why) take the fused cross-entropy."""
+        can, why = support
+        if self.fused_ce is True and not can:
+            raise BackendError(
+                f"fused_ce=True cannot serve this model: {why}; set fused_ce='auto' (on wherever the model "
+                "allows it) or False"
+            )
+        return can if self.fused_ce == "auto" else self.fused_ce

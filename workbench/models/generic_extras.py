@@ -4,7 +4,8 @@
   the engine's RMSNorm (Triton / TE), same `weight` Parameter; variants such as (1 + weight) stay.
 - linear='te': the decoder layers' projections become TE Linears (same Parameters).
 - fused_ce: the lm_head + cross-entropy in chunks without [tokens, vocab] logits, inside the
-  family's own forward, so its aux loss and output stay Transformers'.
+  family's own forward, so its aux loss and output stay Transformers' (models/fused_ce.py: which models
+  can take it, what 'auto' becomes, the output without logits).
 - fp8: TransformerEngine's FP8 region around the forward; attention='sdpa' on CUDA: cuDNN first.
 - swiglu='triton': the dense SwiGLU MLPs (shared experts, dense layers) run the fused SwiGLU kernel
   (models/swiglu_mlp.py).
@@ -25,14 +26,13 @@ import logging
 import torch
 from torch import nn
 
-from workbench.kernels.cross_entropy import fused_linear_cross_entropy
-from workbench.kernels.cross_entropy import shift_labels as shifted
 from workbench.kernels.rms_norm import RMSNorm
 from workbench.kernels.te_common import fp8_autocast
 from workbench.kernels.te_linear import to_te_linear
 from workbench.models.attention_sinks import forward_sequences
 from workbench.models.engine_state import EngineState, engine_state
 from workbench.models.families import GENERIC, Family
+from workbench.models.fused_ce import DeferredLMHead, deferred_logits, fused_ce_for_model, without_logits
 from workbench.models.input_embedding import use_engine_embeddings
 from workbench.models.router_aux import (
     attach_router_logit_hooks,
@@ -45,9 +45,6 @@ from workbench.models.swiglu_mlp import use_swiglu_mlps
 from workbench.parallel.fsdp import decoder_layers
 
 log = logging.getLogger(__name__)
-
-# Config fields that transform logits between lm_head and the loss (their families cannot fuse CE).
-LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_softcapping", "logits_scaling", "logit_scale")
 
 
 def attention_backend(backend, device: torch.device):
@@ -171,88 +168,15 @@ def swap_linears(model: nn.Module, backend: str, num_experts: int) -> list[str]:
     return swapped
 
 
-# ---------------------------------------------------------------- fused cross-entropy
-
-
-class DeferredLMHead(nn.Linear):
-    """The lm_head; while the fused cross-entropy runs it hands the hidden states on unchanged."""
-
-    defer_to_loss: bool = False  # inside a fused loss forward (_deferred_logits)
-    deferred_hidden: torch.Tensor | None = None  # what it handed on, which the loss checks it gets back
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """F.linear, or (inside the fused loss forward) the hidden states themselves."""
-        if not self.defer_to_loss:
-            return super().forward(hidden)
-        self.deferred_hidden = hidden
-        return hidden
-
-
-def check_fused_ce(model: nn.Module) -> None:
-    """Refuse fused_ce for a model whose logits are more than lm_head(hidden) (before any step)."""
-    head = model.get_output_embeddings()
-    config = model.config
-    what = None
-    if type(head) not in (nn.Linear, DeferredLMHead):
-        what = f"its output embedding is a {type(head).__name__}, not an nn.Linear"
-    elif head.bias is not None:
-        what = "its lm_head has a bias"
-    else:
-        for field in LOGIT_TRANSFORMS:
-            value = getattr(config, field, None)
-            if value not in (None, 1, 1.0, 0, 0.0):
-                what = f"its config sets {field}={value} (logits are transformed before the loss)"
-    if what is not None:
-        raise ValueError(
-            f"BackendConfig.fused_ce=True cannot serve model_type {config.model_type!r}: {what}; set fused_ce=False"
-        )
-
-
-def _fused_loss(head: DeferredLMHead, use_triton: bool):
-    def loss(logits, labels, vocab_size=None, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **kwargs):
-        if logits is not head.deferred_hidden:
-            raise RuntimeError(
-                "fused_ce: the model changed the logits between lm_head and its loss; this family "
-                "cannot use BackendConfig.fused_ce=True"
-            )
-        targets = shifted(labels, ignore_index) if shift_labels is None else shift_labels
-        return fused_linear_cross_entropy(
-            logits,
-            head.weight,
-            targets.to(logits.device),
-            ignore_index=ignore_index,
-            num_items_in_batch=num_items_in_batch,
-            use_triton=use_triton,
-        )
-
-    return loss
-
-
-@contextlib.contextmanager
-def _deferred_logits(model: nn.Module, use_triton: bool):
-    head = model.get_output_embeddings()
-    had_own = "_loss_function" in vars(model)
-    own = vars(model).get("_loss_function")
-    head.defer_to_loss = True
-    model.loss_function = _fused_loss(head, use_triton)
-    try:
-        yield
-    finally:
-        head.defer_to_loss = False
-        head.deferred_hidden = None
-        if had_own:
-            model.loss_function = own
-        else:
-            del model._loss_function
-
-
 class EngineCausalLM:
     """Mixin in front of Transformers' causal LM class: its forward inside the engine's extras."""
 
     workbench_state: EngineState | None = None  # engine_state(model): what the engine resolved and built for it
 
-    def forward(self, *args, **kwargs):
-        """Transformers' forward; with labels and fused_ce, the loss skips the logits (they come back None)."""
+    def forward(self, *args, return_logits: bool = False, **kwargs):
+        """Transformers' forward; with labels under fused_ce the loss skips the logits (models/fused_ce.py):
+        reading them then raises an error that says how to get them. `return_logits=True`: this call computes
+        Transformers' loss from full logits and returns them."""
         backend = self.workbench_state.backend
         ids = kwargs.get("input_ids", args[0] if args else None)
         if backend.fp8 and ids is not None and ids.numel() % 16:
@@ -260,20 +184,21 @@ class EngineCausalLM:
                 f"fp8=True needs batch x sequence divisible by 16 (TransformerEngine's FP8 "
                 f"GEMMs take the token count as a leading dimension); got {tuple(ids.shape)}"
             )
-        fused = backend.fused_ce and kwargs.get("labels") is not None
+        fused = backend.fused_ce is True and kwargs.get("labels") is not None and not return_logits
         if fused and kwargs.get("logits_to_keep"):
-            raise ValueError("logits_to_keep cannot be combined with labels under fused_ce=True")
+            raise ValueError(
+                "logits_to_keep cannot be combined with labels under fused_ce (no logits are built); "
+                "pass return_logits=True to compute the loss from full logits"
+            )
 
         with contextlib.ExitStack() as stack:
             stack.enter_context(attention_backend(backend, self.device))
             stack.enter_context(fp8_autocast(backend.fp8))
             if fused:
-                stack.enter_context(_deferred_logits(self, backend.cross_entropy == "triton"))
+                stack.enter_context(deferred_logits(self, backend.cross_entropy == "triton"))
 
             out = super().forward(*args, **kwargs, **forward_sequences(self, args, kwargs))
-        if fused:
-            out["logits"] = None  # the item and the attribute: the hidden states are not logits
-        return out
+        return without_logits(out) if fused else out
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Transformers' save; a model sharded over a mesh gathers its experts first (collective); LoRA: merged."""
@@ -329,9 +254,12 @@ def engine_lm_class(hf_class: type, router_modules: bool = True) -> type:
 
 
 def install_extras(model: nn.Module, backend, num_experts: int, family: Family = GENERIC) -> dict[str, int]:
-    """Apply every extra `backend` (resolved) selects to `model`, `family`'s own too; how many modules each changed."""
+    """Apply every extra `backend` (resolved) selects to `model`, `family`'s own too; how many modules each changed.
+
+    fused_ce='auto' is decided here for the model as built (models/fused_ce.py), and the model's state holds
+    the decision."""
+    backend = fused_ce_for_model(backend, model)
     if backend.fused_ce:
-        check_fused_ce(model)
         model.get_output_embeddings().__class__ = DeferredLMHead
     counts = {
         "rms_norm": len(swap_rms_norms(model, backend.rms_norm)),

@@ -1,0 +1,212 @@
+"""The fused cross-entropy on the model's side: which models can take it, the deferred lm_head, the output.
+
+BackendConfig.fused_ce computes the lm_head and the cross-entropy together, a chunk of tokens at a time
+(kernels/cross_entropy.py), so the [tokens, vocab] logits are never built. That equals Transformers' loss only
+where the logits are lm_head(hidden) and nothing more: a family that scales or softcaps them, or a head with a bias
+or of another type, cannot take it. fused_ce='auto' (the default) is on wherever that holds and off elsewhere, with
+the reason; fused_ce=True there is refused.
+
+A forward given labels under the fused CE returns no logits: reading them raises LogitsNotComputedError, which
+says how to get them (`return_logits=True` for that call, a forward without labels, or fused_ce=False).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+from collections import OrderedDict
+
+from torch import nn
+
+from workbench.kernels.cross_entropy import fused_linear_cross_entropy
+from workbench.kernels.cross_entropy import shift_labels as shifted
+from workbench.models.meta_model import meta_model
+
+log = logging.getLogger(__name__)
+
+# Config fields that transform logits between lm_head and the loss (their families cannot fuse CE).
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_softcapping", "logits_scaling", "logit_scale")
+
+NO_LOGITS = (
+    "logits were not computed: with labels, BackendConfig.fused_ce computes the loss from the hidden states a "
+    "chunk at a time without the [tokens, vocab] logits. To get them pass return_logits=True to this call "
+    "(the loss is then computed from full logits), call the model without labels, or build it with "
+    "BackendConfig(fused_ce=False)"
+)
+
+
+class DeferredLMHead(nn.Linear):
+    """The lm_head; while the fused cross-entropy runs it hands the hidden states on unchanged."""
+
+    defer_to_loss: bool = False  # inside a fused loss forward (deferred_logits)
+    deferred_hidden = None  # what it handed on, which the loss checks it gets back
+
+    def forward(self, hidden):
+        """F.linear, or (inside the fused loss forward) the hidden states themselves."""
+        if not self.defer_to_loss:
+            return super().forward(hidden)
+        self.deferred_hidden = hidden
+        return hidden
+
+
+def fused_ce_refusal(model: nn.Module) -> str | None:
+    """Why `model`'s logits are more than lm_head(hidden), so its loss cannot be the fused CE; None where it can."""
+    head = model.get_output_embeddings()
+    if type(head) not in (nn.Linear, DeferredLMHead):
+        return f"its output embedding is a {type(head).__name__}, not an nn.Linear"
+    if head.bias is not None:
+        return "its lm_head has a bias"
+    for field in LOGIT_TRANSFORMS:
+        value = getattr(model.config, field, None)
+        if value not in (None, 1, 1.0, 0, 0.0):
+            return f"its config sets {field}={value} (logits are transformed before the loss)"
+    return None
+
+
+# (config class, its JSON) -> fused_ce_support's answer: a meta build per distinct config, not per question
+_SUPPORT: dict[tuple[type, str], tuple[bool, str]] = {}
+
+
+def fused_ce_support(config) -> tuple[bool, str]:
+    """(whether the model of Transformers `config` can take the fused CE, why not): what fused_ce='auto' becomes.
+
+    Asked of its meta model (no memory, no init), once per distinct config; `BackendConfig.resolve(...,
+    fused_ce_support=fused_ce_support(config))` decides fused_ce with it before anything is built.
+    """
+    key = (type(config), config.to_json_string(use_diff=False))
+    if key not in _SUPPORT:
+        refusal = fused_ce_refusal(meta_model(config))
+        _SUPPORT[key] = (refusal is None, refusal or "")
+    return _SUPPORT[key]
+
+
+_said: set[tuple[str, str]] = set()
+
+
+def say_fused_ce_off(model_type: str, why: str) -> None:
+    """Log once per model type and reason that fused_ce='auto' stays off (the step then builds full logits)."""
+    if (model_type, why) not in _said:
+        _said.add((model_type, why))
+        log.warning("fused_ce='auto' is off for model_type %r: %s; its loss builds the full logits", model_type, why)
+
+
+def fused_ce_for_model(backend, model: nn.Module):
+    """`backend` (resolved) with fused_ce decided for the built `model`: 'auto' on where it can take the fused CE,
+    off (the reason logged once) where not; fused_ce=True where it cannot is refused (ValueError)."""
+    refusal = fused_ce_refusal(model)
+    if backend.fused_ce is True and refusal is not None:
+        raise ValueError(
+            f"BackendConfig.fused_ce=True cannot serve model_type {model.config.model_type!r}: {refusal}; "
+            "set fused_ce='auto' (on wherever the model allows it) or False"
+        )
+    if backend.fused_ce != "auto":
+        return backend
+    if refusal is not None:
+        say_fused_ce_off(model.config.model_type, refusal)
+    return dataclasses.replace(backend, fused_ce=refusal is None)
+
+
+def _fused_loss(head: DeferredLMHead, use_triton: bool):
+    def loss(logits, labels, vocab_size=None, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **kwargs):
+        if logits is not head.deferred_hidden:
+            raise RuntimeError(
+                "fused_ce: the model changed the logits between lm_head and its loss; this family "
+                "cannot use BackendConfig.fused_ce=True; set fused_ce=False"
+            )
+        targets = shifted(labels, ignore_index) if shift_labels is None else shift_labels
+        return fused_linear_cross_entropy(
+            logits,
+            head.weight,
+            targets.to(logits.device),
+            ignore_index=ignore_index,
+            num_items_in_batch=num_items_in_batch,
+            use_triton=use_triton,
+        )
+
+    return loss
+
+
+@contextlib.contextmanager
+def deferred_logits(model: nn.Module, use_triton: bool):
+    """Inside: the lm_head hands the hidden states to the model's loss, which is the fused CE."""
+    head = model.get_output_embeddings()
+    had_own = "_loss_function" in vars(model)
+    own = vars(model).get("_loss_function")
+    head.defer_to_loss = True
+    model.loss_function = _fused_loss(head, use_triton)
+    try:
+        yield
+    finally:
+        head.defer_to_loss = False
+        head.deferred_hidden = None
+        if had_own:
+            model.loss_function = own
+        else:
+            del model._loss_function
+
+
+class LogitsNotComputedError(AttributeError):
+    """Raised on reading the logits of a forward whose loss was the fused CE (an AttributeError: `hasattr` and
+    `getattr(out, "logits", None)` answer as for an output without logits)."""
+
+
+def _logits(self):
+    value = self.__dict__.get("logits")
+    if value is None:
+        raise LogitsNotComputedError(NO_LOGITS)
+    return value
+
+
+def _set_logits(self, value) -> None:
+    self.__dict__["logits"] = value
+
+
+def _item(self, key):
+    if key == "logits" and self.__dict__.get("logits") is None:
+        raise KeyError(NO_LOGITS)
+    return super(type(self), self).__getitem__(key)
+
+
+def _as_set(self) -> dict:
+    """The output's fields as set (the logits None), read without the property."""
+    return {f.name: self.__dict__.get(f.name) for f in dataclasses.fields(self)}
+
+
+def _repr(self) -> str:
+    parts = [f"{name}={value!r}" for name, value in _as_set(self).items()]
+    fields = [f.name for f in dataclasses.fields(self)]
+    parts[fields.index("logits")] = "logits=<not computed: fused_ce; pass return_logits=True for them>"
+    return f"{type(self).__name__}({', '.join(parts)})"
+
+
+def _reduce(self):
+    # pickle and copy as the plain output class (logits None): the dataclass's own reduce reads every field
+    return type(self).__mro__[1](**_as_set(self)).__reduce__()
+
+
+@functools.cache
+def _output_without_logits(cls: type) -> type:
+    """`cls` (a Transformers ModelOutput dataclass) whose `logits`, while unset, raise LogitsNotComputedError."""
+    return type(
+        cls.__name__,
+        (cls,),
+        {
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "logits": property(_logits, _set_logits),
+            "__getitem__": _item,
+            "__repr__": _repr,
+            "__reduce__": _reduce,
+        },
+    )
+
+
+def without_logits(out):
+    """`out` with its logits entry gone (the lm_head handed on hidden states, not logits): `out.logits` and
+    `out["logits"]` raise the error that says how to get them; `to_tuple()` leaves them out, as for any unset field."""
+    OrderedDict.__delitem__(out, "logits")  # ModelOutput refuses __delitem__; an unset field is absent from the dict
+    out.__dict__["logits"] = None
+    out.__class__ = _output_without_logits(type(out))
+    return out
