@@ -12,7 +12,7 @@ VENV_PY="$PWD/.venv/bin/python"
 "$VENV_PY" -m pip install -q --upgrade pip
 # torch pinned to the local CPU build: a range would pull a multi-GB CUDA wheel.
 "$VENV_PY" -m pip install -q torch==2.13.0
-"$VENV_PY" -m pip install -q -e '.[lab,test]'
+"$VENV_PY" -m pip install -q -e '.[lab,test,trackers]'
 export PATH="$PWD/.venv/bin:$PATH"
 # Lint and format first (seconds): a finding fails CI. Settings: pyproject.toml [tool.ruff]; same hooks in
 # .pre-commit-config.yaml. Fix locally with `ruff format` and `ruff check --fix` over these paths.

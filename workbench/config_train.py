@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.config_checks import ConfigError, check_float, check_int
+from workbench.trackers.registry import PIP_EXTRA, TRACKERS, missing_libraries
 
 # "adamw": Triton AdamW on CUDA (torch's fused math, more bandwidth), torch AdamW elsewhere;
 # "adamw_torch": always torch.optim.AdamW (fused on CUDA); "adamw_triton": always TritonAdamW
@@ -103,6 +104,9 @@ class TrainConfig:
     gc_every: int = 50
     resume_from: str | None = None  # a checkpoint directory, or a run directory (latest checkpoint)
     resume_allow_changes: tuple[str, ...] = ()  # RESUME_FIELDS this run may change from the checkpoint's
+    # Experiment trackers rank 0 reports every step record to, inside the run's folder, offline (workbench/trackers):
+    # any of "tensorboard", "wandb", "mlflow"; their libraries come with the `trackers` pip extra
+    report_to: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_int(self.steps, "train.steps", 1)
@@ -172,6 +176,7 @@ class TrainConfig:
                     "and keep the checkpoint's value, or start a new run (without train.resume_from) with another one"
                 )
         object.__setattr__(self, "resume_allow_changes", tuple(allowed))
+        self._check_report_to()
         for name in (
             "activation_checkpointing",
             "optimizer_in_backward",
@@ -197,6 +202,21 @@ class TrainConfig:
                 "train.optimizer_in_backward runs the workbench AdamW's per-parameter update: set train.optimizer "
                 "to 'adamw' or 'adamw_triton'"
             )
+
+    def _check_report_to(self) -> None:
+        names = self.report_to
+        if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) and n in TRACKERS for n in names):
+            raise ConfigError(f"train.report_to must be a list of names from {list(TRACKERS)}, got {names!r}")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"train.report_to names a tracker twice: {list(names)!r}")
+        for name in names:
+            missing = missing_libraries(name)
+            if missing:
+                raise ConfigError(
+                    f"train.report_to names {name!r}, whose library is not installed ({', '.join(missing)}): "
+                    f"pip install '{PIP_EXTRA}' (or pip install {' '.join(missing)}), or drop {name!r} from it"
+                )
+        object.__setattr__(self, "report_to", tuple(names))
 
     def accumulation_steps(self, dp: int) -> int:
         """Micro-batches per rank per optimizer step for a data-parallel size `dp`."""

@@ -31,6 +31,7 @@ from workbench.moe.dispatch import close_dispatchers
 from workbench.parallel import dist_utils as du
 from workbench.runs.liveness import Heartbeat, record_termination
 from workbench.runs.run_dir import private_files
+from workbench.trackers.reporter import TrackerReport
 from workbench.train.activation_checkpoint import apply_activation_checkpointing
 from workbench.train.backward_updates import BackwardUpdates
 from workbench.train.checkpoint import export_hf, load_checkpoint, run_settings, save_checkpoint, step_dir_name
@@ -89,6 +90,8 @@ class Trainer(TrainStep, StepRecords):
                 "resolved_backend": self.backend.to_dict(),
             },
         )
+        if self.rank == 0 and rc.train.report_to:  # the trackers log rank 0's records (workbench/trackers)
+            self.callbacks.items.append(TrackerReport(rc.train.report_to))
 
     def setup(self, model: torch.nn.Module | None = None) -> None:
         """Build the model from the run config (or take `model`, prebuilt and sharded), optimizer, schedule."""

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
+# Shape suffixes: T tokens, E experts.
+
 # The per-layer lists a step record carries (each [layers]); workbench.ui and the trackers read these names.
 HEALTH_KEYS = ("moe_dead_share", "moe_max_share", "moe_min_share", "moe_load_cv", "router_entropy")
 

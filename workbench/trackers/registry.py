@@ -1,0 +1,49 @@
+"""The trackers train.report_to may name, what each needs installed, and how one is opened.
+
+A leaf: the config check (workbench.config_train) reads TRACKERS and `missing_libraries` without importing any
+tracker's library; `open_tracker` imports the tracker's module (and so its library) only when a run opens it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+PIP_EXTRA = "moe-workbench[trackers]"
+
+
+@dataclass(frozen=True)
+class TrackerSpec:
+    """One tracker: the workbench module that drives it and the importable libraries it needs."""
+
+    module: str  # defines `open_run(run_dir, run_name, config) -> Tracker`
+    libraries: tuple[str, ...]
+
+
+TRACKERS = {
+    "tensorboard": TrackerSpec("workbench.trackers.tensorboard_tracker", ("tensorboard",)),
+    "wandb": TrackerSpec("workbench.trackers.wandb_tracker", ("wandb",)),
+    # mlflow-skinny's client with its SQLite store (SQLAlchemy and Alembic build the database)
+    "mlflow": TrackerSpec("workbench.trackers.mlflow_tracker", ("mlflow", "sqlalchemy", "alembic")),
+}
+
+
+class Tracker(Protocol):
+    """What a tracker module's `open_run` returns."""
+
+    def log(self, scalars: dict[str, float], step: int) -> None: ...
+
+    def close(self, state: str) -> None: ...
+
+
+def missing_libraries(name: str) -> list[str]:
+    """The libraries tracker `name` needs that are not installed (found without importing them)."""
+    return [lib for lib in TRACKERS[name].libraries if importlib.util.find_spec(lib) is None]
+
+
+def open_tracker(name: str, run_dir: Path, run_name: str, config: dict[str, Any]) -> Tracker:
+    """Tracker `name` writing under `run_dir`, for the run called `run_name` with `config` (RunConfig as a dict)."""
+    return importlib.import_module(TRACKERS[name].module).open_run(run_dir, run_name, config)
