@@ -14,7 +14,7 @@ from workbench.trackers.scalars import PER_LAYER, step_scalars
 from workbench.train import finetune
 from workbench.train.moe_health import HEALTH_KEYS
 
-INSTALLED = {name: not registry.missing_libraries(name) for name in registry.TRACKERS}
+INSTALLED = {name: not registry.missing_packages(name) for name in registry.TRACKERS}
 
 
 def _rc(tmp_path, **overrides):
@@ -42,13 +42,12 @@ def test_report_to_is_empty_by_default_and_refuses_unknown_or_repeated_names(tmp
 
 def test_a_tracker_whose_library_is_missing_is_refused_naming_the_extra(tmp_path, monkeypatch):
     # a tracker needing a library that no environment has: the check must name it and the pip extra
-    monkeypatch.setitem(
-        registry.TRACKERS, "wandb", registry.TrackerSpec("workbench.trackers.wandb_tracker", ("no_such_lib_xyz",))
-    )
+    spec = registry.TrackerSpec("workbench.trackers.wandb_tracker", ("no_such_lib_xyz",), ("no-such-lib-xyz",))
+    monkeypatch.setitem(registry.TRACKERS, "wandb", spec)
     with pytest.raises(ConfigError) as err:
         _rc(tmp_path, train__report_to=["wandb"])
     message = str(err.value)
-    assert "no_such_lib_xyz" in message and "pip install 'moe-workbench[trackers]'" in message
+    assert "pip install no-such-lib-xyz" in message and "pip install -e '.[trackers]'" in message
     assert "drop 'wandb'" in message
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.config_checks import ConfigError, check_float, check_int
-from workbench.trackers.registry import PIP_EXTRA, TRACKERS, missing_libraries
+from workbench.trackers.registry import INSTALL_EXTRA, TRACKERS, missing_packages
 
 # "adamw": Triton AdamW on CUDA (torch's fused math, more bandwidth), torch AdamW elsewhere;
 # "adamw_torch": always torch.optim.AdamW (fused on CUDA); "adamw_triton": always TritonAdamW
@@ -210,11 +210,11 @@ class TrainConfig:
         if len(set(names)) != len(names):
             raise ConfigError(f"train.report_to names a tracker twice: {list(names)!r}")
         for name in names:
-            missing = missing_libraries(name)
+            missing = missing_packages(name)
             if missing:
                 raise ConfigError(
-                    f"train.report_to names {name!r}, whose library is not installed ({', '.join(missing)}): "
-                    f"pip install '{PIP_EXTRA}' (or pip install {' '.join(missing)}), or drop {name!r} from it"
+                    f"train.report_to names {name!r}, whose library is not installed: {INSTALL_EXTRA} (or "
+                    f"pip install {' '.join(missing)}), or drop {name!r} from train.report_to"
                 )
         object.__setattr__(self, "report_to", tuple(names))
 

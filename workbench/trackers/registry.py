@@ -1,6 +1,6 @@
 """The trackers train.report_to may name, what each needs installed, and how one is opened.
 
-A leaf: the config check (workbench.config_train) reads TRACKERS and `missing_libraries` without importing any
+A leaf: the config check (workbench.config_train) reads TRACKERS and `missing_packages` without importing any
 tracker's library; `open_tracker` imports the tracker's module (and so its library) only when a run opens it.
 """
 
@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-PIP_EXTRA = "moe-workbench[trackers]"
+# How to install every tracker's libraries, as the README installs the workbench (an editable checkout)
+INSTALL_EXTRA = "pip install -e '.[trackers]' in the moe-workbench checkout"
 
 
 @dataclass(frozen=True)
@@ -20,14 +21,19 @@ class TrackerSpec:
     """One tracker: the workbench module that drives it and the importable libraries it needs."""
 
     module: str  # defines `open_run(run_dir, run_name, config) -> Tracker`
-    libraries: tuple[str, ...]
+    libraries: tuple[str, ...]  # import names
+    packages: tuple[str, ...]  # their pip names, in the same order
 
 
 TRACKERS = {
-    "tensorboard": TrackerSpec("workbench.trackers.tensorboard_tracker", ("tensorboard",)),
-    "wandb": TrackerSpec("workbench.trackers.wandb_tracker", ("wandb",)),
+    "tensorboard": TrackerSpec("workbench.trackers.tensorboard_tracker", ("tensorboard",), ("tensorboard",)),
+    "wandb": TrackerSpec("workbench.trackers.wandb_tracker", ("wandb",), ("wandb",)),
     # mlflow-skinny's client with its SQLite store (SQLAlchemy and Alembic build the database)
-    "mlflow": TrackerSpec("workbench.trackers.mlflow_tracker", ("mlflow", "sqlalchemy", "alembic")),
+    "mlflow": TrackerSpec(
+        "workbench.trackers.mlflow_tracker",
+        ("mlflow", "sqlalchemy", "alembic"),
+        ("mlflow-skinny", "sqlalchemy", "alembic"),
+    ),
 }
 
 
@@ -39,9 +45,10 @@ class Tracker(Protocol):
     def close(self, state: str) -> None: ...
 
 
-def missing_libraries(name: str) -> list[str]:
-    """The libraries tracker `name` needs that are not installed (found without importing them)."""
-    return [lib for lib in TRACKERS[name].libraries if importlib.util.find_spec(lib) is None]
+def missing_packages(name: str) -> list[str]:
+    """The pip packages of the libraries tracker `name` needs that are not installed (found without importing)."""
+    spec = TRACKERS[name]
+    return [pkg for lib, pkg in zip(spec.libraries, spec.packages) if importlib.util.find_spec(lib) is None]
 
 
 def open_tracker(name: str, run_dir: Path, run_name: str, config: dict[str, Any]) -> Tracker:
