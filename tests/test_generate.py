@@ -9,41 +9,24 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from tiny_runs import train_tiny_run
 
 import workbench
 from workbench.cli import main
 from workbench.config import RunConfig
 from workbench.generation.api import load
 from workbench.runs.run_dir import RunDir
-from workbench.train.loop import finetune
 from workbench.train.manifest import write_manifest
 
 PROMPT = "What does a router do?"
 NEW_TOKENS = 12
 
 
-def _train(runs_dir: Path, run_id: str, lora: bool) -> Path:
-    rc = RunConfig.demo(
-        output_dir=str(runs_dir),
-        run_id=run_id,
-        data__seq_len=64,
-        train__steps=3,
-        train__global_batch_size=4,
-        train__local_batch_size=2,
-        train__warmup_steps=1,
-        train__lr=1e-2,
-        train__export_hf=True,  # and, by default, a final step-* checkpoint
-    )
-    if lora:
-        rc = rc.with_overrides({"lora.rank": 4})
-    return Path(finetune(rc)["run_dir"])
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """{"full": run folder, "lora": run folder}: 3 steps each, with an hf/ export and a step-3 checkpoint."""
     root = tmp_path_factory.mktemp("generate") / "runs"
-    return {"full": _train(root, "full", lora=False), "lora": _train(root, "lora", lora=True)}
+    return {"full": train_tiny_run(root, "full"), "lora": train_tiny_run(root, "lora", lora=True)}
 
 
 def _reference(export: Path, prompt_ids: list[int], **kwargs) -> torch.Tensor:

@@ -15,6 +15,7 @@ from workbench.ui.profile import ProfilePanel
 from workbench.ui.resize import FigureFit
 from workbench.ui.run_panel import RunPanel
 from workbench.ui.summary import SummaryStrip
+from workbench.ui.try_tab import TryTab
 
 
 def _column(children: list, basis: str) -> W.VBox:
@@ -23,7 +24,8 @@ def _column(children: list, basis: str) -> W.VBox:
 
 
 class Studio:
-    """Setup (model, mesh, backends, run), Live plots, Compare runs and Profile tabs for `cluster`.
+    """Setup (model, mesh, backends, run), Live plots, Compare runs, Profile and Try (ask a run's model) tabs for
+    `cluster`.
 
     Display it with `display(studio)` or as the last expression of a cell. `studio.run_config()`
     is the RunConfig the widgets describe; `studio.start(config=None)` starts a run and follows it.
@@ -57,6 +59,7 @@ class Studio:
         self.strip = SummaryStrip(self.rank_infos)
         self.compare = CompareRuns(runs_dir=self.runs_dir)
         self.profiler = ProfilePanel(cluster, self.run_config)
+        self.try_tab = TryTab(self.runs_dir)
         self.model.on_change(lambda: self.mesh.set_model(self.model.hf_config()))
         self.mesh.on_change(self._mesh_changed)
         self.run_panel.on_change(self._training_changed)
@@ -84,10 +87,16 @@ class Studio:
             ]
         )
         self.tabs = W.Tab(
-            children=[W.VBox([setup, self.run_panel.widget]), live, self.compare.widget, self.profiler.widget],
+            children=[
+                W.VBox([setup, self.run_panel.widget]),
+                live,
+                self.compare.widget,
+                self.profiler.widget,
+                self.try_tab.widget,
+            ],
             layout=W.Layout(width="100%"),
         )
-        for i, title in enumerate(("Setup", "Live", "Compare", "Profile")):
+        for i, title in enumerate(("Setup", "Live", "Compare", "Profile", "Try")):
             self.tabs.set_title(i, title)
         header = W.HTML(
             f"<h3 style='margin:4px 0'>MoE Workbench Studio</h3><div style='overflow-wrap:anywhere'>"
@@ -129,6 +138,7 @@ class Studio:
     def _run_done(self, run: Any) -> None:
         if run.done:
             self.compare.refresh()
+            self.try_tab.refresh()  # its weights can answer now
 
     def run_config(self):
         """The RunConfig the Setup tab describes."""
