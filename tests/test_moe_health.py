@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from workbench.config import RunConfig
+from workbench.expert_health import HEALTH_KEYS, health_over_steps, load_health
 from workbench.train import finetune
-from workbench.train.moe_health import HEALTH_KEYS, load_health, router_entropy_sums
+from workbench.train.router_entropy import router_entropy_sums
 from workbench.train.step_stats import SCALARS, StatsLayout
 
 
@@ -21,6 +22,23 @@ def test_load_health_on_a_known_routing():
     assert health["moe_min_share"] == [0.0, 0.25, 0.0]
     # layer 0: mean 2, deviations 2, -2, 0, 0 -> std sqrt(8 / 4) = sqrt(2), CV sqrt(2) / 2
     assert health["moe_load_cv"] == pytest.approx([math.sqrt(2) / 2, 0.0, 0.0])
+
+
+def test_health_over_steps_sums_the_ranks_load_and_averages_their_entropy():
+    # step 1 on two ranks: expert 1 is idle on rank 0 only, so over the run's tokens no expert is dead
+    records = [
+        {"step": 1, "rank": 0, "expert_load": [[4, 0]], "router_entropy": [0.25]},
+        {"step": 1, "rank": 1, "expert_load": [[0, 4]], "router_entropy": [0.75]},
+        {"step": 2, "rank": 0, "expert_load": [[2, 0]]},
+        {"step": 2, "rank": 1, "expert_load": [[6, 0]]},
+        {"step": 3, "rank": 0, "loss": 1.0},  # no load: not a health point
+    ]
+    health = health_over_steps(records)
+    assert health["steps"] == [1, 2]
+    assert health["moe_dead_share"] == [[0.0], [0.5]]
+    assert health["moe_max_share"] == [[0.5], [1.0]] and health["moe_min_share"] == [[0.5], [0.0]]
+    assert health["moe_load_cv"] == [[0.0], [1.0]]
+    assert health["router_entropy"] == [[0.5]]  # only step 1 recorded it
 
 
 def test_router_entropy_on_known_logits():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from workbench.expert_health import HEALTH_KEYS
+
 # Record fields that are not metrics of the step (where it ran, when), or repeat another under a second name.
 NOT_LOGGED = ("step", "rank", "time", "peak_mem_gib")
-# Per-layer lists (train/moe_health): logged one number a layer plus their mean.
-PER_LAYER = ("moe_dead_share", "moe_max_share", "moe_min_share", "moe_load_cv", "router_entropy")
 
 
 def step_scalars(record: dict[str, Any]) -> dict[str, float]:
@@ -21,7 +21,7 @@ def step_scalars(record: dict[str, Any]) -> dict[str, float]:
             continue
         if isinstance(value, (int, float)):
             out[key] = float(value)
-        elif key in PER_LAYER and value:
+        elif key in HEALTH_KEYS and value:  # per-layer lists: one number a layer, and their mean
             for i, v in enumerate(value):
                 out[f"{key}/layer_{i:02d}"] = float(v)
             out[f"{key}/mean"] = math.fsum(value) / len(value)

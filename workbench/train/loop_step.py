@@ -19,8 +19,8 @@ from workbench.train.data_batch import IGNORE_INDEX, Batch
 from workbench.train.guard import check_finite
 from workbench.train.loop_support import all_reduce, micro_batches
 from workbench.train.metrics import expert_load_from_router_logits, memory_gib, reset_peak_memory
-from workbench.train.moe_health import router_entropy_sums
 from workbench.train.optim import clip_grad_norm
+from workbench.train.router_entropy import router_entropy_sums
 from workbench.train.step_stats import PendingStep, StatsLayout, to_device
 
 
@@ -65,7 +65,7 @@ class TrainStep:
         ce_sum = torch.zeros((), dtype=torch.float64, device=device)
         aux_sum = torch.zeros((), dtype=torch.float64, device=device)
         loads = []
-        entropy = None  # the router entropy per layer summed over micro-batches (train/moe_health), on the device
+        entropy = None  # the router entropy per layer summed over micro-batches (train/router_entropy), on the device
         for i, mb in enumerate(micro):
             extra = self._sequences(mb)  # from the host's position_ids, before the copy
             host_positions = mb.position_ids

@@ -65,7 +65,7 @@ class Clock:
 @dataclass(frozen=True)
 class StatsLayout:
     """Where things sit in the stats vector: the SCALARS, the expert load [L, E], the router biases, the router
-    entropy [L] (train/moe_health; 0 layers where the router logits are not recorded)."""
+    entropy [L] (train/router_entropy; 0 layers where the router logits are not recorded)."""
 
     load_shape: tuple[int, ...] = ()
     bias_sizes: tuple[int, ...] = ()
