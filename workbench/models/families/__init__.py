@@ -16,6 +16,7 @@ from workbench.models.families import (
     deepseek_v3,
     ergo,
     gpt_oss,
+    granitemoehybrid,
     mixtral,
     nemotron_h,
     olmoe,
@@ -37,6 +38,7 @@ REGISTERED: tuple[Family, ...] = (
     qwen3_5_moe_text.FAMILY,
     qwen3_next.FAMILY,
     ergo.FAMILY,
+    granitemoehybrid.FAMILY,
 )
 
 # A model_type without a folder: the generic path adds nothing.
