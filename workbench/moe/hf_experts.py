@@ -371,7 +371,12 @@ class EngineExperts:
                 y_TD = dispatcher.combine(y_ND, handle, *combine_args)
             else:
                 y_TD = dispatcher.combine(y_ND, handle, *combine_args, weighted=False)
-        return y_TD.to(hidden_states.dtype).view_as(hidden_states)
+        y_TD = y_TD.to(hidden_states.dtype)
+        if y_TD.shape == hidden_states.shape:  # Transformers' MoE blocks pass tokens as [T, D]
+            # The combine's own tensor, not a view of it: FSDP2 hooks the experts' output for its pre-backward
+            # all-gather, and an in-place op on a returned view would drop that hook (torch warns on every rank).
+            return y_TD
+        return y_TD.reshape(hidden_states.shape)
 
     def use_dispatcher(self, dispatcher: Dispatcher) -> None:
         """Run with `dispatcher` from now on (its caps resolved again)."""

@@ -176,7 +176,10 @@ class _WeightedCombine(torch.autograd.Function):
             return combine_forward(y_ND, weights_TK, row_of_slot, residual_TD=residual_TD)
         # Widths spelled out: a rank can receive no tokens at all (view(0, k, -1) is ambiguous).
         y_TKD = gather_slots(y_ND, row_of_slot).view(num_tokens, top_k, y_ND.shape[-1])
-        out_TD = torch.bmm(weights_TK.float().unsqueeze(1), y_TKD.float()).squeeze(1)
+        # bmm into a [T, D] tensor of its own: `bmm(...).squeeze(1)` is a view, and in float32 (where `.to` below
+        # copies nothing) the MoE block would return it, which FSDP2 warns about on every rank.
+        out_TD = torch.empty(num_tokens, y_ND.shape[-1], dtype=torch.float32, device=y_ND.device)
+        torch.bmm(weights_TK.float().unsqueeze(1), y_TKD.float(), out=out_TD.view(num_tokens, 1, y_ND.shape[-1]))
         if residual_TD is not None:
             out_TD = out_TD + residual_TD.float()
         return out_TD.to(y_ND.dtype)
