@@ -34,11 +34,11 @@ def test_health_over_steps_sums_the_ranks_load_and_averages_their_entropy():
         {"step": 3, "rank": 0, "loss": 1.0},  # no load: not a health point
     ]
     health = health_over_steps(records)
-    assert health["steps"] == [1, 2]
-    assert health["moe_dead_share"] == [[0.0], [0.5]]
-    assert health["moe_max_share"] == [[0.5], [1.0]] and health["moe_min_share"] == [[0.5], [0.0]]
-    assert health["moe_load_cv"] == [[0.0], [1.0]]
-    assert health["router_entropy"] == [[0.5]]  # only step 1 recorded it
+    assert health["moe_dead_share"] == [(1, [0.0]), (2, [0.5])]
+    assert health["moe_max_share"] == [(1, [0.5]), (2, [1.0])]
+    assert health["moe_min_share"] == [(1, [0.5]), (2, [0.0])]
+    assert health["moe_load_cv"] == [(1, [0.0]), (2, [1.0])]
+    assert health["router_entropy"] == [(1, [0.5])]  # only step 1 recorded it
 
 
 def test_router_entropy_on_known_logits():

@@ -34,26 +34,26 @@ def load_health(load: Sequence[Sequence[int | float]]) -> dict[str, list[float]]
     return out
 
 
-def health_over_steps(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """The run's MoE health per step over all its ranks: {"steps": [...], key: [[per layer] per step]} for each of
-    HEALTH_KEYS the records have. The load figures come from the load summed over the step's ranks (an expert
+def health_over_steps(records: Iterable[dict[str, Any]]) -> dict[str, list[tuple[int, list[float]]]]:
+    """The run's MoE health per step over all its ranks: for each of HEALTH_KEYS the records have, [(step,
+    [per layer])] in step order. The load figures come from the load summed over the step's ranks (an expert
     dead on one rank may have tokens on another); the router entropy is the mean of the ranks' values."""
     by_step: dict[int, list[dict[str, Any]]] = {}
     for r in records:
         if r.get("expert_load"):
             by_step.setdefault(int(r["step"]), []).append(r)
-    out: dict[str, Any] = {"steps": []}
+    out: dict[str, list[tuple[int, list[float]]]] = {}
     for step in sorted(by_step):
         ranks = by_step[step]
         loads = [r["expert_load"] for r in ranks]
         if any(len(load) != len(loads[0]) or len(load[0]) != len(loads[0][0]) for load in loads):
             continue  # a damaged record: its shape is not the run's
         summed = [[sum(load[i][e] for load in loads) for e in range(len(loads[0][i]))] for i in range(len(loads[0]))]
-        out["steps"].append(step)
         for key, values in load_health(summed).items():
-            out.setdefault(key, []).append(values)
+            out.setdefault(key, []).append((step, values))
         entropies = [r["router_entropy"] for r in ranks if r.get("router_entropy")]
         if entropies:
-            mean = [math.fsum(layer) / len(entropies) for layer in zip(*entropies)]
-            out.setdefault("router_entropy", []).append(mean)
+            out.setdefault("router_entropy", []).append(
+                (step, [math.fsum(v) / len(entropies) for v in zip(*entropies)])
+            )
     return out

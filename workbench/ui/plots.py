@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from workbench.runs.run_index import list_runs
+from workbench.ui.moe_health_plot import MoEHealthPlots
 from workbench.ui.png import save_live_png
 from workbench.ui.run_title import run_config_of, run_title_html
 from workbench.ui.series import (
@@ -101,7 +102,8 @@ class LivePlots:
         self._pending: threading.Timer | None = None
         self.run = None
         self.title = W.HTML("<b>Live</b>: no run yet")
-        self.widget = W.VBox([self.title, self.smoothing, self.figure])
+        self.health = MoEHealthPlots()  # small multiples of the MoE health per layer, under the heatmap
+        self.widget = W.VBox([self.title, self.smoothing, self.figure, self.health.widget])
         if run is not None:
             self.attach(run)
 
@@ -256,6 +258,7 @@ class LivePlots:
                 heat.y = [f"layer {i}" for i in range(len(load["z"]))]
                 heat.hovertemplate = "expert %{x}, %{y}: %{z:.2f} x uniform<extra></extra>"
                 self.figure.layout.annotations[4].text = f"expert load at step {load['step']} (x uniform)"
+        self.health.draw(self.records)
         if self.run is not None and getattr(self.run, "done", False):
             title = run_title_html(self.run.run_id, run_config_of(self.run))
             self.title.value = f"<b>Live</b>: run {title} {self.run.state}"
