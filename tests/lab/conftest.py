@@ -27,6 +27,14 @@ def served_run(workbench_run, monkeypatch) -> tuple[Path, str]:
 
 
 @pytest.fixture
+def user_notebooks(jp_root_dir, monkeypatch) -> Path:
+    """The runs folder in the server's root (root/moe-workbench/runs); returns the folder the launcher copies
+    notebooks into (notebooks/ beside it), so no test writes to ~/moe-workbench."""
+    monkeypatch.setenv("WORKBENCH_RUNS_DIR", str(jp_root_dir / "moe-workbench" / "runs"))
+    return jp_root_dir / "moe-workbench" / "notebooks"
+
+
+@pytest.fixture
 def jp_server_config():
     """Enable our server extension on the pytest-jupyter test server."""
     return {"ServerApp": {"jpserver_extensions": {"moe_workbench_lab": True}}}

@@ -201,7 +201,7 @@ def linked_notebook(tmp_path, monkeypatch):
     return source
 
 
-async def test_notebook_links_out_of_the_folder_are_not_served(api, linked_notebook, jp_root_dir):
+async def test_notebook_links_out_of_the_folder_are_not_served(api, linked_notebook, jp_root_dir, user_notebooks):
     code, listing = await api("notebooks")
     assert code == 200 and [n["name"] for n in listing["notebooks"]] == ["01_real.ipynb"]
     code, answer = await api("notebooks/02_link.ipynb", method="POST")
@@ -211,7 +211,7 @@ async def test_notebook_links_out_of_the_folder_are_not_served(api, linked_noteb
         assert code == 400 and "is not a notebook file name" in answer["message"], (raw, answer)
     assert sorted(p.name for p in jp_root_dir.iterdir()) == []
     code, answer = await api("notebooks/01_real.ipynb", method="POST")
-    assert code == 200 and answer == {"path": "01_real.ipynb", "copied": True}
+    assert code == 200 and answer["path"] == "moe-workbench/notebooks/01_real.ipynb" and answer["copied"] is True
 
 
 async def test_runs_poll_reads_only_appended_bytes_with_a_bound(api, served_run, jp_serverapp):

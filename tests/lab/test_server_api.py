@@ -268,12 +268,16 @@ def notebooks_dir(tmp_path, monkeypatch):
     return source
 
 
-async def test_notebooks_copied_once_never_overwritten(jp_fetch, jp_root_dir, notebooks_dir):
+async def test_notebooks_copied_once_never_overwritten(jp_fetch, jp_root_dir, notebooks_dir, user_notebooks):
     listing = await _get_json(jp_fetch, "notebooks")
     assert listing["notebooks"] == [{"name": "01_quickstart.ipynb", "title": "Quickstart: tiny MoE"}]
     response = await jp_fetch("moe-workbench", "api", "notebooks", "01_quickstart.ipynb", method="POST", body=b"")
-    assert json.loads(response.body) == {"path": "01_quickstart.ipynb", "copied": True}
-    copy = jp_root_dir / "01_quickstart.ipynb"
+    copy = user_notebooks / "01_quickstart.ipynb"
+    assert json.loads(response.body) == {
+        "path": "moe-workbench/notebooks/01_quickstart.ipynb",
+        "file": str(copy),
+        "copied": True,
+    }
     assert json.loads(copy.read_text())["cells"][0]["source"] in (
         "# Quickstart: tiny MoE\n",
         ["# Quickstart: tiny MoE\n"],
@@ -281,7 +285,7 @@ async def test_notebooks_copied_once_never_overwritten(jp_fetch, jp_root_dir, no
     edited = copy.read_text().replace("Quickstart", "My edits")
     copy.write_text(edited)
     again = await jp_fetch("moe-workbench", "api", "notebooks", "01_quickstart.ipynb", method="POST", body=b"")
-    assert json.loads(again.body) == {"path": "01_quickstart.ipynb", "copied": False}
+    assert json.loads(again.body)["copied"] is False
     assert copy.read_text() == edited
     with pytest.raises(tornado.httpclient.HTTPClientError) as info:
         await jp_fetch("moe-workbench", "api", "notebooks", "missing.ipynb", method="POST", body=b"")

@@ -1,4 +1,4 @@
-"""The lab writes nothing through a link: the notebook copy refuses a link in the server's folder."""
+"""The lab writes nothing through a link: the notebook copy refuses a link in the user's notebooks folder."""
 
 from __future__ import annotations
 
@@ -33,35 +33,48 @@ async def _copy(jp_fetch):
     return await jp_fetch("moe-workbench", "api", "notebooks", NAME, method="POST", body=b"")
 
 
-async def test_a_dangling_link_in_the_server_folder_is_not_written_through(
-    jp_fetch, jp_root_dir, notebooks_dir, tmp_path
+async def test_a_dangling_link_in_the_notebooks_folder_is_not_written_through(
+    jp_fetch, user_notebooks, notebooks_dir, tmp_path
 ):
     outside = tmp_path / "outside"
     outside.mkdir()
-    (jp_root_dir / NAME).symlink_to(outside / "planted.ipynb")  # dangling: its target does not exist yet
+    user_notebooks.mkdir(parents=True)
+    (user_notebooks / NAME).symlink_to(outside / "planted.ipynb")  # dangling: its target does not exist yet
     with pytest.raises(tornado.httpclient.HTTPClientError) as info:
         await _copy(jp_fetch)
     assert info.value.code == 403
     body = json.loads(info.value.response.body)
     assert "link" in body["message"] and NAME in body["message"], body
     assert list(outside.iterdir()) == []  # nothing was created where the link points
-    assert (jp_root_dir / NAME).is_symlink()
+    assert (user_notebooks / NAME).is_symlink()
 
 
 async def test_a_link_to_an_existing_file_outside_is_refused_and_left_alone(
-    jp_fetch, jp_root_dir, notebooks_dir, tmp_path
+    jp_fetch, user_notebooks, notebooks_dir, tmp_path
 ):
     target = tmp_path / "elsewhere.ipynb"
     target.write_text("not a notebook: the user's own file")
-    (jp_root_dir / NAME).symlink_to(target)
+    user_notebooks.mkdir(parents=True)
+    (user_notebooks / NAME).symlink_to(target)
     with pytest.raises(tornado.httpclient.HTTPClientError) as info:
         await _copy(jp_fetch)
     assert info.value.code == 403
     assert target.read_text() == "not a notebook: the user's own file"
 
 
-async def test_a_plain_folder_still_gets_its_copy(jp_fetch, jp_root_dir, notebooks_dir):
+async def test_a_linked_notebooks_folder_is_not_written_through(jp_fetch, user_notebooks, notebooks_dir, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    user_notebooks.parent.mkdir(parents=True)
+    user_notebooks.symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(tornado.httpclient.HTTPClientError) as info:
+        await _copy(jp_fetch)
+    assert info.value.code == 403 and "link" in json.loads(info.value.response.body)["message"]
+    assert list(elsewhere.iterdir()) == []
+
+
+async def test_a_plain_folder_still_gets_its_copy(jp_fetch, user_notebooks, notebooks_dir):
     response = await _copy(jp_fetch)
-    assert json.loads(response.body) == {"path": NAME, "copied": True}
-    assert not (jp_root_dir / NAME).is_symlink()
-    assert json.loads((jp_root_dir / NAME).read_text())["nbformat"] == 4
+    assert json.loads(response.body)["copied"] is True
+    assert not (user_notebooks / NAME).is_symlink()
+    assert json.loads((user_notebooks / NAME).read_text())["nbformat"] == 4

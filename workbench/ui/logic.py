@@ -144,6 +144,8 @@ def model_summary(cfg: Any) -> dict[str, Any]:
         "experts": counts.num_experts,
         "top_k": counts.top_k,
         "shared_experts": int(getattr(cfg, "n_shared_experts", 0) or 0),
+        "params": counts.total,
+        "active_params": counts.active,
         "params_b": counts.total / 1e9,
         "active_params_b": counts.active / 1e9,
     }

@@ -18,6 +18,8 @@ from workbench.parallel.mesh import MeshConfig
 from workbench.ui.logic import (
     CUSTOM_CHECKPOINT,
     backend_choices,
+    format_params,
+    fused_ce_choice,
     model_mesh_options,
     model_summary,
     preset_options,
@@ -134,7 +136,7 @@ class ModelPanel:
             self.summary.value = (
                 f"{s['model_type']}: {s['layers']} layers, hidden {s['hidden']}, "
                 f"{s['experts']} experts (top-{s['top_k']}){shared}, "
-                f"{s['params_b']:.3g} B params, {s['active_params_b']:.3g} B active"
+                f"{format_params(s['params'])} params, {format_params(s['active_params'])} active"
             )
         else:
             self.summary.value = ""

@@ -10,14 +10,14 @@ from pathlib import Path
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
-from jupyter_server.utils import ensure_async, url_path_join
+from jupyter_server.utils import url_path_join
 from tornado import web
 from traitlets import Unicode
 from traitlets.config import Configurable
 
 from .clusters import ClusterWatcher
 from .gpus import gpu_snapshot
-from .notebooks import copy_target_exists, list_notebooks, read_notebook
+from .notebooks import contents_path, copy_notebook, list_notebooks, notebooks_target_dir, read_notebook
 
 AUTH_RESOURCE = "moe_workbench"
 CLUSTER_WATCHER_KEY = "moe_workbench_cluster_watcher"
@@ -53,6 +53,15 @@ class MoeWorkbenchLab(Configurable):
         help=(
             "The runs folder the lab serves. Empty: $WORKBENCH_RUNS_DIR, else ~/moe-workbench/runs. "
             "The sidebar's 'Runs directory' setting must name this folder (or be empty)."
+        ),
+    )
+
+    notebooks_dir = Unicode(
+        "",
+        config=True,
+        help=(
+            "Where the launcher's cards copy the workbench notebooks before opening them. Empty: notebooks/ "
+            "beside the runs folder (~/moe-workbench/notebooks by default). Never the repository checkout."
         ),
     )
 
@@ -186,7 +195,11 @@ class NotebooksHandler(WorkbenchHandler):
 
 
 class NotebookCopyHandler(WorkbenchHandler):
-    """POST: copy a workbench notebook to the server's root folder unless it is already there."""
+    """POST: copy a workbench notebook into the user's notebooks folder unless it is there; say where to open it.
+
+    Answer: {"path": contents path to open, or None when the folder is outside the server's root,
+    "file": the copy on disk, "copied": whether it was written now, "note": why it cannot be opened here}.
+    """
 
     @web.authenticated
     @authorized
@@ -199,19 +212,27 @@ class NotebookCopyHandler(WorkbenchHandler):
             raise web.HTTPError(400, str(err)) from None
         except KeyError as err:
             raise web.HTTPError(404, str(err.args[0])) from None
-        contents = self.contents_manager
-        root_dir = getattr(contents, "root_dir", None)  # a file-backed contents manager's folder
+        settings: MoeWorkbenchLab = self.settings[SETTINGS_KEY]
         try:
-            taken = root_dir is not None and copy_target_exists(root_dir, name)
+            folder = notebooks_target_dir(settings.allowed_runs_dir(), settings.notebooks_dir)
+        except ValueError as err:
+            raise web.HTTPError(409, str(err)) from None
+        try:
+            # Never overwritten: the user's copy may hold edits; it is just opened.
+            path, copied = await asyncio.to_thread(copy_notebook, content, folder, name)
         except PermissionError as err:
             raise web.HTTPError(403, str(err)) from None
-        # Never overwrite: the user's copy may hold edits; we just open it.
-        if taken or await ensure_async(contents.file_exists(name)):
-            self.write_json({"path": name, "copied": False})
-            return
-        model = {"type": "notebook", "format": "json", "content": content}
-        await ensure_async(contents.save(model, name))
-        self.write_json({"path": name, "copied": True})
+        root_dir = getattr(self.contents_manager, "root_dir", None)  # a file-backed contents manager's folder
+        shown = contents_path(root_dir, path)
+        answer = {"path": shown, "file": str(path), "copied": copied}
+        if shown is None:
+            answer["note"] = (
+                f"{path} is outside the folder this server shows ({root_dir}), so the lab cannot open it here: "
+                f"run `jupyter lab --notebook-dir {folder.parent}` to work in it, or set "
+                "c.MoeWorkbenchLab.notebooks_dir to a folder inside the server's folder (not the repository "
+                "checkout)"
+            )
+        self.write_json(answer)
 
 
 class PlotlyBundleHandler(web.RequestHandler):
