@@ -40,10 +40,14 @@ step "server tests (pytest-jupyter)"
 
 step "UI test data: a run directory, a corrupt one, notebooks"
 WORK="$(mktemp -d /tmp/mwb-ui.XXXXXX)"
-export WORKBENCH_RUNS_DIR="$WORK/runs"
-# A real `workbench finetune` run (2 CPU ranks, named, eval on) for the sidebar to list.
+# The runs folder inside the lab's root: the launcher copies notebooks beside it (moe-workbench/notebooks),
+# where the lab can open them.
+export WORKBENCH_RUNS_DIR="$WORK/root/moe-workbench/runs"
+# Real `workbench finetune` runs (2 CPU ranks) for the sidebar to list: a named full run with eval on,
+# and a named LoRA run of 20 steps.
 MWB_UI_RUN_ID="$("$PYTHON" tests/lab/make_run.py "$WORKBENCH_RUNS_DIR" | tail -n 1)"
-export MWB_UI_RUN_ID
+MWB_UI_LORA_RUN_ID="$("$PYTHON" tests/lab/make_run.py "$WORKBENCH_RUNS_DIR" --lora | tail -n 1)"
+export MWB_UI_RUN_ID MWB_UI_LORA_RUN_ID
 mkdir -p "$WORKBENCH_RUNS_DIR/00000000-000000-bad0"
 printf '{"model": {"pres' > "$WORKBENCH_RUNS_DIR/00000000-000000-bad0/config.json"
 if ! ls notebooks/*.ipynb >/dev/null 2>&1; then

@@ -19,6 +19,12 @@ from pathlib import Path
 
 RUN_ID = "demo-run"
 RUN_NAME = "lab test · eval on"
+# A second, LoRA run beside the full one: the lab must tell the two apart (name and kind). Its name is
+# long, so the sidebar must wrap or cut it and keep it whole in a tooltip; 20 steps, so the run view's
+# step axis must reach step 20.
+LORA_RUN_ID = "lora-run"
+LORA_RUN_NAME = "lab test · LoRA rank 8 on attention, a name long enough to need more than one line"
+LORA_RUN_STEPS = 20
 
 
 def _prompt_completion_rows(folder: Path) -> Path:
@@ -48,6 +54,25 @@ def run_demo(runs_dir: Path, steps: int = 3, run_id: str = RUN_ID) -> str:
         data__eval_every=1,
         data__cache_dir=str(data_dir / "cache"),
     )
+    return _finetune(config, data_dir, runs_dir, run_id)
+
+
+def run_lora(runs_dir: Path, steps: int = LORA_RUN_STEPS, run_id: str = LORA_RUN_ID) -> str:
+    """`workbench finetune` of the demo config as a named LoRA run (rank 8 on attention), no eval; returns the id."""
+    from workbench.config import RunConfig
+    from workbench.config_lora import LoraConfig
+
+    data_dir = Path(tempfile.mkdtemp(prefix="mwb-lab-data-"))
+    config = RunConfig.demo(
+        name=LORA_RUN_NAME,
+        lora=LoraConfig(rank=8, alpha=16.0, targets=("attention",)),
+        train__steps=steps,
+        train__save_final_checkpoint=False,
+    )
+    return _finetune(config, data_dir, runs_dir, run_id)
+
+
+def _finetune(config, data_dir: Path, runs_dir: Path, run_id: str) -> str:
     config.to_yaml(data_dir / "run.yaml")
     cmd = [
         sys.executable,
@@ -112,6 +137,6 @@ def append_text(path: Path, text: str) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python make_run.py <runs_dir>")
-    print(run_demo(Path(sys.argv[1])))
+    if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["--lora"]):
+        sys.exit("usage: python make_run.py <runs_dir> [--lora]")
+    print(run_lora(Path(sys.argv[1])) if sys.argv[2:] == ["--lora"] else run_demo(Path(sys.argv[1])))

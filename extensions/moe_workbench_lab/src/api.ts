@@ -42,12 +42,24 @@ export interface IClusterAnswer {
   clusters: ICluster[];
 }
 
+export interface IRunKind {
+  training: 'full' | 'lora';
+  lora_rank: number | null;
+  lora_targets: string[] | null;
+  data: string;
+  eval: string | null;
+  /** The one line every listing shows, e.g. 'LoRA r=16 attention+experts · tiny_sft.jsonl (shipped)'. */
+  label: string;
+}
+
 export interface IRunSummary {
   id: string;
   readable: boolean;
   error?: string;
   /** The name given at launch (RunConfig.name), if any. */
   name?: string | null;
+  /** What kind of run it is (workbench.runs.run_kind): full or LoRA r/targets, data source, eval. */
+  kind?: IRunKind | null;
   model?: string | null;
   mesh?: Record<string, number> | null;
   backends?: Record<string, unknown> | null;

@@ -13,6 +13,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 
 import { IRunSummary, runTitle } from './api';
 import { addNotebookCommands, CATEGORY } from './notebooks';
+import { runTooltip } from './runlabel';
 import { RunView } from './runview';
 import { WorkbenchSidebar } from './sidebar';
 
@@ -59,7 +60,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       const widget = new MainAreaWidget({ content: view });
       widget.id = `moe-workbench-run-panel-${run.id}`;
       widget.title.label = `Run ${runTitle(run)}`;
-      widget.title.caption = `run folder ${run.id}`;
+      widget.title.caption = runTooltip(run);
       widget.title.icon = workbenchIcon;
       widget.title.closable = true;
       void tracker.add(widget);

@@ -2,9 +2,29 @@
 import { Widget } from '@lumino/widgets';
 
 import { IMetricsAnswer, IRunsAnswer, IRunSummary, MetricRecord, requestAPI, runTitle } from './api';
+import { meshText, runHeading, runTooltip } from './runlabel';
 import { ISeries, lineChart } from './svg';
 
 const LIVE_STATES = new Set(['starting', 'running', 'stopping']);
+// The charts fill the view's width: as many columns as fit at CHART_MIN_PX each, sharing the width.
+const CHART_MIN_PX = 380;
+const CHART_GAP_PX = 12;
+const CHART_HEIGHT_PX = 240;
+
+/** One chart of the run view: a title and the series it draws from the run's records. */
+export interface IChartSpec {
+  title: string;
+  series: (records: MetricRecord[]) => ISeries[];
+  /** Left out while it has no series (e.g. eval accuracy of a run without eval). */
+  optional?: boolean;
+}
+
+/** Column count and chart width that fill `available` px (never narrower than one chart of 260 px). */
+export function chartGrid(available: number): { columns: number; width: number } {
+  const columns = Math.max(1, Math.floor((available + CHART_GAP_PX) / (CHART_MIN_PX + CHART_GAP_PX)));
+  const width = Math.max(260, Math.floor((available - CHART_GAP_PX * (columns - 1)) / columns));
+  return { columns, width };
+}
 
 /** Per-rank series of `key` against step (ranks with no values are left out). */
 function byRank(records: MetricRecord[], key: string): ISeries[] {
@@ -28,10 +48,7 @@ function byRank(records: MetricRecord[], key: string): ISeries[] {
 /** Several keys of rank 0 as one series each. */
 function keysOfRank0(records: MetricRecord[], keys: string[]): ISeries[] {
   const rank0 = records.filter(r => (r.rank ?? 0) === 0);
-  return keys
-    .map(key => byRank(rank0, key)[0])
-    .filter((s): s is ISeries => s !== undefined)
-    .map((s, i) => ({ ...s, label: keys[i] }));
+  return keys.flatMap(key => byRank(rank0, key).map(s => ({ ...s, label: key })));
 }
 
 export class RunView extends Widget {
@@ -42,8 +59,6 @@ export class RunView extends Widget {
     super();
     this.addClass('mwb-runview');
     this.id = `moe-workbench-run-${run.id}`;
-    this.title.label = `Run ${runTitle(run)}`;
-    this.title.caption = run.id;
     this.title.closable = true;
     this.header = document.createElement('div');
     this.header.className = 'mwb-runview-header';
@@ -51,6 +66,13 @@ export class RunView extends Widget {
     this.plots.className = 'mwb-runview-plots';
     this.node.append(this.header, this.plots);
     this.renderHeader();
+    // The plot area's width also changes without a resize of the view (a scrollbar comes or goes).
+    this.resizeObserver = new ResizeObserver(() => {
+      if (this.plots.clientWidth !== this.drawnWidth) {
+        this.redraw();
+      }
+    });
+    this.resizeObserver.observe(this.plots);
   }
 
   async refresh(): Promise<void> {
@@ -77,6 +99,7 @@ export class RunView extends Widget {
 
   dispose(): void {
     window.clearTimeout(this.timer);
+    this.resizeObserver.disconnect();
     super.dispose();
   }
 
@@ -88,50 +111,96 @@ export class RunView extends Widget {
     const r = this.run;
     const pairs = (obj: Record<string, unknown> | null | undefined) =>
       obj ? Object.entries(obj).map(([k, v]) => `${k}=${v}`).join(', ') : '';
+    // The name (or folder id) and kind, as in the sidebar, with the state badge and the folder id.
     const title = document.createElement('div');
-    const name = document.createElement('b');
-    name.className = 'mwb-runview-name';
-    name.textContent = runTitle(r);
+    title.className = 'mwb-runview-title';
     const badge = document.createElement('span');
     badge.className = `mwb-badge mwb-state-${r.state}`;
     badge.textContent = r.state ?? '?';
-    title.append(name, ' ', badge);
+    title.append(runHeading(r, 'mwb-runview-name'), badge);
     if (r.name) {
       const id = document.createElement('span');
       id.className = 'mwb-run-id';
-      id.textContent = ` ${r.id}`;
+      id.textContent = r.id;
       title.append(id);
     }
     const steps = `${r.step ?? '–'}${r.total_steps ? ' / ' + r.total_steps : ''}`;
+    const tps = typeof r.tokens_per_s_per_gpu === 'number' ? ` · ${r.tokens_per_s_per_gpu.toFixed(0)} tok/s/GPU` : '';
     const info = document.createElement('div');
-    info.textContent = `model: ${r.model ?? '?'} · mesh: ${pairs(r.mesh) || '?'} · step ${steps}`;
+    info.className = 'mwb-runview-info';
+    info.textContent = `model: ${r.model ?? '?'} · mesh: ${meshText(r.mesh) || '?'} · step ${steps}${tps}`;
     const backends = document.createElement('div');
     backends.textContent = r.backends ? `backends: ${pairs(r.backends)}` : '';
     this.header.replaceChildren(title, info, backends);
+    this.title.label = `Run ${runTitle(r)}`;
+    this.title.caption = runTooltip(r);
+  }
+
+  // Drawn again at the new width whenever the view's width may have changed.
+  protected onResize(): void {
+    this.redraw();
+  }
+
+  protected onAfterShow(): void {
+    this.redraw();
+  }
+
+  private redraw(): void {
+    if (this.records) {
+      this.renderPlots(this.records);
+    }
+  }
+
+  /** The charts, in order; another view (e.g. MoE health) adds its own specs here. */
+  protected chartSpecs(): IChartSpec[] {
+    const rank0 = (records: MetricRecord[]) => records.filter(r => (r.rank ?? 0) === 0);
+    return [
+      {
+        title: 'loss (rank 0)',
+        // Eval (data.eval_every) is a second, dashed series beside the training loss, on its own steps.
+        series: records => [
+          ...byRank(rank0(records), 'loss').map(s => ({ ...s, label: 'train' })),
+          ...byRank(rank0(records), 'eval_loss').map(s => ({ ...s, label: 'eval', dashed: true }))
+        ]
+      },
+      {
+        title: 'eval token accuracy (rank 0)',
+        optional: true,
+        series: records => byRank(rank0(records), 'eval_accuracy').map(s => ({ ...s, label: 'eval', dashed: true }))
+      },
+      { title: 'tokens/s per GPU', series: records => byRank(records, 'tokens_per_s_per_gpu') },
+      { title: 'TFLOP/s per GPU', series: records => byRank(records, 'tflops_per_gpu') },
+      { title: 'peak memory (GiB)', series: records => byRank(records, 'mem_peak_gib') },
+      { title: 'expert load CV', series: records => byRank(records, 'expert_load_cv') },
+      {
+        title: 'step time (s), rank 0',
+        series: records => keysOfRank0(records, ['forward_s', 'backward_s', 'optimizer_s', 'step_time_s'])
+      }
+    ];
   }
 
   private renderPlots(records: MetricRecord[]): void {
-    const rank0 = records.filter(r => (r.rank ?? 0) === 0);
-    // Eval (data.eval_every) is a second, dashed series beside the training loss, on its own steps.
-    const evalLoss = byRank(rank0, 'eval_loss');
-    const loss = [
-      ...byRank(rank0, 'loss').map(s => ({ ...s, label: 'train' })),
-      ...evalLoss.map(s => ({ ...s, label: 'eval', dashed: true }))
-    ];
-    const evalAccuracy = byRank(rank0, 'eval_accuracy').map(s => ({ ...s, label: 'eval', dashed: true }));
-    const charts = [
-      lineChart('loss (rank 0)', loss),
-      ...(evalAccuracy.length ? [lineChart('eval token accuracy (rank 0)', evalAccuracy)] : []),
-      lineChart('tokens/s per GPU', byRank(records, 'tokens_per_s_per_gpu')),
-      lineChart('TFLOP/s per GPU', byRank(records, 'tflops_per_gpu')),
-      lineChart('peak memory (GiB)', byRank(records, 'mem_peak_gib')),
-      lineChart('expert load CV', byRank(records, 'expert_load_cv')),
-      lineChart('step time (s), rank 0', keysOfRank0(records, ['forward_s', 'backward_s', 'optimizer_s', 'step_time_s']))
-    ];
+    this.records = records;
+    // Measured each time: the charts are drawn at the width they are shown at (text stays its size).
+    const style = window.getComputedStyle(this.plots);
+    const padding = parseFloat(style.paddingLeft || '0') + parseFloat(style.paddingRight || '0');
+    this.drawnWidth = this.plots.clientWidth;
+    const available = this.plots.clientWidth - padding;
+    const { columns, width } = chartGrid(available > 0 ? available : CHART_MIN_PX);
+    // Each column takes its share exactly (the chart is drawn at the whole pixels below it, then
+    // stretched by the fraction of a pixel left over, so a row spans the width to the pixel).
+    this.plots.style.gridTemplateColumns = `repeat(${columns}, minmax(0, 1fr))`;
+    const charts = this.chartSpecs()
+      .map(spec => ({ spec, series: spec.series(records) }))
+      .filter(({ spec, series }) => !spec.optional || series.length > 0)
+      .map(({ spec, series }) => lineChart(spec.title, series, 'step', width, CHART_HEIGHT_PX));
     this.plots.replaceChildren(...charts);
   }
 
   private header: HTMLDivElement;
   private plots: HTMLDivElement;
+  private records: MetricRecord[] | null = null;
+  private drawnWidth = -1;
+  private resizeObserver: ResizeObserver;
   private timer = 0;
 }

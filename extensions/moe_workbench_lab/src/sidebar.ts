@@ -1,14 +1,8 @@
 // The left-sidebar panel: GPU bars, running ipyparallel clusters, and training runs.
 import { Widget } from '@lumino/widgets';
 
-import {
-  IClusterAnswer,
-  IGpuAnswer,
-  IRunsAnswer,
-  IRunSummary,
-  requestAPI,
-  runTitle
-} from './api';
+import { IClusterAnswer, IGpuAnswer, IRunsAnswer, IRunSummary, requestAPI } from './api';
+import { meshText, runHeading } from './runlabel';
 import { sparkline } from './svg';
 
 export interface ISidebarOptions {
@@ -34,16 +28,6 @@ function h<K extends keyof HTMLElementTagNameMap>(
 }
 
 const GIB = 1024 ** 3;
-
-function meshText(mesh: Record<string, number> | null | undefined): string {
-  if (!mesh || typeof mesh !== 'object') {
-    return '';
-  }
-  return Object.entries(mesh)
-    .filter(([, v]) => typeof v === 'number')
-    .map(([k, v]) => `${k}${v}`)
-    .join('·');
-}
 
 export class WorkbenchSidebar extends Widget {
   constructor(private options: ISidebarOptions) {
@@ -204,12 +188,11 @@ export class WorkbenchSidebar extends Widget {
       row.appendChild(err);
       return row;
     }
-    // The run's name (RunConfig.name) heads the row; the folder id is the fallback and a detail.
+    // The run's name (RunConfig.name, else its folder id) and its kind head the row; a named run's
+    // folder id is a detail under them.
     const top = h('div', 'mwb-run-top');
     top.appendChild(h('span', `mwb-badge mwb-state-${run.state}`, run.state ?? '?'));
-    const title = h('span', 'mwb-run-name', runTitle(run));
-    title.title = run.name ? `${run.name} (${run.id})` : run.id;
-    top.appendChild(title);
+    top.appendChild(runHeading(run));
     row.appendChild(top);
     if (run.name) {
       row.appendChild(h('div', 'mwb-run-id', run.id));

@@ -60,6 +60,9 @@ export interface ISeries {
 // the page (nothing can be measured yet), so they are spaced by this, never closer.
 const LEGEND_CHAR_PX = 6.5;
 const LEGEND_ROW_PX = 13;
+// Space between the title's baseline row and the legend's first row: a title's descenders (p, /) reach
+// 3-4 px below its baseline.
+const LEGEND_TOP_PX = 4;
 
 /** Legend entries left to right under the title, wrapped to more rows when they do not fit. */
 function legendLayout(labels: string[], left: number, right: number): { x: number; row: number }[] {
@@ -77,15 +80,58 @@ function legendLayout(labels: string[], left: number, right: number): { x: numbe
   });
 }
 
-function fmt(v: number, integer = false): string {
-  if (integer) {
-    return Math.round(v).toString();
+/** The 1, 2 or 5 times a power of ten nearest above `raw`: a step that reads well on an axis. */
+function niceStep(raw: number): number {
+  const power = Math.pow(10, Math.floor(Math.log10(raw)));
+  const scaled = raw / power;
+  return (scaled <= 1 ? 1 : scaled <= 2 ? 2 : scaled <= 5 ? 5 : 10) * power;
+}
+
+/**
+ * Tick labels for values `step` apart: decimals chosen from the step, so that neighbours always read
+ * differently (0.465, 0.470, ... where a fixed 2 decimals printed 0.47 four times); thousands as k / M.
+ */
+export function tickLabels(values: number[], step: number): string[] {
+  const top = Math.max(...values.map(Math.abs));
+  const [scale, suffix] = top >= 1e6 ? [1e6, 'M'] : top >= 1e4 ? [1e3, 'k'] : [1, ''];
+  const decimals = Math.max(0, Math.ceil(-Math.log10(step / scale) - 1e-9));
+  if (decimals > 6) {
+    // Steps this small next to the values: exponent form with enough digits for the step.
+    const digits = Math.max(1, Math.ceil(Math.log10(top / step)));
+    return values.map(v => (v === 0 ? '0' : v.toExponential(digits)));
   }
-  const a = Math.abs(v);
-  if (a !== 0 && (a >= 1e5 || a < 1e-2)) {
-    return v.toExponential(1);
+  return values.map(v => `${(v / scale).toFixed(decimals)}${suffix}`);
+}
+
+/** About `count` ticks at a nice step; the axis widened to the outer ticks so they sit at its ends. */
+export function valueTicks(lo: number, hi: number, count = 5): { lo: number; hi: number; ticks: number[]; step: number } {
+  const step = niceStep((hi - lo) / Math.max(1, count - 1));
+  const first = Math.floor(lo / step + 1e-9);
+  const last = Math.ceil(hi / step - 1e-9);
+  const ticks: number[] = [];
+  for (let i = first; i <= last; i++) {
+    ticks.push(i * step);
   }
-  return a >= 100 ? v.toFixed(0) : a >= 10 ? v.toFixed(1) : v.toFixed(2);
+  return { lo: first * step, hi: last * step, ticks, step };
+}
+
+/**
+ * Whole-step ticks over [first, last]: both ends always (the axis covers every step, and says so),
+ * multiples of a nice stride between them, none closer than half a stride to an end.
+ */
+export function stepTicks(first: number, last: number, count = 5): { ticks: number[]; step: number } {
+  if (last <= first) {
+    return { ticks: [first], step: 1 };
+  }
+  const stride = Math.max(1, niceStep((last - first) / Math.max(1, count - 1)));
+  const ticks = [first];
+  for (let t = Math.ceil(first / stride) * stride; t < last; t += stride) {
+    if (t - first >= stride / 2 && last - t >= stride / 2) {
+      ticks.push(t);
+    }
+  }
+  ticks.push(last);
+  return { ticks, step: stride };
 }
 
 /** A line chart with axes, ticks and a legend; one colour class per series. */
@@ -99,7 +145,7 @@ export function lineChart(
   // The legend has its own rows between the title and the plot, so it never overlaps the title.
   const legend = series.length > 1 ? legendLayout(series.map(s => s.label), 52, width - 10) : [];
   const legendRows = legend.length ? Math.max(...legend.map(l => l.row)) + 1 : 0;
-  const m = { left: 52, right: 10, top: 22 + legendRows * LEGEND_ROW_PX, bottom: 30 };
+  const m = { left: 52, right: 10, top: 22 + legendRows * LEGEND_ROW_PX + (legendRows ? LEGEND_TOP_PX : 0), bottom: 30 };
   const svg = el('svg', {
     width,
     height,
@@ -117,27 +163,31 @@ export function lineChart(
     svg.appendChild(empty);
     return svg;
   }
-  const [x0, x1] = extent(xs);
-  const [y0, y1] = extent(ys);
+  // Steps are integers: tick whole steps from the first to the last step; other x values and every
+  // y axis get nice ticks, the axis widened to them.
+  const integerX = xs.every(x => Number.isInteger(x));
+  const [xa, xb] = extent(xs);
+  const xt = integerX ? { ...stepTicks(Math.min(...xs), Math.max(...xs)), lo: xa, hi: xb } : valueTicks(xa, xb);
+  const [x0, x1] = [xt.lo, xt.hi];
+  const [ya, yb] = extent(ys);
+  const yt = valueTicks(ya, yb);
+  const [y0, y1] = [yt.lo, yt.hi];
   const px = (x: number) => m.left + ((x - x0) / (x1 - x0)) * (width - m.left - m.right);
   const py = (y: number) => height - m.bottom - ((y - y0) / (y1 - y0)) * (height - m.top - m.bottom);
   const axes = el('g', { class: 'mwb-axes' });
   axes.appendChild(el('line', { x1: m.left, y1: height - m.bottom, x2: width - m.right, y2: height - m.bottom }));
   axes.appendChild(el('line', { x1: m.left, y1: m.top, x2: m.left, y2: height - m.bottom }));
-  for (let i = 0; i <= 4; i++) {
-    const yv = y0 + ((y1 - y0) * i) / 4;
-    const t = el('text', { x: m.left - 4, y: py(yv) + 3, class: 'mwb-tick mwb-tick-y' });
-    t.textContent = fmt(yv);
+  tickLabels(yt.ticks, yt.step).forEach((label, i) => {
+    const t = el('text', { x: m.left - 4, y: py(yt.ticks[i]) + 3, class: 'mwb-tick mwb-tick-y' });
+    t.textContent = label;
     axes.appendChild(t);
-  }
-  // Steps are integers: tick whole steps at an even stride rather than 2.25, 3.5, ...
-  const integerX = xs.every(x => Number.isInteger(x));
-  const stride = integerX ? Math.max(1, Math.ceil((x1 - x0) / 4)) : (x1 - x0) / 4;
-  for (let xv = integerX ? Math.ceil(x0) : x0; xv <= x1 + 1e-9; xv += stride) {
-    const tx = el('text', { x: px(xv), y: height - m.bottom + 12, class: 'mwb-tick mwb-tick-x' });
-    tx.textContent = fmt(xv, integerX);
+  });
+  const xLabels = integerX ? xt.ticks.map(v => String(v)) : tickLabels(xt.ticks, xt.step);
+  xLabels.forEach((label, i) => {
+    const tx = el('text', { x: px(xt.ticks[i]), y: height - m.bottom + 12, class: 'mwb-tick mwb-tick-x' });
+    tx.textContent = label;
     axes.appendChild(tx);
-  }
+  });
   const xl = el('text', { x: (width + m.left) / 2, y: height - 4, class: 'mwb-axis-label' });
   xl.textContent = xLabel;
   axes.appendChild(xl);
@@ -150,7 +200,7 @@ export function lineChart(
       svg.appendChild(el('circle', { cx: px(s.xs[0]), cy: py(s.ys[0]), r: 3, class: `mwb-series mwb-series-${k % 6}` }));
     }
     if (legend.length) {
-      const y = 14 + (legend[k].row + 1) * LEGEND_ROW_PX;
+      const y = 14 + LEGEND_TOP_PX + (legend[k].row + 1) * LEGEND_ROW_PX;
       const swatch = el('line', { x1: legend[k].x, y1: y - 3, x2: legend[k].x + 10, y2: y - 3, class: cls });
       const text = el('text', { x: legend[k].x + 14, y, class: `mwb-legend mwb-series-${k % 6}` });
       text.textContent = s.label;
