@@ -3,7 +3,8 @@
 Its GraniteMoeHybridMambaLayer holds what Nemotron-H's Mamba2 holds (in_proj, a SiLU depthwise conv, dt_bias, A_log,
 D, time_step_limit, a gated group RMSNorm, out_proj); the family's folder swaps in the engine's mixer. Checked:
 float32 logits and every gradient against vanilla Transformers on fresh random weights and inputs, with sequences
-longer than a few scan chunks, and Transformers' own mixer kept where BackendConfig.mixer says so.
+longer than a few scan chunks, and Transformers' own mixer kept where BackendConfig.mixer says so; its layers counted
+from the config (a Mamba2 or attention, then the MoE and its shared MLP) as Transformers builds them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from generic_families import tiny_config
 from test_generic_families import close, close_grads, randomize
 
 from workbench import AutoModelForCausalLM, BackendConfig
+from workbench.models.meta_model import meta_model
 from workbench.models.mixer_mamba2 import EngineMamba2Mixer
+from workbench.params import param_counts
 
 pytestmark = pytest.mark.skipif(
     "granitemoehybrid" not in transformers.CONFIG_MAPPING,
@@ -54,3 +57,18 @@ def test_granite_hybrid_equals_vanilla_with_the_engine_mamba2(mixer):
     for name in ("in_proj.weight", "conv1d.weight", "dt_bias", "A_log", "D", "norm.weight", "out_proj.weight"):
         grad = mamba.get_parameter(name).grad
         assert grad is not None and grad.abs().sum() > 0, name
+
+
+def test_granite_hybrid_parameters_by_hand():
+    # H = 32, V = 96; layer 0 a Mamba2 of 8 heads of 8 (inner 64), 2 groups of state 8, conv kernel 4 with bias;
+    # layer 1 attention (4 heads of 8, 2 kv heads); each layer an MoE of 4 SwiGLU experts of width 16 (top 2), a
+    # SwiGLU shared MLP of width 16 and a router, and two norms
+    cfg = tiny_config("granitemoehybrid")
+    counts = param_counts(cfg)
+    in_width = 2 * 64 + 2 * 2 * 8 + 8  # z, x|B|C, dt
+    mamba = 32 * in_width + 64 * 32 + (96 * 4 + 96) + 3 * 8 + 64  # projections, conv, dt_bias/A_log/D, norm
+    assert (counts.mixer_per_layer, counts.attention_per_layer) == (mamba, 32 * (32 + 2 * 16) + 32 * 32)
+    moe = 4 * 32 + 3 * 32 * 16 + 4 * 3 * 32 * 16  # router, shared MLP, experts
+    total = 2 * 96 * 32 + 5 * 32 + mamba + 3072 + 2 * moe
+    assert counts.total == total == 32984 == sum(p.numel() for p in meta_model(cfg).parameters())
+    assert counts.active_matmul == 96 * 32 + 3072 + (32 * in_width + 64 * 32) + 2 * (3 * 1536) == 22784

@@ -1,7 +1,7 @@
 """The hybrid models' sequence mixers counted from the config (no model is built): parameters, FLOPs, activations.
 
-Mamba2 (Nemotron-H's mixer): nh heads of width P (inner width d = nh P), G groups of state size N, a depthwise
-causal conv of kernel K over x|B|C (d + 2GN channels):
+Mamba2 (Nemotron-H's and GraniteMoE-Hybrid's mixer): nh heads of width P (inner width d = nh P), G groups of state
+size N, a depthwise causal conv of kernel K over x|B|C (d + 2GN channels):
     in_proj    H -> 2d + 2GN + nh  (z, x|B|C, dt)                  a matmul
     conv1d     (d + 2GN) K, plus its bias (use_conv_bias)
     dt_bias, A_log, D: nh each; the gated norm: d
@@ -42,18 +42,39 @@ class MixerCounts:
     activations_per_token: float  # elements one token keeps for backward
 
 
+# A Mamba2 config field under each family's name: Nemotron-H's, then GraniteMoE-Hybrid's.
+MAMBA2_FIELDS = {
+    "heads": ("mamba_num_heads", "mamba_n_heads"),
+    "head_dim": ("mamba_head_dim", "mamba_d_head"),
+    "groups": ("n_groups", "mamba_n_groups"),
+    "state": ("ssm_state_size", "mamba_d_state"),
+    "kernel": ("conv_kernel", "mamba_d_conv"),
+    "bias": ("use_bias", "mamba_proj_bias"),
+    "conv_bias": ("use_conv_bias", "mamba_conv_bias"),
+    "chunk": ("chunk_size", "mamba_chunk_size"),
+}
+
+
+def _mamba2(cfg: Any, key: str, default: Any = None) -> Any:
+    for name in MAMBA2_FIELDS[key]:
+        value = getattr(cfg, name, None)
+        if value is not None:
+            return value
+    return default
+
+
 def mamba2_counts(cfg: Any) -> MixerCounts:
-    """A Mamba2 mixer's counts (module docstring), from Nemotron-H's config fields."""
-    hidden, heads, head_dim = cfg.hidden_size, cfg.mamba_num_heads, cfg.mamba_head_dim
-    groups, state, kernel = cfg.n_groups, cfg.ssm_state_size, cfg.conv_kernel
+    """A Mamba2 mixer's counts (module docstring), from Nemotron-H's or GraniteMoE-Hybrid's config fields."""
+    hidden, heads, head_dim = cfg.hidden_size, _mamba2(cfg, "heads"), _mamba2(cfg, "head_dim")
+    groups, state, kernel = _mamba2(cfg, "groups"), _mamba2(cfg, "state"), _mamba2(cfg, "kernel")
     inner = heads * head_dim
     in_width = 2 * inner + 2 * groups * state + heads
     conv_channels = inner + 2 * groups * state
     matmul = hidden * in_width + inner * hidden
-    bias = bool(getattr(cfg, "use_bias", False)) * (in_width + hidden)
-    conv = conv_channels * kernel + bool(getattr(cfg, "use_conv_bias", True)) * conv_channels
+    bias = bool(_mamba2(cfg, "bias", False)) * (in_width + hidden)
+    conv = conv_channels * kernel + bool(_mamba2(cfg, "conv_bias", True)) * conv_channels
     params = matmul + bias + conv + 3 * heads + inner
-    chunk = getattr(cfg, "chunk_size", None) or 128
+    chunk = _mamba2(cfg, "chunk") or 128
     activations = in_width + conv_channels + 2 * inner + inner * state / chunk
     return MixerCounts(params, matmul, 21.0 * inner * state, activations)
 

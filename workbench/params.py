@@ -149,8 +149,15 @@ def _latent_projections(cfg: Any, hidden: int) -> int:
 
 def _shared_width(cfg: Any, width: int) -> int:
     """Intermediate width of one MoE layer's shared experts together (0: none)."""
-    own = _get(cfg, "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", default=None)
-    if own:  # Qwen2-MoE, Qwen3.5-MoE, Qwen3-Next; Nemotron-H: one shared expert of its own width
+    own = _get(
+        cfg,
+        "shared_expert_intermediate_size",
+        "moe_shared_expert_intermediate_size",
+        "shared_intermediate_size",
+        default=None,
+    )
+    # Qwen2-MoE, Qwen3.5-MoE, Qwen3-Next; Nemotron-H, GraniteMoE-Hybrid: one shared expert of its own width
+    if own:
         return int(own)
     return width * int(getattr(cfg, "n_shared_experts", 0) or 0)  # DeepSeek-V3: n experts of the routed width
 

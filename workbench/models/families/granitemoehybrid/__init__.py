@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.models.families.family import Family
+from workbench.models.families.family import Family, LayerBlocks
 
 
 def install_extras(model, backend) -> dict[str, int]:
@@ -21,6 +21,14 @@ def install_extras(model, backend) -> dict[str, int]:
     from workbench.models.families.granitemoehybrid.mixer import use_engine_mixers
 
     return {"mixer": use_engine_mixers(model, backend.mixer)}
+
+
+def layer_blocks(cfg, moe_flags: list[bool]) -> tuple[LayerBlocks, ...]:
+    """A Mamba2 ('linear_attention') or attention in each layer, before its MoE (its shared MLP the shared expert)
+    or, with no experts, its dense MLP."""
+    mixers = {"linear_attention": "mamba2", "attention": "attention", "full_attention": "attention"}
+    mlp = "moe" if (getattr(cfg, "num_local_experts", 0) or 0) > 0 else "dense"
+    return tuple(LayerBlocks(mixers[t], mlp) for t in cfg.layers_block_type)
 
 
 TEST_CONFIG: dict[str, Any] = dict(
@@ -46,4 +54,5 @@ FAMILY = Family(
     name="GraniteMoE-Hybrid",
     test_config=TEST_CONFIG,
     install_extras=install_extras,
+    layer_blocks=layer_blocks,
 )
