@@ -293,8 +293,8 @@ def _top_level_definitions() -> dict[str, list[str]]:
 ONE_HOME = {
     "CheckpointError": "workbench/errors.py",
     "free_port": "workbench/parallel/launch.py",
-    "resolve_mesh": "workbench/train/model_setup.py",
-    "resolve_dtype_name": "workbench/train/model_setup.py",
+    "resolve_mesh": "workbench/models/mesh_choice.py",
+    "resolve_dtype_name": "workbench/devices.py",
     "param_counts": "workbench/params.py",
 }
 # Private re-writes of workbench/parallel/dist_utils' rank(), world_size(), barrier() and of the dtype rule.

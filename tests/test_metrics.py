@@ -145,7 +145,7 @@ def test_deepseek_v3_flops_against_a_hand_count_of_the_real_modules():
 def test_gpt_oss_flops_count_sliding_window_layers_by_their_mask():
     from transformers.masking_utils import causal_mask_function, sliding_window_causal_mask_function
 
-    from workbench.train.metrics import attention_keys_per_query
+    from workbench.flops import attention_keys_per_query
 
     cfg = preset_config("tiny-gpt-oss", layers=4)
     seq, window = 96, cfg.sliding_window

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from workbench.cli_demo import demo_arguments, run_demo
 from workbench.cli_finetune import finetune_arguments, run_finetune
 from workbench.cli_generate import generate_arguments, run_generate
+from workbench.cli_plan import plan_arguments, run_plan
 from workbench.cli_runs import run_runs, run_show, runs_arguments, show_arguments
 from workbench.config_checks import ConfigError
 
@@ -55,6 +56,12 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         "finetune", "fine-tune from a RunConfig YAML (standalone or under torchrun)", finetune_arguments, run_finetune
     ),
     Subcommand("demo", "fine-tune the embedded tiny MoE on 2 CPU ranks or all local GPUs", demo_arguments, run_demo),
+    Subcommand(
+        "plan",
+        "a run's memory per rank, step time and tokens/s per GPU before anything is built, and what would fit",
+        plan_arguments,
+        run_plan,
+    ),
     Subcommand(
         "runs",
         "list the runs in a runs directory: model, mesh, state (running, completed, failed, died), "

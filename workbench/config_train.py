@@ -14,6 +14,10 @@ OPTIMIZERS = ("adamw", "adamw_torch", "adamw_triton")
 PRECISIONS = ("auto", "bf16", "bf16_sr", "fp32_master")
 # How the workbench AdamW keeps its moments: in the weights' dtype, or 8-bit blockwise (workbench.kernels.adamw8)
 OPTIMIZER_STATES = ("full", "8bit")
+# What the trainer does with the run's plan (workbench.plan) before it builds anything: "check" refuses a run planned
+# not to fit its device, naming the changes that would; "auto" applies the fastest of them that keeps the training and
+# the rank count, and says which; "off" builds without asking
+FIT_MODES = ("check", "auto", "off")
 
 # Settings a resume must keep, always: the tensors in the checkpoint (weights, adapters, optimizer state)
 # are laid out by them, so accepting another value could only fail inside the load. Turning LoRA on or off
@@ -102,6 +106,9 @@ class TrainConfig:
     # Python's garbage collector off during steps, generations 0-1 collected every N steps (train/step_gc.py); 0 =
     # Python's automatic collection
     gc_every: int = 50
+    fit: str = "check"  # one of FIT_MODES
+    # the memory per rank the plan checks against; None = the device's (a GPU's total, a CPU host's available memory)
+    fit_memory_gib: float | None = None
     resume_from: str | None = None  # a checkpoint directory, or a run directory (latest checkpoint)
     resume_allow_changes: tuple[str, ...] = ()  # RESUME_FIELDS this run may change from the checkpoint's
     # Experiment trackers rank 0 reports every step record to, inside the run's folder, offline (workbench/trackers):
@@ -159,6 +166,12 @@ class TrainConfig:
         check_int(self.checkpoint_every, "train.checkpoint_every", 1, allow_none=True)
         check_int(self.log_every, "train.log_every", 1)
         check_int(self.gc_every, "train.gc_every", 0)
+        if self.fit not in FIT_MODES:
+            raise ConfigError(f"train.fit must be one of {FIT_MODES}, got {self.fit!r}")
+        if self.fit_memory_gib is not None:
+            check_float(self.fit_memory_gib, "train.fit_memory_gib", 0.0)
+            if self.fit_memory_gib == 0:
+                raise ConfigError("train.fit_memory_gib must be > 0 GiB (null: the device's memory)")
         allowed = self.resume_allow_changes
         if (
             not isinstance(allowed, (tuple, list))

@@ -22,3 +22,10 @@ def default_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
     return torch.device("cpu")
+
+
+def resolve_dtype_name(dtype: str, device_type: str) -> str:
+    """The dtype a model.dtype setting trains in on `device_type`: "auto" is bfloat16 on CUDA, float32 elsewhere."""
+    if dtype == "auto":
+        return "bfloat16" if device_type == "cuda" else "float32"
+    return dtype

@@ -69,6 +69,7 @@ def run_config(
         cuda_graphs=spec.cuda_graphs,
         activation_checkpointing=spec.activation_checkpointing,
         optimizer_states=spec.optimizer_states,  # "full" on every anchor (VariantSpec refuses anything else)
+        fit="off",  # the bench measures what it is asked to, an out-of-memory row included, never a plan's guess
     )
     return RunConfig(
         model=model,

@@ -12,6 +12,7 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.parallel import dist_utils as du
+from workbench.train.fit_check import fit_run
 from workbench.train.loop import finetune
 from workbench.train.world_checks import check_world
 from workbench.ui.terminal_progress import ProgressBar
@@ -24,8 +25,9 @@ def checked_config(path: str, overrides: dict, world: int) -> RunConfig:
     rc = RunConfig.from_yaml(path)
     if overrides:
         rc = rc.with_overrides(overrides)
-    check_world(rc, world, rc.model.hf_config(), du.pick_device(rc.model.device))
-    return rc
+    hf_config, device = rc.model.hf_config(), du.pick_device(rc.model.device)
+    checked = check_world(rc, world, hf_config, device)
+    return fit_run(rc, world, hf_config, device, checked.backend)[0]  # a run that cannot fit: refused here
 
 
 def run_rank(rc: RunConfig, bar: bool, callbacks: tuple = ()) -> dict | None:

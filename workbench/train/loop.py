@@ -37,6 +37,7 @@ from workbench.train.backward_updates import BackwardUpdates
 from workbench.train.checkpoint import export_hf, load_checkpoint, run_settings, save_checkpoint, step_dir_name
 from workbench.train.data import build_stream
 from workbench.train.data_eval import eval_metrics
+from workbench.train.fit_check import fit_run, out_of_memory_stop
 from workbench.train.guard import NonFiniteError
 from workbench.train.loop_records import StepRecords
 from workbench.train.loop_step import TrainStep
@@ -69,6 +70,12 @@ class Trainer(TrainStep, StepRecords):
         # Every refusal that depends on the rank count, before any heavy work: the same function
         # `workbench finetune --nproc-per-node N` runs before torchrun starts a rank.
         plan = check_world(rc, self.world, self.hf_config, self.device)
+        # The run's plan (workbench.plan), before any weight or run directory: a run that cannot fit the device is
+        # refused naming what would fit, or with train.fit auto changed to the fastest of those (checked again)
+        fitted, self.plan = fit_run(rc, self.world, self.hf_config, self.device, plan.backend)
+        if fitted is not rc:
+            self.rc = rc = fitted
+            plan = check_world(rc, self.world, self.hf_config, self.device)
         self.mesh, self.dp, self.accum, self.backend = plan.mesh, plan.dp, plan.accum, plan.backend
         mesh_sizes = plan.mesh_sizes
         self.per_rank = rc.train.global_batch_size // self.dp
@@ -216,6 +223,8 @@ class Trainer(TrainStep, StepRecords):
             except NonFiniteError:  # the host check of an optimizer that cannot skip on the device
                 self._publish(self._collect(wait=True)[0], losses, status_base)
                 raise
+            except torch.OutOfMemoryError:  # the measured peak beside the plan, and what would fit
+                raise out_of_memory_stop(rc, self.world, self.hf_config, self.device, self.backend, step) from None
             # data.eval_every: eval_loss / eval_accuracy of the weights after this step, merged into its
             # record when that is collected (the eval reads its loss: a wait, on eval steps only)
             evaluated = eval_metrics(self, step)

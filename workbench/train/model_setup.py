@@ -7,50 +7,17 @@ from typing import Any
 import torch
 
 from workbench.config_checks import ConfigError
+from workbench.devices import resolve_dtype_name
 from workbench.models.auto import AutoModelForCausalLM as EngineAuto
 from workbench.models.cast import cast_like_transformers
-from workbench.models.generic import UnsupportedModelError, has_fused_experts
+from workbench.models.generic import has_fused_experts
 from workbench.models.lora_check import check_lora_targets
-from workbench.models.mesh_build import check_mesh_for_model
-from workbench.parallel.mesh import MeshConfig
-from workbench.params import num_experts as config_num_experts
-
-
-def resolve_dtype_name(dtype: str, device_type: str) -> str:
-    """The dtype a model.dtype setting trains in on `device_type`: "auto" is bfloat16 on CUDA, float32 elsewhere."""
-    if dtype == "auto":
-        return "bfloat16" if device_type == "cuda" else "float32"
-    return dtype
+from workbench.models.mesh_choice import resolve_mesh as resolve_mesh  # where the trainer's callers import it from
 
 
 def model_dtype(settings, device: torch.device) -> torch.dtype:
     """`settings.dtype` (a ModelConfig's or BenchConfig's) as the torch dtype built on `device` (resolve_dtype_name)."""
     return getattr(torch, resolve_dtype_name(settings.dtype, device.type))
-
-
-def resolve_mesh(mesh: Any, world_size: int, hf_config: Any):
-    """The MeshConfig to build, or None for one process.
-
-    None in the RunConfig means: dp = world size, and, for a model with engine MoE blocks, ep =
-    world size when it divides the expert count (else ep = 1). An explicit mesh is validated
-    against the world and the model: ep > 1 needs experts the engine can split.
-    """
-    experts = config_num_experts(hf_config)
-    try:  # a MoE model whose experts the engine cannot run is refused before the run directory exists
-        engine = has_fused_experts(hf_config)
-    except UnsupportedModelError as err:
-        raise ConfigError(str(err)) from err
-    if mesh is None:
-        if world_size == 1:
-            return None
-        ep = world_size if engine and experts and experts % world_size == 0 else 1
-        mesh = MeshConfig(dp=world_size, ep=ep)
-    try:
-        check_mesh_for_model(mesh, hf_config)
-        mesh.validate(world_size, experts)
-    except ValueError as err:
-        raise ConfigError(f"mesh {mesh} does not fit this run: {err}") from err
-    return mesh
 
 
 def check_lora(rc, hf_config: Any) -> None:
