@@ -52,6 +52,7 @@ def _records() -> list[dict]:
 def lora_run(tmp_path: Path) -> Path:
     config = RunConfig.demo(
         name="lr 3e-4, rank 8",
+        train__steps=STEPS,
         lora=LoraConfig(rank=8, targets=("attention", "experts")),
         data=DataConfig(
             kind="datasets", data_files=str(tmp_path / "rows.parquet"), eval_fraction=0.1, eval_every=5, seq_len=64
@@ -132,3 +133,30 @@ def test_a_closed_pipe_ends_runs_and_show_quietly(lora_run):
         os.close(write_end)
         assert proc.stderr == b"", proc.stderr.decode()
         assert proc.returncode == 1
+
+
+def test_the_studio_names_the_run_in_its_headers_compare_list_legend_and_table(lora_run):
+    from workbench.cluster.run import Run
+    from workbench.ui.plots import CompareRuns, LivePlots
+    from workbench.ui.series import run_list_label
+    from workbench.ui.summary import ProgressLine, SummaryStrip
+
+    run = Run.from_dir(lora_run)
+    kind = "LoRA r=8 attention+experts \u00b7 rows.parquet \u00b7 eval every 5 steps on 10% held out"
+    live = LivePlots(run)
+    assert "<b class='mwb-run-name'>lr 3e-4, rank 8</b>" in live.title.value and lora_run.name in live.title.value
+    assert kind in live.title.value
+    progress = ProgressLine(run)
+    assert f"lr 3e-4, rank 8 ({lora_run.name}) \u00b7 {kind}: completed at step {STEPS}/{STEPS}" in (
+        progress.label.value
+    )
+    strip = SummaryStrip()
+    strip.attach(run)
+    [summary] = list_runs(lora_run.parent)
+    assert run_list_label(summary).startswith(f"lr 3e-4, rank 8 ({lora_run.name})  \u00b7  completed")
+    compare = CompareRuns(runs_dir=lora_run.parent)
+    assert [label for label, _ in compare.picker.options] == [run_list_label(summary)]
+    table = compare.set_runs([lora_run])
+    assert list(table.index) == ["lr 3e-4, rank 8"]  # the legend's and the table's label: the run's name
+    assert {trace.name for trace in compare.figure.data} == {"lr 3e-4, rank 8"}
+    assert strip.summary.tokens_per_s_per_gpu == pytest.approx(table["tokens/s/GPU"].iloc[0])
