@@ -85,3 +85,17 @@ def test_a_tiny_run_records_moe_health_per_layer(tmp_path):
         assert all(0.0 < h <= 1.0 for h in r["router_entropy"])
         # the tiny model's barely trained router spreads its tokens almost evenly
         assert all(h > 0.9 for h in r["router_entropy"])
+
+
+def test_the_run_readers_hold_the_health_lists_for_the_lab_and_refuse_crafted_ones():
+    from workbench.runs.run_index import SERIES_FIELDS, SERIES_LIST_MAX, IndexLimits, SeriesRecords
+
+    series = SeriesRecords(SERIES_FIELDS, IndexLimits())
+    good = {"step": 1, "rank": 0, "loss": 2.0, "expert_load": [[1, 0]], "moe_dead_share": [0.5], "router_entropy": [1]}
+    series.take(good)
+    crafted = {"step": 2, "rank": 0, "moe_dead_share": [0.0] * (SERIES_LIST_MAX + 1), "router_entropy": ["x"]}
+    series.take(crafted)
+    assert series.records() == [
+        {"step": 1, "rank": 0, "loss": 2.0, "moe_dead_share": [0.5], "router_entropy": [1]},
+        {"step": 2, "rank": 0},
+    ]

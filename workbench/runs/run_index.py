@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench.expert_health import HEALTH_KEYS
 from workbench.runs.liveness import LIVE_STATES, checked_status
 from workbench.runs.run_files import CONFIG_FILE, METRICS_FILE, STATUS_FILE, skipped_note
 from workbench.runs.run_kind import run_kind
@@ -61,7 +62,10 @@ SERIES_FIELDS = (
     "time",
     "eval_loss",
     "eval_accuracy",
+    *HEALTH_KEYS,  # [layers] lists of numbers each (workbench.expert_health): the lab's MoE health view
 )
+# A held list field's longest length: a crafted file must not make the server hold a long list per point.
+SERIES_LIST_MAX = 1024
 
 
 @dataclass(frozen=True)
@@ -290,8 +294,9 @@ class SeriesRecords:
         rank = record.get("rank", 0)
         if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.limits.series_ranks:
             return
-        # Numbers only: a crafted file must not make the server hold a large value per point.
-        kept = {k: v for k in self.fields if isinstance(v := record.get(k), (int, float)) and not isinstance(v, bool)}
+        # Numbers only, or the health fields' short lists of numbers: a crafted file must not make the server hold
+        # a large value per point.
+        kept = {k: v for k in self.fields if _is_number(v := record.get(k)) or (k in HEALTH_KEYS and _is_numbers(v))}
         series = self.ranks.get(rank)
         if series is None:
             series = self.ranks[rank] = Thinned(self.limits.series_points)
@@ -580,6 +585,11 @@ class RunIndex:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_numbers(value: Any) -> bool:
+    """A list of at most SERIES_LIST_MAX numbers."""
+    return isinstance(value, list) and len(value) <= SERIES_LIST_MAX and all(_is_number(v) for v in value)
 
 
 def _is_number(value: Any) -> bool:
