@@ -2,6 +2,7 @@
 import { Widget } from '@lumino/widgets';
 
 import { IMetricsAnswer, IRunsAnswer, IRunSummary, MetricRecord, requestAPI, runTitle } from './api';
+import { moeHealthSpecs } from './moehealth';
 import { meshText, runHeading, runTooltip } from './runlabel';
 import { ISeries, lineChart } from './svg';
 
@@ -172,6 +173,7 @@ export class RunView extends Widget {
       { title: 'TFLOP/s per GPU', series: records => byRank(records, 'tflops_per_gpu') },
       { title: 'peak memory (GiB)', series: records => byRank(records, 'mem_peak_gib') },
       { title: 'expert load CV', series: records => byRank(records, 'expert_load_cv') },
+      ...moeHealthSpecs(),
       {
         title: 'step time (s), rank 0',
         series: records => keysOfRank0(records, ['forward_s', 'backward_s', 'optimizer_s', 'step_time_s'])

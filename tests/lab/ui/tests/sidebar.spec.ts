@@ -174,6 +174,11 @@ test('sidebar lists the run and opens its plots', async ({ page }) => {
     expect(await overlappingTexts(chart)).toEqual([]);
   }
   await stepTime.screenshot({ path: path.join(ARTIFACTS, 'lab-run-view-step-time.png') });
+  // The MoE health charts: a line per MoE layer of the tiny model (2 layers), one chart per figure.
+  const dead = view.locator('svg.mwb-chart').filter({ hasText: 'dead experts (share), rank 0' });
+  await expect(dead.locator('text.mwb-legend')).toHaveText(['layer 0', 'layer 1']);
+  await expect(dead.locator('polyline.mwb-series')).toHaveCount(2);
+  await expect(view.locator('svg.mwb-chart').filter({ hasText: 'router entropy (/ ln E), rank 0' })).toHaveCount(1);
   await page.screenshot({ path: path.join(ARTIFACTS, 'lab-run-view.png') });
   await expectChartsFillWidth(view, 'full run');
 });
