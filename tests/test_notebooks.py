@@ -88,12 +88,15 @@ def _assert_saved_small(nb, path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_quickstart_with_env_parameters(tmp_path, monkeypatch):
+# the default preset, and a hybrid (Mamba2 + attention + MoE layers) through the same cells
+@pytest.mark.parametrize("preset", ["tiny", "tiny-nemotron-h"])
+def test_quickstart_with_env_parameters(preset, tmp_path, monkeypatch):
     png, metrics = tmp_path / "live.png", tmp_path / "metrics.jsonl"
-    env = {"WORKBENCH_STEPS": "3", "WORKBENCH_METRICS_OUT": str(metrics)}
+    env = {"WORKBENCH_STEPS": "3", "WORKBENCH_METRICS_OUT": str(metrics), "WORKBENCH_PRESET": preset}
     if _have("matplotlib"):  # the PNG fallback (tests/test_ui.py::test_live_plots_png covers it too)
         env["WORKBENCH_PLOT_PNG"] = str(png)
     nb, seconds = _execute("01_quickstart", tmp_path, monkeypatch, **env)
+    assert f"preset={preset} " in _text(nb.cells[0])
     assert "ok: 6 (rank, step) records" in _text(nb.cells[-1])
     _assert_saved_small(nb, tmp_path / "01_quickstart.ipynb")
     if "WORKBENCH_PLOT_PNG" in env:
