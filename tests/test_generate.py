@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from safetensors.torch import load_file, save_file
 from tiny_runs import train_tiny_run
 
 import workbench
@@ -16,6 +17,7 @@ from workbench.cli import main
 from workbench.config import RunConfig
 from workbench.generation.api import load
 from workbench.runs.run_dir import RunDir
+from workbench.train.loop import finetune
 from workbench.train.manifest import write_manifest
 
 PROMPT = "What does a router do?"
@@ -159,3 +161,42 @@ def test_crafted_checkpoint_is_refused_without_running_it(runs, capsys, tmp_path
     assert code == 2 and out == ""
     assert "is not DCP metadata, refused without loading it" in err
     assert not marker.exists()
+
+
+def test_lora_run_on_a_model_path_answers_on_the_base_it_recorded(capsys, tmp_path):
+    from workbench.config import ModelConfig, preset_config
+
+    base = tmp_path / "base"
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(preset_config("tiny")).save_pretrained(base)
+    rc = RunConfig.demo(
+        model=ModelConfig(preset=None, path=str(base)),
+        output_dir=str(tmp_path / "runs"),
+        run_id="on-base",
+        data__seq_len=64,
+        train__steps=2,
+        train__global_batch_size=4,
+        train__local_batch_size=2,
+        train__warmup_steps=1,
+        train__lr=1e-2,
+    ).with_overrides({"lora.rank": 4})
+    run = Path(finetune(rc)["run_dir"])  # a step-2 checkpoint of the adapters only, no export
+    flags = ["--prompt", PROMPT, "--temperature", 0, "--max-new-tokens", NEW_TOKENS, "--device", "cpu"]
+    code, out, err = _cli(capsys, run, *flags)
+    assert code == 0 and out.strip(), err
+
+    # The base the adapters were trained on is recorded: other weights in that folder are refused, not used
+    weights = base / "model.safetensors"
+    kept = tmp_path / "kept.safetensors"
+    shutil.copy(weights, kept)
+    tensors = load_file(weights)
+    name = next(k for k in tensors if k.endswith("q_proj.weight"))
+    tensors[name] = tensors[name] + 1
+    save_file(tensors, weights, metadata={"format": "pt"})
+    code, out, err = _cli(capsys, run, *flags)
+    assert code == 2 and out == "" and "the weight files in" in err and "changed since" in err
+    shutil.copy(kept, weights)
+
+    shutil.move(base, tmp_path / "moved")  # the folder is gone: said, with the fix
+    code, out, err = _cli(capsys, run, *flags)
+    assert code == 2 and f"model.path {base}, which is gone" in err and "put it back there" in err

@@ -22,6 +22,7 @@ from torch import nn
 from workbench.backends import BackendConfig
 from workbench.config import RunConfig
 from workbench.config_checks import ConfigError
+from workbench.config_io import read_hf_config
 from workbench.generation.run_weights import EXPORT, RunWeights
 from workbench.models.engine_state import engine_state
 from workbench.models.full_state import full_state_dict
@@ -73,8 +74,10 @@ def pick_device(kind: str) -> torch.device:
 def load_run_model(weights: RunWeights, device: str = "auto") -> RunModel:
     """`weights` in Transformers' class on `device`, with the run's tokenizer; refusals come before a weight is read."""
     rc = run_config(weights.run_dir)
+    _check_base_folder(rc, weights)
     target = pick_device(device)
-    hf_config = rc.model.hf_config()
+    # An export holds its own config.json; a checkpoint's model is the run's (its preset or model.path)
+    hf_config = read_hf_config(weights.path) if weights.source == EXPORT else rc.model.hf_config()
     tokenizer = _tokenizer(rc, hf_config)
     dtype = model_dtype(rc.model, target)
     if weights.source == EXPORT:
@@ -83,6 +86,23 @@ def load_run_model(weights: RunWeights, device: str = "auto") -> RunModel:
         model, step = _from_checkpoint(rc, hf_config, weights.path, target, dtype)
     model.to(target).eval()
     return RunModel(weights, model, tokenizer, target, step)
+
+
+def _check_base_folder(rc: RunConfig, weights: RunWeights) -> None:
+    """Refuse a run built from a model.path folder that is gone, where it still needs it (before anything loads)."""
+    if rc.model.path is None or Path(rc.model.path).expanduser().is_dir():
+        return
+    if weights.source == EXPORT and rc.data.tokenizer:
+        return  # the export holds the whole model and data.tokenizer names the tokenizer
+    needs = (
+        "its checkpoint holds what training changed, the rest comes from that folder"
+        if weights.source != EXPORT
+        else "its tokenizer came from that folder (the run's data.tokenizer is unset)"
+    )
+    raise ConfigError(
+        f"run {weights.run_dir.name} was built from model.path {rc.model.path}, which is gone; {needs}: put it "
+        "back there"
+    )
 
 
 def _tokenizer(rc: RunConfig, hf_config: Any):
@@ -103,11 +123,6 @@ def _from_export(path: Path, dtype: torch.dtype) -> nn.Module:
 def _from_checkpoint(
     rc: RunConfig, hf_config: Any, ckpt: Path, device: torch.device, dtype: torch.dtype
 ) -> tuple[nn.Module, int]:
-    if rc.model.path is not None and not Path(rc.model.path).expanduser().is_dir():
-        raise ConfigError(
-            f"run {ckpt.parent.parent.name} was built from model.path {rc.model.path}, which is gone; its checkpoint "
-            "holds what training changed, the rest comes from that folder: put it back there"
-        )
     # The checks a resume makes, cheapest first and all before the build: files against the manifest,
     # the model's shape, and a LoRA run's base against the one its adapters were trained on.
     meta = verify_checkpoint(ckpt)
