@@ -102,6 +102,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results-dir", default="benchmarks/results", help="where --readme-table reads")
     p.add_argument("--include-cpu", action="store_true", help="with --readme-table: keep CPU runs")
     p.add_argument("--html", metavar="RESULT_JSON", help="(re)write the HTML plot of a results file and exit")
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="time the throughputs the run plan divides by on this device (workbench/bench/calibrate.py) and save "
+        "them for `workbench plan` (no benchmark runs)",
+    )
+    p.add_argument(
+        "--out", metavar="FILE", help="with --calibrate: the JSON to write (default: ~/.cache/workbench/calibration/)"
+    )
 
 
 def config_from_args(args: argparse.Namespace):
@@ -173,6 +182,10 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(text)
         return 0
+    if args.calibrate:  # workbench.bench.calibrate imports the kernels: only when asked for
+        import workbench.bench.calibrate as calibration
+
+        return calibration.run(args.out)
     if args.html:
         path = Path(args.html)
         written = write_html(json.loads(path.read_text(encoding="utf-8")), path.with_suffix(".html"))
