@@ -159,3 +159,34 @@ def test_the_default_run_reports_to_no_tracker(tmp_path):
     out = finetune(_rc(tmp_path))
     run_dir = Path(out["run_dir"])
     assert not any((run_dir / name).exists() for name in ("tensorboard", "wandb", "mlflow"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not INSTALLED["tensorboard"], reason="tensorboard is not installed")
+def test_on_two_ranks_only_rank_0_reports(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = tmp_path / "cfg.yaml"
+    _rc(tmp_path, train__steps=2, train__report_to=["tensorboard"]).to_yaml(cfg)
+    env = {**os.environ, "WORKBENCH_RUNS_DIR": str(tmp_path), "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    command = ["-m", "workbench.cli", "finetune", str(cfg), "--run-id", "two", "--nproc-per-node", "2"]
+    proc = subprocess.run([sys.executable, *command], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = Path(_rc(tmp_path).output_dir) / "two"
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sorted({r["rank"] for r in records}) == [0, 1]
+    # one writer, rank 0's (each SummaryWriter writes its own events file)
+    assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    rank0 = {r["step"]: r for r in records if r["rank"] == 0}
+    assert {e.step: e.value for e in events.Scalars("tokens")} == {s: r["tokens"] for s, r in rank0.items()}
+    assert {e.step: e.value for e in events.Scalars("moe_dead_share/layer_00")} == pytest.approx(
+        {s: r["moe_dead_share"][0] for s, r in rank0.items()}
+    )
