@@ -381,7 +381,7 @@ def test_help_and_runs_import_neither_torch_nor_transformers(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "HEAVY []" in proc.stdout.splitlines(), proc.stdout
-    assert "usage: workbench [-h] {finetune,demo,runs,show,bench}" in proc.stdout
+    assert "usage: workbench [-h] {finetune,demo,plan,runs,show,generate,bench}" in proc.stdout
 
 
 def test_bench_arguments_still_come_with_its_subcommand():
