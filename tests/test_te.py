@@ -33,7 +33,7 @@ def _skip_reason() -> str | None:
     capability = torch.cuda.get_device_capability()
     if capability < (8, 0):
         return f"TransformerEngine backends need compute capability >= 8.0, this GPU has {capability}"
-    from workbench.backends import import_transformer_engine
+    from workbench.kernels.te_common import import_transformer_engine
 
     try:
         # the engine's own loader (shares torch's cuDNN with TE), as the backends import it
@@ -117,7 +117,8 @@ def batch(cfg, seed: int, size=2, seq=32):
 def step(model, ids, labels, **kwargs):
     """Logits, loss and every parameter's gradient (float32 copies)."""
     model.zero_grad(set_to_none=True)
-    out = model(input_ids=ids, labels=labels, output_router_logits=True, use_cache=False, **kwargs)
+    # return_logits: the default fused CE builds none (the loss from full logits, as before it was the default)
+    out = model(input_ids=ids, labels=labels, output_router_logits=True, use_cache=False, return_logits=True, **kwargs)
     out.loss.backward()
     grads = {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
     return out.logits.detach().float(), out.loss.detach().float(), grads

@@ -4,29 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.models.families.preset import TINY_COMMON, Preset
+from workbench.models.families.gated_deltanet import tiny_preset
+from workbench.models.families.preset import Preset
 
 
 def _tiny_qwen3_next() -> dict[str, Any]:
-    # three Gated DeltaNet layers to one attention layer, as the published model
-    return dict(
-        TINY_COMMON,
-        num_hidden_layers=4,
-        full_attention_interval=4,
-        intermediate_size=64,
-        num_key_value_heads=2,
-        head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_conv_kernel_dim=4,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=32,
-        router_aux_loss_coef=0.001,
-    )
+    return dict(tiny_preset(), intermediate_size=64)
 
 
 def _qwen3_next_80b_a3b() -> dict[str, Any]:
