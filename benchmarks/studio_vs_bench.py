@@ -4,7 +4,7 @@
     python benchmarks/studio_vs_bench.py --preset tiny --layers 2 --seq 64 --out /tmp/svb   # plumbing, on a CPU
 
 Runs `workbench bench --variants engine` (the trainer's step, median of the timed steps), then the same
-RunConfig (preset, layers, seq x batch, fused CE, lr, seed, synthetic data, default precision) on a
+RunConfig (preset, layers, seq x batch, lr, seed, synthetic data, default backends and precision) on a
 workbench.Cluster rank, as the Studio's Run button does, and reads what the Studio's summary strip shows:
 `workbench.ui.summary.summarize_live(run.records, ...)` (median over its window of the latest steps).
 Prints both and their ratio; writes them as JSON. The GPU machine needs ipyparallel and its Jupyter packages
@@ -26,7 +26,7 @@ def bench_engine(args, out: Path) -> dict:
     cmd = [
         sys.executable, "-m", "workbench.bench", "--preset", args.preset, "--layers", str(args.layers), "--seq",
         str(args.seq), "--batch", str(args.batch), "--warmup", "2", "--steps", str(args.steps), "--rounds", "1",
-        "--fused-ce", "--variants", "engine", "--no-html", "--out-dir", str(out), "--name", "studio-vs-bench",
+        "--variants", "engine", "--no-html", "--out-dir", str(out), "--name", "studio-vs-bench",
     ]  # fmt: skip
     subprocess.run(cmd, check=True)
     result = json.loads((out / "studio-vs-bench.json").read_text())
@@ -44,7 +44,7 @@ def studio_run(args, runs: Path) -> dict:
     steps = args.steps + 2
     rc = RunConfig(
         model=ModelConfig(preset=args.preset, layers=args.layers, dtype="bfloat16"),
-        backend=BackendConfig(fused_ce=True),
+        backend=BackendConfig(),  # the product's defaults, as the bench's engine row
         data=DataConfig(kind="synthetic", seq_len=args.seq),
         train=TrainConfig(
             steps=steps, global_batch_size=args.batch, local_batch_size=args.batch, lr=3e-4, seed=0,

@@ -89,7 +89,8 @@ def test_ergo_per_expert_norm_shapes_the_output_and_trains():
     eng = AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(experts="grouped_mm"), device="cpu")
     eng.load_state_dict(ref.state_dict())
     ids = torch.randint(0, cfg.vocab_size, (2, 10), generator=torch.Generator().manual_seed(4))
-    out = eng(input_ids=ids, labels=ids)
+    # return_logits: the default fused CE builds none (tests/test_fused_ce_default.py checks that path)
+    out = eng(input_ids=ids, labels=ids, return_logits=True)
     close(out.logits, ref(input_ids=ids).logits, "ergo logits")
     out.loss.backward()
     norms = [m.post_expert_norm.weight for _, m in engine_experts_modules(eng)]

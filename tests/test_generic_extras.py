@@ -25,6 +25,7 @@ from workbench.backends import BackendError
 from workbench.models.auto import AutoModelForCausalLM
 from workbench.models.engine_state import engine_state
 from workbench.models.families import family_for
+from workbench.models.fused_ce import NOT_COMPUTED, LogitsNotComputedError
 from workbench.models.generic_extras import is_standard_rms_norm, swap_rms_norms
 from workbench.moe.dispatch import make_dispatcher
 from workbench.moe.hf_experts import engine_experts_modules, is_plain_swiglu
@@ -58,10 +59,10 @@ def test_fused_ce_loss_aux_and_grads_equal_transformers(family):
     n = torch.tensor(float((labels[:, 1:] != -100).sum()))
     out_ref = ref(input_ids=ids, labels=labels, output_router_logits=True, num_items_in_batch=n)
     out_eng = eng(input_ids=ids, labels=labels, output_router_logits=True, num_items_in_batch=n)
-    # the [tokens, vocab] logits were never built: reading them says how to get them
-    assert "logits" not in out_eng.keys() and out_ref.logits is not None
-    with pytest.raises(AttributeError, match=r"logits were not computed.*return_logits=True"):
-        out_eng.logits  # noqa: B018
+    # the [tokens, vocab] logits were never built: using them says how to get them
+    assert out_eng.logits is NOT_COMPUTED and out_ref.logits is not None
+    with pytest.raises(LogitsNotComputedError, match=r"logits were not computed.*return_logits=True"):
+        out_eng.logits.argmax(-1)
     close(out_eng.loss, out_ref.loss, f"{family} loss (CE + coef * aux)")
     if getattr(out_ref, "aux_loss", None) is not None:
         close(out_eng.aux_loss, out_ref.aux_loss, f"{family} aux loss")

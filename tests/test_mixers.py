@@ -215,7 +215,8 @@ def test_chunked_mixer_model_equals_vanilla_transformers(family):
     assert list(eng.state_dict()) == list(ref.state_dict())  # the same keys, in the same order
     # 70 tokens: two chunks of the gated delta rule (64), many of the tiny Mamba2 config's (4)
     ids = torch.randint(0, cfg.vocab_size, (2, 70), generator=torch.Generator().manual_seed(1))
-    out_ref, out_eng = ref(input_ids=ids, labels=ids), eng(input_ids=ids, labels=ids)
+    # return_logits: the default fused CE builds none (tests/test_fused_ce_default.py checks that path)
+    out_ref, out_eng = ref(input_ids=ids, labels=ids), eng(input_ids=ids, labels=ids, return_logits=True)
     close(out_eng.logits, out_ref.logits, f"{family} logits")
     out_ref.loss.backward()
     out_eng.loss.backward()
@@ -300,7 +301,8 @@ def test_compiled_mixer_equals_eager_on_cuda(family):
     )
     gpu.load_state_dict(ref.state_dict(), strict=True)
     ids = torch.randint(0, cfg.vocab_size, (2, 70), generator=torch.Generator().manual_seed(1))
-    out_cpu, out_gpu = eng(input_ids=ids, labels=ids), gpu(input_ids=ids.cuda(), labels=ids.cuda())
+    out_cpu = eng(input_ids=ids, labels=ids, return_logits=True)  # the default fused CE would build no logits
+    out_gpu = gpu(input_ids=ids.cuda(), labels=ids.cuda(), return_logits=True)
     torch.testing.assert_close(out_gpu.logits.cpu(), out_cpu.logits, rtol=1e-4, atol=1e-4)
     out_cpu.loss.backward()
     out_gpu.loss.backward()

@@ -59,7 +59,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             p.add_argument(
                 f"--{field.replace('_', '-')}", choices=choices, default="auto", help=f"engine {field} backend"
             )
-    p.add_argument("--fused-ce", action="store_true", help="engine: fused linear cross-entropy")
+    fused_ce = p.add_mutually_exclusive_group()
+    fused_ce.add_argument(
+        "--fused-ce",
+        dest="fused_ce",
+        action="store_const",
+        const=True,
+        default="auto",
+        help="engine: fused linear cross-entropy, refused for a model that cannot take it (the default, 'auto', "
+        "has it on wherever the model allows)",
+    )
+    fused_ce.add_argument(
+        "--no-fused-ce",
+        dest="fused_ce",
+        action="store_const",
+        const=False,
+        help="engine: the loss from full [tokens, vocab] logits (an ablation; the engine_no_fused_ce row times it "
+        "beside the default in one launch)",
+    )
     p.add_argument(
         "--expert-recompute",
         action="store_true",

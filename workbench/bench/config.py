@@ -74,6 +74,7 @@ class VariantSpec:
                 (value in CHOICES[key] and key != "gate")
                 if key in CHOICES
                 else (key in ("fused_ce", "expert_recompute", "fp8") and isinstance(value, bool))
+                or (key == "fused_ce" and value == "auto")
             )
             if not ok:
                 raise ConfigError(f"variant backend override {key}={value!r} is not a BackendConfig choice")
@@ -131,6 +132,12 @@ VARIANTS: dict[str, VariantSpec] = {
         "engine",
         "engine with Transformers' own sequence mixers (Mamba2, Gated DeltaNet: BackendConfig.mixer='transformers')",
         backend=(("mixer", "transformers"),),
+    ),
+    # the engine with full logits: what the fused cross-entropy (on by default where the model allows) is worth
+    "engine_no_fused_ce": VariantSpec(
+        "engine",
+        "engine, the loss from full [tokens, vocab] logits (BackendConfig.fused_ce=False)",
+        backend=(("fused_ce", False),),
     ),
     "engine_recompute": VariantSpec(
         "engine", "engine, expert MLPs recomputed in backward (memory)", backend=(("expert_recompute", True),)

@@ -6,17 +6,16 @@ where the logits are lm_head(hidden) and nothing more: a family that scales or s
 or of another type, cannot take it. fused_ce='auto' (the default) is on wherever that holds and off elsewhere, with
 the reason; fused_ce=True there is refused.
 
-A forward given labels under the fused CE returns no logits: reading them raises LogitsNotComputedError, which
-says how to get them (`return_logits=True` for that call, a forward without labels, or fused_ce=False).
+A forward given labels under the fused CE returns no logits: its `logits` are NOT_COMPUTED, whose every use raises
+LogitsNotComputedError, which says how to get them (`return_logits=True` for that call, a forward without labels, or
+fused_ce=False).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
-from collections import OrderedDict
 
 from torch import nn
 
@@ -148,65 +147,50 @@ def deferred_logits(model: nn.Module, use_triton: bool):
 
 
 class LogitsNotComputedError(AttributeError):
-    """Raised on reading the logits of a forward whose loss was the fused CE (an AttributeError: `hasattr` and
-    `getattr(out, "logits", None)` answer as for an output without logits)."""
+    """Raised on using the logits of a forward whose loss was the fused CE. An AttributeError, so that probes such
+    as `getattr(logits, "__deepcopy__", None)` (copy, pickle, torch) answer as for any object without the attribute."""
 
 
-def _logits(self):
-    value = self.__dict__.get("logits")
-    if value is None:
+def _refuse(*_args, **_kwargs):
+    raise LogitsNotComputedError(NO_LOGITS)
+
+
+class NotComputedLogits:
+    """What stands in an output's `logits` where the fused CE built none: any use raises LogitsNotComputedError,
+    which says how to get them, at the line that uses them (a None would fail far away, or be taken for "no logits").
+
+    A value, not a missing field: code that walks an output's fields (FSDP2's forward hooks, dataclass repr,
+    pickling) passes it by as it passes any non-tensor.
+    """
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str):
         raise LogitsNotComputedError(NO_LOGITS)
-    return value
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        raise LogitsNotComputedError(NO_LOGITS)
+
+    __getitem__ = __iter__ = __len__ = __bool__ = __float__ = __array__ = _refuse
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __matmul__ = __neg__ = _refuse
+    __lt__ = __le__ = __gt__ = __ge__ = _refuse  # == stays identity: `x in (None, ...)` must not raise
+
+    def __repr__(self) -> str:
+        return "<logits not computed: fused_ce; pass return_logits=True for them>"
+
+    def __reduce__(self):
+        return (_not_computed, ())
 
 
-def _set_logits(self, value) -> None:
-    self.__dict__["logits"] = value
+def _not_computed() -> NotComputedLogits:
+    return NOT_COMPUTED
 
 
-def _item(self, key):
-    if key == "logits" and self.__dict__.get("logits") is None:
-        raise KeyError(NO_LOGITS)
-    return super(type(self), self).__getitem__(key)
-
-
-def _as_set(self) -> dict:
-    """The output's fields as set (the logits None), read without the property."""
-    return {f.name: self.__dict__.get(f.name) for f in dataclasses.fields(self)}
-
-
-def _repr(self) -> str:
-    parts = [f"{name}={value!r}" for name, value in _as_set(self).items()]
-    fields = [f.name for f in dataclasses.fields(self)]
-    parts[fields.index("logits")] = "logits=<not computed: fused_ce; pass return_logits=True for them>"
-    return f"{type(self).__name__}({', '.join(parts)})"
-
-
-def _reduce(self):
-    # pickle and copy as the plain output class (logits None): the dataclass's own reduce reads every field
-    return type(self).__mro__[1](**_as_set(self)).__reduce__()
-
-
-@functools.cache
-def _output_without_logits(cls: type) -> type:
-    """`cls` (a Transformers ModelOutput dataclass) whose `logits`, while unset, raise LogitsNotComputedError."""
-    return type(
-        cls.__name__,
-        (cls,),
-        {
-            "__module__": cls.__module__,
-            "__qualname__": cls.__qualname__,
-            "logits": property(_logits, _set_logits),
-            "__getitem__": _item,
-            "__repr__": _repr,
-            "__reduce__": _reduce,
-        },
-    )
+NOT_COMPUTED = NotComputedLogits()
 
 
 def without_logits(out):
-    """`out` with its logits entry gone (the lm_head handed on hidden states, not logits): `out.logits` and
-    `out["logits"]` raise the error that says how to get them; `to_tuple()` leaves them out, as for any unset field."""
-    OrderedDict.__delitem__(out, "logits")  # ModelOutput refuses __delitem__; an unset field is absent from the dict
-    out.__dict__["logits"] = None
-    out.__class__ = _output_without_logits(type(out))
+    """`out` whose logits are NOT_COMPUTED: the lm_head handed on hidden states, which are not logits."""
+    out["logits"] = NOT_COMPUTED  # the item and the attribute (ModelOutput sets both)
     return out

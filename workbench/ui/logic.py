@@ -11,6 +11,7 @@ from typing import Any
 
 from workbench.backends import AUTO_ORDER, CHOICES, availability, pick_auto
 from workbench.config import preset_config
+from workbench.models.fused_ce import fused_ce_support
 from workbench.parallel.mesh import MeshConfig, valid_meshes
 from workbench.params import moe_layer_flags, num_experts, param_counts
 from workbench.presets import PRESETS
@@ -125,6 +126,18 @@ def resolve_auto(
         return found.available, found.reason
 
     return pick_auto(field, probe, world_size, fp8)
+
+
+def fused_ce_choice(value: bool | str, hf_config: Any) -> tuple[bool, str]:
+    """(whether the loss runs fused under BackendConfig.fused_ce=`value` for the model of `hf_config`, why not).
+
+    BackendConfig.resolve's rule with the model's fused_ce_support: "auto" runs fused wherever the model allows it,
+    True is refused where it does not (the run would stop with this reason), False never fuses. No model: as set.
+    """
+    if value is False:
+        return False, ""
+    can, why = fused_ce_support(hf_config) if hf_config is not None else (True, "")
+    return can, why
 
 
 def device_of(rank_infos: Sequence[dict] | None, default: str = "cpu") -> str:

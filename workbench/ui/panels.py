@@ -180,7 +180,7 @@ class MeshPanel:
             local_batch=4,
             dtype="auto",
             activation_checkpointing=False,
-            fused_ce=False,
+            fused_ce="auto",  # BackendConfig.fused_ce as set; the estimate asks what it becomes for the model
             lora=None,
             optimizer_states="full",
         )
@@ -228,7 +228,7 @@ class MeshPanel:
             dtype=t["dtype"],
             device_type=self.device_type,
             activation_checkpointing=t["activation_checkpointing"],
-            fused_ce=t["fused_ce"],
+            fused_ce=fused_ce_choice(t["fused_ce"], self._cfg)[0],
             lora=t.get("lora"),
             optimizer_states=t.get("optimizer_states", "full"),
         )
@@ -332,9 +332,16 @@ class BackendPanel:
         backend = backend or BackendConfig()
         choices = backend_choices(rank_infos, device_type, world_size, self.ep)
         self.rows = {f: ChoiceRow(f, choices[f], getattr(backend, f)) for f in CHOICES if f not in BENCHMARK_FIELDS}
-        self.fused_ce = W.Checkbox(
-            value=backend.fused_ce, description="fused linear cross-entropy", indent=False, layout=fit_layout()
+        # BackendConfig.fused_ce: "auto" (on wherever the model's logits are lm_head(hidden)), on, off
+        self.fused_ce = W.Dropdown(
+            options=[("auto", "auto"), ("on", True), ("off", False)],
+            value=backend.fused_ce,
+            description="fused linear cross-entropy",
+            style=WIDE,
+            layout=fit_layout(),
         )
+        self.fused_ce_note = W.HTML(layout=fit_layout())
+        self.hf_config: Any = None  # the model's Transformers config (set_model): what fused_ce "auto" becomes
         self.expert_recompute = W.Checkbox(
             value=backend.expert_recompute,
             indent=False,
@@ -372,6 +379,7 @@ class BackendPanel:
         )
         self.unavailable = W.HTML()
         self.fp8.observe(lambda _: self._show_auto(), "value")  # fp8 makes an auto linear TE where TE runs
+        self.fused_ce.observe(lambda _: self._show_fused_ce(), "value")
         for row in self.rows.values():
             for b in row.buttons.values():
                 b.observe(lambda _: self._show_auto(), "value")
@@ -380,12 +388,34 @@ class BackendPanel:
                 W.HTML("<b>Backends</b>"),
                 *[r.widget for r in self.rows.values()],
                 self.unavailable,
-                wrap_row([self.fused_ce, self.expert_recompute, self.fp8]),
+                wrap_row([self.fused_ce, self.fused_ce_note]),
+                wrap_row([self.expert_recompute, self.fp8]),
                 self.benchmark,
             ]
         )
         self._show_unavailable()
         self._show_auto()
+        self._show_fused_ce()
+
+    def set_model(self, hf_config: Any) -> None:
+        """The model the backends are for: what fused_ce "auto" becomes depends on its logits."""
+        self.hf_config = hf_config
+        self._show_fused_ce()
+
+    def fused_ce_resolution(self) -> tuple[bool, str]:
+        """(whether the loss runs fused for the chosen fused_ce on this model, why not): ui.logic.fused_ce_choice."""
+        return fused_ce_choice(self.fused_ce.value, self.hf_config)
+
+    def _show_fused_ce(self) -> None:
+        fused, why = self.fused_ce_resolution()
+        value = self.fused_ce.value
+        if why and value is True:
+            text = f"<span style='color:#b00020'>refused for this model: {html.escape(why)}</span>"
+        elif value == "auto":
+            text = "&rarr; auto = <b>on</b>" if fused else f"&rarr; auto = <b>off</b>: {html.escape(why)}"
+        else:
+            text = ""
+        self.fused_ce_note.value = f"<small>{text}</small>" if text else ""
 
     def set_ep(self, ep: int) -> None:
         """Re-check choices that depend on the mesh (the local dispatcher cannot do ep > 1)."""

@@ -61,6 +61,7 @@ class Studio:
         self.profiler = ProfilePanel(cluster, self.run_config)
         self.try_tab = TryTab(self.runs_dir)
         self.model.on_change(lambda: self.mesh.set_model(self.model.hf_config()))
+        self.model.on_change(lambda: self.backend.set_model(self.model.hf_config()))
         self.mesh.on_change(self._mesh_changed)
         self.run_panel.on_change(self._training_changed)
         self.backend.fused_ce.observe(lambda _: self._training_changed(), "value")
@@ -72,6 +73,7 @@ class Studio:
         self.profiler.on_run(self._hold_buttons)
         self.live.smoothing.observe(lambda change: self.strip.set_smoothing(float(change["new"])), "value")
         self.mesh.set_model(self.model.hf_config())
+        self.backend.set_model(self.model.hf_config())
         self._training_changed()
         setup = W.HBox(
             [_column([self.model.widget, self.mesh.widget], "420px"), _column([self.backend.widget], "480px")],
