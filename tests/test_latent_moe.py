@@ -59,8 +59,7 @@ def test_latent_moe_equals_vanilla_transformers(experts):
     assert tuple(moe.experts.up_proj.shape) == (4, 16, LATENT) and moe.experts.plan is not None
     ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(6))
     out_ref = ref(input_ids=ids, labels=ids)
-    # return_logits: the default fused CE builds none (tests/test_fused_ce_default.py checks that path)
-    out_eng = eng(input_ids=ids, labels=ids, return_logits=True)
+    out_eng = eng(input_ids=ids, labels=ids)
     close(out_eng.logits, out_ref.logits, "latent MoE logits")
     out_ref.loss.backward()
     out_eng.loss.backward()
