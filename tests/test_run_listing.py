@@ -158,5 +158,6 @@ def test_the_studio_names_the_run_in_its_headers_compare_list_legend_and_table(l
     assert [label for label, _ in compare.picker.options] == [run_list_label(summary)]
     table = compare.set_runs([lora_run])
     assert list(table.index) == ["lr 3e-4, rank 8"]  # the legend's and the table's label: the run's name
+    assert table["kind"].iloc[0] == kind and table["run_id"].iloc[0] == lora_run.name
     assert {trace.name for trace in compare.figure.data} == {"lr 3e-4, rank 8"}
     assert strip.summary.tokens_per_s_per_gpu == pytest.approx(table["tokens/s/GPU"].iloc[0])

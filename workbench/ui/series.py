@@ -7,6 +7,7 @@ from typing import Any
 
 from workbench.errors import BackendError
 from workbench.runs.run_dir import RunDir
+from workbench.runs.run_kind import run_kind
 from workbench.runs.run_names import shown_name
 from workbench.runs.throughput import StepThroughput, run_throughput
 
@@ -240,17 +241,17 @@ def compare_frame(runs: list[Any], labels: list[str] | None = None):
     if len(labels) != len(runs):
         raise ValueError(f"{len(labels)} labels for {len(runs)} runs")
     frames = []
-    for (_config, records, run_id), label in zip(loaded, labels):
+    for (config, records, run_id), label in zip(loaded, labels):
         if not records:
             raise ValueError(f"run {run_id} has no step records yet")
         df = pd.DataFrame(records)
-        df["label"], df["run_id"] = label, run_id
+        df["label"], df["run_id"], df["kind"] = label, run_id, run_kind(config)["label"]
         frames.append(df)
     return pd.concat(frames, ignore_index=True)
 
 
 def summarize(frame):
-    """Per run: steps, tokens/s and TFLOP/s per GPU (the run's one figure: workbench.runs.throughput),
+    """Per run: its id and kind, steps, tokens/s and TFLOP/s per GPU (the run's one figure: workbench.runs.throughput),
     step time (median over the same steps of the slowest rank's), memory, loss."""
     import pandas as pd
 
@@ -267,6 +268,7 @@ def summarize(frame):
             {
                 "run": label,
                 "run_id": df["run_id"].iloc[0],
+                "kind": df["kind"].iloc[0] if "kind" in df else "",
                 "steps": int(df["step"].max()),
                 "tokens/s/GPU": throughput.value(),
                 "TFLOP/s/GPU": run_throughput(records, "tflops_per_gpu"),
