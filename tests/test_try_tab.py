@@ -52,7 +52,8 @@ def test_send_streams_the_reply_workbench_generate_gives(runs_dir):
     text, replies, statuses = _send(replier, str(runs_dir / "older"), PROMPT, settings)
     assert text and text == workbench.generate(runs_dir / "older", PROMPT, temperature=0, max_new_tokens=12)
     assert replies[0] == "" and replies[-1] == text and len(replies) > 2  # it grew piece by piece
-    assert statuses[0] == "loading older…" and "pieces in" in statuses[-1] and "step-00000003" in statuses[-1]
+    assert statuses[:2] == ["loading older…", "answering with older · step 3"]
+    assert "pieces in" in statuses[-1] and statuses[-1].endswith(" on cpu · older · step 3")
     loaded = replier.loaded
     again, _, _ = _send(replier, str(runs_dir / "older"), PROMPT, settings)
     assert again == text and replier.loaded is loaded  # the same run's model stays loaded

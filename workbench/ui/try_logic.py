@@ -109,8 +109,8 @@ class Replier:
         except Exception as err:  # noqa: BLE001 - said in the tab, where the user pressed Send
             show_status(f"failed loading the run: {type(err).__name__}: {err}")
             return ""
-        where = loaded.weights.describe()
-        show_status(f"answering · {where}")
+        where = choice_label(loaded.weights)
+        show_status(f"answering with {where}")
         text, count, start = "", 0, time.perf_counter()
         try:
             for piece in pieces:

@@ -45,8 +45,11 @@ class TryTab:
         )
         self.top_p = W.BoundedFloatText(value=TOP_P, min=0.01, max=1.0, step=0.05, description="top-p", **num)
         self.seed = W.IntText(value=-1, description="seed (-1: none)", **num)
-        self.send_button = W.Button(description="Send", button_style="primary", layout=W.Layout(width="auto"))
-        self.status = W.HTML()
+        # Send keeps its width; the status line beside it takes the rest and wraps
+        self.send_button = W.Button(
+            description="Send", button_style="primary", layout=W.Layout(width="auto", flex="0 0 auto")
+        )
+        self.status = W.HTML(layout=W.Layout(flex="1 1 auto", min_width="0", margin="0 0 0 8px"))
         self.reply = W.HTML(self._reply_html(""))
         self.refresh_button.on_click(lambda _: self.refresh())
         self.send_button.on_click(lambda _: self.send())

@@ -36,6 +36,22 @@ async function openLab(page: IJupyterLabPageFixture, tmpPath: string) {
   }
 }
 
+// Every visible label, button and tab title whose text does not fit its box (as studio.spec.ts checks).
+async function clipped(root: Locator): Promise<string[]> {
+  return root.evaluate((el: Element) => {
+    const selector = 'label, button, .widget-label, .widget-label-basic, .lm-TabBar-tabLabel, .widget-html-content';
+    const out: string[] = [];
+    for (const node of Array.from(el.querySelectorAll(selector)) as HTMLElement[]) {
+      const visible = node.offsetParent !== null && node.clientWidth > 0;
+      if (visible && node.scrollWidth > node.clientWidth + 1) {
+        out.push(`${node.className}: "${(node.textContent || '').trim().slice(0, 60)}" ` +
+          `(${node.scrollWidth} > ${node.clientWidth})`);
+      }
+    }
+    return out;
+  });
+}
+
 // The text input of the labelled ipywidgets number box inside `root`.
 function numberBox(root: Locator, label: string): Locator {
   return root.locator('.widget-inline-hbox', { hasText: label }).first().locator('input');
@@ -76,7 +92,8 @@ test('the Try tab streams a trained run\'s reply', async ({ page, tmpPath }) => 
   await expect(tab).toBeVisible();
   // The latest run is chosen, named by its id and the checkpoint that answers.
   await expect(tab.locator('select')).toHaveCount(1);
-  expect(await tab.locator('select option:checked').innerText()).toBe('tried · step 3');
+  // (ipywidgets writes the option's spaces as no-break spaces)
+  expect((await tab.locator('select option:checked').innerText()).replace(/\s/g, ' ')).toBe('tried · step 3');
 
   await tab.locator('textarea').fill(PROMPT);
   for (const [label, value] of [['temperature', '0'], ['max new tokens', String(NEW_TOKENS)]]) {
@@ -89,5 +106,10 @@ test('the Try tab streams a trained run\'s reply', async ({ page, tmpPath }) => 
   // Exactly the kernel's own reply (textContent: nothing trimmed or collapsed).
   expect(await tab.locator('.mwb-try-reply').evaluate(el => el.textContent)).toBe(expected);
   await expect(tab.locator('button', { hasText: 'Send' })).toBeEnabled();
+  await expect(tab.locator('.mwb-try-status')).toContainText('tried · step 3');
+  expect(await clipped(tab), 'clipped labels or buttons in the Try tab').toEqual([]);
+  await page.setViewportSize({ width: 760, height: 1000 }); // a narrow notebook: the rows wrap, nothing is cut off
+  await expect.poll(() => clipped(tab), { message: 'clipped in a narrow Try tab' }).toEqual([]);
+  await page.setViewportSize({ width: 1280, height: 1000 });
   await tab.screenshot({ path: path.join(ARTIFACTS, 'studio-try.png') });
 });
