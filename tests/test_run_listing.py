@@ -161,3 +161,11 @@ def test_the_studio_names_the_run_in_its_headers_compare_list_legend_and_table(l
     assert table["kind"].iloc[0] == kind and table["run_id"].iloc[0] == lora_run.name
     assert {trace.name for trace in compare.figure.data} == {"lr 3e-4, rank 8"}
     assert strip.summary.tokens_per_s_per_gpu == pytest.approx(table["tokens/s/GPU"].iloc[0])
+
+
+def test_the_terminal_bar_is_labelled_with_the_runs_name():
+    from workbench.ui.terminal_progress import bar_label
+
+    assert bar_label({"run_id": "20261206-060000-aaaa", "config": {"name": "lr 3e-4, rank 8"}}) == "lr 3e-4, rank 8"
+    assert bar_label({"run_id": "20261206-060000-aaaa", "config": {"name": None}}) == "20261206-060000-aaaa"
+    assert bar_label({"run_id": "x", "config": {"name": "n" * 60}}) == "n" * 37 + "..."

@@ -12,7 +12,16 @@ import shutil
 import sys
 from typing import IO, Any
 
+BAR_LABEL_CHARS = 40
 FALLBACK_COLUMNS = 160  # for a terminal that reports no size (a new pty: 0 x 0), where tqdm would draw nothing
+
+
+def bar_label(info: dict[str, Any]) -> str:
+    """The bar's label: the run's name (RunConfig.name) where it has one, else its id; cut to BAR_LABEL_CHARS,
+    since the bar is one terminal line (the summary after the run names it in full)."""
+    config = info.get("config") if isinstance(info.get("config"), dict) else {}
+    label = str(config.get("name") or info.get("run_id") or "run")
+    return label if len(label) <= BAR_LABEL_CHARS else label[: BAR_LABEL_CHARS - 3] + "..."
 
 
 def live_figures(record: dict[str, Any], eval_loss: float | None = None) -> str:
@@ -49,7 +58,7 @@ class ProgressBar:
             total=info["total_steps"],
             initial=info["start_step"],
             unit="step",
-            desc=str(info.get("run_id") or "run"),
+            desc=bar_label(info),
             file=file,
             smoothing=0.3,
             mininterval=0,
