@@ -134,6 +134,7 @@ def test_bad_run_or_settings_is_one_line_exit_2(runs, capsys, tmp_path):
         (["--temperature", "-1"], "temperature must be a finite number >= 0"),
         (["--top-p", "1.5"], "top_p must be a finite number in"),
         (["--prompt", " "], "the prompt must be a non-empty string"),
+        *([(["--device", "cuda"], "device 'cuda' needs a CUDA GPU")] if not torch.cuda.is_available() else []),
     ):
         code, out, err = _cli(capsys, runs["full"], "--prompt", "hi", *flags)
         assert code == 2 and out == "" and said in err, err
@@ -200,3 +201,30 @@ def test_lora_run_on_a_model_path_answers_on_the_base_it_recorded(capsys, tmp_pa
     shutil.move(base, tmp_path / "moved")  # the folder is gone: said, with the fix
     code, out, err = _cli(capsys, run, *flags)
     assert code == 2 and f"model.path {base}, which is gone" in err and "put it back there" in err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the reply on one GPU, in bfloat16")
+def test_reply_on_the_gpu_equals_transformers_generate_there(runs, capsys, tmp_path):
+    run = runs["full"]
+    loaded = load(run, device="cuda")
+    assert loaded.device.type == "cuda" and loaded.model.dtype == torch.bfloat16  # model.dtype "auto" on CUDA
+    ids = torch.tensor([_prompt_ids(loaded.tokenizer, True)], device="cuda")
+    export = transformers.AutoModelForCausalLM.from_pretrained(run / "hf", dtype=torch.bfloat16).to("cuda").eval()
+    with torch.inference_mode():
+        out = export.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=loaded.tokenizer.eos_token_id,
+        )
+    expected = loaded.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    flags = ["--prompt", PROMPT, "--temperature", 0, "--max-new-tokens", NEW_TOKENS, "--device", "cuda"]
+    assert _cli(capsys, run, *flags)[:2] == (0, expected + "\n")
+    moved = tmp_path / "hf"
+    shutil.move(run / "hf", moved)  # the checkpoint, built on the GPU, answers the same
+    try:
+        assert _cli(capsys, run, *flags)[:2] == (0, expected + "\n")
+    finally:
+        shutil.move(moved, run / "hf")

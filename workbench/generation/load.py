@@ -68,6 +68,8 @@ def pick_device(kind: str) -> torch.device:
     """A device `kind`: "auto" is the first CUDA GPU if there is one, else the CPU; "cpu" or "cuda" as asked."""
     if kind not in DEVICES:
         raise ConfigError(f"device must be one of {list(DEVICES)}, got {kind!r}")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' needs a CUDA GPU, and torch sees none here: use device 'cpu' (or 'auto')")
     return du.pick_device(kind)
 
 
