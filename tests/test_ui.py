@@ -29,6 +29,7 @@ from workbench.ui import (
 )
 from workbench.ui.memory import GIB
 from workbench.ui.series import live_series
+from workbench.ui.step_ticks import step_dtick
 
 
 @pytest.mark.parametrize("world, expected_ep", [(1, [1]), (2, [1, 2]), (4, [1, 2, 4]), (8, [1, 2, 4, 8])])
@@ -409,7 +410,8 @@ def test_live_plots_keep_the_warm_up_step_off_the_scale(tiny_run_dir):
     steady = [r["tokens_per_s_per_gpu"] for r in records[1:]]
     low, high = plots.figure.layout.yaxis.range
     assert low <= min(steady) and high >= max(steady) and low > records[0]["tokens_per_s_per_gpu"]
-    assert "warm-up step 1" in plots.figure.layout.annotations[0].text
+    assert "warm-up step 1" in plots.warmup_note.value and "tokens/s per GPU" in plots.warmup_note.value
+    assert plots.figure.layout.annotations[0].text == "tokens/s per GPU"  # no subtitle to run into the next title
     warm = [t for t in plots.figure.data if t.name == "warm-up step, rank 0" and t.yaxis == "y"]
     assert list(warm[0].x) == [1] and warm[0].mode == "markers"
     # Memory and loss keep every step on their scale.
@@ -671,3 +673,25 @@ def test_profile_on_cuda_uses_kernel_times(tmp_path):
     moe_ms = sum(phases[p] for p in ("router", "dispatch", "experts", "combine"))
     assert moe_ms < step_ms, (phases, step_ms)
     assert any("kernel" in op["name"].lower() or "gemm" in op["name"].lower() for op in prof["top_ops"])
+
+
+def test_step_axes_tick_whole_steps_that_read_apart():
+    assert step_dtick(1, 3) == 1  # plotly's own ticks put 1.5 and 2.5 on a three-step axis
+    assert step_dtick(1, 20) == 5 and step_dtick(1, 100_000) == 20_000
+    for first, last in [(1, 1), (1, 2), (1, 7), (3, 50), (1, 999), (10, 12345)]:
+        dtick = step_dtick(first, last)
+        assert isinstance(dtick, int) and dtick >= 1
+        assert (last - first) / dtick <= 5  # at most 6 ticks
+        assert str(dtick).strip("0") in ("1", "2", "5")
+
+
+def test_live_plots_step_axes_and_colour_bar_stay_inside_the_figure(tiny_run_dir):
+    from workbench.runs.run_dir import RunDir
+
+    plots = LivePlots()
+    plots.update(RunDir.open(tiny_run_dir).read_metrics())
+    for name in ("xaxis", "xaxis2", "xaxis3", "xaxis4"):
+        assert plots.figure.layout[name].dtick == 1  # the tiny run's 3 steps: ticks 1, 2, 3
+    heat = [t for t in plots.figure.data if t.type == "heatmap"][0]
+    assert heat.colorbar.x == 1.0 and heat.colorbar.xanchor == "right"  # no margin widened beyond the plots
+    assert plots.figure.get_subplot(2, 2).xaxis.domain[1] < heat.colorbar.x

@@ -29,11 +29,16 @@ from workbench.ui.series import (
     summarize,
 )
 from workbench.ui.slim_figure import figure_widget
+from workbench.ui.step_ticks import step_dtick
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 # Time-based panels: their first step (compile, allocation) is drawn apart and kept off the axis scale.
 WARMUP_APART = ("tokens_per_s_per_gpu", "tflops_per_gpu")
 POSITIONS = {"tokens_per_s_per_gpu": (1, 1), "tflops_per_gpu": (1, 2), "mem_peak_gib": (1, 3)}
+# The axes of steps (the top row and the loss), named as plotly's layout names them.
+STEP_AXES = ("xaxis", "xaxis2", "xaxis3", "xaxis4")
+# Where the expert-load heatmap ends (figure width 0..1): its colour bar goes right of it, inside the figure.
+HEATMAP_RIGHT = 0.9
 
 
 class LivePlots:
@@ -76,12 +81,16 @@ class LivePlots:
                 name="expert load",
                 showscale=True,
                 showlegend=False,
-                colorbar=dict(len=0.42, y=0.21, title="x uniform"),
+                # Inside the figure, right of the heatmap: a colour bar beyond the plots widened the right
+                # margin of the whole figure and left a fifth of the top row's width empty.
+                colorbar=dict(len=0.42, y=0.21, x=1.0, xanchor="right", thickness=14, title="x uniform"),
             ),
             row=2,
             col=2,
         )
         self._heatmap = len(self.figure.data) - 1
+        heat_x = self.figure.get_subplot(2, 2).xaxis
+        heat_x.domain = [heat_x.domain[0], HEATMAP_RIGHT]
         self.smoothing = W.FloatSlider(
             value=0.0,
             min=0.0,
@@ -102,8 +111,11 @@ class LivePlots:
         self._pending: threading.Timer | None = None
         self.run = None
         self.title = W.HTML("<b>Live</b>: no run yet")
+        # The warm-up step's values that left the scales: a line of their own (as subplot subtitles they
+        # ran into the next plot's title on a narrow figure).
+        self.warmup_note = W.HTML("", layout=W.Layout(display="none"))
         self.health = MoEHealthPlots()  # small multiples of the MoE health per layer, under the heatmap
-        self.widget = W.VBox([self.title, self.smoothing, self.figure, self.health.widget])
+        self.widget = W.VBox([self.title, self.smoothing, self.warmup_note, self.figure, self.health.widget])
         if run is not None:
             self.attach(run)
 
@@ -240,15 +252,26 @@ class LivePlots:
         with self.figure.batch_update():
             for index, (x, y) in lines.items():
                 self.figure.data[index].x, self.figure.data[index].y = x, y
+            notes = []
             for n, metric in enumerate(POSITIONS):
                 axis = self.figure.layout[f"yaxis{n + 1 if n else ''}"]
                 rng = ranges.get(metric)
                 axis.range, axis.autorange = (rng, False) if rng else (None, True)
-                title = self._titles[n]
                 outside = [v for v in off_scale.get(metric, []) if rng and not rng[0] <= v <= rng[1]]
                 if outside:  # the warm-up value left the scale: say what it was
-                    title += f"<br><sup>warm-up step {warm}: {min(outside):,.4g} (off scale)</sup>"
-                self.figure.layout.annotations[n].text = title
+                    notes.append(f"{self._titles[n]} {min(outside):,.4g}")
+            self.warmup_note.value = (
+                f"<span class='mwb-warmup-note' style='color:#555'>warm-up step {warm}, drawn apart and off the "
+                f"scale: {' &middot; '.join(notes)}</span>"
+                if notes
+                else ""
+            )
+            self.warmup_note.layout.display = "" if notes else "none"
+            steps = [r["step"] for r in self.records if isinstance(r.get("step"), int)]
+            if steps:
+                dtick = step_dtick(min(steps), max(steps))
+                for name in STEP_AXES:
+                    self.figure.layout[name].update(tick0=0, dtick=dtick)
             load = data["expert_load"]
             if load["z"]:
                 heat = self.figure.data[self._heatmap]
@@ -384,6 +407,9 @@ class CompareRuns:
                     row=1,
                     col=col,
                 )
+        dtick = step_dtick(int(frame["step"].min()), int(frame["step"].max()))
+        for name in ("xaxis", "xaxis2", "xaxis3"):
+            self.figure.layout[name].update(tick0=0, dtick=dtick)
         summary = summarize(frame)
         table = summary.to_html(float_format=lambda v: f"{v:,.4g}", border=0)
         cell = "style='padding:2px 10px;text-align:right;white-space:nowrap'"
