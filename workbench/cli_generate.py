@@ -43,6 +43,7 @@ def generate_arguments(p: argparse.ArgumentParser) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     import workbench.generation.api as generation  # torch and Transformers: only once the command runs
 
+    weights = None
     try:
         settings = generation.GenerationSettings(
             args.max_new_tokens, args.temperature, args.top_p, args.seed, not args.no_chat_template
@@ -56,7 +57,8 @@ def run_generate(args: argparse.Namespace) -> int:
         print(f"workbench generate: {err}", file=sys.stderr, flush=True)
         return 2
     except Exception as err:  # noqa: BLE001 - failed while loading the weights: one line, exit 1
-        print(f"workbench generate: failed loading {weights.path}: {type(err).__name__}: {err}", file=sys.stderr)
+        what = f"loading {weights.path}" if weights is not None else f"looking up run {args.run}"
+        print(f"workbench generate: failed {what}: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
     wrote = False
     try:
@@ -64,11 +66,12 @@ def run_generate(args: argparse.Namespace) -> int:
             sys.stdout.write(piece)
             sys.stdout.flush()
             wrote = True
+    except BrokenPipeError:
+        raise  # the reader went away (`| head`): workbench.cli ends quietly
     except Exception as err:  # noqa: BLE001 - failed while generating: one line, exit 1
-        print(
-            f"{chr(10) if wrote else ''}workbench generate: failed while generating: {type(err).__name__}: {err}",
-            file=sys.stderr,
-        )
+        if wrote:
+            sys.stdout.write("\n")  # the error's line starts on its own
+        print(f"workbench generate: failed while generating: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
     if wrote:
         sys.stdout.write("\n")
