@@ -161,3 +161,31 @@ def test_default_loss_and_gradients_equal_transformers(family):
         want = ref(input_ids=ids).logits
         torch.manual_seed(11)
         close(eng(input_ids=ids).logits, want, f"{family} logits without labels")
+
+
+@pytest.mark.parametrize("fused_ce", ["auto", False])
+def test_a_family_that_upcasts_its_logits_takes_the_fused_ce_in_bf16(fused_ce):
+    """Nemotron-H's forward calls `.float()` on its logits: in bf16 that is a new tensor between the lm_head and the
+    loss, which the default fused CE takes as the hidden states it handed on (on a GPU it was refused at the first
+    step). Its loss and gradients are the full-logits loss's, in bf16's tolerance."""
+    cfg = _config("nemotron_h")
+    ref = AutoModelForCausalLM.from_config(
+        cfg, backend=BackendConfig(fused_ce=False), device="cpu", dtype=torch.bfloat16
+    )
+    randomize(ref)
+    eng = AutoModelForCausalLM.from_config(
+        cfg, backend=BackendConfig(fused_ce=fused_ce), device="cpu", dtype=torch.bfloat16
+    )
+    eng.load_state_dict(ref.state_dict(), strict=True)
+    assert engine_state(eng).backend.fused_ce is (fused_ce == "auto")
+    ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(5))
+    out_ref, out_eng = ref(input_ids=ids, labels=ids), eng(input_ids=ids, labels=ids)
+    torch.testing.assert_close(out_eng.loss.float(), out_ref.loss.float(), rtol=2e-2, atol=2e-2)
+    out_ref.loss.backward()
+    out_eng.loss.backward()
+    grads = dict(ref.named_parameters())
+    for name, p in eng.named_parameters():
+        if p.grad is not None:
+            g = grads[name].grad.float()
+            scale = max(g.abs().max().item(), 1e-3)
+            assert (p.grad.float() - g).abs().max().item() <= 0.05 * scale, name

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import logging
 
+import torch
 from torch import nn
 
 from workbench.kernels.cross_entropy import fused_linear_cross_entropy
@@ -107,13 +108,30 @@ def fused_ce_for_model(backend, model: nn.Module):
     return dataclasses.replace(backend, fused_ce=refusal is None)
 
 
+def handed_back(logits: torch.Tensor, hidden: torch.Tensor) -> bool:
+    """Whether the loss got back the hidden states the lm_head handed on: the same tensor, or only cast to float32.
+
+    Nemotron-H's forward calls `.float()` on its logits before the loss; the fused CE computes in float32 anyway, so
+    it takes the hidden states as they left the lm_head. Anything else (a scale, a softcap) is a change it refuses.
+    """
+    if logits is hidden:
+        return True
+    if logits.dtype != torch.float32 or logits.shape != hidden.shape:
+        return False
+    cast = logits.grad_fn
+    if cast is not None:  # training: the cast is the one node between them
+        return type(cast).__name__ == "ToCopyBackward0" and cast.next_functions[0][0] is hidden.grad_fn
+    return torch.equal(logits, hidden.float())  # no autograd graph to read (a forward under no_grad)
+
+
 def _fused_loss(head: DeferredLMHead, use_triton: bool):
     def loss(logits, labels, vocab_size=None, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **kwargs):
-        if logits is not head.deferred_hidden:
+        if not handed_back(logits, head.deferred_hidden):
             raise RuntimeError(
                 "fused_ce: the model changed the logits between lm_head and its loss; this family "
                 "cannot use BackendConfig.fused_ce=True; set fused_ce=False"
             )
+        logits = head.deferred_hidden
         targets = shifted(labels, ignore_index) if shift_labels is None else shift_labels
         return fused_linear_cross_entropy(
             logits,
