@@ -13,8 +13,6 @@ from workbench.config import RunConfig
 from workbench.runs.run_dir import RunDir
 from workbench.ui.try_logic import NO_RUNS, Replier, read_settings, run_choices
 
-pytest.importorskip("ipywidgets")
-
 PROMPT = "What does a router do?"
 
 
@@ -78,6 +76,7 @@ def test_refusals_are_said_in_the_tab_before_any_load(runs_dir):
 
 
 def test_try_tab_defaults_to_the_latest_run_and_streams_into_its_reply(runs_dir):
+    pytest.importorskip("ipywidgets")
     from workbench.ui.try_tab import TryTab
 
     tab = TryTab(runs_dir, device="cpu")
@@ -98,6 +97,7 @@ def test_try_tab_defaults_to_the_latest_run_and_streams_into_its_reply(runs_dir)
 
 
 def test_studio_has_the_try_tab(runs_dir):
+    pytest.importorskip("ipywidgets")
     from workbench.ui import Studio
 
     studio = Studio(None, runs_dir=runs_dir)
