@@ -23,6 +23,8 @@ from workbench.plan.gpus import GIB
 from workbench.plan.memory import PARTS
 from workbench.train.fit_check import DoesNotFitError
 from workbench.train.loop import finetune
+from workbench.ui.logic import model_mesh_options
+from workbench.ui.mesh_plan import chosen_plan_html, gib_text, mesh_plans, mesh_plans_html
 
 TINY_PRESETS = (
     "tiny",
@@ -210,3 +212,19 @@ def test_a_step_out_of_cuda_memory_stops_with_the_plan_beside_it(tmp_path):
     assert plan_run(rc, gpus=1, with_options=False).peak_gib_per_rank > free / GIB
     with pytest.raises(OutOfMemoryStop, match=r"CUDA out of memory in step 1: .* GiB allocated at the peak, planned"):
         finetune(rc)
+
+
+def test_setup_tab_plans_each_mesh_and_says_why_one_does_not_fit():
+    qwen = RunConfig.from_dict({"model": {"preset": "qwen3-30b-a3b"}}).model.hf_config()
+    training = dict(seq_len=4096, local_batch=2, dtype="auto", fused_ce=True, activation_checkpointing=False)
+    options = model_mesh_options(8, qwen)
+    plans = mesh_plans(qwen, options, training, "cuda", 79.1, "NVIDIA H100 80GB HBM3")
+    assert [mp.option.mesh.ep for mp in plans] == [1, 2, 4, 8]
+    assert all(mp.plan is not None and mp.plan.gpu == "h100" for mp in plans)
+    text = mesh_plans_html(plans, options[-1])
+    assert text.count("does not fit") == 4 and "activations" in text and "tokens/s per GPU" in text
+    assert "would fit with: --set" in chosen_plan_html(plans[-1], qwen)
+    tiny = RunConfig.demo().model.hf_config()
+    small = mesh_plans(tiny, model_mesh_options(2, tiny), dict(seq_len=128, local_batch=4), "cpu", 64.0)
+    assert all(mp.plan.fits for mp in small) and "MiB" in mesh_plans_html(small, None)
+    assert gib_text(0.57) == "0.57 GiB" and gib_text(42.31) == "42.3 GiB" and gib_text(0.004) == "4.1 MiB"

@@ -25,11 +25,8 @@ from workbench.ui.logic import (
     preset_options,
     resolve_auto,
 )
-from workbench.ui.memory import estimate_memory, resolve_dtype
-
-
-def _size(gib: float) -> str:
-    return f"{gib:.2f} GiB" if gib >= 1 else f"{gib * 1024:.1f} MiB"
+from workbench.ui.memory import estimate_memory
+from workbench.ui.mesh_plan import chosen_plan_html, mesh_plans, mesh_plans_html
 
 
 def _error_html(text: str) -> str:
@@ -166,12 +163,20 @@ class ModelPanel:
 
 
 class MeshPanel:
-    """Only the dp x ep meshes that fit the cluster and the model; experts and memory per rank."""
+    """Only the dp x ep meshes that fit the cluster and the model; experts, and each mesh's plan: memory per rank,
+    tokens/s per GPU, and why a mesh would not fit (workbench.ui.mesh_plan)."""
 
-    def __init__(self, world_size: int, device_type: str = "cpu", device_memory_gib: float | None = None) -> None:
+    def __init__(
+        self,
+        world_size: int,
+        device_type: str = "cpu",
+        device_memory_gib: float | None = None,
+        device_name: str | None = None,
+    ) -> None:
         self.world_size = world_size
         self.device_type = device_type
         self.device_memory_gib = device_memory_gib
+        self.device_name = device_name  # the GPU's name: which datasheet figures the plan uses
         self.mesh = W.Dropdown(description="mesh", style=WIDE, layout=W.Layout(width="max-content", max_width="100%"))
         self.details = W.HTML()
         self._cfg: Any = None
@@ -235,27 +240,22 @@ class MeshPanel:
 
     def _changed(self) -> None:
         option = self.mesh.value
-        est = self.memory_estimate()
-        if option is None or est is None:
+        if option is None or self._cfg is None:
             self.details.value = ""
         else:
             ranges = ", ".join(f"ep rank {i}: experts {a}-{b - 1}" for i, (a, b) in enumerate(option.expert_ranges))
             experts = f"{option.experts_per_rank} experts per rank ({ranges})" if ranges else "no routed experts"
-            parts = est.as_gib()
-            dtype = resolve_dtype(self._training["dtype"], self.device_type)
-            fit = ""
-            if self.device_memory_gib:
-                ok = parts["total"] <= self.device_memory_gib
-                fit = f" of {self.device_memory_gib:.0f} GiB: " + (
-                    "fits" if ok else "<span style='color:#b00020'>does not fit</span>"
-                )
-            self.details.value = (
-                f"{experts}<br>"
-                f"estimated memory per rank ({dtype}): <b>{_size(parts['total'])}</b>{fit}<br>"
-                f"<small>params+grads+AdamW {_size(parts['sharded_state'])}, gathered layers "
-                f"{_size(parts['gathered'])}, activations {_size(parts['activations'])}, logits "
-                f"{_size(parts['logits'])} (estimate from parameter counts; see workbench.ui.memory)</small>"
+            plans = mesh_plans(
+                self._cfg,
+                [o for _, o in self.mesh.options],
+                self._training,
+                self.device_type,
+                self.device_memory_gib,
+                self.device_name,
             )
+            chosen = next((mp for mp in plans if mp.option == option), None)
+            extra = f"<br>{chosen_plan_html(chosen, self._cfg)}" if chosen is not None else ""
+            self.details.value = f"{experts}<br>{mesh_plans_html(plans, option)}{extra}"
         for fn in list(self._listeners):
             fn()
 

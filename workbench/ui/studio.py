@@ -50,7 +50,8 @@ class Studio:
         )
         self.runs_dir = Path(runs_dir).expanduser() if runs_dir else default_runs_dir()
         self.model = ModelPanel(preset=preset, layers=layers)
-        self.mesh = MeshPanel(world, device, memory)
+        name = (self.rank_infos or [{}])[0].get("device_name") if device == "cuda" else None
+        self.mesh = MeshPanel(world, device, memory, name)  # each mesh's plan on this GPU
         self.backend = BackendPanel(self.rank_infos, device, world)
         self.run_panel = RunPanel(
             cluster, self.model, self.mesh, self.backend, runs_dir=str(self.runs_dir), steps=steps
