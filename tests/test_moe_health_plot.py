@@ -45,3 +45,13 @@ def test_live_plots_draw_the_health_of_a_real_run(tmp_path):
     entropy_axis = f"x{HEALTH_KEYS.index('router_entropy') + 1}"
     assert list(health[("layer 0", entropy_axis)].y) == [r["router_entropy"][0] for r in records]
     assert plots.health.widget in plots.widget.children
+
+
+def test_health_titles_on_two_lines_and_whole_step_ticks():
+    records = [{"step": 20, "rank": r, "expert_load": [[4, 0], [1, 1]], "router_entropy": [0.2, 0.4]} for r in (0, 1)]
+    plots = MoEHealthPlots()
+    plots.draw(records)
+    # five titles side by side at a fifth of the figure each: broken in two, none wider than its panel
+    assert all(a.text.count("<br>") == 1 for a in plots.figure.layout.annotations)
+    # one step drawn: whole-step ticks (plotly's own put 19.5 and 20.5 beside it)
+    assert {plots.figure.layout[f"xaxis{i if i > 1 else ''}"].dtick for i in range(1, len(HEALTH_KEYS) + 1)} == {1}

@@ -16,6 +16,7 @@ from plotly.subplots import make_subplots
 
 from workbench.expert_health import HEALTH_KEYS, health_over_steps
 from workbench.ui.slim_figure import figure_widget
+from workbench.ui.step_ticks import step_dtick
 
 PANEL_TITLES = {
     "moe_dead_share": "dead experts (share)",
@@ -24,6 +25,20 @@ PANEL_TITLES = {
     "moe_load_cv": "load CV (std / mean)",
     "router_entropy": "router entropy (/ ln E)",
 }
+# Five panels side by side leave each title about a fifth of the figure: on two lines, a size smaller, they
+# no longer run into each other.
+TITLE_FONT_PX = 12
+
+
+def two_lines(title: str) -> str:
+    """`title` broken at the space nearest its middle (plotly titles do not wrap by themselves)."""
+    spaces = [i for i, c in enumerate(title) if c == " "]
+    if not spaces:
+        return title
+    cut = min(spaces, key=lambda i: abs(i - len(title) / 2))
+    return f"{title[:cut]}<br>{title[cut + 1 :]}"
+
+
 EMPTY_TEXT = "MoE health: no expert load recorded yet"
 
 
@@ -54,13 +69,14 @@ class MoEHealthPlots:
         base = make_subplots(
             rows=1,
             cols=len(self.keys),
-            subplot_titles=[PANEL_TITLES[k] for k in self.keys],
+            subplot_titles=[two_lines(PANEL_TITLES[k]) for k in self.keys],
             horizontal_spacing=0.05,
         )
         self.figure = figure_widget(base)
         self.figure.update_layout(
-            height=height, margin=dict(l=40, r=10, t=40, b=30), showlegend=False, template="plotly_white"
+            height=height, margin=dict(l=40, r=10, t=56, b=30), showlegend=False, template="plotly_white"
         )
+        self.figure.update_annotations(font_size=TITLE_FONT_PX)
         self._traces: dict[tuple[str, int], int] = {}
         self.title = W.HTML(f"<b>{EMPTY_TEXT}</b>")
         self.widget = W.VBox([self.title, self.figure])
@@ -98,6 +114,9 @@ class MoEHealthPlots:
             for key, per_layer in lines.items()
             for layer, line in enumerate(per_layer)
         }
+        steps = [step for per_layer in lines.values() for line in per_layer for step in line[0]]
         with self.figure.batch_update():
-            for index, (steps, values) in drawn.items():
-                self.figure.data[index].x, self.figure.data[index].y = steps, values
+            for index, (steps_of_line, values) in drawn.items():
+                self.figure.data[index].x, self.figure.data[index].y = steps_of_line, values
+            if steps:  # whole steps: plotly's own ticks put 19.5 and 20.5 around a single step
+                self.figure.update_xaxes(tick0=0, dtick=step_dtick(min(steps), max(steps)))

@@ -130,6 +130,10 @@ test('Live and Compare tell a named LoRA run from a named full run; the plots fi
     expect(await overlappingTitles(figure), `Live (${what}): titles run into each other`).toEqual([]);
     expect(await repeatedTicks(figure), `Live (${what}): repeated tick labels`).toEqual([]);
     await figure.screenshot({ path: path.join(ARTIFACTS, `studio-live-${what.toLowerCase()}.png`) });
+    // The MoE health small multiples under it: five titles side by side, none running into the next.
+    const health = lives.nth(i).locator('.js-plotly-plot').nth(1);
+    expect(await overlappingTitles(health), `MoE health (${what}): titles run into each other`).toEqual([]);
+    expect(await repeatedTicks(health), `MoE health (${what}): repeated tick labels`).toEqual([]);
   }
 
   // Compare: the list, then both runs plotted; the legend and the table name each run and its kind.
