@@ -23,7 +23,7 @@ from workbench.bench.variant_backend import variant_backend
 from workbench.config import RunConfig
 from workbench.models.auto import AutoModelForCausalLM
 from workbench.models.engine_state import engine_state
-from workbench.models.fused_ce import NOT_COMPUTED, LogitsNotComputedError, fused_ce_support
+from workbench.models.fused_ce import NOT_COMPUTED, LogitsNotComputedError, fused_ce_support, resolve_for_config
 from workbench.train.world_checks import check_world
 from workbench.ui.panels import BackendPanel, MeshPanel
 from workbench.ui.studio import Studio
@@ -47,7 +47,7 @@ def _granite():
     )
 
 
-def test_run_config_defaults_to_fused_ce_where_the_model_allows_it():
+def test_run_config_defaults_to_fused_ce_where_the_model_allows_it(caplog):
     rc = RunConfig()
     assert rc.backend.fused_ce == "auto" and RunConfig.from_dict(rc.to_dict()).backend.fused_ce == "auto"
     # what the trainer resolves and records (config.json's resolved_backend) for the default tiny Qwen3-MoE
@@ -57,6 +57,10 @@ def test_run_config_defaults_to_fused_ce_where_the_model_allows_it():
     can, why = fused_ce_support(granite)
     assert not can and "logits_scaling=4.0" in why
     assert rc.backend.resolve("cpu", fused_ce_support=(can, why)).fused_ce is False
+    # as the trainer resolves it (train/world_checks.py): off, and the log says why
+    with caplog.at_level(logging.WARNING, logger="workbench.models.fused_ce"):
+        assert resolve_for_config(rc.backend, torch.device("cpu"), 1, granite).fused_ce is False
+    assert any("granitemoe" in r.message and "logits_scaling=4.0" in r.message for r in caplog.records)
     with pytest.raises(BackendError, match=r"fused_ce=True cannot serve this model: .*logits_scaling=4.0.*'auto'"):
         BackendConfig(fused_ce=True).resolve("cpu", fused_ce_support=(can, why))
     assert BackendConfig(fused_ce=False).resolve("cpu", fused_ce_support=(True, "")).fused_ce is False

@@ -82,19 +82,24 @@ def fused_ce_support(config) -> tuple[bool, str]:
     return _SUPPORT[key]
 
 
-_said: set[tuple[str, str]] = set()
-
-
 def say_fused_ce_off(model_type: str, why: str) -> None:
-    """Log once per model type and reason that fused_ce='auto' stays off (the step then builds full logits)."""
-    if (model_type, why) not in _said:
-        _said.add((model_type, why))
-        log.warning("fused_ce='auto' is off for model_type %r: %s; its loss builds the full logits", model_type, why)
+    """Say where fused_ce='auto' was decided off, and why (the step then builds the full logits)."""
+    log.warning("fused_ce='auto' is off for model_type %r: %s; its loss builds the full logits", model_type, why)
+
+
+def resolve_for_config(backend, device, world_size: int, config):
+    """`backend.resolve(device, world_size)` with fused_ce decided for the model of Transformers `config` (an 'auto'
+    that is off says why): what a run records before its model is built."""
+    support = fused_ce_support(config)
+    resolved = backend.resolve(device, world_size=world_size, fused_ce_support=support)
+    if backend.fused_ce == "auto" and not support[0]:
+        say_fused_ce_off(config.model_type, support[1])
+    return resolved
 
 
 def fused_ce_for_model(backend, model: nn.Module):
     """`backend` (resolved) with fused_ce decided for the built `model`: 'auto' on where it can take the fused CE,
-    off (the reason logged once) where not; fused_ce=True where it cannot is refused (ValueError)."""
+    off (the reason logged) where not; fused_ce=True where it cannot is refused (ValueError)."""
     refusal = fused_ce_refusal(model)
     if backend.fused_ce is True and refusal is not None:
         raise ValueError(

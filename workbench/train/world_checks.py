@@ -15,7 +15,7 @@ import torch
 from workbench.backends import BackendConfig
 from workbench.config import RunConfig
 from workbench.config_checks import ConfigError
-from workbench.models.fused_ce import fused_ce_support
+from workbench.models.fused_ce import resolve_for_config
 from workbench.models.meta_model import meta_model
 from workbench.models.mtp import check_mtp_loss
 from workbench.train.loop_support import router_biases_to_update
@@ -59,6 +59,6 @@ def check_world(rc: RunConfig, world: int, hf_config: Any, device: torch.device)
     mesh_sizes = mesh.to_dict() if mesh is not None else {"dp": 1, "ep": 1}
     # Resolved once, with the mesh's ep and what the model's logits allow (fused_ce): the run records the
     # backends the model is then built with.
-    backend = rc.backend.resolve(device, world_size=mesh_sizes["ep"], fused_ce_support=fused_ce_support(hf_config))
+    backend = resolve_for_config(rc.backend, device, mesh_sizes["ep"], hf_config)
     check_stack_graphs(rc.train, backend, world, accum, device)
     return WorldPlan(mesh=mesh, dp=dp, accum=accum, backend=backend, mesh_sizes=mesh_sizes)
