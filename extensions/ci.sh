@@ -48,6 +48,15 @@ export WORKBENCH_RUNS_DIR="$WORK/root/moe-workbench/runs"
 MWB_UI_RUN_ID="$("$PYTHON" tests/lab/make_run.py "$WORKBENCH_RUNS_DIR" | tail -n 1)"
 MWB_UI_LORA_RUN_ID="$("$PYTHON" tests/lab/make_run.py "$WORKBENCH_RUNS_DIR" --lora | tail -n 1)"
 export MWB_UI_RUN_ID MWB_UI_LORA_RUN_ID
+# An unnamed run (the full run's copy without its name): the sidebar shows its folder id whole.
+export MWB_UI_UNNAMED_RUN_ID="20261206-000000-unnamed-run-with-a-long-folder-id"
+cp -r "$WORKBENCH_RUNS_DIR/$MWB_UI_RUN_ID" "$WORKBENCH_RUNS_DIR/$MWB_UI_UNNAMED_RUN_ID"
+"$PYTHON" - "$WORKBENCH_RUNS_DIR/$MWB_UI_UNNAMED_RUN_ID/config.json" <<'PY'
+import json, sys
+config = json.load(open(sys.argv[1]))
+config["name"] = None
+json.dump(config, open(sys.argv[1], "w"))
+PY
 mkdir -p "$WORKBENCH_RUNS_DIR/00000000-000000-bad0"
 printf '{"model": {"pres' > "$WORKBENCH_RUNS_DIR/00000000-000000-bad0/config.json"
 if ! ls notebooks/*.ipynb >/dev/null 2>&1; then

@@ -140,7 +140,17 @@ test('sidebar lists the run and opens its plots', async ({ page }) => {
   expect(nameBox.height, 'the long name wraps to a second line').toBeGreaterThan(1.8 * nameBox.fontSize);
   // The two rows differ in the words a reader sees first.
   expect(await lora.locator('.mwb-run-kind').innerText()).not.toEqual(await run.locator('.mwb-run-kind').innerText());
-  // An unnamed run shows its folder id whole where the name goes (the unreadable one has no name either).
+  // An unnamed run shows its folder id whole where the name goes (wrapped, not cut), with its kind line.
+  const UNNAMED = process.env.MWB_UI_UNNAMED_RUN_ID || '';
+  if (UNNAMED) {
+    const unnamed = sidebar.locator(`.mwb-run[data-run-id="${UNNAMED}"]`);
+    await expect(unnamed.locator('.mwb-run-name.mwb-run-unnamed')).toHaveText(UNNAMED);
+    await expect(unnamed.locator('.mwb-run-kind')).toContainText(/^full · /);
+    const box = await unnamed.locator('.mwb-run-name').evaluate((el: HTMLElement) => ({
+      cut: el.scrollWidth > el.clientWidth + 1 || el.scrollHeight > el.clientHeight + 1
+    }));
+    expect(box.cut, 'the folder id is shown whole').toBe(false);
+  }
 
   await page.screenshot({ path: path.join(ARTIFACTS, 'lab-sidebar.png') });
 
