@@ -33,6 +33,69 @@ def _all_to_all(x: torch.Tensor, output_splits: list[int], input_splits: list[in
     return wait_tensor(out)
 
 
+def rank_counts(topk_ids_TK: torch.Tensor, ep_size: int, num_local: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which ep ranks each token goes to [T, P], and per destination rank (rows, slots) [P, 2]."""
+    T, K = topk_ids_TK.shape
+    device = topk_ids_TK.device
+    rank_TK = topk_ids_TK // num_local
+    in_rank_TP = torch.zeros(T, ep_size, dtype=torch.bool, device=device).scatter_(1, rank_TK, True)
+    slots_to_P = torch.zeros(ep_size, dtype=torch.int64, device=device).scatter_add_(
+        0, rank_TK.reshape(-1), torch.ones(T * K, dtype=torch.int64, device=device)
+    )
+    return in_rank_TP, torch.stack([in_rank_TP.sum(0), slots_to_P], 1)
+
+
+@dataclass
+class SentRows:
+    """The rows one rank sends: one per (token, destination rank), by destination rank, then token."""
+
+    token_of_row: torch.Tensor  # [S] token of each sent row
+    home_row_of_slot: torch.Tensor  # [T*P] sent row of (token, rank); S if the token skipped that rank
+    home_slot_of_row: torch.Tensor  # [S] (token, rank) of each sent row
+    ids_SK: torch.Tensor  # the destination's local expert of each of the row's slots, -1 for other ranks' slots
+    weights_SK: torch.Tensor  # float32 routing weights of those slots, 0 for other ranks' slots
+
+
+def route_tokens(
+    topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor, in_rank_TP: torch.Tensor, num_sent: int, num_local: int
+) -> SentRows:
+    """The sent rows of tokens routed to `topk_ids_TK` (rank_counts's `in_rank_TP`; `num_sent` its sum)."""
+    T, P = in_rank_TP.shape
+    device = topk_ids_TK.device
+    # a stable sort of the (rank, token) flags
+    sent_pt = torch.argsort((~in_rank_TP.t().reshape(-1)).to(torch.uint8), stable=True)[:num_sent]
+    token_of_sent, rank_of_sent = sent_pt % T, sent_pt // T
+    home_slot_of_row = token_of_sent * P + rank_of_sent
+    home_row_of_slot = torch.full((T * P,), num_sent, dtype=torch.int64, device=device)
+    home_row_of_slot[home_slot_of_row] = torch.arange(num_sent, device=device)
+    ids_sent_SK = topk_ids_TK.index_select(0, token_of_sent)
+    on_dest_SK = ids_sent_SK // num_local == rank_of_sent[:, None]
+    ids_SK = torch.where(on_dest_SK, ids_sent_SK - rank_of_sent[:, None] * num_local, -1)
+    weights_SK = topk_weights_TK.float().index_select(0, token_of_sent) * on_dest_SK
+    return SentRows(token_of_sent, home_row_of_slot, home_slot_of_row, ids_SK, weights_SK)
+
+
+def expert_major(
+    recv_x: torch.Tensor, recv_ids_RK: torch.Tensor, num_local: int, num_rows: int, use_triton: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The received rows expanded to this rank's experts: (rows, rows per local expert, row_of_slot, slot_of_row).
+
+    A stable sort of the received slots by local expert (others' slots last): rows in (local expert, source rank,
+    source row) order.
+    """
+    num_recv, K = recv_ids_RK.shape
+    device = recv_ids_RK.device
+    keys = torch.where(recv_ids_RK >= 0, recv_ids_RK, num_local).reshape(-1)
+    slot_of_row = stable_order(keys, num_local)[:num_rows]
+    row_of_slot = torch.full((num_recv * K,), num_rows, dtype=torch.int64, device=device)
+    row_of_slot[slot_of_row] = torch.arange(num_rows, device=device)
+    tokens_per_local_expert = torch.zeros(num_local + 1, dtype=torch.int64, device=device).scatter_add_(
+        0, keys, torch.ones_like(keys)
+    )[:num_local]
+    x_by_expert = expand_to_rows(recv_x, slot_of_row // K, row_of_slot, K, use_triton)
+    return x_by_expert, tokens_per_local_expert, row_of_slot, slot_of_row
+
+
 @dataclass
 class AllToAllHandle:
     num_tokens: int
@@ -62,51 +125,33 @@ class AllToAllDispatcher:
         self.num_local_experts = num_experts // self.ep_size
 
     def dispatch(self, x_TD, topk_ids_TK, topk_weights_TK):
-        T, K = topk_ids_TK.shape
-        P, L = self.ep_size, self.num_local_experts
-        device = topk_ids_TK.device
-        rank_TK = topk_ids_TK // L
-        in_rank_TP = torch.zeros(T, P, dtype=torch.bool, device=device).scatter_(1, rank_TK, True)
-        slots_to_P = torch.zeros(P, dtype=torch.int64, device=device).scatter_add_(
-            0, rank_TK.reshape(-1), torch.ones(T * K, dtype=torch.int64, device=device)
-        )
-        tokens_to_P = in_rank_TP.sum(0)
+        P = self.ep_size
+        in_rank_TP, counts_sent = rank_counts(topk_ids_TK, P, self.num_local_experts)
         # [src, (rows, slots)] this rank receives; then the layer's one host sync
-        counts_sent = torch.stack([tokens_to_P, slots_to_P], 1)
         counts_recv = torch.empty_like(counts_sent)
         dist.all_to_all_single(counts_recv, counts_sent, group=self.group)
-        sizes = torch.cat([tokens_to_P, counts_recv[:, 0], counts_recv[:, 1].sum().view(1)]).tolist()
+        sizes = torch.cat([counts_sent[:, 0], counts_recv[:, 0], counts_recv[:, 1].sum().view(1)]).tolist()
         send_splits, recv_splits, num_rows = sizes[:P], sizes[P : 2 * P], sizes[2 * P]
-        num_sent, num_recv = sum(send_splits), sum(recv_splits)
 
-        # sent rows: by destination rank, then token (a stable sort of the (rank, token) flags)
-        sent_pt = torch.argsort((~in_rank_TP.t().reshape(-1)).to(torch.uint8), stable=True)[:num_sent]
-        token_of_sent, rank_of_sent = sent_pt % T, sent_pt // T
-        home_slot_of_row = token_of_sent * P + rank_of_sent
-        home_row_of_slot = torch.full((T * P,), num_sent, dtype=torch.int64, device=device)
-        home_row_of_slot[home_slot_of_row] = torch.arange(num_sent, device=device)
-        ids_sent_SK = topk_ids_TK.index_select(0, token_of_sent)
-        on_dest_SK = ids_sent_SK // L == rank_of_sent[:, None]
-        ids_SK = torch.where(on_dest_SK, ids_sent_SK - rank_of_sent[:, None] * L, -1)
-        weights_SK = topk_weights_TK.float().index_select(0, token_of_sent) * on_dest_SK
-
-        x_sent = expand_to_rows(x_TD, token_of_sent, home_row_of_slot, P, self.use_triton)
+        sent = route_tokens(topk_ids_TK, topk_weights_TK, in_rank_TP, sum(send_splits), self.num_local_experts)
+        x_sent = expand_to_rows(x_TD, sent.token_of_row, sent.home_row_of_slot, P, self.use_triton)
         recv_x = _all_to_all(x_sent, recv_splits, send_splits, self.group)
-        recv_w = _all_to_all(weights_SK, recv_splits, send_splits, self.group)
-        recv_ids = torch.empty((num_recv, K), dtype=ids_SK.dtype, device=device)
-        dist.all_to_all_single(recv_ids, ids_SK.contiguous(), recv_splits, send_splits, group=self.group)
+        recv_w = _all_to_all(sent.weights_SK, recv_splits, send_splits, self.group)
+        recv_ids = torch.empty((sum(recv_splits), sent.ids_SK.shape[1]), dtype=sent.ids_SK.dtype, device=x_TD.device)
+        dist.all_to_all_single(recv_ids, sent.ids_SK.contiguous(), recv_splits, send_splits, group=self.group)
 
-        # expert-major rows: a stable sort of the received slots by local expert (others' slots last)
-        keys = torch.where(recv_ids >= 0, recv_ids, L).reshape(-1)
-        slot_of_row = stable_order(keys, L)[:num_rows]
-        row_of_slot = torch.full((num_recv * K,), num_rows, dtype=torch.int64, device=device)
-        row_of_slot[slot_of_row] = torch.arange(num_rows, device=device)
-        tokens_per_local_expert = torch.zeros(L + 1, dtype=torch.int64, device=device).scatter_add_(
-            0, keys, torch.ones_like(keys)
-        )[:L]
-        x_by_expert = expand_to_rows(recv_x, slot_of_row // K, row_of_slot, K, self.use_triton)
+        x_by_expert, tokens_per_local_expert, row_of_slot, slot_of_row = expert_major(
+            recv_x, recv_ids, self.num_local_experts, num_rows, self.use_triton
+        )
         handle = AllToAllHandle(
-            T, send_splits, recv_splits, recv_w, row_of_slot, slot_of_row, home_row_of_slot, home_slot_of_row
+            topk_ids_TK.shape[0],
+            send_splits,
+            recv_splits,
+            recv_w,
+            row_of_slot,
+            slot_of_row,
+            sent.home_row_of_slot,
+            sent.home_slot_of_row,
         )
         return x_by_expert, tokens_per_local_expert, handle
 
