@@ -112,7 +112,7 @@ class Plan:
         where = (
             f"this host has {self.usable_gib:.1f} GiB available per rank"
             if self.gpu == "cpu"
-            else f"a {self.gpu} rank has {self.usable_gib:.1f} GiB usable"
+            else f"one {self.gpu.upper()} rank has {self.usable_gib:.1f} GiB usable"
         )
         return (
             f"the run is planned at {self.peak_gib_per_rank:.1f} GiB per rank (largest: {parts} GiB) but {where}; "
