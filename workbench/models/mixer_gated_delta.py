@@ -6,10 +6,13 @@ flash-linear-attention (which refuses Hopper with the image's Triton 3.6) its fo
 solves the chunks' triangular systems and walks the chunks in thousands of small kernels. Here the projections stay
 the module's own and the rest is plain torch ops (kernels/gated_delta.py) in three steps, each compiled by
 torch.compile on CUDA (models/mixer_compile.py) and eager on the CPU: the rule's inputs (the causal conv + SiLU, the
-l2-normed q and k, beta and the decay g, every chunk's triangular solve), the walk over the chunks (a Python loop of
-one compiled block of CHUNKS_PER_CALL chunk steps on the float32 state: compiling the whole unrolled walk took 177 s
-against 81 s with a one-chunk block at 1024 tokens on the 2-core CPU, and grows with the chunk count), and the gated
-norm. Packed documents restart the rule and the conv (models/mixer_documents.py). With a cache (generation)
+l2-normed q and k, beta and the decay g, every chunk's triangular solve), the walk over the chunks, and the gated
+norm. The walk is a recurrence on the float32 state: on CUDA two Triton kernels (forward, backward) walk every chunk
+in one launch (kernels/triton_gated_delta.py); as compiled torch ops it is 64 steps of three tiny matmuls per layer at
+4096 tokens, and Qwen3.5 at 8 layers ran at 98 TFLOP/s that way on an H100 (2026-12-06), where Qwen3-30B runs at
+355. Elsewhere the walk is a Python loop of one compiled block of CHUNKS_PER_CALL chunk steps (compiling the whole
+unrolled walk took 177 s against 81 s with a one-chunk block at 1024 tokens on the 2-core CPU, and grows with the
+chunk count). Packed documents restart the rule and the conv (models/mixer_documents.py). With a cache (generation)
 Transformers' own forward runs.
 
 The family supplies how its projections give (conv input, z, b, a): Qwen3.5 has one projection each, Qwen3-Next two
@@ -107,8 +110,27 @@ def gated_delta_math(
     prepared = run_mixer_math(
         gated_delta_inputs, device, mixed_qkv, b, a, conv_weight, conv_bias, A_log, dt_bias, padding, starts, **dims
     )
-    o_chunks = scan_chunks(prepared, mixer_math(chunk_block, device), CHUNKS_PER_CALL)
+    o_chunks = walk_over_chunks(prepared, device, key_dim=key_dim, value_dim=value_dim, chunk=chunk)
     return run_mixer_math(gated_delta_output, device, o_chunks, z, norm_weight, eps=eps, out_dtype=out_dtype)
+
+
+def walk_over_chunks(
+    prepared: tuple[torch.Tensor, ...], device: torch.device, *, key_dim: int, value_dim: int, chunk: int
+) -> torch.Tensor:
+    """The outputs [B, H, c, L, V] of the walk over the chunks: on CUDA one Triton program per (batch, head, block of
+    V) walks them all (kernels/triton_gated_delta.py); elsewhere, or for widths its tl.dot cannot take, the torch
+    loop of compiled chunk blocks."""
+    if device.type == "cuda" and walk_supported(key_dim, value_dim, chunk):
+        # Triton is optional (a CPU install may lack it): imported where a CUDA device runs it
+        from workbench.kernels.triton_gated_delta import walk_chunks
+
+        return walk_chunks(prepared)
+    return scan_chunks(prepared, mixer_math(chunk_block, device), CHUNKS_PER_CALL)
+
+
+def walk_supported(key_dim: int, value_dim: int, chunk: int) -> bool:
+    """Whether the Triton walk takes these widths: powers of two of at least 16, keys at most 256 wide."""
+    return all(n >= 16 and n & (n - 1) == 0 for n in (key_dim, value_dim, chunk)) and key_dim <= 256
 
 
 class EngineGatedDeltaNet:
