@@ -19,7 +19,7 @@ from workbench.kernels.te_common import import_transformer_engine
 # Choices per field. "auto" is resolved by `BackendConfig.resolve`.
 CHOICES: dict[str, tuple[str, ...]] = {
     "experts": ("loop", "grouped_mm", "te", "auto"),
-    "dispatcher": ("local", "alltoall", "symm_mem", "deepep", "auto"),
+    "dispatcher": ("local", "alltoall", "alltoall_overlap", "symm_mem", "deepep", "auto"),
     "gate": ("native", "balanced"),
     "attention": ("sdpa", "te", "sinks", "auto"),
     "rms_norm": ("torch", "triton", "te", "auto"),
@@ -251,7 +251,19 @@ def availability(
     field: str, choice: str, device: torch.device | str | Platform = "cpu", world_size: int = 1
 ) -> tuple[bool, str]:
     """Whether `choice` for `field` can run on `device` (or a Platform); the reason (with install hint) if not."""
-    pure_torch = ("loop", "local", "torch", "sdpa", "sinks", "native", "balanced", "alltoall", "autograd", "auto")
+    pure_torch = (
+        "loop",
+        "local",
+        "torch",
+        "sdpa",
+        "sinks",
+        "native",
+        "balanced",
+        "alltoall",
+        "alltoall_overlap",
+        "autograd",
+        "auto",
+    )
     if choice in pure_torch or (field == "mixer" and choice in ("transformers", "chunked")):
         return True, ""  # pure torch (or resolved later): runs anywhere, nothing to detect
     plat = _platform(device)
@@ -361,6 +373,10 @@ class BackendConfig:
     # compute capability >= 9.0, and (TE's FP8 GEMM limits) tokens per forward divisible by 16 and
     # hidden widths by 16. Attention and norms stay in the model dtype.
     fp8: bool = False
+    # dispatcher='alltoall_overlap': the token chunks each MoE layer's all-to-all is cut into, chunk c+1 in flight
+    # while chunk c's experts compute (moe/dispatch/alltoall_overlap.py); 1 is alltoall's order. Other
+    # dispatchers ignore it.
+    dispatch_chunks: int = 2
 
     def __post_init__(self) -> None:
         for field, choices in CHOICES.items():
@@ -377,6 +393,12 @@ class BackendConfig:
         for flag in ("expert_recompute", "fp8"):
             if not isinstance(getattr(self, flag), bool):
                 raise BackendError(f"BackendConfig.{flag} must be True or False; got {getattr(self, flag)!r}")
+        chunks = self.dispatch_chunks
+        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+            raise BackendError(
+                "BackendConfig.dispatch_chunks must be an integer >= 1 (the token chunks of "
+                f"dispatcher='alltoall_overlap', e.g. 2); got {chunks!r}"
+            )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BackendConfig:

@@ -148,7 +148,9 @@ def build_generic_parallel_model(
     device_mesh = mesh.build(device.type)
     expert_range = mesh.expert_range(dist.get_rank(), num_experts)
     # One dispatcher for every MoE layer: dispatchers hold no per-layer state.
-    dispatcher = make_dispatcher(backend.dispatcher, num_experts, device_mesh.get_group("ep"), backend.combine)
+    dispatcher = make_dispatcher(
+        backend.dispatcher, num_experts, device_mesh.get_group("ep"), backend.combine, backend.dispatch_chunks
+    )
     generic.install(model, backend, lambda n: dispatcher, expert_range, device)
     plan = None if checkpoint is None else plan_rank_read(model, checkpoint, expert_range)
     if checkpoint is not None and plan is None:

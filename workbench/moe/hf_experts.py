@@ -93,12 +93,14 @@ class ExpertsPlan:
     weights_in_rows: bool = field(init=False)  # the rows take their routing weights; the combine sums plain rows
     counts_from_dispatch: bool = field(init=False)  # the dispatch's tokens_per_expert are the router's choices
     combine_adds_residual: bool = field(init=False)  # the combine adds a residual stream handed to forward
+    experts_in_dispatcher: bool = field(init=False)  # the dispatcher runs the GEMMs between its exchanges
 
     def __post_init__(self) -> None:
         caps = caps_of(self.dispatcher)
         object.__setattr__(self, "weights_in_rows", self.gate_takes_weights and caps.rows_take_weights)
         object.__setattr__(self, "counts_from_dispatch", caps.counts_every_expert)
         object.__setattr__(self, "combine_adds_residual", caps.combine_adds_residual)
+        object.__setattr__(self, "experts_in_dispatcher", caps.pipelines_experts)
 
     def with_dispatcher(self, dispatcher: Dispatcher | None) -> ExpertsPlan:
         """This plan with another dispatcher, its caps resolved again."""
@@ -348,6 +350,8 @@ class EngineExperts:
             # softmax), so a step's work and numerics differ from a native step only by the assignment.
             top_k_index = balanced_ids(x_TD.shape[0], top_k_index.shape[-1], self.num_experts, x_TD.device)
         dispatcher = plan.dispatcher
+        if plan.experts_in_dispatcher:
+            return self._pipelined_forward(hidden_states, x_TD, top_k_index, top_k_weights, residual)
         # The profiler's phases (train/profile.py); about a microsecond each with no profiler running.
         with record_function("workbench.dispatch"):
             x_ND, tokens_per_expert, handle = dispatcher.dispatch(x_TD, top_k_index.long(), top_k_weights)
@@ -355,12 +359,7 @@ class EngineExperts:
         # already counted the router's choices
         count_routed(self, top_k_index, tokens_per_expert if plan.counts_from_dispatch else None)
         row_weights_N = dispatcher.row_weights(handle) if plan.weights_in_rows else None  # None: combine weighs
-        with record_function("workbench.experts"):
-            if plan.recompute and torch.is_grad_enabled():
-                # Saves only the input rows; the [N, 2I] and [N, I] intermediates are rebuilt in backward.
-                y_ND = checkpoint(expert_rows, self, x_ND, tokens_per_expert, row_weights_N, use_reentrant=False)
-            else:
-                y_ND = expert_rows(self, x_ND, tokens_per_expert, row_weights_N)
+        y_ND = self._experts_on_rows(x_ND, tokens_per_expert, row_weights_N)
         combine_args = ()
         if residual is not None:
             if not plan.combine_adds_residual:
@@ -377,6 +376,27 @@ class EngineExperts:
             # all-gather, and an in-place op on a returned view would drop that hook (torch warns on every rank).
             return y_TD
         return y_TD.reshape(hidden_states.shape)
+
+    def _experts_on_rows(
+        self, x_ND: torch.Tensor, tokens_per_expert: torch.Tensor, row_weights_N: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Stage 3 of the contract: the experts' GEMMs on expert-major rows (recomputed in backward where planned)."""
+        with record_function("workbench.experts"):
+            if self.plan.recompute and torch.is_grad_enabled():
+                # Saves only the input rows; the [N, 2I] and [N, I] intermediates are rebuilt in backward.
+                return checkpoint(expert_rows, self, x_ND, tokens_per_expert, row_weights_N, use_reentrant=False)
+            return expert_rows(self, x_ND, tokens_per_expert, row_weights_N)
+
+    def _pipelined_forward(self, hidden_states, x_TD, top_k_index, top_k_weights, residual) -> torch.Tensor:
+        """The stages run by a dispatcher with caps.pipelines_experts, chunk by chunk, this module's GEMMs between
+        its exchanges (moe/dispatch/contract.py: run_stages)."""
+        if residual is not None:
+            raise ValueError(f"{type(self.plan.dispatcher).__name__}'s combine adds no residual (its caps)")
+        count_routed(self, top_k_index, None)  # its counts are its own experts' rows: the router's choices count
+        y_TD = self.plan.dispatcher.run_stages(x_TD, top_k_index.long(), top_k_weights, self._experts_on_rows)
+        y_TD = y_TD.to(hidden_states.dtype)
+        # the combine's own tensor where the shapes agree, as forward returns it (FSDP2 hooks the output)
+        return y_TD if y_TD.shape == hidden_states.shape else y_TD.reshape(hidden_states.shape)
 
     def use_dispatcher(self, dispatcher: Dispatcher) -> None:
         """Run with `dispatcher` from now on (its caps resolved again)."""

@@ -2,7 +2,8 @@
 
 Every dispatcher implements one contract (moe/dispatch/contract.py: the stages dispatch -> row weights -> the
 experts' GEMMs -> combine, called in that order by the engine's experts, and each dispatcher's typed
-DispatcherCaps). Implementations: `local` (one rank), `alltoall`, `symm_mem`, `deepep`.
+DispatcherCaps). Implementations: `local` (one rank), `alltoall`, `alltoall_overlap` (alltoall in token chunks
+pipelined with the GEMMs), `symm_mem`, `deepep`.
 
 A dispatcher that holds communication buffers (deepep) also has `close()`, collective over its
 ep group and idempotent, and `open_key`, the same on every rank of that group while a buffer is
@@ -15,20 +16,24 @@ from __future__ import annotations
 import torch
 
 from workbench.moe.dispatch.alltoall import AllToAllDispatcher
+from workbench.moe.dispatch.alltoall_overlap import AllToAllOverlapDispatcher
 from workbench.moe.dispatch.contract import NO_CAPS, Dispatcher, DispatcherCaps, caps_of
 from workbench.moe.dispatch.deepep import DeepEPDispatcher
 from workbench.moe.dispatch.local import LocalDispatcher, Permutation, permute, sort_by_expert, unpermute
 from workbench.moe.dispatch.symm_mem import SymmMemDispatcher
 
 
-def make_dispatcher(name: str, num_experts: int, ep_group=None, combine: str = "torch") -> Dispatcher:
-    """The dispatcher called `name` (a resolved BackendConfig.dispatcher value); `combine` its kernel."""
+def make_dispatcher(name: str, num_experts: int, ep_group=None, combine: str = "torch", chunks: int = 2) -> Dispatcher:
+    """The dispatcher called `name` (a resolved BackendConfig.dispatcher value); `combine` its kernel; `chunks`
+    (BackendConfig.dispatch_chunks) the token chunks of alltoall_overlap."""
     if name == "local":
         if ep_group is not None and ep_group.size() > 1:
             raise ValueError("dispatcher='local' cannot serve expert parallelism (ep > 1); use 'alltoall'")
         return LocalDispatcher(num_experts, combine)
     if name == "alltoall":
         return AllToAllDispatcher(num_experts, ep_group, combine)
+    if name == "alltoall_overlap":
+        return AllToAllOverlapDispatcher(num_experts, ep_group, combine, chunks)
     if name == "symm_mem":
         return SymmMemDispatcher(num_experts, ep_group, combine)
     if name == "deepep":

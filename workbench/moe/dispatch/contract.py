@@ -14,10 +14,22 @@ always in this order:
          weighted=False: a plain sum of rows that carry their weights (only where caps.rows_take_weights);
          residual_TD: a residual stream added in the same sum (only where caps.combine_adds_residual).
 
+A dispatcher that overlaps its communication with the GEMMs has to see the GEMMs: one with caps.pipelines_experts
+(alltoall_overlap) runs the stages itself, chunk by chunk, when the experts module hands it step 3:
+
+    run_stages(x_TD, topk_ids_TK, topk_weights_TK, experts) -> y_TD       [only where caps.pipelines_experts]
+         experts(x_ND, tokens_per_expert) -> y_ND: the experts' GEMMs on one chunk's expert-major rows.
+         Every chunk goes through the same stages in the same order (route, send, receive = step 1, step 3,
+         weigh and send back, combine = step 4); only the chunks interleave: chunk c+1 is sent before chunk c's
+         experts run, and chunk c is combined after chunk c+1's experts ran (moe/dispatch/alltoall_overlap.py).
+
 What a dispatcher offers beyond the two required stages is declared once, typed, in its class's `caps`
 (DispatcherCaps), and read once, when an experts module is built (moe/hf_experts.ExpertsPlan): the forward never
-asks a dispatcher what it can do. A dispatcher that overlaps communication with the GEMMs (chunked all-to-all on a
-second stream, DeepEP's async handles) keeps the same stages and order.
+asks a dispatcher what it can do.
+
+Work that needs none of the exchanged rows (a family's shared expert) could run in the exchanges' shadow, but it is
+the family's MoE block, not the experts module, that calls it after the experts return: run_stages would need it
+handed in (a `beside()` callable run between the first send and the first wait) and the blocks to pass it.
 
 A dispatcher that holds communication buffers (deepep) also has `close()`, collective over its ep group and
 idempotent, and `open_key`, the same on every rank of that group while a buffer is held (moe/dispatch/__init__).
@@ -44,6 +56,9 @@ class DispatcherCaps:
     rows_take_weights: bool = False
     # combine(..., residual_TD) adds a residual stream in its sum (the engine's fused decoder layers)
     combine_adds_residual: bool = False
+    # run_stages(x, ids, weights, experts) runs the experts' GEMMs itself, chunk by chunk between its exchanges; the
+    # experts module calls it instead of dispatch and combine
+    pipelines_experts: bool = False
 
 
 # A dispatcher offering nothing beyond the two required stages (and what an experts module built without a

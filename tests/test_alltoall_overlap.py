@@ -1,0 +1,202 @@
+"""The overlapped all-to-all dispatcher (alltoall_overlap) on gloo CPU ranks: chunked equals unchunked equals one
+process, forward and backward; its stages run in the contract's order, interleaved across chunks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dispatch_compare import random_routing
+from launch_utils import run_ranks
+
+from workbench.backends import BackendConfig, BackendError
+from workbench.moe.dispatch.alltoall_overlap import chunk_bounds
+
+# Shape suffixes: T tokens, D hidden, E experts, K top-k, N routed rows.
+
+# Tokens per rank: uneven, none a multiple of 2 or 3, and rank 1 has fewer tokens than 3 chunks (an empty chunk).
+TOKENS_OF_RANK = (23, 2, 17, 11)
+D, H = 8, 12
+
+
+def _inputs(world: int, E: int, K: int):
+    """Every rank's tokens, routing and output gradient, and the experts' weights; one generator: the same on every
+    rank. Expert 1 receives no token from any rank."""
+    g = torch.Generator().manual_seed(21)
+    ranks = []
+    for r in range(world):
+        T = TOKENS_OF_RANK[r]
+        ids, w = random_routing(T, E - 1, K, g, "cpu")
+        ids = ids + (ids >= 1).long()  # skip expert 1
+        ranks.append((torch.randn(T, D, generator=g), ids, w, torch.randn(T, D, generator=g)))
+    up_EDH = torch.randn(E, D, H, generator=g) / D**0.5
+    down_EHD = torch.randn(E, H, D, generator=g) / H**0.5
+    return ranks, up_EDH, down_EHD
+
+
+def _experts(up_EDH: torch.Tensor, down_EHD: torch.Tensor):
+    """Expert MLPs on expert-major rows: a loop of matmuls over the experts' row runs (a real GEMM per expert)."""
+
+    def run(x_ND: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
+        outs = [
+            torch.nn.functional.silu(rows @ up_EDH[e]) @ down_EHD[e]
+            for e, rows in enumerate(torch.split(x_ND, tokens_per_expert.tolist()))
+        ]
+        return torch.cat(outs) if outs else x_ND[:0]
+
+    return run
+
+
+def _round_trip(run, x_TD, ids, w_TK, grad_out, up, down) -> dict:
+    """`run(x, ids, w, experts)` -> out; backward of <out, grad_out>: the output and every gradient."""
+    x = x_TD.clone().requires_grad_(True)
+    w = w_TK.clone().requires_grad_(True)
+    up, down = up.clone().requires_grad_(True), down.clone().requires_grad_(True)
+    out = run(x, ids, w, _experts(up, down))
+    out.backward(grad_out)
+    return {"out": out.detach(), "grad_x": x.grad, "grad_w": w.grad, "grad_up": up.grad, "grad_down": down.grad}
+
+
+def _local(x, ids, w, experts, E):
+    from workbench.moe.dispatch import LocalDispatcher
+
+    dispatcher = LocalDispatcher(E)
+    x_ND, tokens_per_expert, handle = dispatcher.dispatch(x, ids, w)
+    return dispatcher.combine(experts(x_ND, tokens_per_expert), handle)
+
+
+def _worker(rank: int, world: int, E: int, K: int) -> dict:
+    import torch.distributed as dist
+
+    from workbench.moe.dispatch import make_dispatcher
+
+    ranks, up, down = _inputs(world, E, K)
+    L = E // world
+    mine = slice(rank * L, (rank + 1) * L)
+    x, ids, w, grad_out = ranks[rank]
+    one_process = _round_trip(lambda *a: _local(*a, E), x, ids, w, grad_out, up, down)
+    # the reference's expert gradients: every rank's tokens through this rank's experts, summed
+    for src in range(world):
+        if src != rank:
+            other = _round_trip(lambda *a: _local(*a, E), *ranks[src], up, down)
+            one_process["grad_up"] = one_process["grad_up"] + other["grad_up"]
+            one_process["grad_down"] = one_process["grad_down"] + other["grad_down"]
+    one_process["grad_up"], one_process["grad_down"] = one_process["grad_up"][mine], one_process["grad_down"][mine]
+
+    def plain(x, ids, w, experts):
+        dispatcher = make_dispatcher("alltoall", E, dist.group.WORLD)
+        x_ND, tokens_per_expert, handle = dispatcher.dispatch(x, ids, w)
+        return dispatcher.combine(experts(x_ND, tokens_per_expert), handle)
+
+    got = {"alltoall": _round_trip(plain, x, ids, w, grad_out, up[mine], down[mine])}
+    for chunks in (1, 2, 3):
+        dispatcher = make_dispatcher("alltoall_overlap", E, dist.group.WORLD, chunks=chunks)
+        got[chunks] = _round_trip(dispatcher.run_stages, x, ids, w, grad_out, up[mine], down[mine])
+    errors = {name: {k: (r[k] - one_process[k]).abs().max().item() for k in one_process} for name, r in got.items()}
+    # chunked against unchunked: the same rows, the GEMMs on fewer of them at a time
+    chunked = {c: {k: (got[c][k] - got[1][k]).abs().max().item() for k in one_process} for c in (2, 3)}
+    return {
+        "errors": errors,
+        "chunked": chunked,
+        "one_chunk_is_alltoall": all(torch.equal(got[1][k], got["alltoall"][k]) for k in one_process),
+        "scale": {k: v.abs().max().item() for k, v in one_process.items()},
+        "expert_1_rows": int((ids == 1).sum()),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world,E,K", [(2, 8, 2), (4, 8, 3)])
+def test_overlap_in_1_2_3_chunks_equals_alltoall_and_one_process(world, E, K):
+    results = run_ranks(_worker, world, E, K)
+    for rank, r in enumerate(results):
+        assert r["expert_1_rows"] == 0
+        # one chunk runs alltoall's stages in alltoall's order: bit for bit its result
+        assert r["one_chunk_is_alltoall"], rank
+        for name, errors in r["errors"].items():
+            for key, err in errors.items():
+                assert err <= 1e-5 * max(r["scale"][key], 1.0), (rank, name, key, err)
+        for chunks, errors in r["chunked"].items():
+            for key, err in errors.items():
+                assert err <= 1e-6 * max(r["scale"][key], 1.0), (rank, chunks, key, err)
+
+
+def _recording_worker(rank: int, world: int, chunks: int) -> list:
+    import torch.distributed as dist
+
+    from workbench.moe.dispatch.alltoall_overlap import AllToAllOverlapDispatcher
+
+    log: list[tuple[str, int]] = []
+
+    class Recording(AllToAllOverlapDispatcher):
+        def route(self, chunk, *args):
+            log.append(("route", chunk.index))
+            return super().route(chunk, *args)
+
+        def send(self, chunk, sent):
+            log.append(("send", chunk.index))
+            return super().send(chunk, sent)
+
+        def receive(self, chunk):
+            log.append(("receive", chunk.index))
+            return super().receive(chunk)
+
+        def send_back(self, chunk, y_ND):
+            log.append(("send_back", chunk.index))
+            return super().send_back(chunk, y_ND)
+
+        def combine_chunk(self, chunk):
+            log.append(("combine", chunk.index))
+            return super().combine_chunk(chunk)
+
+    ranks, up, down = _inputs(world, 4, 2)
+    x, ids, w, _ = ranks[rank]
+    dispatcher = Recording(4, dist.group.WORLD, chunks=chunks)
+    L = dispatcher.num_local_experts
+    experts = _experts(up[rank * L : (rank + 1) * L], down[rank * L : (rank + 1) * L])
+    chunk_of_call = iter(range(chunks))
+
+    def recorded_experts(x_ND, tokens_per_expert):
+        log.append(("experts", next(chunk_of_call)))
+        return experts(x_ND, tokens_per_expert)
+
+    out = dispatcher.run_stages(x, ids, w, recorded_experts)
+    assert out.shape == x.shape
+    return log
+
+
+@pytest.mark.slow
+def test_stages_run_in_the_contracts_order_per_chunk_and_interleave_across_chunks():
+    chunks = 3
+    stages = ["route", "send", "receive", "experts", "send_back", "combine"]
+    for log in run_ranks(_recording_worker, 2, chunks):
+        assert sorted(log) == sorted((s, c) for s in stages for c in range(chunks))  # each stage once per chunk
+        at = {call: i for i, call in enumerate(log)}
+        for c in range(chunks):
+            # the contract's order within a chunk
+            assert [at[(s, c)] for s in stages] == sorted(at[(s, c)] for s in stages), log
+        for c in range(chunks - 1):
+            # chunk c+1 is in flight while chunk c's experts compute ...
+            assert at[("send", c + 1)] < at[("experts", c)], log
+            # ... and chunk c's sums travel home while chunk c+1's experts compute
+            assert at[("send_back", c)] < at[("experts", c + 1)] < at[("combine", c)], log
+
+
+def test_dispatch_chunks_is_validated_before_any_model_is_built():
+    assert BackendConfig().dispatch_chunks == 2
+    assert (
+        BackendConfig(dispatcher="alltoall_overlap", dispatch_chunks=3).resolve("cpu", world_size=2).dispatch_chunks
+        == 3
+    )
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(BackendError, match="dispatch_chunks must be an integer >= 1"):
+            BackendConfig(dispatch_chunks=bad)
+    assert BackendConfig.from_dict(BackendConfig(dispatch_chunks=4).to_dict()).dispatch_chunks == 4
+
+
+def test_chunk_bounds_cover_every_token_once():
+    for tokens in (0, 1, 2, 7, 23):
+        for chunks in (1, 2, 3, 5):
+            bounds = chunk_bounds(tokens, chunks)
+            assert len(bounds) == chunks and bounds[0][0] == 0 and bounds[-1][1] == tokens
+            assert all(a <= b and b == bounds[i + 1][0] for i, (a, b) in enumerate(bounds[:-1]))
+            sizes = [b - a for a, b in bounds]
+            assert max(sizes) - min(sizes) <= 1
