@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from workbench.config import RunConfig
-from workbench.expert_health import HEALTH_KEYS, health_over_steps, load_health
+from workbench.runs.moe_health import HEALTH_KEYS, health_over_steps, load_health
 from workbench.train import finetune
 from workbench.train.router_entropy import router_entropy_sums
 from workbench.train.step_stats import SCALARS, StatsLayout

@@ -3,7 +3,7 @@
 import pytest
 
 from workbench.config import RunConfig
-from workbench.expert_health import HEALTH_KEYS
+from workbench.runs.moe_health import HEALTH_KEYS
 from workbench.ui.moe_health_plot import EMPTY_TEXT, MoEHealthPlots, health_lines
 from workbench.ui.plots import LivePlots
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from workbench.config import ConfigError, RunConfig
-from workbench.expert_health import HEALTH_KEYS
+from workbench.runs.moe_health import HEALTH_KEYS
 from workbench.trackers import registry
 from workbench.trackers.scalars import step_scalars
 from workbench.train import finetune

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.expert_health import HEALTH_KEYS
+from workbench.runs.moe_health import HEALTH_KEYS
 from workbench.runs.liveness import LIVE_STATES, checked_status
 from workbench.runs.run_files import CONFIG_FILE, METRICS_FILE, STATUS_FILE, skipped_note
 from workbench.runs.run_kind import run_kind
@@ -62,7 +62,7 @@ SERIES_FIELDS = (
     "time",
     "eval_loss",
     "eval_accuracy",
-    *HEALTH_KEYS,  # [layers] lists of numbers each (workbench.expert_health): the lab's MoE health view
+    *HEALTH_KEYS,  # [layers] lists of numbers each (workbench.runs.moe_health): the lab's MoE health view
 )
 # A held list field's longest length: a crafted file must not make the server hold a long list per point.
 SERIES_LIST_MAX = 1024

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from workbench.expert_health import HEALTH_KEYS
+from workbench.runs.moe_health import HEALTH_KEYS
 
 # Record fields that are not metrics of the step (where it ran, when), or repeat another under a second name.
 NOT_LOGGED = ("step", "rank", "time", "peak_mem_gib")

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from workbench.expert_health import load_health
+from workbench.runs.moe_health import load_health
 from workbench.train.guard import NonFiniteError, StepValues, non_finite_error
 from workbench.train.metrics import step_record
 from workbench.train.step_stats import PendingStep
@@ -62,7 +62,7 @@ class StepRecords:
         extra = {}
         if values["router_bias"] is not None:  # [layers][experts]: the bias after this step's update
             extra["router_bias"] = values["router_bias"]
-        if values["expert_load"] is not None:  # dead experts, max/min share, CV per layer (workbench.expert_health)
+        if values["expert_load"] is not None:  # dead experts, max/min share, CV per layer (workbench.runs.moe_health)
             extra.update(load_health(values["expert_load"]))
         if values["router_entropy"] is not None:  # [layers], normalised (train/router_entropy)
             extra["router_entropy"] = values["router_entropy"]

@@ -6,7 +6,7 @@ no host sync. It is normalised: the mean over tokens of H(softmax(logits)) / ln(
 spreads its probability evenly over the E experts, 0 = every token puts it all on one expert). It exists only for
 families whose router logits are recorded (those with Transformers' standard aux loss: Qwen3-MoE, Mixtral, OLMoE,
 GPT-OSS, ...); a record has no router_entropy otherwise (DeepSeek-V3's sigmoid router, for one). The other MoE
-health figures come from the expert load (workbench.expert_health).
+health figures come from the expert load (workbench.runs.moe_health).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """MoE health per layer over steps, as small multiples beside LivePlots' expert-load heatmap.
 
-One panel per figure of workbench.expert_health (dead experts, the most and least loaded expert's share, load CV,
+One panel per figure of workbench.runs.moe_health (dead experts, the most and least loaded expert's share, load CV,
 the router's normalised entropy), one line per MoE layer, coloured from the first layer to the last. Drawn from
 the run's records: the load figures from the load summed over each step's ranks, the entropy averaged over them.
 """
@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
-from workbench.expert_health import HEALTH_KEYS, health_over_steps
+from workbench.runs.moe_health import HEALTH_KEYS, health_over_steps
 from workbench.ui.slim_figure import figure_widget
 from workbench.ui.step_ticks import step_dtick
 

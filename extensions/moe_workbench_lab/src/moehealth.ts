@@ -1,4 +1,4 @@
-// The run view's MoE health charts: one chart per figure of workbench.expert_health (dead experts, the most and
+// The run view's MoE health charts: one chart per figure of workbench.runs.moe_health (dead experts, the most and
 // least loaded expert's share, load CV, router entropy) over steps, from rank 0's records (rank 0's tokens).
 import type { IChartSpec } from './runview';
 import type { ISeries } from './svg';
