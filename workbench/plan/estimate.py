@@ -39,6 +39,9 @@ Parameters are counted per family (workbench.params): GPT-OSS's biases, DeepSeek
 experts and dense first layers. Against Transformers' peaks measured on the H200 (Qwen3-30B-A3B,
 bf16, seq 4096, batch 2) it lands within 5%: 1 GPU 8 layers 62.2 vs 59.6 GiB, 2 GPUs FSDP2
 8 layers 47.2 vs 46.3 GiB, 16 layers 74.7 vs 72.1 GiB (tests/test_ui.py checks these).
+
+The run plan (workbench/plan/memory.py) takes its activations, gathers and logits and adds what the engine's step
+holds at its peak instead of this sum of everything at once; the Studio imports both names from workbench.ui.memory.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
     lora              the adapters: weights, gradients and moments (counted on the meta model)
     fsdp_gathers      dp > 1: the unsharded root and the gathered layer, its prefetch (and its gradient)
     activations       what the backward keeps, per layer with or without activation checkpointing, plus a LoRA
-                      adapter's rank-wide inputs (workbench.ui.memory's per-token formula, every family)
+                      adapter's rank-wide inputs (workbench/plan/estimate.py's per-token formula, every family)
     logits            the full logits with their float32 upcast and gradient; 0 with the fused cross-entropy
                       (backend.fused_ce, read from the config)
     gradients         the gradients alive at the peak (below)
@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.params import ParamCounts, param_counts
+from workbench.plan.estimate import estimate_memory
 from workbench.plan.shape import RunShape
-from workbench.ui.memory import estimate_memory
 
 GIB = float(1 << 30)
 SLACK_FRACTION = 0.04

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from workbench.flops import attention_layer_flops
 from workbench.mixer_counts import mixer_counts
 from workbench.params import layer_blocks, param_counts
+from workbench.plan.estimate import estimate_memory
 from workbench.plan.shape import RunShape
 from workbench.plan.throughputs import Throughputs
-from workbench.ui.memory import estimate_memory
 
 MEMORY_PASSES = 4.0
 OPTIMIZER_BYTES = {"full": 16.0, "8bit": 23.0, "fp32_master": 30.0}
