@@ -91,6 +91,8 @@ def test_each_setting_moves_its_part():
     tokens = 4096 * 2
     assert logits.parts["logits"] == pytest.approx(tokens * counts.vocab * (2 + 8) / GIB)
     assert plan.parts["logits"] == 0  # the fused cross-entropy keeps no full logits
+    auto = plan_run(base.with_overrides({"backend.fused_ce": "auto"}), gpu="h100", with_options=False)
+    assert auto.parts["logits"] == 0  # "auto" is what the model allows: Qwen3's logits are lm_head(hidden)
     lora = plan_run(base.with_overrides({"lora.rank": 16}), gpu="h100", with_options=False)
     assert lora.parts["optimizer_states"] == 0 and lora.parts["gradients"] == 0 and lora.parts["lora"] > 0
     graphs = plan_run(base.with_overrides({"lora.rank": 16, "train.cuda_graphs": True}), gpu="h100", with_options=False)

@@ -8,6 +8,7 @@ from typing import Any
 
 from workbench.config import RunConfig
 from workbench.devices import resolve_dtype_name
+from workbench.models.fused_ce import fused_ce_support
 from workbench.models.lora_check import adapter_counts
 from workbench.models.mesh_choice import resolve_mesh
 
@@ -46,11 +47,13 @@ class RunShape:
         return self.seq_len * self.local_batch
 
 
-def fused_ce(backend: Any) -> bool:
-    """Whether the loss runs the fused linear cross-entropy (no full logits): a resolved BackendConfig says; one whose
-    fused_ce is still "auto" (planned away from the machine that resolves it) is taken as on, the default."""
+def fused_ce(backend: Any, hf_config: Any) -> bool:
+    """Whether the loss runs the fused linear cross-entropy (no full logits): a resolved BackendConfig says; "auto"
+    (not yet resolved for the model) is the model's answer, as BackendConfig.resolve would make it."""
     value = backend.fused_ce
-    return value if isinstance(value, bool) else True
+    if isinstance(value, bool):
+        return value
+    return fused_ce_support(hf_config)[0]
 
 
 def run_shape(
@@ -89,7 +92,7 @@ def run_shape(
         activation_checkpointing=rc.train.activation_checkpointing,
         optimizer_in_backward=rc.train.optimizer_in_backward,
         cuda_graphs=rc.train.cuda_graphs,
-        fused_ce=fused_ce(rc.backend if backend is None else backend),
+        fused_ce=fused_ce(rc.backend if backend is None else backend, hf_config),
         lora=rc.lora,
         adapters=counted,
     )

@@ -41,12 +41,10 @@ def gib_text(gib: float) -> str:
 def training_run_config(training: dict[str, Any], dp: int, ep: int) -> RunConfig:
     """The RunConfig the Setup tab's training settings describe on a dp x ep mesh (synthetic data: the plan reads
     only the sequence length). The model section carries the dtype only: the plan is given the model's config."""
-    fused = training.get("fused_ce", True)
     return RunConfig(
         model=ModelConfig(preset="tiny", dtype=training.get("dtype", "auto")),
         mesh=MeshConfig(dp=dp, ep=ep) if dp > 1 else None,
-        # fused_ce "auto" is on wherever the model allows it, the default
-        backend=BackendConfig(fused_ce=fused if isinstance(fused, bool) else True),
+        backend=BackendConfig(fused_ce=training.get("fused_ce", "auto")),  # "auto": the plan asks the model
         data=DataConfig(kind="synthetic", seq_len=training["seq_len"]),
         train=TrainConfig(
             local_batch_size=training["local_batch"],
