@@ -230,3 +230,13 @@ def test_setup_tab_plans_each_mesh_and_says_why_one_does_not_fit():
     small = mesh_plans(tiny, model_mesh_options(2, tiny), dict(seq_len=128, local_batch=4), "cpu", 64.0)
     assert all(mp.plan.fits for mp in small) and "MiB" in mesh_plans_html(small, None)
     assert gib_text(0.57) == "0.57 GiB" and gib_text(42.31) == "42.3 GiB" and gib_text(0.004) == "4.1 MiB"
+
+
+def test_workbench_finetune_refuses_a_run_that_cannot_fit_with_one_line_and_exit_code_2(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    big = {"model": {"preset": "qwen3-next-80b-a3b"}, "data": {"kind": "synthetic", "seq_len": 512}}
+    RunConfig.from_dict(big).to_yaml(config)
+    assert main(["finetune", str(config), "--output-dir", str(tmp_path / "runs"), "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the run is planned at" in err[0] and "train.fit: off" in err[0], err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
