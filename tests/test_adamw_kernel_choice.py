@@ -102,6 +102,7 @@ def test_the_launch_shape_is_a_parameter_of_the_kernel_not_module_state():
     assert not hasattr(kernel, "BLOCK") and not hasattr(kernel, "NUM_WARPS")
 
 
+@pytest.mark.slow  # Triton's interpreter (tests/triton_script.py)
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (the interpreter runs the kernel on CPU)")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine runs the compiled kernel instead")
 def test_launch_shapes_in_the_interpreter():

@@ -350,6 +350,7 @@ print("SINK GLUE OK")
 """
 
 
+@pytest.mark.slow  # Triton's interpreter on a CPU machine (tests/triton_script.py)
 def test_sink_glue_triton_equals_torch_ops_in_the_interpreter():
     """The Triton kernels for the sink's scaling and gradient equal the torch ops, for both CUDA runners' layouts."""
     from test_kernels import _run_script

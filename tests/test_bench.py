@@ -716,6 +716,7 @@ def _in_backward_rows(rank, world, out_dir):
     return run_bench(cfg)
 
 
+@pytest.mark.slow  # a rank process timing six bench rows: 17 s of the fast loop on 2 busy cores
 def test_the_in_backward_row_trains_without_clipping(tmp_path):
     (result,) = run_ranks(_in_backward_rows, 1, str(tmp_path), timeout=180)
     rows = {r["name"]: r for r in result["variants"]}

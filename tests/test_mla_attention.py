@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
 import torch
 from triton_script import run_triton_script
 
@@ -120,6 +121,7 @@ print("TRITON MLA OK")
 """)
 
 
+@pytest.mark.slow  # Triton's interpreter on a CPU machine (tests/triton_script.py)
 def test_mla_kernel_and_engine_match_transformers():
     # the compiled kernel where a GPU is present; Triton's interpreter otherwise (the GPU image's Triton 3.6
     # interpreter cannot run the RMSNorm backward's tensor-bounded loop that the whole model needs)

@@ -87,6 +87,7 @@ print("SWIGLU MLP OK")
 """)
 
 
+@pytest.mark.slow  # Triton's interpreter on a CPU machine (tests/triton_script.py)
 def test_engine_with_fused_mlps_matches_transformers():
     # compiled where a GPU is present; Triton's interpreter otherwise (the GPU image's Triton 3.6 interpreter cannot
     # run the combine kernels' column loops that the whole model needs)

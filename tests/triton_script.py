@@ -18,12 +18,19 @@ import torch
 # On the GPU image the interpreter is Triton 3.6's, which cannot take a loop bound derived from a program id or an
 # argument under NumPy 2 ("only 0-dimensional arrays can be converted", 2026-12-04): there the compiled
 # kernel is the test, and CPU machines (Triton 3.9) run the interpreter.
+# The interpreter runs a kernel in Python, 10-100 times slower than torch: 5-100 s a test on 2 cores, over a third of
+# the fast loop's time. So the [cpu] cases are `slow`: the full loop (CI) runs them, the fast loop keeps the torch
+# paths a CPU machine trains with (the product runs Triton kernels on CUDA only).
+INTERPRETER_MARK = pytest.mark.slow
 DEVICES = [
     pytest.param(
         "cpu",
-        marks=pytest.mark.skipif(
-            torch.cuda.is_available(), reason="a CUDA machine runs the compiled kernel instead (the [cuda] case)"
-        ),
+        marks=[
+            pytest.mark.skipif(
+                torch.cuda.is_available(), reason="a CUDA machine runs the compiled kernel instead (the [cuda] case)"
+            ),
+            INTERPRETER_MARK,
+        ],
     ),
     pytest.param(
         "cuda",
