@@ -39,6 +39,12 @@ TINY_PRESETS = (
 HYBRIDS = ("tiny-nemotron-h", "tiny-qwen3-next", "tiny-qwen3.5-moe", "nemotron-3-nano-30b-a3b", "qwen3.5-35b-a3b")
 
 
+@pytest.fixture(autouse=True)
+def no_calibration_of_this_machine(tmp_path, monkeypatch):
+    """The plans here divide by the datasheet's figures, not by a calibration this machine may hold."""
+    monkeypatch.setenv("WORKBENCH_CALIBRATION_DIR", str(tmp_path / "no-calibration"))
+
+
 def run_config(preset: str, layers: int | None = None, seq: int = 4096, batch: int = 2, **sets) -> RunConfig:
     rc = RunConfig.from_dict(
         {

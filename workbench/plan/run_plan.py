@@ -14,7 +14,7 @@ from workbench.plan.options import fitting_options
 from workbench.plan.report import Plan
 from workbench.plan.shape import run_shape
 from workbench.plan.step_time import step_time
-from workbench.plan.throughputs import find_throughputs
+from workbench.plan.throughputs import datasheet_throughputs, find_throughputs
 
 
 def local_gpu() -> tuple[str, str | None, float]:
@@ -40,11 +40,13 @@ def plan_run(
     device_name: str | None = None,
     backend: Any = None,
     with_options: bool = True,
+    use_calibration: bool = True,
 ) -> Plan:
     """The plan of `run_config` on `gpus` ranks (default: its mesh's dp, else 1) of kind `gpu` ("h100", "h200", "a100",
     "cpu", or a device name; default: this process's device). `gpu_memory_gib` overrides the device's memory (the
     host's available memory for "cpu"). `backend`: run_config.backend resolved for the device, where the caller has it
-    (the trainer); options are planned only when the run does not fit."""
+    (the trainer); options are planned only when the run does not fit. `use_calibration` False: the datasheet's
+    throughputs even where `workbench bench --calibrate` saved this GPU's (the README's table)."""
     rc = run_config
     notes: list[str] = []
     if gpu is None:
@@ -60,7 +62,7 @@ def plan_run(
         gpu_memory_gib = host_available_gib() if kind == "cpu" else spec.memory_gib
     gpus = gpus or (rc.mesh.dp if rc.mesh is not None else 1)
     hf_config = rc.model.hf_config() if hf_config is None else hf_config
-    throughputs, note = find_throughputs(kind, device_name)
+    throughputs, note = find_throughputs(kind, device_name) if use_calibration else (datasheet_throughputs(kind), "")
     if note:
         notes.append(note)
     device_type = "cpu" if kind == "cpu" else "cuda"

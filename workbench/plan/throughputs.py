@@ -9,7 +9,8 @@ efficiency the measured training steps of the README's Performance section and t
     memory-bound        MEMORY_EFFICIENCY x bandwidth (norms, activations, AdamW)
     hybrid mixers       MIXER_EFFICIENCY x bf16 peak (Mamba2's scan, the gated delta rule: not GEMMs)
 Measured (`workbench bench --calibrate`, workbench/bench/calibrate.py): the same figures timed on one GPU, saved as
-JSON per GPU name under the user's cache folder (calibration_dir); a plan for that GPU kind uses the file and says so.
+JSON per GPU name under the user's cache folder (calibration_dir); a plan for that GPU kind uses the file and says so,
+its compute figures times IN_STEP_CLOCK (kernels timed alone run at a clock a whole step does not keep).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ MIXER_EFFICIENCY = 0.10
 HOST_MS_PER_LAYER = 0.9
 HOST_MS_PER_ADAPTER = 0.1  # each LoRA adapter adds its A, B and scaling launches to its layer's pass
 CALIBRATION_SCHEMA = "workbench.calibration/1"
+# What a kernel timed alone keeps inside a whole training step: the calibration times short bursts at the boost clock,
+# a step of an H200 runs power-capped at ~1,700 of ~1,980 MHz (README, Performance: the SM clock column)
+IN_STEP_CLOCK = 0.86
 
 
 @dataclass(frozen=True)
@@ -135,11 +139,13 @@ def throughputs_from_calibration(data: dict[str, Any], path: Path) -> Throughput
     return Throughputs(
         gpu=kind,
         source=f"calibration {path}",
-        dense_tflops=float(data["dense_tflops"]),
-        grouped_tflops=_pairs(data.get("grouped_tflops"), "grouped_tflops"),
-        attention_tflops=_pairs(data.get("attention_tflops"), "attention_tflops"),
+        dense_tflops=IN_STEP_CLOCK * float(data["dense_tflops"]),
+        grouped_tflops=tuple((x, IN_STEP_CLOCK * y) for x, y in _pairs(data.get("grouped_tflops"), "grouped_tflops")),
+        attention_tflops=tuple(
+            (x, IN_STEP_CLOCK * y) for x, y in _pairs(data.get("attention_tflops"), "attention_tflops")
+        ),
         memory_gbps=float(data["memory_gbps"]),
-        mixer_tflops=tuple(sorted((str(k), float(v)) for k, v in mixers.items())),
+        mixer_tflops=tuple(sorted((str(k), IN_STEP_CLOCK * float(v)) for k, v in mixers.items())),
         link_gbps=GPUS[kind].link_gbps,
     )
 
