@@ -209,8 +209,11 @@ def summary_lines(path: str | os.PathLike, reading: RunReading | None = None) ->
         took = f" in {figures['seconds']:.1f} s" if figures["seconds"] is not None else ""
         lines.append(f"  steps         {last_step}/{total}{took} ({where})")
         window = figures["throughput_steps"]
+        steps = (
+            f"median of steps {window[0]}-{window[-1]}" if len(window) > 1 else f"step {window[0]}" if window else ""
+        )
         warm = (
-            f" (median of steps {window[0]}-{window[-1]}"
+            f" ({steps}"
             + (f"; step {figures['first_step']}, the warm-up, left out)" if figures["warmup_left_out"] else ")")
             if window
             else ""
