@@ -288,3 +288,16 @@ def test_symm_mem_on_gloo_cpu_ranks():
         f"symm_mem cannot run on gloo CPU ranks ({why}); on 2 GPUs tests/test_symm_mem.py compares its loss and "
         "gradients with alltoall's"
     )
+
+
+def test_bench_variant_runs_the_overlapped_dispatcher_beside_engine():
+    from workbench.bench.config import VARIANTS, VariantSpec
+    from workbench.bench.variant_backend import variant_backend
+    from workbench.config import ConfigError
+
+    backend = variant_backend(VARIANTS["engine_alltoall_overlap"], BackendConfig())
+    assert (backend.dispatcher, backend.dispatch_chunks) == ("alltoall_overlap", 2)
+    assert variant_backend(VARIANTS["engine"], BackendConfig()).dispatcher == "auto"  # alltoall on ep >= 2
+    for bad in (0, True, "2"):
+        with pytest.raises(ConfigError, match="dispatch_chunks"):
+            VariantSpec("engine", "bad", backend=(("dispatch_chunks", bad),))

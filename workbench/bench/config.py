@@ -75,6 +75,7 @@ class VariantSpec:
                 if key in CHOICES
                 else (key in ("fused_ce", "expert_recompute", "fp8") and isinstance(value, bool))
                 or (key == "fused_ce" and value == "auto")
+                or (key == "dispatch_chunks" and type(value) is int and value >= 1)
             )
             if not ok:
                 raise ConfigError(f"variant backend override {key}={value!r} is not a BackendConfig choice")
@@ -160,6 +161,12 @@ VARIANTS: dict[str, VariantSpec] = {
         "engine", "engine, symm_mem (NVSHMEM all_to_all_vdev) dispatcher", backend=(("dispatcher", "symm_mem"),)
     ),
     "engine_deepep": VariantSpec("engine", "engine, DeepEP dispatcher", backend=(("dispatcher", "deepep"),)),
+    # the all-to-all in 2 token chunks pipelined with the expert GEMMs, beside `engine`'s plain alltoall (ep >= 2)
+    "engine_alltoall_overlap": VariantSpec(
+        "engine",
+        "engine, alltoall_overlap dispatcher (2 token chunks, each one's all-to-all beside the other's expert GEMMs)",
+        backend=(("dispatcher", "alltoall_overlap"), ("dispatch_chunks", 2)),
+    ),
     # train.precision per row (workbench.train.precision): tokens/s and memory of each mode in one launch
     # torch's fused AdamW (as the anchors) on the engine: isolates what the optimizer kernel adds
     "engine_adamw_torch": VariantSpec(
