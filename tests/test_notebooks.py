@@ -96,7 +96,7 @@ def test_quickstart_with_env_parameters(preset, tmp_path, monkeypatch):
     if _have("matplotlib"):  # the PNG fallback (tests/test_ui.py::test_live_plots_png covers it too)
         env["WORKBENCH_PLOT_PNG"] = str(png)
     nb, seconds = _execute("01_quickstart", tmp_path, monkeypatch, **env)
-    assert f"preset={preset} " in _text(nb.cells[0])
+    assert f"preset={preset} " in _text(next(c for c in nb.cells if c.cell_type == "code"))  # after the title
     assert "ok: 6 (rank, step) records" in _text(nb.cells[-1])
     _assert_saved_small(nb, tmp_path / "01_quickstart.ipynb")
     if "WORKBENCH_PLOT_PNG" in env:
