@@ -1,11 +1,12 @@
 """The RunConfig changes that would make a run fit, each planned as a run of its own.
 
-Changes that keep the training the same: activation checkpointing, 8-bit AdamW moments, updates inside the backward
-(one rank, no accumulation: the trainer's rule), a smaller local batch (more micro-batches, the same global batch),
-a larger expert-parallel size, more GPUs. Changes that train something else (`changes_training`): LoRA on a full
-fine-tune, a shorter data.seq_len, a global batch grown to cover more GPUs. Every combination of them is planned;
-the list keeps those that fit, drops one whose change only adds to a faster fitting one, and is sorted fastest
-first. `train.fit: auto` takes the fastest that keeps the training and the rank count.
+Changes that keep the training the same: activation checkpointing, 8-bit AdamW moments, a smaller local batch (more
+micro-batches, the same global batch), a larger expert-parallel size, more GPUs. Changes that train something else
+(`changes_training`): LoRA on a full fine-tune, a shorter data.seq_len, a global batch grown to cover more GPUs, and
+updates inside the backward (one rank, no accumulation: the trainer's rule) where the run clipped its gradients, which
+they cannot. Every combination of them is planned; the list keeps those that fit, drops one whose change only adds to
+a faster fitting one, and is sorted fastest first. `train.fit: auto` takes the fastest that keeps the training and the
+rank count.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _halvings(value: int, floor: int) -> list[int]:
 
 
 def _savers(rc: RunConfig, gpus: int) -> list[dict[str, Any]]:
-    """The memory savers that keep the training, alone (combined by candidates)."""
+    """The memory savers, alone (combined by candidates)."""
     train = rc.train
     out = []
     if not train.activation_checkpointing:
@@ -94,7 +95,9 @@ def candidates(
                 if batch is not None:
                     change["train.local_batch_size"] = batch
                 if change:
-                    out.append((change, gpus, False))
+                    # updates in the backward cannot clip by the global norm: a run that clipped trains otherwise
+                    unclipped = "train.clip_grad_norm" in change and rc.train.clip_grad_norm is not None
+                    out.append((change, gpus, unclipped))
     others = _more_ranks(rc, gpus, num_experts(hf_config)) if more_ranks else []
     if rc.lora is None and num_experts(hf_config) and has_fused_experts(hf_config):
         others.append(({"lora.rank": 16}, gpus, True))
