@@ -64,12 +64,15 @@ def _local(x, ids, w, experts, E):
     return dispatcher.combine(experts(x_ND, tokens_per_expert), handle)
 
 
-def _worker(rank: int, world: int, E: int, K: int) -> dict:
+def _worker(rank: int, world: int, E: int, K: int, device: str = "cpu") -> dict:
     import torch.distributed as dist
 
     from workbench.moe.dispatch import make_dispatcher
 
     ranks, up, down = _inputs(world, E, K)
+    on = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
+    ranks = [tuple(t.to(on) for t in r) for r in ranks]
+    up, down = up.to(on), down.to(on)
     L = E // world
     mine = slice(rank * L, (rank + 1) * L)
     x, ids, w, grad_out = ranks[rank]
@@ -117,6 +120,23 @@ def test_overlap_in_1_2_3_chunks_equals_alltoall_and_one_process(world, E, K):
         for chunks, errors in r["chunked"].items():
             for key, err in errors.items():
                 assert err <= 1e-6 * max(r["scale"][key], 1.0), (rank, chunks, key, err)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="NCCL and CUDA streams need a CUDA GPU")
+@pytest.mark.parametrize("world", [1, 2])
+def test_overlap_over_nccl_equals_alltoall_and_one_process(world):
+    # NCCL's async all-to-alls on its own stream, waited for by the compute stream, forward and backward
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs, {torch.cuda.device_count()} visible")
+    for rank, r in enumerate(run_ranks(_worker, world, 8, 2, "cuda", backend="nccl")):
+        assert r["one_chunk_is_alltoall"], rank
+        for name, errors in r["errors"].items():
+            for key, err in errors.items():
+                assert err <= 1e-4 * max(r["scale"][key], 1.0), (rank, name, key, err)
+        for chunks, errors in r["chunked"].items():
+            for key, err in errors.items():
+                assert err <= 1e-5 * max(r["scale"][key], 1.0), (rank, chunks, key, err)
 
 
 def _recording_worker(rank: int, world: int, chunks: int) -> list:
