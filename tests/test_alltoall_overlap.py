@@ -139,65 +139,155 @@ def test_overlap_over_nccl_equals_alltoall_and_one_process(world):
                 assert err <= 1e-5 * max(r["scale"][key], 1.0), (rank, chunks, key, err)
 
 
-def _recording_worker(rank: int, world: int, chunks: int) -> list:
+class _Mark(torch.autograd.Function):
+    """Identity whose backward notes `what` in `log`: where a chunk's expert backward starts and ends."""
+
+    @staticmethod
+    def forward(ctx, x, log, what):
+        ctx.log, ctx.what = log, what
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.log.append(ctx.what)
+        return grad, None, None
+
+
+def _recording_worker(rank: int, world: int, chunks: int, slow_send: tuple[int, int, float] | None = None) -> dict:
+    """One forward and backward of run_stages with every stage, every exchange's issue and wait (both ways) and
+    each chunk's expert backward noted in order. `slow_send` (rank, chunk, seconds): that rank sleeps before it
+    sends that chunk; the stages' wall-clock times come back too."""
+    import time
+
     import torch.distributed as dist
 
-    from workbench.moe.dispatch.alltoall_overlap import AllToAllOverlapDispatcher
+    import workbench.moe.dispatch.alltoall_overlap as overlap
 
-    log: list[tuple[str, int]] = []
+    log: list[tuple] = []
+    times: dict[tuple, float] = {}
 
-    class Recording(AllToAllOverlapDispatcher):
+    class RecordingExchange(overlap.Exchange):
+        made = 0
+
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.number = RecordingExchange.made
+            RecordingExchange.made += 1
+
+        def start(self, tensors):
+            log.append(("issue", self.number))
+            super().start(tensors)
+
+        def wait(self):
+            log.append(("wait", self.number))
+            return super().wait()
+
+        def start_backward(self, grads):
+            log.append(("issue_backward", self.number))
+            super().start_backward(grads)
+
+        def wait_backward(self):
+            log.append(("wait_backward", self.number))
+            return super().wait_backward()
+
+    overlap.Exchange = RecordingExchange  # this spawned process only
+
+    class Recording(overlap.AllToAllOverlapDispatcher):
+        def _note(self, stage, chunk):
+            log.append((stage, chunk.index))
+            times[(stage, chunk.index)] = time.time()
+
         def route(self, chunk, *args):
-            log.append(("route", chunk.index))
+            self._note("route", chunk)
             return super().route(chunk, *args)
 
         def send(self, chunk, sent):
-            log.append(("send", chunk.index))
+            if slow_send is not None and slow_send[:2] == (rank, chunk.index):
+                time.sleep(slow_send[2])
+            self._note("send", chunk)
             return super().send(chunk, sent)
 
         def receive(self, chunk):
-            log.append(("receive", chunk.index))
+            self._note("receive", chunk)
             return super().receive(chunk)
 
         def send_back(self, chunk, y_ND):
-            log.append(("send_back", chunk.index))
+            self._note("send_back", chunk)
             return super().send_back(chunk, y_ND)
 
         def combine_chunk(self, chunk):
-            log.append(("combine", chunk.index))
+            self._note("combine", chunk)
             return super().combine_chunk(chunk)
 
     ranks, up, down = _inputs(world, 4, 2)
-    x, ids, w, _ = ranks[rank]
+    x, ids, w, grad_out = ranks[rank]
+    x, w = x.requires_grad_(True), w.requires_grad_(True)
     dispatcher = Recording(4, dist.group.WORLD, chunks=chunks)
     L = dispatcher.num_local_experts
-    experts = _experts(up[rank * L : (rank + 1) * L], down[rank * L : (rank + 1) * L])
+    mine = slice(rank * L, (rank + 1) * L)
+    experts = _experts(up[mine].requires_grad_(True), down[mine].requires_grad_(True))
     chunk_of_call = iter(range(chunks))
 
     def recorded_experts(x_ND, tokens_per_expert):
-        log.append(("experts", next(chunk_of_call)))
-        return experts(x_ND, tokens_per_expert)
+        c = next(chunk_of_call)
+        log.append(("experts", c))
+        times[("experts", c)] = time.time()
+        y_ND = experts(_Mark.apply(x_ND, log, ("experts_backward_end", c)), tokens_per_expert)
+        return _Mark.apply(y_ND, log, ("experts_backward", c))
 
     out = dispatcher.run_stages(x, ids, w, recorded_experts)
     assert out.shape == x.shape
-    return log
+    log.append(("backward", -1))
+    out.backward(grad_out)
+    return {"log": log, "times": times}
+
+
+def _in_flight_at(log: list[tuple], event: tuple, issue: str, wait: str) -> set[int]:
+    """The exchanges issued (`issue`) and not yet waited for (`wait`) where `event` is in `log`."""
+    flying: set[int] = set()
+    for entry in log[: log.index(event)]:
+        if entry[0] == issue:
+            flying.add(entry[1])
+        elif entry[0] == wait:
+            flying.discard(entry[1])
+    return flying
 
 
 @pytest.mark.slow
-def test_stages_run_in_the_contracts_order_per_chunk_and_interleave_across_chunks():
+def test_stages_run_in_the_contracts_order_per_chunk_and_exchanges_overlap_the_experts_both_ways():
     chunks = 3
     stages = ["route", "send", "receive", "experts", "send_back", "combine"]
-    for log in run_ranks(_recording_worker, 2, chunks):
-        assert sorted(log) == sorted((s, c) for s in stages for c in range(chunks))  # each stage once per chunk
-        at = {call: i for i, call in enumerate(log)}
+    for result in run_ranks(_recording_worker, 2, chunks):
+        log = result["log"]
+        forward = [e for e in log[: log.index(("backward", -1))] if e[0] in stages]
+        assert sorted(forward) == sorted((s, c) for s in stages for c in range(chunks))  # each stage once per chunk
+        at = {call: i for i, call in enumerate(forward)}
         for c in range(chunks):
             # the contract's order within a chunk
-            assert [at[(s, c)] for s in stages] == sorted(at[(s, c)] for s in stages), log
+            assert [at[(s, c)] for s in stages] == sorted(at[(s, c)] for s in stages), forward
         for c in range(chunks - 1):
             # chunk c+1 is in flight while chunk c's experts compute ...
-            assert at[("send", c + 1)] < at[("experts", c)], log
+            assert at[("send", c + 1)] < at[("experts", c)], forward
             # ... and chunk c's sums travel home while chunk c+1's experts compute
-            assert at[("send_back", c)] < at[("experts", c + 1)] < at[("combine", c)], log
+            assert at[("send_back", c)] < at[("experts", c + 1)] < at[("combine", c)], forward
+        # two exchanges per chunk (out and back), each issued then waited for once in forward, once in backward
+        for issue, wait in (("issue", "wait"), ("issue_backward", "wait_backward")):
+            assert sorted(e[1] for e in log if e[0] == issue) == list(range(2 * chunks)), log
+            assert sorted(e[1] for e in log if e[0] == wait) == list(range(2 * chunks)), log
+            assert all(log.index((issue, n)) < log.index((wait, n)) for n in range(2 * chunks)), log
+        for c in range(chunks):
+            # every chunk's expert GEMMs run with an exchange in flight, in forward and in backward
+            assert _in_flight_at(log, ("experts", c), "issue", "wait"), (c, log)
+            assert _in_flight_at(log, ("experts_backward", c), "issue_backward", "wait_backward"), (c, log)
+            assert log.index(("experts_backward", c)) < log.index(("experts_backward_end", c))
+
+
+@pytest.mark.slow
+def test_a_send_returns_before_its_rows_arrive():
+    # rank 1 sleeps 1 s before sending chunk 1: rank 0 has issued its own chunk-1 all-to-all by then, and computes
+    # chunk 0's experts while that exchange waits for rank 1 (a blocking send would hold rank 0 until rank 1 sent)
+    first, second = run_ranks(_recording_worker, 2, 2, (1, 1, 1.0))
+    assert first["times"][("send", 1)] < first["times"][("experts", 0)] < second["times"][("send", 1)] - 0.5
 
 
 def test_dispatch_chunks_is_validated_before_any_model_is_built():
