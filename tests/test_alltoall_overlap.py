@@ -313,7 +313,9 @@ def test_chunk_bounds_cover_every_token_once():
 
 
 # The dispatchers that run on gloo CPU ranks, against one process (symm_mem: its own test below).
-MODEL_DISPATCHERS = ("local", "alltoall", "alltoall_overlap")
+# "+recompute": the expert GEMMs recomputed per chunk (expert_recompute) inside decoder layers replayed in backward
+# (activation checkpointing): every exchange runs again in the replay.
+MODEL_DISPATCHERS = ("local", "alltoall", "alltoall_overlap", "alltoall_overlap+recompute")
 MODEL_STEPS = 3
 
 
@@ -327,12 +329,18 @@ def _model_worker(rank: int, world: int, ckpt: str, dispatchers: tuple[str, ...]
     from workbench.models.engine_state import engine_state
     from workbench.models.generic import engine_experts_modules
     from workbench.parallel.mesh import MeshConfig, dense_mesh
+    from workbench.train.activation_checkpoint import apply_activation_checkpointing
 
     out = {}
     for name in dispatchers:
-        ep = 1 if name == "local" else world
-        backend = workbench.BackendConfig(experts="grouped_mm", dispatcher=name, dispatch_chunks=3)
+        dispatcher, recompute = name.removesuffix("+recompute"), name.endswith("+recompute")
+        ep = 1 if dispatcher == "local" else world
+        backend = workbench.BackendConfig(
+            experts="grouped_mm", dispatcher=dispatcher, dispatch_chunks=3, expert_recompute=recompute
+        )
         model = workbench.AutoModelForCausalLM.from_pretrained(ckpt, mesh=MeshConfig(dp=world, ep=ep), backend=backend)
+        if recompute:
+            assert apply_activation_checkpointing(model) == model.config.num_hidden_layers
         ref = workbench.AutoModelForCausalLM.from_pretrained(ckpt, device="cpu")
         experts = {f"{n}.{p}" for n, m in engine_experts_modules(model) for p in m.plan.layout.param_names()}
         kinds = {type(m.plan.dispatcher).__name__ for _, m in engine_experts_modules(model)}
@@ -380,6 +388,7 @@ def test_every_cpu_dispatcher_trains_as_one_process(moe_checkpoint, world):
         "local": "LocalDispatcher",
         "alltoall": "AllToAllDispatcher",
         "alltoall_overlap": "AllToAllOverlapDispatcher",
+        "alltoall_overlap+recompute": "AllToAllOverlapDispatcher",
     }
     for rank, r in enumerate(results):
         for name in MODEL_DISPATCHERS:
