@@ -302,6 +302,15 @@ def test_dispatch_chunks_is_validated_before_any_model_is_built():
     assert BackendConfig.from_dict(BackendConfig(dispatch_chunks=4).to_dict()).dispatch_chunks == 4
 
 
+def test_the_overlapped_dispatcher_declares_that_it_runs_the_experts():
+    from workbench.moe.dispatch import DispatcherCaps
+    from workbench.moe.dispatch.alltoall import AllToAllDispatcher
+    from workbench.moe.dispatch.alltoall_overlap import AllToAllOverlapDispatcher
+
+    assert AllToAllOverlapDispatcher.caps == DispatcherCaps(pipelines_experts=True)
+    assert not AllToAllDispatcher.caps.pipelines_experts
+
+
 def test_chunk_bounds_cover_every_token_once():
     for tokens in (0, 1, 2, 7, 23):
         for chunks in (1, 2, 3, 5):
@@ -343,7 +352,10 @@ def _model_worker(rank: int, world: int, ckpt: str, dispatchers: tuple[str, ...]
             assert apply_activation_checkpointing(model) == model.config.num_hidden_layers
         ref = workbench.AutoModelForCausalLM.from_pretrained(ckpt, device="cpu")
         experts = {f"{n}.{p}" for n, m in engine_experts_modules(model) for p in m.plan.layout.param_names()}
-        kinds = {type(m.plan.dispatcher).__name__ for _, m in engine_experts_modules(model)}
+        # the class, and whether the experts module hands it the GEMMs (run_stages) or calls dispatch and combine
+        kinds = {
+            (type(m.plan.dispatcher).__name__, m.plan.experts_in_dispatcher) for _, m in engine_experts_modules(model)
+        }
         # SGD: AdamW's first steps are about lr whatever the gradient's size, so float32 rounding of a near-zero
         # gradient (summed over ranks in another order) would move a weight by a whole step
         opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.5) for m in (model, ref))
@@ -385,10 +397,10 @@ def _model_worker(rank: int, world: int, ckpt: str, dispatchers: tuple[str, ...]
 def test_every_cpu_dispatcher_trains_as_one_process(moe_checkpoint, world):
     results = run_ranks(_model_worker, world, str(moe_checkpoint[1]), MODEL_DISPATCHERS)
     classes = {
-        "local": "LocalDispatcher",
-        "alltoall": "AllToAllDispatcher",
-        "alltoall_overlap": "AllToAllOverlapDispatcher",
-        "alltoall_overlap+recompute": "AllToAllOverlapDispatcher",
+        "local": ("LocalDispatcher", False),
+        "alltoall": ("AllToAllDispatcher", False),
+        "alltoall_overlap": ("AllToAllOverlapDispatcher", True),
+        "alltoall_overlap+recompute": ("AllToAllOverlapDispatcher", True),
     }
     for rank, r in enumerate(results):
         for name in MODEL_DISPATCHERS:
