@@ -138,22 +138,24 @@ def test_run_ids_every_reader_takes_are_accepted():
         assert RunConfig.demo(run_id=run_id).run_id == run_id
 
 
-def test_finetune_refuses_a_hidden_run_id_with_one_line_and_exit_code_2(tmp_path):
-    proc = _cli(
-        ["finetune", str(_config(tmp_path)), "--run-id", ".hidden", "--output-dir", str(tmp_path / "runs")], tmp_path
-    )
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.splitlines() == [
+# The command's own entry point in this process (`main`, what the console script calls): a refusal before any work
+# needs no fresh interpreter, which would spend seconds importing torch to print one line.
+def test_finetune_refuses_a_hidden_run_id_with_one_line_and_exit_code_2(tmp_path, capsys):
+    code = main(["finetune", str(_config(tmp_path)), "--run-id", ".hidden", "--output-dir", str(tmp_path / "runs")])
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert err.splitlines() == [
         "workbench finetune: run_id '.hidden' is not valid: use 1-128 letters, digits, '.', '_' or '-', "
         "starting with a letter or digit (e.g. lr3e-4_run2)"
     ]
-    assert not (tmp_path / "runs").exists()
+    assert out == "" and not (tmp_path / "runs").exists()
 
 
-def test_demo_refuses_a_too_long_run_id_with_one_line_and_exit_code_2(tmp_path):
-    proc = _cli(["demo", "--run-id", "y" * 300, "--ranks", "1", "--output-dir", str(tmp_path / "runs")], tmp_path)
-    assert proc.returncode == 2, proc.stderr
-    [line] = proc.stderr.splitlines()
+def test_demo_refuses_a_too_long_run_id_with_one_line_and_exit_code_2(tmp_path, capsys):
+    code = main(["demo", "--run-id", "y" * 300, "--ranks", "1", "--output-dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    [line] = err.splitlines()
     assert line.startswith("workbench demo: run_id 'yyyyy") and "(300 characters) is not valid" in line
     assert len(line) < 300 and not (tmp_path / "runs").exists()
 
