@@ -12,6 +12,8 @@ from workbench.models.auto import AutoModelForCausalLM
 from workbench.moe.dispatch.local import weighted_sum
 from workbench.moe.hf_experts import engine_experts_modules
 
+# Shape suffixes: T tokens, D hidden, K top-k, N routed rows.
+
 
 def test_engine_experts_return_no_view_in_float32():
     cfg = tiny_config("qwen3_moe")
