@@ -42,8 +42,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     # The float32 routers' softmax + top-k (Qwen3-MoE's): torch's ops, or one Triton kernel each way.
     "router": ("torch", "triton", "auto"),
     # The hybrid models' sequence mixers (Mamba2, Gated DeltaNet): Transformers' own module code, or the engine's
-    # chunked scans in plain torch ops (models/mixer_mamba2.py, models/mixer_gated_delta.py), compiled on CUDA.
-    "mixer": ("transformers", "chunked", "auto"),
+    # chunked scans in plain torch ops (models/mixer_mamba2.py, models/mixer_gated_delta.py), compiled on CUDA;
+    # triton: chunked, with the gated delta rule's walk over its chunks in Triton (kernels/triton_gated_delta.py).
+    "mixer": ("transformers", "chunked", "triton", "auto"),
 }
 
 # TransformerEngine backends run on Ampere or newer (bf16 GEMMs, fused attention); FP8 on Hopper+.
@@ -82,7 +83,9 @@ AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "router": ("torch", "triton"),
     # chunked everywhere: its scan and conv restart at each packed document, where Transformers' torch path carries
     # the state from one document into the next; compiled on CUDA (Transformers' fallback is thousands of small
-    # kernels there), eager elsewhere
+    # kernels there), eager elsewhere. Not yet 'triton': its walk equals the torch walk in Triton's interpreter and,
+    # at narrow widths, compiled on an H100, but at Qwen3.5's widths (keys and values 128) its forward asked for 288
+    # KiB of shared memory (the H100 has 227) on 2026-12-06; one pipeline stage now, not yet run on a GPU.
     "mixer": ("chunked", "transformers"),
 }
 
@@ -277,7 +280,7 @@ def availability(
         # TRITON_INTERPRET=1 (tests only) runs the kernels on CPU tensors in Triton's interpreter
         interpreted = plat.device_type == "cpu" and plat.triton_interpret
         if not (cuda or interpreted):
-            instead = "autograd" if field == "expert_wgrad" else "torch"
+            instead = {"expert_wgrad": "autograd", "mixer": "chunked"}.get(field, "torch")
             return False, f"{field}='triton' needs a CUDA device, got {plat.device_type}; use '{instead}'"
         if "triton" not in plat.modules:
             return False, f"triton is not installed: {INSTALL_HINT['triton']}"

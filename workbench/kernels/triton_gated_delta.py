@@ -26,8 +26,12 @@ import triton.language as tl
 
 from workbench.kernels._triton_util import check_triton_device
 
-# V columns per program: at V = 128 two programs a (batch, head), 64 programs for Qwen3.5's 32 value heads.
+# V columns per program: at V = 128 two programs a (batch, head) forward, four backward (whose program holds the
+# state, its gradient and five chunk operands). One pipeline stage: with triton's default of three, the forward at
+# keys and values 128 wide asked for 288 KiB of shared memory on an H100 (227 there), 2026-12-06.
 BLOCK_V = 64
+BLOCK_V_BACKWARD = 32
+STAGES = 1
 
 
 @triton.jit
@@ -151,7 +155,21 @@ class GatedDeltaWalk(torch.autograd.Function):
         bv = min(BLOCK_V, vdim)
         grid = (batch * heads, vdim // bv)
         _walk_fwd[grid](
-            u, wq, attn, k_out, decay, out, s_in, v_new, n_chunks, K=kdim, V=vdim, L=chunk, BV=bv, num_warps=4
+            u,
+            wq,
+            attn,
+            k_out,
+            decay,
+            out,
+            s_in,
+            v_new,
+            n_chunks,
+            K=kdim,
+            V=vdim,
+            L=chunk,
+            BV=bv,
+            num_warps=4,
+            num_stages=STAGES,
         )
         ctx.save_for_backward(wq, attn, k_out, decay, s_in, v_new)
         ctx.decay_shape = decay_BHc11.shape
@@ -162,7 +180,7 @@ class GatedDeltaWalk(torch.autograd.Function):
         wq, attn, k_out, decay, s_in, v_new = ctx.saved_tensors
         batch, heads, n_chunks, chunk, vdim = v_new.shape
         kdim = k_out.shape[-1]
-        bv = min(BLOCK_V, vdim)
+        bv = min(BLOCK_V_BACKWARD, vdim)
         blocks = vdim // bv
         n_all = batch * heads * n_chunks
         d_out = d_out_BHcLV.float().contiguous()
@@ -190,7 +208,8 @@ class GatedDeltaWalk(torch.autograd.Function):
             V=vdim,
             L=chunk,
             BV=bv,
-            num_warps=8,
+            num_warps=4,
+            num_stages=STAGES,
         )
         d_decay = d_decay_P.sum(0).sum_to_size(ctx.decay_shape)
         return d_u, d_wq_P.sum(0), d_attn_P.sum(0), d_k_out_P.sum(0), d_decay

@@ -7,13 +7,13 @@ solves the chunks' triangular systems and walks the chunks in thousands of small
 the module's own and the rest is plain torch ops (kernels/gated_delta.py) in three steps, each compiled by
 torch.compile on CUDA (models/mixer_compile.py) and eager on the CPU: the rule's inputs (the causal conv + SiLU, the
 l2-normed q and k, beta and the decay g, every chunk's triangular solve), the walk over the chunks, and the gated
-norm. The walk is a recurrence on the float32 state: on CUDA two Triton kernels (forward, backward) walk every chunk
-in one launch (kernels/triton_gated_delta.py); as compiled torch ops it is 64 steps of three tiny matmuls per layer at
-4096 tokens, and Qwen3.5 at 8 layers ran at 98 TFLOP/s that way on an H100 (2026-12-06), where Qwen3-30B runs at
-355. Elsewhere the walk is a Python loop of one compiled block of CHUNKS_PER_CALL chunk steps (compiling the whole
-unrolled walk took 177 s against 81 s with a one-chunk block at 1024 tokens on the 2-core CPU, and grows with the
-chunk count). Packed documents restart the rule and the conv (models/mixer_documents.py). With a cache (generation)
-Transformers' own forward runs.
+norm. The walk is a recurrence on the float32 state: a Python loop of one compiled block of CHUNKS_PER_CALL chunk
+steps (compiling the whole unrolled walk took 177 s against 81 s with a one-chunk block at 1024 tokens on the 2-core
+CPU, and grows with the chunk count). At 4096 tokens that is 64 steps of three tiny matmuls per layer, and Qwen3.5 at
+8 layers ran at 98 TFLOP/s on an H100 (2026-12-06) where Qwen3-30B runs at 355; BackendConfig.mixer='triton' walks
+every chunk in one launch of two Triton kernels instead (kernels/triton_gated_delta.py), not yet the default.
+Packed documents restart the rule and the conv (models/mixer_documents.py). With a cache (generation) Transformers'
+own forward runs.
 
 The family supplies how its projections give (conv input, z, b, a): Qwen3.5 has one projection each, Qwen3-Next two
 fused ones (in_proj_qkvz, in_proj_ba) split per key head by its own `fix_query_key_value_ordering`.
@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from workbench.kernels._triton_util import triton_interpreting
 from workbench.kernels.causal_conv import causal_depthwise_conv
 from workbench.kernels.gated_delta import chunk_block, chunk_prepare, scan_chunks, unchunk
 from workbench.models.mixer_call import call_cache, padding_mask
@@ -103,6 +104,7 @@ def gated_delta_math(
     chunk: int,
     eps: float,
     out_dtype: torch.dtype,
+    triton_walk: bool = False,
 ) -> torch.Tensor:
     """The mixer between its projections: the three steps above, each compiled on CUDA (eager elsewhere)."""
     device = mixed_qkv.device
@@ -110,17 +112,25 @@ def gated_delta_math(
     prepared = run_mixer_math(
         gated_delta_inputs, device, mixed_qkv, b, a, conv_weight, conv_bias, A_log, dt_bias, padding, starts, **dims
     )
-    o_chunks = walk_over_chunks(prepared, device, key_dim=key_dim, value_dim=value_dim, chunk=chunk)
+    o_chunks = walk_over_chunks(
+        prepared, device, triton_walk=triton_walk, key_dim=key_dim, value_dim=value_dim, chunk=chunk
+    )
     return run_mixer_math(gated_delta_output, device, o_chunks, z, norm_weight, eps=eps, out_dtype=out_dtype)
 
 
 def walk_over_chunks(
-    prepared: tuple[torch.Tensor, ...], device: torch.device, *, key_dim: int, value_dim: int, chunk: int
+    prepared: tuple[torch.Tensor, ...],
+    device: torch.device,
+    *,
+    triton_walk: bool,
+    key_dim: int,
+    value_dim: int,
+    chunk: int,
 ) -> torch.Tensor:
-    """The outputs [B, H, c, L, V] of the walk over the chunks: on CUDA one Triton program per (batch, head, block of
-    V) walks them all (kernels/triton_gated_delta.py); elsewhere, or for widths its tl.dot cannot take, the torch
-    loop of compiled chunk blocks."""
-    if device.type == "cuda" and walk_supported(key_dim, value_dim, chunk):
+    """The outputs [B, H, c, L, V] of the walk over the chunks: with `triton_walk` (BackendConfig.mixer='triton') on
+    CUDA one Triton program per (batch, head, block of V) walks them all (kernels/triton_gated_delta.py); else, or
+    for widths its tl.dot cannot take, the torch loop of chunk blocks (compiled on CUDA)."""
+    if triton_walk and (device.type == "cuda" or triton_interpreting()) and walk_supported(key_dim, value_dim, chunk):
         # Triton is optional (a CPU install may lack it): imported where a CUDA device runs it
         from workbench.kernels.triton_gated_delta import walk_chunks
 
@@ -136,12 +146,17 @@ def walk_supported(key_dim: int, value_dim: int, chunk: int) -> bool:
 class EngineGatedDeltaNet:
     """Mixin before a Transformers Gated DeltaNet class: the training forward of the chunked rule.
 
+    `triton_walk` (BackendConfig.mixer='triton', set where the engine takes the module over) walks the chunks in
+    Triton on CUDA.
+
     `projections(hidden_states)` -> (conv input, z, b, a) is the family's (its mixin subclass defines it).
     """
 
     def projections(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(q|k|v before the conv, z, b, a) from the module's own projections."""
         raise NotImplementedError
+
+    triton_walk: bool = False
 
     def forward(self, hidden_states: torch.Tensor, *args, mixer_position_ids=None, **kwargs):
         """Transformers' forward's result; without a cache, computed by `gated_delta_math` (compiled on CUDA)."""
@@ -172,5 +187,6 @@ class EngineGatedDeltaNet:
             chunk=CHUNK,
             eps=float(self.norm.variance_epsilon),
             out_dtype=hidden_states.dtype,
+            triton_walk=self.triton_walk,
         )
         return self.out_proj(out)
