@@ -7,7 +7,7 @@ efficiency the measured training steps of the README's Performance section and t
     grouped GEMM        GROUPED_EFFICIENCY by rows per expert (interpolated in log rows)
     attention           ATTENTION_EFFICIENCY by sequence length (flash attention, forward + backward)
     memory-bound        MEMORY_EFFICIENCY x bandwidth (norms, activations, AdamW)
-    hybrid mixers       MIXER_EFFICIENCY x bf16 peak (Mamba2's scan, the gated delta rule: not GEMMs)
+    hybrid mixers       MIXER_EFFICIENCY[kind] x bf16 peak (Mamba2's scan, the gated delta rule: not GEMMs)
 Measured (`workbench bench --calibrate`, workbench/bench/calibrate.py): the same figures timed on one GPU, saved as
 JSON per GPU name under the user's cache folder (calibration_dir); a plan for that GPU kind uses the file and says so,
 its compute figures times IN_STEP_CLOCK (kernels timed alone run at a clock a whole step does not keep).
@@ -29,7 +29,10 @@ DENSE_EFFICIENCY = 0.62
 GROUPED_EFFICIENCY = ((16, 0.08), (64, 0.25), (256, 0.45), (1024, 0.58), (4096, 0.62))
 ATTENTION_EFFICIENCY = ((512, 0.25), (2048, 0.38), (8192, 0.45), (32768, 0.47))
 MEMORY_EFFICIENCY = 0.85
-MIXER_EFFICIENCY = 0.10
+# The engine's chunked mixers as they run today (compiled torch ops), fit to Nemotron 3 Nano L8 and Qwen3.5 L4 / L8 at
+# 4096 tokens on an H100 (2026-12-06): Mamba2's scan ~12 TFLOP/s of its FLOPs, the gated delta rule ~1.75 (a Python
+# walk of 64 chunk steps a layer: latency, not arithmetic; `workbench bench --calibrate` timed 10.3 and 0.66)
+MIXER_EFFICIENCY = {"mamba2": 0.0124, "gated_deltanet": 0.00177}
 # Host time per decoder layer and pass (forward, backward, a recompute) that the GPU work of a layer must cover, or the
 # step waits for the launches: Python and autograd's share of ~150 launches per layer
 HOST_MS_PER_LAYER = 0.9
@@ -62,7 +65,9 @@ class Throughputs:
         return _interpolate(self.attention_tflops, seq_len)
 
     def mixer(self, kind: str) -> float:
-        return dict(self.mixer_tflops).get(kind, self.dense_tflops * MIXER_EFFICIENCY / DENSE_EFFICIENCY)
+        # a kind neither the datasheet figures nor a calibration names: the slowest known, as a plan should err
+        efficiency = MIXER_EFFICIENCY.get(kind, min(MIXER_EFFICIENCY.values()))
+        return dict(self.mixer_tflops).get(kind, self.dense_tflops * efficiency / DENSE_EFFICIENCY)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,7 +95,7 @@ def datasheet_throughputs(kind: str) -> Throughputs:
         grouped_tflops=tuple((rows, eff * peak) for rows, eff in GROUPED_EFFICIENCY),
         attention_tflops=tuple((seq, eff * peak) for seq, eff in ATTENTION_EFFICIENCY),
         memory_gbps=MEMORY_EFFICIENCY * spec.memory_gbps,
-        mixer_tflops=(("mamba2", MIXER_EFFICIENCY * peak), ("gated_deltanet", MIXER_EFFICIENCY * peak)),
+        mixer_tflops=tuple((kind, eff * peak) for kind, eff in MIXER_EFFICIENCY.items()),
         link_gbps=spec.link_gbps,
     )
 
