@@ -161,3 +161,35 @@ def test_qwen3_5_model_with_the_triton_walk_equals_the_eager_model():
     for name, p in models["cpu"].named_parameters():
         if p.grad is not None:
             torch.testing.assert_close(grads[name].grad.cpu(), p.grad, rtol=1e-3, atol=1e-4, msg=name)
+
+
+# What an H100 or H200 gives one block (227 KiB): the forward at these widths asked for 288 KiB with triton's
+# default three pipeline stages on an H100 (2026-12-06) and failed at launch; compiled here for sm_90 without a GPU.
+HOPPER_SHARED_BYTES = 232448
+
+
+@pytest.mark.slow
+def test_walk_kernels_fit_hoppers_shared_memory_at_qwen3_5_widths():
+    triton = pytest.importorskip("triton")
+    compiler = pytest.importorskip("triton.compiler")
+    from triton.backends.compiler import GPUTarget
+
+    from workbench.kernels import triton_gated_delta as walk
+
+    def shared_bytes(kernel, pointers, ints, block_v):
+        signature = dict.fromkeys(pointers, "*fp32") | dict.fromkeys(ints, "i32")
+        constants = {"K": 128, "V": 128, "L": 64, "BV": block_v}
+        source = compiler.ASTSource(
+            fn=kernel, signature=signature | dict.fromkeys(constants, "constexpr"), constexprs=constants
+        )
+        options = {"num_warps": walk.WARPS, "num_stages": walk.STAGES}
+        return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).metadata.shared
+
+    forward = shared_bytes(walk._walk_fwd, ["U", "WQ", "A", "KO", "D", "O", "S_IN", "VN"], ["n_chunks"], walk.BLOCK_V)
+    backward = shared_bytes(
+        walk._walk_bwd,
+        ["DO", "WQ", "A", "KO", "D", "S_IN", "VN", "DU", "DWQ_P", "DA_P", "DKO_P", "DD_P"],
+        ["n_chunks", "n_all"],
+        walk.BLOCK_V_BACKWARD,
+    )
+    assert forward <= HOPPER_SHARED_BYTES and backward <= HOPPER_SHARED_BYTES, (forward, backward)

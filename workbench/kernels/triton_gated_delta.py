@@ -32,6 +32,7 @@ from workbench.kernels._triton_util import check_triton_device
 BLOCK_V = 64
 BLOCK_V_BACKWARD = 32
 STAGES = 1
+WARPS = 4
 
 
 @triton.jit
@@ -168,7 +169,7 @@ class GatedDeltaWalk(torch.autograd.Function):
             V=vdim,
             L=chunk,
             BV=bv,
-            num_warps=4,
+            num_warps=WARPS,
             num_stages=STAGES,
         )
         ctx.save_for_backward(wq, attn, k_out, decay, s_in, v_new)
@@ -208,7 +209,7 @@ class GatedDeltaWalk(torch.autograd.Function):
             V=vdim,
             L=chunk,
             BV=bv,
-            num_warps=4,
+            num_warps=WARPS,
             num_stages=STAGES,
         )
         d_decay = d_decay_P.sum(0).sum_to_size(ctx.decay_shape)
