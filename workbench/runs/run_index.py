@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.runs.moe_health import HEALTH_KEYS
 from workbench.runs.liveness import LIVE_STATES, checked_status
+from workbench.runs.moe_health import HEALTH_KEYS
 from workbench.runs.run_files import CONFIG_FILE, METRICS_FILE, STATUS_FILE, skipped_note
 from workbench.runs.run_kind import run_kind
 from workbench.runs.run_names import run_id_problem, shown_name
