@@ -122,14 +122,17 @@ def test_run_kind_names_full_runs_their_data_and_no_eval():
 
 
 def test_a_closed_pipe_ends_runs_and_show_quietly(lora_run):
-    """`workbench show RUN | head` closes the pipe early: no BrokenPipeError traceback."""
+    """`workbench show RUN | head` closes the pipe early: no BrokenPipeError traceback (`python -m workbench.bench`
+    too)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for args in (["runs", str(lora_run.parent)], ["show", str(lora_run)]):
+    for module, *args in (
+        ["workbench.cli", "runs", str(lora_run.parent)],
+        ["workbench.cli", "show", str(lora_run)],
+        ["workbench.bench", "--history-table", "--results-dir", str(lora_run.parent)],
+    ):
         read_end, write_end = os.pipe()
         os.close(read_end)  # the reader is gone before the first write: every write fails with EPIPE
-        proc = subprocess.run(
-            [sys.executable, "-m", "workbench.cli", *args], stdout=write_end, stderr=subprocess.PIPE, env=env
-        )
+        proc = subprocess.run([sys.executable, "-m", module, *args], stdout=write_end, stderr=subprocess.PIPE, env=env)
         os.close(write_end)
         assert proc.stderr == b"", proc.stderr.decode()
         assert proc.returncode == 1

@@ -7,7 +7,6 @@ adding its arguments and a function running it; add one by adding an entry.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 # Nothing heavy at module level, here and in the cli_*.py modules each subcommand lives in:
 # `workbench --help` and `workbench runs` must not wait seconds for torch and Transformers. Each
 # subcommand imports what it needs when it runs (or, for `bench`, when its own arguments are added).
+from workbench.cli_common import closed_pipe
 from workbench.cli_demo import demo_arguments, run_demo
 from workbench.cli_finetune import finetune_arguments, run_finetune
 from workbench.cli_generate import generate_arguments, run_generate
@@ -109,17 +109,6 @@ def build_parser(
     return parser
 
 
-def _closed_pipe() -> int:
-    """The reader of stdout went away (`workbench show RUN | head`): stop quietly, no traceback.
-
-    Python's own advice: point stdout at /dev/null so the flush at exit does not raise again.
-    """
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
-    return 1
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `workbench` console script."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -131,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"workbench {args.command}: {err}", file=sys.stderr, flush=True)
             return 2
     except BrokenPipeError:
-        return _closed_pipe()
+        return closed_pipe()
 
 
 if __name__ == "__main__":

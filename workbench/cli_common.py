@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import yaml
@@ -114,3 +115,14 @@ def print_summary(run_path: str) -> None:
     except (OSError, ValueError) as err:
         lines = [f"run directory {run_path}: cannot read its summary ({err})"]
     print("\n".join(lines), flush=True)
+
+
+def closed_pipe() -> int:
+    """The reader of stdout went away (`workbench show RUN | head`): stop quietly, no traceback; exit status 1.
+
+    Python's own advice: point stdout at /dev/null so the flush at exit does not raise again.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 1

@@ -3,5 +3,9 @@
 import sys
 
 from workbench.bench.cli import main
+from workbench.cli_common import closed_pipe
 
-sys.exit(main())
+try:
+    sys.exit(main())
+except BrokenPipeError:  # `python -m workbench.bench --history-table | head`: stop quietly, as `workbench` does
+    sys.exit(closed_pipe())
