@@ -71,6 +71,12 @@ starts[1, [23, 40]] = True
 for docs in (None, starts.to(device)):
     prepared = chunk_prepare(q, k, v, g, beta, 16, docs)
     compare(tuple(t.detach().requires_grad_() for t in prepared), f"chunk_prepare, documents {docs is not None}")
+# Qwen3.5's widths (keys and values 128, chunks of 64): two V blocks forward, four backward
+B, H, c, L, K, V = 1, 2, 3, 64, 128, 128
+decay = (torch.rand(B, H, c, 1, 1, generator=gen) * 0.5 + 0.4).to(device).requires_grad_()
+compare((rand(B, H, c, L, V), rand(B, H, c, 2 * L, K, scale=0.1), rand(B, H, c, L, L, scale=0.1),
+         rand(B, H, c, L, K, scale=0.1), decay), "Qwen3.5's widths")
+
 print("WALK EQUAL")
 """
 
