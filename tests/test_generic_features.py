@@ -15,6 +15,7 @@ from workbench.moe.bias_update import router_biases, update_router_biases
 from workbench.moe.dispatch import NO_CAPS
 from workbench.moe.hf_experts import engine_experts_modules
 from workbench.train.activation_checkpoint import apply_activation_checkpointing
+from workbench.train.world_checks import check_world
 
 EPS = torch.finfo(torch.float32).eps
 
@@ -61,6 +62,40 @@ def test_activation_checkpointing_replays_each_layer_with_equal_gradients(family
     grads = dict(models[1].named_parameters())  # the same names: no wrapper module in between
     for name, p in models[0].named_parameters():
         assert _rel_diff(grads[name].grad, p.grad) <= 64 * EPS, name
+
+
+def test_partial_activation_checkpointing_replays_only_the_first_layers():
+    """train.activation_checkpointing_layers=N: the first N decoder layers run again in the backward, the rest do
+    not, and the gradients are those of the model without checkpointing."""
+    cfg = _config("mixtral", num_hidden_layers=3)
+    models = [AutoModelForCausalLM.from_config(cfg, device="cpu", dtype=torch.float32) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    assert apply_activation_checkpointing(models[1], 1) == 1
+    ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    calls = []
+    for model in models:
+        model.train()
+        calls.append(_count_expert_calls(model))
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert calls[0][0] == 3 and calls[1][0] == 4  # three layers, one of them again
+    grads = dict(models[1].named_parameters())
+    for name, p in models[0].named_parameters():
+        assert _rel_diff(grads[name].grad, p.grad) <= 64 * EPS, name
+    with pytest.raises(ValueError, match=r"activation_checkpointing_layers=4 exceeds the model's 3 decoder layers"):
+        apply_activation_checkpointing(AutoModelForCausalLM.from_config(cfg, device="cpu"), 4)
+
+
+def test_activation_checkpointing_layers_are_checked_before_the_build():
+    with pytest.raises(ConfigError, match=r"set train.activation_checkpointing to true, or drop the count"):
+        TrainConfig(activation_checkpointing_layers=2)
+    with pytest.raises(ConfigError, match=r"activation_checkpointing_layers"):
+        TrainConfig(activation_checkpointing=True, activation_checkpointing_layers=0)
+    rc = RunConfig(
+        model=ModelConfig(preset="tiny"),
+        train=TrainConfig(activation_checkpointing=True, activation_checkpointing_layers=99),
+    )
+    with pytest.raises(ConfigError, match=r"=99 exceeds the model's \d+ decoder layers: set it to at most \d+"):
+        check_world(rc, 1, rc.model.hf_config(), torch.device("cpu"))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the engine sets an SDPA preference only on CUDA")

@@ -88,6 +88,9 @@ class TrainConfig:
     optimizer_states: str = "full"
     seed: int = 0
     activation_checkpointing: bool = False  # recompute each decoder layer in backward (train/activation_checkpoint.py)
+    # With activation_checkpointing: how many decoder layers recompute (the first N); null = every layer. Fewer
+    # layers recompute less where the memory allows it (workbench plan offers the count that fits).
+    activation_checkpointing_layers: int | None = None
     # Update each parameter inside the backward and free its gradient (train/backward_updates.py): about one layer's
     # gradients alive instead of all; needs clip_grad_norm null, one rank and no gradient accumulation
     optimizer_in_backward: bool = False
@@ -205,6 +208,13 @@ class TrainConfig:
                 f"clipping by the global norm (train.clip_grad_norm={self.clip_grad_norm}) needs every gradient "
                 "first: set train.clip_grad_norm to null, or optimizer_in_backward to false"
             )
+        if self.activation_checkpointing_layers is not None:
+            if not self.activation_checkpointing:
+                raise ConfigError(
+                    "train.activation_checkpointing_layers says how many layers recompute under activation "
+                    "checkpointing: set train.activation_checkpointing to true, or drop the count"
+                )
+            check_int(self.activation_checkpointing_layers, "train.activation_checkpointing_layers", 1)
         if self.cuda_graphs and self.activation_checkpointing:
             raise ConfigError(
                 "train.cuda_graphs captures the decoder stack's forward and backward once; activation checkpointing "

@@ -152,12 +152,14 @@ def estimate_memory(
     dtype: str = "auto",
     device_type: str = "cuda",
     activation_checkpointing: bool = False,
+    checkpointed_layers: int | None = None,
     fused_ce: bool = False,
     lora=None,
     optimizer_states: str = "full",
 ) -> MemoryEstimate:
     """Estimated memory of one rank training `cfg` on a dp x ep mesh (documented above; `lora`: LoRA's;
-    `optimizer_states`: train.optimizer_states)."""
+    `optimizer_states`: train.optimizer_states; `checkpointed_layers`: with activation_checkpointing, how many
+    layers recompute, the first ones; None: all)."""
     if optimizer_states not in OPTIMIZER_STATES:
         raise ValueError(f"optimizer_states must be one of {OPTIMIZER_STATES}, got {optimizer_states!r}")
     if dp < 1 or ep < 1 or dp % ep:
@@ -186,7 +188,10 @@ def estimate_memory(
     per_layer = [_per_token_layer(cfg, counts, one) for one in blocks]
     tokens = seq_len * local_batch
     if activation_checkpointing:
-        activations = tokens * b * (counts.layers * counts.hidden + max(per_layer))
+        # a recomputed layer keeps its input; the backward holds one recomputed layer's activations at a time
+        n = len(per_layer) if checkpointed_layers is None else min(checkpointed_layers, len(per_layer))
+        kept = sum(per_layer[n:])
+        activations = tokens * b * (n * counts.hidden + kept + (max(per_layer[:n]) if n else 0))
     else:
         activations = tokens * b * sum(per_layer)
     if lora is not None:

@@ -106,6 +106,7 @@ def memory_parts(shape: RunShape) -> MemoryParts:
         dtype=shape.dtype,
         device_type="cuda",  # the dtype is resolved already
         activation_checkpointing=shape.activation_checkpointing,
+        checkpointed_layers=shape.checkpointed_layers,
         fused_ce=shape.fused_ce,
         lora=None,  # the adapters' share is counted below, from the cached meta-model count
     )

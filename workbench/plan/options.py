@@ -1,6 +1,7 @@
 """The RunConfig changes that would make a run fit, each planned as a run of its own.
 
-Changes that keep the training the same: activation checkpointing, 8-bit AdamW moments, a smaller local batch (more
+Changes that keep the training the same: activation checkpointing (of every layer, or of a quarter, half or three
+quarters of them, which recomputes less where the memory allows), 8-bit AdamW moments, a smaller local batch (more
 micro-batches, the same global batch), a larger expert-parallel size, more GPUs. Changes that train something else
 (`changes_training`): LoRA on a full fine-tune, a shorter data.seq_len, a global batch grown to cover more GPUs, and
 updates inside the backward (one rank, no accumulation: the trainer's rule) where the run clipped its gradients, which
@@ -34,15 +35,34 @@ def _halvings(value: int, floor: int) -> list[int]:
     return out
 
 
-def _savers(rc: RunConfig, gpus: int) -> list[dict[str, Any]]:
-    """The memory savers, alone (combined by candidates)."""
+# The shares of the decoder layers a partial activation checkpointing recomputes (besides all of them)
+PARTIAL_CHECKPOINTING = (1 / 4, 1 / 2, 3 / 4)
+
+
+def _checkpointing(rc: RunConfig, hf_config: Any) -> list[dict[str, Any]]:
+    """Activation checkpointing of more layers than the run recomputes now: every layer, and the first quarter,
+    half or three quarters of them (train.activation_checkpointing_layers)."""
     train = rc.train
+    layers = getattr(hf_config, "num_hidden_layers", 0) or 0
+    now = 0 if not train.activation_checkpointing else (train.activation_checkpointing_layers or layers)
+    counts = sorted({max(1, round(share * layers)) for share in PARTIAL_CHECKPOINTING} - {layers}) if layers else []
     out = []
-    if not train.activation_checkpointing:
-        ac = {"train.activation_checkpointing": True}
+    for count in [*counts, None]:
+        if (count or layers) <= now:
+            continue
+        ac: dict[str, Any] = {"train.activation_checkpointing": True}
+        if count is not None or train.activation_checkpointing_layers is not None:
+            ac["train.activation_checkpointing_layers"] = count
         if train.cuda_graphs:
             ac["train.cuda_graphs"] = False
         out.append(ac)
+    return out
+
+
+def _savers(rc: RunConfig, gpus: int, hf_config: Any) -> list[dict[str, Any]]:
+    """The memory savers, alone (combined by candidates; the checkpointing ones are alternatives, never combined)."""
+    train = rc.train
+    out = _checkpointing(rc, hf_config)
     if train.optimizer_states == "full":
         eight = {"train.optimizer_states": "8bit"}
         if train.optimizer == "adamw_torch":
@@ -84,10 +104,12 @@ def candidates(
     savers and the smaller local batches on the run's ranks; more ranks or a larger ep, and LoRA or a shorter sequence,
     each alone and with activation checkpointing. `more_ranks` False: no larger mesh (CPU ranks share one host's
     memory)."""
-    savers = _savers(rc, gpus)
+    savers = _savers(rc, gpus, hf_config)
     out: list[tuple[dict[str, Any], int, bool]] = []
     for count in range(len(savers) + 1):
         for chosen in itertools.combinations(savers, count):
+            if sum("train.activation_checkpointing" in c for c in chosen) > 1:
+                continue  # two checkpointing counts: one would overwrite the other
             for batch in [None, *_halvings(rc.train.local_batch_size, 1)]:
                 change: dict[str, Any] = {}
                 for c in chosen:

@@ -31,11 +31,18 @@ class RunShape:
     precision: str  # train.precision ("auto" = bf16_sr)
     optimizer_states: str
     activation_checkpointing: bool
+    checkpointed_layers: int  # decoder layers recomputed in the backward (0 without activation checkpointing)
     optimizer_in_backward: bool
     cuda_graphs: bool
     fused_ce: bool
     lora: Any  # LoraConfig or None
     adapters: tuple[int, int, int] | None  # a LoRA's adapter_counts (dense, experts, adapters a token passes)
+
+    @property
+    def recompute_fraction(self) -> float:
+        """The share of the decoder layers whose forward runs again in the backward."""
+        layers = getattr(self.hf_config, "num_hidden_layers", 0) or 0
+        return min(self.checkpointed_layers / layers, 1.0) if layers else float(self.activation_checkpointing)
 
     @property
     def dtype_bytes(self) -> int:
@@ -45,6 +52,15 @@ class RunShape:
     def tokens(self) -> int:
         """Tokens of one micro-batch on one rank."""
         return self.seq_len * self.local_batch
+
+
+def checkpointed_layers(rc: RunConfig, hf_config: Any) -> int:
+    """How many decoder layers `rc` recomputes in the backward: none, train.activation_checkpointing_layers, or all."""
+    if not rc.train.activation_checkpointing:
+        return 0
+    layers = getattr(hf_config, "num_hidden_layers", 0) or 0
+    wanted = rc.train.activation_checkpointing_layers
+    return layers if wanted is None else min(wanted, layers)
 
 
 def fused_ce(backend: Any, hf_config: Any) -> bool:
@@ -90,6 +106,7 @@ def run_shape(
         precision=rc.train.precision,
         optimizer_states=rc.train.optimizer_states,
         activation_checkpointing=rc.train.activation_checkpointing,
+        checkpointed_layers=checkpointed_layers(rc, hf_config),
         optimizer_in_backward=rc.train.optimizer_in_backward,
         cuda_graphs=rc.train.cuda_graphs,
         fused_ce=fused_ce(rc.backend if backend is None else backend, hf_config),

@@ -71,15 +71,15 @@ def step_time(shape: RunShape, tp: Throughputs) -> StepTime:
     counts = param_counts(cfg)
     T = shape.tokens
     frozen_base = shape.lora is not None
-    ac = shape.activation_checkpointing
-    passes = 4 + (0 if frozen_base else 2) + (2 if ac else 0)
+    ac = shape.recompute_fraction  # the share of the layers whose forward runs again in the backward
+    passes = 4 + (0 if frozen_base else 2) + 2 * ac
     expert_weights = counts.moe_layers * counts.top_k * counts.expert_matmul
     dense = passes * T * (counts.active_matmul - expert_weights) / (tp.dense_tflops * 1e12)
     experts = 0.0
     if expert_weights:
         rows = T * counts.top_k / max(counts.num_experts, 1)  # the average expert's rows (EP moves rows, not averages)
         experts = passes * T * expert_weights / (tp.grouped(rows) * 1e12)
-    recompute = (8 if ac else 6) / 6
+    recompute = (6 + 2 * ac) / 6
     # each attention layer at the throughput of its span of keys (2 x keys per query: S under the causal mask, about
     # twice the window on a sliding-window layer, where the tiles are few and the kernel far from its peak)
     attention = sum(
@@ -98,7 +98,7 @@ def step_time(shape: RunShape, tp: Throughputs) -> StepTime:
         # widths once, LORA_PASSES times a step (twice more with the recompute)
         dense_adapters, expert_adapters, adapters_passed = shape.adapters
         widths = (dense_adapters + counts.top_k * expert_adapters / max(counts.num_experts, 1)) / shape.lora.rank
-        lora = (LORA_PASSES + (2 if ac else 0)) * T * widths * b / (tp.memory_gbps * 1e9)
+        lora = (LORA_PASSES + 2 * ac) * T * widths * b / (tp.memory_gbps * 1e9)
     saved = estimate_memory(
         cfg,
         shape.dp,
@@ -108,11 +108,11 @@ def step_time(shape: RunShape, tp: Throughputs) -> StepTime:
         dtype=shape.dtype,
         fused_ce=shape.fused_ce,
     )
-    memory = MEMORY_PASSES * (1.25 if ac else 1.0) * (saved.activations + saved.logits) / (tp.memory_gbps * 1e9)
+    memory = MEMORY_PASSES * (1.0 + 0.25 * ac) * (saved.activations + saved.logits) / (tp.memory_gbps * 1e9)
     gpu = dense + experts + attention + mixers + lora + memory
     host_wait = 0.0
     if not shape.cuda_graphs:
-        layer_passes = counts.layers * (3 if ac else 2)
+        layer_passes = counts.layers * (2 + ac)
         adapters_per_layer = adapters_passed / max(counts.layers, 1)
         host = layer_passes * (tp.host_ms_per_layer + adapters_per_layer * tp.host_ms_per_adapter) / 1e3
         host_wait = max(0.0, host - gpu)

@@ -55,13 +55,23 @@ def replay_contexts(model: nn.Module):
     return lambda: (contextlib.nullcontext(), attention_backend(backend, device))
 
 
-def apply_activation_checkpointing(model: nn.Module) -> int:
-    """Recompute each decoder layer's activations in backward; returns how many layers. Idempotent."""
+def apply_activation_checkpointing(model: nn.Module, layers: int | None = None) -> int:
+    """Recompute the first `layers` decoder layers' activations in backward (None: every layer); returns how many.
+    Idempotent. Which layers does not change the memory (every layer's activations live until its backward); the
+    first ones, so the recompute is the same on every rank of a mesh."""
     from torch.distributed._composable import checkpoint
 
     kwargs = {"early_stop": False} if _has_early_stop() else {}  # older torch: see the module docstring
     kwargs["context_fn"] = replay_contexts(model)
+    count = layers
     layers = decoder_layers(model)  # also after fully_shard swapped their class
+    if count is not None:
+        if count > len(layers):
+            raise ValueError(
+                f"train.activation_checkpointing_layers={count} exceeds the model's {len(layers)} decoder layers: "
+                f"set it to at most {len(layers)}, or to null (every layer)"
+            )
+        layers = layers[:count]
     if not layers:
         raise ValueError(
             f"train.activation_checkpointing: {type(model).__name__} names no decoder layer class "

@@ -121,7 +121,7 @@ class Trainer(TrainStep, StepRecords):
         self.model.train()
         if rc.train.activation_checkpointing:
             # torch's composable checkpoint per decoder layer, not Transformers' (train/activation_checkpoint.py)
-            apply_activation_checkpointing(self.model)
+            apply_activation_checkpointing(self.model, rc.train.activation_checkpointing_layers)
         if rc.train.cuda_graphs:  # captured at the first training forward (train/stack_graphs.py)
             install_stack_graphs(self.model)
         if rc.train.router_bias_update_rate > 0:

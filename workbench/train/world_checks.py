@@ -54,6 +54,13 @@ def check_world(rc: RunConfig, world: int, hf_config: Any, device: torch.device)
         router_biases_to_update(meta_model(hf_config), hf_config, meta=True)
     if rc.train.mtp_loss_weight > 0:  # a meta model only
         check_mtp_loss(meta_model(hf_config), rc.train.mtp_loss_weight)
+    layers = getattr(hf_config, "num_hidden_layers", None)
+    recomputed = rc.train.activation_checkpointing_layers
+    if recomputed is not None and layers is not None and recomputed > layers:
+        raise ConfigError(
+            f"train.activation_checkpointing_layers={recomputed} exceeds the model's {layers} decoder layers: "
+            f"set it to at most {layers}, or to null (every layer)"
+        )
     accum = rc.train.accumulation_steps(dp)
     check_optimizer_in_backward(rc.train, world, accum)
     mesh_sizes = mesh.to_dict() if mesh is not None else {"dp": 1, "ep": 1}
