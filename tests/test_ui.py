@@ -572,6 +572,15 @@ def test_figures_follow_the_width_the_browser_reports():
     assert plots.figure.layout.width == 320
 
 
+def test_every_studio_figure_follows_the_studios_width(tmp_path):
+    from workbench.ui import Studio
+
+    studio = Studio(None, runs_dir=tmp_path)
+    studio.fit.width = 1000
+    figures = (studio.live.figure, studio.live.health.figure, studio.compare.figure, studio.profiler.figure)
+    assert [f.layout.width for f in figures] == [952] * 4  # the MoE health plots under the heatmap too
+
+
 # -- on a real 2-rank cluster ---------------------------------------------------------------------------
 
 

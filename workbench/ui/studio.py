@@ -107,7 +107,7 @@ class Studio:
         )
         # The figures are drawn in hidden tabs: their width follows the Studio's, not plotly's guess.
         self.fit = FigureFit()
-        for figure in (self.live.figure, self.compare.figure, self.profiler.figure):
+        for figure in (self.live.figure, self.live.health.figure, self.compare.figure, self.profiler.figure):
             self.fit.fit(figure, margin_px=48)
         self.widget = W.VBox([header, self.tabs, self.fit])
 
