@@ -26,8 +26,11 @@ from workbench.models.meta_model import meta_model
 
 log = logging.getLogger(__name__)
 
-# Config fields that transform logits between lm_head and the loss (their families cannot fuse CE).
-LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_softcapping", "logits_scaling", "logit_scale")
+# Config fields that transform logits between lm_head and the loss (their families cannot fuse CE): a softcap where
+# it is set, a scale wherever the config has one (GraniteMoE's forward divides by logits_scaling even when it is 1.0,
+# which makes a new tensor the loss cannot take as the hidden states).
+LOGIT_SOFTCAPS = ("final_logit_softcapping", "logit_softcapping")
+LOGIT_SCALES = ("logits_scaling", "logit_scale")
 
 NO_LOGITS = (
     "logits were not computed: with labels, BackendConfig.fused_ce computes the loss from the hidden states a "
@@ -58,9 +61,9 @@ def fused_ce_refusal(model: nn.Module) -> str | None:
         return f"its output embedding is a {type(head).__name__}, not an nn.Linear"
     if head.bias is not None:
         return "its lm_head has a bias"
-    for field in LOGIT_TRANSFORMS:
+    for field in LOGIT_SOFTCAPS + LOGIT_SCALES:
         value = getattr(model.config, field, None)
-        if value not in (None, 1, 1.0, 0, 0.0):
+        if value is not None and (field in LOGIT_SCALES or value not in (0, 0.0)):
             return f"its config sets {field}={value} (logits are transformed before the loss)"
     return None
 
