@@ -39,6 +39,18 @@ def test_nemotron_h_layers_are_one_block_each():
     )
 
 
+def test_lara_mini_counts_its_sliding_attention_ungated_query_and_shared_expert():
+    # Lara-Mini: Qwen3.5's Gated DeltaNet beside sliding-window and full Qwen3 attention (no query gate), and a
+    # shared expert added without a gate; the counts must match the real modules
+    cfg = tiny_config("lara_mini")
+    assert layer_blocks(cfg) == (
+        LayerBlocks("gated_deltanet", "moe"),
+        LayerBlocks("attention", "moe"),
+        LayerBlocks("attention", "moe"),
+    )
+    assert param_counts(cfg).total == _real_params(cfg)
+
+
 def test_mamba2_by_hand():
     # 4 heads of 8 (inner d = 32), 2 groups of state 8, conv kernel 4 with bias, chunks of 4 tokens
     mamba = mamba2_counts(tiny_config("nemotron_h"))

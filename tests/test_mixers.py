@@ -28,7 +28,7 @@ from workbench.models.auto import AutoModelForCausalLM
 from workbench.models.engine_state import engine_state
 from workbench.presets import build_preset_config
 
-HYBRIDS = ["nemotron_h", "qwen3_5_moe_text", "qwen3_next"]
+HYBRIDS = ["lara_mini", "nemotron_h", "qwen3_5_moe_text", "qwen3_next"]
 CUDA = torch.cuda.is_available()
 NEEDS_CUDA = pytest.mark.skipif(not CUDA, reason="the compiled mixers run on CUDA only (eager on the CPU)")
 

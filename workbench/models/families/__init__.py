@@ -17,6 +17,7 @@ from workbench.models.families import (
     ergo,
     gpt_oss,
     granitemoehybrid,
+    lara_mini,
     mixtral,
     nemotron_h,
     olmoe,
@@ -39,6 +40,7 @@ REGISTERED: tuple[Family, ...] = (
     qwen3_next.FAMILY,
     ergo.FAMILY,
     granitemoehybrid.FAMILY,
+    lara_mini.FAMILY,
 )
 
 # A model_type without a folder: the generic path adds nothing.

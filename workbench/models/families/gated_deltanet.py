@@ -16,8 +16,9 @@ def attention_params(widths: AttentionWidths) -> int:
 
 
 def layer_blocks(cfg, moe_flags: list[bool]) -> tuple[LayerBlocks, ...]:
-    """A Gated DeltaNet ('linear_attention') or attention in each layer, before its MoE (or dense MLP)."""
-    mixers = {"linear_attention": "gated_deltanet", "full_attention": "attention"}
+    """A Gated DeltaNet ('linear_attention') or attention (full or sliding-window) in each layer, before its MoE (or
+    dense MLP)."""
+    mixers = {"linear_attention": "gated_deltanet", "full_attention": "attention", "sliding_attention": "attention"}
     return tuple(LayerBlocks(mixers[t], "moe" if moe else "dense") for t, moe in zip(cfg.layer_types, moe_flags))
 
 
