@@ -28,7 +28,10 @@ from workbench.models.auto import AutoModelForCausalLM
 from workbench.models.engine_state import engine_state
 from workbench.presets import build_preset_config
 
-HYBRIDS = ["lara_mini", "nemotron_h", "qwen3_5_moe_text", "qwen3_next"]
+HYBRIDS = ["lara_mini", "nemotron_h", "qwen3_5_moe_text", "qwen3_next", "qwen4_exp_text"]
+# Qwen4ExpTextModel calls its layers without position ids: packed documents cannot reach its mixer (nor its n-gram
+# embeddings' conv), as in Transformers' own path
+DOCUMENT_HYBRIDS = [f for f in HYBRIDS if f != "qwen4_exp_text"]
 CUDA = torch.cuda.is_available()
 NEEDS_CUDA = pytest.mark.skipif(not CUDA, reason="the compiled mixers run on CUDA only (eager on the CPU)")
 
@@ -232,13 +235,24 @@ def test_transformers_mixer_keeps_transformers_modules(family):
     assert not _engine_mixers(eng)
 
 
-@pytest.mark.parametrize("family", HYBRIDS)
+@pytest.mark.parametrize("family", DOCUMENT_HYBRIDS)
 def test_packed_documents_equal_each_document_alone(family):
     model = AutoModelForCausalLM.from_config(
         _config(family), backend=BackendConfig(mixer="chunked"), device="cpu", dtype=torch.float32
     )
     randomize(model)
     check_isolation(model.eval(), f"{family}/chunked mixer")
+
+
+def test_an_output_gate_other_than_silu_keeps_transformers_mixer_by_refusal():
+    # Qwen4-Exp's config may gate its Gated DeltaNet's norm with sigmoid; the engine's mixer computes SiLU
+    cfg = tiny_config("qwen4_exp_text", output_gate_type="sigmoid")
+    with pytest.raises(ValueError, match=r"\['output gate sigmoid'\]: set BackendConfig.mixer='transformers'"):
+        AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(mixer="chunked"), device="cpu", dtype=torch.float32)
+    kept = AutoModelForCausalLM.from_config(
+        cfg, backend=BackendConfig(mixer="transformers"), device="cpu", dtype=torch.float32
+    )
+    assert not _engine_mixers(kept)
 
 
 # ---------------------------------------------------------------- the backend choice and the presets

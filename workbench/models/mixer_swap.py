@@ -16,14 +16,15 @@ def swap_engine_mixers(model: nn.Module, mixer: str, hf_class: type, engine_clas
     """mixer 'chunked' or 'triton': every `hf_class` module of `model` becomes `engine_class` (same parameters), its
     `triton_walk` field (where it has one) set for 'triton'; how many.
 
-    `kind` names the mixer (Mamba2, Gated DeltaNet) in the refusal of a conv activation other than SiLU.
+    `kind` names the mixer (Mamba2, Gated DeltaNet) in the refusal of a conv or output gate activation other than
+    SiLU.
     """
     if mixer not in ENGINE_MIXERS:
         return 0
-    unsupported = {m.activation for m in model.modules() if type(m) is hf_class and m.activation != "silu"}
+    unsupported = {a for m in model.modules() if type(m) is hf_class for a in _other_than_silu(m)}
     if unsupported:
         raise ValueError(
-            f"mixer={mixer!r} runs {kind}'s conv with SiLU; this model's {hf_class.__name__} uses "
+            f"mixer={mixer!r} runs {kind}'s conv and output gate with SiLU; this model's {hf_class.__name__} uses "
             f"{sorted(unsupported)}: set BackendConfig.mixer='transformers'"
         )
     swapped = swap_classes(model, hf_class, engine_class)
@@ -32,3 +33,12 @@ def swap_engine_mixers(model: nn.Module, mixer: str, hf_class: type, engine_clas
             if isinstance(module, engine_class):
                 module.triton_walk = mixer == "triton"
     return swapped
+
+
+def _other_than_silu(module: nn.Module) -> list[str]:
+    """The module's conv activation and its gated norm's, where either is not the SiLU the engine computes.
+
+    A gated norm without an `activation` field hard-codes SiLU (Transformers' Mamba2 norms); a Gated DeltaNet's
+    names it, and Qwen4-Exp's config may set it to sigmoid (output_gate_type)."""
+    gate = getattr(getattr(module, "norm", None), "activation", "silu")
+    return [f"{where} {act}" for where, act in (("conv", module.activation), ("output gate", gate)) if act != "silu"]

@@ -24,6 +24,7 @@ from workbench.models.families import (
     qwen3_5_moe_text,
     qwen3_moe,
     qwen3_next,
+    qwen4_exp_text,
 )
 from workbench.models.families.family import AttentionWidths, Family, LayerBlocks
 from workbench.models.families.preset import Preset
@@ -41,6 +42,7 @@ REGISTERED: tuple[Family, ...] = (
     ergo.FAMILY,
     granitemoehybrid.FAMILY,
     lara_mini.FAMILY,
+    qwen4_exp_text.FAMILY,
 )
 
 # A model_type without a folder: the generic path adds nothing.

@@ -16,9 +16,10 @@ def attention_params(widths: AttentionWidths) -> int:
 
 
 def layer_blocks(cfg, moe_flags: list[bool]) -> tuple[LayerBlocks, ...]:
-    """A Gated DeltaNet ('linear_attention') or attention (full or sliding-window) in each layer, before its MoE (or
-    dense MLP)."""
-    mixers = {"linear_attention": "gated_deltanet", "full_attention": "attention", "sliding_attention": "attention"}
+    """A Gated DeltaNet ('linear_attention') or attention (full, sliding-window or indexed) in each layer, before its
+    MoE (or dense MLP)."""
+    attention = ("full_attention", "sliding_attention", "indexed_attention")
+    mixers = {"linear_attention": "gated_deltanet", **dict.fromkeys(attention, "attention")}
     return tuple(LayerBlocks(mixers[t], "moe" if moe else "dense") for t, moe in zip(cfg.layer_types, moe_flags))
 
 
