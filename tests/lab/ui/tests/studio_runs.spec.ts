@@ -139,12 +139,21 @@ test('Live and Compare tell a named LoRA run from a named full run; the plots fi
   // Compare: the list, then both runs plotted; the legend and the table name each run and its kind.
   const picker = compareBox.locator('select').first();
   const options = picker.locator('option');
-  await expect(options).toHaveCount(2);
+  // The folder may hold other runs too (the quickstart's, an unnamed copy): the two named ones are listed apart.
+  await expect.poll(() => options.count()).toBeGreaterThanOrEqual(2);
   // ipywidgets writes the options' spaces as no-break spaces.
   const listed = (await options.allInnerTexts()).map(t => t.replace(/\u00a0/g, ' '));
-  expect(listed.find(t => t.includes(LORA_RUN_NAME)), 'the LoRA run in the list').toContain('LoRA r=8 attention');
-  expect(listed.find(t => t.includes(RUN_NAME) && !t.includes('LoRA')), 'the full run in the list').toContain('full ·');
-  await picker.selectOption(await options.evaluateAll(os => os.map(o => (o as HTMLOptionElement).value)));
+  const loraRow = listed.find(t => t.includes(LORA_RUN_NAME));
+  const fullRow = listed.find(t => t.includes(`${RUN_NAME} (${RUN_ID})`));
+  expect(loraRow, 'the LoRA run in the list').toContain('LoRA r=8 attention');
+  expect(fullRow, 'the full run in the list').toContain('full ·');
+  // each named run by its id, which the list shows after its name
+  const values = await options.evaluateAll(
+    (os, ids) => os.filter(o => ids.some(id => (o.textContent || '').includes(`(${id})`))).map(o => (o as HTMLOptionElement).value),
+    [RUN_ID, LORA_RUN_ID]
+  );
+  expect(values, 'both named runs selectable').toHaveLength(2);
+  await picker.selectOption(values);
   await compareBox.locator('button', { hasText: 'Compare' }).click();
   const compareFigure = compareBox.locator('.js-plotly-plot').first();
   const legend = compareFigure.locator('.legend .legendtext');
