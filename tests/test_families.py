@@ -30,7 +30,17 @@ def test_every_family_folder_is_registered_once_and_named_by_its_model_type():
     assert len(REGISTERED) >= 4
     for family in REGISTERED:
         assert family_for(family.model_type) is family
-        assert family.model_type in transformers.CONFIG_MAPPING, family.model_type
+        known = family.model_type in transformers.CONFIG_MAPPING
+        assert known or _version() < NEWER_THAN.get(family.model_type, (0, 0)), family.model_type
+
+
+# Registered families that older Transformers lack (the GPU image's 5.17), with a release known to have them: a folder
+# for a model_type no installed Transformers knows is never matched, and a typo in one is still caught.
+NEWER_THAN = {"ergo": (5, 25), "lara_mini": (5, 25)}
+
+
+def _version() -> tuple[int, int]:
+    return tuple(int(n) for n in transformers.__version__.split(".")[:2])
 
 
 def test_a_model_type_without_a_folder_gets_the_generic_path_which_adds_nothing():

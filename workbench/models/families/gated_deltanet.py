@@ -16,11 +16,12 @@ def attention_params(widths: AttentionWidths) -> int:
 
 
 def layer_blocks(cfg, moe_flags: list[bool]) -> tuple[LayerBlocks, ...]:
-    """A Gated DeltaNet ('linear_attention') or attention (full, sliding-window or indexed) in each layer, before its
-    MoE (or dense MLP)."""
-    attention = ("full_attention", "sliding_attention", "indexed_attention")
-    mixers = {"linear_attention": "gated_deltanet", **dict.fromkeys(attention, "attention")}
-    return tuple(LayerBlocks(mixers[t], "moe" if moe else "dense") for t, moe in zip(cfg.layer_types, moe_flags))
+    """A Gated DeltaNet ('linear_attention') or attention (any other layer type: full, sliding-window, Qwen4-Exp's
+    indexed) in each layer, before its MoE (or dense MLP)."""
+    return tuple(
+        LayerBlocks("gated_deltanet" if t == "linear_attention" else "attention", "moe" if moe else "dense")
+        for t, moe in zip(cfg.layer_types, moe_flags)
+    )
 
 
 # the tests' tiny config (tests/generic_families.py): one Gated DeltaNet layer, one attention layer

@@ -27,8 +27,7 @@ FAMILY = Family(
     model_type="qwen4_exp_text",
     name="Qwen4-Exp",
     test_config=dict(
-        TEST_CONFIG,
-        layer_types=["linear_attention", "indexed_attention"],
+        TEST_CONFIG,  # its config renames full_attention its own attention type (indexed_attention in 5.25)
         hc_lowrank=8,
         indexer_n_heads=2,
         indexer_kv_heads=1,
