@@ -1,6 +1,7 @@
-"""The layout Qwen3-Next and Qwen3.5-MoE share: Gated DeltaNet ('linear_attention') and gated attention layers
-before experts with a gated shared expert. Each family keeps its own folder for its own Transformers classes (its
-engine mixer module) and presets; what is the same in both is here once."""
+"""The layout Qwen3-Next, Qwen3.5-MoE and Qwen4-Exp share: Gated DeltaNet ('linear_attention') and gated attention
+layers before experts with a gated shared expert (Lara-Mini's attention and shared expert have no gate: its record
+says so). Each family keeps its own folder for its own Transformers classes (its engine mixer module) and presets;
+what is the same in all is here once."""
 
 from __future__ import annotations
 
