@@ -43,9 +43,11 @@ def test_demo_on_two_cpu_ranks_writes_a_run_in_under_two_minutes(tmp_path):
     assert "\r" not in proc.stdout
     runs = list_runs(tmp_path)
     summary = proc.stdout[proc.stdout.index(f"run completed: {runs[0]['path']}") :].splitlines()
-    assert summary[1].startswith("  steps         8/8 in ") and "(2 ranks, dp2 ep2, tiny)" in summary[1]
-    assert summary[2].startswith("  tokens/s/gpu  ") and "mean of steps 2-8" in summary[2]
-    assert summary[4] == f"  checkpoint    {runs[0]['path']}{os.sep}checkpoints{os.sep}step-00000008"
+    lines = {line[2:16].strip(): line[16:] for line in summary[1:] if line.startswith("  ")}
+    assert lines["kind"] == "full · tiny_sft.jsonl (shipped)", summary
+    assert lines["steps"].startswith("8/8 in ") and "(2 ranks, dp2 ep2, tiny)" in lines["steps"], summary
+    assert "median of steps 2-8" in lines["tokens/s/gpu"], summary
+    assert lines["checkpoint"] == f"{runs[0]['path']}{os.sep}checkpoints{os.sep}step-00000008", summary
     assert len(runs) == 1 and runs[0]["state"] == "completed" and runs[0]["world_size"] == 2
     metrics = [json.loads(l) for l in Path(runs[0]["path"], "metrics.jsonl").read_text().splitlines()]
     assert sorted((m["rank"], m["step"]) for m in metrics) == [(r, s) for r in (0, 1) for s in range(1, 9)]

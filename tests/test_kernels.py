@@ -707,7 +707,12 @@ qkv._QKVProjection.apply = lambda *a: nodes.append(1) or qkv_apply(*a)
 decoder.norm_residual = lambda *a: norms.append(1) or norm_residual(*a)
 norm_rope._NormRope.apply = lambda *a: ropes.append(1) or rope_apply(*a)
 router._float32_linear_backward = lambda *a: passed.append(a[3] is not None) or router_backward(*a)
-out, grads = forward_backward(engine, ids, labels)
+# one training forward with its logits (forward_backward runs a second, label-free one for the fused CE's): the
+# counts below are one forward's
+engine.zero_grad(set_to_none=True)
+out = engine(input_ids=ids, labels=labels, output_router_logits=True, use_cache=False, return_logits=True)
+out.loss.backward()
+grads = {n: p.grad.detach().float().clone() for n, p in engine.named_parameters() if p.grad is not None}
 qkv._QKVProjection.apply, decoder.norm_residual, norm_rope._NormRope.apply = qkv_apply, norm_residual, rope_apply
 router._float32_linear_backward = router_backward
 assert passed == [True] * cfg.num_hidden_layers, passed  # each router's backward sums the experts' input gradient
@@ -777,7 +782,8 @@ triton_rope.apply_rope = lambda *a: fused.append(a[0].shape) or real_apply(*a)
 ids = torch.randint(0, cfg.vocab_size, (2, 11), generator=torch.Generator().manual_seed(6)).to(device)
 outs = []
 for model in (ref_model, engine):
-    out = model(input_ids=ids, labels=ids, use_cache=False)
+    logits = {"return_logits": True} if model is engine else {}  # the default fused CE would build none
+    out = model(input_ids=ids, labels=ids, use_cache=False, **logits)
     out.loss.backward()
     outs.append((out.logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
 assert len(fused) == cfg.num_hidden_layers, fused
