@@ -292,7 +292,10 @@ def test_mesh_error_under_torchrun_is_one_line_from_rank_0_with_exit_code_2(tmp_
     assert f"{os.sep}workbench{os.sep}" not in out, out  # no traceback through the workbench's code
     # torchrun itself exits 1 whenever a rank fails; rank 0 (the one that printed) failed first, with 2
     assert proc.returncode == 1 and re.search(r"failed \(exitcode: 2\) local_rank: 0 ", out), out
-    assert len(re.findall(r"exitcode\s*: 2 ", out)) == 2, out  # torchrun's summary: both ranks left with 2
+    # torchrun's summary names both ranks: rank 0 left with 2; rank 1 left with 2 too, or torchrun ended it first
+    # (SIGTERM, -15: seen once in a clean-clone run on 2 busy cores, 2026-12-06); no run folder either way
+    codes = re.findall(r"exitcode\s*: (-?\d+) ", out)
+    assert len(codes) == 2 and "2" in codes and set(codes) <= {"2", "-15"}, out
     assert not (tmp_path / "runs").exists()
 
 
