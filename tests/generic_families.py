@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import pytest
 import transformers
 
 from workbench.models.families import REGISTERED
@@ -247,3 +248,21 @@ def census_config(model_type: str):
     if model_type in FAMILIES:
         return tiny_config(model_type)
     return transformers.AutoConfig.for_model(model_type, **census_fields(model_type))
+
+
+def granite_scaled_logits_config():
+    """A tiny GraniteMoE config whose logits are divided by logits_scaling: the fused CE cannot serve it."""
+    if "granitemoe" not in transformers.CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no granitemoe")
+    return transformers.AutoConfig.for_model(
+        "granitemoe",
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        logits_scaling=4.0,
+    )

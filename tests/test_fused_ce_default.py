@@ -12,7 +12,7 @@ import logging
 import pytest
 import torch
 import transformers
-from generic_families import FAMILIES
+from generic_families import FAMILIES, granite_scaled_logits_config
 from test_generic_families import _config, close, close_grads, randomize
 
 from workbench import BackendConfig
@@ -29,31 +29,13 @@ from workbench.ui.panels import BackendPanel, MeshPanel
 from workbench.ui.studio import Studio
 
 
-def _granite():
-    """A GraniteMoE config whose logits are divided by logits_scaling: the fused CE cannot serve it."""
-    if "granitemoe" not in transformers.CONFIG_MAPPING:
-        pytest.skip(f"transformers {transformers.__version__} has no granitemoe")
-    return transformers.AutoConfig.for_model(
-        "granitemoe",
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        logits_scaling=4.0,
-    )
-
-
 def test_run_config_defaults_to_fused_ce_where_the_model_allows_it(caplog):
     rc = RunConfig()
     assert rc.backend.fused_ce == "auto" and RunConfig.from_dict(rc.to_dict()).backend.fused_ce == "auto"
     # what the trainer resolves and records (config.json's resolved_backend) for the default tiny Qwen3-MoE
     plan = check_world(rc, 1, rc.model.hf_config(), torch.device("cpu"))
     assert plan.backend.fused_ce is True
-    granite = _granite()
+    granite = granite_scaled_logits_config()
     can, why = fused_ce_support(granite)
     assert not can and "logits_scaling=4.0" in why
     assert rc.backend.resolve("cpu", fused_ce_support=(can, why)).fused_ce is False
@@ -72,7 +54,7 @@ def test_drop_in_defaults_to_fused_ce_and_says_why_not(caplog):
     model = AutoModelForCausalLM.from_config(_config("qwen3_moe"), device="cpu")
     assert engine_state(model).backend.fused_ce is True
     with caplog.at_level(logging.WARNING, logger="workbench.models.fused_ce"):
-        granite = AutoModelForCausalLM.from_config(_granite(), device="cpu")
+        granite = AutoModelForCausalLM.from_config(granite_scaled_logits_config(), device="cpu")
     assert engine_state(granite).backend.fused_ce is False
     assert any("fused_ce='auto' is off for model_type 'granitemoe'" in r.message for r in caplog.records)
     ids = torch.randint(0, 96, (2, 8), generator=torch.Generator().manual_seed(0))
@@ -87,7 +69,7 @@ def test_studio_defaults_to_fused_ce_and_shows_what_auto_becomes(tmp_path):
     assert panel.backend_config().fused_ce == "auto"
     panel.set_model(_config("qwen3_moe"))
     assert panel.fused_ce_resolution() == (True, "") and "auto = <b>on</b>" in panel.fused_ce_note.value
-    panel.set_model(_granite())
+    panel.set_model(granite_scaled_logits_config())
     fused, why = panel.fused_ce_resolution()
     assert not fused and "auto = <b>off</b>" in panel.fused_ce_note.value and "logits_scaling" in why
     panel.fused_ce.value = True  # asked for on a model that cannot take it: the run would be refused, said here

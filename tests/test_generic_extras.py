@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from generic_families import tiny_config
+from generic_families import granite_scaled_logits_config, tiny_config
 from test_generic_families import _config, close, close_grads, randomize
 
 from workbench import BackendConfig
@@ -75,20 +75,7 @@ def test_fused_ce_loss_aux_and_grads_equal_transformers(family):
 
 
 def test_fused_ce_refused_where_logits_are_transformed():
-    if "granitemoe" not in transformers.CONFIG_MAPPING:
-        pytest.skip(f"transformers {transformers.__version__} has no granitemoe")
-    cfg = transformers.AutoConfig.for_model(
-        "granitemoe",
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        logits_scaling=4.0,
-    )
+    cfg = granite_scaled_logits_config()
     with pytest.raises(ValueError, match=r"fused_ce=True cannot serve model_type 'granitemoe'.*logits_scaling"):
         AutoModelForCausalLM.from_config(cfg, backend=BackendConfig(fused_ce=True), device="cpu")
     # fused_ce=False builds it, and so does the default ('auto'), which is off for this model

@@ -7,8 +7,9 @@ import struct
 from pathlib import Path
 
 import pytest
+from test_trainer import _rc as trainer_config
 
-from workbench.config import ConfigError, RunConfig
+from workbench.config import ConfigError
 from workbench.runs.moe_health import HEALTH_KEYS
 from workbench.trackers import registry
 from workbench.trackers.scalars import step_scalars
@@ -18,16 +19,7 @@ INSTALLED = {name: not registry.missing_packages(name) for name in registry.TRAC
 
 
 def _rc(tmp_path, **overrides):
-    base = dict(
-        output_dir=str(tmp_path / "runs"),
-        data__seq_len=64,
-        train__steps=3,
-        train__global_batch_size=4,
-        train__local_batch_size=2,
-        train__save_final_checkpoint=False,
-    )
-    base.update(overrides)
-    return RunConfig.demo(**base)
+    return trainer_config(tmp_path, **{"train__local_batch_size": 2, **overrides})
 
 
 def test_report_to_is_empty_by_default_and_refuses_unknown_or_repeated_names(tmp_path):
