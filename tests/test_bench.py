@@ -246,12 +246,49 @@ def test_one_rank_losses_agree(tmp_path):
     assert len(list(tmp_path.glob("*.json"))) == 1 and not list(tmp_path.glob("*.html"))
 
 
+def _accumulating(rank, world, out_dir, accumulation):
+    from workbench.bench.runner import run_bench
+
+    cfg = BenchConfig(
+        preset="tiny",
+        seq=16,
+        batch=1,
+        accumulation=accumulation,
+        warmup=0,
+        steps=1,
+        variants=("anchor", "engine"),
+        out_dir=out_dir,
+        html=False,
+        fail_fast=True,
+    )
+    return run_bench(cfg)
+
+
+def test_accumulation_counts_every_micro_batch(tmp_path):
+    """--accumulation N: N micro-batches per optimizer step, each row's tokens per step counting all of them."""
+    (one,) = run_ranks(_accumulating, 1, str(tmp_path / "one"), 1, timeout=120)
+    (three,) = run_ranks(_accumulating, 1, str(tmp_path / "three"), 3, timeout=120)
+    rows1 = {r["name"]: r for r in one["variants"]}
+    rows3 = {r["name"]: r for r in three["variants"]}
+    assert three["config"]["accumulation"] == 3
+    assert three["model"]["floor"]["flops_per_step_per_gpu"] == pytest.approx(
+        3 * one["model"]["floor"]["flops_per_step_per_gpu"]
+    )
+    for name in ("anchor", "engine"):
+        assert rows1[name]["tokens_per_step_per_gpu"] == 16
+        assert rows3[name]["tokens_per_step_per_gpu"] == 48
+    # the step's loss is the mean over its three micro-batches: the first micro-batch alone gives another value
+    assert rows3["engine"]["loss"][0] == pytest.approx(rows3["anchor"]["loss"][0], abs=1e-5)
+    assert abs(rows3["engine"]["loss"][0] - rows1["engine"]["loss"][0]) > 1e-4
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
         ({"preset": "nope"}, "unknown model preset"),
         ({"seq": 0}, "seq must be an integer >= 2"),
         ({"batch": 0}, "batch must be an integer >= 1"),
+        ({"accumulation": 0}, "accumulation must be an integer >= 1"),
         ({"steps": 0}, "steps must be an integer >= 1"),
         ({"variants": ("anchor", "engin")}, "unknown bench variant"),
         ({"lr": -1.0}, "lr must be a positive number"),

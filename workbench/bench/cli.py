@@ -36,7 +36,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--layers", type=int, help="decoder layers (default: the preset's)")
     p.add_argument("--seq", type=int, default=128, help="sequence length")
-    p.add_argument("--batch", type=int, default=2, help="local batch: sequences per rank per step")
+    p.add_argument("--batch", type=int, default=2, help="local batch: sequences per rank per micro-batch")
+    p.add_argument(
+        "--accumulation",
+        type=int,
+        default=1,
+        help="micro-batches per optimizer step (tokens/s counts them all; the optimizer runs once per step)",
+    )
     p.add_argument("--warmup", type=int, default=2, help="untimed trainer steps first, in every round")
     p.add_argument("--steps", type=int, default=30, help="timed trainer steps per variant, split over the rounds")
     p.add_argument(
@@ -149,6 +155,7 @@ def config_from_args(args: argparse.Namespace):
         layers=args.layers,
         seq=args.seq,
         batch=args.batch,
+        accumulation=args.accumulation,
         warmup=args.warmup,
         steps=args.steps,
         rounds=args.rounds,

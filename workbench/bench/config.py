@@ -129,6 +129,12 @@ VARIANTS: dict[str, VariantSpec] = {
         "anchor", "the anchor with eager (v4-style loop) experts", experts_implementation="eager"
     ),
     # the hybrid models (Nemotron-H, Qwen3.5-MoE, Qwen3-Next): what the engine's chunked sequence mixers add
+    "engine_triton_mixer": VariantSpec(
+        "engine",
+        "engine with the gated delta rule's chunk walk in Triton (BackendConfig.mixer='triton'; Mamba2 keeps the "
+        "compiled chunked scan)",
+        backend=(("mixer", "triton"),),
+    ),
     "engine_transformers_mixer": VariantSpec(
         "engine",
         "engine with Transformers' own sequence mixers (Mamba2, Gated DeltaNet: BackendConfig.mixer='transformers')",
@@ -235,7 +241,10 @@ class BenchConfig:
     preset: str = "tiny"
     layers: int | None = None  # None = the preset's depth
     seq: int = 128
-    batch: int = 2  # local batch: sequences per rank per step
+    batch: int = 2  # local batch: sequences per rank per micro-batch
+    # micro-batches per optimizer step (train.global_batch_size = batch x ranks x this): the AdamW pass over every
+    # weight is paid once per step, as a multi-GPU run shares it among its ranks
+    accumulation: int = 1
     warmup: int = 2  # trainer steps run but not timed, in every round (each round builds the variant afresh)
     steps: int = 30  # timed steps of each variant, split over the rounds
     # variants run in order, then reversed, ... (ABC CBA ...): drift hits every variant alike; None = 2 (1 for one step)
@@ -260,6 +269,7 @@ class BenchConfig:
             _check_int(self.layers, "layers", 1)
         _check_int(self.seq, "seq", 2)
         _check_int(self.batch, "batch", 1)
+        _check_int(self.accumulation, "accumulation", 1)
         _check_int(self.warmup, "warmup", 0)
         _check_int(self.steps, "steps", 1)
         if self.rounds is None:

@@ -226,7 +226,7 @@ def build_result(
             "top_k": hf_config.num_experts_per_tok,
             "vocab": hf_config.vocab_size,
             "flops_per_token": flops_per_token,
-            "floor": step_floor(hf_config, cfg.seq, cfg.batch, world),
+            "floor": step_floor(hf_config, cfg.seq, cfg.batch * cfg.accumulation, world),
         },
         "variants": rows,
         # the variants in the order they ran, one entry per round (ABC CBA ...)

@@ -112,7 +112,7 @@ def _row(name: str, spec: VariantSpec) -> dict[str, Any]:
 def _finish(row: dict[str, Any], rounds: list[list[dict]], cfg: BenchConfig, hf_config, world: int) -> dict[str, Any]:
     """A variant's ok row from its records of every round."""
     measured = combine_rounds(rounds, cfg.warmup, world)
-    tokens = cfg.batch * cfg.seq
+    tokens = cfg.batch * cfg.seq * cfg.accumulation
     row.update(measured)
 
     def tps(seconds: float) -> float:

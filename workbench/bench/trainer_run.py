@@ -55,7 +55,7 @@ def run_config(
         optimizer, precision = "adamw_torch", "bf16"  # torch's AdamW (fused on CUDA), plain bf16: what users run
     train = TrainConfig(
         steps=steps,
-        global_batch_size=cfg.batch * world,
+        global_batch_size=cfg.batch * world * cfg.accumulation,
         local_batch_size=cfg.batch,
         lr=cfg.lr,
         seed=cfg.seed,
