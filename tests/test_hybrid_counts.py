@@ -106,22 +106,28 @@ def test_memory_estimate_counts_the_mixers_by_hand():
     nemotron = tiny_config("nemotron_h")
     est = estimate_memory(nemotron, 1, 1, seq_len=16, local_batch=2, dtype="float32", device_type="cpu")
     assert est.sharded_state == 24460 * 4 * 4
-    moe = 2 * 32 + (2 * 32 + 2 * (2 * 32 + 2 * 16) + (2 * 32 + 32))  # block + router input, 2 routed, shared
+    # block, the router's 4 probabilities, 2 routed relu² copies (input, up, activation and, as the combine weighs
+    # the rows, output), the shared expert's up and activation
+    moe = 2 * 32 + (4 + 2 * (2 * 32 + 2 * 16) + 2 * 16)
     per_layer = [2 * 32 + 292, moe, 2 * 32 + (2 * 4 * 8 + 2 * 2 * 8), moe]  # Mamba2, MoE, attention, MoE
-    assert per_layer == [356, 416, 160, 416]
+    assert per_layer == [356, 292, 160, 292]
     assert est.activations == 32 * 4 * sum(per_layer)
     checkpointed = estimate_memory(
         nemotron, 1, 1, seq_len=16, local_batch=2, dtype="float32", device_type="cpu", activation_checkpointing=True
     )
-    assert checkpointed.activations == 32 * 4 * (4 * 32 + 416)
+    assert checkpointed.activations == 32 * 4 * (4 * 32 + 356)
     # two ranks: the largest layer gathered is an MoE one (router + shared + 4 experts), not the Mamba2 one
     two = estimate_memory(nemotron, 2, 1, seq_len=16, local_batch=2, dtype="float32", device_type="cpu")
     assert two.gathered == 4 * (2 * (2 * 96 * 32) + 3 * (128 + 1024 + 4096))
 
     qwen = tiny_config("qwen3_5_moe_text")
     est = estimate_memory(qwen, 1, 1, seq_len=16, local_batch=2, dtype="float32", device_type="cpu")
-    moe = 2 * 32 + 2 * (2 * 32 + 3 * 16) + (2 * 32 + 48)
-    assert est.activations == 32 * 4 * ((4 * 32 + 236 + moe) + (4 * 32 + 96 + moe))
+    # the router's 4 probabilities, 2 routed copies taking their weights in their rows (input, gate/up, activation),
+    # the shared expert's gate/up and activation and its output, kept for its sigmoid gate
+    moe = 4 + 2 * (32 + 3 * 16) + (48 + 32)
+    # attention: q, k, v, output; the q/k norms' inputs; the gated query's gate half, sigmoid and gated output
+    attention = (2 * 4 * 8 + 2 * 2 * 8) + (4 + 2) * 8 + 3 * 4 * 8
+    assert est.activations == 32 * 4 * ((4 * 32 + 236 + moe) + (4 * 32 + attention + moe))
 
 
 @pytest.mark.parametrize(

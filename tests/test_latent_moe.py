@@ -106,9 +106,9 @@ def test_latent_moe_parameters_flops_and_memory_by_hand():
     assert counts.total == 24460 - 2 * 4 * (1024 - 768) + 2 * 1536 == 25484 == _real_params(cfg)
     assert counts.active_matmul == 16512 - 2 * 2 * (1024 - 768) + 2 * 1536 == 18560
     est = estimate_memory(cfg, 1, 1, seq_len=16, local_batch=2, dtype="float32", device_type="cpu")
-    # an MoE layer: its block (2H), router input (2H), 2 routed copies at the latent width (2L + 2I each), the
-    # combined latent rows (L), the shared expert (2H + 2 I_s)
-    moe = 2 * 32 + 2 * 32 + 2 * (2 * 24 + 2 * 16) + 24 + (2 * 32 + 32)
+    # an MoE layer: its block (2H), the router's 4 probabilities, 2 routed copies at the latent width (2L + 2I each),
+    # the combined latent rows (L), the shared expert (2 I_s)
+    moe = 2 * 32 + 4 + 2 * (2 * 24 + 2 * 16) + 24 + 2 * 16
     assert est.activations == 32 * 4 * ((2 * 32 + 292) + moe + (2 * 32 + 96) + moe)
 
 

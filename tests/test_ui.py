@@ -227,11 +227,13 @@ def test_memory_estimate_of_deepseek_v3_counts_shared_experts_and_mla():
     layer = part("self_attn.") + part("mlp.gate.") + part("mlp.shared_experts.") + part("mlp.experts.") // 2
     assert layer > sum(v for n, v in numel.items() if n.startswith("model.layers.0.mlp."))
     assert est.gathered == pytest.approx(2 * (2 * 2 * 163840 * 2048 + 3 * layer))
-    # Activations: layer 0 dense, layers 1-3 MoE with k=6 routed + shared copies; MLA widths.
+    # Activations: layer 0 dense, layers 1-3 MoE with the router's 64 probabilities, k=6 routed copies (their input,
+    # gate/up and activation, and at ep=2 their output: the all-to-all combine weighs the rows) and the 2 shared
+    # experts' gate/up and activation; MLA widths (kv_a's output and its norm's)
     H, heads, qk, v = 2048, 16, 192, 128
-    attention = heads * (2 * qk + 2 * v) + 512 + 64
-    dense = 4 * H + attention + 2 * H + 3 * 11264
-    moe = 4 * H + attention + 2 * H + 6 * (2 * H + 3 * 1408) + (2 * H + 3 * 2 * 1408)
+    attention = heads * (2 * qk + 2 * v) + 2 * 512 + 64
+    dense = 4 * H + attention + 3 * 11264
+    moe = 4 * H + attention + 64 + 6 * (2 * H + 3 * 1408) + 3 * 2 * 1408
     assert est.activations == pytest.approx(4096 * 2 * 2 * (dense + 3 * moe))
 
 

@@ -12,19 +12,32 @@ The estimate (bytes on one rank, b = bytes per element of the training dtype):
                       # one decoder layer = attention (or a hybrid's mixer) + router + shared experts
                       # + this rank's E/ep experts (or its dense MLP); the largest layer counts
     activations     = tokens * b * sum over layers of per_token_layer   # tokens = local_batch * seq
-                      per_token_layer = 2H per block (its norm's input, the residual) + mixer + mlp
+                      per_token_layer = 2H per block (its input, the residual; its norm's output, the input of
+                                        every projection, router and expert after it) + mixer + mlp
                                         (a transformer layer has two blocks, a Nemotron-H layer one)
-                      attention = 2*n_h*d + 2*n_kv*d         # q, attention out, k/v
-                                  MLA: n_h*(2*d_qk + 2*d_v) + kv_lora + rope (+ q_lora)
+                      attention = 2*n_h*d + 2*n_kv*d         # q, k, v after RoPE, attention out
+                                  + (n_h + n_kv)*d           # q/k norms' inputs (Family.qk_norm)
+                                  + 3*n_h*d                  # a gated query's gate, sigmoid, gated out
+                                  MLA: n_h*(2*d_qk + 2*d_v) + 2*kv_lora + rope + 2*q_lora
+                                       (the low-rank projections' outputs and their norms' outputs)
                       Mamba2, Gated DeltaNet: their projections', conv's, output's and gated norm's
                                   widths and their chunk states' share (workbench/mixer_counts.py)
-                      mlp (MoE)   = 2H + k * (2H + g*I_e)    # router input; each of the k routed
-                                    + (2H + g*I_s)           # copies keeps its input, output and
-                                                             # gate/up/activation; shared experts
-                      mlp (dense) = 2H + g*I                 # a dense layer's MLP
+                      mlp (MoE)   = E + k * (R + g*I_e)      # router probabilities; each of the k routed
+                                    (+ k*R)                  # copies keeps its input row and gate/up and
+                                    + g*I_s (+ H)            # activation; its output only where the combine
+                                                             # weighs the rows; shared experts (+ the output
+                                                             # a sigmoid shared-expert gate multiplies)
+                      mlp (dense) = g*I                      # a dense layer's MLP
+                      R = H (a LatentMoE's moe_latent_size L; the combined latent rows add L, fc2_latent_proj's
+                          input). The combine keeps no expert outputs where the rows take their routing weights
+                          (moe/row_weights.py: a plain SwiGLU, bias-free experts, the one-rank dispatcher, ep 1)
                       g = 3 (gate, up, activation); 2 for Nemotron-H's relu² MLPs (up, activation)
-                      LatentMoE (moe_latent_size L): each routed copy keeps 2L, not 2H, and the
-                                    combined latent rows add L (fc2_latent_proj's input)
+                      These are the engine's kernels as CUDA runs them (Triton's RMSNorm, norm + RoPE, packed
+                      weighted SwiGLU); tests/test_plan_activations.py counts the bytes autograd saves at
+                      Qwen3-30B-A3B's width ratios: within 4% for LoRA and full fine-tuning (the old count, with a
+                      2H router input and every copy's output, was 23-24% over; a 1 x H100 LoRA run measured
+                      0.406 GiB a layer beside a checkpointed one at 4096 tokens). torch's CPU kernels keep more
+                      (the norms' normalized inputs, SwiGLU's silu and product): about 1.35x in float32 there.
                       with activation checkpointing: tokens * b * (layers * H + max per_token_layer)
     logits          = tokens * V * (b + 8)                   # logits, fp32 upcast and fp32 grad
                       (0 with the fused linear cross-entropy)
@@ -37,8 +50,8 @@ adapter a token passes keeps its r-wide x @ A in the activations.
 
 Parameters are counted per family (workbench.params): GPT-OSS's biases, DeepSeek-V3's shared
 experts and dense first layers. Against Transformers' peaks measured on the H200 (Qwen3-30B-A3B,
-bf16, seq 4096, batch 2) it lands within 5%: 1 GPU 8 layers 62.2 vs 59.6 GiB, 2 GPUs FSDP2
-8 layers 47.2 vs 46.3 GiB, 16 layers 74.7 vs 72.1 GiB (tests/test_ui.py checks these).
+bf16, seq 4096, batch 2) this sum of everything at once lands within 5%: 1 GPU 8 layers 60.3 vs 59.6 GiB,
+2 GPUs FSDP2 8 layers 45.2 vs 46.3 GiB, 16 layers 70.8 vs 72.1 GiB (tests/test_ui.py checks these).
 
 The run plan (workbench/plan/memory.py) takes its activations, gathers and logits and adds what the engine's step
 holds at its peak instead of this sum of everything at once; the Studio imports both names from workbench.ui.memory.
@@ -53,6 +66,7 @@ from workbench.config import OPTIMIZER_STATES
 from workbench.devices import resolve_dtype_name
 from workbench.mixer_counts import mixer_counts
 from workbench.models.families import LayerBlocks, family_for
+from workbench.models.families.family import no_expert_rows
 from workbench.models.lora_check import adapter_counts
 from workbench.params import ParamCounts, experts_input_width, head_dims, is_mla, layer_blocks, param_counts
 
@@ -88,20 +102,40 @@ def _attention_per_token(cfg: Any) -> int:
     heads = cfg.num_attention_heads
     qk, v = head_dims(cfg)
     if is_mla(cfg):
+        # q, k, v and the output at every head; the low-rank projections' outputs and their norms' outputs (kv_a's
+        # output holds the latent and the shared rope key)
         return (
             heads * (2 * qk + 2 * v)
-            + cfg.kv_lora_rank
+            + 2 * cfg.kv_lora_rank
             + cfg.qk_rope_head_dim
-            + (getattr(cfg, "q_lora_rank", None) or 0)
+            + 2 * (getattr(cfg, "q_lora_rank", None) or 0)
         )
+    family = family_for(getattr(cfg, "model_type", ""))
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    return 2 * heads * qk + 2 * kv_heads * qk
+    # the attention's q, k, v (after the rotary embedding) and output; q/k norms keep their inputs too (the fused
+    # norm + rope's backward reads the projections' outputs)
+    norms = (heads + kv_heads) * qk if family.qk_norm else 0
+    # a gated query: its gate half (in the query projection's output), the sigmoid and the gated output
+    gate = 3 * heads * qk if family.gated_query else 0
+    return 2 * heads * qk + 2 * kv_heads * qk + norms + gate
 
 
-def _per_token_layer(cfg: Any, counts: ParamCounts, blocks: LayerBlocks) -> float:
-    """Activation elements one token keeps for backward in one decoder layer (module docstring)."""
+def rows_take_weights(cfg: Any, ep: int) -> bool:
+    """Whether the engine's experts apply the routing weights in their SwiGLU (moe/row_weights.py), so the combine
+    keeps no expert outputs: a plain SwiGLU gate with bias-free experts and the family's generic rows, under the
+    one-rank dispatcher (ep 1: the only one whose rows take their weights)."""
+    family = family_for(getattr(cfg, "model_type", ""))
+    plain = family.gated_mlps and not family.biased_experts and family.expert_rows is no_expert_rows
+    return ep == 1 and plain
+
+
+def _per_token_layer(cfg: Any, counts: ParamCounts, blocks: LayerBlocks, ep: int = 1) -> float:
+    """Activation elements one token keeps for backward in one decoder layer (module docstring); `ep`: the mesh's
+    (whether the combine keeps the experts' outputs)."""
     hidden = counts.hidden
     gated = 3 if family_for(getattr(cfg, "model_type", "")).gated_mlps else 2
+    # each block keeps its input (the residual stream) and its norm's output, the input of every projection, router
+    # and expert that follows (one tensor, kept once)
     total = 2 * hidden * ((blocks.mixer is not None) + (blocks.mlp is not None))
     if blocks.mixer == "attention":
         total += _attention_per_token(cfg)
@@ -110,13 +144,18 @@ def _per_token_layer(cfg: Any, counts: ParamCounts, blocks: LayerBlocks) -> floa
     if blocks.mlp == "moe":
         width = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
         routed = experts_input_width(cfg)  # a LatentMoE's experts work at the latent width
-        total += 2 * hidden + counts.top_k * (2 * routed + gated * width)
+        # each routed copy keeps its input row and its g*I gate/up and activation (the SwiGLU's packed gate/up and
+        # the down projection's input); its output only where the combine weighs the rows (it reads them back for
+        # the weights' gradient). Measured on the engine's kernels, Qwen3-MoE at Qwen3-30B-A3B's ratios: the
+        # routed output row (k*H a token, 16K elements at 30B-A3B) is what the plan overcounted by ~25%.
+        copy = routed + gated * width + (0 if rows_take_weights(cfg, ep) else routed)
+        total += counts.num_experts + counts.top_k * copy  # the router's probabilities, the routed copies
         if counts.latent_per_layer:  # the combined latent rows, fc2_latent_proj's input
             total += routed
-        if counts.shared_per_layer:
-            total += 2 * hidden + counts.shared_per_layer // hidden  # g * I_s
+        if counts.shared_per_layer:  # g * I_s; a sigmoid-gated shared expert keeps its output for the gate
+            total += counts.shared_per_layer // hidden + hidden * family_for(cfg.model_type).shared_expert_gate
     elif blocks.mlp == "dense":
-        total += 2 * hidden + gated * cfg.intermediate_size
+        total += gated * cfg.intermediate_size
     return total
 
 
@@ -185,7 +224,7 @@ def estimate_memory(
         layer = _largest_layer(counts, blocks, ep)
         root, layers = (1, 2) if lora is not None else (2, 3)  # a frozen base gathers no gradient
         gathered = b * (root * (counts.embed + counts.lm_head) + layers * layer)
-    per_layer = [_per_token_layer(cfg, counts, one) for one in blocks]
+    per_layer = [_per_token_layer(cfg, counts, one, ep) for one in blocks]
     tokens = seq_len * local_batch
     if activation_checkpointing:
         # a recomputed layer keeps its input; the backward holds one recomputed layer's activations at a time

@@ -91,6 +91,8 @@ class Family:
       (Nemotron-H's relu²).
     - `gated_query`: its attention's query projection also gives a per-head output gate (2x its width).
     - `shared_expert_gate`: its shared expert's output passes a sigmoid gate, an nn.Linear(hidden, 1).
+    - `qk_norm`: its attention normalizes the queries and keys before the rotary embedding (Qwen3's per-head norms,
+      OLMoE's over all heads): the backward keeps their inputs too (the memory estimate).
     """
 
     model_type: str
@@ -107,6 +109,7 @@ class Family:
     gated_mlps: bool = True
     gated_query: bool = False
     shared_expert_gate: bool = False
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         others = [p.name for p in self.presets if p.model_type != self.model_type]

@@ -67,4 +67,5 @@ FAMILY_FIELDS: dict[str, Any] = dict(
     layer_blocks=layer_blocks,
     gated_query=True,  # its q_proj also gives the attention output's gate
     shared_expert_gate=True,
+    qk_norm=True,  # its attention layers' per-head q_norm and k_norm
 )

@@ -17,4 +17,5 @@ FAMILY = Family(
     presets=PRESETS,
     test_config=dict(intermediate_size=32, num_experts=4, num_experts_per_tok=2),
     attention_params=attention_params,
+    qk_norm=True,
 )

@@ -41,4 +41,5 @@ FAMILY = Family(
     test_config=TEST_CONFIG,
     install_extras=install_extras,
     attention_params=attention_params,
+    qk_norm=True,
 )
