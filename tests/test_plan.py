@@ -132,6 +132,12 @@ def test_partial_checkpointing_lies_between_none_and_all_and_is_offered_where_it
     assert max(o.tokens_per_s_per_gpu for o in partial) > full[0].tokens_per_s_per_gpu
     chosen = auto_option(plan.options, 1)
     assert chosen is not None and chosen.change.get("train.activation_checkpointing_layers"), chosen
+    # eighths of the 48 layers; of the counts that fit alone only the fewest is listed, and an eighth fewer does not fit
+    alone = [o for o in partial if len(o.change) == 2]
+    assert len(alone) == 1 and all(o.change["train.activation_checkpointing_layers"] % 6 == 0 for o in partial)
+    count = alone[0].change["train.activation_checkpointing_layers"]
+    fewer = {"train.activation_checkpointing": True, "train.activation_checkpointing_layers": count - 6}
+    assert count > 6 and not plan_run(lora48.with_overrides(fewer), gpu="h100", with_options=False).fits
 
 
 def test_options_fit_when_applied_and_come_fastest_first():

@@ -1,13 +1,15 @@
 """The RunConfig changes that would make a run fit, each planned as a run of its own.
 
-Changes that keep the training the same: activation checkpointing (of every layer, or of a quarter, half or three
-quarters of them, which recomputes less where the memory allows), 8-bit AdamW moments, a smaller local batch (more
-micro-batches, the same global batch), a larger expert-parallel size, more GPUs. Changes that train something else
-(`changes_training`): LoRA on a full fine-tune, a shorter data.seq_len, a global batch grown to cover more GPUs, and
-updates inside the backward (one rank, no accumulation: the trainer's rule) where the run clipped its gradients, which
-they cannot. Every combination of them is planned; the list keeps those that fit, drops one whose change only adds to
-a faster fitting one, and is sorted fastest first. `train.fit: auto` takes the fastest that keeps the training and the
-rank count.
+Changes that keep the training the same: activation checkpointing (of every layer, or of the first eighth, quarter,
+..., seven eighths of them, which recomputes less where the memory allows), 8-bit AdamW moments, a smaller local
+batch (more micro-batches, the same global batch), a larger expert-parallel size, more GPUs. Changes that train
+something else (`changes_training`): LoRA on a full fine-tune, a shorter data.seq_len, a global batch grown to cover
+more GPUs, and updates inside the backward (one rank, no accumulation: the trainer's rule) where the run clipped its
+gradients, which they cannot. Every combination of them is planned; the list keeps those that fit, drops one whose
+change only adds to a faster fitting one, and is sorted fastest first. A partial checkpointing count counts as less
+than a larger one: one that checkpoints more layers than a faster listed option, with no change that option lacks, is
+dropped too (it only adds headroom, which checkpointing every layer, listed as well, gives most of). `train.fit: auto`
+takes the fastest that keeps the training and the rank count.
 """
 
 from __future__ import annotations
@@ -35,13 +37,15 @@ def _halvings(value: int, floor: int) -> list[int]:
     return out
 
 
-# The shares of the decoder layers a partial activation checkpointing recomputes (besides all of them)
-PARTIAL_CHECKPOINTING = (1 / 4, 1 / 2, 3 / 4)
+# The shares of the decoder layers a partial activation checkpointing recomputes (besides all of them): eighths, so
+# train.fit auto lands within an eighth of the layers of the fewest that fit (48 layers: 6 at a time)
+PARTIAL_CHECKPOINTING = tuple(n / 8 for n in range(1, 8))
+CHECKPOINTED_LAYERS = "train.activation_checkpointing_layers"
 
 
 def _checkpointing(rc: RunConfig, hf_config: Any) -> list[dict[str, Any]]:
-    """Activation checkpointing of more layers than the run recomputes now: every layer, and the first quarter,
-    half or three quarters of them (train.activation_checkpointing_layers)."""
+    """Activation checkpointing of more layers than the run recomputes now: every layer, and the first eighth,
+    quarter, ..., seven eighths of them (train.activation_checkpointing_layers)."""
     train = rc.train
     layers = getattr(hf_config, "num_hidden_layers", 0) or 0
     now = 0 if not train.activation_checkpointing else (train.activation_checkpointing_layers or layers)
@@ -52,7 +56,7 @@ def _checkpointing(rc: RunConfig, hf_config: Any) -> list[dict[str, Any]]:
             continue
         ac: dict[str, Any] = {"train.activation_checkpointing": True}
         if count is not None or train.activation_checkpointing_layers is not None:
-            ac["train.activation_checkpointing_layers"] = count
+            ac[CHECKPOINTED_LAYERS] = count
         if train.cuda_graphs:
             ac["train.cuda_graphs"] = False
         out.append(ac)
@@ -154,8 +158,20 @@ def fitting_options(
         items = set(map(repr, option.change.items()))
         if any(k.gpus == option.gpus and set(map(repr, k.change.items())) <= items for k in kept):
             continue
+        if any(_checkpoints_fewer_with_less(k, option) for k in kept):
+            continue  # a faster one recomputes fewer layers with no other change this one lacks
         kept.append(option)
     return tuple(kept[:MAX_OPTIONS])
+
+
+def _checkpoints_fewer_with_less(kept: Option, option: Option) -> bool:
+    """Whether `kept` checkpoints some of the layers, no more than `option` does, on as many ranks, and makes no change
+    besides that `option` lacks: `option` then only recomputes more or adds changes."""
+    fewer, more = kept.change.get(CHECKPOINTED_LAYERS), option.change.get(CHECKPOINTED_LAYERS)
+    if kept.gpus != option.gpus or not (fewer and more and fewer <= more):
+        return False
+    others = ({repr(i) for i in o.change.items() if i[0] != CHECKPOINTED_LAYERS} for o in (kept, option))
+    return next(others) <= next(others)
 
 
 def auto_option(options: tuple[Option, ...], gpus: int) -> Option | None:
