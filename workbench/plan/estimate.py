@@ -146,8 +146,8 @@ def _per_token_layer(cfg: Any, counts: ParamCounts, blocks: LayerBlocks, ep: int
         routed = experts_input_width(cfg)  # a LatentMoE's experts work at the latent width
         # each routed copy keeps its input row and its g*I gate/up and activation (the SwiGLU's packed gate/up and
         # the down projection's input); its output only where the combine weighs the rows (it reads them back for
-        # the weights' gradient). Measured on the engine's kernels, Qwen3-MoE at Qwen3-30B-A3B's ratios: the
-        # routed output row (k*H a token, 16K elements at 30B-A3B) is what the plan overcounted by ~25%.
+        # the weights' gradient). Counting every copy's output and a 2H router input (20K elements a token at
+        # Qwen3-30B-A3B) put the plan 23-24% over what the engine saves (tests/test_plan_activations.py).
         copy = routed + gated * width + (0 if rows_take_weights(cfg, ep) else routed)
         total += counts.num_experts + counts.top_k * copy  # the router's probabilities, the routed copies
         if counts.latent_per_layer:  # the combined latent rows, fc2_latent_proj's input
