@@ -136,7 +136,7 @@ def test_qwen3_5_model_with_the_triton_walk_equals_the_torch_walk_in_the_interpr
     run_triton_script(MODEL_SCRIPT, "cpu", "MODEL EQUAL")
 
 
-def test_mixer_triton_is_a_choice_and_not_yet_the_default():
+def test_mixer_triton_is_a_choice_and_not_the_default():
     assert BackendConfig().resolve(Platform(device_type="cuda", capability=(9, 0))).mixer == "chunked"
     hopper = Platform(device_type="cuda", capability=(9, 0), modules=frozenset({"triton"}))
     assert BackendConfig(mixer="triton").resolve(hopper).mixer == "triton"

@@ -83,9 +83,9 @@ AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "router": ("torch", "triton"),
     # chunked everywhere: its scan and conv restart at each packed document, where Transformers' torch path carries
     # the state from one document into the next; compiled on CUDA (Transformers' fallback is thousands of small
-    # kernels there), eager elsewhere. Not yet 'triton': its walk equals the torch walk in Triton's interpreter and,
-    # at narrow widths, compiled on an H100, but at Qwen3.5's widths (keys and values 128) its forward asked for 288
-    # KiB of shared memory (the H100 has 227) on 2026-12-06; one pipeline stage now, not yet run on a GPU.
+    # kernels there), eager elsewhere. Not 'triton': its walk equals the torch walk (tests, CUDA and interpreter) but
+    # was no faster in the trainer's step: Qwen3.5 L4 on an H100, 34,006 tokens/s against the compiled walk's 35,297
+    # (2026-12-06).
     "mixer": ("chunked", "transformers"),
 }
 

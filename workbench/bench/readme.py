@@ -48,10 +48,13 @@ def _gpus(data: dict[str, Any]) -> str:
     return f"{dev['count']} x {dev['name'].replace('NVIDIA ', '')}"
 
 
-def _config(data: dict[str, Any]) -> tuple[int, int, int]:
+def _config(data: dict[str, Any]) -> tuple[int, int, int | str]:
     cfg = data.get("config", {})
     layers = data.get("model", {}).get("layers", cfg.get("layers"))
-    return layers, cfg.get("seq"), cfg.get("batch")
+    # several micro-batches a step are another setup (the optimizer's pass shared among them), and say so
+    accumulation = cfg.get("accumulation", 1)
+    batch = cfg.get("batch") if accumulation == 1 else f"{cfg.get('batch')}, {accumulation} micro-batches a step"
+    return layers, cfg.get("seq"), batch
 
 
 def setup_key(data: dict[str, Any]) -> tuple:

@@ -66,7 +66,10 @@ def markdown_table(path: Path) -> str:
         row, plan = c["row"], c["plan"]
         measured = f"{row['peak_gib']:.1f}" if row.get("peak_gib") else f"OOM at {row['oom_at_gib']:.1f}+"
         speed = f"{row['tokens_per_s']:,.0f}" if row.get("tokens_per_s") else "n/a"
-        step = _pct(c["time_ratio"]) + ("" if row.get("time_checked", True) else " (older code)")
+        # a row whose step the test does not hold to the plan says why in a word or two (`time_note`)
+        step = _pct(c["time_ratio"]) + (
+            "" if row.get("time_checked", True) else f" ({row.get('time_note', 'older code')})"
+        )
         lines.append(
             f"| {row.get('gpus', 1)} x {row['gpu'].upper()} | {row['label']} | {measured} | "
             f"{plan.peak_gib_per_rank:.1f} | "
