@@ -269,6 +269,38 @@ def test_a_missing_tokenizer_folder_is_named(tmp_path):
         _stream(_cfg(tmp_path, data_files=str(_parquet(tmp_path)), tokenizer=str(missing)))
 
 
+@pytest.mark.parametrize("name", ["tokenizer.json", "chat_template.jinja", "tokenizer_config.json"])
+def test_a_tokenizer_file_linking_out_of_its_folder_is_refused_before_it_is_read(tmp_path, name):
+    folder = tmp_path / "tok"
+    shutil.copytree(TOKENIZER_DIR, folder)
+    outside = tmp_path / "elsewhere" / name
+    outside.parent.mkdir()
+    shutil.move(folder / name, outside)
+    (folder / name).symlink_to(outside)
+    with pytest.raises(DataError, match=rf"^{folder / name} leads to {outside} \(through a link\), outside {folder}"):
+        _stream(_cfg(tmp_path, data_files=str(_parquet(tmp_path)), tokenizer=str(folder)))
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_a_model_folders_own_tokenizer_linking_out_is_refused_for_finetune(tmp_path):
+    """The model folder's tokenizer (used when data.tokenizer is unset) is held to the same rule."""
+    from workbench.train.data_tokenizer import check_tokenizer_dir, resolve_tokenizer_dir
+
+    model = tmp_path / "model"
+    model.mkdir()
+    outside = tmp_path / "elsewhere.json"
+    shutil.copy(TOKENIZER_DIR / "tokenizer.json", outside)
+    (model / "tokenizer.json").symlink_to(outside)
+    chosen = resolve_tokenizer_dir(_cfg(tmp_path, data_files=str(_parquet(tmp_path))), str(model))
+    assert chosen == model
+    with pytest.raises(DataError, match="through a link"):
+        check_tokenizer_dir(chosen)
+    # the same folder with the file copied in is taken
+    (model / "tokenizer.json").unlink()
+    shutil.copy(outside, model / "tokenizer.json")
+    assert check_tokenizer_dir(model) == model
+
+
 def test_a_cache_dir_that_is_a_file_names_data_cache_dir(tmp_path):
     blocker = tmp_path / "cachefile"
     blocker.write_text("not a folder")

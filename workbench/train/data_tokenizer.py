@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workbench.errors import DataError
+from workbench.errors import CheckpointError, DataError
+from workbench.folder_files import file_inside
 
 # What AutoTokenizer can build a tokenizer from: a fast tokenizer file or a slow one's vocabulary.
 # (tokenizer_config.json alone names a class but holds no vocabulary.)
@@ -17,6 +18,18 @@ TOKENIZER_FILES = (
     "vocab.json",
     "vocab.txt",
     "*.tiktoken",
+)
+
+
+# The other files AutoTokenizer reads from the folder: its class and special tokens, BPE merges, chat templates.
+TOKENIZER_SIDE_FILES = (
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "additional_chat_templates/*",
 )
 
 
@@ -41,7 +54,20 @@ def check_tokenizer_dir(path: str | Path) -> Path:
             f"tokenizer directory {path} has no tokenizer files (looked for "
             f"{', '.join(TOKENIZER_FILES)}; found {present or 'nothing'}); {hint}"
         )
+    _check_links_stay_inside(path)
     return path
+
+
+def _check_links_stay_inside(path: Path) -> None:
+    """Refuse a tokenizer file that is a link out of its folder: nothing outside the folders a user named is read
+    (the model folder's own tokenizer included; a Hub cache snapshot's links into its blobs are let through)."""
+    fix = "copy the tokenizer files into the folder (tokenizer.save_pretrained() writes them all)"
+    for pattern in (*TOKENIZER_FILES, *TOKENIZER_SIDE_FILES):
+        for found in sorted(path.glob(pattern)):
+            try:
+                file_inside(path, found.relative_to(path).as_posix(), f"tokenizer directory {path}", fix)
+            except CheckpointError as err:
+                raise DataError(str(err)) from None
 
 
 def load_tokenizer(path: str | Path, require_template: bool = True):
