@@ -254,6 +254,24 @@ def test_a_full_disk_keeps_the_previous_export_whole(tmp_path, monkeypatch):
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_a_killed_saves_leftover_folder_is_removed_by_the_next_save(tmp_path):
+    """A save killed before its rename leaves `.tmp-<name>-<pid>`; the next save to that folder removes it, and keeps
+    the folder of a writer that is still alive."""
+    model = _lora_model(tmp_path)
+    out = tmp_path / "merged"
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    dead = tmp_path / f".tmp-merged-{ended.pid}"
+    live = tmp_path / f".tmp-merged-{os.getppid()}"
+    for folder in (dead, live):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"\0" * 64)
+    save_merged(model, out)
+    assert not dead.exists() and live.exists()
+    assert (out / "config.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["base", "merged", live.name])
+
+
 def _mis_shape(path: Path, key: str) -> tuple[int, ...]:
     state = load_file(path / "model.safetensors")
     want = tuple(state[key].shape)

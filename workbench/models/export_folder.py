@@ -4,7 +4,8 @@ A folder holding both a model (config.json and weights) and an adapter_config.js
 read by Transformers' from_pretrained as the model with the adapter applied on top: a merged
 model then gets its LoRA update twice, silently. Each save therefore refuses a folder that holds
 the other kind. A save writes into a new folder beside the target and moves its files in only once
-every file is written, so a full disk leaves no config.json without its weights.
+every file is written, so a full disk leaves no config.json without its weights; a save killed before that
+leaves its `.tmp-<name>-<pid>` folder, which the next save to the same folder removes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+
+from workbench.dead_builds import remove_dead_builds, temp_folder
 
 MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -61,7 +64,8 @@ def write_whole(out_dir: Path, kind: str, write: Callable[[Path], None]) -> Path
     out_dir = Path(out_dir)
     check_export_folder(out_dir, kind)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(f".tmp-{out_dir.name}-{os.getpid()}")
+    remove_dead_builds(out_dir)  # a save killed before its rename left its folder beside this one
+    tmp = temp_folder(out_dir)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         write(tmp)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from workbench.config_data import DATA_FILE_BUILDERS
+from workbench.dead_builds import remove_dead_builds, temp_folder
 from workbench.errors import DataError
 from workbench.parallel import dist_utils as du
 from workbench.runs.run_dir import default_runs_dir
@@ -284,25 +285,11 @@ def _holdout(n: int, fraction: float, where: str) -> tuple[np.ndarray, np.ndarra
     return np.sort(perm[k:]), np.sort(perm[:k])
 
 
-def _remove_dead_builds(folder: Path) -> None:
-    """Delete this key's half-written builds whose process is gone (a killed build leaves up to 2x the corpus)."""
-    for tmp in folder.parent.glob(f".tmp-{folder.name}-*"):
-        pid = tmp.name.rsplit("-", 1)[-1]
-        if not pid.isdigit():
-            continue
-        try:
-            os.kill(int(pid), 0)  # signal 0: only asks whether the process exists
-        except ProcessLookupError:
-            shutil.rmtree(tmp, ignore_errors=True)
-        except PermissionError:  # another user's live process
-            pass
-
-
 def build_cache(cfg, tokenizer_dir: Path, vocab_size: int, folder: Path) -> None:
     """Tokenize and pack into `folder` (written beside it, then renamed into place)."""
     datasets = require_datasets()
-    _remove_dead_builds(folder)
-    tmp = folder.parent / f".tmp-{folder.name}-{os.getpid()}"
+    remove_dead_builds(folder)
+    tmp = temp_folder(folder)
     work = tmp / "work"
     work.mkdir(parents=True)
     try:
