@@ -350,3 +350,36 @@ def test_a_huge_error_message_is_clipped_in_status_json_so_the_run_stays_listed(
     assert "characters left out" in status["error"]
     [summary] = list_runs(tmp_path / "runs")
     assert summary["readable"] and summary["state"] == "failed"
+
+
+def test_demo_on_a_rank_count_the_batch_cannot_split_is_one_line_before_any_rank(tmp_path, capsys):
+    code = main(["demo", "--ranks", "3", "--steps", "1", "--output-dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    [line] = err.splitlines()
+    assert line == (
+        "workbench demo: train.global_batch_size (8) must be a multiple of local_batch_size (4) x data-parallel "
+        "size (3)"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_a_demo_rank_refused_inside_the_ranks_says_it_once_without_a_traceback(tmp_path, capfd):
+    """Data the ranks refuse (bytes that are not UTF-8) is one line from rank 0 and exit code 2, as finetune says it."""
+    from workbench.config import DataConfig, RunConfig
+    from workbench.parallel.launch import spawn
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"prompt": "a\xff\xfe", "completion": "b"}\n')
+    rc = RunConfig.demo(
+        output_dir=str(tmp_path / "runs"),
+        train__steps=1,
+        data=DataConfig(kind="datasets", data_files=str(bad), seq_len=64, cache_dir=str(tmp_path / "cache")),
+    )
+    code = spawn("workbench.cli_demo:demo_rank", {"config": rc.to_dict(), "bar": False}, 2, "demo")
+    err = capfd.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err, err
+    refusals = [line for line in err.splitlines() if line.startswith("workbench demo: ")]
+    assert len(refusals) == 1 and str(bad) in refusals[0], err

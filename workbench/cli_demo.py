@@ -6,8 +6,16 @@ import argparse
 import os
 import sys
 
-from workbench.cli_common import add_run_arguments, config_overrides, print_summary, run_command, wants_bar
-from workbench.parallel.launch import spawn
+from workbench.cli_common import (
+    RunWatch,
+    add_run_arguments,
+    config_overrides,
+    print_summary,
+    refused_before_work,
+    run_command,
+    wants_bar,
+)
+from workbench.parallel.launch import report_rank_failure, spawn
 from workbench.runs.run_dir import RunDir, default_runs_dir, new_run_id
 
 
@@ -24,7 +32,13 @@ def run_demo(args: argparse.Namespace) -> int:
     if world < 1:
         print("workbench demo: --ranks must be >= 1", file=sys.stderr)
         return 2
-    rc = command.demo_config({**config_overrides(args), "run_id": args.run_id or new_run_id()})
+    try:  # checked for the rank count here, so a mistake is one line from this process, not a traceback per rank
+        rc = command.checked_for_world(
+            command.demo_config({**config_overrides(args), "run_id": args.run_id or new_run_id()}), world
+        )
+    except (ValueError, TypeError) as err:  # ConfigError among them
+        print(f"workbench demo: {err}", file=sys.stderr)
+        return 2
     runs_dir = rc.output_dir or str(default_runs_dir())
     print(
         f"workbench demo: tiny Qwen3-MoE, {rc.train.steps} steps on {world} {where} rank(s); "
@@ -32,16 +46,29 @@ def run_demo(args: argparse.Namespace) -> int:
         flush=True,
     )
     run_path = os.path.join(runs_dir, rc.run_id)
-    if spawn(
-        "workbench.train.command:demo_rank",
+    code = spawn(
+        "workbench.cli_demo:demo_rank",
         {"config": rc.to_dict(), "bar": wants_bar(args)},
         world,
         "demo",
         on_failure=lambda exits: _record_rank_failure(run_path, exits),
-    ):
-        return 1
+    )
+    if code:
+        return code
     print_summary(run_path)
     return 0
+
+
+def demo_rank(payload: dict) -> None:
+    """Each spawned rank's run; a failure is one line as `workbench finetune` says it (the traceback in the run's
+    error log), and the rank leaves with its exit code (2: refused before the steps started)."""
+    watch = RunWatch()
+    try:
+        run_command().demo_rank(payload, (watch,))
+    except Exception as err:  # noqa: BLE001 - said in one line; the launcher names the exit codes
+        refused = lambda e: refused_before_work(e, watch)  # noqa: E731
+        code = report_rank_failure(err, "demo", refused, traceback_to=watch.log_traceback, rank=watch.rank)
+        raise SystemExit(code) from None
 
 
 def _record_rank_failure(run_path: str, exits: list) -> None:

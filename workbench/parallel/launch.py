@@ -61,6 +61,8 @@ def _rank_main(rank: int, world: int, port: int, target: str, payload: Any, labe
         if world > 1:
             dist.barrier()
             dist.destroy_process_group()
+    except SystemExit as done:  # the target said why it stopped (report_rank_failure) and names the exit code
+        code = done.code if isinstance(done.code, int) and done.code else 1
     except BaseException:  # noqa: BLE001 - print this rank's traceback, exit non-zero
         print(f"[rank {rank}] {label} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         code = 1
@@ -98,6 +100,39 @@ def report_config_error(label: str, err: BaseException) -> None:
     time.sleep(_SILENT_RANK_GRACE_S)
 
 
+def report_rank_failure(
+    err: BaseException,
+    label: str,
+    refused: tuple[type[BaseException], ...] | Callable[[BaseException], bool] = (),
+    *,
+    debug: bool = False,
+    traceback_to: Callable[[str], str | None] | None = None,
+    rank: int = 0,
+) -> int:
+    """Say why this rank failed, from inside the `except` that caught `err`; the exit code: 2 for a refusal (one line,
+    see `report_config_error`), else 1 with one line naming where `traceback_to(traceback)` put the traceback (None:
+    nowhere, and the line says --debug prints it). The traceback goes to stderr with `debug`, or where there is no
+    `traceback_to` (a caller without a place for it)."""
+    text = traceback.format_exc()
+    if debug:
+        print(text, file=sys.stderr, end="", flush=True)
+    if isinstance(err, refused) if isinstance(refused, tuple) else refused(err):
+        report_config_error(label, err)
+        return 2
+    where = traceback_to(text) if traceback_to is not None else None
+    if debug:
+        hint = ""
+    elif where:
+        hint = f" (traceback in {where})"
+    elif traceback_to is not None:
+        hint = " (--debug prints its traceback)"
+    else:  # a caller with no place for it
+        print(text, file=sys.stderr, end="", flush=True)
+        hint = ""
+    print(f"workbench {label} (rank {rank}): {type(err).__name__}: {err}{hint}", file=sys.stderr, flush=True)
+    return 1
+
+
 def run_in_launched_group(
     fn: Callable[[], None],
     label: str,
@@ -108,11 +143,8 @@ def run_in_launched_group(
 ) -> int:
     """Run `fn` as one rank of the group a launcher (torchrun) described in the environment.
 
-    Returns 0; 2 when `fn` was refused (`refused`: the error classes, or a test of the error), one
-    line (see `report_config_error`); or 1 for any other failure, one line per failed rank naming
-    where `traceback_to(traceback)` put it (None: nowhere, and the line says --debug prints it).
-    The traceback itself goes to stderr with `debug`, or where there is no `traceback_to` (a caller
-    without a place for it). A rank of a multi-rank group never returns: it leaves with os._exit.
+    Returns 0; else the code `report_rank_failure` gives `fn`'s error (`refused`: the error classes, or a test of
+    the error, that make it a refusal). A rank of a multi-rank group never returns: it leaves with os._exit.
     """
     from workbench.parallel import dist_utils as du  # torch: the CLI imports this module for `workbench --help`
 
@@ -122,28 +154,7 @@ def run_in_launched_group(
     try:
         fn()
     except Exception as err:  # noqa: BLE001 - report cleanly, exit non-zero
-        text = traceback.format_exc()
-        is_refusal = isinstance(err, refused) if isinstance(refused, tuple) else refused(err)
-        if debug:
-            print(text, file=sys.stderr, end="", flush=True)
-        if is_refusal:
-            report_config_error(label, err)
-            code = 2
-        else:
-            where = traceback_to(text) if traceback_to is not None else None
-            if debug:
-                hint = ""
-            elif where:
-                hint = f" (traceback in {where})"
-            elif traceback_to is not None:
-                hint = " (--debug prints its traceback)"
-            else:  # a caller with no place for it
-                print(text, file=sys.stderr, end="", flush=True)
-                hint = ""
-            print(
-                f"workbench {label} (rank {du.rank()}): {type(err).__name__}: {err}{hint}", file=sys.stderr, flush=True
-            )
-            code = 1
+        code = report_rank_failure(err, label, refused, debug=debug, traceback_to=traceback_to, rank=du.rank())
     if multi:
         if code == 0:
             du.shutdown(created)
@@ -194,7 +205,8 @@ def _failed_ranks(ctx: Any, first: int) -> list[RankExit]:
 def spawn(
     target: str, payload: Any, world: int, label: str, on_failure: Callable[[list[RankExit]], None] | None = None
 ) -> int:
-    """Run `target(payload)` ("module:function") on `world` spawned ranks; 0 if all succeeded.
+    """Run `target(payload)` ("module:function") on `world` spawned ranks; 0 if all succeeded, else 2 where the
+    likely cause exited with 2 (a refusal), else 1.
 
     When a rank fails, the others get FAILURE_GRACE_S to stop, then are terminated, and
     `on_failure` gets every failed rank, the likely cause first.
@@ -210,5 +222,5 @@ def spawn(
         print(f"workbench {label} failed: " + "; ".join(e.describe() for e in exits), file=sys.stderr)
         if on_failure is not None:
             on_failure(exits)
-        return 1
+        return 2 if exits[0].exit_code == 2 else 1  # a refusal (report_rank_failure) keeps its exit code
     return 0

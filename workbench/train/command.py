@@ -25,6 +25,12 @@ def checked_config(path: str, overrides: dict, world: int) -> RunConfig:
     rc = RunConfig.from_yaml(path)
     if overrides:
         rc = rc.with_overrides(overrides)
+    return checked_for_world(rc, world)
+
+
+def checked_for_world(rc: RunConfig, world: int) -> RunConfig:
+    """`rc` refused (ConfigError, ValueError, TypeError) unless it runs on `world` ranks and fits their memory; the
+    config a rank then trains (train.fit auto's change applied)."""
     hf_config, device = rc.model.hf_config(), du.pick_device(rc.model.device)
     checked = check_world(rc, world, hf_config, device)
     return fit_run(rc, world, hf_config, device, checked.backend)[0]  # a run that cannot fit: refused here
@@ -49,6 +55,6 @@ def demo_config(overrides: dict) -> RunConfig:
     return RunConfig.demo().with_overrides(overrides)
 
 
-def demo_rank(payload: dict) -> None:
+def demo_rank(payload: dict, callbacks: tuple = ()) -> None:
     """What each spawned demo rank runs: {"config": RunConfig dict, "bar": rank 0 draws a progress bar}."""
-    run_rank(RunConfig.from_dict(payload["config"]), payload["bar"])
+    run_rank(RunConfig.from_dict(payload["config"]), payload["bar"], callbacks)
