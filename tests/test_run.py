@@ -153,10 +153,12 @@ def test_stop_halts_within_one_step_and_checkpoint_resumes(cluster, tmp_path):
     status = run.stop(timeout=120)
     assert status["state"] == "stopped" and run.state == "stopped"
     df = run.metrics
-    # At most the step in flight when stop() was called finishes afterwards, on every rank.
-    after = df[df["time"] > requested_at].groupby("rank").size()
-    assert (after <= 1).all(), f"steps finished after stop(): {after.to_dict()}"
+    # At most the step in flight when stop() was called finishes afterwards. Counted in steps: the ranks end a step
+    # moments apart (rank 1 records it after the collective rank 0 left first), so one rank's last step before the
+    # request can carry a later time stamp than another's.
     stopped_at = int(status["step"])
+    finished_before = int(df[df["time"] <= requested_at]["step"].max())
+    assert stopped_at <= finished_before + 1, (stopped_at, finished_before, df[["rank", "step", "time"]].to_dict())
     assert stopped_at < 500 and set(df["step"]) == set(range(1, stopped_at + 1))
     checkpoint = status["checkpoint"]
     assert checkpoint and os.path.isdir(checkpoint)
