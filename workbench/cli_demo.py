@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -66,7 +67,7 @@ def demo_rank(payload: dict) -> None:
     try:
         run_command().demo_rank(payload, (watch,))
     except Exception as err:  # noqa: BLE001 - said in one line; the launcher names the exit codes
-        refused = lambda e: refused_before_work(e, watch)  # noqa: E731
+        refused = functools.partial(refused_before_work, watch=watch)
         code = report_rank_failure(err, "demo", refused, traceback_to=watch.log_traceback, rank=watch.rank)
         raise SystemExit(code) from None
 
