@@ -150,12 +150,18 @@ class EngineGatedDeltaNet:
     `triton_walk` (BackendConfig.mixer='triton', set where the engine takes the module over) walks the chunks in
     Triton on CUDA.
 
-    `projections(hidden_states)` -> (conv input, z, b, a) is the family's (its mixin subclass defines it).
+    `projections(hidden_states)` -> (conv input, z, b, a): one projection each, as Qwen3.5-MoE, Lara-Mini and
+    Qwen4-Exp hold them; a family with another layout overrides it (Qwen3-Next's two fused projections).
     """
 
     def projections(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(q|k|v before the conv, z, b, a) from the module's own projections."""
-        raise NotImplementedError
+        return (
+            self.in_proj_qkv(hidden_states),
+            self.in_proj_z(hidden_states),
+            self.in_proj_b(hidden_states),
+            self.in_proj_a(hidden_states),
+        )
 
     triton_walk: bool = False
 

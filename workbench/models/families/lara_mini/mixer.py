@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 from transformers.models.lara_mini import modeling_lara_mini as hf
 
@@ -14,15 +13,6 @@ from workbench.models.mixer_swap import swap_engine_mixers
 
 class LaraMiniEngineGatedDeltaNet(EngineGatedDeltaNet, hf.LaraMiniGatedDeltaNet):
     """Transformers' LaraMiniGatedDeltaNet whose training forward is the engine's chunked gated delta rule."""
-
-    def projections(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(q|k|v before the conv, z, b, a): one projection each (Transformers splits the checkpoints' fused one)."""
-        return (
-            self.in_proj_qkv(hidden_states),
-            self.in_proj_z(hidden_states),
-            self.in_proj_b(hidden_states),
-            self.in_proj_a(hidden_states),
-        )
 
 
 class LaraMiniEngineDecoderLayer(MixerDocumentsLayer, hf.LaraMiniDecoderLayer):

@@ -4,7 +4,6 @@ No decoder layer swap: Qwen4ExpTextModel calls its layers without position ids, 
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 from transformers.models.qwen4_exp import modeling_qwen4_exp as hf
 
@@ -14,15 +13,6 @@ from workbench.models.mixer_swap import swap_engine_mixers
 
 class Qwen4ExpEngineGatedDeltaNet(EngineGatedDeltaNet, hf.Qwen4ExpTextGatedDeltaNet):
     """Transformers' Qwen4ExpTextGatedDeltaNet whose training forward is the engine's chunked gated delta rule."""
-
-    def projections(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(q|k|v before the conv, z, b, a): one projection each."""
-        return (
-            self.in_proj_qkv(hidden_states),
-            self.in_proj_z(hidden_states),
-            self.in_proj_b(hidden_states),
-            self.in_proj_a(hidden_states),
-        )
 
 
 def use_engine_mixers(model: nn.Module, mixer: str) -> int:
