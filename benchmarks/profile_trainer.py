@@ -178,6 +178,7 @@ def profile_mode(args, precision: str, out_dir: Path) -> dict:
             **({} if args.expert_wgrad == "auto" else {"expert_wgrad": args.expert_wgrad}),
             **({} if args.embedding == "auto" else {"embedding": args.embedding}),
             **({} if args.router == "auto" else {"router": args.router}),
+            **({} if args.mixer == "auto" else {"mixer": args.mixer}),
         ),
         data=DataConfig(kind="synthetic", seq_len=args.seq),
         train=train,
@@ -271,6 +272,7 @@ def main() -> None:
     p.add_argument("--expert-wgrad", default="auto", help="BackendConfig.expert_wgrad: auto, autograd or triton")
     p.add_argument("--embedding", default="auto", help="BackendConfig.embedding: auto, torch or triton")
     p.add_argument("--router", default="auto", help="BackendConfig.router: auto, torch or triton")
+    p.add_argument("--mixer", default="auto", help="BackendConfig.mixer: auto, chunked, triton or transformers")
     p.add_argument("--optimizer", default="adamw")
     p.add_argument("--precision", default="bf16_sr,bf16", help="comma-separated train.precision modes")
     p.add_argument("--optimizer-states", default="full", help="train.optimizer_states: full, or 8bit moments")
