@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -17,16 +18,18 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from generic_families import granite_scaled_logits_config, tiny_config
+from generic_families import census_config, fused_experts_model_types, granite_scaled_logits_config, tiny_config
 from test_generic_families import _config, close, close_grads, randomize
 
 from workbench import BackendConfig
 from workbench.backends import BackendError
+from workbench.kernels.rms_norm import RMSNorm
 from workbench.models.auto import AutoModelForCausalLM
 from workbench.models.engine_state import engine_state
 from workbench.models.families import family_for
 from workbench.models.fused_ce import NOT_COMPUTED, LogitsNotComputedError
-from workbench.models.generic_extras import is_standard_rms_norm, swap_rms_norms
+from workbench.models.generic_extras import is_standard_rms_norm, rms_norm_offset, swap_rms_norms
+from workbench.models.random_init import materialize_random
 from workbench.moe.dispatch import make_dispatcher
 from workbench.moe.hf_experts import engine_experts_modules, is_plain_swiglu
 
@@ -158,12 +161,66 @@ def test_rms_norm_probe_accepts_standard_and_refuses_variants():
             return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))
 
     assert not is_standard_rms_norm(OnePlus()) and not is_standard_rms_norm(IgnoresEps())
+    # (1 + weight) is the zero-centered norm the engine takes with offset 1.0; one without eps is neither
+    assert rms_norm_offset(OnePlus()) == 1.0 and rms_norm_offset(IgnoresEps()) is None
+    assert all(rms_norm_offset(m) == 0.0 for m in standard)
+    assert rms_norm_offset(torch.nn.LayerNorm(8, bias=False)) is None
     if "qwen3_5_moe_text" in transformers.CONFIG_MAPPING:
         with torch.device("meta"):
             q35 = transformers.AutoModelForCausalLM.from_config(_config("qwen3_5_moe_text"))
-        norms = {type(m).__name__: is_standard_rms_norm(m) for m in q35.modules() if "RMSNorm" in type(m).__name__}
-        assert norms and not any(norms.values()), norms  # (1 + weight) and the gated norm keep their forward
+        norms = {type(m).__name__: rms_norm_offset(m) for m in q35.modules() if "RMSNorm" in type(m).__name__}
+        # its (1 + weight) norms are zero-centered; the gated norm (two inputs) keeps its forward
+        assert norms == {"Qwen3_5MoeRMSNorm": 1.0, "Qwen3_5MoeRMSNormGated": None}, norms
     assert swap_rms_norms(mixtral, "torch") == []  # torch: Transformers' own modules
+
+
+ZERO_CENTERED_FAMILIES = ["qwen3_5_moe_text", "qwen3_next", "minimax_m3_vl_text"]  # (1 + weight) norms
+
+
+def _zero_centered_config(family: str):
+    if family not in transformers.CONFIG_MAPPING or family not in fused_experts_model_types():
+        pytest.skip(f"transformers {transformers.__version__} has no {family} with fused experts")
+    return census_config(family)
+
+
+@pytest.mark.parametrize("family", ZERO_CENTERED_FAMILIES)
+def test_swap_takes_zero_centered_norms_with_their_parameters(family, caplog):
+    cfg = _zero_centered_config(family)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    hf_norms = {name: m for name, m in model.named_modules() if rms_norm_offset(m) == 1.0}
+    assert hf_norms, f"{family}: no zero-centered norm to take"
+    weights = {name: m.weight for name, m in hf_norms.items()}
+    keys = list(model.state_dict())
+    with caplog.at_level("WARNING", logger="workbench.models.generic_extras"):
+        swapped = swap_rms_norms(model, "triton")
+    assert set(hf_norms) <= set(swapped)
+    modules = dict(model.named_modules())
+    for name, weight in weights.items():
+        norm = modules[name]
+        assert isinstance(norm, RMSNorm) and norm.offset == 1.0 and norm.backend == "triton", name
+        assert norm.weight is weight and norm.variance_epsilon == hf_norms[name].eps, name  # the very Parameter
+    assert list(model.state_dict()) == keys
+    # the warning names only norms still on Transformers' forward (gated ones), none of the zero-centered classes
+    classes = {type(m).__name__ for m in hf_norms.values()}
+    named = [c for record in caplog.records for c in classes if re.search(rf"\b{c}\b", record.getMessage())]
+    assert not named, caplog.text
+
+
+def test_random_init_gives_swapped_zero_centered_norms_their_zeros():
+    # Transformers initialises a norm by its class name ("RMSNorm": ones); the engine's zero-centered norm's
+    # neutral weight is zeros, as Qwen3_5MoeRMSNorm's own init gives it (ones would scale every norm by 2)
+    cfg = _zero_centered_config("qwen3_5_moe_text")
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    assert swap_rms_norms(model, "triton")
+    materialize_random(model, torch.device("cpu"), seed=0, dtype=None)
+    vanilla = transformers.AutoModelForCausalLM.from_config(cfg)
+    offsets = {name: m.offset for name, m in model.named_modules() if isinstance(m, RMSNorm)}
+    assert 1.0 in offsets.values()
+    state = model.state_dict()
+    for name, want in vanilla.state_dict().items():
+        if name.removesuffix(".weight") in offsets:
+            assert torch.equal(state[name], want), name
 
 
 def test_expert_recompute_recomputes_and_equals_transformers(monkeypatch):
@@ -289,6 +346,59 @@ def test_triton_extras_on_the_generic_path_equal_transformers_in_interpreter():
         timeout=600,
     )
     assert proc.returncode == 0 and "GENERIC TRITON OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+_ZERO_CENTERED_SCRIPT = textwrap.dedent("""
+import sys, torch, transformers
+sys.path.insert(0, "tests")
+from generic_families import census_config
+from test_generic_families import close, close_grads, randomize
+from workbench import BackendConfig
+from workbench.kernels.rms_norm import RMSNorm
+from workbench.models.auto import AutoModelForCausalLM
+
+# rms_norm='triton' only, the rest on torch: the norms are what this checks, and the interpreter is slow
+backend = BackendConfig(experts="grouped_mm", rms_norm="triton", swiglu="torch", combine="torch",
+                        cross_entropy="torch", rope="torch", fused_ce=False)
+for family in sys.argv[1:]:
+    cfg = census_config(family)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg, experts_implementation="eager", dtype=torch.float32)
+    randomize(ref)  # every 1-D weight 0.5 + 0.3 x N(0, 1): the zero-centered norms' weights far from zero
+    eng = AutoModelForCausalLM.from_config(cfg, backend=backend, device="cpu", dtype=torch.float32)
+    eng.load_state_dict(ref.state_dict(), strict=True)
+    norms = [m for m in eng.modules() if isinstance(m, RMSNorm)]
+    assert sum(m.offset == 1.0 and m.backend == "triton" for m in norms) >= 2 * cfg.num_hidden_layers, norms
+    assert not any(type(m).__name__.endswith("RMSNorm") and type(m) is not RMSNorm for m in eng.modules())
+    ids = torch.randint(0, cfg.vocab_size, (2, 10), generator=torch.Generator().manual_seed(7))
+    out_ref = ref(input_ids=ids, labels=ids)
+    out_eng = eng(input_ids=ids, labels=ids, return_logits=True)
+    close(out_eng.logits, out_ref.logits, family + " logits")
+    out_ref.loss.backward()
+    out_eng.loss.backward()
+    close_grads(ref, eng, family)
+    print("ok", family, len(norms))
+print("ZERO CENTERED MODELS OK")
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not HAS_TRITON, reason="triton is not installed (pip install triton to run the kernels in Triton's CPU interpreter)"
+)
+@pytest.mark.skipif(HAS_CUDA, reason="the interpreter is for CPU machines; CUDA runs the compiled kernels")
+def test_zero_centered_norms_on_triton_equal_transformers_in_interpreter():
+    """Qwen3.5-MoE's, Qwen3-Next's and MiniMax-M3's (1 + weight) norms on the engine's Triton RMSNorm: the whole
+    tiny model's float32 logits and every gradient equal vanilla Transformers'."""
+    families = [f for f in ZERO_CENTERED_FAMILIES if f in transformers.CONFIG_MAPPING]
+    proc = subprocess.run(
+        [sys.executable, "-c", _ZERO_CENTERED_SCRIPT, *families],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0 and "ZERO CENTERED MODELS OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 def _shared_aux_worker(rank, world):

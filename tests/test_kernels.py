@@ -78,6 +78,44 @@ def test_rms_norm_bad_input():
         rms_norm(torch.randn(3, 8), torch.ones(8), backend="cuda")
     with pytest.raises(BackendError, match="unknown rms_norm backend"):
         RMSNorm(8, backend="apex")
+    # TE scales by weight or (1 + weight) (zero_centered_gamma) only: another offset is refused when built
+    with pytest.raises(ValueError, match=r"rms_norm='te' scales by weight or \(1 \+ weight\) only, got offset=0.5"):
+        RMSNorm(8, backend="te", offset=0.5)
+    with pytest.raises(ValueError, match="RMSNorm offset must be a number"):
+        RMSNorm(8, offset="1")
+
+
+def _zero_centered_norm_class():
+    """Transformers' Qwen3_5MoeRMSNorm (scale 1 + weight, weight initialised to zeros), or a skip naming the version."""
+    modeling = pytest.importorskip(
+        "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", reason="this Transformers has no Qwen3.5-MoE"
+    )
+    return modeling.Qwen3_5MoeRMSNorm
+
+
+@pytest.mark.parametrize(
+    "x_dtype,w_dtype", [(torch.float32,) * 2, (torch.bfloat16,) * 2, (torch.bfloat16, torch.float32)]
+)
+def test_rms_norm_torch_zero_centered_equals_qwen3_5_bit_for_bit(x_dtype, w_dtype):
+    # offset=1.0 is Qwen3_5MoeRMSNorm's op sequence: (1 + weight) in float32 times the float32 normalized value,
+    # rounded once to the input's dtype (type_as), whatever the weight's dtype
+    torch.manual_seed(2)
+    hf = _zero_centered_norm_class()(40, eps=1e-6).to(w_dtype)
+    ours = RMSNorm(40, eps=1e-6, dtype=w_dtype, offset=1.0)
+    assert torch.equal(ours.weight, hf.weight)  # both start at zeros: the neutral scale
+    with torch.no_grad():
+        hf.weight.copy_(0.3 * torch.randn(40))  # near zero, where 1 + w in bf16 would round
+    ours.load_state_dict(hf.state_dict())
+    x, dy = (3 * torch.randn(3, 5, 40)).to(x_dtype), torch.randn(3, 5, 40).to(x_dtype)
+    outs = []
+    for module in (hf, ours):
+        xi = x.clone().requires_grad_()
+        y = module(xi)
+        y.backward(dy)
+        outs.append((y.detach(), xi.grad, module.weight.grad))
+    for name, got, want in zip(("y", "dx", "dw"), outs[1], outs[0]):
+        assert got.dtype == want.dtype and torch.equal(got, want), name
+    assert "offset=1.0" in repr(ours) and "offset" not in repr(RMSNorm(40))
 
 
 # ---------------------------------------------------------------- SwiGLU
@@ -613,8 +651,9 @@ def test_combine_forward_sums_top_k_in_registers(k_p2):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (it ships the ptxas this test compiles with)")
+@pytest.mark.parametrize("offset", [0.0, 1.0])
 @pytest.mark.parametrize("width", [128, 2048])
-def test_rms_norm_backward_sums_the_weight_gradient_after_its_loop(width):
+def test_rms_norm_backward_sums_the_weight_gradient_after_its_loop(width, offset):
     # Each tile of the backward sums over its row (dx); the weight gradient's sum over the tile's rows, which
     # crosses warps, waits until after the loop over tiles: compiled for sm_90, the loop holds one reduction.
     from compile_sm90 import compile_for_h200
@@ -626,7 +665,7 @@ def test_rms_norm_backward_sums_the_weight_gradient_after_its_loop(width):
     types["tiles_per_program"] = "i32"
     rows, block, warps = _launch_config(width)
     aligned = ("DY", "X", "W", "RSTD", "DX", "DW_PARTIAL", "DRES", "stride_dy", "stride_x", "stride_dx", "N")
-    flags = dict(BLOCK_M=rows, BLOCK_N=block, WANT_DW=True, HAS_DRES=True)
+    flags = dict(BLOCK_M=rows, BLOCK_N=block, WANT_DW=True, HAS_DRES=True, OFFSET=offset)
     ir = compile_for_h200(_rms_norm_bwd_kernel, types, flags, divisible=aligned, warps=warps).asm["ttgir"]
     loop = ir[ir.index("scf.for") :]
     loop = loop[: loop.index("scf.yield")]
@@ -666,6 +705,98 @@ print("RMS NORM DW OK")
 def test_rms_norm_weight_gradient_from_its_partials():
     """The Triton norm's dW (per-program partials, no zero fill, summed and cast in one launch) equals autograd's."""
     _run_script(_RMS_NORM_DW_SCRIPT, "RMS NORM DW OK", "cuda" if HAS_CUDA else "cpu", interpret=not HAS_CUDA)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (it ships the ptxas this test compiles with)")
+def test_rms_norm_forward_compiles_for_both_offsets():
+    # the interpreter runs what the compiler may refuse: the zero-centered forward (OFFSET a float constexpr added
+    # to the loaded weight) must compile for sm_90 as the standard one does
+    from compile_sm90 import compile_for_h200
+
+    from workbench.kernels.triton_rms_norm import _launch_config, _rms_norm_fwd_kernel
+
+    types = dict(X="*bf16", W="*bf16", Y="*bf16", RSTD="*fp32", stride_x="i32", stride_y="i32", M="i32", N="i32")
+    types["eps"] = "fp32"
+    rows, block, warps = _launch_config(2048)
+    for offset in (0.0, 1.0):
+        flags = dict(BLOCK_M=rows, BLOCK_N=block, OFFSET=offset)
+        assert compile_for_h200(_rms_norm_fwd_kernel, types, flags, warps=warps).asm["ptx"]
+
+
+_ZERO_CENTERED_SCRIPT = textwrap.dedent("""
+import sys, torch
+from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeRMSNorm
+from workbench.kernels.rms_norm import RMSNorm, rms_norm_residual
+
+device, bf16_tol = sys.argv[1], float(sys.argv[2])
+g = torch.Generator().manual_seed(3)
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+def run(module, x, dy, residual_grad=None):
+    xi = x.clone().requires_grad_()
+    if residual_grad is None:
+        y = module(xi)
+        y.backward(dy)
+    else:  # the fused residual path: the residual stream's gradient summed into the norm's input gradient
+        y, res = module.forward_residual(xi)
+        torch.autograd.backward([y, res], [dy, residual_grad])
+    return [y.detach(), xi.grad] + ([module.weight.grad] if module.weight.requires_grad else [])
+
+# Transformers' own Qwen3_5MoeRMSNorm against the engine's Triton norm with offset 1.0, on fresh random inputs and a
+# non-zero random weight: float32 tight, bf16 within bf16 rounding; widths narrow (per-head q/k) and wide, ragged
+for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, bf16_tol)):
+    for shape in ((3, 7, 64), (5, 37), (300, 16), (2, 9, 256)):
+        n = shape[-1]
+        hf = Qwen3_5MoeRMSNorm(n, eps=1e-6).to(device=device, dtype=dtype)
+        with torch.no_grad():
+            hf.weight.copy_(0.4 * torch.randn(n, generator=g))
+        ours = RMSNorm(n, eps=1e-6, backend="triton", device=device, dtype=dtype, offset=1.0)
+        ours.load_state_dict(hf.state_dict())
+        x = (2 * torch.randn(shape, generator=g)).to(device=device, dtype=dtype)
+        dy = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
+        d_res = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
+        want, got = run(hf, x, dy), run(ours, x, dy)
+        hf.weight.grad = ours.weight.grad = None
+        for name, a, b in zip(("y", "dx", "dw"), got, want):
+            assert a.dtype == b.dtype and a.shape == b.shape, (name, a.dtype, b.dtype)
+            assert rel(a, b) < tol, (dtype, shape, name, rel(a, b))
+        got = run(ours, x, dy, d_res)
+        ours.weight.grad = None
+        for name, a, b in zip(("y", "dx", "dw"), got, (want[0], want[1] + d_res.float(), want[2])):
+            assert rel(a, b) < tol, (dtype, shape, "residual " + name, rel(a, b))
+        # a frozen weight (LoRA's norms): no weight gradient, the same input gradient
+        hf.weight.requires_grad_(False)
+        ours.weight.requires_grad_(False)
+        (y_hf, dx_hf), (y_ours, dx_ours) = run(hf, x, dy), run(ours, x, dy)
+        assert ours.weight.grad is None and rel(dx_ours, dx_hf) < tol, (dtype, shape, "frozen")
+    # a float32 weight under bf16 activations: the output in the input's dtype (type_as), as Transformers'
+    hf = Qwen3_5MoeRMSNorm(48, eps=1e-6).to(device)
+    with torch.no_grad():
+        hf.weight.copy_(0.4 * torch.randn(48, generator=g))
+    ours = RMSNorm(48, eps=1e-6, backend="triton", device=device, offset=1.0)
+    ours.load_state_dict(hf.state_dict())
+    x = torch.randn(9, 48, generator=g).to(device=device, dtype=dtype)
+    dy = torch.randn(9, 48, generator=g).to(device=device, dtype=dtype)
+    for name, a, b in zip(("y", "dx", "dw"), run(ours, x, dy), run(hf, x, dy)):
+        assert a.dtype == b.dtype and rel(a, b) < tol, ("mixed", dtype, name, a.dtype, b.dtype)
+print("ZERO CENTERED OK")
+""")
+
+
+@pytest.mark.skipif(
+    not HAS_TRITON, reason="triton is not installed (pip install triton to run the kernels in Triton's CPU interpreter)"
+)
+def test_triton_zero_centered_norm_equals_qwen3_5_norm():
+    """offset=1.0 on the Triton path: values and gradients (x, weight; the fused residual's too) equal Transformers'
+    Qwen3_5MoeRMSNorm. CUDA runs the compiled kernels (bf16 to about one rounding), a CPU machine the interpreter
+    (its bf16 casts truncate: a looser bound)."""
+    _zero_centered_norm_class()
+    bf16_tol = "1e-2" if HAS_CUDA else "2e-2"
+    _run_script(
+        _ZERO_CENTERED_SCRIPT, "ZERO CENTERED OK", "cuda" if HAS_CUDA else "cpu", bf16_tol, interpret=not HAS_CUDA
+    )
 
 
 _TRITON_ENGINE_SCRIPT = textwrap.dedent("""

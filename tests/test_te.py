@@ -158,20 +158,21 @@ def test_auto_prefers_the_measured_faster_paths_with_te_installed():
 # ---------------------------------------------------------------- kernels on random tensors
 
 
+@pytest.mark.parametrize("offset", [0.0, 1.0])  # 1.0: zero-centered (Qwen3.5-MoE), TE's zero_centered_gamma
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rms_norm_te_kernel(dtype):
+def test_rms_norm_te_kernel(dtype, offset):
     from workbench.kernels.rms_norm import rms_norm
 
     g = torch.Generator(device="cuda").manual_seed(11)
     x32 = torch.randn(4, 33, 128, device="cuda", generator=g)
-    w32 = 1 + 0.2 * torch.randn(128, device="cuda", generator=g)
+    w32 = 1 - offset + 0.2 * torch.randn(128, device="cuda", generator=g)
     dy32 = torch.randn(4, 33, 128, device="cuda", generator=g)
 
     def run(backend, dt):
         # copy=True: a float32 .to() returns the same tensor, and the bf16 run would then see a non-leaf
         x = x32.to(dt, copy=True).requires_grad_()
         w = w32.to(dt, copy=True).requires_grad_()
-        y = rms_norm(x, w, 1e-6, backend=backend)
+        y = rms_norm(x, w, 1e-6, backend=backend, offset=offset)
         (y.float() * dy32).sum().backward()
         return y.float(), x.grad.float(), w.grad.float()
 

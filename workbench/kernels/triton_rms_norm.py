@@ -2,6 +2,9 @@
 
 Numerics follow Qwen3MoeRMSNorm: float32 statistics, the normalized value rounded to the input
 dtype before the weight multiply, output in promote(input dtype, weight dtype).
+A zero-centered norm (OFFSET=1: Qwen3.5-MoE's, Qwen3-Next's, Gemma's, scale 1 + weight) follows those classes instead:
+the weight plus the offset in float32 (a bf16 weight near zero is not rounded as 1 + w), times the float32 normalized
+value, rounded once to the input dtype.
 """
 
 from __future__ import annotations
@@ -18,7 +21,20 @@ MAX_FUSED_WIDTH = 65536  # one row per program must fit on chip
 
 
 @triton.jit
-def _rms_norm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _rms_norm_fwd_kernel(
+    X,
+    W,
+    Y,
+    RSTD,
+    stride_x,
+    stride_y,
+    M,
+    N,
+    eps,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    OFFSET: tl.constexpr,
+):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     rmask = rows < M
@@ -26,8 +42,12 @@ def _rms_norm_fwd_kernel(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, BLOCK_M: 
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
     tl.store(RSTD + rows, rstd, mask=rmask)
-    x_hat = (x * rstd[:, None]).to(X.dtype.element_ty).to(tl.float32)
+    x_hat = x * rstd[:, None]
     w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
+    if OFFSET == 0.0:  # Qwen3MoeRMSNorm rounds the normalized value to the input dtype before the weight multiply
+        x_hat = x_hat.to(X.dtype.element_ty).to(tl.float32)
+    else:  # the zero-centered classes multiply by (offset + weight) in float32 and round the product once
+        w += OFFSET
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], (w[None, :] * x_hat).to(Y.dtype.element_ty), mask=mask)
 
 
@@ -51,11 +71,14 @@ def _rms_norm_bwd_kernel(
     BLOCK_N: tl.constexpr,
     WANT_DW: tl.constexpr,
     HAS_DRES: tl.constexpr,
+    OFFSET: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
     w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+    if OFFSET != 0.0:  # d(offset + w)/dw = 1: the weight's gradient is the same sum either way
+        w += OFFSET
     # dW summed per element of the tile in registers, over rows once after the loop: a sum over the tile's rows in
     # every iteration crossed warps (shared memory and barriers per tile; 10 of its 11 barriers at the q norm's
     # 32 x 128 tiles, compiled for sm_90)
@@ -70,10 +93,15 @@ def _rms_norm_bwd_kernel(
         x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
         x_hat = x * rstd[:, None]
-        if WANT_DW:
-            dw_acc += dy * x_hat.to(X.dtype.element_ty).to(tl.float32)
-        # autograd rounds d(x_hat) to the input dtype (the cast in the forward); do the same
-        g = (dy * w[None, :]).to(X.dtype.element_ty).to(tl.float32)
+        if OFFSET == 0.0:
+            if WANT_DW:
+                dw_acc += dy * x_hat.to(X.dtype.element_ty).to(tl.float32)
+            # autograd rounds d(x_hat) to the input dtype (the cast in the forward); do the same
+            g = (dy * w[None, :]).to(X.dtype.element_ty).to(tl.float32)
+        else:  # the zero-centered forward keeps x_hat in float32: no rounding either way
+            if WANT_DW:
+                dw_acc += dy * x_hat
+            g = dy * w[None, :]
         dx = rstd[:, None] * (g - x_hat * (tl.sum(g * x_hat, axis=1) / N)[:, None])
         if HAS_DRES:  # the residual stream's gradient, which autograd would add in a kernel of its own
             dx += tl.load(DRES + rows[:, None] * stride_dres + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -118,13 +146,20 @@ def _launch_config(n: int) -> tuple[int, int, int]:
     return rows, block, min(max(rows * block // 256, 1), 16)
 
 
-def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _output_dtype(x: torch.Tensor, weight: torch.Tensor, offset: float) -> torch.dtype:
+    """Qwen3MoeRMSNorm's promote(input, weight); the zero-centered classes return the input's dtype (type_as)."""
+    return x.dtype if offset else torch.promote_types(x.dtype, weight.dtype)
+
+
+def _forward(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y [M, N], x as [M, N] rows, rstd [M]) of the forward kernel."""
     x_MN = x.reshape(-1, x.shape[-1])
     if x_MN.stride(-1) != 1:
         x_MN = x_MN.contiguous()
     M, N = x_MN.shape
-    y_MN = torch.empty((M, N), dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    y_MN = torch.empty((M, N), dtype=_output_dtype(x, weight, offset), device=x.device)
     rstd_M = torch.empty(M, dtype=torch.float32, device=x.device)
     rows, block, warps = _launch_config(N)
     if M > 0:
@@ -140,6 +175,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.T
             eps,
             BLOCK_M=rows,
             BLOCK_N=block,
+            OFFSET=float(offset),
             num_warps=warps,
         )
     return y_MN, x_MN, rstd_M
@@ -151,6 +187,7 @@ def _backward(
     weight: torch.Tensor,
     rstd_M: torch.Tensor,
     want_dw: bool,
+    offset: float,
     d_res: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(dx [M, N], dw or None) of the backward kernel; `d_res` (the shape of x) is added to dx in the same pass."""
@@ -188,6 +225,7 @@ def _backward(
             BLOCK_N=block,
             WANT_DW=want_dw,
             HAS_DRES=dres_MN is not None,
+            OFFSET=float(offset),
             num_warps=warps,
         )
     return dx_MN, (sum_partials(dw_partial, weight.dtype) if want_dw else None)
@@ -195,19 +233,19 @@ def _backward(
 
 class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
         weight = weight.contiguous()
-        y_MN, x_MN, rstd_M = _forward(x, weight, eps)
+        y_MN, x_MN, rstd_M = _forward(x, weight, eps, offset)
         ctx.save_for_backward(x_MN, weight, rstd_M)
-        ctx.shape = x.shape
+        ctx.shape, ctx.offset = x.shape, offset
         return y_MN.view(x.shape)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         x_MN, weight, rstd_M = ctx.saved_tensors
         # A frozen weight (LoRA's norms) needs no gradient: no partial sums, their zeroing and reduction (3 launches)
-        dx_MN, dw = _backward(dy, x_MN, weight, rstd_M, ctx.needs_input_grad[1])
-        return dx_MN.view(ctx.shape), dw, None
+        dx_MN, dw = _backward(dy, x_MN, weight, rstd_M, ctx.needs_input_grad[1], ctx.offset)
+        return dx_MN.view(ctx.shape), dw, None, None
 
 
 class _RMSNormResidualFunction(torch.autograd.Function):
@@ -215,11 +253,11 @@ class _RMSNormResidualFunction(torch.autograd.Function):
     input gradient inside the backward kernel, where autograd would add the two in a kernel of its own."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float):
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0):
         weight = weight.contiguous()
-        y_MN, x_MN, rstd_M = _forward(x, weight, eps)
+        y_MN, x_MN, rstd_M = _forward(x, weight, eps, offset)
         ctx.save_for_backward(x_MN, weight, rstd_M)
-        ctx.shape = x.shape
+        ctx.shape, ctx.offset = x.shape, offset
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None, not a zero tensor to add
         return y_MN.view(x.shape), x.view_as(x)
 
@@ -227,9 +265,9 @@ class _RMSNormResidualFunction(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor | None, d_res: torch.Tensor | None):
         x_MN, weight, rstd_M = ctx.saved_tensors
         if dy is None:  # only the residual was used
-            return d_res, None, None
-        dx_MN, dw = _backward(dy, x_MN, weight, rstd_M, ctx.needs_input_grad[1], d_res)
-        return dx_MN.view(ctx.shape), dw, None
+            return d_res, None, None, None
+        dx_MN, dw = _backward(dy, x_MN, weight, rstd_M, ctx.needs_input_grad[1], ctx.offset, d_res)
+        return dx_MN.view(ctx.shape), dw, None, None
 
 
 def _check_input(x: torch.Tensor) -> None:
@@ -241,13 +279,15 @@ def _check_input(x: torch.Tensor) -> None:
         )
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Fused RMSNorm (forward and backward in one Triton kernel each)."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
+    """Fused RMSNorm (forward and backward in one Triton kernel each); scale (offset + weight)."""
     _check_input(x)
-    return _RMSNormFunction.apply(x, weight, eps)
+    return _RMSNormFunction.apply(x, weight, eps, float(offset))
 
 
-def rms_norm_residual(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_residual(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x), x), the input's gradient from both summed in the norm's backward kernel."""
     _check_input(x)
-    return _RMSNormResidualFunction.apply(x, weight, eps)
+    return _RMSNormResidualFunction.apply(x, weight, eps, float(offset))

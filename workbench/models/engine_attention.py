@@ -137,8 +137,10 @@ def o_proj_residual(o_proj: nn.Module, out: torch.Tensor, residual: torch.Tensor
 
 
 def fused_norm_rope_applies(norm: nn.Module | None, x_BHSD: torch.Tensor, cos: torch.Tensor) -> bool:
-    """Whether a per-head norm and RoPE run as one kernel: the engine's Triton RMSNorm over a layout it takes."""
-    if not isinstance(norm, RMSNorm) or norm.backend != "triton":
+    """Whether a per-head norm and RoPE run as one kernel: the engine's Triton RMSNorm over a layout it takes.
+
+    Not a zero-centered norm (offset, scale 1 + weight): the norm + RoPE kernel scales by the weight itself."""
+    if not isinstance(norm, RMSNorm) or norm.backend != "triton" or norm.offset:
         return False
     # Triton: optional, imported where its kernel runs
     from workbench.kernels.triton_norm_rope import supported as norm_rope_supported

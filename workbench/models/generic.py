@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from workbench.kernels.rms_norm import RMSNorm
 from workbench.models.attention_sinks import select_attention
 from workbench.models.families import REGISTERED, family_for
 from workbench.models.generic_extras import install_extras
@@ -218,6 +219,9 @@ def init_random(model: nn.Module, seed: int, only: Callable[[str], bool] | None 
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 torch.manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
                 model._init_weights(module)
+                if isinstance(module, RMSNorm) and module.offset:
+                    # Transformers sets a norm's weight to ones by class name: a zero-centered norm's neutral is zeros
+                    module.reset_parameters()
                 if type(module).__name__ == "TELinear":  # linear='te': Transformers' init skips non-nn.Linear
                     module.weight.normal_(0.0, std)
                     if module.bias is not None:

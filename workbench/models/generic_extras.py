@@ -1,7 +1,8 @@
 """The engine's measured extras on the generic path, each chosen by a resolved BackendConfig field.
 
-- rms_norm: the families' RMSNorm modules with standard semantics (weight * x / rms(x), eps) become
-  the engine's RMSNorm (Triton / TE), same `weight` Parameter; variants such as (1 + weight) stay.
+- rms_norm: the families' RMSNorm modules with standard semantics (weight * x / rms(x), eps) or zero-centered ones
+  ((1 + weight) * x / rms(x): Qwen3.5-MoE, Qwen3-Next) become the engine's RMSNorm (Triton / TE), same `weight`
+  Parameter; other variants (mean subtraction, gated norms) stay.
 - linear='te': the decoder layers' projections become TE Linears (same Parameters).
 - fused_ce: the lm_head + cross-entropy in chunks without [tokens, vocab] logits, inside the
   family's own forward, so its aux loss and output stay Transformers' (models/fused_ce.py: which models
@@ -81,6 +82,16 @@ def is_standard_rms_norm(module: nn.Module) -> bool:
     one where it dominates) equal to the formula. Variants ((1 + weight), mean subtraction, another
     eps) fail the probe and keep their own forward.
     """
+    return rms_norm_offset(module) == 0.0
+
+
+def rms_norm_offset(module: nn.Module) -> float | None:
+    """0.0 where `module` is a standard RMSNorm (is_standard_rms_norm), 1.0 where it is zero-centered,
+    (1 + weight) * x / sqrt(mean(x^2) + eps) (Qwen3_5MoeRMSNorm, Qwen3NextRMSNorm, Gemma's), None for anything else.
+
+    The same probe for both: the module's own forward on random float32 CPU inputs equal to the formula with that
+    offset. The two formulas differ by a whole normalized x, so at most one of them can match.
+    """
     params = dict(module.named_parameters(recurse=False))
     eps = _eps_of(module)
     if (
@@ -90,30 +101,33 @@ def is_standard_rms_norm(module: nn.Module) -> bool:
         or list(module.children())
         or list(module.buffers(recurse=False))
     ):
-        return False
+        return None
     width = params["weight"].shape[0]
     # CPU tensors named explicitly: a model built under `with torch.device("cuda")` must probe the same way
     g = torch.Generator().manual_seed(width)
     weight = 1.0 + 0.5 * torch.randn(width, generator=g, device="cpu")
+    offsets = [0.0, 1.0]
     for scale in (1.0, eps**0.5):
         x = scale * torch.randn(3, width, generator=g, device="cpu")
-        want = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+        normalized = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
         try:
             with torch.no_grad():
                 got = torch.func.functional_call(module, {"weight": weight}, (x,))
         except Exception:  # a forward that needs more than (x,) is not a plain RMSNorm
-            return False
-        if not (
-            isinstance(got, torch.Tensor)
-            and got.shape == want.shape
-            and torch.allclose(got.float(), want, rtol=1e-5, atol=1e-6)
-        ):
-            return False
-    return True
+            return None
+        if not (isinstance(got, torch.Tensor) and got.shape == normalized.shape):
+            return None
+        offsets = [
+            offset
+            for offset in offsets
+            if torch.allclose(got.float(), (offset + weight) * normalized, rtol=1e-5, atol=1e-6)
+        ]
+    return offsets[0] if len(offsets) == 1 else None
 
 
 def swap_rms_norms(model: nn.Module, backend: str) -> list[str]:
-    """Every standard RMSNorm of `model` becomes the engine's RMSNorm(`backend`); names of those swapped.
+    """Every standard or zero-centered RMSNorm of `model` (rms_norm_offset) becomes the engine's RMSNorm(`backend`,
+    that offset); names of those swapped.
 
     backend='torch' swaps nothing: Transformers' own modules are the torch path.
     """
@@ -127,17 +141,20 @@ def swap_rms_norms(model: nn.Module, backend: str) -> list[str]:
                 continue  # not norm-like at all: skip the probe
             if isinstance(child, RMSNorm):
                 continue
-            if not is_standard_rms_norm(child):
+            offset = rms_norm_offset(child)
+            if offset is None:
                 refused.add(type(child).__name__)
                 continue
             weight = child.weight
-            norm = RMSNorm(weight.shape[0], _eps_of(child), backend, device="meta")
+            norm = RMSNorm(weight.shape[0], _eps_of(child), backend, device="meta", offset=offset)
             norm.weight = weight
             setattr(parent, child_name, norm)
             swapped.append(f"{parent_name}.{child_name}" if parent_name else child_name)
     if refused:
         log.warning(
-            "rms_norm=%r: %s keep Transformers' forward (not weight * x / rms(x))", backend, ", ".join(sorted(refused))
+            "rms_norm=%r: %s keep Transformers' forward (neither weight * x / rms(x) nor (1 + weight) * x / rms(x))",
+            backend,
+            ", ".join(sorted(refused)),
         )
     return swapped
 
