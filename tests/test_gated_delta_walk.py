@@ -136,10 +136,11 @@ def test_qwen3_5_model_with_the_triton_walk_equals_the_torch_walk_in_the_interpr
     run_triton_script(MODEL_SCRIPT, "cpu", "MODEL EQUAL")
 
 
-def test_mixer_triton_is_a_choice_and_not_the_default():
-    assert BackendConfig().resolve(Platform(device_type="cuda", capability=(9, 0))).mixer == "chunked"
+def test_mixer_triton_is_the_default_where_triton_runs_and_chunked_a_choice():
     hopper = Platform(device_type="cuda", capability=(9, 0), modules=frozenset({"triton"}))
-    assert BackendConfig(mixer="triton").resolve(hopper).mixer == "triton"
+    assert BackendConfig().resolve(hopper).mixer == "triton"
+    assert BackendConfig(mixer="chunked").resolve(hopper).mixer == "chunked"
+    assert BackendConfig().resolve(Platform(device_type="cuda", capability=(9, 0))).mixer == "chunked"
     with pytest.raises(BackendError, match=r"mixer='triton' needs a CUDA device, got cpu; use 'chunked'"):
         BackendConfig(mixer="triton").resolve(Platform(device_type="cpu"))
 
@@ -191,11 +192,8 @@ def test_walk_kernels_fit_hoppers_shared_memory_at_qwen3_5_widths():
         options = {"num_warps": walk.WARPS, "num_stages": walk.STAGES}
         return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).metadata.shared
 
-    forward = shared_bytes(walk._walk_fwd, ["U", "WQ", "A", "KO", "D", "O", "S_IN", "VN"], ["n_chunks"], walk.BLOCK_V)
+    forward = shared_bytes(walk._walk_fwd, ["U", "WQ", "KO", "D", "S_IN", "VN"], ["n_chunks"], walk.BLOCK_V)
     backward = shared_bytes(
-        walk._walk_bwd,
-        ["DO", "WQ", "A", "KO", "D", "S_IN", "VN", "DU", "DWQ_P", "DA_P", "DKO_P", "DD_P"],
-        ["n_chunks", "n_all"],
-        walk.BLOCK_V_BACKWARD,
+        walk._walk_bwd, ["DVN_A", "QT_DO", "WQ", "KO", "D", "DVN", "DS_OUT"], ["n_chunks"], walk.BLOCK_V
     )
     assert forward <= HOPPER_SHARED_BYTES and backward <= HOPPER_SHARED_BYTES, (forward, backward)

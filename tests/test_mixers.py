@@ -259,8 +259,11 @@ def test_an_output_gate_other_than_silu_keeps_transformers_mixer_by_refusal():
 # ---------------------------------------------------------------- the backend choice and the presets
 
 
-def test_mixer_auto_is_chunked_everywhere_and_transformers_is_a_choice():
-    # chunked by default on every device: it keeps packed documents apart, Transformers' torch path does not
+def test_mixer_auto_is_an_engine_mixer_everywhere_and_transformers_is_a_choice():
+    # an engine mixer by default on every device (it keeps packed documents apart, Transformers' torch path does
+    # not): the Triton walk where Triton runs on CUDA, the torch walk where it does not
+    hopper = Platform(device_type="cuda", capability=(9, 0), modules=frozenset({"triton"}))
+    assert BackendConfig().resolve(hopper).mixer == "triton"
     assert BackendConfig().resolve(Platform(device_type="cuda", capability=(9, 0))).mixer == "chunked"
     assert BackendConfig().resolve("cpu").mixer == "chunked"
     assert BackendConfig(mixer="transformers").resolve("cpu").mixer == "transformers"

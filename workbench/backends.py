@@ -43,7 +43,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "router": ("torch", "triton", "auto"),
     # The hybrid models' sequence mixers (Mamba2, Gated DeltaNet): Transformers' own module code, or the engine's
     # chunked scans in plain torch ops (models/mixer_mamba2.py, models/mixer_gated_delta.py), compiled on CUDA;
-    # triton: chunked, with the gated delta rule's walk over its chunks in Triton (kernels/triton_gated_delta.py).
+    # triton: chunked, with the gated delta rule's walk over its chunks in Triton (kernels/triton_gated_delta.py);
+    # auto's first choice where Triton runs.
     "mixer": ("transformers", "chunked", "triton", "auto"),
 }
 
@@ -81,12 +82,13 @@ AUTO_ORDER: dict[str, tuple[str, ...]] = {
     # torch: the Triton ones were -0.13 ms a Qwen3 L8 step on an H200 over three A/B rounds, inside noise (2026-12-05)
     "embedding": ("torch", "triton"),
     "router": ("torch", "triton"),
-    # chunked everywhere: its scan and conv restart at each packed document, where Transformers' torch path carries
-    # the state from one document into the next; compiled on CUDA (Transformers' fallback is thousands of small
-    # kernels there), eager elsewhere. Not 'triton': its walk equals the torch walk (tests, CUDA and interpreter) but
-    # was no faster in the trainer's step: Qwen3.5 L4 on an H100, 34,006 tokens/s against the compiled walk's 35,297
-    # (2026-12-06).
-    "mixer": ("chunked", "transformers"),
+    # triton where it runs (CUDA with Triton), else chunked: both restart the scan and conv at each packed document,
+    # where Transformers' torch path carries the state from one document into the next. The Triton walk is the gated
+    # delta rule's (a Mamba2 runs its compiled chunked scan either way); the compiled torch walk's launches set a
+    # Qwen3.5 layer's pace on an H100: 1,240 kernels and 28 ms a layer forward + backward with 15 ms of GPU work,
+    # where the Triton walk's layer (the walk with all its products inside, before the walk kept only the
+    # state's) took 18.9 ms in 110 kernels (2026-12-06, benchmarks/NOTES.md "Hybrid mixers").
+    "mixer": ("triton", "chunked", "transformers"),
 }
 
 

@@ -135,6 +135,12 @@ VARIANTS: dict[str, VariantSpec] = {
         "compiled chunked scan)",
         backend=(("mixer", "triton"),),
     ),
+    "engine_chunked_mixer": VariantSpec(
+        "engine",
+        "engine with the gated delta rule's chunk walk as a loop of torch.compile'd chunk blocks "
+        "(BackendConfig.mixer='chunked', the CPU's path)",
+        backend=(("mixer", "chunked"),),
+    ),
     "engine_transformers_mixer": VariantSpec(
         "engine",
         "engine with Transformers' own sequence mixers (Mamba2, Gated DeltaNet: BackendConfig.mixer='transformers')",
