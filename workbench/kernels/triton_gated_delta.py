@@ -37,7 +37,12 @@ BLOCK_V = 16
 # not wait for the state, so they can be in flight while this chunk's products run. The shared memory this asks for
 # at Qwen3.5's widths is checked against what a Hopper block may have (tests/test_gated_delta_walk.py).
 STAGES = 2
-WARPS = 4
+# Eight warps: the float32 products hold their operands' K-long rows in registers; compiled for sm_90 without a GPU
+# (Triton 3.9's ptxas), four warps spilled 5.8 KB a thread in the forward and eight 0.4 KB.
+WARPS = 8
+# The products' float32 precision ("ieee": exact float32 products, what the torch walk computes); a measurement may
+# set "tf32" (tensor cores, 10-bit mantissas) to compare.
+DOT_PRECISION = "ieee"
 
 
 @triton.jit
@@ -53,6 +58,7 @@ def _walk_fwd(
     V: tl.constexpr,
     L: tl.constexpr,
     BV: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     bh = tl.program_id(0)
     rv = tl.program_id(1) * BV + tl.arange(0, BV)
@@ -66,9 +72,9 @@ def _walk_fwd(
         ko = tl.load(KO + at * L * K + rl[:, None] * K + rk[None, :])
         d = tl.load(D + at)
         tl.store(S_IN + at * K * V + rk[:, None] * V + rv[None, :], state)
-        v_new = tl.load(U + lv) - tl.dot(w, state, input_precision="ieee")
+        v_new = tl.load(U + lv) - tl.dot(w, state, input_precision=PRECISION)
         tl.store(VN + lv, v_new)
-        state = state * d + tl.dot(tl.trans(ko), v_new, input_precision="ieee")
+        state = state * d + tl.dot(tl.trans(ko), v_new, input_precision=PRECISION)
 
 
 @triton.jit
@@ -85,6 +91,7 @@ def _walk_bwd(
     V: tl.constexpr,
     L: tl.constexpr,
     BV: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     bh = tl.program_id(0)
     rv = tl.program_id(1) * BV + tl.arange(0, BV)
@@ -99,9 +106,9 @@ def _walk_bwd(
         ko = tl.load(KO + at * L * K + rl[:, None] * K + rk[None, :])
         d = tl.load(D + at)
         tl.store(DS_OUT + kv, d_state)
-        d_v_new = tl.load(DVN_A + lv) + tl.dot(ko, d_state, input_precision="ieee")
+        d_v_new = tl.load(DVN_A + lv) + tl.dot(ko, d_state, input_precision=PRECISION)
         tl.store(DVN + lv, d_v_new)
-        d_state = d_state * d - tl.dot(tl.trans(w), d_v_new, input_precision="ieee") + tl.load(QT_DO + kv)
+        d_state = d_state * d - tl.dot(tl.trans(w), d_v_new, input_precision=PRECISION) + tl.load(QT_DO + kv)
 
 
 class GatedDeltaWalk(torch.autograd.Function):
@@ -121,8 +128,8 @@ class GatedDeltaWalk(torch.autograd.Function):
         s_in = u.new_empty(batch, heads, n_chunks, kdim, vdim)
         bv = min(BLOCK_V, vdim)
         _walk_fwd[(batch * heads, vdim // bv)](
-            u, wq, k_out, decay, s_in, v_new, n_chunks, K=kdim, V=vdim, L=chunk, BV=bv, num_warps=WARPS,
-            num_stages=STAGES,
+            u, wq, k_out, decay, s_in, v_new, n_chunks, K=kdim, V=vdim, L=chunk, BV=bv, PRECISION=DOT_PRECISION,
+            num_warps=WARPS, num_stages=STAGES,
         )  # fmt: skip
         out = wq[..., chunk:, :] @ s_in + attn @ v_new
         ctx.save_for_backward(wq, attn, k_out, decay, s_in, v_new)
@@ -143,7 +150,7 @@ class GatedDeltaWalk(torch.autograd.Function):
         bv = min(BLOCK_V, vdim)
         _walk_bwd[(batch * heads, vdim // bv)](
             d_v_new_attn, qt_d_out, wq, k_out, decay, d_v_new, d_s_out, n_chunks, K=kdim, V=vdim, L=chunk, BV=bv,
-            num_warps=WARPS, num_stages=STAGES,
+            PRECISION=DOT_PRECISION, num_warps=WARPS, num_stages=STAGES,
         )  # fmt: skip
         s_in_T = s_in.transpose(-1, -2)
         d_wq = torch.cat([-(d_v_new @ s_in_T), d_out @ s_in_T], dim=-2)
