@@ -84,10 +84,10 @@ AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "router": ("torch", "triton"),
     # triton where it runs (CUDA with Triton), else chunked: both restart the scan and conv at each packed document,
     # where Transformers' torch path carries the state from one document into the next. The Triton walk is the gated
-    # delta rule's (a Mamba2 runs its compiled chunked scan either way); the compiled torch walk's launches set a
-    # Qwen3.5 layer's pace on an H100: 1,240 kernels and 28 ms a layer forward + backward with 15 ms of GPU work,
-    # where the Triton walk's layer (the walk with all its products inside, before the walk kept only the
-    # state's) took 18.9 ms in 110 kernels (2026-12-06, benchmarks/NOTES.md "Hybrid mixers").
+    # delta rule's (a Mamba2 runs its compiled chunked scan either way). Qwen3.5-35B-A3B, 8 layers, seq 4096 x 1 on
+    # one H100 (2026-12-06, a196cdb, v5 in the same launch): 26,023 tokens/s with the Triton walk, 20,255 with the
+    # compiled torch walk, whose 1,240 launches a layer set its pace (one layer forward + backward: 9.8 ms against
+    # 26.2, of which 15.0 ms GPU work).
     "mixer": ("triton", "chunked", "transformers"),
 }
 

@@ -9,10 +9,11 @@ torch.compile on CUDA (models/mixer_compile.py) and eager on the CPU: the rule's
 l2-normed q and k, beta and the decay g, every chunk's triangular solve), the walk over the chunks, and the gated
 norm. The walk is a recurrence on the float32 state: a Python loop of one compiled block of CHUNKS_PER_CALL chunk
 steps (compiling the whole unrolled walk took 177 s against 81 s with a one-chunk block at 1024 tokens on the 2-core
-CPU, and grows with the chunk count). At 4096 tokens that is 64 steps of three tiny matmuls per layer, and Qwen3.5 at
-8 layers ran at 98 TFLOP/s on an H100 (2026-12-06) where Qwen3-30B runs at 355; BackendConfig.mixer='triton' walks
-every chunk in one launch of two Triton kernels instead (kernels/triton_gated_delta.py): as fast as the compiled
-walk in the trainer's step (Qwen3.5 L4 on an H100, 34,006 against 35,297 tokens/s, 2026-12-06), so not the default.
+CPU, and grows with the chunk count). At 4096 tokens that is 64 steps of three tiny matmuls per layer, 1,240 kernels
+a layer forward + backward whose launches set the pace (28 ms a layer on an H100 for 15 ms of GPU work, 2026-12-06).
+BackendConfig.mixer='triton', auto's choice on CUDA, walks every chunk in one launch of a Triton kernel each way
+instead (kernels/triton_gated_delta.py): 9.8 ms a layer, and Qwen3.5 L8 at 26,023 tokens/s against the compiled
+walk's 20,255 on an H100 (2026-12-06); the compiled walk is the CPU's path and widths the kernel cannot take.
 Packed documents restart the rule and the conv (models/mixer_documents.py). With a cache (generation) Transformers'
 own forward runs.
 
@@ -35,7 +36,8 @@ from workbench.models.mixer_documents import mixer_document_starts
 # Transformers' chunk size for the rule (torch_chunk_gated_delta_rule's default).
 CHUNK = 64
 # Chunks walked by one call of the compiled block: fewer calls (each a guard check, an autograd node and a few kernel
-# launches, forward and backward) against a longer unrolled graph to compile. 8 is not yet measured on a GPU.
+# launches, forward and backward) against a longer unrolled graph to compile. One Qwen3.5 layer forward + backward on
+# an H100 (2026-12-06): 28.2 ms with 8, 26.8 with 16, 36.4 with the whole walk as one graph.
 CHUNKS_PER_CALL = 8
 
 
