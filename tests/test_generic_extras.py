@@ -264,6 +264,20 @@ def test_te_linear_and_experts_on_the_generic_path_match_torch_on_cuda():
     assert ((a - b).norm() / b.norm()).item() < 3e-2
 
 
+def _run_in_interpreter(script: str, args: list[str], done: str) -> None:
+    """`script` with `args` in a fresh interpreter under TRITON_INTERPRET=1 (read when triton is first imported),
+    from the repository root; it must exit 0 and print `done`."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0 and done in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 _INTERPRETER_SCRIPT = textwrap.dedent("""
 import sys, torch, transformers
 sys.path.insert(0, "tests")
@@ -336,16 +350,7 @@ print("GENERIC TRITON OK")
 )
 @pytest.mark.skipif(HAS_CUDA, reason="the interpreter is for CPU machines; CUDA runs the compiled kernels")
 def test_triton_extras_on_the_generic_path_equal_transformers_in_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", _INTERPRETER_SCRIPT, "mixtral", "qwen2_moe", "deepseek_v3", "gpt_oss"],
-        env=env,
-        cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0 and "GENERIC TRITON OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _run_in_interpreter(_INTERPRETER_SCRIPT, ["mixtral", "qwen2_moe", "deepseek_v3", "gpt_oss"], "GENERIC TRITON OK")
 
 
 _ZERO_CENTERED_SCRIPT = textwrap.dedent("""
@@ -390,15 +395,7 @@ def test_zero_centered_norms_on_triton_equal_transformers_in_interpreter():
     """Qwen3.5-MoE's, Qwen3-Next's and MiniMax-M3's (1 + weight) norms on the engine's Triton RMSNorm: the whole
     tiny model's float32 logits and every gradient equal vanilla Transformers'."""
     families = [f for f in ZERO_CENTERED_FAMILIES if f in transformers.CONFIG_MAPPING]
-    proc = subprocess.run(
-        [sys.executable, "-c", _ZERO_CENTERED_SCRIPT, *families],
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0 and "ZERO CENTERED MODELS OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _run_in_interpreter(_ZERO_CENTERED_SCRIPT, families, "ZERO CENTERED MODELS OK")
 
 
 def _shared_aux_worker(rank, world):

@@ -39,6 +39,14 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 # ---------------------------------------------------------------- RMSNorm
 
 
+def _norm_forward_backward(module, x, dy):
+    """(y, dx, dweight) of `module` on a fresh leaf copy of x, the output's gradient dy."""
+    xi = x.clone().requires_grad_()
+    y = module(xi)
+    y.backward(dy)
+    return y.detach(), xi.grad, module.weight.grad
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 0.0)])
 @pytest.mark.parametrize("shape", [(2, 7, 64), (5, 37)])
 def test_rms_norm_torch_matches_hf(dtype, tol, shape):
@@ -51,12 +59,7 @@ def test_rms_norm_torch_matches_hf(dtype, tol, shape):
     ours.load_state_dict(hf.state_dict())  # same parameter name, same layout
     x = (3 * torch.randn(shape)).to(dtype)
     dy = torch.randn(shape).to(dtype)
-    outs = []
-    for module in (hf, ours):
-        xi = x.clone().requires_grad_()
-        y = module(xi)
-        y.backward(dy)
-        outs.append((y.detach(), xi.grad, module.weight.grad))
+    outs = [_norm_forward_backward(module, x, dy) for module in (hf, ours)]
     for ours_t, hf_t in zip(outs[1], outs[0]):
         assert ours_t.dtype == hf_t.dtype
         assert rel_err(ours_t, hf_t) <= tol  # bf16: the same op sequence gives identical bits
@@ -107,12 +110,7 @@ def test_rms_norm_torch_zero_centered_equals_qwen3_5_bit_for_bit(x_dtype, w_dtyp
         hf.weight.copy_(0.3 * torch.randn(40))  # near zero, where 1 + w in bf16 would round
     ours.load_state_dict(hf.state_dict())
     x, dy = (3 * torch.randn(3, 5, 40)).to(x_dtype), torch.randn(3, 5, 40).to(x_dtype)
-    outs = []
-    for module in (hf, ours):
-        xi = x.clone().requires_grad_()
-        y = module(xi)
-        y.backward(dy)
-        outs.append((y.detach(), xi.grad, module.weight.grad))
+    outs = [_norm_forward_backward(module, x, dy) for module in (hf, ours)]
     for name, got, want in zip(("y", "dx", "dw"), outs[1], outs[0]):
         assert got.dtype == want.dtype and torch.equal(got, want), name
     assert "offset=1.0" in repr(ours) and "offset" not in repr(RMSNorm(40))
