@@ -185,7 +185,7 @@ def test_walk_kernels_fit_hoppers_shared_memory_at_qwen3_5_widths():
 
     def shared_bytes(kernel, pointers, ints, block_v):
         signature = dict.fromkeys(pointers, "*fp32") | dict.fromkeys(ints, "i32")
-        constants = {"K": 128, "V": 128, "L": 64, "BV": block_v, "PRECISION": "ieee"}
+        constants = {"K": 128, "V": 128, "L": 64, "BV": block_v}
         source = compiler.ASTSource(
             fn=kernel, signature=signature | dict.fromkeys(constants, "constexpr"), constexprs=constants
         )

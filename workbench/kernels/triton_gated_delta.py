@@ -16,7 +16,9 @@ inside took 2.5 ms forward and 9.0 ms backward per layer at Qwen3.5's widths on 
 writing per-V-block partial sums of dW, dQ, dA and dKO; the whole layer forward + backward went from 18.9 ms to 9.8
 (with eight warps, the same machine kind).
 The products are float32 (input_precision "ieee"): the recurrence compounds rounding over the chunks, and it is what
-the torch walk computes.
+the torch walk computes (one Qwen3.5 layer's bf16 output within 4.4e-4 of the compiled torch walk's, its input
+gradient within 3.1e-3, relative to their largest values, on an H100 2026-12-06). "tf32" products hit an illegal
+memory access there (Triton 3.6).
 
 Shape suffixes: B batch, H heads, c chunks, L positions in a chunk, K key dim, V value dim.
 """
@@ -42,10 +44,6 @@ STAGES = 2
 # (Triton 3.9's ptxas), four warps spilled 5.8 KB a thread in the forward and eight 0.4 KB. One Qwen3.5 layer forward
 # + backward on an H100 (Triton 3.6, 2026-12-06): 9.8 ms with eight, 21.9 with four.
 WARPS = 8
-# The products' precision: "ieee", exact float32 products, what the torch walk computes (one layer's bf16 output
-# within 4.4e-4 of the compiled torch walk's, its input gradient within 3.1e-3, relative to their largest values).
-# "tf32" is not an option: with it the kernels hit an illegal memory access on an H100 with Triton 3.6 (2026-12-06).
-DOT_PRECISION = "ieee"
 
 
 @triton.jit
@@ -61,7 +59,6 @@ def _walk_fwd(
     V: tl.constexpr,
     L: tl.constexpr,
     BV: tl.constexpr,
-    PRECISION: tl.constexpr,
 ):
     bh = tl.program_id(0)
     rv = tl.program_id(1) * BV + tl.arange(0, BV)
@@ -75,9 +72,9 @@ def _walk_fwd(
         ko = tl.load(KO + at * L * K + rl[:, None] * K + rk[None, :])
         d = tl.load(D + at)
         tl.store(S_IN + at * K * V + rk[:, None] * V + rv[None, :], state)
-        v_new = tl.load(U + lv) - tl.dot(w, state, input_precision=PRECISION)
+        v_new = tl.load(U + lv) - tl.dot(w, state, input_precision="ieee")
         tl.store(VN + lv, v_new)
-        state = state * d + tl.dot(tl.trans(ko), v_new, input_precision=PRECISION)
+        state = state * d + tl.dot(tl.trans(ko), v_new, input_precision="ieee")
 
 
 @triton.jit
@@ -94,7 +91,6 @@ def _walk_bwd(
     V: tl.constexpr,
     L: tl.constexpr,
     BV: tl.constexpr,
-    PRECISION: tl.constexpr,
 ):
     bh = tl.program_id(0)
     rv = tl.program_id(1) * BV + tl.arange(0, BV)
@@ -109,9 +105,9 @@ def _walk_bwd(
         ko = tl.load(KO + at * L * K + rl[:, None] * K + rk[None, :])
         d = tl.load(D + at)
         tl.store(DS_OUT + kv, d_state)
-        d_v_new = tl.load(DVN_A + lv) + tl.dot(ko, d_state, input_precision=PRECISION)
+        d_v_new = tl.load(DVN_A + lv) + tl.dot(ko, d_state, input_precision="ieee")
         tl.store(DVN + lv, d_v_new)
-        d_state = d_state * d - tl.dot(tl.trans(w), d_v_new, input_precision=PRECISION) + tl.load(QT_DO + kv)
+        d_state = d_state * d - tl.dot(tl.trans(w), d_v_new, input_precision="ieee") + tl.load(QT_DO + kv)
 
 
 class GatedDeltaWalk(torch.autograd.Function):
@@ -131,7 +127,7 @@ class GatedDeltaWalk(torch.autograd.Function):
         s_in = u.new_empty(batch, heads, n_chunks, kdim, vdim)
         bv = min(BLOCK_V, vdim)
         _walk_fwd[(batch * heads, vdim // bv)](
-            u, wq, k_out, decay, s_in, v_new, n_chunks, K=kdim, V=vdim, L=chunk, BV=bv, PRECISION=DOT_PRECISION,
+            u, wq, k_out, decay, s_in, v_new, n_chunks, K=kdim, V=vdim, L=chunk, BV=bv,
             num_warps=WARPS, num_stages=STAGES,
         )  # fmt: skip
         out = wq[..., chunk:, :] @ s_in + attn @ v_new
@@ -153,7 +149,7 @@ class GatedDeltaWalk(torch.autograd.Function):
         bv = min(BLOCK_V, vdim)
         _walk_bwd[(batch * heads, vdim // bv)](
             d_v_new_attn, qt_d_out, wq, k_out, decay, d_v_new, d_s_out, n_chunks, K=kdim, V=vdim, L=chunk, BV=bv,
-            PRECISION=DOT_PRECISION, num_warps=WARPS, num_stages=STAGES,
+            num_warps=WARPS, num_stages=STAGES,
         )  # fmt: skip
         s_in_T = s_in.transpose(-1, -2)
         d_wq = torch.cat([-(d_v_new @ s_in_T), d_out @ s_in_T], dim=-2)
